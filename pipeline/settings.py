@@ -1,0 +1,111 @@
+"""One settings object for every stage, with defaults and a `check()`."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+
+OPSET = 17  # fixed: TensorRT 10/11 and ONNX Runtime all read it; recorded in the manifest
+PRECISIONS = ("fp32", "fp16", "int8")
+BUILDERS = ("auto", "tensorrt", "tensorrt_rtx")
+CALIB_METHODS = ("max", "percentile", "entropy")
+
+
+@dataclass(frozen=True)
+class BatchProfile:
+    """The optimization profile's batch range: min <= opt <= max."""
+
+    min: int = 1
+    opt: int = 8
+    max: int = 32
+
+    @classmethod
+    def parse(cls, text: str) -> BatchProfile:
+        """Parse `min:opt:max` (or a single `n`, meaning n:n:n)."""
+        parts = text.split(":")
+        if len(parts) == 1:
+            parts = parts * 3
+        if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+            raise PipelineError(
+                f"BATCH={text!r} is not of the form min:opt:max",
+                "give three whole numbers, e.g. BATCH=1:8:32",
+            )
+        return cls(*(int(p) for p in parts))
+
+    def check(self) -> None:
+        if not 1 <= self.min <= self.opt <= self.max:
+            raise PipelineError(
+                f"batch profile {self} is not ordered 1 <= min <= opt <= max",
+                "give e.g. BATCH=1:8:32",
+            )
+
+    def __str__(self) -> str:
+        return f"{self.min}:{self.opt}:{self.max}"
+
+
+@dataclass
+class Settings:
+    """Everything a run of the pipeline depends on.
+
+    `model` is a registry name (`resnet`, `resnet18`, ...), `package.module:factory`,
+    or a path to a checkpoint, TorchScript or ExportedProgram file.
+    """
+
+    model: str = "resnet"
+    precision: str = "fp16"
+    batch: BatchProfile = field(default_factory=BatchProfile)
+    weights: Path | None = None
+    input_shape: str | None = None
+    dynamic: str | None = None
+    out_root: Path = Path("engines")
+    workspace_mib: int = 4096
+    builder: str = "auto"
+    calib: Path | None = None
+    calib_method: str = "percentile"
+    calib_samples: int = 256
+    calib_batch: int = 16
+    recalibrate: bool = False
+    force: bool = False
+
+    def check(self) -> Settings:
+        """Reject bad values and bad combinations; returns self so calls can chain."""
+        if self.precision not in PRECISIONS:
+            raise PipelineError(
+                f"unknown precision {self.precision!r}",
+                f"use one of {', '.join(PRECISIONS)} (PRECISION=fp16 is the default)",
+            )
+        if self.builder not in BUILDERS:
+            raise PipelineError(f"unknown builder {self.builder!r}", f"use one of {', '.join(BUILDERS)}")
+        if self.calib_method not in CALIB_METHODS:
+            raise PipelineError(
+                f"unknown calibration method {self.calib_method!r}",
+                f"use one of {', '.join(CALIB_METHODS)}",
+            )
+        self.batch.check()
+        if self.workspace_mib < 16:
+            raise PipelineError(f"workspace of {self.workspace_mib} MiB is too small", "give at least 16 MiB")
+        if self.weights is not None and not Path(self.weights).is_file():
+            raise PipelineError(f"weights file {self.weights} does not exist", "give the path of a state_dict (.pth)")
+        if self.precision == "int8" and self.calib is None:
+            raise PipelineError(
+                "PRECISION=int8 needs calibration data and none was given",
+                "add CALIB=<folder of images, or a .npy/.npz file> (e.g. CALIB=calibration/samples); "
+                "no synthetic data is used for calibration",
+            )
+        if self.calib_samples < 1 or self.calib_batch < 1:
+            raise PipelineError("calibration samples and batch must be at least 1", "give positive numbers")
+        return self
+
+    def artifact_dir(self, model_name: str) -> Path:
+        """engines/<model>-<precision>/ for a canonical model name."""
+        slug = re.sub(r"[^A-Za-z0-9_.]+", "_", model_name).strip("_") or "model"
+        return Path(self.out_root) / f"{slug}-{self.precision}"
+
+    def as_record(self) -> dict:
+        """A JSON-ready copy, for the manifest and for the reuse key."""
+        record = asdict(self)
+        record["batch"] = str(self.batch)
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in record.items()}
