@@ -1,0 +1,151 @@
+"""Tiny factories for tests across the project (export, parity, build, the loaders).
+
+Each runs in milliseconds and is seeded, so two calls give the same weights and inputs.
+Keep names and behaviour stable: other engineers' tests load these as
+`tests.toy_models:<name>` through `models.load_model`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from models.spec import DynamicAxis, ModelSpec
+
+EXAMPLE_BATCH = 2  # not 1: exporters can specialise a batch of 1 into a constant
+SEQ = DynamicAxis(name="seq", min=1, opt=12, max=64)
+
+
+@contextlib.contextmanager
+def _seeded(seed: int = 0) -> Iterator[None]:
+    """Deterministic weights and inputs without disturbing the caller's global RNG."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+class _TinyCnn(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, kernel_size=3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+        self.relu = nn.ReLU(inplace=True)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(self.relu(self.bn(self.conv(x))))
+        return self.fc(torch.flatten(x, 1))
+
+
+def tiny_cnn() -> ModelSpec:
+    """Conv-BN-ReLU-pool-flatten-Linear on one 3x16x16 image input; output "logits"."""
+    with _seeded():
+        module = _TinyCnn()
+        example = {"input": torch.randn(EXAMPLE_BATCH, 3, 16, 16)}
+    return ModelSpec(name="tiny_cnn", module=module, example_inputs=example, output_names=["logits"])
+
+
+class _TextClassifier(nn.Module):
+    def __init__(self, vocab: int = 100, width: int = 8, classes: int = 4) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.fc = nn.Linear(width, classes)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        tokens = self.embed(input_ids)  # [B, S, 8]
+        mask = attention_mask.unsqueeze(-1)
+        # clamp: an all-padding row would divide by zero
+        pooled = (tokens * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+        return {"logits": self.fc(pooled), "tokens": tokens}
+
+
+def text_classifier() -> ModelSpec:
+    """Two inputs (int64 ids, float mask) with a dynamic sequence axis "seq"; returns a dict of two outputs."""
+    with _seeded():
+        module = _TextClassifier()
+        input_ids = torch.randint(0, 100, (EXAMPLE_BATCH, 12), dtype=torch.int64)
+    attention_mask = torch.ones(EXAMPLE_BATCH, 12, dtype=torch.float32)
+    attention_mask[1, 9:] = 0.0  # padding on the second row, so the mask really matters
+    return ModelSpec(
+        name="text_classifier",
+        module=module,
+        example_inputs={"input_ids": input_ids, "attention_mask": attention_mask},
+        output_names=["logits", "tokens"],
+        dynamic_axes={"input_ids": {1: SEQ}, "attention_mask": {1: SEQ}, "tokens": {1: SEQ}},
+    )
+
+
+class _BakedBatchCnn(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, kernel_size=3, padding=1)
+        self.fc = nn.Linear(4 * 8 * 8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The classic bug on purpose: the batch size is baked into the graph.
+        return self.fc(self.conv(x).reshape(2, -1))
+
+
+def baked_batch_cnn() -> ModelSpec:
+    """A model whose forward hard-codes batch 2 (`x.reshape(2, -1)`); exports fine, breaks at other batches."""
+    with _seeded():
+        module = _BakedBatchCnn()
+        example = {"input": torch.randn(EXAMPLE_BATCH, 3, 8, 8)}
+    return ModelSpec(name="baked_batch_cnn", module=module, example_inputs=example, output_names=["logits"])
+
+
+def dropout_mlp() -> tuple[nn.Module, torch.Tensor]:
+    """(module, example input) with Dropout(0.5) and BatchNorm1d: outputs differ between train and eval mode."""
+    with _seeded():
+        module = nn.Sequential(
+            nn.Linear(16, 32),
+            nn.BatchNorm1d(32),
+            nn.ReLU(),
+            nn.Dropout(0.5),
+            nn.Linear(32, 4),
+        )
+        example = torch.randn(EXAMPLE_BATCH, 16)
+    return module, example
+
+
+class _BatchStatsCnn(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, kernel_size=3, padding=1)
+        # No running stats: normalises with the batch's own statistics even in eval mode,
+        # so one sample's output depends on the others in its batch.
+        self.bn = nn.BatchNorm2d(4, track_running_stats=False)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.pool(self.bn(self.conv(x))), 1))
+
+
+def batch_stats_cnn() -> ModelSpec:
+    """A CNN with BatchNorm2d(track_running_stats=False): outputs depend on the batch, even in eval."""
+    with _seeded():
+        module = _BatchStatsCnn()
+        example = {"input": torch.randn(EXAMPLE_BATCH, 3, 8, 8)}
+    return ModelSpec(name="batch_stats_cnn", module=module, example_inputs=example, output_names=["logits"])
+
+
+class _PlainModule(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, kernel_size=3, padding=1)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.pool(torch.relu(self.conv(x))), 1))
+
+
+def plain_module() -> nn.Module:
+    """A bare nn.Module taking 3-channel images of any size: load it with an input_shape such as 3x16x16."""
+    with _seeded():
+        return _PlainModule()
