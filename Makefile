@@ -1,0 +1,53 @@
+# Thin layer over `python -m pipeline`; every target sets up .venv first if needed.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+MODEL ?= resnet
+PRECISION ?= fp16
+BATCH ?= 1:8:32
+OUT ?= engines
+WEIGHTS ?=
+INPUT_SHAPE ?=
+DYNAMIC ?=
+CALIB ?=
+CALIB_METHOD ?= percentile
+FORCE ?=
+
+PIPELINE_ARGS = --model '$(MODEL)' --precision $(PRECISION) --batch $(BATCH) --out '$(OUT)' \
+	$(if $(WEIGHTS),--weights '$(WEIGHTS)') $(if $(INPUT_SHAPE),--input-shape '$(INPUT_SHAPE)') \
+	$(if $(DYNAMIC),--dynamic '$(DYNAMIC)') $(if $(CALIB),--calib '$(CALIB)' --calib-method $(CALIB_METHOD)) \
+	$(if $(FORCE),--force)
+
+.PHONY: venv engine test lint typecheck clean
+
+# torch==2.13.0 first: on these machines that is the CPU build on disk; a bare `torch`
+# requirement would pull the newest CUDA build (several GB).  tensorrt-stubs goes in with
+# --no-deps because it depends on the full tensorrt, which only NVIDIA's index serves.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[rtx,dev]'
+	$(PY) -m pip install -q --no-deps tensorrt-stubs==10.13.0.35.1
+	touch $@
+
+venv: $(STAMP)
+
+engine: $(STAMP)
+	$(PY) -m pipeline all $(PIPELINE_ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+# The code that only runs with the full tensorrt is checked against tensorrt-stubs.
+typecheck: $(STAMP)
+	$(PY) -m mypy pipeline
+
+test: lint typecheck
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(OUT)

@@ -1,0 +1,92 @@
+"""Stage 3: onnx.checker (full), shape inference, opset 17, and a batch axis that stayed symbolic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from pipeline.errors import PipelineError
+from pipeline.settings import OPSET
+
+
+def check_onnx(onnx_path: Path) -> dict:
+    """Validate the graph at `onnx_path`; returns its inputs and outputs (name, dtype, shape)."""
+    try:
+        # Given a path, the checker also handles models over 2 GB (external data).
+        onnx.checker.check_model(str(onnx_path), full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
+        raise PipelineError(f"{onnx_path} is not a valid ONNX graph: {error}", "re-export the model") from None
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    _require_opset(model)
+    inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    _refuse_baked_batch(inferred)
+    inputs, outputs = _describe(inferred.graph.input), _describe(inferred.graph.output)
+    return {
+        "summary": f"checker + shape inference passed, opset {OPSET}, batch axis symbolic",
+        "inputs": inputs,
+        "outputs": outputs,
+        "nodes": len(model.graph.node),
+    }
+
+
+def graph_io(onnx_path: Path) -> tuple[list[dict], list[dict]]:
+    """Inputs and outputs of a graph on disk, without loading its weights."""
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    return _describe(model.graph.input), _describe(model.graph.output)
+
+
+def _require_opset(model: onnx.ModelProto) -> None:
+    default = [entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")]
+    if default != [OPSET]:
+        raise PipelineError(f"the graph imports opset {default}, not {OPSET}", f"export with opset_version={OPSET}")
+
+
+def _describe(values) -> list[dict]:
+    described = []
+    for value in values:
+        tensor = value.type.tensor_type
+        shape = [d.dim_param if d.HasField("dim_param") else d.dim_value for d in tensor.shape.dim]
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)).name
+        described.append({"name": value.name, "dtype": dtype, "shape": shape})
+    return described
+
+
+def _refuse_baked_batch(model: onnx.ModelProto) -> None:
+    """Every graph input and output must keep a symbolic dim 0.
+
+    The classic failure is a batch size baked into a Reshape (x.view(2, -1) traced to a
+    constant shape): the graph then runs at the export batch only.  Name that node.
+    """
+    for value in [*model.graph.input, *model.graph.output]:
+        dims = value.type.tensor_type.shape.dim
+        if dims and not dims[0].HasField("dim_param"):
+            culprit = _baked_reshape(model)
+            where = f" by Reshape node {culprit[0]!r} with the constant shape {culprit[1]}" if culprit else ""
+            raise PipelineError(
+                f"{value.name!r} has the fixed batch dimension {dims[0].dim_value}: the batch size was baked "
+                f"into the graph{where}",
+                "in forward() use x.flatten(1) or x.reshape(x.shape[0], -1) instead of a literal batch size",
+            )
+
+
+def _baked_reshape(model: onnx.ModelProto) -> tuple[str, list[int]] | None:
+    """A Reshape whose target shape is a constant with a positive leading dim, fed a symbolic batch."""
+    constants = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    symbolic = {
+        v.name
+        for v in [*model.graph.input, *model.graph.value_info]
+        if v.type.tensor_type.shape.dim and v.type.tensor_type.shape.dim[0].HasField("dim_param")
+    }
+    for node in model.graph.node:
+        if node.op_type != "Reshape" or node.input[1] not in constants:
+            continue
+        shape = constants[node.input[1]].tolist()
+        if node.input[0] in symbolic and shape and shape[0] > 0:
+            return node.name or node.output[0], shape
+    return None

@@ -1,0 +1,124 @@
+"""`python -m pipeline <stage|all|command> ...`: the command line that `make` wraps.
+
+Stages run on the artifact folder engines/<model>-<precision>/; `all` runs every
+stage and reuses a finished folder.  User mistakes print one `error:` line with the
+fix and exit 2; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.settings import BUILDERS, CALIB_METHODS, PRECISIONS, BatchProfile, Settings
+
+# Commands beyond the build stages; each module has COMMAND, HELP, add_arguments(parser), main(args) -> int.
+EXTRA_COMMANDS: tuple[str, ...] = ()
+
+STAGE_HELP = {
+    "all": "every stage in order; reuses a finished folder whose inputs and settings are unchanged",
+    "prepare": "load the model, switch it to eval mode and prove it (no dropout, BatchNorm on running stats)",
+    "export": "prepare, then export model.onnx (opset 17, dynamic batch) and PyTorch's reference outputs",
+    "check": "onnx.checker (full), shape inference, opset 17, batch axis still symbolic",
+    "simplify": "onnxsim with the batch axis kept dynamic; keeps the checked graph if it fails",
+    "parity": "model.onnx through ONNX Runtime against PyTorch at several batch sizes",
+    "precision": "write model.fp16.onnx (or model.int8.onnx) and check its parity",
+    "build": "serialize engine.plan with TensorRT (GPU) or TensorRT-RTX (no GPU needed)",
+}
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every build stage shares; each maps to a field of Settings (and a make variable)."""
+    defaults = Settings()
+    parser.add_argument(
+        "--model",
+        default=defaults.model,
+        help="registry name (resnet = resnet50, resnet18..152), package.module:factory, or a checkpoint, "
+        "TorchScript (.pt) or torch.export (.pt2) file [MODEL]",
+    )
+    parser.add_argument("--precision", default=defaults.precision, choices=PRECISIONS, help="[PRECISION]")
+    parser.add_argument(
+        "--batch", type=BatchProfile.parse, default=defaults.batch, help="engine batch profile min:opt:max [BATCH]"
+    )
+    parser.add_argument("--weights", type=Path, help="a torchvision-style state_dict for a registry model [WEIGHTS]")
+    parser.add_argument(
+        "--input-shape",
+        help="input dims without the batch: 3x224x224, or name=DIMS[:dtype],... e.g. "
+        "input_ids=128:int64,attention_mask=128:int64 [INPUT_SHAPE]",
+    )
+    parser.add_argument(
+        "--dynamic", help="extra dynamic axes NAME:AXIS[=min:opt:max],... e.g. input_ids:1=1:64:128 [DYNAMIC]"
+    )
+    parser.add_argument("--out", type=Path, default=defaults.out_root, help="artifact root folder [OUT]")
+    parser.add_argument("--workspace-mib", type=int, default=defaults.workspace_mib, help="builder workspace limit")
+    parser.add_argument("--builder", default=defaults.builder, choices=BUILDERS, help="TensorRT module to build with")
+    parser.add_argument("--calib", type=Path, help="calibration data for int8: image folder or .npy/.npz [CALIB]")
+    parser.add_argument("--calib-method", default=defaults.calib_method, choices=CALIB_METHODS, help="[CALIB_METHOD]")
+    parser.add_argument("--calib-samples", type=int, default=defaults.calib_samples, help="calibration samples")
+    parser.add_argument("--calib-batch", type=int, default=defaults.calib_batch, help="calibration batch size")
+    parser.add_argument("--recalibrate", action="store_true", help="ignore the calibration cache")
+    parser.add_argument("--force", action="store_true", help="rebuild even when the folder is up to date [FORCE]")
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    return Settings(
+        model=args.model,
+        precision=args.precision,
+        batch=args.batch,
+        weights=args.weights,
+        input_shape=args.input_shape,
+        dynamic=args.dynamic,
+        out_root=args.out,
+        workspace_mib=args.workspace_mib,
+        builder=args.builder,
+        calib=args.calib,
+        calib_method=args.calib_method,
+        calib_samples=args.calib_samples,
+        calib_batch=args.calib_batch,
+        recalibrate=args.recalibrate,
+        force=args.force,
+    )
+
+
+def _run_stage(args: argparse.Namespace) -> int:
+    from pipeline.stages import make_engine, run_stage
+
+    settings = settings_from(args)
+    if args.stage == "all":
+        make_engine(settings)
+    else:
+        run_stage(settings, args.stage)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline",
+        description="Take a PyTorch model to a checked ONNX graph and a serialized TensorRT engine.",
+    )
+    commands = parser.add_subparsers(dest="stage", required=True, metavar="<stage|command>")
+    for name, help_text in STAGE_HELP.items():
+        stage = commands.add_parser(name, help=help_text, description=help_text)
+        add_settings_arguments(stage)
+        stage.set_defaults(handler=_run_stage)
+    for module_name in EXTRA_COMMANDS:
+        module = importlib.import_module(module_name)
+        command = commands.add_parser(module.COMMAND, help=module.HELP, description=module.HELP)
+        module.add_arguments(command)
+        command.set_defaults(handler=module.main)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.handler(args) or 0)
+    except PipelineError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: finished artifacts are intact; nothing half-written was left", file=sys.stderr)
+        return 130

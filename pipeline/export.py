@@ -1,0 +1,155 @@
+"""Stage 2: a prepared PyTorch model -> model.onnx (opset 17, dynamic batch) and reference.npz.
+
+reference.npz holds inputs at several batch sizes and PyTorch's outputs on them,
+so the parity stages (FP32, FP16, INT8) compare against PyTorch from what is on
+disk, without loading the model again.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from models.spec import ModelSpec
+from pipeline.artifacts import atomic_path
+from pipeline.errors import PipelineError
+from pipeline.prepare import flatten_outputs
+from pipeline.settings import OPSET, BatchProfile
+
+BATCH_AXIS = "batch"
+
+
+def output_names(spec: ModelSpec) -> list[str]:
+    """Declared names, else dict keys, else `output` / `output_0..n`."""
+    with torch.inference_mode():
+        outputs = spec.module(*spec.example_inputs.values())
+    count = len(flatten_outputs(outputs))
+    if spec.output_names is not None:
+        names = list(spec.output_names)
+    elif isinstance(outputs, dict) and all(isinstance(v, torch.Tensor) for v in outputs.values()):
+        names = [str(key) for key in outputs]
+    else:
+        names = ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
+    if len(names) != count:
+        raise PipelineError(
+            f"the model returns {count} tensors but {len(names)} output names are declared: {names}",
+            "declare one name per returned tensor in ModelSpec.output_names",
+        )
+    return names
+
+
+def dynamic_axes(spec: ModelSpec, outputs: list[str]) -> dict[str, dict[int, str]]:
+    """Axis 0 of every input and output is the batch; declared extra axes keep their names."""
+    axes: dict[str, dict[int, str]] = {name: {0: BATCH_AXIS} for name in [*spec.example_inputs, *outputs]}
+    for tensor, declared in spec.dynamic_axes.items():
+        if tensor not in axes:
+            raise PipelineError(
+                f"a dynamic axis is declared on {tensor!r}, which is neither an input nor an output",
+                f"use one of {', '.join(axes)}",
+            )
+        axes[tensor].update({axis: d.name for axis, d in declared.items()})
+    return axes
+
+
+def export_onnx(spec: ModelSpec, onnx_path: Path) -> dict:
+    """Export with the TorchScript-based exporter at opset 17; returns the stage record."""
+    outputs = output_names(spec)
+    axes = dynamic_axes(spec, outputs)
+    with atomic_path(onnx_path) as temporary, warnings.catch_warnings():
+        # The dynamo exporter emits opset 18 and reaches 17 only through a version-converter
+        # fallback; the TorchScript exporter targets 17 natively, so we keep it (deprecated, not removed).
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            torch.onnx.export(
+                spec.module,
+                tuple(spec.example_inputs.values()),
+                str(temporary),
+                input_names=list(spec.example_inputs),
+                output_names=outputs,
+                dynamic_axes=axes,
+                opset_version=OPSET,
+                do_constant_folding=True,
+                dynamo=False,
+            )
+        except Exception as error:  # the exporter raises many types; all mean "this model did not export"
+            raise PipelineError(
+                f"torch.onnx.export failed for {spec.name}: {type(error).__name__}: {error}",
+                "make forward() traceable (no data-dependent Python control flow) or export it yourself "
+                "and pass the ONNX file",
+            ) from error
+    return {
+        "summary": f"{onnx_path.name}: opset {OPSET}, inputs {list(spec.example_inputs)}, outputs {outputs}",
+        "inputs": list(spec.example_inputs),
+        "outputs": outputs,
+        "dynamic_axes": {name: {str(k): v for k, v in a.items()} for name, a in axes.items()},
+        "opset": OPSET,
+    }
+
+
+def parity_batches(batch: BatchProfile) -> list[int]:
+    """At least three batch sizes, always 1 and the profile's max, so a baked batch cannot hide."""
+    sizes = sorted({1, batch.min, batch.opt, batch.max})
+    extra = 2
+    while len(sizes) < 3:
+        sizes = sorted({*sizes, extra})
+        extra += 1
+    return sizes
+
+
+def sample_inputs(spec: ModelSpec, batch: int, seed: int, axis_sizes: dict[str, int] | None = None) -> dict:
+    """Random inputs shaped like the examples at `batch`; integer inputs stay in the examples' value range."""
+    generator = torch.Generator().manual_seed(seed)
+    sizes = axis_sizes or {}
+    feed: dict[str, torch.Tensor] = {}
+    for name, example in spec.example_inputs.items():
+        shape = [batch, *example.shape[1:]]
+        for axis, declared in spec.dynamic_axes.get(name, {}).items():
+            shape[axis] = sizes.get(declared.name, shape[axis])
+        if example.is_floating_point():
+            feed[name] = torch.randn(shape, generator=generator).to(example.dtype)
+        elif example.dtype == torch.bool:
+            feed[name] = torch.rand(shape, generator=generator) > 0.5
+        else:
+            low, high = int(example.min()), int(example.max()) + 1
+            feed[name] = torch.randint(low, high, shape, generator=generator, dtype=example.dtype)
+    return feed
+
+
+def reference_cases(spec: ModelSpec, batch: BatchProfile) -> list[tuple[int, dict[str, int]]]:
+    """(batch, extra-axis sizes) cases: the parity batches, plus each extra axis at its max."""
+    cases: list[tuple[int, dict[str, int]]] = [(b, {}) for b in parity_batches(batch)]
+    extra = {d.name: d.max for axes in spec.dynamic_axes.values() for d in axes.values()}
+    if extra:
+        cases.append((2, extra))
+    return cases
+
+
+def write_reference(spec: ModelSpec, batch: BatchProfile, path: Path) -> dict:
+    """Run PyTorch on sample inputs for every case and store inputs and outputs in one .npz."""
+    outputs = output_names(spec)
+    arrays: dict[str, np.ndarray] = {}
+    for index, (size, axis_sizes) in enumerate(reference_cases(spec, batch)):
+        feed = sample_inputs(spec, size, seed=index, axis_sizes=axis_sizes)
+        with torch.inference_mode():
+            result = flatten_outputs(spec.module(*feed.values()))
+        arrays.update({f"case{index}/in/{name}": t.numpy() for name, t in feed.items()})
+        arrays.update({f"case{index}/out/{name}": t.numpy() for name, t in zip(outputs, result)})
+    with atomic_path(path) as temporary, open(temporary, "wb") as handle:
+        np.savez(handle, **arrays)
+    return {"summary": f"{path.name}: PyTorch outputs at batch sizes {parity_batches(batch)}"}
+
+
+def load_reference(path: Path) -> list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:
+    """The (inputs, outputs) cases written by `write_reference`, in order."""
+    if not Path(path).is_file():
+        raise PipelineError(f"no PyTorch reference at {path}", "run the export stage first (make engine ...)")
+    cases: dict[int, tuple[dict, dict]] = {}
+    with np.load(path) as data:
+        for key in data.files:
+            case, kind, name = key.split("/", 2)
+            inputs, outputs = cases.setdefault(int(case.removeprefix("case")), ({}, {}))
+            (inputs if kind == "in" else outputs)[name] = data[key]
+    return [cases[i] for i in sorted(cases)]

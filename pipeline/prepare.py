@@ -1,0 +1,111 @@
+"""Stage 1: put a loaded model in inference mode and prove that it is.
+
+Exporting a model still in training mode is the most common silent failure of
+this whole field: dropout stays active and BatchNorm normalises with the batch's
+own statistics, so the exported graph answers differently from the trained one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from models.spec import ModelSpec
+from pipeline.errors import PipelineError
+
+BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
+
+
+def prepare(spec: ModelSpec) -> dict:
+    """Switch `spec.module` to eval mode with gradients off, then prove it; returns the stage record."""
+    module = spec.module.eval()
+    module.requires_grad_(False)
+    _refuse_training_modules(module)
+    _refuse_batch_statistics(module)
+    first, second = _forward(spec, spec.example_inputs), _forward(spec, spec.example_inputs)
+    _refuse_nondeterminism(first, second)
+    _refuse_batch_dependence(spec, first)
+    dropouts = sum(isinstance(m, torch.nn.modules.dropout._DropoutNd) for m in module.modules())
+    batch_norms = sum(isinstance(m, BATCH_NORMS) for m in module.modules())
+    return {
+        "summary": f"eval mode proven ({dropouts} dropout inert, {batch_norms} BatchNorm on running stats)",
+        "dropout_layers": dropouts,
+        "batchnorm_layers": batch_norms,
+        "parameters": sum(p.numel() for p in module.parameters()),
+    }
+
+
+def flatten_outputs(outputs: object) -> list[torch.Tensor]:
+    """A model's outputs in export order: a tensor, a tuple/list, or a dict (in key order)."""
+    if isinstance(outputs, torch.Tensor):
+        return [outputs]
+    if isinstance(outputs, dict):
+        return [t for value in outputs.values() for t in flatten_outputs(value)]
+    if isinstance(outputs, (tuple, list)):
+        return [t for value in outputs for t in flatten_outputs(value)]
+    raise PipelineError(
+        f"the model returned a {type(outputs).__name__}, which cannot be exported",
+        "return a tensor, a tuple/list of tensors or a dict of tensors from forward()",
+    )
+
+
+def _forward(spec: ModelSpec, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    with torch.inference_mode():
+        return flatten_outputs(spec.module(*inputs.values()))
+
+
+def _refuse_training_modules(module: torch.nn.Module) -> None:
+    # A custom train()/eval() override can leave submodules in training mode.
+    training = [name or "<root>" for name, m in module.named_modules() if m.training]
+    if training:
+        raise PipelineError(
+            f"modules still in training mode after eval(): {', '.join(training[:5])}",
+            "check any train()/eval() override in the model so that eval() reaches every submodule",
+        )
+
+
+def _refuse_batch_statistics(module: torch.nn.Module) -> None:
+    # Without running statistics BatchNorm uses each batch's own mean and variance
+    # even in eval mode, so one sample's output depends on the rest of its batch.
+    for name, m in module.named_modules():
+        if isinstance(m, BATCH_NORMS) and (not m.track_running_stats or m.running_mean is None):
+            raise PipelineError(
+                f"BatchNorm layer {name!r} has no running statistics, so it normalises with each batch's own "
+                "statistics and a sample's output depends on the rest of the batch",
+                "train with track_running_stats=True (the default) and load the running_mean/running_var buffers",
+            )
+
+
+def _refuse_nondeterminism(first: list[torch.Tensor], second: list[torch.Tensor]) -> None:
+    for index, (a, b) in enumerate(zip(first, second)):
+        if not torch.equal(a, b):
+            raise PipelineError(
+                f"output {index} changed between two identical calls in eval mode "
+                f"(max difference {(a - b).abs().max().item():.3g})",
+                "look for randomness in forward(), e.g. F.dropout(x, training=True) or torch.rand; "
+                "use self.training to gate it",
+            )
+
+
+def _refuse_batch_dependence(spec: ModelSpec, batched: list[torch.Tensor]) -> None:
+    """The first sample run alone must give the first row of the batched run."""
+    single = {name: tensor[:1] for name, tensor in spec.example_inputs.items()}
+    try:
+        alone = _forward(spec, single)
+    except RuntimeError as error:
+        raise PipelineError(
+            f"the model fails on a batch of 1 although it ran on a batch of "
+            f"{next(iter(spec.example_inputs.values())).shape[0]}: {error}",
+            "a batch size is probably baked into forward() (e.g. x.view(2, -1)); use x.flatten(1) or "
+            "x.reshape(x.shape[0], -1)",
+        ) from None
+    for index, (row, whole) in enumerate(zip(alone, batched)):
+        if whole.dim() == 0 or row.shape[1:] != whole.shape[1:]:
+            continue
+        reference = whole[:1].double()
+        scale = reference.abs().max().item() or 1.0
+        if (row.double() - reference).abs().max().item() > 1e-4 * scale:
+            raise PipelineError(
+                f"output {index} for a sample depends on the other samples in its batch",
+                "look for operations across the batch dimension in forward() (batch statistics, "
+                "x.mean(0), sorting over the batch)",
+            )

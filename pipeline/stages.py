@@ -1,0 +1,239 @@
+"""The pipeline as a plain ordered list of stages over one artifact folder.
+
+Each stage reads what earlier stages left in engines/<model>-<precision>/, writes
+its own artifact under a temporary name, records itself in manifest.json and prints
+one line.  `make_engine` runs them all and reuses a finished folder whose inputs and
+settings are unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+import models
+from models.spec import ModelSpec
+from pipeline.check import check_onnx
+from pipeline.errors import PipelineError
+from pipeline.export import export_onnx, parity_batches, write_reference
+from pipeline.manifest import artifact_problems, describe_artifacts, read_manifest, update_manifest
+from pipeline.parity import check_parity
+from pipeline.precision import GRAPH_NAMES, convert_fp16
+from pipeline.prepare import prepare
+from pipeline.settings import OPSET, Settings
+from pipeline.simplify import simplify_onnx
+
+ENGINE = "engine.plan"
+REFERENCE = "reference.npz"
+VERSIONED_PACKAGES = ("torch", "onnx", "onnxsim", "onnxruntime-gpu", "onnxruntime", "numpy")
+
+
+@dataclass
+class Run:
+    """One pipeline run: its settings, its folder, and the model, loaded and prepared on first use."""
+
+    settings: Settings
+    folder: Path
+    timings: dict[str, float] = field(default_factory=dict)
+    _loaded: ModelSpec | None = None
+    _prepared: bool = False
+
+    @classmethod
+    def start(cls, settings: Settings) -> Run:
+        settings.check()
+        return cls(settings, settings.artifact_dir(models.canonical_name(settings.model)))
+
+    @property
+    def loaded(self) -> ModelSpec:
+        """The model as loaded, not yet proven to be in eval mode."""
+        if self._loaded is None:
+            self._loaded = models.load_model(
+                self.settings.model,
+                weights=self.settings.weights,
+                input_shape=self.settings.input_shape,
+                dynamic=self.settings.dynamic,
+            )
+            for note in self._loaded.notes:
+                print(f"note: {note}")
+        return self._loaded
+
+    @property
+    def spec(self) -> ModelSpec:
+        """The model in eval mode, proven by the prepare stage (run once, on first use)."""
+        if not self._prepared:
+            self.stage("prepare", prepare, self.loaded)
+            self._prepared = True
+        return self.loaded
+
+    def path(self, name: str) -> Path:
+        return self.folder / name
+
+    def stage(self, name: str, function: Callable[..., dict], *args, **kwargs) -> dict:
+        """Run one stage, print its line, record it and its time in the manifest."""
+        started = time.perf_counter()
+        record = function(*args, **kwargs)
+        seconds = time.perf_counter() - started
+        self.timings[name] = round(seconds, 3)
+        print(f"{name:<12} {record.get('summary', 'done')} ({seconds:.2f} s)", flush=True)
+        record["seconds"] = round(seconds, 3)
+        update_manifest(self.folder, **{name: record}, timings=self.timings)
+        return record
+
+
+def run_prepare(run: Run) -> None:
+    _ = run.spec
+
+
+def run_export(run: Run) -> None:
+    spec = run.spec
+    update_manifest(
+        run.folder,
+        complete=False,
+        model={"name": spec.name, "source": run.settings.model, "fingerprint": spec.fingerprint, "notes": spec.notes},
+        settings=run.settings.as_record(),
+        opset=OPSET,
+        precision=run.settings.precision,
+        batch_profile={"min": run.settings.batch.min, "opt": run.settings.batch.opt, "max": run.settings.batch.max},
+        axis_ranges={d.name: [d.min, d.opt, d.max] for axes in spec.dynamic_axes.values() for d in axes.values()},
+        versions=_versions(),
+    )
+    run.stage("export", export_onnx, spec, run.path(GRAPH_NAMES["fp32"]))
+    run.stage("reference", write_reference, spec, run.settings.batch, run.path(REFERENCE))
+
+
+def run_check(run: Run) -> None:
+    record = run.stage("check", check_onnx, _require(run, GRAPH_NAMES["fp32"]))
+    update_manifest(run.folder, inputs=record["inputs"], outputs=record["outputs"])
+
+
+def run_simplify(run: Run) -> None:
+    graph = _require(run, GRAPH_NAMES["fp32"])
+    run.stage("simplify", simplify_onnx, graph, graph)
+
+
+def run_parity(run: Run) -> None:
+    reference = _require(run, REFERENCE)
+    run.stage("parity_fp32", check_parity, _require(run, GRAPH_NAMES["fp32"]), reference, precision="fp32")
+
+
+def run_precision(run: Run) -> None:
+    precision = run.settings.precision
+    if precision == "fp32":
+        return
+    source, target = _require(run, GRAPH_NAMES["fp32"]), run.path(GRAPH_NAMES[precision])
+    if precision == "fp16":
+        run.stage("fp16", convert_fp16, source, target)
+    else:
+        raise PipelineError("PRECISION=int8 is not available yet", "use PRECISION=fp16 or PRECISION=fp32")
+    run.stage(f"parity_{precision}", check_parity, target, _require(run, REFERENCE), precision=precision)
+
+
+def run_build(run: Run) -> None:
+    from pipeline.build import build_engine
+    from pipeline.trt_module import import_trt
+
+    graph = _require(run, GRAPH_NAMES[run.settings.precision])
+    try:
+        import_trt(run.settings.builder)
+    except PipelineError as error:
+        update_manifest(run.folder, build={"status": "skipped", "reason": error.problem})
+        raise PipelineError(
+            f"the ONNX artifacts are in {run.folder}, but no engine was built: {error.problem}", error.fix
+        ) from None
+    axis_ranges = {name: tuple(r) for name, r in read_manifest(run.folder).get("axis_ranges", {}).items()}
+    run.stage(
+        "build",
+        build_engine,
+        graph,
+        run.path(ENGINE),
+        batch=run.settings.batch,
+        axis_ranges=axis_ranges,
+        workspace_mib=run.settings.workspace_mib,
+        builder=run.settings.builder,
+        timing_cache=Path(run.settings.out_root) / "timing.cache",
+    )
+
+
+STAGES: dict[str, Callable[[Run], None]] = {
+    "prepare": run_prepare,
+    "export": run_export,
+    "check": run_check,
+    "simplify": run_simplify,
+    "parity": run_parity,
+    "precision": run_precision,
+    "build": run_build,
+}
+
+
+def run_stage(settings: Settings, name: str) -> Path:
+    """Run one stage on what is already on disk (the command line's `python -m pipeline <stage>`)."""
+    run = Run.start(settings)
+    STAGES[name](run)
+    return run.folder
+
+
+def make_engine(settings: Settings) -> Path:
+    """Every stage in order; a finished folder with the same inputs and settings is reused."""
+    run = Run.start(settings)
+    key = reuse_key(settings, run.loaded.fingerprint)
+    if not settings.force and _up_to_date(run.folder, key):
+        print(f"up to date   {run.folder} (same model, weights, settings and versions; FORCE=1 rebuilds)")
+        return run.folder
+    update_manifest(run.folder, complete=False, reuse_key=key)
+    for stage in STAGES.values():
+        stage(run)
+    names = [GRAPH_NAMES["fp32"], REFERENCE, GRAPH_NAMES[settings.precision], ENGINE]
+    update_manifest(
+        run.folder,
+        complete=True,
+        reuse_key=key,
+        graph=GRAPH_NAMES[settings.precision],
+        engine=ENGINE,
+        parity_batches=parity_batches(settings.batch),
+        artifacts=describe_artifacts(run.folder, list(dict.fromkeys(names))),
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+    print(f"done         {run.folder} ({sum(run.timings.values()):.1f} s in stages)")
+    return run.folder
+
+
+def reuse_key(settings: Settings, fingerprint: str) -> str:
+    """Everything that decides the artifacts: settings, model code and weights, library versions."""
+    record = {k: v for k, v in settings.as_record().items() if k not in ("force", "recalibrate")}
+    payload = json.dumps({"settings": record, "model": fingerprint, "versions": _versions()}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def _up_to_date(folder: Path, key: str) -> bool:
+    manifest = read_manifest(folder)
+    return manifest.get("complete") is True and manifest.get("reuse_key") == key and not artifact_problems(
+        folder, manifest
+    )
+
+
+def _require(run: Run, name: str) -> Path:
+    path = run.path(name)
+    if not path.is_file():
+        raise PipelineError(
+            f"{path} does not exist yet",
+            f"run the earlier stages first: python -m pipeline all --model {run.settings.model} "
+            f"--precision {run.settings.precision}",
+        )
+    return path
+
+
+def _versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for package in VERSIONED_PACKAGES:
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
