@@ -1,0 +1,167 @@
+"""The spine's stages on small models built in code: real export, checker, onnxsim and ONNX Runtime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from models.spec import ModelSpec
+from pipeline.check import check_onnx
+from pipeline.compare import compare
+from pipeline.errors import PipelineError
+from pipeline.export import export_onnx, load_reference, parity_batches, write_reference
+from pipeline.parity import check_parity
+from pipeline.precision import convert_fp16
+from pipeline.prepare import prepare
+from pipeline.settings import BatchProfile
+from pipeline.simplify import simplify_onnx
+from tests import toy_models
+
+PROFILE = BatchProfile(1, 4, 8)
+
+
+def exported(spec: ModelSpec, folder) -> tuple:
+    prepare(spec)
+    graph, reference = folder / "model.onnx", folder / "reference.npz"
+    export_onnx(spec, graph)
+    write_reference(spec, PROFILE, reference)
+    return graph, reference
+
+
+@pytest.mark.parametrize("factory", [toy_models.tiny_cnn, toy_models.text_classifier])
+def test_export_check_simplify_parity_fp16(factory, tmp_path):
+    graph, reference = exported(factory(), tmp_path)
+    checked = check_onnx(graph)
+    assert all(io["shape"][0] == "batch" for io in checked["inputs"] + checked["outputs"])
+    assert [o.version for o in onnx.load(str(graph)).opset_import if o.domain == ""] == [17]
+    simplify_onnx(graph, graph)
+    fp32 = check_parity(graph, reference, precision="fp32")
+    assert fp32["max_rel"] < 1e-4
+    assert {1, 4, 8} <= {case["batch"] for case in fp32["cases"]}
+    half = tmp_path / "model.fp16.onnx"
+    convert_fp16(graph, half)
+    model = onnx.load(str(half))
+    float_io = onnx.TensorProto.FLOAT
+    assert all(v.type.tensor_type.elem_type != onnx.TensorProto.FLOAT16 for v in model.graph.input)
+    assert any(i.data_type == onnx.TensorProto.FLOAT16 for i in model.graph.initializer)
+    assert model.graph.output[0].type.tensor_type.elem_type == float_io
+    assert check_parity(half, reference, precision="fp16")["max_rel"] < 1e-2
+
+
+def test_batch_axis_really_dynamic_at_three_sizes(tmp_path):
+    graph, _ = exported(toy_models.tiny_cnn(), tmp_path)
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+    for batch in (1, 3, 17):
+        (logits,) = session.run(None, {"input": np.zeros((batch, 3, 16, 16), np.float32)})
+        assert logits.shape == (batch, 10)
+
+
+def test_multi_input_dynamic_sequence_axis(tmp_path):
+    graph, reference = exported(toy_models.text_classifier(), tmp_path)
+    checked = check_onnx(graph)
+    shapes = {io["name"]: io["shape"] for io in checked["inputs"] + checked["outputs"]}
+    assert shapes["input_ids"] == ["batch", "seq"] and shapes["attention_mask"] == ["batch", "seq"]
+    assert shapes["tokens"][:2] == ["batch", "seq"]
+    sequence_lengths = {case[0]["input_ids"].shape[1] for case in load_reference(reference)}
+    assert sequence_lengths == {12, 64}  # the example length, and the declared maximum
+    check_parity(graph, reference, precision="fp32")
+
+
+def test_prepare_proves_eval_mode_and_counts_layers():
+    module, example = toy_models.dropout_mlp()
+    module.train()
+    spec = ModelSpec(name="mlp", module=module, example_inputs={"input": example})
+    record = prepare(spec)
+    assert record["dropout_layers"] == 1 and record["batchnorm_layers"] == 1
+    assert not any(m.training for m in module.modules())
+    assert not any(p.requires_grad for p in module.parameters())
+
+
+class _AlwaysDropout(torch.nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.dropout(x, 0.5, training=True)
+
+
+def test_prepare_refuses_randomness_in_eval():
+    spec = ModelSpec(name="noisy", module=_AlwaysDropout(), example_inputs={"input": torch.ones(2, 64)})
+    with pytest.raises(PipelineError, match="changed between two identical calls"):
+        prepare(spec)
+
+
+def test_prepare_refuses_batch_statistics():
+    with pytest.raises(PipelineError, match="no running statistics"):
+        prepare(toy_models.batch_stats_cnn())
+
+
+def test_prepare_refuses_a_baked_batch():
+    with pytest.raises(PipelineError, match="baked into forward"):
+        prepare(toy_models.baked_batch_cnn())
+
+
+def test_check_names_the_reshape_that_baked_the_batch(tmp_path):
+    spec = toy_models.baked_batch_cnn()
+    spec.module.eval()
+    export_onnx(spec, tmp_path / "model.onnx")
+    with pytest.raises(PipelineError, match=r"Reshape node .* constant shape \[2, -1\]"):
+        check_onnx(tmp_path / "model.onnx")
+
+
+def test_check_refuses_another_opset(tmp_path):
+    graph, _ = exported(toy_models.tiny_cnn(), tmp_path)
+    model = onnx.load(str(graph))
+    model.opset_import[0].version = 13
+    onnx.save(model, str(graph))
+    with pytest.raises(PipelineError, match="not 17"):
+        check_onnx(graph)
+
+
+def test_parity_fails_with_a_clear_message_past_tolerance(tmp_path):
+    graph, reference = exported(toy_models.tiny_cnn(), tmp_path)
+    model = onnx.load(str(graph))
+    bias = next(i for i in model.graph.initializer if i.name.endswith("fc.bias"))
+    values = onnx.numpy_helper.to_array(bias) + 1.0  # a wrong graph: every logit shifted by 1
+    bias.CopyFrom(onnx.numpy_helper.from_array(values, bias.name))
+    onnx.save(model, str(graph))
+    with pytest.raises(PipelineError, match="disagrees with PyTorch at batch 1 on output 'logits'"):
+        check_parity(graph, reference, precision="fp32")
+
+
+def test_simplify_keeps_the_checked_graph_when_onnxsim_fails(tmp_path, capsys):
+    graph, _ = exported(toy_models.tiny_cnn(), tmp_path)
+    model = onnx.load(str(graph))
+    # A node reading a tensor that nothing produces: onnxsim's own checker rejects the graph.
+    model.graph.node.append(onnx.helper.make_node("Relu", ["nowhere"], ["dangling"]))
+    broken = tmp_path / "custom.onnx"
+    onnx.save(model, str(broken))
+    record = simplify_onnx(broken, tmp_path / "out.onnx")
+    assert record["status"] == "kept" and "onnxsim failed" in record["reason"]
+    assert "kept the checked graph" in capsys.readouterr().out
+    assert onnx.load(str(tmp_path / "out.onnx")).graph.node[-1].output == ["dangling"]
+
+
+def test_failed_export_leaves_no_file(tmp_path):
+    class Untraceable(torch.nn.Module):
+        def forward(self, x):
+            return {"not": "a tensor"}, x
+
+    spec = ModelSpec(name="bad", module=Untraceable(), example_inputs={"input": torch.ones(2, 3)})
+    with pytest.raises(PipelineError):
+        export_onnx(spec, tmp_path / "model.onnx")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_parity_batches_always_include_one_and_max():
+    assert parity_batches(BatchProfile(1, 8, 32)) == [1, 8, 32]
+    assert parity_batches(BatchProfile(4, 4, 4)) == [1, 2, 4]
+    assert parity_batches(BatchProfile(1, 1, 1)) == [1, 2, 3]
+
+
+def test_compare_is_relative_to_output_scale():
+    reference = np.array([1000.0, -2000.0])
+    assert compare(reference, reference + 1.0, rtol=1e-3).ok  # 1 / 2000 = 5e-4
+    assert not compare(reference, reference + 3.0, rtol=1e-3).ok
+    assert not compare(reference, np.array([np.nan, 0.0]), rtol=1.0).ok
