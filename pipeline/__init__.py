@@ -23,6 +23,7 @@ _API = {
     "convert_fp16": "pipeline.precision",
     "build_engine": "pipeline.build",
     "compare": "pipeline.compare",
+    "load_runner": "pipeline.runners",
 }
 
 __all__ = sorted(_API)
