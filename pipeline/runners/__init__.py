@@ -1,0 +1,80 @@
+"""Runners: one interface over the TensorRT engine, ONNX Runtime and PyTorch.
+
+    from pipeline.runners import load_runner
+    with load_runner("engines/resnet50-fp16") as runner:      # backend="auto"
+        outputs = runner.infer({"input": batch})               # {name: np.ndarray} -> {name: np.ndarray}
+
+Backends load lazily: importing this package needs neither a GPU, TensorRT nor onnxruntime.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.manifest import require_manifest
+from pipeline.runners.base import Runner, TensorSpec
+
+BACKENDS = ("auto", "tensorrt", "onnxruntime", "torch")
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BACKENDS", "Runner", "TensorSpec", "load_runner"]
+
+
+def load_runner(path: str | Path, backend: str = "auto", **options) -> Runner:
+    """A runner for the artifact folder `path`.
+
+    backend: "tensorrt" (engine.plan), "onnxruntime" (the graph the engine was built from),
+    "torch" (the model itself), or "auto": the engine where it can run here (a GPU, TensorRT and
+    engine.plan), else ONNX Runtime.  `options` go to the runner (e.g. split_large_batches=False,
+    providers=[...] for ONNX Runtime, amp=True for torch, contexts=2 for the engine).
+    """
+    if backend not in BACKENDS:
+        raise PipelineError(f"unknown runner backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
+    folder = Path(path)
+    if not folder.is_dir():
+        raise PipelineError(
+            f"artifact folder {folder} does not exist",
+            "create it with `make engine MODEL=<model> PRECISION=<precision>` (it writes engines/<model>-<precision>/)",
+        )
+    manifest = require_manifest(folder)
+    why = f"asked for backend={backend!r}"
+    if backend == "auto":
+        backend, why = _choose_backend(folder, manifest)
+    runner = _runner_class(backend)(folder, manifest, **options)
+    runner.description = f"{runner.description}; picked because {why}"
+    log.info("runner for %s: %s", folder, runner.description)
+    return runner
+
+
+def _choose_backend(folder: Path, manifest: dict) -> tuple[str, str]:
+    """("tensorrt", why) where the engine can run on this machine, else ("onnxruntime", why not)."""
+    from pipeline.trt_module import gpu_present, import_trt
+
+    engine = folder / manifest.get("engine", "engine.plan")
+    if not engine.is_file():
+        return "onnxruntime", f"auto: {folder} has no {engine.name} (no TensorRT builder was installed at build time)"
+    if not gpu_present():
+        return "onnxruntime", "auto: no NVIDIA GPU/driver present, which the engine needs"
+    builder = manifest.get("build", {}).get("builder", {}).get("module", "auto")
+    try:
+        import_trt(builder)
+    except PipelineError as error:
+        return "onnxruntime", f"auto: the engine was built with {builder}, which cannot load here ({error.problem})"
+    return "tensorrt", f"auto: a GPU, {builder} and {engine.name} are present"
+
+
+def _runner_class(backend: str) -> type[Runner]:
+    if backend == "tensorrt":
+        from pipeline.runners.tensorrt import TensorRTRunner
+
+        return TensorRTRunner
+    if backend == "torch":
+        from pipeline.runners.torch import TorchRunner
+
+        return TorchRunner
+    from pipeline.runners.onnxruntime import OnnxRuntimeRunner
+
+    return OnnxRuntimeRunner

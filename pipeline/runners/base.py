@@ -1,0 +1,184 @@
+"""What every runner shares: tensor specs from the manifest, input validation, batch chunking.
+
+A runner reads one artifact folder (engines/<model>-<precision>/) and answers
+`infer({name: array}) -> {name: array}` the same way whatever runs underneath, so a
+service can swap ONNX Runtime for the engine without changing a line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.errors import PipelineError
+
+DYNAMIC = -1
+BATCH_AXIS = 0
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output: its numpy dtype and shape, -1 for a dynamic dim."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    # (axis, min, max) for each named dynamic dim other than the batch (e.g. "seq"), from the manifest's
+    # axis_ranges: the engine's profile accepts only those sizes, so every backend checks them alike.
+    ranges: tuple[tuple[int, int, int], ...] = ()
+
+    @classmethod
+    def from_manifest(cls, record: dict, axis_ranges: dict) -> TensorSpec:
+        shape = tuple(d if isinstance(d, int) else DYNAMIC for d in record["shape"])
+        ranges = tuple(
+            (axis, int(axis_ranges[d][0]), int(axis_ranges[d][2]))
+            for axis, d in enumerate(record["shape"])
+            if axis != BATCH_AXIS and isinstance(d, str) and d in axis_ranges
+        )
+        return cls(record["name"], np.dtype(record["dtype"]), shape, ranges)
+
+
+def tensor_specs(manifest: dict, key: str) -> list[TensorSpec]:
+    """The manifest's "inputs" or "outputs" as TensorSpecs."""
+    records = manifest.get(key)
+    if not records:
+        raise PipelineError(
+            f"the manifest lists no {key} (the check stage did not finish)",
+            "rebuild the folder: make engine MODEL=<model> PRECISION=<precision>",
+        )
+    axis_ranges = manifest.get("axis_ranges", {})
+    return [TensorSpec.from_manifest(record, axis_ranges) for record in records]
+
+
+def max_batch(manifest: dict) -> int:
+    profile = manifest.get("batch_profile")
+    if not profile:
+        raise PipelineError(
+            "the manifest has no batch_profile (the export stage did not finish)",
+            "rebuild the folder: make engine MODEL=<model> PRECISION=<precision>",
+        )
+    return int(profile["max"])
+
+
+def _dtype_and_shape(name: str, value: Any) -> tuple[np.dtype, tuple[int, ...]]:
+    if type(value) is np.ndarray:  # the hot path: an exact type check is cheaper than isinstance chains
+        return value.dtype, value.shape
+    if isinstance(value, np.ndarray):
+        return value.dtype, value.shape
+    raise PipelineError(
+        f"input {name!r} is a {type(value).__name__}, expected a numpy array",
+        f"pass np.asarray(...) for {name!r}",
+    )
+
+
+def check_feed(feed: Mapping[str, Any], specs: list[TensorSpec], describe=_dtype_and_shape) -> int:
+    """Validate names, dtypes, ranks and fixed dims of every input; return the common batch size.
+
+    `describe(name, value) -> (np.dtype, shape)` lets the engine runner accept torch CUDA tensors too.
+    """
+    if len(feed) != len(specs) or any(spec.name not in feed for spec in specs):
+        _refuse_names(feed, specs)
+    batch = -1
+    for spec in specs:
+        value = feed[spec.name]
+        dtype, shape = describe(spec.name, value)
+        if dtype != spec.dtype:
+            raise PipelineError(
+                f"input {spec.name!r} has dtype {dtype}, expected {spec.dtype}",
+                f"convert it first, e.g. array.astype(np.{spec.dtype})",
+            )
+        if len(shape) != len(spec.shape) or any(e not in (DYNAMIC, g) for e, g in zip(spec.shape, shape, strict=True)):
+            raise PipelineError(
+                f"input {spec.name!r} has shape {tuple(shape)}, expected {_shape_text(spec)}",
+                "reshape it; dims shown as -1 may vary, the others are fixed by the model",
+            )
+        for axis, low, high in spec.ranges:
+            if not low <= shape[axis] <= high:
+                raise PipelineError(
+                    f"input {spec.name!r} has size {shape[axis]} on axis {axis}, outside the range [{low}, {high}] "
+                    "the artifacts were built for",
+                    "cut or pad it into that range, or rebuild with a wider DYNAMIC range (make engine ...)",
+                )
+        if batch == -1:
+            batch = shape[BATCH_AXIS]
+        elif shape[BATCH_AXIS] != batch:
+            raise PipelineError(
+                f"input {spec.name!r} has batch {shape[BATCH_AXIS]} but {specs[0].name!r} has batch {batch}",
+                "give every input the same number of rows (axis 0)",
+            )
+    if batch < 1:
+        raise PipelineError("the inputs hold an empty batch (0 rows)", "send at least one row")
+    return batch
+
+
+def _refuse_names(feed: Mapping[str, Any], specs: list[TensorSpec]) -> None:
+    expected = [spec.name for spec in specs]
+    missing = [name for name in expected if name not in feed]
+    unexpected = [name for name in feed if name not in expected]
+    parts = ([f"missing {missing}"] if missing else []) + ([f"unexpected {unexpected}"] if unexpected else [])
+    raise PipelineError(f"inputs {'; '.join(parts)}; the model takes {expected}", f"pass exactly {expected}")
+
+
+def _shape_text(spec: TensorSpec) -> str:
+    return "(" + ", ".join("-1" if d == DYNAMIC else str(d) for d in spec.shape) + ")"
+
+
+class Runner:
+    """The contract services use: `infer(feed) -> outputs`, context manager, specs and a description.
+
+    Subclasses set `backend` and `description` and implement `_run(feed)` for one batch of at most
+    `max_batch` rows that has already been validated, and `close()`.
+    """
+
+    backend: str = ""
+
+    def __init__(self, folder: Path, manifest: dict, *, split_large_batches: bool = True):
+        self.folder = Path(folder)
+        self.manifest = manifest
+        self.inputs = tensor_specs(manifest, "inputs")
+        self.outputs = tensor_specs(manifest, "outputs")
+        self.max_batch = max_batch(manifest)
+        self.split_large_batches = split_large_batches
+        self.description = ""
+
+    def infer(self, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Validate the feed, run it (in chunks of max_batch rows when larger), return host arrays by name."""
+        batch = self._check(feed)
+        if batch <= self.max_batch:
+            return self._run(feed)
+        if not self.split_large_batches:
+            raise PipelineError(
+                f"a batch of {batch} rows is larger than the profile's max batch {self.max_batch}",
+                f"send at most {self.max_batch} rows, load the runner with split_large_batches=True, or rebuild "
+                "with a larger BATCH=min:opt:max (make engine ...)",
+            )
+        return self._run_chunked(feed, batch)
+
+    def _check(self, feed: Mapping[str, Any]) -> int:
+        return check_feed(feed, self.inputs)
+
+    def _run_chunked(self, feed: Mapping[str, Any], batch: int) -> dict[str, np.ndarray]:
+        parts = [
+            self._run({name: value[start : start + self.max_batch] for name, value in feed.items()})
+            for start in range(0, batch, self.max_batch)
+        ]
+        return {name: np.concatenate([part[name] for part in parts], axis=BATCH_AXIS) for name in parts[0]}
+
+    def _run(self, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Free what the runner allocated; the default has nothing to free."""
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.folder}: {self.description}>"

@@ -1,0 +1,72 @@
+"""The PyTorch runner: the model itself, loaded from the manifest's settings, eager, optionally AMP fp16 on CUDA."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.errors import PipelineError
+from pipeline.runners.base import Runner
+
+
+class TorchRunner(Runner):
+    backend = "torch"
+
+    def __init__(
+        self,
+        folder: Path,
+        manifest: dict,
+        *,
+        device: str | None = None,
+        amp: bool | None = None,
+        split_large_batches: bool = True,
+    ):
+        """device: "cuda" where available, else "cpu"; amp (autocast to fp16): on by default for fp16 on CUDA."""
+        import torch
+
+        import models
+        from pipeline.prepare import prepare
+
+        super().__init__(folder, manifest, split_large_batches=split_large_batches)
+        settings = manifest.get("settings")
+        if not settings:
+            raise PipelineError(
+                f"the manifest in {folder} has no settings, so the model cannot be loaded again",
+                "rebuild the folder: make engine MODEL=<model> PRECISION=<precision>",
+            )
+        spec = models.load_model(
+            settings["model"],
+            weights=settings.get("weights"),
+            input_shape=settings.get("input_shape"),
+            dynamic=settings.get("dynamic"),
+        )
+        prepare(spec)  # eval mode, gradients off, proven; the same stage the export ran
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if amp and self.device.type != "cuda":
+            raise PipelineError("amp=True needs a CUDA device", "pass amp=False, or device='cuda' on a GPU machine")
+        self.amp = self.device.type == "cuda" and (amp if amp is not None else manifest.get("precision") == "fp16")
+        self.module = spec.module.to(self.device)
+        self._output_dtypes = {spec.name: spec.dtype for spec in self.outputs}
+        mode = "AMP fp16" if self.amp else "fp32 eager"
+        why = "a CUDA device is available" if self.device.type == "cuda" else "no CUDA device"
+        self.description = f"torch {torch.__version__} {spec.name} on {self.device} ({mode}; {why})"
+
+    def _run(self, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        import torch
+
+        from pipeline.prepare import flatten_outputs
+
+        tensors = [torch.from_numpy(np.ascontiguousarray(feed[spec.name])).to(self.device) for spec in self.inputs]
+        autocast = torch.autocast("cuda", dtype=torch.float16) if self.amp else contextlib.nullcontext()
+        # inference_mode and autocast are thread-local, and an eval-mode module mutates no state in forward,
+        # so concurrent calls need no lock.
+        with torch.inference_mode(), autocast:
+            results = flatten_outputs(self.module(*tensors))
+        return {
+            name: result.detach().cpu().numpy().astype(self._output_dtypes[name], copy=False)
+            for name, result in zip(self._output_dtypes, results, strict=True)
+        }
