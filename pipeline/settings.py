@@ -101,7 +101,7 @@ class Settings:
 
     def artifact_dir(self, model_name: str) -> Path:
         """engines/<model>-<precision>/ for a canonical model name."""
-        slug = re.sub(r"[^A-Za-z0-9_.]+", "_", model_name).strip("_") or "model"
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", model_name).strip("_") or "model"
         return Path(self.out_root) / f"{slug}-{self.precision}"
 
     def as_record(self) -> dict:

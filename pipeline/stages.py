@@ -136,7 +136,6 @@ def run_precision(run: Run) -> None:
 
 
 def run_build(run: Run) -> None:
-    from pipeline.build import build_engine
     from pipeline.trt_module import import_trt
 
     graph = _require(run, GRAPH_NAMES[run.settings.precision])
@@ -148,17 +147,28 @@ def run_build(run: Run) -> None:
             f"the ONNX artifacts are in {run.folder}, but no engine was built: {error.problem}", error.fix
         ) from None
     axis_ranges = {name: tuple(r) for name, r in read_manifest(run.folder).get("axis_ranges", {}).items()}
-    run.stage(
-        "build",
-        build_engine,
+    run.stage("build", _build, run, graph, axis_ranges)
+
+
+def _build(run: Run, graph: Path, axis_ranges: dict) -> dict:
+    from pipeline.build import build_engine
+
+    engine = run.path(ENGINE)
+    record = build_engine(
         graph,
-        run.path(ENGINE),
+        engine,
         batch=run.settings.batch,
         axis_ranges=axis_ranges,
         workspace_mib=run.settings.workspace_mib,
         builder=run.settings.builder,
         timing_cache=Path(run.settings.out_root) / "timing.cache",
     )
+    builder = record["builder"]
+    record["summary"] = (
+        f"{engine.name} from {graph.name}: {builder['module']} {builder['version']}, "
+        f"batch {run.settings.batch}, {record['engine_bytes'] / 1e6:.1f} MB"
+    )
+    return record
 
 
 STAGES: dict[str, Callable[[Run], None]] = {
