@@ -1,0 +1,171 @@
+"""From a MODEL string to a ModelSpec: the registry, users' factories and model files.
+
+`load_model(model, weights=..., input_shape=..., dynamic=...)` accepts:
+  - a registry name (`known_models()`, or an alias such as `resnet` -> `resnet50`);
+  - `package.module:factory`, imported with the current directory on sys.path; the
+    factory returns a ModelSpec, an nn.Module (INPUT_SHAPE required) or
+    `(module, example_inputs)`;
+  - a file: a whole nn.Module saved with torch.save, a TorchScript file (both need
+    INPUT_SHAPE), or a torch.export `.pt2` program (inputs derived from the program).
+WEIGHTS, a state_dict file, is loaded into whichever model that gives.  The INPUT_SHAPE
+and DYNAMIC grammars are documented in `models.user`.  INPUT_SHAPE, when given, always
+replaces the model's own example inputs; DYNAMIC, when given, replaces its dynamic axes.
+
+The returned spec has been through one eval-mode forward pass on its example inputs
+(skipped for a registry model on its own inputs; the module's train/eval mode is left as
+it was, since setting it is the prepare stage's job),
+its `name` is `canonical_name(model)`, and its `fingerprint` changes whenever the model's
+source, its weights or checkpoint file, INPUT_SHAPE or DYNAMIC change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import re
+from pathlib import Path
+
+from models import user
+from models.registry import ALIASES, REGISTRY
+from models.spec import ModelSpec
+from pipeline.errors import PipelineError
+
+__all__ = ["canonical_name", "known_models", "load_model"]
+
+
+def known_models() -> list[str]:
+    """The registry's model names, in registry order (aliases such as `resnet` are not listed)."""
+    return list(REGISTRY)
+
+
+def canonical_name(model: str) -> str:
+    """The name artifacts are filed under: `resnet` -> `resnet50`, `pkg.mod:make_net` -> `mod-make_net`,
+    `/path/to/net.pt` -> `net`."""
+    kind, target = _resolve(model)
+    if kind == "registry":
+        return str(target)
+    if kind == "factory":
+        module_name, _, attr_path = str(target).partition(":")
+        return _slug(f"{module_name.rsplit('.', 1)[-1]}-{attr_path}")
+    return _slug(Path(target).stem)
+
+
+def load_model(
+    model: str,
+    *,
+    weights: Path | str | None = None,
+    input_shape: str | None = None,
+    dynamic: str | None = None,
+) -> ModelSpec:
+    """Load MODEL into a checked ModelSpec (see the module docstring for the accepted forms)."""
+    weights = Path(weights) if weights not in (None, "") else None
+    input_shape = (input_shape or "").strip() or None
+    dynamic = (dynamic or "").strip() or None
+    # Parse the user's strings before building anything: a typo should not cost a ResNet-50 build.
+    shapes = user.parse_input_shape(input_shape) if input_shape else None
+    requests = user.parse_dynamic(dynamic) if dynamic else None
+
+    kind, target = _resolve(model)
+    spec, sources = _load_by_kind(kind, target, weights)
+    if shapes is not None:
+        spec.example_inputs = user.example_inputs_from_shapes(shapes)
+    elif not spec.example_inputs:
+        raise PipelineError(f"MODEL={model!r} gives a model but not the shape of its inputs", user.INPUT_SHAPE_HELP)
+    if requests is not None:
+        spec.dynamic_axes = user.dynamic_axes_from_requests(requests, spec.example_inputs, dynamic)
+    user.check_dynamic_axes(spec)
+
+    # A registry model on its own example inputs is proven by tests/test_models.py; skipping the
+    # check saves a ResNet-50 forward pass (seconds on a busy CPU) on every run.
+    if kind != "registry" or shapes is not None:
+        outputs = user.run_example_forward(spec.module, spec.example_inputs, input_shape)
+        spec.output_names = spec.output_names or user.output_names_from(outputs)
+    spec.name = canonical_name(model)
+    spec.fingerprint = _fingerprint(spec, sources, weights, input_shape, dynamic)
+    return spec
+
+
+def _resolve(model: str) -> tuple[str, str | Path]:
+    """("registry", name) | ("factory", "pkg.mod:attr") | ("file", path), or a PipelineError."""
+    key = model.strip().lower()
+    key = ALIASES.get(key, key)
+    if key in REGISTRY:
+        return "registry", key
+    path = Path(model).expanduser()
+    if path.is_file():
+        return "file", path
+    if user.is_factory_reference(model):
+        return "factory", model
+    if path.suffix.lower() in user.MODEL_FILE_SUFFIXES or "/" in model:
+        raise PipelineError(
+            f"model file {model} does not exist (or is not a file)",
+            "check the path; a relative path is taken from the current directory",
+        )
+    aliases = ", ".join(f"{alias} -> {name}" for alias, name in ALIASES.items())
+    raise PipelineError(
+        f"unknown model {model!r}",
+        f"use a registry name ({', '.join(known_models())}; aliases: {aliases}), "
+        "a factory package.module:function, or the path of a model file "
+        "(torch.save'd nn.Module, TorchScript, or a torch.export .pt2)",
+    )
+
+
+def _load_by_kind(kind: str, target: str | Path, weights: Path | None) -> tuple[ModelSpec, list[Path]]:
+    """The spec and the source files its fingerprint covers (besides weights and INPUT_SHAPE/DYNAMIC)."""
+    if kind == "registry":
+        builder = REGISTRY[str(target)]
+        spec = builder(weights)
+        return spec, [Path(inspect.getsourcefile(builder))]
+    if kind == "factory":
+        factory, module_file = user.import_factory(str(target))
+        spec = user.spec_from_factory_result(factory(), str(target))
+        _apply_weights(spec, weights)
+        return spec, [module_file] if module_file else []
+    loaded = user.load_model_file(Path(target))
+    _apply_weights(loaded.spec, weights)
+    return loaded.spec, [Path(target)] + ([loaded.class_source] if loaded.class_source else [])
+
+
+def _apply_weights(spec: ModelSpec, weights: Path | None) -> None:
+    if weights is not None:
+        user.apply_state_dict(spec.module, user.read_state_dict(weights), weights)
+
+
+def _fingerprint(
+    spec: ModelSpec, sources: list[Path], weights: Path | None, input_shape: str | None, dynamic: str | None
+) -> str:
+    """sha256 over the model's name, source/checkpoint files, weights file, INPUT_SHAPE and DYNAMIC.
+
+    Each part is length-prefixed, so moving bytes from one part into the next changes the hash.
+    A factory's own fingerprint (if it set one) is folded in too.
+    """
+    digest = hashlib.sha256()
+    _hash_text(digest, "name", spec.name)
+    for source in sources:
+        _hash_file(digest, "source", source)
+    _hash_file(digest, "weights", weights)
+    _hash_text(digest, "input_shape", input_shape or "")
+    _hash_text(digest, "dynamic", dynamic or "")
+    _hash_text(digest, "spec_fingerprint", spec.fingerprint)
+    return digest.hexdigest()
+
+
+def _hash_text(digest: hashlib._Hash, label: str, text: str) -> None:
+    data = text.encode()
+    digest.update(f"{label}:{len(data)}:".encode())
+    digest.update(data)
+
+
+def _hash_file(digest: hashlib._Hash, label: str, path: Path | None) -> None:
+    if path is None:
+        _hash_text(digest, label, "")
+        return
+    digest.update(f"{label}:{path.stat().st_size}:".encode())
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+
+
+def _slug(text: str) -> str:
+    """Safe as a folder name: letters, digits, `_`, `-` and `.` only."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("._") or "model"
