@@ -1,0 +1,373 @@
+"""The engine runner: engine.plan through TensorRT (or TensorRT-RTX) with pre-allocated device bindings.
+
+Loading checks the manifest against this machine *before* any GPU is touched: the plan's
+sha256, the TensorRT module and version that built it, and the GPU it was built for.  Then it
+deserializes once and pre-allocates, per execution context, device memory at the profile's max
+shapes, page-locked host buffers and one stream, so infer() allocates nothing on the device.
+
+Threads: a small pool of execution contexts (default 2), each with its own buffers and stream,
+handed out through a queue; a call takes one, runs, and gives it back.  One context behind a lock
+would serialise whole requests, copies included; two let one request's copies overlap another's
+kernels, while each extra context costs its activation memory plus I/O buffers at max shape, so
+the pool stays small (kernels of one GPU mostly serialise anyway).  contexts=1 is a plain lock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import queue
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pipeline.errors import PipelineError
+from pipeline.runners.base import BATCH_AXIS, Runner, check_feed
+from pipeline.runners.device_memory import DeviceMemory, open_device_memory
+from pipeline.trt_module import dims
+
+if TYPE_CHECKING:
+    # Type stubs only (`tensorrt-stubs`): mypy checks the TensorRT calls below against them.
+    import tensorrt
+
+DEFAULT_CONTEXTS = 2
+
+
+# --------------------------------------------------------------------------- checks before the GPU
+
+
+def rebuild_fix(manifest: dict) -> str:
+    settings = manifest.get("settings", {})
+    model, precision = settings.get("model", "<model>"), manifest.get("precision", "<precision>")
+    return f"rebuild it on/for this machine: make engine MODEL={model} PRECISION={precision} FORCE=1"
+
+
+def read_plan(folder: Path, manifest: dict) -> bytes:
+    """engine.plan's bytes, refused when the build was skipped, or the file is missing or not what was built."""
+    build = manifest.get("build", {})
+    if build.get("status") == "skipped" or "builder" not in build:
+        raise PipelineError(
+            f"{folder} has no engine: the build was skipped ({build.get('reason', 'no build record')})",
+            f"use backend='onnxruntime', or install a TensorRT builder and {rebuild_fix(manifest)}",
+        )
+    name = manifest.get("engine", "engine.plan")
+    path = Path(folder) / name
+    recorded = manifest.get("artifacts", {}).get(name)
+    if not path.is_file() or recorded is None:
+        raise PipelineError(f"{path} is missing or not recorded in the manifest", rebuild_fix(manifest))
+    plan = path.read_bytes()  # read once: the bytes hashed are the bytes deserialized
+    if len(plan) != recorded["bytes"] or hashlib.sha256(plan).hexdigest() != recorded["sha256"]:
+        raise PipelineError(
+            f"{path} is {len(plan)} bytes with a sha256 other than the manifest's ({recorded['bytes']} bytes): "
+            "it is truncated or corrupted",
+            rebuild_fix(manifest),
+        )
+    return plan
+
+
+def check_builder(manifest: dict, trt: ModuleType) -> None:
+    """An engine deserializes only in the TensorRT flavour and version that built it."""
+    built = manifest["build"]["builder"]
+    here = {"module": trt.__name__, "version": str(trt.__version__)}
+    if built["module"] != here["module"] or built["version"] != here["version"]:
+        raise PipelineError(
+            f"engine.plan was built with {built['module']} {built['version']}, but this machine runs "
+            f"{here['module']} {here['version']}; engines load only in the exact TensorRT that built them",
+            f"{rebuild_fix(manifest)} (or install {built['module']}=={built['version']})",
+        )
+
+
+def built_for(target: dict) -> list[str] | None:
+    """The compute capabilities ("8.6", ...) an engine runs on, or None where the record cannot say."""
+    if target.get("kind") == "gpu":
+        gpu = target.get("gpu") or {}
+        return [gpu["compute_capability"]] if "compute_capability" in gpu else None
+    chosen = target.get("compute_capabilities")
+    if chosen == "default":
+        return list(target.get("documented_default") or [])
+    names = [str(name) for name in chosen or []]
+    # TensorRT-RTX's ComputeCapability names: SM80 -> 8.0, SM120 -> 12.0; CURRENT names no architecture.
+    parsed = [f"{name[2:-1]}.{name[-1]}" for name in names if name.startswith("SM") and name[2:].isdigit()]
+    return parsed if len(parsed) == len(names) else None
+
+
+def check_gpu_target(manifest: dict, gpu: dict) -> None:
+    """Refuse an engine built for another GPU architecture than `gpu` (describe_gpu's record)."""
+    target = manifest["build"].get("target", {})
+    targets = built_for(target)
+    here = gpu["compute_capability"]
+    if targets is None or here in targets:
+        return
+    # TensorRT-RTX documents its default set as "8.0, 8.6, 8.9, 12.0, and later": later architectures run it too.
+    if target.get("compute_capabilities") == "default" and _version(here) >= max(map(_version, targets)):
+        return
+    raise PipelineError(
+        f"engine.plan was built for compute capability {', '.join(targets)} ({target.get('kind')}), "
+        f"but this GPU is {gpu['name']} with compute capability {here}",
+        f"{rebuild_fix(manifest)}; or pass check_target=False to try it anyway",
+    )
+
+
+def _version(capability: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in capability.split("."))
+
+
+# --------------------------------------------------------------------------- the runner
+
+
+@dataclass
+class _Slot:
+    """One execution context with its own device buffers, pinned host buffers and stream."""
+
+    context: tensorrt.IExecutionContext
+    stream: Any
+    device: dict[str, int]  # tensor name -> device address, sized for the profile's max shape
+    host: dict[str, np.ndarray]  # tensor name -> page-locked uint8 buffer of the same size
+    bindings: list[int]  # device addresses in the engine's I/O-tensor order
+
+
+class TensorRTRunner(Runner):
+    backend = "tensorrt"
+
+    def __init__(
+        self,
+        folder: Path,
+        manifest: dict,
+        *,
+        contexts: int = DEFAULT_CONTEXTS,
+        device_memory: str = "auto",
+        device: int = 0,
+        check_target: bool = True,
+        split_large_batches: bool = True,
+    ):
+        from pipeline.trt_module import RecordingLogger, describe_gpu, import_trt
+
+        super().__init__(folder, manifest, split_large_batches=split_large_batches)
+        if contexts < 1:
+            raise PipelineError(f"contexts={contexts}", "give at least 1 execution context")
+        plan = read_plan(self.folder, manifest)
+        trt = import_trt(manifest["build"]["builder"]["module"])
+        check_builder(manifest, trt)
+        gpu = describe_gpu(device)
+        if gpu is None:
+            raise PipelineError(
+                f"no NVIDIA GPU {device} is usable here, and engine.plan runs only on a GPU",
+                "run on a GPU machine, or load_runner(..., backend='onnxruntime')",
+            )
+        if check_target:
+            check_gpu_target(manifest, gpu)
+        self._trt = trt
+        self._device = device
+        self._logger = RecordingLogger.for_module(trt)
+        self._memory: DeviceMemory = open_device_memory(device_memory, device)
+        self._slots: list[_Slot] = []
+        self._idle: queue.Queue[_Slot] = queue.Queue()
+        self._closed = False
+        self._memory.push()
+        try:
+            self._engine = self._deserialize(plan)
+            self._io = [self._engine.get_tensor_name(i) for i in range(self._engine.num_io_tensors)]
+            self._check_io()
+            self._bound_inputs = [(self._io.index(spec.name), spec) for spec in self.inputs]
+            self._slots.extend(self._make_slot() for _ in range(contexts))
+        except BaseException:
+            self._release()
+            raise
+        finally:
+            self._memory.pop()
+        for slot in self._slots:
+            self._idle.put(slot)
+        self.description = (
+            f"{trt.__name__} {trt.__version__} engine on {gpu['name']} (sm {gpu['compute_capability']}), "
+            f"{contexts} execution context(s), device memory via {self._memory.name}"
+        )
+
+    # ------------------------------------------------------------------ loading
+
+    def _deserialize(self, plan: bytes) -> tensorrt.ICudaEngine:
+        mark = self._logger.mark()
+        # The runtime must outlive the engines it deserialized, so the runner keeps it.
+        self._runtime: tensorrt.Runtime = self._trt.Runtime(self._logger.trt_logger)
+        engine = self._runtime.deserialize_cuda_engine(plan)
+        if engine is None:  # TensorRT says why only through its logger
+            messages = "; ".join(self._logger.since(mark)) or "no message from TensorRT"
+            raise PipelineError(f"TensorRT could not deserialize engine.plan: {messages}", rebuild_fix(self.manifest))
+        return engine
+
+    def _check_io(self) -> None:
+        """The engine's inputs/outputs must be the manifest's, with the same dtypes and max batch."""
+        expected = {
+            spec.name: (mode, spec.dtype)
+            for mode, specs in (("INPUT", self.inputs), ("OUTPUT", self.outputs))
+            for spec in specs
+        }
+        actual = {name: (self._engine.get_tensor_mode(name).name, self._dtype(name)) for name in self._io}
+        if actual != expected:
+            raise PipelineError(
+                f"engine.plan and the manifest disagree on the I/O tensors: engine {actual}, manifest {expected}",
+                rebuild_fix(self.manifest),
+            )
+        for spec in self.inputs:
+            engine_max = self._profile(spec.name)[2][BATCH_AXIS]
+            if engine_max != self.max_batch:
+                raise PipelineError(
+                    f"engine.plan's profile takes at most {engine_max} rows of {spec.name!r}, the manifest says "
+                    f"{self.max_batch}",
+                    rebuild_fix(self.manifest),
+                )
+
+    def _dtype(self, name: str) -> np.dtype:
+        return np.dtype(self._trt.nptype(self._engine.get_tensor_dtype(name)))
+
+    def _profile(self, name: str) -> list[tuple[int, ...]]:
+        """(min, opt, max) shapes of an input in optimization profile 0 (the only one the build makes)."""
+        return [tuple(dims(shape)) for shape in self._engine.get_tensor_profile_shape(name, 0)]
+
+    def _make_slot(self) -> _Slot:
+        context = self._engine.create_execution_context()
+        if context is None:
+            raise PipelineError(
+                "TensorRT could not create an execution context (out of GPU memory?)",
+                "free GPU memory, or load with fewer contexts (contexts=1)",
+            )
+        # With every input at its max shape, the outputs' shapes are their largest too.
+        for spec in self.inputs:
+            self._set_shape(context, spec.name, self._profile(spec.name)[2])
+        sizes = {name: self._nbytes(name, tuple(dims(context.get_tensor_shape(name)))) for name in self._io}
+        device = {name: self._memory.alloc(size) for name, size in sizes.items()}
+        host = {name: self._memory.pinned(size) for name, size in sizes.items()}
+        return _Slot(context, self._memory.stream(), device, host, [device[name] for name in self._io])
+
+    def _nbytes(self, name: str, shape: tuple[int, ...]) -> int:
+        if any(d < 0 for d in shape):
+            raise PipelineError(
+                f"output {name!r} has a data-dependent shape {shape}, which this runner does not support",
+                "export the model with outputs whose shape follows from the inputs' shapes",
+            )
+        return int(np.prod(shape, dtype=np.int64)) * self._dtype(name).itemsize
+
+    def _set_shape(self, context: tensorrt.IExecutionContext, name: str, shape: tuple[int, ...]) -> None:
+        if not context.set_input_shape(name, shape):
+            low, _, high = self._profile(name)
+            raise PipelineError(
+                f"input {name!r} has shape {shape}, outside the engine's profile {low} .. {high}",
+                "send shapes within the profile, or rebuild with a wider BATCH/DYNAMIC range (make engine ...)",
+            )
+
+    # ------------------------------------------------------------------ inference
+
+    def _check(self, feed: Mapping[str, Any]) -> int:
+        if self._closed:
+            raise PipelineError("this runner was closed", "load a new one with load_runner(...)")
+        return check_feed(feed, self.inputs, describe=_numpy_or_torch_cuda)
+
+    def _run(self, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        slot = self._idle.get()  # blocks while every context is busy
+        self._memory.push()  # this thread's current context, whichever thread created the runner
+        try:
+            return self._execute(slot, feed)
+        finally:
+            self._memory.pop()
+            self._idle.put(slot)
+
+    def _execute(self, slot: _Slot, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        bindings = list(slot.bindings)
+        on_gpu = []
+        for index, spec in self._bound_inputs:
+            value = feed[spec.name]
+            self._set_shape(slot.context, spec.name, tuple(value.shape))
+            if type(value) is np.ndarray:
+                # Through the pinned buffer: np.copyto also makes a strided input contiguous.
+                staged = slot.host[spec.name][: value.nbytes].view(value.dtype).reshape(value.shape)
+                np.copyto(staged, value)
+                self._memory.h2d_async(slot.device[spec.name], slot.host[spec.name], value.nbytes, slot.stream)
+            else:  # a torch CUDA tensor: bound in place on its GPU, no host round trip
+                if value.device.index != self._device:
+                    raise PipelineError(
+                        f"input {spec.name!r} is on cuda:{value.device.index}, the engine runs on cuda:{self._device}",
+                        f"move it first: {spec.name}.to('cuda:{self._device}')",
+                    )
+                bindings[index] = value.data_ptr()
+                on_gpu.append(value)
+        if on_gpu:
+            # The tensors may still be being written on torch's stream; TensorRT must not read them early.
+            import torch
+
+            torch.cuda.current_stream(on_gpu[0].device).synchronize()
+        # execute_v2 runs synchronously on TensorRT's own stream, so the inputs must have landed first.
+        self._memory.sync(slot.stream)
+        mark = self._logger.mark()
+        if not slot.context.execute_v2(bindings):
+            raise RuntimeError(f"TensorRT execute_v2 failed: {'; '.join(self._logger.since(mark)) or 'no message'}")
+        # Exactly the valid rows: the output shapes follow from this call's input shapes.
+        shapes = {spec.name: tuple(dims(slot.context.get_tensor_shape(spec.name))) for spec in self.outputs}
+        sizes = {name: self._nbytes(name, shape) for name, shape in shapes.items()}
+        for name, nbytes in sizes.items():
+            self._memory.d2h_async(slot.host[name], slot.device[name], nbytes, slot.stream)
+        self._memory.sync(slot.stream)
+        # Copies out of the pinned buffers, which the next call on this context reuses.
+        return {
+            spec.name: slot.host[spec.name][: sizes[spec.name]].view(spec.dtype).reshape(shapes[spec.name]).copy()
+            for spec in self.outputs
+        }
+
+    # ------------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """Wait for in-flight calls, then free every buffer, context and stream, and release the CUDA context."""
+        if self._closed:
+            return
+        self._closed = True
+        for _ in self._slots:
+            self._idle.get()  # each slot comes back when its call finishes
+        self._memory.push()
+        try:
+            self._release()
+        finally:
+            self._memory.pop()
+        self._memory.close()
+
+    def _release(self) -> None:
+        """Free what was allocated so far (the context is current); also used when loading fails halfway."""
+        for slot in self._slots:
+            for address in slot.device.values():
+                self._memory.free(address)
+            for buffer in slot.host.values():
+                self._memory.free_pinned(buffer)
+            self._memory.destroy_stream(slot.stream)
+        # TensorRT objects go in reverse order of creation (contexts, engine, runtime), while the CUDA
+        # context is still current; dropping the last reference destroys them.
+        self._slots.clear()
+        for created in ("_engine", "_runtime"):
+            if hasattr(self, created):
+                delattr(self, created)
+
+
+_TORCH_DTYPES: dict[Any, np.dtype] = {}
+
+
+def _numpy_or_torch_cuda(name: str, value: Any) -> tuple[np.dtype, tuple[int, ...]]:
+    """(dtype, shape) of a numpy array, or of a contiguous torch CUDA tensor (used in place)."""
+    if isinstance(value, np.ndarray):
+        return value.dtype, value.shape
+    if type(value).__module__.startswith("torch") and hasattr(value, "is_cuda"):
+        if not value.is_cuda:
+            raise PipelineError(f"input {name!r} is a torch tensor on the CPU", f"pass {name}.numpy() instead")
+        if not value.is_contiguous():
+            raise PipelineError(f"input {name!r} is a non-contiguous CUDA tensor", f"pass {name}.contiguous()")
+        return _torch_to_numpy_dtype(value.dtype), tuple(value.shape)
+    raise PipelineError(
+        f"input {name!r} is a {type(value).__name__}, expected a numpy array or a torch CUDA tensor",
+        f"pass np.asarray(...) for {name!r}",
+    )
+
+
+def _torch_to_numpy_dtype(dtype: Any) -> np.dtype:
+    if dtype not in _TORCH_DTYPES:
+        import torch
+
+        _TORCH_DTYPES[dtype] = torch.empty((), dtype=dtype).numpy().dtype
+    return _TORCH_DTYPES[dtype]
