@@ -66,11 +66,11 @@ def load_model(
     requests = user.parse_dynamic(dynamic) if dynamic else None
 
     kind, target = _resolve(model)
-    spec, sources = _load_by_kind(kind, target, weights)
+    spec, sources, form = _load_by_kind(kind, target, weights)
     if shapes is not None:
         spec.example_inputs = user.example_inputs_from_shapes(shapes)
     elif not spec.example_inputs:
-        raise PipelineError(f"MODEL={model!r} gives a model but not the shape of its inputs", user.INPUT_SHAPE_HELP)
+        raise PipelineError(f"MODEL={model!r} is {form}, which does not say what its inputs are", user.INPUT_SHAPE_HELP)
     if requests is not None:
         spec.dynamic_axes = user.dynamic_axes_from_requests(requests, spec.example_inputs, dynamic)
     user.check_dynamic_axes(spec)
@@ -110,20 +110,35 @@ def _resolve(model: str) -> tuple[str, str | Path]:
     )
 
 
-def _load_by_kind(kind: str, target: str | Path, weights: Path | None) -> tuple[ModelSpec, list[Path]]:
-    """The spec and the source files its fingerprint covers (besides weights and INPUT_SHAPE/DYNAMIC)."""
+# How each form is described when INPUT_SHAPE is needed but missing.
+_FORMS = {
+    "registry": "a registry model",
+    "factory": "a factory returning a bare nn.Module",
+    "pickled_module": "a pickled nn.Module",
+    "torchscript": "a TorchScript file",
+    "exported_program": "an ExportedProgram whose input shapes could not be derived",
+}
+
+
+def _load_by_kind(kind: str, target: str | Path, weights: Path | None) -> tuple[ModelSpec, list[Path], str]:
+    """The spec, the source files its fingerprint covers (besides weights and INPUT_SHAPE/DYNAMIC),
+    and the model's form in words."""
     if kind == "registry":
         builder = REGISTRY[str(target)]
-        spec = builder(weights)
-        return spec, [Path(inspect.getsourcefile(builder))]
+        with user.seeded():  # random init must repeat: the runner reloads the model the engine was built from
+            spec = builder(weights)
+        return spec, [Path(inspect.getsourcefile(builder))], _FORMS[kind]
     if kind == "factory":
         factory, module_file = user.import_factory(str(target))
-        spec = user.spec_from_factory_result(factory(), str(target))
+        with user.seeded():
+            result = factory()
+        spec = user.spec_from_factory_result(result, str(target))
         _apply_weights(spec, weights)
-        return spec, [module_file] if module_file else []
+        return spec, [module_file] if module_file else [], _FORMS[kind]
     loaded = user.load_model_file(Path(target))
     _apply_weights(loaded.spec, weights)
-    return loaded.spec, [Path(target)] + ([loaded.class_source] if loaded.class_source else [])
+    sources = [Path(target)] + ([loaded.class_source] if loaded.class_source else [])
+    return loaded.spec, sources, _FORMS[loaded.kind]
 
 
 def _apply_weights(spec: ModelSpec, weights: Path | None) -> None:

@@ -14,11 +14,10 @@ import torch
 from torch import nn
 
 from models.spec import ImagePreprocess, ModelSpec
-from models.user import apply_state_dict, read_state_dict
+from models.user import InputShape, apply_state_dict, example_inputs_from_shapes, read_state_dict, seeded
 
 RANDOM_INIT_NOTE = "randomly initialised: no WEIGHTS given; outputs are meaningless but timing and parity are valid"
 IMAGENET_CLASSES = 1000
-EXAMPLE_BATCH = 2  # not 1: exporters can specialise a batch of 1 into a constant
 
 
 def conv3x3(in_planes: int, out_planes: int, stride: int = 1) -> nn.Conv2d:
@@ -138,7 +137,9 @@ def resnet_spec(arch: str, weights: Path | None = None) -> ModelSpec:
     """The ModelSpec of a ResNet, with a torchvision state_dict loaded from `weights` if given."""
     notes = []
     if weights is None:
-        module = build_resnet(arch)
+        # Seeded: a reload (the PyTorch runner, a rerun) must give the very weights the engine holds.
+        with seeded():
+            module = build_resnet(arch)
         notes.append(RANDOM_INIT_NOTE)
     else:
         state_dict = read_state_dict(weights)
@@ -150,7 +151,7 @@ def resnet_spec(arch: str, weights: Path | None = None) -> ModelSpec:
     return ModelSpec(
         name=arch,
         module=module,
-        example_inputs={"input": torch.randn(EXAMPLE_BATCH, 3, 224, 224)},
+        example_inputs=example_inputs_from_shapes([InputShape("input", (3, 224, 224), torch.float32)]),
         output_names=["output"],
         preprocess=ImagePreprocess(),
         notes=notes,

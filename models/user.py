@@ -126,8 +126,9 @@ def _parse_one_input(name: str, dims_and_dtype: str, text: str) -> InputShape:
 
 
 @contextlib.contextmanager
-def _seeded(seed: int = 0) -> Iterator[None]:
-    """Same example inputs on every run (parity reports compare across reruns), global RNG untouched."""
+def seeded(seed: int = 0) -> Iterator[None]:
+    """Same random weights and example inputs on every run, global RNG untouched: the runner
+    reloads the model from its settings and must get the model the engine was built from."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         yield
@@ -143,7 +144,7 @@ def example_tensor(dims: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 
 def example_inputs_from_shapes(shapes: list[InputShape]) -> dict[str, torch.Tensor]:
-    with _seeded():
+    with seeded():
         return {shape.name: example_tensor((EXAMPLE_BATCH, *shape.dims), shape.dtype) for shape in shapes}
 
 
@@ -510,7 +511,7 @@ def example_inputs_from_program(program: Any, path: Path) -> tuple[dict[str, tor
     """
     placeholders = {node.name: node for node in program.graph.nodes if node.op == "placeholder"}
     examples, notes = {}, []
-    with _seeded():
+    with seeded():
         for name in program.graph_signature.user_inputs:
             fake = placeholders[name].meta.get("val") if name in placeholders else None
             if not isinstance(fake, torch.Tensor) or fake.dim() == 0:

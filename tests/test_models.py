@@ -155,6 +155,10 @@ def test_registry_model_without_weights_is_random_with_a_note():
     assert spec.output_names == ["output"]
     assert spec.preprocess == ImagePreprocess()
     assert len(spec.fingerprint) == 64
+    again = load_model("resnet18")  # seeded: the runner's reload must match the model the engine was built from
+    assert torch.equal(again.module.layer2[0].conv1.weight, spec.module.layer2[0].conv1.weight)
+    assert torch.equal(again.example_inputs["input"], spec.example_inputs["input"])
+    assert again.fingerprint == spec.fingerprint
 
 
 # ---------------------------------------------------------------- weights
@@ -325,7 +329,7 @@ def test_dropout_mlp_tuple_and_the_check_leaves_the_mode_alone():
 
 
 def test_plain_module_needs_an_input_shape():
-    with pytest.raises(PipelineError, match="not the shape of its inputs") as caught:
+    with pytest.raises(PipelineError, match="a factory returning a bare nn.Module, which does not say") as caught:
         load_model(f"{TOY}:plain_module")
     assert "INPUT_SHAPE" in str(caught.value) and "3x224x224" in str(caught.value)
     spec = load_model(f"{TOY}:plain_module", input_shape="3x16x16")
@@ -531,7 +535,7 @@ def test_pickled_whole_module_needs_input_shape(tmp_path: Path):
     path = tmp_path / "plain.pt"
     module = toy_models.plain_module()
     torch.save(module, path)
-    with pytest.raises(PipelineError, match="INPUT_SHAPE"):
+    with pytest.raises(PipelineError, match="(?s)is a pickled nn.Module.*INPUT_SHAPE"):
         load_model(str(path))
     spec = load_model(str(path), input_shape="3x16x16")
     assert spec.name == "plain"
@@ -563,7 +567,7 @@ def test_torchscript_file(tmp_path: Path):
     module = toy_models.plain_module()
     path = tmp_path / "scripted.ts"
     torch.jit.save(torch.jit.script(module), str(path))
-    with pytest.raises(PipelineError, match="INPUT_SHAPE"):
+    with pytest.raises(PipelineError, match="(?s)is a TorchScript file.*INPUT_SHAPE"):
         load_model(str(path))
     spec = load_model(str(path), input_shape="3x16x16")
     assert spec.name == "scripted" and spec.output_names == ["output"]
