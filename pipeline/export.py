@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -136,9 +137,9 @@ def write_reference(spec: ModelSpec, batch: BatchProfile, path: Path) -> dict:
         with torch.inference_mode():
             result = flatten_outputs(spec.module(*feed.values()))
         arrays.update({f"case{index}/in/{name}": t.numpy() for name, t in feed.items()})
-        arrays.update({f"case{index}/out/{name}": t.numpy() for name, t in zip(outputs, result)})
+        arrays.update({f"case{index}/out/{name}": t.numpy() for name, t in zip(outputs, result, strict=True)})
     with atomic_path(path) as temporary, open(temporary, "wb") as handle:
-        np.savez(handle, **arrays)
+        np.savez(handle, **cast(dict[str, Any], arrays))  # numpy's stub types **kwds as allow_pickle
     return {"summary": f"{path.name}: PyTorch outputs at batch sizes {parity_batches(batch)}"}
 
 

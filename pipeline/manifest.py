@@ -28,7 +28,8 @@ def require_manifest(folder: Path) -> dict:
     if not manifest:
         raise PipelineError(
             f"{folder} has no {MANIFEST}: it is not an artifact folder",
-            "create it with `make engine MODEL=<model> PRECISION=<precision>` (folders are engines/<model>-<precision>)",
+            "create it with `make engine MODEL=<model> PRECISION=<precision>` "
+            "(folders are engines/<model>-<precision>)",
         )
     return manifest
 

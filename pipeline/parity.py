@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pipeline.compare import compare_outputs
 from pipeline.errors import PipelineError
@@ -28,9 +29,9 @@ def check_parity(onnx_path: Path, reference_path: Path, *, precision: str) -> di
     session = onnxruntime_session(onnx_path)
     names = [o.name for o in session.get_outputs()]
     rtol = RTOL[precision]
-    cases = []
+    cases: list[dict[str, Any]] = []
     for inputs, expected in load_reference(reference_path):
-        actual = dict(zip(names, session.run(names, inputs)))
+        actual = dict(zip(names, session.run(names, inputs), strict=True))
         results = compare_outputs(expected, actual, rtol=rtol)
         batch = int(next(iter(inputs.values())).shape[0])
         cases.append({"batch": batch, "outputs": {n: c.as_record() for n, c in results.items()}})
@@ -55,4 +56,3 @@ def check_parity(onnx_path: Path, reference_path: Path, *, precision: str) -> di
         "max_rel": worst_rel,
         "cases": cases,
     }
-

@@ -76,7 +76,7 @@ def _refuse_batch_statistics(module: torch.nn.Module) -> None:
 
 
 def _refuse_nondeterminism(first: list[torch.Tensor], second: list[torch.Tensor]) -> None:
-    for index, (a, b) in enumerate(zip(first, second)):
+    for index, (a, b) in enumerate(zip(first, second, strict=True)):
         if not torch.equal(a, b):
             raise PipelineError(
                 f"output {index} changed between two identical calls in eval mode "
@@ -98,7 +98,7 @@ def _refuse_batch_dependence(spec: ModelSpec, batched: list[torch.Tensor]) -> No
             "a batch size is probably baked into forward() (e.g. x.view(2, -1)); use x.flatten(1) or "
             "x.reshape(x.shape[0], -1)",
         ) from None
-    for index, (row, whole) in enumerate(zip(alone, batched)):
+    for index, (row, whole) in enumerate(zip(alone, batched, strict=True)):
         if whole.dim() == 0 or row.shape[1:] != whole.shape[1:]:
             continue
         reference = whole[:1].double()

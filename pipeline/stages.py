@@ -223,8 +223,10 @@ def reuse_key(settings: Settings, fingerprint: str) -> str:
 
 def _up_to_date(folder: Path, key: str) -> bool:
     manifest = read_manifest(folder)
-    return manifest.get("complete") is True and manifest.get("reuse_key") == key and not artifact_problems(
-        folder, manifest
+    return (
+        manifest.get("complete") is True
+        and manifest.get("reuse_key") == key
+        and not artifact_problems(folder, manifest)
     )
 
 

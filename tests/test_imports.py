@@ -38,8 +38,6 @@ BARE_IMPORT = textwrap.dedent(
 
 
 def test_every_module_imports_without_gpu_packages():
-    result = subprocess.run(
-        [sys.executable, "-c", BARE_IMPORT], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
+    result = subprocess.run([sys.executable, "-c", BARE_IMPORT], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert int(result.stdout.split()[0]) >= 10
