@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from models import resnet
+from models import digits, resnet
 from models.spec import ModelSpec
 
 REGISTRY: dict[str, Callable[[Path | None], ModelSpec]] = {
@@ -19,6 +19,7 @@ REGISTRY: dict[str, Callable[[Path | None], ModelSpec]] = {
     "resnet50": resnet.resnet50_spec,
     "resnet101": resnet.resnet101_spec,
     "resnet152": resnet.resnet152_spec,
+    "digits": digits.digits_spec,
 }
 
 # Short names users type; each maps to a REGISTRY key.
