@@ -1,0 +1,48 @@
+"""The service's settings: one dataclass with defaults and a check(), like pipeline.settings.Settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.errors import PipelineError
+
+
+@dataclass
+class ServeConfig:
+    """How requests are batched, bounded and timed out.
+
+    max_batch: most items per runner call (None: the profile's max batch from the manifest).
+    max_wait_ms: how long the first request of a batch waits for others before the runner is called.
+    batching: False sends every request to the runner alone (for comparisons; max_wait_ms is then unused).
+    queue_size: requests admitted but not yet handed to the runner; past it the service answers 503.
+    timeout_s: from arrival to answer; past it 504, and the request's rows are dropped.
+    max_body_mib: the largest request body read; past it 413.
+    workers: runner calls in flight at once (threads); one suits ONNX Runtime on a CPU, which uses every core.
+    """
+
+    name: str | None = None
+    max_batch: int | None = None
+    max_wait_ms: float = 2.0
+    batching: bool = True
+    queue_size: int = 256
+    timeout_s: float = 10.0
+    max_body_mib: float = 64.0
+    workers: int = 1
+
+    def check(self) -> ServeConfig:
+        """Reject impossible values with the fix; returns self so calls can chain."""
+        if self.max_batch is not None and self.max_batch < 1:
+            raise PipelineError(f"max batch {self.max_batch} is below 1", "give --max-batch 1 or more, or leave it out")
+        if self.max_wait_ms < 0:
+            raise PipelineError(f"max wait {self.max_wait_ms} ms is negative", "give --max-wait-ms 0 or more")
+        for label, value in (("queue size", self.queue_size), ("workers", self.workers)):
+            if value < 1:
+                raise PipelineError(f"{label} {value} is below 1", f"give a {label} of 1 or more")
+        for label, number in (("timeout", self.timeout_s), ("max body", self.max_body_mib)):
+            if number <= 0:
+                raise PipelineError(f"{label} {number} is not positive", f"give a positive {label}")
+        return self
+
+    @property
+    def max_body_bytes(self) -> int:
+        return int(self.max_body_mib * 1024 * 1024)
