@@ -14,13 +14,15 @@ DYNAMIC ?=
 CALIB ?=
 CALIB_METHOD ?= percentile
 FORCE ?=
+BACKENDS ?=
+BATCHES ?=
 
 PIPELINE_ARGS = --model '$(MODEL)' --precision $(PRECISION) --batch $(BATCH) --out '$(OUT)' \
 	$(if $(WEIGHTS),--weights '$(WEIGHTS)') $(if $(INPUT_SHAPE),--input-shape '$(INPUT_SHAPE)') \
 	$(if $(DYNAMIC),--dynamic '$(DYNAMIC)') $(if $(CALIB),--calib '$(CALIB)' --calib-method $(CALIB_METHOD)) \
 	$(if $(FORCE),--force)
 
-.PHONY: venv engine test lint typecheck clean
+.PHONY: venv engine bench test lint typecheck clean
 
 # torch==2.13.0 first: on these machines that is the CPU build on disk; a bare `torch`
 # requirement would pull the newest CUDA build (several GB).  tensorrt-stubs goes in with
@@ -38,6 +40,12 @@ venv: $(STAMP)
 
 engine: $(STAMP)
 	$(PY) -m pipeline all $(PIPELINE_ARGS)
+
+# Latency of engines/<model>-<precision>/ through every backend usable here (BACKENDS=a,b to choose,
+# BATCHES=1,8,32 within the profile); writes bench.json/.md/.png into that folder.
+bench: $(STAMP)
+	$(PY) -m pipeline bench --model '$(MODEL)' --precision $(PRECISION) --out '$(OUT)' \
+		$(if $(BACKENDS),--backends $(BACKENDS)) $(if $(BATCHES),--batches $(BATCHES))
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

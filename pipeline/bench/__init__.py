@@ -1,0 +1,95 @@
+"""`python -m pipeline bench` / `make bench MODEL=resnet`: latency of one artifact folder through every backend.
+
+The same inputs go through PyTorch eager FP32 (the reference), PyTorch AMP FP16 and
+torch.compile (GPU), ONNX Runtime on the FP32 graph (through the runner and in a bare session)
+and on the INT8 graph, and the TensorRT engine (GPU), at each batch size, in two stated modes
+(end to end, device-resident).  bench.json, bench.md and bench.png land in the folder.
+
+    from pipeline.bench import run_benchmark, write_reports
+    report = run_benchmark(Path("engines/resnet50-fp16"), batches=[1, 8])
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pipeline.bench.backends import NAMES
+from pipeline.bench.harness import run_benchmark
+from pipeline.bench.report import DEVICE_RESIDENT, END_TO_END, markdown_table, write_reports
+from pipeline.bench.timing import TimingPolicy
+from pipeline.errors import PipelineError
+from pipeline.settings import PRECISIONS, Settings
+
+__all__ = ["COMMAND", "HELP", "TimingPolicy", "add_arguments", "main", "run_benchmark", "write_reports"]
+
+COMMAND = "bench"
+HELP = "latency of the same inputs through PyTorch, ONNX Runtime and the engine: bench.json/.md/.png"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults, policy = Settings(), TimingPolicy()
+    parser.add_argument("--model", default=defaults.model, help="the model the folder was built from [MODEL]")
+    parser.add_argument("--precision", default=defaults.precision, choices=PRECISIONS, help="[PRECISION]")
+    parser.add_argument("--out", type=Path, default=defaults.out_root, help="artifact root folder [OUT]")
+    parser.add_argument("--folder", type=Path, help="the artifact folder itself (instead of model/precision/out)")
+    parser.add_argument(
+        "--backends",
+        type=_names,
+        help=f"comma-separated, from {', '.join(NAMES)} (default: all; torch always runs) [BACKENDS]",
+    )
+    parser.add_argument(
+        "--batches", type=_batches, help="comma-separated batch sizes (default: the profile's min,opt,max) [BATCHES]"
+    )
+    parser.add_argument("--warmup", type=int, default=policy.warmup, help="untimed calls per backend and batch")
+    parser.add_argument("--iterations", type=int, default=policy.iterations, help="timed calls (at most)")
+    parser.add_argument(
+        "--budget-s", type=float, default=policy.budget_s, help="seconds of timed calls per backend and batch (at most)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=policy.rounds, help="timed calls are split into rounds alternating backends"
+    )
+    parser.add_argument("--threads", type=int, help="CPU threads for torch and ONNX Runtime (default: physical cores)")
+    parser.add_argument("--report-dir", type=Path, help="where bench.json/.md/.png go (default: the artifact folder)")
+
+
+def main(args: argparse.Namespace) -> int:
+    folder, hint = _folder_and_hint(args)
+    report = run_benchmark(
+        folder,
+        backends=args.backends,
+        batches=args.batches,
+        policy=TimingPolicy(args.warmup, args.iterations, args.budget_s, args.rounds),
+        threads=args.threads,
+        make_hint=hint,
+        progress=lambda line: print(line, flush=True),
+    )
+    paths = write_reports(report, args.report_dir or folder)
+    for mode in (END_TO_END, DEVICE_RESIDENT):
+        if any(r["mode"] == mode for r in report["results"]):
+            print(f"\n{mode} ({report['model']}, {report['environment']['threads']} threads):\n")
+            print(markdown_table(report, mode))
+    print(f"\nwrote {paths['md']}, {paths['json'].name}, {paths['png'].name}")
+    return 0
+
+
+def _folder_and_hint(args: argparse.Namespace) -> tuple[Path, str | None]:
+    if args.folder is not None:
+        return args.folder, None
+    import models
+
+    settings = Settings(model=args.model, precision=args.precision, out_root=args.out)
+    folder = settings.artifact_dir(models.canonical_name(args.model))
+    out = "" if Path(args.out) == Settings().out_root else f" OUT={args.out}"
+    return folder, f"make engine MODEL={args.model} PRECISION={args.precision}{out}"
+
+
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def _batches(text: str) -> list[int]:
+    parts = _names(text)
+    if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise PipelineError(f"--batches {text!r} is not a list of positive whole numbers", "give e.g. 1,8,32")
+    return [int(p) for p in parts]

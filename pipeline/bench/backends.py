@@ -1,0 +1,315 @@
+"""The backends the benchmark compares, each opened from one artifact folder.
+
+Every backend answers `infer(host feed) -> host outputs` (the end-to-end mode, what a service
+sees), and, where its data can live on a device, `stage(feed)` returns a call that runs on
+inputs already copied there (the device-resident mode).  Backends that cannot run on this
+machine raise `Unavailable` with the reason; the harness lists them as skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pipeline.errors import PipelineError
+from pipeline.precision import GRAPH_NAMES
+from pipeline.runners import Runner, load_runner
+
+if TYPE_CHECKING:
+    from pipeline.runners.torch import TorchRunner
+
+REFERENCE = "torch"  # PyTorch eager FP32: the baseline for speed-ups and the reference for agreement
+CPU_DEVICE_NOTE = "not measured separately: it runs on the CPU, whose inputs already live in host memory"
+
+
+class Unavailable(Exception):
+    """This backend cannot run on this machine (no GPU, no engine, no INT8 graph); the message says why."""
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every backend is opened from."""
+
+    folder: Path
+    manifest: dict
+    threads: int
+    cuda: bool  # torch sees a CUDA device
+
+
+class Backend:
+    """One way of running the model, wrapped so the harness times every backend the same way."""
+
+    def __init__(self, name: str, label: str, precision: str, description: str, threads: str):
+        self.name = name
+        self.label = label
+        self.precision = precision  # of the arithmetic, for the agreement tolerance
+        self.description = description
+        self.threads = threads
+        self.device_note = CPU_DEVICE_NOTE
+        self.memory_note = "n/a: runs on the CPU (no device memory); process RSS cannot be split per backend"
+
+    def infer(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """End to end: host arrays in, host arrays out."""
+        raise NotImplementedError
+
+    def stage(self, feed: dict[str, np.ndarray]) -> Callable[[], object] | None:
+        """A call on inputs already on the device, or None where that mode is not measured (device_note says why)."""
+        return None
+
+    def sync(self) -> None:
+        """Wait for queued device work; host-only backends have none."""
+
+    def reset_peak_memory(self) -> None:
+        """Start a fresh peak-memory window (where measurable)."""
+
+    def peak_memory_bytes(self) -> int | None:
+        """Peak device memory since reset_peak_memory, or None (memory_note says why)."""
+        return None
+
+    def close(self) -> None:
+        """Free what the backend holds."""
+
+
+class RunnerBackend(Backend):
+    """A runner from pipeline.runners, timed through `infer`: exactly what a service calls."""
+
+    def __init__(self, name: str, label: str, precision: str, runner: Runner, threads: str):
+        super().__init__(name, label, precision, runner.description, threads)
+        self.runner = runner
+
+    def infer(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.runner.infer(feed)
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+class TorchBackend(RunnerBackend):
+    """The PyTorch runner; on CUDA also device-resident, with torch.cuda's peak-memory counter."""
+
+    def __init__(self, name: str, label: str, precision: str, runner: TorchRunner, threads: str):
+        super().__init__(name, label, precision, runner, threads)
+        self.device = runner.device
+        self.on_cuda = runner.device.type == "cuda"
+        self.torch_runner = runner
+        if self.on_cuda:
+            self.device_note = ""
+            self.memory_note = (
+                "this module's weights + torch.cuda.max_memory_allocated above what was allocated before one call "
+                "(other backends' weights excluded)"
+            )
+        self._allocated_before = 0
+
+    def stage(self, feed: dict[str, np.ndarray]) -> Callable[[], object] | None:
+        import contextlib
+
+        import torch
+
+        if not self.on_cuda:
+            return None
+        runner = self.torch_runner
+        tensors = [torch.from_numpy(feed[spec.name]).to(self.device) for spec in runner.inputs]
+        module, amp = runner.module, runner.amp
+
+        def call() -> object:
+            autocast = torch.autocast("cuda", dtype=torch.float16) if amp else contextlib.nullcontext()
+            with torch.inference_mode(), autocast:
+                return module(*tensors)
+
+        return call
+
+    def sync(self) -> None:
+        if self.on_cuda:
+            import torch
+
+            torch.cuda.synchronize(self.device)
+
+    def reset_peak_memory(self) -> None:
+        if self.on_cuda:
+            import torch
+
+            torch.cuda.synchronize(self.device)
+            self._allocated_before = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak_memory_bytes(self) -> int | None:
+        """Weights + activations of this backend: the allocator is shared by every torch backend in the process."""
+        if not self.on_cuda:
+            return None
+        import torch
+
+        module = self.torch_runner.module
+        weights = sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
+        return int(weights + torch.cuda.max_memory_allocated(self.device) - self._allocated_before)
+
+
+class SessionBackend(Backend):
+    """A bare onnxruntime.InferenceSession with explicit options, beside the runner to expose its overhead."""
+
+    def __init__(self, name: str, label: str, graph: Path, threads: int):
+        import onnxruntime as ort
+
+        from pipeline.runners.onnxruntime import choose_providers
+
+        providers, why = choose_providers(None)
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = ort.InferenceSession(str(graph), options, providers=providers)
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        used = ", ".join(self.session.get_providers())
+        description = f"onnxruntime {ort.__version__} bare InferenceSession on {graph.name}, {used} ({why}), "
+        description += "ORT_ENABLE_ALL, sequential"
+        super().__init__(name, label, "fp32", description, f"intra_op_num_threads={threads}, inter_op_num_threads=1")
+
+    def infer(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(self.output_names, self.session.run(self.output_names, feed), strict=True))
+
+
+# --------------------------------------------------------------------------- opening each backend
+
+
+def _require_cuda(context: Context) -> None:
+    if not context.cuda:
+        raise Unavailable("needs a CUDA GPU: torch.cuda.is_available() is False on this machine")
+
+
+def open_torch(context: Context) -> Backend:
+    runner: Any = load_runner(context.folder, backend="torch", amp=False)
+    return TorchBackend(REFERENCE, "PyTorch eager FP32", "fp32", runner, _torch_threads(context))
+
+
+def open_torch_amp(context: Context) -> Backend:
+    _require_cuda(context)
+    runner: Any = load_runner(context.folder, backend="torch", device="cuda", amp=True)
+    return TorchBackend("torch-amp", "PyTorch eager AMP FP16", "fp16", runner, _torch_threads(context))
+
+
+def open_torch_compile(context: Context) -> Backend:
+    import torch
+
+    _require_cuda(context)
+    runner: Any = load_runner(context.folder, backend="torch", device="cuda", amp=True)
+    # The runner calls `self.module`; compiling it in place keeps the runner's own host-copy path,
+    # so this row differs from torch-amp by the compiler alone.  Compilation happens in the warm-up.
+    runner.module = torch.compile(runner.module)
+    runner.description += "; module wrapped in torch.compile (default mode)"
+    return TorchBackend("torch-compile", "PyTorch torch.compile AMP FP16", "fp16", runner, _torch_threads(context))
+
+
+def open_onnxruntime(context: Context) -> Backend:
+    runner = _onnxruntime_runner(context.folder, context.manifest, GRAPH_NAMES["fp32"])
+    threads = "ORT default: one intra-op thread per physical core"
+    return RunnerBackend("onnxruntime", "ONNX Runtime FP32 (runner)", "fp32", runner, threads)
+
+
+def open_onnxruntime_session(context: Context) -> Backend:
+    graph = context.folder / GRAPH_NAMES["fp32"]
+    if not graph.is_file():
+        raise Unavailable(f"{graph} does not exist")
+    return SessionBackend("onnxruntime-session", "ONNX Runtime FP32 (bare session)", graph, context.threads)
+
+
+def open_onnxruntime_int8(context: Context) -> Backend:
+    graph = find_int8_graph(context.folder, context.manifest)
+    runner = _onnxruntime_runner(graph.parent, _manifest_for(graph.parent, context), graph.name)
+    threads = "ORT default: one intra-op thread per physical core"
+    return RunnerBackend("onnxruntime-int8", "ONNX Runtime INT8 (runner)", "int8", runner, threads)
+
+
+def open_tensorrt(context: Context) -> Backend:
+    from pipeline.trt_module import gpu_present
+
+    engine = context.folder / context.manifest.get("engine", "engine.plan")
+    if not engine.is_file():
+        reason = context.manifest.get("build", {}).get("reason", "no TensorRT builder was installed")
+        raise Unavailable(f"{context.folder} has no {engine.name} ({reason})")
+    if not gpu_present():
+        raise Unavailable(f"running {engine.name} needs an NVIDIA GPU and driver; none is usable here")
+    runner = load_runner(context.folder, backend="tensorrt")
+    precision = context.manifest.get("precision", "fp16")
+    backend = RunnerBackend("tensorrt", "TensorRT engine (runner)", precision, runner, "n/a (GPU)")
+    backend.device_note = "not measured: the TensorRT runner takes and returns host arrays"
+    backend.memory_note = "n/a: the TensorRT runner does not report its device allocations"
+    return backend
+
+
+@dataclass(frozen=True)
+class Choice:
+    name: str
+    label: str
+    open: Callable[[Context], Backend]
+
+
+# In run order; PyTorch eager FP32 first, because every other row is compared with it.
+CHOICES = (
+    Choice(REFERENCE, "PyTorch eager FP32 (always runs: the reference)", open_torch),
+    Choice("torch-amp", "PyTorch eager, AMP autocast to FP16 (GPU)", open_torch_amp),
+    Choice("torch-compile", "PyTorch torch.compile + AMP FP16 (GPU)", open_torch_compile),
+    Choice("onnxruntime", "ONNX Runtime on model.onnx (FP32) through the runner, best provider", open_onnxruntime),
+    Choice("onnxruntime-session", "model.onnx in a bare InferenceSession (runner overhead)", open_onnxruntime_session),
+    Choice("onnxruntime-int8", "ONNX Runtime on model.int8.onnx (here or in <model>-int8/)", open_onnxruntime_int8),
+    Choice("tensorrt", "the TensorRT engine through the runner (GPU)", open_tensorrt),
+)
+NAMES = tuple(choice.name for choice in CHOICES)
+
+
+def choices_for(names: list[str] | None) -> list[Choice]:
+    """The chosen backends in run order, always starting with the reference; unknown names are refused."""
+    if names is None:
+        return list(CHOICES)
+    unknown = [name for name in names if name not in NAMES]
+    if unknown:
+        raise PipelineError(f"unknown backend(s) {unknown}", f"choose from {', '.join(NAMES)}")
+    wanted = {REFERENCE, *names}
+    return [choice for choice in CHOICES if choice.name in wanted]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def find_int8_graph(folder: Path, manifest: dict) -> Path:
+    """model.int8.onnx in this folder, else in the sibling <model>-int8 folder."""
+    name = GRAPH_NAMES["int8"]
+    model = manifest.get("model", {}).get("name", folder.name.rsplit("-", 1)[0])
+    candidates = [folder / name, folder.parent / f"{model}-int8" / name]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    source = manifest.get("settings", {}).get("model", model)
+    raise Unavailable(
+        f"no INT8 graph: neither {candidates[0]} nor {candidates[1]} exists "
+        f"(make engine MODEL={source} PRECISION=int8 CALIB=<data> writes the second)"
+    )
+
+
+def _manifest_for(folder: Path, context: Context) -> dict:
+    if folder == context.folder:
+        return context.manifest
+    from pipeline.manifest import require_manifest
+
+    return require_manifest(folder)
+
+
+def _onnxruntime_runner(folder: Path, manifest: dict, graph: str) -> Runner:
+    """The ONNX Runtime runner on a named graph of the folder.
+
+    The runner runs the manifest's `graph` (the engine's precision, e.g. model.fp16.onnx); the
+    benchmark wants the FP32 and INT8 graphs, so it hands the runner the manifest with `graph` set.
+    """
+    from pipeline.runners.onnxruntime import OnnxRuntimeRunner
+
+    if not (folder / graph).is_file():
+        raise Unavailable(f"{folder / graph} does not exist")
+    return OnnxRuntimeRunner(folder, {**manifest, "graph": graph})
+
+
+def _torch_threads(context: Context) -> str:
+    return f"torch.set_num_threads({context.threads})"

@@ -1,0 +1,322 @@
+"""The benchmark run: the same inputs through every backend at every batch, timed the same way.
+
+Order of work: open every backend once (loading, session creation and compilation are not
+timed), then for each batch size and each backend: one call whose outputs are compared with
+PyTorch eager FP32 on the same inputs, the warm-up, then the timed calls.  A backend that
+cannot run here is recorded as skipped with the reason; one that raises is recorded as failed
+with its error, and the others go on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.bench.backends import REFERENCE, Backend, Choice, Context, Unavailable, choices_for
+from pipeline.bench.environment import describe_environment, load_average, physical_cores
+from pipeline.bench.report import DEVICE_RESIDENT, END_TO_END, agreement_text
+from pipeline.bench.timing import TimingPolicy, measure, summarize
+from pipeline.compare import compare_outputs
+from pipeline.errors import PipelineError
+from pipeline.export import load_reference
+from pipeline.manifest import require_manifest
+from pipeline.parity import RTOL
+
+SEED = 0
+
+Progress = Callable[[str], None]
+
+
+def require_folder(folder: Path, make_hint: str | None = None) -> dict:
+    """The manifest of a finished artifact folder, or a PipelineError naming the `make engine` that creates it."""
+    hint = make_hint or _make_hint(folder)
+    if not folder.is_dir():
+        raise PipelineError(f"artifact folder {folder} does not exist", f"create it with `{hint}`")
+    manifest = require_manifest(folder)
+    if manifest.get("complete") is not True:
+        raise PipelineError(f"{folder} is unfinished (its last build did not complete)", f"finish it with `{hint}`")
+    return manifest
+
+
+def check_batches(batches: list[int] | None, manifest: dict) -> list[int]:
+    """The batch sizes to sweep: the profile's min, opt and max by default; others must lie inside the profile."""
+    profile = manifest.get("batch_profile")
+    if not profile:
+        raise PipelineError("the manifest has no batch_profile", "rebuild the folder with make engine")
+    low, high = int(profile["min"]), int(profile["max"])
+    if batches is None:
+        return sorted({low, int(profile["opt"]), high})
+    outside = [b for b in batches if not low <= b <= high]
+    if outside or not batches:
+        raise PipelineError(
+            f"batch size(s) {outside or batches} are outside the engine profile "
+            f"{profile['min']}:{profile['opt']}:{profile['max']}",
+            f"choose batches from {low} to {high}, or rebuild with a wider BATCH=min:opt:max (make engine ...)",
+        )
+    return sorted(set(batches))
+
+
+def integer_ranges(manifest: dict, reference: Path) -> dict[str, tuple[int, int]]:
+    """[low, high] of each integer input in the export's reference inputs (token ids must stay in the vocabulary)."""
+    integer_inputs = [r["name"] for r in manifest["inputs"] if np.dtype(r["dtype"]).kind in "iu"]
+    if not integer_inputs:
+        return {}
+    examples = load_reference(reference)[0][0]
+    return {name: (int(examples[name].min()), int(examples[name].max())) for name in integer_inputs}
+
+
+def make_inputs(manifest: dict, ranges: dict[str, tuple[int, int]], batch: int, seed: int) -> dict[str, np.ndarray]:
+    """Random inputs shaped like the manifest's, at `batch` and every other dynamic axis at its opt size.
+
+    Floats are standard normal, integers uniform within `ranges`, booleans fair coin flips.
+    """
+    rng = np.random.default_rng([seed, batch])
+    axis_opt = {name: int(r[1]) for name, r in manifest.get("axis_ranges", {}).items()}
+    feed: dict[str, np.ndarray] = {}
+    for record in manifest["inputs"]:
+        name, dtype = record["name"], np.dtype(record["dtype"])
+        dims = record["shape"]
+        shape = tuple(batch if axis == 0 else (d if isinstance(d, int) else axis_opt[d]) for axis, d in enumerate(dims))
+        if dtype.kind == "f":
+            feed[name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind == "b":
+            feed[name] = rng.random(shape) > 0.5
+        else:
+            low, high = ranges[name]
+            feed[name] = rng.integers(low, high + 1, shape).astype(dtype)
+    return feed
+
+
+def open_backends(choices: list[Choice], context: Context, progress: Progress) -> tuple[list[Backend], list[dict]]:
+    """(opened backends, one record per chosen backend): skipped ones carry a reason, failed ones the error."""
+    opened: list[Backend] = []
+    records: list[dict] = []
+    for choice in choices:
+        try:
+            backend = choice.open(context)
+        except Unavailable as why:
+            records.append({"name": choice.name, "status": "skipped", "reason": str(why)})
+            progress(f"{choice.name:<20} skipped: {why}")
+            continue
+        except PipelineError as error:
+            records.append({"name": choice.name, "status": "skipped", "reason": error.problem})
+            progress(f"{choice.name:<20} skipped: {error.problem}")
+            continue
+        except Exception as error:  # a broken backend must not stop the others; its error goes in the report
+            records.append({"name": choice.name, "status": "failed", "error": _error_text(error)})
+            progress(f"{choice.name:<20} failed to open: {_error_text(error)}")
+            continue
+        opened.append(backend)
+        records.append(
+            {
+                "name": backend.name,
+                "status": "ran",
+                "label": backend.label,
+                "precision": backend.precision,
+                "description": backend.description,
+                "threads": backend.threads,
+                "device_resident": backend.device_note or "measured",
+                "peak_memory": backend.memory_note,
+            }
+        )
+        progress(f"{backend.name:<20} {backend.description}")
+    return opened, records
+
+
+def agreement(reference: dict[str, np.ndarray] | None, outputs: dict[str, np.ndarray], precision: str) -> dict:
+    """The worst output's difference from PyTorch eager FP32, judged with the parity tolerance of `precision`."""
+    if reference is None:
+        return {"status": "n/a", "reason": "PyTorch eager FP32 did not produce a reference at this batch"}
+    rtol = RTOL[precision]
+    try:
+        results = compare_outputs(reference, outputs, rtol=rtol)
+    except ValueError as error:  # a missing output or a wrong shape is a wrong answer, not a crash
+        return {"status": "mismatch", "rtol": rtol, "reason": str(error)}
+    worst = max(results.values(), key=lambda c: c.max_rel)
+    return {
+        "status": "ok" if all(c.ok for c in results.values()) else "mismatch",
+        "rtol": rtol,
+        "max_abs": worst.max_abs,
+        "max_rel": worst.max_rel,
+    }
+
+
+@dataclass
+class Cell:
+    """One (backend, batch, mode): the call to time, its agreement, and the samples gathered over the rounds."""
+
+    backend: Backend
+    batch: int
+    mode: str
+    call: Callable[[], object]
+    agreement: dict
+    peak_memory_bytes: int | None
+    samples: list[float] = field(default_factory=list)
+    error: str | None = None
+
+    def record(self) -> dict:
+        head = {"backend": self.backend.name, "batch": self.batch, "mode": self.mode}
+        if self.error is not None:
+            return head | {"status": "failed", "error": self.error}
+        return head | {
+            "status": "ok",
+            "latency": summarize(self.samples, self.batch).as_record(),
+            "agreement": self.agreement,
+            "peak_device_memory_bytes": self.peak_memory_bytes,
+        }
+
+
+def check_backend(backend: Backend, feed: dict[str, np.ndarray], reference: dict[str, np.ndarray] | None):
+    """(outputs, cells): one untimed call per mode, its outputs compared with the reference, peak memory read."""
+    batch = int(next(iter(feed.values())).shape[0])
+    backend.reset_peak_memory()
+    outputs = backend.infer(feed)
+    staged = backend.stage(feed)
+    if staged is not None:
+        staged()
+    backend.sync()
+    peak = backend.peak_memory_bytes()
+    if backend.name == REFERENCE:
+        agreed = {"status": "reference", "max_abs": 0.0, "max_rel": 0.0}
+    else:
+        agreed = agreement(reference, outputs, backend.precision)
+    cells = [Cell(backend, batch, END_TO_END, lambda: backend.infer(feed), agreed, peak)]
+    if staged is not None:
+        cells.append(Cell(backend, batch, DEVICE_RESIDENT, staged, agreed, peak))
+    return outputs, cells
+
+
+def time_rounds(cells: list[Cell], policy: TimingPolicy) -> None:
+    """Time every cell, alternating between them round by round; a cell that raises keeps its error."""
+    for round_index in range(policy.rounds):
+        share = policy.share(round_index)
+        for cell in cells:
+            if cell.error is not None:
+                continue
+            try:
+                cell.samples += measure(cell.call, cell.backend.sync, share)
+            except Exception as error:  # recorded, not raised: one broken backend must not hide the others
+                cell.error = _error_text(error)
+
+
+def run_sweep(
+    backends: list[Backend],
+    inputs: dict[int, dict[str, np.ndarray]],
+    policy: TimingPolicy,
+    progress: Progress,
+) -> list[dict]:
+    """Every backend at every batch; a failing backend is recorded with its error and the sweep goes on."""
+    results: list[dict] = []
+    for batch, feed in inputs.items():
+        reference: dict[str, np.ndarray] | None = None
+        cells: list[Cell] = []
+        progress(f"batch {batch}: checking outputs, then timing in {policy.rounds} rounds that alternate backends")
+        for backend in backends:
+            try:
+                outputs, checked = check_backend(backend, feed, reference)
+            except Exception as error:  # recorded, not raised: one broken backend must not hide the others
+                failed = {"backend": backend.name, "batch": batch, "mode": END_TO_END, "status": "failed"}
+                results.append(failed | {"error": _error_text(error)})
+                progress(f"{backend.name:<20} batch {batch:>4}  failed: {_error_text(error)}")
+                continue
+            if backend.name == REFERENCE:
+                reference = outputs
+            cells += checked
+        time_rounds(cells, policy)
+        for cell in cells:
+            results.append(cell.record())
+            progress(_progress_line(results[-1]))
+    add_speedups(results)
+    return results
+
+
+def add_speedups(results: list[dict]) -> None:
+    """speedup_vs_torch = p50 of PyTorch eager FP32 / p50 of the row, same batch and mode, same run."""
+    baseline = {
+        (r["batch"], r["mode"]): r["latency"]["p50_ms"]
+        for r in results
+        if r["backend"] == REFERENCE and r["status"] == "ok"
+    }
+    for r in results:
+        base = baseline.get((r["batch"], r["mode"]))
+        ok = r["status"] == "ok" and base is not None
+        r["speedup_vs_torch"] = base / r["latency"]["p50_ms"] if ok else None
+
+
+def run_benchmark(
+    folder: Path,
+    *,
+    backends: list[str] | None = None,
+    batches: list[int] | None = None,
+    policy: TimingPolicy | None = None,
+    threads: int | None = None,
+    make_hint: str | None = None,
+    progress: Progress = print,
+) -> dict:
+    """Benchmark the artifact folder; returns the report (see pipeline.bench.report for the files)."""
+    import torch
+
+    folder = Path(folder)
+    manifest = require_folder(folder, make_hint)
+    policy = (policy or TimingPolicy()).check()
+    chosen = choices_for(backends)
+    sizes = check_batches(batches, manifest)
+    threads = threads or physical_cores()
+    if threads < 1:
+        raise PipelineError(f"--threads {threads} is not positive", "give a thread count of 1 or more")
+    # Same thread count on both sides: torch's intra-op pool and ORT's intra-op pool (see backends).
+    torch.set_num_threads(threads)
+    load_before = load_average()
+    started = datetime.now(timezone.utc)
+    ranges = integer_ranges(manifest, folder / "reference.npz")
+    inputs = {b: make_inputs(manifest, ranges, b, SEED) for b in sizes}
+    context = Context(folder=folder, manifest=manifest, threads=threads, cuda=torch.cuda.is_available())
+    opened, records = open_backends(chosen, context, progress)
+    try:
+        results = run_sweep(opened, inputs, policy, progress)
+    finally:
+        for backend in opened:
+            backend.close()
+    environment = describe_environment(threads)
+    environment["load_average"] = {"before": load_before, "after": load_average()}
+    return {
+        "schema": 1,
+        "model": manifest.get("model", {}).get("name", folder.name),
+        "folder": str(folder),
+        "precision": manifest.get("precision"),
+        "created": started.isoformat(timespec="seconds"),
+        "command": environment["command"],
+        "batches": sizes,
+        "policy": policy.as_record(),
+        "inputs": {"seed": SEED, "note": "random inputs shaped like the manifest's, the same for every backend"},
+        "environment": environment,
+        "backends": records,
+        "results": results,
+    }
+
+
+def _progress_line(result: dict) -> str:
+    head = f"{result['backend']:<20} batch {result['batch']:>4}  {result['mode']:<15}"
+    if result["status"] != "ok":
+        return f"{head} failed: {result['error']}"
+    stats = result["latency"]
+    return (
+        f"{head} p50 {stats['p50_ms']:9.3f} ms  p99 {stats['p99_ms']:9.3f} ms  {stats['items_per_s']:10.1f} items/s  "
+        f"n={stats['samples']:<4} agreement {agreement_text(result['agreement'])}"
+    )
+
+
+def _error_text(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}".strip()
+
+
+def _make_hint(folder: Path) -> str:
+    """`make engine MODEL=<model> PRECISION=<precision>` from a folder named <model>-<precision>."""
+    model, _, precision = folder.name.rpartition("-")
+    if not model or precision not in RTOL:
+        return "make engine MODEL=<model> PRECISION=<precision>  (it writes engines/<model>-<precision>/)"
+    return f"make engine MODEL={model} PRECISION={precision} OUT={folder.parent}"
