@@ -1,0 +1,318 @@
+"""The runner contract on real artifacts: ONNX Runtime and PyTorch runners, validation, chunking, threads,
+and the engine runner's refusals that happen before any GPU is touched."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.compare import compare_outputs
+from pipeline.errors import PipelineError
+from pipeline.export import load_reference
+from pipeline.parity import onnxruntime_session
+from pipeline.runners import load_runner
+from pipeline.runners.device_memory import available_layers, open_device_memory
+from pipeline.runners.tensorrt import built_for, check_gpu_target
+from pipeline.settings import Settings
+from pipeline.stages import make_engine
+from pipeline.trt_module import gpu_present
+
+FP32_RTOL = 1e-4  # same graph, same inputs: only float reassociation between PyTorch and ONNX Runtime
+BACKENDS = ("onnxruntime", "torch")
+MODELS = {"tiny_cnn": "tests.toy_models:tiny_cnn", "text_classifier": "tests.toy_models:text_classifier"}
+
+
+@pytest.fixture(scope="session")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """fp32 artifact folders (ONNX, reference.npz, engine.plan built ahead of time by tensorrt_rtx)."""
+    root = tmp_path_factory.mktemp("engines")
+    return {
+        name: make_engine(Settings(model=model, precision="fp32", out_root=root, builder="tensorrt_rtx"))
+        for name, model in MODELS.items()
+    }
+
+
+@pytest.fixture(scope="session")
+def runners(folders: dict[str, Path]):
+    """One ONNX Runtime and one PyTorch runner per model, shared by the read-only tests."""
+    made = {(name, backend): load_runner(folder, backend) for name, folder in folders.items() for backend in BACKENDS}
+    yield made
+    for runner in made.values():
+        runner.close()
+
+
+def _copy(folder: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(folder, tmp_path / folder.name))
+
+
+def _edit_manifest(folder: Path, edit) -> None:
+    path = folder / "manifest.json"
+    manifest = json.loads(path.read_text())
+    edit(manifest)
+    path.write_text(json.dumps(manifest))
+
+
+def _cnn_batch(rows: int, seed: int = 0) -> dict[str, np.ndarray]:
+    return {"input": np.random.default_rng(seed).standard_normal((rows, 3, 16, 16), dtype=np.float32)}
+
+
+def _text_batch(rows: int, seq: int = 12, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    mask = (rng.random((rows, seq)) > 0.2).astype(np.float32)
+    return {"input_ids": rng.integers(0, 100, (rows, seq), dtype=np.int64), "attention_mask": mask}
+
+
+# --------------------------------------------------------------------------- results
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_runner_matches_pytorch_reference(runners, folders, model, backend):
+    runner = runners[model, backend]
+    cases = load_reference(folders[model] / "reference.npz")
+    assert len(cases) >= 3
+    for inputs, expected in cases:
+        results = compare_outputs(expected, runner.infer(inputs), rtol=FP32_RTOL)
+        assert all(c.ok for c in results.values()), {n: c.as_record() for n, c in results.items()}
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_onnxruntime_and_torch_runners_agree(runners, model):
+    feeds = [_cnn_batch(5, seed=3)] if model == "tiny_cnn" else [_text_batch(5, seq=3, seed=3), _text_batch(7, 64)]
+    for feed in feeds:
+        ort_out, torch_out = runners[model, "onnxruntime"].infer(feed), runners[model, "torch"].infer(feed)
+        assert set(ort_out) == {spec.name for spec in runners[model, "onnxruntime"].outputs}
+        results = compare_outputs(torch_out, ort_out, rtol=FP32_RTOL)
+        assert all(c.ok for c in results.values()), {n: c.as_record() for n, c in results.items()}
+
+
+def test_contract_attributes(runners):
+    runner = runners["text_classifier", "onnxruntime"]
+    assert runner.backend == "onnxruntime"
+    assert [(s.name, s.dtype, s.shape) for s in runner.inputs] == [
+        ("input_ids", np.dtype("int64"), (-1, -1)),
+        ("attention_mask", np.dtype("float32"), (-1, -1)),
+    ]
+    assert [(s.name, s.shape) for s in runner.outputs] == [("logits", (-1, 4)), ("tokens", (-1, -1, 8))]
+    assert runner.max_batch == 32
+    assert "CPUExecutionProvider" in runner.description
+    assert runners["tiny_cnn", "torch"].backend == "torch"
+    assert "cpu" in runners["tiny_cnn", "torch"].description or gpu_present()
+
+
+def test_auto_picks_a_backend_and_says_why(folders, caplog):
+    with caplog.at_level("INFO", logger="pipeline.runners"), load_runner(folders["tiny_cnn"]) as runner:
+        assert "picked because auto:" in runner.description
+        assert runner.description in caplog.text
+        if not gpu_present():
+            assert runner.backend == "onnxruntime"
+            assert "no NVIDIA GPU" in runner.description
+            # onnxruntime-gpu lists the CUDA provider as available even here; it must not be chosen.
+            assert "CUDAExecutionProvider" not in runner.session.get_providers()
+
+
+def test_auto_without_engine_plan_says_so(folders, tmp_path):
+    folder = _copy(folders["tiny_cnn"], tmp_path)
+    (folder / "engine.plan").unlink()
+    with load_runner(folder) as runner:
+        assert runner.backend == "onnxruntime"
+        assert "has no engine.plan" in runner.description
+
+
+def test_onnxruntime_runner_runs_the_manifest_graph(folders, tmp_path):
+    folder = _copy(folders["tiny_cnn"], tmp_path)
+    shutil.copy(folder / "model.onnx", folder / "renamed.onnx")
+    (folder / "model.onnx").unlink()
+    _edit_manifest(folder, lambda m: m.update(graph="renamed.onnx"))
+    with load_runner(folder, "onnxruntime") as runner:
+        assert "renamed.onnx" in runner.description
+        assert runner.infer(_cnn_batch(2))["logits"].shape == (2, 10)
+    _edit_manifest(folder, lambda m: m.update(graph="gone.onnx"))
+    with pytest.raises(PipelineError, match="gone.onnx does not exist"):
+        load_runner(folder, "onnxruntime")
+
+
+# --------------------------------------------------------------------------- input validation
+
+
+BAD_FEEDS = {
+    "missing": ({"attention_mask": np.ones((2, 12), np.float32)}, r"missing \['input_ids'\]"),
+    "unexpected": (
+        {**_text_batch(2), "extra": np.zeros(2, np.float32)},
+        r"unexpected \['extra'\]",
+    ),
+    "dtype": (
+        {**_text_batch(2), "attention_mask": np.ones((2, 12), np.float64)},
+        "input 'attention_mask' has dtype float64, expected float32",
+    ),
+    "rank": (
+        {**_text_batch(2), "input_ids": np.zeros((2, 12, 1), np.int64)},
+        r"input 'input_ids' has shape \(2, 12, 1\), expected \(-1, -1\)",
+    ),
+    "batch": (
+        {**_text_batch(2), "attention_mask": np.ones((3, 12), np.float32)},
+        "input 'attention_mask' has batch 3 but 'input_ids' has batch 2",
+    ),
+    "range": (_text_batch(2, seq=65), r"size 65 on axis 1, outside the range \[1, 64\]"),
+    "type": ({**_text_batch(2), "input_ids": [[1, 2]]}, "input 'input_ids' is a list, expected a numpy array"),
+    "empty": (_text_batch(0), "empty batch"),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", BAD_FEEDS)
+def test_bad_inputs_are_refused_naming_the_tensor(runners, backend, case):
+    feed, message = BAD_FEEDS[case]
+    with pytest.raises(PipelineError, match=message) as caught:
+        runners["text_classifier", backend].infer(feed)
+    assert caught.value.fix
+
+
+def test_fixed_dim_mismatch_names_expected_and_got(runners):
+    feed = {"input": np.zeros((2, 3, 17, 16), np.float32)}
+    with pytest.raises(PipelineError, match=r"input 'input' has shape \(2, 3, 17, 16\), expected \(-1, 3, 16, 16\)"):
+        runners["tiny_cnn", "onnxruntime"].infer(feed)
+
+
+# --------------------------------------------------------------------------- batches above the profile's max
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_above_max_is_chunked(runners, folders, backend):
+    runner = runners["tiny_cnn", backend]
+    feed = _cnn_batch(2 * runner.max_batch + 6, seed=7)
+    session = onnxruntime_session(folders["tiny_cnn"] / "model.onnx")
+    (expected,) = session.run(["logits"], feed)  # one bare call on all 70 rows
+    logits = runner.infer(feed)["logits"]
+    assert logits.shape == (70, 10)
+    assert compare_outputs({"logits": expected}, {"logits": logits}, rtol=FP32_RTOL)["logits"].ok
+
+
+def test_batch_above_max_can_raise_instead(folders):
+    with load_runner(folders["tiny_cnn"], "onnxruntime", split_large_batches=False) as runner:
+        assert runner.infer(_cnn_batch(32))["logits"].shape == (32, 10)
+        with pytest.raises(PipelineError, match="batch of 33 rows is larger than the profile's max batch 32"):
+            runner.infer(_cnn_batch(33))
+
+
+# --------------------------------------------------------------------------- threads
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_concurrent_calls_each_get_their_own_result(runners, backend):
+    runner = runners["text_classifier", backend]
+    # Different batch sizes and sequence lengths per thread, so a mix-up cannot go unnoticed.
+    feeds = [_text_batch(1 + t % 5, seq=4 + t, seed=t) for t in range(16)]
+    expected = [runner.infer(feed) for feed in feeds]
+    failures: list[str] = []
+    start = threading.Barrier(len(feeds))
+
+    def work(index: int) -> None:
+        start.wait()
+        for call in range(20):
+            results = compare_outputs(expected[index], runner.infer(feeds[index]), rtol=1e-6)
+            if not all(c.ok for c in results.values()):
+                failures.append(f"thread {index} call {call}")
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(feeds))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures
+
+
+# --------------------------------------------------------------------------- load_runner refusals
+
+
+def test_load_runner_refuses_a_missing_folder_and_unknown_backend(folders, tmp_path):
+    with pytest.raises(PipelineError, match="does not exist") as caught:
+        load_runner(tmp_path / "engines" / "nothing-fp16")
+    assert "make engine MODEL=" in str(caught.value)
+    with pytest.raises(PipelineError, match="unknown runner backend 'tflite'"):
+        load_runner(folders["tiny_cnn"], "tflite")
+    with pytest.raises(PipelineError, match="not an artifact folder"):
+        load_runner(tmp_path)
+
+
+def test_engine_runner_refuses_a_corrupted_or_truncated_plan(folders, tmp_path):
+    folder = _copy(folders["tiny_cnn"], tmp_path)
+    plan = (folder / "engine.plan").read_bytes()
+    corrupted = bytearray(plan)
+    corrupted[len(plan) // 2] ^= 0xFF
+    for broken in (bytes(corrupted), plan[: len(plan) // 2]):
+        (folder / "engine.plan").write_bytes(broken)
+        with pytest.raises(PipelineError, match="truncated or corrupted") as caught:
+            load_runner(folder, "tensorrt")
+        assert "make engine MODEL=tests.toy_models:tiny_cnn PRECISION=fp32" in str(caught.value)
+    (folder / "engine.plan").unlink()
+    with pytest.raises(PipelineError, match="engine.plan is missing"):
+        load_runner(folder, "tensorrt")
+
+
+def test_engine_runner_refuses_an_engine_from_another_tensorrt(folders, tmp_path):
+    folder = _copy(folders["tiny_cnn"], tmp_path)
+    _edit_manifest(folder, lambda m: m["build"]["builder"].update(version="1.0.0.1"))
+    with pytest.raises(
+        PipelineError, match=r"built with tensorrt_rtx 1\.0\.0\.1, but this machine runs tensorrt_rtx"
+    ) as e:
+        load_runner(folder, "tensorrt")
+    assert "make engine MODEL=tests.toy_models:tiny_cnn PRECISION=fp32 FORCE=1" in str(e.value)
+
+
+def test_engine_runner_refuses_a_skipped_build(folders, tmp_path):
+    folder = _copy(folders["tiny_cnn"], tmp_path)
+    _edit_manifest(folder, lambda m: m.update(build={"status": "skipped", "reason": "no TensorRT builder"}))
+    with pytest.raises(PipelineError, match="the build was skipped \\(no TensorRT builder\\)") as caught:
+        load_runner(folder, "tensorrt")
+    assert "backend='onnxruntime'" in str(caught.value)
+
+
+def test_target_check_refuses_another_gpu_architecture(folders):
+    manifest = json.loads((folders["tiny_cnn"] / "manifest.json").read_text())
+    # As built here: TensorRT-RTX's documented default targets, "8.0, 8.6, 8.9, 12.0, and later".
+    assert built_for(manifest["build"]["target"]) == ["8.0", "8.6", "8.9", "12.0"]
+    check_gpu_target(manifest, {"name": "RTX 4090", "compute_capability": "8.9"})
+    check_gpu_target(manifest, {"name": "RTX PRO 6000", "compute_capability": "12.1"})
+    with pytest.raises(PipelineError, match="built for compute capability 8.0, 8.6, 8.9, 12.0") as caught:
+        check_gpu_target(manifest, {"name": "NVIDIA H100", "compute_capability": "9.0"})
+    assert "check_target=False" in str(caught.value)
+    manifest["build"]["target"].update(compute_capabilities=["SM86"], documented_default=None)
+    check_gpu_target(manifest, {"name": "A40", "compute_capability": "8.6"})
+    with pytest.raises(PipelineError, match="built for compute capability 8.6 .* this GPU is L4 .* 8.9"):
+        check_gpu_target(manifest, {"name": "L4", "compute_capability": "8.9"})
+    manifest["build"]["target"] = {"kind": "gpu", "gpu": {"name": "A100", "compute_capability": "8.0"}}
+    with pytest.raises(PipelineError, match="built for compute capability 8.0 \\(gpu\\)"):
+        check_gpu_target(manifest, {"name": "NVIDIA H100", "compute_capability": "9.0"})
+
+
+@pytest.mark.skipif(gpu_present(), reason="checks the refusal on a machine without a GPU")
+def test_engine_runner_without_gpu_says_so_after_the_checks(folders):
+    with pytest.raises(PipelineError, match="no NVIDIA GPU 0 is usable here") as caught:
+        load_runner(folders["tiny_cnn"], "tensorrt")
+    assert "backend='onnxruntime'" in str(caught.value)
+
+
+def test_device_memory_layer_refusals():
+    with pytest.raises(PipelineError, match="unknown device-memory layer 'numba'"):
+        open_device_memory("numba")
+    missing = [layer for layer in ("pycuda", "cuda-python") if layer not in available_layers()]
+    for layer in missing:
+        with pytest.raises(PipelineError, match=f"device-memory layer '{layer}' is not usable here") as caught:
+            open_device_memory(layer)
+        assert "pip install pycuda" in str(caught.value)
+
+
+def test_runner_modules_import_without_gpu_or_tensorrt():
+    import importlib
+
+    for name in ("base", "onnxruntime", "torch", "tensorrt", "device_memory"):
+        importlib.import_module(f"pipeline.runners.{name}")
+    import pipeline
+
+    assert pipeline.load_runner is load_runner
