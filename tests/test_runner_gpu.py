@@ -1,0 +1,165 @@
+"""The engine runner on a real GPU: deserialize, allocate, execute_v2, parity with ONNX Runtime, torch CUDA
+inputs in place, threads, and freeing.  Skipped with the reason (tests/conftest.py) where no GPU is usable."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.compare import compare_outputs
+from pipeline.errors import PipelineError
+from pipeline.runners import load_runner
+from pipeline.runners.tensorrt import built_for
+from pipeline.settings import Settings
+from pipeline.stages import make_engine
+from pipeline.trt_module import describe_gpu
+
+pytestmark = pytest.mark.gpu
+
+# An fp32 engine may run its convolutions and matmuls in TF32 (10-bit mantissa), which TensorRT
+# allows by default; ONNX Runtime on the CPU runs true fp32.
+ENGINE_RTOL = 1e-2
+MODELS = {"tiny_cnn": "tests.toy_models:tiny_cnn", "text_classifier": "tests.toy_models:text_classifier"}
+
+
+def _target_options(folder: Path) -> dict:
+    """check_target=False only for an ahead-of-time engine whose recorded targets leave this GPU out
+    (e.g. TensorRT-RTX's defaults on an H100, SM 9.0): then these tests find out whether it runs."""
+    target = json.loads((folder / "manifest.json").read_text())["build"]["target"]
+    gpu = describe_gpu(0)
+    targets = built_for(target)
+    if target.get("kind") == "ahead-of-time" and gpu and targets and gpu["compute_capability"] not in targets:
+        return {"check_target": False}
+    return {}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("gpu-engines")
+    return {
+        name: make_engine(Settings(model=model, precision="fp32", out_root=root, builder="auto"))
+        for name, model in MODELS.items()
+    }
+
+
+@pytest.fixture(scope="module")
+def engines(folders):
+    made = {name: load_runner(folder, "tensorrt", **_target_options(folder)) for name, folder in folders.items()}
+    yield made
+    for runner in made.values():
+        runner.close()
+
+
+@pytest.fixture(scope="module")
+def references(folders):
+    made = {name: load_runner(folder, "onnxruntime") for name, folder in folders.items()}
+    yield made
+    for runner in made.values():
+        runner.close()
+
+
+def _cnn_batch(rows: int, seed: int = 0) -> dict[str, np.ndarray]:
+    return {"input": np.random.default_rng(seed).standard_normal((rows, 3, 16, 16), dtype=np.float32)}
+
+
+def _text_batch(rows: int, seq: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    mask = (rng.random((rows, seq)) > 0.2).astype(np.float32)
+    return {"input_ids": rng.integers(0, 100, (rows, seq), dtype=np.int64), "attention_mask": mask}
+
+
+def _assert_close(expected: dict, actual: dict, rtol: float) -> None:
+    results = compare_outputs(expected, actual, rtol=rtol)
+    assert all(c.ok for c in results.values()), {n: c.as_record() for n, c in results.items()}
+
+
+def test_engine_loads_with_its_description(engines):
+    runner = engines["tiny_cnn"]
+    assert runner.backend == "tensorrt"
+    assert "engine on" in runner.description and "device memory via" in runner.description
+    assert runner.max_batch == 32
+
+
+@pytest.mark.parametrize("rows", [1, 8, 32, 70])  # 70: chunked into 32 + 32 + 6
+def test_engine_matches_onnxruntime_at_batch(engines, references, rows):
+    feed = _cnn_batch(rows, seed=rows)
+    actual = engines["tiny_cnn"].infer(feed)
+    assert actual["logits"].shape == (rows, 10)
+    _assert_close(references["tiny_cnn"].infer(feed), actual, ENGINE_RTOL)
+
+
+@pytest.mark.parametrize(("rows", "seq"), [(1, 1), (8, 12), (32, 64), (40, 5)])
+def test_dynamic_sequence_and_two_outputs(engines, references, rows, seq):
+    feed = _text_batch(rows, seq, seed=seq)
+    actual = engines["text_classifier"].infer(feed)
+    assert actual["tokens"].shape == (rows, seq, 8)  # exactly the valid rows and columns, not max-shape buffers
+    _assert_close(references["text_classifier"].infer(feed), actual, ENGINE_RTOL)
+
+
+def test_engine_refuses_bad_input(engines):
+    with pytest.raises(PipelineError, match="input 'input' has dtype float64, expected float32"):
+        engines["tiny_cnn"].infer({"input": np.zeros((2, 3, 16, 16))})
+
+
+def test_torch_cuda_tensors_are_used_in_place(engines):
+    import torch
+
+    feed = _cnn_batch(8, seed=11)
+    on_gpu = {"input": torch.from_numpy(feed["input"]).cuda()}
+    _assert_close(engines["tiny_cnn"].infer(feed), engines["tiny_cnn"].infer(on_gpu), rtol=1e-6)
+    chunked = {"input": torch.from_numpy(_cnn_batch(40, seed=12)["input"]).cuda()}
+    assert engines["tiny_cnn"].infer(chunked)["logits"].shape == (40, 10)
+    with pytest.raises(PipelineError, match="non-contiguous CUDA tensor"):
+        engines["tiny_cnn"].infer({"input": on_gpu["input"].transpose(2, 3)})
+
+
+def test_concurrent_calls_from_other_threads(engines):
+    runner = engines["text_classifier"]
+    feeds = [_text_batch(1 + t % 7, seq=3 + t, seed=t) for t in range(16)]
+    expected = [runner.infer(feed) for feed in feeds]
+    failures: list[str] = []
+    start = threading.Barrier(len(feeds))
+
+    def work(index: int) -> None:
+        start.wait()
+        for call in range(20):
+            results = compare_outputs(expected[index], runner.infer(feeds[index]), rtol=1e-6)
+            if not all(c.ok for c in results.values()):
+                failures.append(f"thread {index} call {call}")
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(feeds))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures
+
+
+def test_runner_created_in_one_thread_serves_another(folders):
+    folder = folders["tiny_cnn"]
+    made: list = []
+    creator = threading.Thread(target=lambda: made.append(load_runner(folder, "tensorrt", **_target_options(folder))))
+    creator.start()
+    creator.join()
+    with made[0] as runner:
+        assert runner.infer(_cnn_batch(4))["logits"].shape == (4, 10)
+
+
+def test_close_frees_device_memory(folders):
+    import torch
+
+    folder = folders["tiny_cnn"]
+    with load_runner(folder, "tensorrt", **_target_options(folder)) as runner:
+        runner.infer(_cnn_batch(32))
+    free_before, _ = torch.cuda.mem_get_info()
+    for _ in range(5):
+        with load_runner(folder, "tensorrt", contexts=3, **_target_options(folder)) as runner:
+            runner.infer(_cnn_batch(32))
+    free_after, _ = torch.cuda.mem_get_info()
+    assert free_before - free_after < 16 << 20  # five loads of three contexts each leave (almost) nothing behind
+    with pytest.raises(PipelineError, match="this runner was closed"):
+        runner.infer(_cnn_batch(1))
