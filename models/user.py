@@ -32,6 +32,7 @@ import os
 import pickle
 import re
 import sys
+import types
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -499,8 +500,22 @@ def _load_exported_program(path: Path) -> LoadedFile:
             "give a file written by torch.export.save with this torch version",
         ) from exc
     examples, notes = example_inputs_from_program(program, path)
-    spec = ModelSpec(name=path.stem, module=program.module(), example_inputs=examples, notes=notes)
+    spec = ModelSpec(name=path.stem, module=module_from_program(program), example_inputs=examples, notes=notes)
     return LoadedFile(spec, "exported_program")
+
+
+def module_from_program(program: Any) -> nn.Module:
+    """`program.module()`, with train()/eval() that only set the flags instead of raising.
+
+    torch.export's unlifted module raises NotImplementedError on train()/eval() because its
+    graph's mode was fixed at export.  The prepare stage calls eval() on every model; as a
+    flag-only call it is truthful for a program exported in eval mode, and a program exported
+    in train mode still shows itself to prepare's checks (dropout makes two calls differ).
+    """
+    module = program.module()
+    module.train = types.MethodType(nn.Module.train, module)
+    module.eval = types.MethodType(nn.Module.eval, module)
+    return module
 
 
 def example_inputs_from_program(program: Any, path: Path) -> tuple[dict[str, torch.Tensor], list[str]]:

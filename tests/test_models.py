@@ -55,7 +55,9 @@ def write_module(directory: Path, name: str, source: str) -> Path:
 
 
 def test_registry_holds_the_resnet_family_and_the_alias():
-    assert known_models() == ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152"]
+    resnets = ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152"]
+    assert known_models()[:5] == resnets  # other models are added after them
+    assert known_models() == list(REGISTRY)
     assert ALIASES == {"resnet": "resnet50"}
     assert all(callable(builder) for builder in REGISTRY.values())
 
@@ -592,8 +594,11 @@ def test_exported_program_derives_its_inputs_with_batch_two(tmp_path: Path):
     assert loaded.example_inputs["x"].shape == (2, 3, 16, 16)
     assert loaded.notes == []
     x = loaded.example_inputs["x"]
+    loaded.module.eval()  # torch.export's own module raises here; the prepare stage calls it on every model
+    assert not loaded.module.training
     with torch.no_grad():
         assert torch.allclose(loaded.module(x), module(x), atol=1e-6)
+        assert loaded.module(torch.randn(5, 3, 16, 16)).shape == (5, 10)  # the batch stayed dynamic
 
 
 def test_exported_program_with_a_static_batch_says_so(tmp_path: Path):
