@@ -268,19 +268,23 @@ def run_benchmark(
     threads = threads or physical_cores()
     if threads < 1:
         raise PipelineError(f"--threads {threads} is not positive", "give a thread count of 1 or more")
-    # Same thread count on both sides: torch's intra-op pool and ORT's intra-op pool (see backends).
-    torch.set_num_threads(threads)
     load_before = load_average()
     started = datetime.now(timezone.utc)
     ranges = integer_ranges(manifest, folder / "reference.npz")
     inputs = {b: make_inputs(manifest, ranges, b, SEED) for b in sizes}
     context = Context(folder=folder, manifest=manifest, threads=threads, cuda=torch.cuda.is_available())
-    opened, records = open_backends(chosen, context, progress)
+    # Same thread count on both sides: torch's intra-op pool and ORT's intra-op pool (see backends);
+    # the caller's setting comes back afterwards.
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    opened: list[Backend] = []
     try:
+        opened, records = open_backends(chosen, context, progress)
         results = run_sweep(opened, inputs, policy, progress)
     finally:
         for backend in opened:
             backend.close()
+        torch.set_num_threads(previous_threads)
     environment = describe_environment(threads)
     environment["load_average"] = {"before": load_before, "after": load_average()}
     return {

@@ -1,0 +1,214 @@
+"""The benchmark harness on tiny_cnn's real artifacts with the CPU backends (no assertion on speed).
+
+The artifact folder is built once per module by the real pipeline (make_engine); every backend
+that runs here really runs (PyTorch, ONNX Runtime), the others must say why they were skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from pipeline import cli
+from pipeline.bench import TimingPolicy, run_benchmark, write_reports
+from pipeline.bench.backends import NAMES
+from pipeline.bench.harness import make_inputs
+from pipeline.bench.timing import MIN_SAMPLES, Share, measure, summarize
+from pipeline.errors import PipelineError
+from pipeline.settings import BatchProfile, Settings
+from pipeline.stages import make_engine
+
+QUICK = TimingPolicy(warmup=2, iterations=20, budget_s=0.5, rounds=2)
+BATCHES = [1, 4]
+CPU_BACKENDS = ["onnxruntime", "onnxruntime-session"]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("engines")
+    settings = Settings(model="tests.toy_models:tiny_cnn", precision="fp32", batch=BatchProfile(1, 4, 8), out_root=out)
+    return make_engine(settings)
+
+
+@pytest.fixture(scope="module")
+def report(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict[str, Path]]:
+    result = run_benchmark(folder, batches=BATCHES, policy=QUICK, progress=lambda line: None)
+    paths = write_reports(result, tmp_path_factory.mktemp("report"))
+    return result, paths
+
+
+def ok_rows(result: dict) -> list[dict]:
+    return [r for r in result["results"] if r["status"] == "ok"]
+
+
+def test_report_files_exist_and_parse(report: tuple[dict, dict[str, Path]]) -> None:
+    result, paths = report
+    assert json.loads(paths["json"].read_text()) == json.loads(json.dumps(result, default=str))
+    markdown = paths["md"].read_text()
+    assert "| backend | batch | p50 ms |" in markdown
+    for section in ("## End to end", "## Device-resident", "## Environment", "## Method", "## Backends"):
+        assert section in markdown
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "not measured separately" in markdown  # CPU backends: device-resident equals end to end, said so
+
+
+def test_every_cpu_backend_ran_at_every_batch(report: tuple[dict, dict[str, Path]]) -> None:
+    result, _ = report
+    measured = {(r["backend"], r["batch"]) for r in ok_rows(result)}
+    assert measured >= {(name, b) for name in ["torch", *CPU_BACKENDS] for b in BATCHES}
+    assert result["environment"]["threads"] >= 1
+    assert all(r["latency"]["samples"] >= MIN_SAMPLES for r in ok_rows(result))
+
+
+def test_numbers_positive_and_consistent(report: tuple[dict, dict[str, Path]]) -> None:
+    result, _ = report
+    baseline = {(r["batch"], r["mode"]): r["latency"]["p50_ms"] for r in ok_rows(result) if r["backend"] == "torch"}
+    for row in ok_rows(result):
+        s = row["latency"]
+        assert 0 < s["min_ms"] <= s["p50_ms"] <= s["p90_ms"] <= s["p99_ms"] <= s["max_ms"]
+        assert s["min_ms"] <= s["mean_ms"] <= s["max_ms"]
+        assert s["items_per_s"] == pytest.approx(row["batch"] / (s["mean_ms"] / 1e3), rel=1e-9)
+        expected = baseline[(row["batch"], row["mode"])] / s["p50_ms"]
+        assert row["speedup_vs_torch"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_skipped_backends_carry_a_reason(report: tuple[dict, dict[str, Path]]) -> None:
+    result, _ = report
+    records = {b["name"]: b for b in result["backends"]}
+    assert set(records) == set(NAMES)
+    for record in records.values():
+        assert record["status"] in ("ran", "skipped", "failed")
+        if record["status"] == "skipped":
+            assert len(record["reason"]) > 10
+    if not torch.cuda.is_available():
+        for name in ("torch-amp", "torch-compile", "tensorrt"):
+            assert records[name]["status"] == "skipped"
+        assert "CUDA" in records["torch-amp"]["reason"]
+    assert "INT8" in records["onnxruntime-int8"]["reason"]  # this folder has no INT8 graph
+
+
+def test_agreement_with_pytorch_is_computed(report: tuple[dict, dict[str, Path]]) -> None:
+    result, _ = report
+    for row in ok_rows(result):
+        agreement = row["agreement"]
+        if row["backend"] == "torch":
+            assert agreement["status"] == "reference"
+        else:
+            assert agreement["status"] == "ok"
+            assert 0 <= agreement["max_rel"] <= agreement["rtol"]
+
+
+def test_int8_graph_is_benchmarked_and_a_broken_backend_does_not_stop_the_others(folder: Path, tmp_path: Path) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    good = shutil.copytree(folder, tmp_path / "good")
+    quantize_dynamic(good / "model.onnx", good / "model.int8.onnx", weight_type=QuantType.QInt8)
+    quantized = onnx.load(str(good / "model.int8.onnx"))
+    assert any(node.op_type == "DynamicQuantizeLinear" for node in quantized.graph.node)
+    result = run_benchmark(good, backends=["onnxruntime-int8"], batches=[2], policy=QUICK, progress=lambda _: None)
+    rows = {r["backend"]: r for r in result["results"]}
+    assert rows["onnxruntime-int8"]["status"] == "ok"
+    assert rows["onnxruntime-int8"]["agreement"]["rtol"] == 0.25
+
+    broken = shutil.copytree(folder, tmp_path / "broken")
+    (broken / "model.int8.onnx").write_bytes(b"not an onnx graph")
+    result = run_benchmark(
+        broken, backends=["onnxruntime", "onnxruntime-int8"], batches=[2], policy=QUICK, progress=lambda _: None
+    )
+    records = {b["name"]: b for b in result["backends"]}
+    assert records["onnxruntime-int8"]["status"] == "failed"
+    assert records["onnxruntime-int8"]["error"]
+    assert {r["backend"] for r in ok_rows(result)} == {"torch", "onnxruntime"}
+
+
+def test_command_line_prints_the_table_and_writes_the_files(folder: Path, tmp_path: Path, capsys) -> None:
+    argv = ["bench", "--folder", str(folder), "--backends", "onnxruntime", "--batches", "2", "--warmup", "1"]
+    argv += ["--iterations", "5", "--rounds", "1", "--report-dir", str(tmp_path)]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "onnxruntime          batch    2  end-to-end" in printed  # the progress line
+    assert "| onnxruntime | 2 |" in printed  # the table at the end
+    assert {p.name for p in tmp_path.iterdir()} >= {"bench.json", "bench.md", "bench.png"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"backends": ["tensorrt", "mxnet"]}, ["unknown backend", "mxnet", "onnxruntime-session"]),
+        ({"batches": [1, 64]}, ["[64]", "outside the engine profile", "from 1 to 8"]),
+        ({"policy": TimingPolicy(warmup=0)}, ["warm-up"]),
+        ({"policy": TimingPolicy(iterations=2)}, ["too few"]),
+        ({"policy": TimingPolicy(rounds=0)}, ["--rounds"]),
+    ],
+)
+def test_bad_requests_are_refused_before_anything_runs(folder: Path, kwargs: dict, words: list[str]) -> None:
+    with pytest.raises(PipelineError) as caught:
+        run_benchmark(folder, progress=lambda _: None, **kwargs)
+    for word in words:
+        assert word in str(caught.value)
+
+
+def test_missing_folder_names_the_make_engine_that_creates_it(tmp_path: Path, capsys) -> None:
+    with pytest.raises(PipelineError, match="make engine MODEL=resnet50 PRECISION=fp16"):
+        run_benchmark(tmp_path / "resnet50-fp16", progress=lambda _: None)
+    assert cli.main(["bench", "--model", "resnet", "--out", str(tmp_path)]) == 2
+    message = capsys.readouterr().err
+    assert "does not exist" in message
+    assert "make engine MODEL=resnet PRECISION=fp16" in message
+
+
+def test_bad_batch_list_on_the_command_line(capsys) -> None:
+    assert cli.main(["bench", "--batches", "1,x"]) == 2
+    assert "--batches '1,x'" in capsys.readouterr().err
+
+
+def test_measure_times_exactly_the_calls_after_warm_up() -> None:
+    calls: list[int] = []
+    samples = measure(lambda: calls.append(1), lambda: None, Share(warmup=3, iterations=7, budget_s=60, min_samples=1))
+    assert len(calls) == 10
+    assert len(samples) == 7
+    assert all(s >= 0 for s in samples)
+
+
+def test_measure_stops_at_the_budget_but_not_below_the_minimum() -> None:
+    calls: list[int] = []
+    share = Share(warmup=1, iterations=1000, budget_s=1e-9, min_samples=4)
+    assert len(measure(lambda: calls.append(1), lambda: None, share)) == 4
+
+
+def test_summary_statistics() -> None:
+    stats = summarize([0.001, 0.002, 0.003, 0.004], batch=2)
+    assert (stats.p50_ms, stats.mean_ms, stats.min_ms, stats.max_ms) == pytest.approx((2.5, 2.5, 1.0, 4.0))
+    assert stats.p90_ms == pytest.approx(3.7)
+    assert stats.items_per_s == pytest.approx(800.0)
+
+
+def test_policy_rounds_share_the_iterations_and_budget() -> None:
+    policy = TimingPolicy(warmup=4, iterations=100, budget_s=10, rounds=5)
+    first, later = policy.share(0), policy.share(3)
+    assert (first.warmup, later.warmup) == (4, 1)
+    assert first.iterations * policy.rounds == 100
+    assert first.budget_s == pytest.approx(2.0)
+    assert first.min_samples * policy.rounds >= MIN_SAMPLES
+
+
+def test_inputs_follow_the_manifest_shapes_dtypes_and_integer_ranges() -> None:
+    manifest = {
+        "inputs": [
+            {"name": "ids", "dtype": "int64", "shape": ["batch", "seq"]},
+            {"name": "image", "dtype": "float32", "shape": ["batch", 3, 5]},
+        ],
+        "axis_ranges": {"seq": [1, 12, 64]},
+    }
+    feed = make_inputs(manifest, {"ids": (3, 9)}, batch=6, seed=0)
+    assert feed["ids"].shape == (6, 12) and feed["ids"].dtype == np.int64
+    assert feed["ids"].min() >= 3 and feed["ids"].max() <= 9
+    assert feed["image"].shape == (6, 3, 5) and feed["image"].dtype == np.float32
+    again = make_inputs(manifest, {"ids": (3, 9)}, batch=6, seed=0)
+    assert np.array_equal(feed["image"], again["image"])  # every backend sees the same inputs
