@@ -101,7 +101,7 @@ def run_export(run: Run) -> None:
         opset=OPSET,
         precision=run.settings.precision,
         batch_profile={"min": run.settings.batch.min, "opt": run.settings.batch.opt, "max": run.settings.batch.max},
-        axis_ranges={d.name: [d.min, d.opt, d.max] for axes in spec.dynamic_axes.values() for d in axes.values()},
+        axis_ranges=_input_axis_ranges(spec),
         versions=_versions(),
     )
     run.stage("export", export_onnx, spec, run.path(GRAPH_NAMES["fp32"]))
@@ -219,6 +219,16 @@ def reuse_key(settings: Settings, fingerprint: str) -> str:
     record = {k: v for k, v in settings.as_record().items() if k not in ("force", "recalibrate")}
     payload = json.dumps({"settings": record, "model": fingerprint, "versions": _versions()}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def _input_axis_ranges(spec: ModelSpec) -> dict[str, list[int]]:
+    """The engine profile's ranges for the inputs' extra dynamic axes (output-only axes need none)."""
+    return {
+        d.name: [d.min, d.opt, d.max]
+        for tensor, axes in spec.dynamic_axes.items()
+        if tensor in spec.example_inputs
+        for d in axes.values()
+    }
 
 
 def _up_to_date(folder: Path, key: str) -> bool:
