@@ -18,7 +18,8 @@ BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d,
 def prepare(spec: ModelSpec) -> dict:
     """Switch `spec.module` to eval mode with gradients off, then prove it; returns the stage record."""
     module = spec.module.eval()
-    module.requires_grad_(False)
+    for parameter in module.parameters():  # not module.requires_grad_: ScriptModules refuse it
+        parameter.requires_grad_(False)
     _refuse_training_modules(module)
     _refuse_batch_statistics(module)
     first, second = _forward(spec, spec.example_inputs), _forward(spec, spec.example_inputs)

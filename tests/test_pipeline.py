@@ -11,6 +11,7 @@ from pathlib import Path
 
 import onnx
 import pytest
+import torch
 
 from pipeline.artifacts import sha256_file
 from pipeline.check import check_onnx
@@ -169,3 +170,28 @@ def test_make_engine_target(tmp_path):
     assert "build" in result.stdout and (tmp_path / "toy_models-tiny_cnn-fp32" / "engine.plan").is_file()
     failed = subprocess.run([*make[:3], "MODEL=nope", f"OUT={tmp_path}"], cwd=ROOT, capture_output=True, text=True)
     assert failed.returncode != 0 and "unknown model 'nope'" in failed.stderr
+
+
+def _scripted_tiny_cnn(path: Path) -> None:
+    from tests.toy_models import tiny_cnn
+
+    torch.jit.save(torch.jit.script(tiny_cnn().module.eval()), str(path))
+
+
+def _exported_tiny_cnn(path: Path) -> None:
+    from tests.toy_models import tiny_cnn
+
+    spec = tiny_cnn()
+    batch = torch.export.Dim("batch", min=1, max=64)
+    program = torch.export.export(spec.module.eval(), (spec.example_inputs["input"],), dynamic_shapes=({0: batch},))
+    torch.export.save(program, str(path))
+
+
+@pytest.mark.parametrize(("write", "file_name"), [(_scripted_tiny_cnn, "net.pt"), (_exported_tiny_cnn, "net.pt2")])
+def test_torchscript_and_exported_program_files_build(tmp_path, write, file_name):
+    write(tmp_path / file_name)
+    folder = make_engine(
+        settings(tmp_path, model=str(tmp_path / file_name), input_shape="3x16x16" if file_name == "net.pt" else None)
+    )
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["complete"] is True and manifest["parity_fp16"]["max_rel"] < 1e-2
