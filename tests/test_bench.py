@@ -104,6 +104,24 @@ def test_agreement_with_pytorch_is_computed(report: tuple[dict, dict[str, Path]]
             assert 0 <= agreement["max_rel"] <= agreement["rtol"]
 
 
+def test_reference_check_passes_on_fresh_artifacts(report: tuple[dict, dict[str, Path]]) -> None:
+    result, paths = report
+    assert result["reference_check"]["status"] == "ok"
+    assert "Warning" not in paths["md"].read_text()
+
+
+def test_a_model_changed_since_the_build_is_flagged(folder: Path, tmp_path: Path) -> None:
+    stale = shutil.copytree(folder, tmp_path / "stale")
+    # As if the model's weights changed after `make engine`: the stored PyTorch outputs no longer match.
+    with np.load(stale / "reference.npz") as data:
+        arrays = {key: data[key] * (2.0 if "/out/" in key else 1.0) for key in data.files}
+    np.savez(stale / "reference.npz", **arrays)
+    result = run_benchmark(stale, backends=["onnxruntime"], batches=[1], policy=QUICK, progress=lambda _: None)
+    assert result["reference_check"]["status"] == "mismatch"
+    paths = write_reports(result, tmp_path / "report")
+    assert "Warning: PyTorch no longer reproduces the outputs stored at build time" in paths["md"].read_text()
+
+
 def test_int8_graph_is_benchmarked_and_a_broken_backend_does_not_stop_the_others(folder: Path, tmp_path: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 

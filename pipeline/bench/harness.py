@@ -127,6 +127,29 @@ def open_backends(choices: list[Choice], context: Context, progress: Progress) -
     return opened, records
 
 
+def check_reference_model(backends: list[Backend], reference_path: Path) -> dict:
+    """Does PyTorch still compute what it computed when the artifacts were built (reference.npz)?
+
+    Agreement is judged against the PyTorch model loaded now.  If its code or weights changed since
+    `make engine`, every other backend "disagrees" for a reason that has nothing to do with it, so
+    the report must say so rather than blame the graph or the engine.
+    """
+    torch_backend = next((b for b in backends if b.name == REFERENCE), None)
+    if torch_backend is None:
+        return {"status": "n/a", "reason": "PyTorch eager FP32 did not open"}
+    inputs, expected = load_reference(reference_path)[0]
+    result = agreement(expected, torch_backend.infer(inputs), "fp32")
+    if result["status"] == "ok":
+        result["summary"] = "PyTorch reproduces the outputs stored at build time (reference.npz)"
+    else:
+        result["summary"] = (
+            "PyTorch no longer reproduces the outputs stored at build time (reference.npz): the model's code or "
+            "weights changed since `make engine`, so agreement below compares against a different model; "
+            "rebuild the folder (make engine ...) before trusting it"
+        )
+    return result
+
+
 def agreement(reference: dict[str, np.ndarray] | None, outputs: dict[str, np.ndarray], precision: str) -> dict:
     """The worst output's difference from PyTorch eager FP32, judged with the parity tolerance of `precision`."""
     if reference is None:
@@ -280,6 +303,8 @@ def run_benchmark(
     opened: list[Backend] = []
     try:
         opened, records = open_backends(chosen, context, progress)
+        reference_check = check_reference_model(opened, folder / "reference.npz")
+        progress(f"reference check: {reference_check.get('summary', reference_check.get('reason'))}")
         results = run_sweep(opened, inputs, policy, progress)
     finally:
         for backend in opened:
@@ -298,6 +323,7 @@ def run_benchmark(
         "policy": policy.as_record(),
         "inputs": {"seed": SEED, "note": "random inputs shaped like the manifest's, the same for every backend"},
         "environment": environment,
+        "reference_check": reference_check,
         "backends": records,
         "results": results,
     }

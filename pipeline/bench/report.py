@@ -75,6 +75,9 @@ def render_markdown(report: dict) -> str:
         f"Load average (1/5/15 min) before {env['load_average']['before']}, after {env['load_average']['after']}"
         " (other jobs on the machine show up here and in p99).",
     ]
+    check = report["reference_check"]
+    if check["status"] != "ok":
+        parts += ["", f"**Warning: {check.get('summary', check.get('reason'))}** ({agreement_text(check)})"]
     for mode in (END_TO_END, DEVICE_RESIDENT):
         parts += ["", f"## {MODE_TITLES[mode]}", ""]
         if any(r["mode"] == mode for r in report["results"]):
@@ -199,6 +202,8 @@ def _method_lines(report: dict) -> list[str]:
         "- `vs eager (p50)` = p50 of PyTorch eager FP32 / p50 of the row, same batch and mode, same run.",
         "- Agreement: the first call's outputs against PyTorch eager FP32 on the same inputs (pipeline.compare; "
         "max |a - r| relative to the output's largest magnitude), with the parity tolerance of the row's precision.",
+        f"- Reference check: {report['reference_check'].get('summary', report['reference_check'].get('reason'))} "
+        "(PyTorch eager FP32 on the first case of reference.npz against the outputs stored there).",
         "- Peak device memory: torch.cuda.max_memory_allocated for torch on a GPU; n/a elsewhere, with the reason "
         "under Backends.",
     ]
