@@ -11,8 +11,12 @@ from pipeline.export import load_reference
 
 # Tolerances on max |onnx - torch| relative to the output's largest magnitude.
 # FP32 graphs differ from PyTorch by reassociation only (measured ~1e-6 on ResNet-50);
-# FP16 carries 10-bit mantissas through ~50 layers; INT8 is judged by accuracy, not here.
-RTOL = {"fp32": 1e-3, "fp16": 3e-2, "int8": 0.25}
+# FP16 carries 10-bit mantissas through ~50 layers; INT8 is judged by accuracy (`make accuracy`),
+# not here: the reference inputs are N(0, 1) noise, and noise outside the calibrated input range is
+# clipped by the first QuantizeLinear (the digits model, calibrated on pixels in [-1, 1], measured
+# 0.58 of the output scale; ResNet-18 on photographs 0.024).  At 1.0 this only catches a broken
+# graph: NaN, garbage, a wrong per-channel axis.
+RTOL = {"fp32": 1e-3, "fp16": 3e-2, "int8": 1.0}
 
 
 def onnxruntime_session(onnx_path: Path, providers: list[str] | None = None):

@@ -19,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 
 import models
+from calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph
 from models.spec import ModelSpec
 from pipeline.check import check_onnx
 from pipeline.errors import PipelineError
@@ -131,7 +132,19 @@ def run_precision(run: Run) -> None:
     if precision == "fp16":
         run.stage("fp16", convert_fp16, source, target)
     else:
-        raise PipelineError("PRECISION=int8 is not available yet", "use PRECISION=fp16 or PRECISION=fp32")
+        # Settings.check() has already refused int8 without CALIB.  The model is loaded, not
+        # prepared: calibration only needs its declared image preprocessing.
+        record = run.stage(
+            "int8",
+            make_int8_graph,
+            source,
+            target,
+            run.settings.calib,
+            preprocess=run.loaded.preprocess,
+            config=CalibrationConfig.from_settings(run.settings),
+            cache_folder=run.path(CACHE_FOLDER),
+        )
+        update_manifest(run.folder, calibration=record["calibration"])
     run.stage(f"parity_{precision}", check_parity, target, _require(run, REFERENCE), precision=precision)
 
 

@@ -1,0 +1,80 @@
+"""The calibration cache: collected ranges kept beside the artifacts so a rebuild skips calibration.
+
+A cache file is named after its key, the sha256 of everything that decides the ranges: the FP32
+graph's bytes, the calibration arrays' bytes, the method and its options, and the onnxruntime
+version.  The file stores the ranges as ORT's own JSON text plus that text's sha256: a truncated
+or edited file fails the check and is recomputed, never trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.artifacts import write_json
+
+CACHE_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class CacheLookup:
+    """The ranges found (None on a miss) and why: "hit", "miss", "recalibrate" or "corrupted: ..."."""
+
+    ranges: object | None
+    status: str
+
+
+def cache_key(graph_sha256: str, data_sha256: str, options: dict) -> str:
+    import onnxruntime
+
+    payload = {
+        "format": CACHE_FORMAT,
+        "graph": graph_sha256,
+        "data": data_sha256,
+        "options": options,
+        "onnxruntime": onnxruntime.__version__,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def cache_path(folder: Path, method: str, key: str) -> Path:
+    return Path(folder) / f"{method}-{key[:16]}.json"
+
+
+def load_ranges(path: Path, key: str, *, recalibrate: bool = False) -> CacheLookup:
+    """The cached TensorsData for `key`, or None with the reason it cannot be used."""
+    if recalibrate:
+        return CacheLookup(None, "recalibrate")
+    if not path.is_file():
+        return CacheLookup(None, "miss")
+    from onnxruntime.quantization.calibrate import TensorsData
+
+    try:
+        stored = json.loads(path.read_text())
+        ranges_text = stored["ranges"]
+        if hashlib.sha256(ranges_text.encode()).hexdigest() != stored["ranges_sha256"]:
+            return CacheLookup(None, "corrupted: the ranges do not match their sha256")
+        if stored["key"] != key:
+            return CacheLookup(None, "corrupted: the file's key is not the one its name says")
+        return CacheLookup(TensorsData.from_dict(json.loads(ranges_text)), "hit")
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        # json.JSONDecodeError is a ValueError; a missing field or a mangled structure lands here too.
+        return CacheLookup(None, f"corrupted: {type(error).__name__}: {error}")
+
+
+def save_ranges(path: Path, key: str, ranges, record: dict) -> None:
+    """Write the ranges (ORT's JSON form), their sha256, the key and a readable record, atomically."""
+    from onnxruntime.quantization.calibrate import CalibrationCacheEncoder
+
+    ranges_text = json.dumps(ranges.to_dict(), cls=CalibrationCacheEncoder, sort_keys=True)
+    write_json(
+        path,
+        {
+            "key": key,
+            "record": record,
+            "ranges_sha256": hashlib.sha256(ranges_text.encode()).hexdigest(),
+            "ranges": ranges_text,
+        },
+    )

@@ -1,0 +1,130 @@
+"""Q/DQ insertion with ONNX Runtime's quantizer, in the form TensorRT's strongly typed builder accepts.
+
+quantize_static(QuantFormat.QDQ) with:
+  - QInt8 activations and weights, ActivationSymmetric/WeightSymmetric: every zero point is 0,
+    as TensorRT requires;
+  - per_channel=True: one weight scale per output channel (axis 0 for Conv and Gemm);
+  - QuantizeBias=False: ORT would otherwise store biases as int32 behind a DequantizeLinear,
+    which TensorRT rejects (it quantizes biases itself when it fuses them into the conv);
+  - op_types_to_quantize = Conv/Gemm/MatMul and OpTypesToExcludeOutputQuantization for the same:
+    Q/DQ sits on the inputs of weighted ops only.  That is NVIDIA's recommended placement: a conv's
+    output stays float so TensorRT fuses conv+bias+ReLU+residual add into one INT8 kernel, and
+    because the quantized activation's DequantizeLinear is shared, a residual branch that feeds
+    both an Add and the next Conv reaches the Add through it (TensorRT then fuses the Add too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from calibration.ranges import QUANTIZED_OPS
+from pipeline.artifacts import atomic_path
+
+QDQ_OPTIONS = {
+    "ActivationSymmetric": True,
+    "WeightSymmetric": True,
+    "QuantizeBias": False,
+    "OpTypesToExcludeOutputQuantization": list(QUANTIZED_OPS),
+}
+
+
+def quantize_qdq(fp32_path: Path, out_path: Path, ranges) -> dict:
+    """Write the Q/DQ graph for `ranges` (ORT TensorsData); return its structure for the manifest."""
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.calibrate import save_tensors_data
+
+    with tempfile.TemporaryDirectory(prefix="qdq.") as scratch, atomic_path(out_path) as temporary:
+        # quantize_static takes precomputed ranges only as a calibration cache file (ORT >= 1.25).
+        ranges_file = Path(scratch) / "ranges.json"
+        save_tensors_data(ranges, ranges_file)
+        with _without_preprocess_advice():
+            quantize_static(
+                str(fp32_path),
+                str(temporary),
+                calibration_data_reader=None,
+                quant_format=QuantFormat.QDQ,
+                op_types_to_quantize=list(QUANTIZED_OPS),
+                per_channel=True,
+                reduce_range=False,
+                activation_type=QuantType.QInt8,
+                weight_type=QuantType.QInt8,
+                calibrate_method=ranges.calibration_method,
+                calibration_cache_path=ranges_file,
+                extra_options=QDQ_OPTIONS,
+            )
+        model = onnx.load(str(temporary))
+        problems = qdq_problems(model)
+        if problems:  # our own quantizer settings are wrong: a bug, not the user's mistake
+            raise RuntimeError("the Q/DQ graph breaks TensorRT's rules:\n  " + "\n  ".join(problems))
+    return qdq_structure(model)
+
+
+def qdq_problems(model: onnx.ModelProto) -> list[str]:
+    """What TensorRT would reject: int32 DequantizeLinear, non-zero zero points, bad per-channel axes."""
+    initializers = {init.name: init for init in model.graph.initializer}
+    problems = []
+    for node in model.graph.node:
+        if node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        data = initializers.get(node.input[0])
+        if node.op_type == "DequantizeLinear" and data is not None and data.data_type == onnx.TensorProto.INT32:
+            problems.append(f"{node.name}: DequantizeLinear on int32 {node.input[0]!r} (a quantized bias)")
+        zero_point = initializers.get(node.input[2]) if len(node.input) > 2 else None
+        if zero_point is not None and np.any(numpy_helper.to_array(zero_point) != 0):
+            problems.append(f"{node.name}: zero point {node.input[2]!r} is not 0 (INT8 must be symmetric)")
+        scale = numpy_helper.to_array(initializers[node.input[1]])
+        if scale.size > 1:
+            problems.extend(_per_channel_problems(node, scale, data))
+    return problems
+
+
+def qdq_structure(model: onnx.ModelProto) -> dict:
+    """Counts that describe the Q/DQ graph (recorded in the manifest, checked by tests)."""
+    initializers = {init.name: init for init in model.graph.initializer}
+    dequantize = [n for n in model.graph.node if n.op_type == "DequantizeLinear"]
+    weights = [n for n in dequantize if n.input[0] in initializers]
+    per_channel = [n for n in weights if numpy_helper.to_array(initializers[n.input[1]]).size > 1]
+    quantize = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    quantized_ops = [n for n in model.graph.node if n.op_type in QUANTIZED_OPS]
+    return {
+        "quantized_ops": len(quantized_ops),
+        "quantized_activations": len(quantize),
+        "quantized_weights": len(weights),
+        "per_channel_weights": len(per_channel),
+        "opset": next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+    }
+
+
+def _per_channel_problems(node: onnx.NodeProto, scale: np.ndarray, data: onnx.TensorProto | None) -> list[str]:
+    if data is None:
+        return [f"{node.name}: activation {node.input[0]!r} has {scale.size} scales; activations are per-tensor"]
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 1)  # ONNX's default axis is 1
+    dims = list(data.dims)
+    if scale.ndim != 1 or not -len(dims) <= axis < len(dims) or dims[axis] != scale.size:
+        return [f"{node.name}: {scale.size} weight scales do not match axis {axis} of {node.input[0]!r} {dims}"]
+    return []
+
+
+@contextlib.contextmanager
+def _without_preprocess_advice() -> Iterator[None]:
+    """Hide quantize_static's "consider pre-processing" warnings: our FP32 graph is already shape-
+    inferred and simplified (onnxsim), which is what ORT's quant_pre_process would do."""
+
+    class _Filter(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return "pre-process" not in record.getMessage()
+
+    root, advice = logging.getLogger(), _Filter()
+    root.addFilter(advice)
+    try:
+        yield
+    finally:
+        root.removeFilter(advice)
