@@ -1,0 +1,253 @@
+"""`python -m pipeline accuracy`: what FP16 and INT8 cost in accuracy, measured on the actual graphs.
+
+The FP32 graph (model.onnx, from the usual stages), its FP16 conversion and one INT8 Q/DQ graph per
+calibration method all run through ONNX Runtime (CPU) on the same evaluation inputs:
+  - a model with a labelled held-out set (the digits CNN) reports top-1 on it, calibrating on the
+    training split only;
+  - any other model is calibrated and evaluated on CALIB (or --eval), and reports how often its
+    top-1 agrees with FP32's and the cosine similarity of its outputs to FP32's.
+Every graph also reports the max / mean |output - FP32 output|.  accuracy.json and accuracy.md land
+in the FP32 artifact folder; the graphs in its accuracy/ subfolder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import models
+from calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph
+from calibration.readers import CalibrationSource, Feed, graph_inputs, read_calibration_data
+from pipeline.artifacts import write_bytes, write_json
+from pipeline.errors import PipelineError
+from pipeline.parity import onnxruntime_session
+from pipeline.precision import GRAPH_NAMES, convert_fp16
+from pipeline.settings import CALIB_METHODS, Settings
+
+COMMAND = "accuracy"
+HELP = "top-1 of the FP32, FP16 and INT8 graphs (each calibration method) through ONNX Runtime"
+EVAL_BATCH = 64
+SUBFOLDER = "accuracy"
+
+
+@dataclass(frozen=True)
+class EvaluationSet:
+    """Inputs to evaluate on, their labels (None: compare with FP32 only), and calibration data."""
+
+    feeds: list[Feed]
+    labels: np.ndarray | None
+    description: str
+    calibration: CalibrationSource
+    calibration_description: str
+
+
+def digits_evaluation(settings: Settings) -> EvaluationSet:
+    """The digits CNN: calibrate on the training split, evaluate on the held-out split."""
+    from models.digits import load_split
+
+    split = load_split()
+    train = split.train_inputs
+
+    def training_batches() -> list[np.ndarray]:
+        return [train[start : start + EVAL_BATCH] for start in range(0, len(train), EVAL_BATCH)]
+
+    return EvaluationSet(
+        feeds=_chunks({"input": split.held_out_inputs}),
+        labels=split.held_out_labels,
+        description=f"sklearn digits held-out split ({len(split.held_out_labels)} images, labelled)",
+        calibration=training_batches,
+        calibration_description=f"sklearn digits training split ({len(train)} images)",
+    )
+
+
+# Models with a labelled held-out set; every other model is compared with its own FP32 graph.
+LABELLED_SETS: dict[str, Callable[[Settings], EvaluationSet]] = {"digits": digits_evaluation}
+
+
+def measure_accuracy(settings: Settings, methods: list[str], eval_source: Path | None = None) -> Path:
+    """Build or reuse the FP32 artifacts, write the FP16/INT8 graphs, evaluate all; returns the folder."""
+    from pipeline.stages import make_engine
+
+    name = models.canonical_name(settings.model)
+    # Only what decides the FP32 artifacts: calibration options must not invalidate their reuse.
+    folder = make_engine(
+        Settings(model=settings.model, precision="fp32", weights=settings.weights, out_root=settings.out_root)
+    )
+    fp32 = folder / GRAPH_NAMES["fp32"]
+    spec_preprocess = models.load_model(settings.model, weights=settings.weights).preprocess
+    evaluation = _evaluation_set(settings, name, fp32, spec_preprocess, eval_source)
+
+    graphs: dict[str, Path] = {"fp32": fp32, "fp16": folder / SUBFOLDER / GRAPH_NAMES["fp16"]}
+    convert_fp16(fp32, graphs["fp16"])
+    calibration: dict[str, dict] = {}
+    for method in methods:
+        path = folder / SUBFOLDER / f"model.int8.{method}.onnx"
+        started = time.perf_counter()
+        record = make_int8_graph(
+            fp32,
+            path,
+            evaluation.calibration,
+            preprocess=spec_preprocess,
+            config=CalibrationConfig(method, settings.calib_samples, settings.calib_batch, settings.recalibrate),
+            cache_folder=folder / CACHE_FOLDER,
+        )
+        calibration[method] = {**record["calibration"], "int8_stage_seconds": round(time.perf_counter() - started, 3)}
+        print(f"int8 {method:<10} {record['summary']}")
+        graphs[f"int8-{method}"] = path
+
+    outputs = {label: _run(path, evaluation.feeds) for label, path in graphs.items()}
+    rows = {label: _metrics(outputs[label], outputs["fp32"], evaluation.labels) for label in graphs}
+    report = {
+        "model": name,
+        "evaluation": evaluation.description,
+        "calibration_data": evaluation.calibration_description,
+        "labelled": evaluation.labels is not None,
+        "graphs": {label: str(path.relative_to(folder)) for label, path in graphs.items()},
+        "results": rows,
+        "best_int8": _best_int8(rows),
+        "calibration": calibration,
+    }
+    write_json(folder / "accuracy.json", report)
+    write_bytes(folder / "accuracy.md", _markdown(report).encode())
+    print(_markdown(report))
+    return folder
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def _evaluation_set(settings: Settings, name: str, fp32: Path, preprocess, eval_source: Path | None) -> EvaluationSet:
+    if name in LABELLED_SETS:
+        return LABELLED_SETS[name](settings)
+    if settings.calib is None:
+        raise PipelineError(
+            f"{name} has no labelled held-out set here, so accuracy needs calibration data to compare on",
+            "add CALIB=<folder of images or .npy/.npz> (e.g. `make calibration-images` then "
+            "CALIB=calibration/samples); models with a labelled set: " + ", ".join(LABELLED_SETS),
+        )
+    source = eval_source or settings.calib
+    data = read_calibration_data(
+        source, graph_inputs(fp32), preprocess, samples=settings.calib_samples, batch=settings.calib_batch
+    )
+    overlap = "" if eval_source else " (the calibration data itself: no labelled set)"
+    return EvaluationSet(
+        feeds=data.batches,
+        labels=None,
+        description=f"{data.description}, {data.samples} samples{overlap}",
+        calibration=settings.calib,
+        calibration_description=str(settings.calib),
+    )
+
+
+def _chunks(arrays: dict[str, np.ndarray]) -> list[Feed]:
+    count = len(next(iter(arrays.values())))
+    return [{n: a[start : start + EVAL_BATCH] for n, a in arrays.items()} for start in range(0, count, EVAL_BATCH)]
+
+
+def _run(graph: Path, feeds: list[Feed]) -> np.ndarray:
+    """The graph's first output (the logits, for a classifier) over every batch, as float32."""
+    session = onnxruntime_session(graph)
+    output = session.get_outputs()[0].name
+    return np.concatenate([session.run([output], feed)[0] for feed in feeds]).astype(np.float32)
+
+
+def _metrics(logits: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> dict:
+    flat, flat_ref = logits.reshape(len(logits), -1), reference.reshape(len(reference), -1)
+    difference = np.abs(flat - flat_ref)
+    norms = np.linalg.norm(flat, axis=1) * np.linalg.norm(flat_ref, axis=1)
+    cosine = np.sum(flat * flat_ref, axis=1) / np.maximum(norms, np.finfo(np.float32).tiny)
+    row = {
+        "top1_agreement": round(float(np.mean(flat.argmax(1) == flat_ref.argmax(1)) * 100), 3),
+        "cosine_mean": round(float(cosine.mean()), 6),
+        "cosine_min": round(float(cosine.min()), 6),
+        "max_abs_diff": float(difference.max()),
+        "mean_abs_diff": float(difference.mean()),
+    }
+    if labels is not None:
+        row["top1"] = round(float(np.mean(flat.argmax(1) == labels) * 100), 3)
+    return row
+
+
+def _best_int8(rows: dict[str, dict]) -> dict:
+    """The INT8 method closest to FP32: by top-1 where labelled, else by agreement, then cosine."""
+    int8 = {label: row for label, row in rows.items() if label.startswith("int8-")}
+    if not int8:
+        return {}
+    metric = "top1" if "top1" in rows["fp32"] else "top1_agreement"
+    best = max(int8, key=lambda label: (int8[label][metric], int8[label]["cosine_mean"]))
+    return {"graph": best, "metric": metric, "points_below_fp32": round(rows["fp32"][metric] - int8[best][metric], 3)}
+
+
+def _markdown(report: dict) -> str:
+    labelled = report["labelled"]
+    header = "| graph | top-1 % | Δ vs FP32 (points) | " if labelled else "| graph | "
+    lines = [
+        f"# Accuracy: {report['model']}",
+        "",
+        f"Evaluated on {report['evaluation']}; INT8 calibrated on {report['calibration_data']}. "
+        "All graphs run through ONNX Runtime (CPU).",
+        "",
+        header + "top-1 agreement with FP32 % | cosine to FP32 (mean / min) | max abs diff | mean abs diff |",
+        "|---" * (7 if labelled else 5) + "|",
+    ]
+    fp32 = report["results"]["fp32"]
+    for label, row in report["results"].items():
+        cells = [label]
+        if labelled:
+            cells += [f"{row['top1']:.2f}", f"{row['top1'] - fp32['top1']:+.2f}"]
+        cells += [
+            f"{row['top1_agreement']:.2f}",
+            f"{row['cosine_mean']:.5f} / {row['cosine_min']:.5f}",
+            f"{row['max_abs_diff']:.3g}",
+            f"{row['mean_abs_diff']:.3g}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    best = report["best_int8"]
+    if best:
+        below = f"{best['points_below_fp32']:.2f} points of {best['metric']} below FP32"
+        lines += ["", f"Best INT8: {best['graph']}, {below}."]
+    seconds = {m: c["collect_seconds"] for m, c in report["calibration"].items()}
+    lines += ["", "Range collection (s, 0 = cached): " + ", ".join(f"{m} {s:.1f}" for m, s in seconds.items()), ""]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = Settings()
+    parser.add_argument("--model", default="digits", help="registry name, factory or model file [MODEL]")
+    parser.add_argument("--weights", type=Path, help="a state_dict for the model [WEIGHTS]")
+    parser.add_argument("--out", type=Path, default=defaults.out_root, help="artifact root folder [OUT]")
+    parser.add_argument("--calib", type=Path, help="calibration data for models without a labelled set [CALIB]")
+    parser.add_argument("--eval", type=Path, help="evaluate on this data instead of CALIB (same formats)")
+    parser.add_argument(
+        "--methods", default=",".join(CALIB_METHODS), help=f"calibration methods, comma-separated ({CALIB_METHODS})"
+    )
+    parser.add_argument("--calib-samples", type=int, default=defaults.calib_samples, help="calibration samples")
+    parser.add_argument("--calib-batch", type=int, default=defaults.calib_batch, help="calibration batch size")
+    parser.add_argument("--recalibrate", action="store_true", help="ignore the calibration cache")
+
+
+def main(args: argparse.Namespace) -> int:
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in CALIB_METHODS]
+    if unknown or not methods:
+        raise PipelineError(f"unknown calibration method(s) {unknown or methods}", f"use some of {CALIB_METHODS}")
+    settings = Settings(
+        model=args.model,
+        precision="fp32",
+        weights=args.weights,
+        out_root=args.out,
+        calib=args.calib,
+        calib_samples=args.calib_samples,
+        calib_batch=args.calib_batch,
+        recalibrate=args.recalibrate,
+    ).check()
+    measure_accuracy(settings, methods, args.eval)
+    return 0
