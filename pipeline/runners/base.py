@@ -8,7 +8,7 @@ service can swap ONNX Runtime for the engine without changing a line.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,12 @@ class TensorSpec:
     # (axis, min, max) for each named dynamic dim other than the batch (e.g. "seq"), from the manifest's
     # axis_ranges: the engine's profile accepts only those sizes, so every backend checks them alike.
     ranges: tuple[tuple[int, int, int], ...] = ()
+    # (axis, size) of every fixed dim, precomputed so validating a call is one short loop.
+    fixed: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        fixed = tuple((axis, size) for axis, size in enumerate(self.shape) if size != DYNAMIC)
+        object.__setattr__(self, "fixed", fixed)  # frozen dataclass: set once here
 
     @classmethod
     def from_manifest(cls, record: dict, axis_ranges: dict) -> TensorSpec:
@@ -65,8 +71,7 @@ def max_batch(manifest: dict) -> int:
 
 
 def _dtype_and_shape(name: str, value: Any) -> tuple[np.dtype, tuple[int, ...]]:
-    if type(value) is np.ndarray:  # the hot path: an exact type check is cheaper than isinstance chains
-        return value.dtype, value.shape
+    """(dtype, shape) of a value that is not exactly an np.ndarray: a subclass, or a mistake."""
     if isinstance(value, np.ndarray):
         return value.dtype, value.shape
     raise PipelineError(
@@ -78,24 +83,29 @@ def _dtype_and_shape(name: str, value: Any) -> tuple[np.dtype, tuple[int, ...]]:
 def check_feed(feed: Mapping[str, Any], specs: list[TensorSpec], describe=_dtype_and_shape) -> int:
     """Validate names, dtypes, ranks and fixed dims of every input; return the common batch size.
 
-    `describe(name, value) -> (np.dtype, shape)` lets the engine runner accept torch CUDA tensors too.
+    Plain numpy arrays take the fast path; anything else goes through `describe(name, value) ->
+    (np.dtype, shape)`, which lets the engine runner accept torch CUDA tensors too.  This runs on
+    every call, so it is kept to attribute reads and short loops (a few microseconds).
     """
     if len(feed) != len(specs) or any(spec.name not in feed for spec in specs):
         _refuse_names(feed, specs)
     batch = -1
     for spec in specs:
         value = feed[spec.name]
-        dtype, shape = describe(spec.name, value)
+        if type(value) is np.ndarray:
+            dtype, shape = value.dtype, value.shape
+        else:
+            dtype, shape = describe(spec.name, value)
         if dtype != spec.dtype:
             raise PipelineError(
                 f"input {spec.name!r} has dtype {dtype}, expected {spec.dtype}",
                 f"convert it first, e.g. array.astype(np.{spec.dtype})",
             )
-        if len(shape) != len(spec.shape) or any(e not in (DYNAMIC, g) for e, g in zip(spec.shape, shape, strict=True)):
-            raise PipelineError(
-                f"input {spec.name!r} has shape {tuple(shape)}, expected {_shape_text(spec)}",
-                "reshape it; dims shown as -1 may vary, the others are fixed by the model",
-            )
+        if len(shape) != len(spec.shape):
+            _refuse_shape(spec, shape)
+        for axis, size in spec.fixed:
+            if shape[axis] != size:
+                _refuse_shape(spec, shape)
         for axis, low, high in spec.ranges:
             if not low <= shape[axis] <= high:
                 raise PipelineError(
@@ -121,6 +131,13 @@ def _refuse_names(feed: Mapping[str, Any], specs: list[TensorSpec]) -> None:
     unexpected = [name for name in feed if name not in expected]
     parts = ([f"missing {missing}"] if missing else []) + ([f"unexpected {unexpected}"] if unexpected else [])
     raise PipelineError(f"inputs {'; '.join(parts)}; the model takes {expected}", f"pass exactly {expected}")
+
+
+def _refuse_shape(spec: TensorSpec, shape: tuple[int, ...]) -> None:
+    raise PipelineError(
+        f"input {spec.name!r} has shape {tuple(shape)}, expected {_shape_text(spec)}",
+        "reshape it; dims shown as -1 may vary, the others are fixed by the model",
+    )
 
 
 def _shape_text(spec: TensorSpec) -> str:
