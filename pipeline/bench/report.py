@@ -81,9 +81,9 @@ def render_markdown(report: dict) -> str:
     for mode in (END_TO_END, DEVICE_RESIDENT):
         parts += ["", f"## {MODE_TITLES[mode]}", ""]
         if any(r["mode"] == mode for r in report["results"]):
-            parts.append(markdown_table(report, mode))
+            parts += [markdown_table(report, mode), ""]
         if mode == DEVICE_RESIDENT:
-            parts += ["", *_device_notes(report)]
+            parts += _device_notes(report)
     parts += ["", "## Backends", "", *_backend_lines(report)]
     parts += ["", "## Environment", "", *_environment_lines(env)]
     parts += ["", "## Method", "", *_method_lines(report)]
@@ -162,7 +162,7 @@ def _backend_lines(report: dict) -> list[str]:
     lines = []
     for b in report["backends"]:
         if b["status"] == "ran":
-            lines.append(f"- **{b['name']}** ({b['label']}): {b['description']}. Threads: {b['threads']}.")
+            lines.append(f"- **{b['name']}**: {b['label']}; {b['description']}. Threads: {b['threads']}.")
         elif b["status"] == "skipped":
             lines.append(f"- **{b['name']}**: skipped: {b['reason']}")
         else:
@@ -193,7 +193,9 @@ def _method_lines(report: dict) -> list[str]:
         f"({', '.join(map(str, report['batches']))}); loading, session creation and compilation happen before "
         "any timing.",
         f"- Per (backend, batch, mode): {policy['warmup']} warm-up calls, not timed; then up to "
-        f"{policy['iterations']} timed calls or {policy['budget_s']:g} s, whichever ends first (at least 5).",
+        f"{policy['iterations']} timed calls or {policy['budget_s']:g} s, whichever ends first (at least 5), split "
+        f"into {policy['rounds']} rounds that alternate between backends, each later round re-warmed by one untimed "
+        "call, so a burst of load from another process lands on every backend rather than one.",
         "- Each sample is one call, timed with time.perf_counter from before the call until the device is "
         "synchronized (end to end: until host outputs exist); calls never overlap. Python's garbage collector "
         "is paused while timing.",
@@ -204,7 +206,8 @@ def _method_lines(report: dict) -> list[str]:
         "max |a - r| relative to the output's largest magnitude), with the parity tolerance of the row's precision.",
         f"- Reference check: {report['reference_check'].get('summary', report['reference_check'].get('reason'))} "
         "(PyTorch eager FP32 on the first case of reference.npz against the outputs stored there).",
-        "- Peak device memory: torch.cuda.max_memory_allocated for torch on a GPU; n/a elsewhere, with the reason "
+        "- Peak device memory, read around the checked call: for torch on a GPU, the module's weights plus "
+        "torch.cuda.max_memory_allocated above what was allocated before it; n/a elsewhere, with the reason "
         "under Backends.",
     ]
 
