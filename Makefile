@@ -14,15 +14,16 @@ DYNAMIC ?=
 CALIB ?=
 CALIB_METHOD ?= percentile
 FORCE ?=
+RECALIBRATE ?=
 BACKENDS ?=
 BATCHES ?=
 
 PIPELINE_ARGS = --model '$(MODEL)' --precision $(PRECISION) --batch $(BATCH) --out '$(OUT)' \
 	$(if $(WEIGHTS),--weights '$(WEIGHTS)') $(if $(INPUT_SHAPE),--input-shape '$(INPUT_SHAPE)') \
 	$(if $(DYNAMIC),--dynamic '$(DYNAMIC)') $(if $(CALIB),--calib '$(CALIB)' --calib-method $(CALIB_METHOD)) \
-	$(if $(FORCE),--force)
+	$(if $(FORCE),--force) $(if $(RECALIBRATE),--recalibrate)
 
-.PHONY: venv engine bench test lint typecheck clean
+.PHONY: venv engine bench calibration-images accuracy test lint typecheck clean
 
 # torch==2.13.0 first: on these machines that is the CPU build on disk; a bare `torch`
 # requirement would pull the newest CUDA build (several GB).  tensorrt-stubs goes in with
@@ -46,6 +47,17 @@ engine: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pipeline bench --model '$(MODEL)' --precision $(PRECISION) --out '$(OUT)' \
 		$(if $(BACKENDS),--backends $(BACKENDS)) $(if $(BATCHES),--batches $(BATCHES))
+
+# Real photographs shipped inside scikit-image / scikit-learn, as a calibration folder for image models
+# (git-ignored): make engine MODEL=resnet PRECISION=int8 CALIB=calibration/samples
+calibration-images: $(STAMP)
+	$(PY) -m calibration.photos --out calibration/samples
+
+# Top-1 of FP32, FP16 and INT8 (every calibration method) on MODEL's labelled held-out set (MODEL=digits),
+# or for other models agreement with FP32 on CALIB; writes accuracy.json/.md into engines/<model>-fp32/.
+accuracy: $(STAMP)
+	$(PY) -m pipeline accuracy --model '$(MODEL)' --out '$(OUT)' $(if $(WEIGHTS),--weights '$(WEIGHTS)') \
+		$(if $(CALIB),--calib '$(CALIB)') $(if $(RECALIBRATE),--recalibrate)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
