@@ -166,18 +166,22 @@ class TensorRTRunner(Runner):
         self._slots: list[_Slot] = []
         self._idle: queue.Queue[_Slot] = queue.Queue()
         self._closed = False
+        loaded = False
         self._memory.push()
         try:
             self._engine = self._deserialize(plan)
             self._io = [self._engine.get_tensor_name(i) for i in range(self._engine.num_io_tensors)]
             self._check_io()
             self._bound_inputs = [(self._io.index(spec.name), spec) for spec in self.inputs]
-            self._slots.extend(self._make_slot() for _ in range(contexts))
-        except BaseException:
-            self._release()
-            raise
+            for _ in range(contexts):
+                self._add_slot()
+            loaded = True
         finally:
+            if not loaded:  # nothing half-allocated stays behind a failed load
+                self._release()
             self._memory.pop()
+            if not loaded:
+                self._memory.close()
         for slot in self._slots:
             self._idle.put(slot)
         self.description = (
@@ -226,20 +230,24 @@ class TensorRTRunner(Runner):
         """(min, opt, max) shapes of an input in optimization profile 0 (the only one the build makes)."""
         return [tuple(dims(shape)) for shape in self._engine.get_tensor_profile_shape(name, 0)]
 
-    def _make_slot(self) -> _Slot:
+    def _add_slot(self) -> None:
+        """One more execution context with its buffers; registered first, so a failure halfway frees them."""
         context = self._engine.create_execution_context()
         if context is None:
             raise PipelineError(
                 "TensorRT could not create an execution context (out of GPU memory?)",
                 "free GPU memory, or load with fewer contexts (contexts=1)",
             )
+        slot = _Slot(context, self._memory.stream(), {}, {}, [])
+        self._slots.append(slot)
         # With every input at its max shape, the outputs' shapes are their largest too.
         for spec in self.inputs:
             self._set_shape(context, spec.name, self._profile(spec.name)[2])
-        sizes = {name: self._nbytes(name, tuple(dims(context.get_tensor_shape(name)))) for name in self._io}
-        device = {name: self._memory.alloc(size) for name, size in sizes.items()}
-        host = {name: self._memory.pinned(size) for name, size in sizes.items()}
-        return _Slot(context, self._memory.stream(), device, host, [device[name] for name in self._io])
+        for name in self._io:
+            size = self._nbytes(name, tuple(dims(context.get_tensor_shape(name))))
+            slot.device[name] = self._memory.alloc(size)
+            slot.host[name] = self._memory.pinned(size)
+        slot.bindings = [slot.device[name] for name in self._io]
 
     def _nbytes(self, name: str, shape: tuple[int, ...]) -> int:
         if any(d < 0 for d in shape):
