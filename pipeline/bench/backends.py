@@ -236,7 +236,10 @@ def open_tensorrt(context: Context) -> Backend:
     runner = load_runner(context.folder, backend="tensorrt")
     precision = context.manifest.get("precision", "fp16")
     backend = RunnerBackend("tensorrt", "TensorRT engine (runner)", precision, runner, "n/a (GPU)")
-    backend.device_note = "not measured: the TensorRT runner takes and returns host arrays"
+    backend.device_note = (
+        "not measured: the TensorRT runner takes torch CUDA inputs in place but always copies outputs to the host, "
+        "so its figure would not match the other rows' outputs-left-on-device definition"
+    )
     backend.memory_note = "n/a: the TensorRT runner does not report its device allocations"
     return backend
 

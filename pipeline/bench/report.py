@@ -203,7 +203,9 @@ def _method_lines(report: dict) -> list[str]:
         "is close to the slowest call. Throughput = batch / mean latency, one call at a time (no concurrency).",
         "- `vs eager (p50)` = p50 of PyTorch eager FP32 / p50 of the row, same batch and mode, same run.",
         "- Agreement: the first call's outputs against PyTorch eager FP32 on the same inputs (pipeline.compare; "
-        "max |a - r| relative to the output's largest magnitude), with the parity tolerance of the row's precision.",
+        "max |a - r| relative to the output's largest magnitude), with the parity tolerance of the row's precision. "
+        "On random inputs an INT8 row's agreement only catches a broken graph (its inputs fall outside the "
+        "calibrated range); INT8 accuracy is judged on real data (`make accuracy`).",
         f"- Reference check: {report['reference_check'].get('summary', report['reference_check'].get('reason'))} "
         "(PyTorch eager FP32 on the first case of reference.npz against the outputs stored there).",
         "- Peak device memory, read around the checked call: for torch on a GPU, the module's weights plus "
