@@ -1,10 +1,11 @@
 """The benchmark run: the same inputs through every backend at every batch, timed the same way.
 
 Order of work: open every backend once (loading, session creation and compilation are not
-timed), then for each batch size and each backend: one call whose outputs are compared with
-PyTorch eager FP32 on the same inputs, the warm-up, then the timed calls.  A backend that
-cannot run here is recorded as skipped with the reason; one that raises is recorded as failed
-with its error, and the others go on.
+timed) and check that PyTorch still reproduces the build's reference outputs; then for each
+batch size: one untimed call per backend whose outputs are compared with PyTorch eager FP32 on
+the same inputs, then the warm-up and timed calls in rounds that alternate between backends.
+A backend that cannot run here is recorded as skipped with the reason; one that raises is
+recorded as failed with its error, and the others go on.
 """
 
 from __future__ import annotations
@@ -103,8 +104,9 @@ def open_backends(choices: list[Choice], context: Context, progress: Progress) -
             progress(f"{choice.name:<20} skipped: {why}")
             continue
         except PipelineError as error:
-            records.append({"name": choice.name, "status": "skipped", "reason": error.problem})
-            progress(f"{choice.name:<20} skipped: {error.problem}")
+            reason = error.problem if error.fix is None else f"{error.problem} (fix: {error.fix})"
+            records.append({"name": choice.name, "status": "skipped", "reason": reason})
+            progress(f"{choice.name:<20} skipped: {reason}")
             continue
         except Exception as error:  # a broken backend must not stop the others; its error goes in the report
             records.append({"name": choice.name, "status": "failed", "error": _error_text(error)})
