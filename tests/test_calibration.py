@@ -1,0 +1,313 @@
+"""INT8 calibration for real: the trained digits CNN calibrated on its own data with ONNX Runtime,
+the Q/DQ graph checked structurally, run by ONNX Runtime and built by TensorRT-RTX; the cache; and
+every kind of bad calibration input.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+from PIL import Image
+
+from calibration.cache import load_ranges
+from calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph
+from calibration.photos import PHOTOS, export_calibration_images
+from calibration.preprocess import load_image
+from calibration.qdq import qdq_problems
+from calibration.ranges import collect_ranges
+from calibration.readers import graph_inputs, read_calibration_data
+from models.digits import PREPROCESS, load_split
+from models.spec import ImagePreprocess
+from pipeline import cli
+from pipeline.errors import PipelineError
+from pipeline.parity import onnxruntime_session
+from pipeline.settings import Settings
+from pipeline.stages import make_engine
+
+SAMPLES, BATCH = 128, 32
+
+
+@pytest.fixture(scope="module")
+def split():
+    return load_split()
+
+
+@pytest.fixture(scope="module")
+def fp32(tmp_path_factory) -> Path:
+    """The digits model's checked, simplified FP32 graph (the pipeline's own stages)."""
+    out = tmp_path_factory.mktemp("engines")
+    return make_engine(Settings(model="digits", precision="fp32", out_root=out)) / "model.onnx"
+
+
+@pytest.fixture(scope="module")
+def train_npy(split, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "train.npy"
+    np.save(path, split.train_inputs)
+    return path
+
+
+@pytest.fixture(scope="module")
+def int8(fp32, train_npy, tmp_path_factory) -> tuple[Path, dict]:
+    """model.int8.onnx calibrated (max) on the training split; its stage record."""
+    folder = tmp_path_factory.mktemp("int8")
+    record = make_int8_graph(
+        fp32,
+        folder / "model.int8.onnx",
+        train_npy,
+        preprocess=PREPROCESS,
+        config=CalibrationConfig("max", SAMPLES, BATCH),
+        cache_folder=folder / CACHE_FOLDER,
+    )
+    return folder / "model.int8.onnx", record
+
+
+def _digit_pngs(split, folder: Path, count: int) -> Path:
+    """Training digits written as 8-bit grayscale PNGs, as a user's image folder would hold them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    pixels = np.round((split.train_inputs[:count, 0] * 0.5 + 0.5) * 255).astype(np.uint8)
+    for index, image in enumerate(pixels):
+        sub = folder / f"class{index % 3}"  # nested: the reader searches recursively
+        sub.mkdir(exist_ok=True)
+        Image.fromarray(image, mode="L").save(sub / f"{index:03d}.png")
+    return folder
+
+
+# --------------------------------------------------------------------------- the Q/DQ graph
+
+
+def test_qdq_graph_is_what_tensorrt_accepts(int8):
+    path, record = int8
+    model = onnx.load(str(path))
+    initializers = {i.name: i for i in model.graph.initializer}
+    nodes = model.graph.node
+    assert qdq_problems(model) == []
+    dequantize = [n for n in nodes if n.op_type == "DequantizeLinear"]
+    quantize = [n for n in nodes if n.op_type == "QuantizeLinear"]
+    assert dequantize and quantize
+    # No int32 DequantizeLinear: biases stay float (QuantizeBias=False).
+    assert all(
+        initializers[n.input[0]].data_type != onnx.TensorProto.INT32 for n in dequantize if n.input[0] in initializers
+    )
+    # Symmetric INT8 everywhere: every zero point is an int8 zero.
+    for node in quantize + dequantize:
+        zero_point = initializers[node.input[2]]
+        assert zero_point.data_type == onnx.TensorProto.INT8
+        assert not numpy_helper.to_array(zero_point).any()
+    # Per-channel weights on the output-channel axis; per-tensor activations.
+    producers = {n.output[0]: n for n in dequantize}
+    for conv in (n for n in nodes if n.op_type in ("Conv", "Gemm")):
+        weight_dq = producers[conv.input[1]]
+        weight = numpy_helper.to_array(initializers[weight_dq.input[0]])
+        scale = numpy_helper.to_array(initializers[weight_dq.input[1]])
+        axis = next(a.i for a in weight_dq.attribute if a.name == "axis")
+        assert weight.dtype == np.int8 and axis == 0 and scale.shape == (weight.shape[0],)
+        # The bias (BatchNorm folded in) stays a float initializer, with no DequantizeLinear.
+        assert initializers[conv.input[2]].data_type == onnx.TensorProto.FLOAT
+        activation_dq = producers[conv.input[0]]
+        assert numpy_helper.to_array(initializers[activation_dq.input[1]]).size == 1
+    # Q/DQ on weighted ops' inputs only: every conv's output stays float (TensorRT fuses it).
+    assert not any(n.input[0] in {c.output[0] for c in nodes if c.op_type == "Conv"} for n in quantize)
+    assert record["qdq"] == {
+        "quantized_ops": 5,
+        "quantized_activations": 5,
+        "quantized_weights": 5,
+        "per_channel_weights": 5,
+        "opset": 17,
+    }
+
+
+def test_qdq_graph_runs_in_onnxruntime_and_keeps_the_answers(int8, fp32, split):
+    held_out = {"input": split.held_out_inputs}
+    reference = onnxruntime_session(fp32).run(None, held_out)[0]
+    quantized = onnxruntime_session(int8[0]).run(None, held_out)[0]
+    assert quantized.dtype == np.float32 and quantized.shape == reference.shape
+    assert np.mean(quantized.argmax(1) == reference.argmax(1)) >= 0.98
+
+
+def test_tensorrt_rtx_builds_the_int8_graph(int8, tmp_path):
+    pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX is not installed: pip install 'trt-pipeline[rtx]'")
+    from pipeline.build import build_engine
+    from pipeline.settings import BatchProfile
+
+    record = build_engine(int8[0], tmp_path / "engine.plan", batch=BatchProfile(1, 8, 32), builder="tensorrt_rtx")
+    assert record["builder"]["module"] == "tensorrt_rtx"
+    assert (tmp_path / "engine.plan").stat().st_size == record["engine_bytes"] > 0
+
+
+def test_make_engine_int8_from_an_image_folder(split, tmp_path):
+    """`make engine MODEL=digits PRECISION=int8 CALIB=<pngs>`: calibrate, parity, build, manifest."""
+    images = _digit_pngs(split, tmp_path / "pngs", 64)
+    argv = ["all", "--model", "digits", "--precision", "int8", "--calib", str(images), "--calib-batch", "16"]
+    assert cli.main([*argv, "--out", str(tmp_path / "engines")]) == 0
+    folder = tmp_path / "engines" / "digits-int8"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["graph"] == "model.int8.onnx"
+    calibration = manifest["calibration"]
+    assert calibration["method"] == "percentile" and calibration["percentile"] == 99.99
+    assert (calibration["samples"], calibration["batch"], calibration["cache"]) == (64, 16, "miss")
+    assert calibration["source"] == f"image folder {images}"
+    assert manifest["parity_int8"]["max_rel"] < 1.0
+    assert manifest["build"]["builder"]["module"] == "tensorrt_rtx"
+    assert Path(calibration["cache_file"]).parent == folder / CACHE_FOLDER
+
+
+def test_image_preprocessing_matches_the_arrays_inference_sees(split, tmp_path):
+    """A digit saved as a PNG and read back by calibration equals the model-ready array (to 8-bit rounding)."""
+    _digit_pngs(split, tmp_path, 4)
+    for index in range(4):
+        image = load_image(tmp_path / f"class{index % 3}" / f"{index:03d}.png", PREPROCESS)
+        assert image.shape == (1, 8, 8) and image.dtype == np.float32
+        np.testing.assert_allclose(image, split.train_inputs[index], atol=2 / 255 / 0.5)
+
+
+def test_percentile_and_entropy_clip_what_max_keeps(fp32, train_npy):
+    data = read_calibration_data(train_npy, graph_inputs(fp32), PREPROCESS, samples=SAMPLES, batch=BATCH)
+    ranges = {m: collect_ranges(fp32, data, m) for m in ("max", "percentile", "entropy")}
+    assert set(ranges["max"].keys()) == set(ranges["percentile"].keys()) == set(ranges["entropy"].keys())
+    for name in ranges["max"]:
+        low, high = ranges["max"][name].range_value
+        assert np.isclose(-low, high)  # symmetric
+        for method in ("percentile", "entropy"):
+            assert 0 < ranges[method][name].range_value[1] <= high * (1 + 1e-6)
+    assert any(ranges["percentile"][n].range_value[1] < ranges["max"][n].range_value[1] for n in ranges["max"])
+
+
+def test_readers_agree_on_npy_npz_and_callable(fp32, split, tmp_path):
+    inputs = graph_inputs(fp32)
+    arrays = split.train_inputs[:SAMPLES]
+    np.savez(tmp_path / "named.npz", input=arrays)
+    sources = [tmp_path / "named.npz", lambda: (arrays[i : i + 10] for i in range(0, SAMPLES, 10))]
+    np.save(tmp_path / "plain.npy", arrays)
+    sources.append(tmp_path / "plain.npy")
+    digests = set()
+    for source in sources:
+        data = read_calibration_data(source, inputs, PREPROCESS, samples=SAMPLES, batch=BATCH)
+        assert data.samples == SAMPLES and len(data.batches) == SAMPLES // BATCH
+        digests.add(data.digest)
+    assert len(digests) == 1
+
+
+# --------------------------------------------------------------------------- the cache
+
+
+def test_cache_hit_miss_recalibrate_and_corruption(fp32, train_npy, tmp_path, capsys):
+    def build(method: str = "max", recalibrate: bool = False) -> dict:
+        config = CalibrationConfig(method, SAMPLES, BATCH, recalibrate)
+        args = (fp32, tmp_path / "model.int8.onnx", train_npy)
+        return make_int8_graph(*args, preprocess=PREPROCESS, config=config, cache_folder=tmp_path / CACHE_FOLDER)
+
+    first = build()["calibration"]
+    assert first["cache"] == "miss" and first["collect_seconds"] > 0
+    graph = (tmp_path / "model.int8.onnx").read_bytes()
+    second = build()["calibration"]
+    assert second["cache"] == "hit" and second["collect_seconds"] == 0
+    assert second["cache_file"] == first["cache_file"]
+    assert (tmp_path / "model.int8.onnx").read_bytes() == graph  # same ranges, same graph
+    assert build(recalibrate=True)["calibration"]["cache"] == "recalibrate"
+    assert build("percentile")["calibration"]["cache_file"] != first["cache_file"]
+
+    cache_file = Path(first["cache_file"])
+    stored = json.loads(cache_file.read_text())
+    # Edit one range value (still valid JSON): the sha256 check must catch it.
+    tampered = re.sub(r'"data": \[(-?[0-9.]+)', lambda m: f'"data": [{float(m[1]) * 2}', stored["ranges"], count=1)
+    assert tampered != stored["ranges"]
+    cache_file.write_text(json.dumps({**stored, "ranges": tampered}))
+    recomputed = build()["calibration"]
+    assert recomputed["cache"] == "corrupted: the ranges do not match their sha256"
+    assert "recalibrating" in capsys.readouterr().out
+    assert (tmp_path / "model.int8.onnx").read_bytes() == graph  # recomputed, not the tampered ranges
+    assert load_ranges(cache_file, stored["key"]).status == "hit"  # rewritten whole
+
+    cache_file.write_text(cache_file.read_text()[:100])  # truncated
+    assert build()["calibration"]["cache"].startswith("corrupted: JSONDecodeError")
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_int8_without_calibration_data_is_refused():
+    with pytest.raises(PipelineError, match="needs calibration data") as error:
+        Settings(model="digits", precision="int8").check()
+    assert "CALIB=" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("make_source", "preprocess", "message"),
+    [
+        (lambda d, s: d.mkdir() or d, PREPROCESS, "contains no .jpg/.jpeg/.png images"),
+        (lambda d, s: _broken_png(d), PREPROCESS, "cannot be read"),
+        (lambda d, s: _save(d / "x.npy", s.train_inputs[:64, :, :4]), PREPROCESS, r"has shape \[64, 1, 4, 8\]"),
+        (lambda d, s: _save(d / "x.npy", s.train_inputs[:64].astype(np.float64)), PREPROCESS, "is float64"),
+        (lambda d, s: _save(d / "x.npy", s.train_inputs[:64, 0]), PREPROCESS, r"has shape \[64, 8, 8\]"),
+        (lambda d, s: _save(d / "x.npy", s.train_inputs[: BATCH - 1]), PREPROCESS, "fewer than one batch of 32"),
+        (lambda d, s: _digit_pngs(s, d, 4), None, "declares no image preprocessing"),
+        (lambda d, s: _digit_pngs(s, d, 4), ImagePreprocess(), r"preprocess to \[3, 224, 224\]"),
+        (lambda d, s: _savez(d / "x.npz", {"a": s.train_inputs, "b": s.train_inputs}), PREPROCESS, "missing"),
+        (lambda d, s: d / "absent", PREPROCESS, "does not exist"),
+        (lambda d, s: _save(d / "x.npy", np.full((64, 1, 8, 8), np.nan, np.float32)), PREPROCESS, "NaN"),
+    ],
+    ids=[
+        "empty-folder",
+        "unreadable-image",
+        "wrong-shape",
+        "wrong-dtype",
+        "wrong-rank",
+        "fewer-than-a-batch",
+        "folder-without-preprocess",
+        "preprocess-not-matching-input",
+        "npz-missing-input",
+        "missing-path",
+        "nan",
+    ],
+)
+def test_bad_calibration_data_is_a_clear_error(fp32, split, tmp_path, make_source, preprocess, message):
+    source = make_source(tmp_path / "calib", split)
+    with pytest.raises(PipelineError, match=message) as error:
+        read_calibration_data(source, graph_inputs(fp32), preprocess, samples=SAMPLES, batch=BATCH)
+    assert error.value.fix
+
+
+def test_bad_calibration_folder_fails_the_command_and_leaves_no_int8_graph(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    argv = ["all", "--model", "digits", "--precision", "int8", "--calib", str(tmp_path / "empty")]
+    assert cli.main([*argv, "--out", str(tmp_path / "engines")]) == 2
+    err = capsys.readouterr().err
+    assert "error: calibration folder" in err and "contains no .jpg/.jpeg/.png images" in err and "fix:" in err
+    folder = tmp_path / "engines" / "digits-int8"
+    assert (folder / "model.onnx").is_file() and not (folder / "model.int8.onnx").exists()
+    assert not list(folder.glob(".*.tmp"))
+
+
+def _broken_png(folder: Path) -> Path:
+    folder.mkdir()
+    (folder / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
+    return folder
+
+
+def _save(path: Path, array: np.ndarray) -> Path:
+    path.parent.mkdir(exist_ok=True)
+    np.save(path, array)
+    return path
+
+
+def _savez(path: Path, arrays: dict[str, np.ndarray]) -> Path:
+    path.parent.mkdir(exist_ok=True)
+    np.savez(path, **arrays)
+    return path
+
+
+# --------------------------------------------------------------------------- the photographs
+
+
+def test_calibration_photographs_export_and_preprocess_for_resnet(tmp_path):
+    written = export_calibration_images(tmp_path)
+    assert len(written) == 4 * len(PHOTOS) == 40
+    image = load_image(written[0], ImagePreprocess())
+    assert image.shape == (3, 224, 224) and image.dtype == np.float32
+    assert -2.2 < image.min() < image.max() < 2.7  # ImageNet-normalised 0..255 pixels
