@@ -74,6 +74,12 @@ def measure_accuracy(settings: Settings, methods: list[str], eval_source: Path |
     from pipeline.stages import make_engine
 
     name = models.canonical_name(settings.model)
+    if name not in LABELLED_SETS and settings.calib is None:
+        raise PipelineError(
+            f"{name} has no labelled held-out set here, so accuracy needs calibration data to compare on",
+            "add CALIB=<folder of images or .npy/.npz> (e.g. `make calibration-images` then "
+            "CALIB=calibration/samples); models with a labelled set: " + ", ".join(LABELLED_SETS),
+        )
     # Only what decides the FP32 artifacts: calibration options must not invalidate their reuse.
     folder = make_engine(
         Settings(model=settings.model, precision="fp32", weights=settings.weights, out_root=settings.out_root)
@@ -124,12 +130,7 @@ def measure_accuracy(settings: Settings, methods: list[str], eval_source: Path |
 def _evaluation_set(settings: Settings, name: str, fp32: Path, preprocess, eval_source: Path | None) -> EvaluationSet:
     if name in LABELLED_SETS:
         return LABELLED_SETS[name](settings)
-    if settings.calib is None:
-        raise PipelineError(
-            f"{name} has no labelled held-out set here, so accuracy needs calibration data to compare on",
-            "add CALIB=<folder of images or .npy/.npz> (e.g. `make calibration-images` then "
-            "CALIB=calibration/samples); models with a labelled set: " + ", ".join(LABELLED_SETS),
-        )
+    assert settings.calib is not None  # measure_accuracy checked it before building anything
     source = eval_source or settings.calib
     data = read_calibration_data(
         source, graph_inputs(fp32), preprocess, samples=settings.calib_samples, batch=settings.calib_batch

@@ -1,0 +1,91 @@
+"""Accuracy of every precision, measured: the trained digits CNN on its labelled held-out split.
+
+Accuracy is a property of the graphs, so it is asserted: INT8 (best calibration method) within
+1.0 point of FP32's top-1, FP16 no more than 0.1 points below it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from calibration.int8 import CACHE_FOLDER
+from models.digits import load_split
+from pipeline import cli
+from pipeline.accuracy import measure_accuracy
+from pipeline.settings import Settings
+
+
+@pytest.fixture(scope="module")
+def digits_report(tmp_path_factory) -> tuple[Path, dict]:
+    folder = measure_accuracy(
+        Settings(model="digits", precision="fp32", out_root=tmp_path_factory.mktemp("engines")),
+        ["max", "percentile", "entropy"],
+    )
+    return folder, json.loads((folder / "accuracy.json").read_text())
+
+
+def test_digits_meets_the_accuracy_targets(digits_report):
+    _, report = digits_report
+    results = report["results"]
+    assert report["labelled"] and set(results) == {"fp32", "fp16", "int8-max", "int8-percentile", "int8-entropy"}
+    fp32 = results["fp32"]["top1"]
+    assert fp32 >= 97.0  # the trained model is worth measuring
+    assert fp32 - results["fp16"]["top1"] <= 0.1
+    best = report["best_int8"]
+    assert best["metric"] == "top1" and best["points_below_fp32"] <= 1.0
+    assert best["points_below_fp32"] == round(fp32 - results[best["graph"]]["top1"], 3)
+    for label, row in results.items():
+        assert row["cosine_mean"] > 0.99, label
+        assert row["top1_agreement"] >= 98.0, label
+    assert results["fp32"]["max_abs_diff"] == 0 and results["int8-max"]["max_abs_diff"] > 0
+
+
+def test_digits_report_files_and_graphs(digits_report):
+    folder, report = digits_report
+    for graph in report["graphs"].values():
+        assert (folder / graph).is_file()
+    assert report["calibration_data"].startswith("sklearn digits training split")
+    assert {c["method"] for c in report["calibration"].values()} == {"max", "percentile", "entropy"}
+    assert all(c["source"].startswith("callable") for c in report["calibration"].values())
+    markdown = (folder / "accuracy.md").read_text()
+    for label, row in report["results"].items():
+        assert f"| {label} | {row['top1']:.2f} |" in markdown
+    assert list((folder / CACHE_FOLDER).glob("*.json"))
+
+
+def test_held_out_split_is_fixed_and_disjoint_from_calibration():
+    first, second = load_split(), load_split()
+    np.testing.assert_array_equal(first.held_out_labels, second.held_out_labels)
+    assert len(first.held_out_labels) == 360 and len(first.train_labels) == 1437
+    train = {row.tobytes() for row in first.train_inputs}
+    assert sum(row.tobytes() in train for row in first.held_out_inputs) <= 2  # sklearn's digits has a few duplicates
+
+
+def test_unlabelled_model_is_compared_with_fp32_on_calib(tmp_path, capsys):
+    """A model with no labelled set: agreement and cosine vs FP32 on CALIB, through the command line."""
+    calib = tmp_path / "calib.npy"
+    np.save(calib, np.random.default_rng(0).standard_normal((48, 3, 16, 16), dtype=np.float32))
+    argv = ["accuracy", "--model", "tests.toy_models:tiny_cnn", "--calib", str(calib), "--methods", "max,percentile"]
+    assert cli.main([*argv, "--out", str(tmp_path / "engines")]) == 0
+    report = json.loads((tmp_path / "engines" / "toy_models-tiny_cnn-fp32" / "accuracy.json").read_text())
+    assert not report["labelled"] and set(report["results"]) == {"fp32", "fp16", "int8-max", "int8-percentile"}
+    assert all("top1" not in row for row in report["results"].values())
+    assert report["best_int8"]["metric"] == "top1_agreement"
+    assert "(the calibration data itself: no labelled set)" in report["evaluation"]
+    assert "top-1 agreement with FP32" in capsys.readouterr().out
+
+
+def test_unlabelled_model_without_calib_is_a_clear_error(tmp_path, capsys):
+    argv = ["accuracy", "--model", "tests.toy_models:tiny_cnn", "--out", str(tmp_path)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "has no labelled held-out set" in err and "CALIB=" in err
+
+
+def test_unknown_method_is_a_clear_error(capsys):
+    assert cli.main(["accuracy", "--methods", "max,kl"]) == 2
+    assert "unknown calibration method(s) ['kl']" in capsys.readouterr().err
