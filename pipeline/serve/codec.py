@@ -4,7 +4,7 @@ Three forms, picked by the request's Content-Type; the response comes back in th
 
 - application/json: {"inputs": {"<name>": {"dtype": "float32", "data": <nested lists, items on axis 0>}}}
   -> {"model_name": ..., "outputs": {"<name>": {"dtype": ..., "shape": [...], "data": <nested lists>}}}.
-  Non-finite outputs are written as the tokens NaN / Infinity / -Infinity (as Python's json does).
+  Non-finite outputs are written as the strings "NaN", "Infinity", "-Infinity" (JSON has no such numbers).
 - application/x-npy: one .npy array, for a model with a single input -> one .npy (single output) or a .npz.
 - application/x-npz: one array per input name (np.savez), how a multi-input model sends binary -> a .npz.
 
@@ -139,6 +139,8 @@ def _decode_json(body: bytes, model: ModelIO) -> dict[str, np.ndarray]:
     tensors = document.get("inputs") if isinstance(document, dict) else None
     if not isinstance(tensors, dict):
         raise ServeError(422, f'the JSON body has no "inputs" object; {_json_example(model)}')
+    if len(document) > 1:
+        raise ServeError(422, f"unknown fields {sorted(set(document) - {'inputs'})}; {_json_example(model)}")
     specs = {spec.name: spec for spec in model.inputs}
     unknown = sorted(set(tensors) - set(specs))
     if unknown:
@@ -155,7 +157,7 @@ def _json_example(model: ModelIO) -> str:
 
 
 def _array_from_json(spec: TensorSpec, tensor: Any) -> np.ndarray:
-    if not isinstance(tensor, dict) or "data" not in tensor or "dtype" not in tensor:
+    if not isinstance(tensor, dict) or set(tensor) != {"data", "dtype"}:
         raise ServeError(422, f'input {spec.name!r} must be an object {{"dtype": "{spec.dtype}", "data": [...]}}')
     if tensor["dtype"] != spec.dtype.name:
         raise ServeError(422, f"input {spec.name!r} is declared {tensor['dtype']!r}; the model takes {spec.dtype}")
@@ -247,7 +249,7 @@ def encode_response(outputs: dict[str, np.ndarray], kind: str, model: ModelIO) -
         document = {
             "model_name": model.name,
             "outputs": {
-                name: {"dtype": array.dtype.name, "shape": list(array.shape), "data": array.tolist()}
+                name: {"dtype": array.dtype.name, "shape": list(array.shape), "data": _json_values(array)}
                 for name, array in outputs.items()
             },
         }
@@ -258,3 +260,15 @@ def encode_response(outputs: dict[str, np.ndarray], kind: str, model: ModelIO) -
         return buffer.getvalue(), NPY
     np.savez(buffer, **outputs)  # type: ignore[arg-type]  # mypy matches **outputs against allow_pickle: bool too
     return buffer.getvalue(), NPZ
+
+
+def _json_values(array: np.ndarray) -> list:
+    """Nested lists; NaN and infinities become the strings "NaN", "Infinity", "-Infinity", as in protobuf's
+    JSON mapping, because JSON has no such numbers (np.array(data, dtype=np.float32) reads them back)."""
+    if array.dtype.kind != "f" or np.all(np.isfinite(array)):
+        return array.tolist()
+    values = array.astype(object)
+    values[np.isnan(array)] = "NaN"
+    values[np.isposinf(array)] = "Infinity"
+    values[np.isneginf(array)] = "-Infinity"
+    return values.tolist()

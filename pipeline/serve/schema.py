@@ -73,8 +73,7 @@ def _output_schema(spec: TensorSpec, max_items: int) -> dict:
         {
             "dtype": {"type": "string", "enum": [spec.dtype.name]},
             "shape": shape,
-            # No bounds on output numbers: a model can overflow to inf (written as the token Infinity).
-            "data": _nested(spec, max_items, {"type": "boolean" if spec.dtype.kind == "b" else "number"}),
+            "data": _nested(spec, max_items, _output_element(spec.dtype)),
         }
     )
 
@@ -102,3 +101,12 @@ def _input_element(dtype: np.dtype) -> dict:
         return {"type": "integer", "minimum": int(limits.min), "maximum": int(limits.max)}
     largest = float(np.finfo(dtype).max)
     return {"type": "number", "minimum": -largest, "maximum": largest}
+
+
+def _output_element(dtype: np.dtype) -> dict:
+    if dtype.kind == "b":
+        return {"type": "boolean"}
+    if dtype.kind in "iu":
+        return {"type": "integer"}
+    # A model can overflow to inf or give NaN; JSON has no such numbers, so they come as strings.
+    return {"anyOf": [{"type": "number"}, {"type": "string", "enum": ["NaN", "Infinity", "-Infinity"]}]}
