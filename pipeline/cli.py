@@ -16,7 +16,7 @@ from pipeline.errors import PipelineError
 from pipeline.settings import BUILDERS, CALIB_METHODS, PRECISIONS, BatchProfile, Settings
 
 # Commands beyond the build stages; each module has COMMAND, HELP, add_arguments(parser), main(args) -> int.
-EXTRA_COMMANDS: tuple[str, ...] = ("pipeline.bench", "pipeline.serve.cli", "pipeline.accuracy")
+EXTRA_COMMANDS: tuple[str, ...] = ("pipeline.bench", "pipeline.serve.cli", "pipeline.accuracy", "pipeline.triton")
 
 STAGE_HELP = {
     "all": "every stage in order; reuses a finished folder whose inputs and settings are unchanged",

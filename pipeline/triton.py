@@ -1,0 +1,219 @@
+"""`python -m pipeline triton engines/<model>-<precision> --repo <dir>`: a Triton Inference Server model repository.
+
+Writes <repo>/<name>/config.pbtxt and <repo>/<name>/1/model.plan (Triton's `tensorrt_plan` platform) or
+<repo>/<name>/1/model.onnx (the `onnxruntime` backend).  The config is built as Triton's own ModelConfig
+protobuf message (tritonclient's model_config_pb2) and written with protobuf's text format, so every field
+name, enum and type is checked by the schema Triton itself parses it with.
+
+An engine built by TensorRT-RTX is not loadable by Triton's TensorRT backend (which links the full TensorRT,
+and a plan only loads in the TensorRT that built it), so `auto` serves such folders through the ONNX graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from pipeline.artifacts import write_bytes
+from pipeline.errors import PipelineError
+from pipeline.manifest import require_manifest
+from pipeline.precision import GRAPH_NAMES
+
+COMMAND = "triton"
+HELP = "write a Triton Inference Server model repository (config.pbtxt + engine or ONNX graph) for an artifact folder"
+
+BACKENDS = ("auto", "tensorrt_plan", "onnxruntime")
+PLATFORMS = {
+    "tensorrt_plan": ("tensorrt_plan", "tensorrt", "model.plan"),
+    "onnxruntime": ("onnxruntime_onnx", "onnxruntime", "model.onnx"),
+}
+INSTANCE_KINDS = {"gpu": "KIND_GPU", "cpu": "KIND_CPU"}
+# numpy dtype names -> Triton DataType names (model_config.proto).
+TRITON_DTYPES = {
+    "bool": "TYPE_BOOL",
+    "uint8": "TYPE_UINT8",
+    "uint16": "TYPE_UINT16",
+    "uint32": "TYPE_UINT32",
+    "uint64": "TYPE_UINT64",
+    "int8": "TYPE_INT8",
+    "int16": "TYPE_INT16",
+    "int32": "TYPE_INT32",
+    "int64": "TYPE_INT64",
+    "float16": "TYPE_FP16",
+    "float32": "TYPE_FP32",
+    "float64": "TYPE_FP64",
+    "bfloat16": "TYPE_BF16",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("folder", type=Path, help="artifact folder, e.g. engines/resnet50-fp16")
+    parser.add_argument("--repo", type=Path, required=True, help="model repository to write into (created if needed)")
+    parser.add_argument(
+        "--backend",
+        default="auto",
+        choices=BACKENDS,
+        help="auto: the engine (tensorrt_plan) unless TensorRT-RTX built it or there is none, then the ONNX graph",
+    )
+    parser.add_argument("--name", help="model name in the repository (default: the folder's name)")
+    parser.add_argument("--instances", type=int, default=1, help="model instances (instance_group count)")
+    parser.add_argument("--instance-kind", default="gpu", choices=tuple(INSTANCE_KINDS), help="cpu: onnxruntime only")
+    parser.add_argument(
+        "--max-queue-delay-us", type=int, default=2000, help="dynamic batching: longest wait for a fuller batch"
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    model_dir, why = write_repository(
+        args.folder,
+        args.repo,
+        backend=args.backend,
+        name=args.name,
+        instances=args.instances,
+        instance_kind=args.instance_kind,
+        max_queue_delay_us=args.max_queue_delay_us,
+    )
+    print(f"triton       {model_dir} ({why})")
+    print(f"             launch: tritonserver --model-repository={Path(args.repo).resolve()} (see docs/triton.md)")
+    return 0
+
+
+def write_repository(
+    folder: Path,
+    repo: Path,
+    *,
+    backend: str = "auto",
+    name: str | None = None,
+    instances: int = 1,
+    instance_kind: str = "gpu",
+    max_queue_delay_us: int = 2000,
+) -> tuple[Path, str]:
+    """Write the model into `repo`; returns (the model's folder, why this backend)."""
+    folder = Path(folder)
+    manifest = require_manifest(folder)
+    chosen, why = choose_backend(manifest, folder, backend)
+    if instances < 1 or max_queue_delay_us < 0:
+        raise PipelineError(
+            "instances must be 1 or more and the queue delay 0 or more", "fix --instances / --max-queue-delay-us"
+        )
+    if chosen == "tensorrt_plan" and instance_kind != "gpu":
+        raise PipelineError(
+            "a TensorRT plan runs only on a GPU instance", "use --instance-kind gpu, or --backend onnxruntime"
+        )
+    model_file = folder / (
+        manifest.get("engine", "engine.plan")
+        if chosen == "tensorrt_plan"
+        else manifest.get("graph", GRAPH_NAMES["fp32"])
+    )
+    io = engine_io(manifest) if chosen == "tensorrt_plan" else graph_io(model_file)
+    model_name = name or folder.name
+    config = model_config(
+        model_name,
+        chosen,
+        io,
+        max_batch=int(manifest["batch_profile"]["max"]),
+        instances=instances,
+        instance_kind=instance_kind,
+        max_queue_delay_us=max_queue_delay_us,
+    )
+    from google.protobuf import text_format
+
+    model_dir = Path(repo) / model_name
+    write_bytes(model_dir / "1" / PLATFORMS[chosen][2], model_file.read_bytes())
+    write_bytes(model_dir / "config.pbtxt", text_format.MessageToString(config).encode())
+    return model_dir, why
+
+
+def choose_backend(manifest: dict, folder: Path, backend: str) -> tuple[str, str]:
+    """(tensorrt_plan | onnxruntime, why)."""
+    if backend not in BACKENDS:
+        raise PipelineError(f"unknown Triton backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
+    builder = manifest.get("build", {}).get("builder", {}).get("module")
+    engine = folder / manifest.get("engine", "engine.plan")
+    if backend == "onnxruntime":
+        return backend, "asked for the ONNX graph"
+    if builder == "tensorrt_rtx":
+        if backend == "tensorrt_plan":
+            raise PipelineError(
+                "this engine was built by TensorRT-RTX, which Triton's TensorRT backend cannot load",
+                "use --backend onnxruntime (the default for such folders), or rebuild with the full TensorRT on a "
+                "GPU machine (make engine ... with --builder tensorrt) matching the TensorRT in your Triton image",
+            )
+        return "onnxruntime", "auto: the engine was built by TensorRT-RTX, which Triton's TensorRT backend cannot load"
+    if not engine.is_file() or builder is None:
+        if backend == "tensorrt_plan":
+            raise PipelineError(
+                f"{folder} has no engine to serve", "build one (make engine ...) or use --backend onnxruntime"
+            )
+        return "onnxruntime", f"auto: {folder} has no engine"
+    return "tensorrt_plan", f"{'auto: ' if backend == 'auto' else ''}the engine was built by {builder}"
+
+
+def engine_io(manifest: dict) -> list[dict]:
+    """The engine's I/O as the build stage recorded it: [{name, mode, dtype, shape}] (-1 for dynamic dims)."""
+    records = manifest.get("build", {}).get("io")
+    if not records:
+        raise PipelineError("the manifest records no engine I/O (the build did not finish)", "rebuild: make engine ...")
+    return [{"name": r["name"], "mode": r["mode"], "dtype": r["dtype"], "shape": list(r["shape"])} for r in records]
+
+
+def graph_io(graph: Path) -> list[dict]:
+    """The ONNX graph's I/O in the same form as engine_io (symbolic or unknown dims as -1)."""
+    import onnx
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    model = onnx.load(str(graph), load_external_data=False)
+    initializers = {tensor.name for tensor in model.graph.initializer}
+
+    def record(value: Any, mode: str) -> dict:
+        tensor = value.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim]
+        return {
+            "name": value.name,
+            "mode": mode,
+            "dtype": tensor_dtype_to_np_dtype(tensor.elem_type).name,
+            "shape": shape,
+        }
+
+    inputs = [record(v, "input") for v in model.graph.input if v.name not in initializers]
+    return inputs + [record(v, "output") for v in model.graph.output]
+
+
+def model_config(
+    name: str,
+    backend: str,
+    io: list[dict],
+    *,
+    max_batch: int,
+    instances: int = 1,
+    instance_kind: str = "gpu",
+    max_queue_delay_us: int = 2000,
+) -> Any:
+    """Triton's ModelConfig message: dims without the batch dim (Triton adds it back up to max_batch_size)."""
+    from tritonclient.grpc import model_config_pb2 as pb
+
+    platform, backend_name, filename = PLATFORMS[backend]
+    config = pb.ModelConfig(
+        name=name, platform=platform, backend=backend_name, max_batch_size=max_batch, default_model_filename=filename
+    )
+    for record in io:
+        if not record["shape"] or record["shape"][0] != -1:
+            raise PipelineError(
+                f"{record['mode']} {record['name']!r} has shape {record['shape']}: no dynamic batch dim first",
+                "rebuild with a dynamic batch axis (the export stage makes dim 0 dynamic)",
+            )
+        if record["dtype"] not in TRITON_DTYPES:
+            raise PipelineError(
+                f"{record['name']!r} has dtype {record['dtype']}, which Triton has no type for",
+                "cast it in the model to a numeric type Triton supports",
+            )
+        entry = config.input.add() if record["mode"] == "input" else config.output.add()
+        entry.name = record["name"]
+        entry.data_type = pb.DataType.Value(TRITON_DTYPES[record["dtype"]])
+        entry.dims.extend(record["shape"][1:])
+    config.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_us
+    group = config.instance_group.add()
+    group.count = instances
+    group.kind = pb.ModelInstanceGroup.Kind.Value(INSTANCE_KINDS[instance_kind])
+    return config

@@ -1,0 +1,90 @@
+"""The Triton model repository, checked by parsing config.pbtxt with Triton's own ModelConfig protobuf."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as pb
+
+from pipeline.artifacts import sha256_file
+from pipeline.cli import main
+from pipeline.errors import PipelineError
+from pipeline.manifest import read_manifest
+from pipeline.settings import BatchProfile, Settings
+from pipeline.stages import make_engine
+from pipeline.triton import engine_io, model_config, write_repository
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("engines")
+
+
+@pytest.fixture(scope="module")
+def tiny(engines: Path) -> Path:
+    return make_engine(Settings(model="tests.toy_models:tiny_cnn", precision="fp32", out_root=engines))
+
+
+@pytest.fixture(scope="module")
+def text(engines: Path) -> Path:
+    batch = BatchProfile(1, 4, 16)
+    return make_engine(
+        Settings(model="tests.toy_models:text_classifier", precision="fp16", batch=batch, out_root=engines)
+    )
+
+
+def parse(text: str) -> pb.ModelConfig:
+    """Triton's own parse of a config.pbtxt: unknown fields, bad enums or types raise ParseError."""
+    return text_format.Parse(text, pb.ModelConfig())
+
+
+def test_rtx_engine_is_served_through_the_onnx_backend_by_default(tiny: Path, tmp_path: Path) -> None:
+    assert read_manifest(tiny)["build"]["builder"]["module"] == "tensorrt_rtx"
+    model_dir, why = write_repository(tiny, tmp_path)
+    assert "TensorRT-RTX" in why
+    config = parse((model_dir / "config.pbtxt").read_text())
+    assert (config.name, config.platform, config.backend) == (tiny.name, "onnxruntime_onnx", "onnxruntime")
+    assert config.max_batch_size == 32  # the profile's max (1:8:32)
+    [given] = config.input
+    assert (given.name, pb.DataType.Name(given.data_type), list(given.dims)) == ("input", "TYPE_FP32", [3, 16, 16])
+    [logits] = config.output
+    assert (logits.name, pb.DataType.Name(logits.data_type), list(logits.dims)) == ("logits", "TYPE_FP32", [10])
+    assert config.dynamic_batching.max_queue_delay_microseconds == 2000
+    [group] = config.instance_group
+    assert (group.count, pb.ModelInstanceGroup.Kind.Name(group.kind)) == (1, "KIND_GPU")
+    assert sha256_file(model_dir / "1" / "model.onnx") == sha256_file(tiny / "model.onnx")
+
+
+def test_asking_for_the_plan_of_an_rtx_engine_is_refused(tiny: Path, tmp_path: Path) -> None:
+    with pytest.raises(PipelineError, match="built by TensorRT-RTX, which Triton's TensorRT backend cannot load"):
+        write_repository(tiny, tmp_path, backend="tensorrt_plan")
+    assert not list(tmp_path.iterdir())
+
+
+def test_plan_config_from_the_engines_recorded_io(tiny: Path) -> None:
+    """The tensorrt_plan config built from the real engine's I/O (as the build stage recorded it)."""
+    io = engine_io(read_manifest(tiny))
+    text = text_format.MessageToString(model_config("tiny", "tensorrt_plan", io, max_batch=32, instances=2))
+    config = parse(text)
+    assert (config.platform, config.backend, config.default_model_filename) == (
+        "tensorrt_plan",
+        "tensorrt",
+        "model.plan",
+    )
+    assert [list(t.dims) for t in config.input] == [[3, 16, 16]] and config.instance_group[0].count == 2
+
+
+def test_two_inputs_dynamic_dims_and_the_command_line(text: Path, tmp_path: Path, capsys) -> None:
+    assert main(["triton", str(text), "--repo", str(tmp_path), "--name", "text", "--instance-kind", "cpu"]) == 0
+    assert "tritonserver --model-repository=" in capsys.readouterr().out
+    config = parse((tmp_path / "text" / "config.pbtxt").read_text())
+    assert config.max_batch_size == 16
+    inputs = {t.name: (pb.DataType.Name(t.data_type), list(t.dims)) for t in config.input}
+    # The fp16 graph keeps float32 inputs and outputs; "seq" is dynamic (-1).
+    assert inputs == {"input_ids": ("TYPE_INT64", [-1]), "attention_mask": ("TYPE_FP32", [-1])}
+    outputs = {t.name: (pb.DataType.Name(t.data_type), list(t.dims)) for t in config.output}
+    assert outputs == {"logits": ("TYPE_FP32", [4]), "tokens": ("TYPE_FP32", [-1, 8])}
+    assert pb.ModelInstanceGroup.Kind.Name(config.instance_group[0].kind) == "KIND_CPU"
+    assert sha256_file(tmp_path / "text" / "1" / "model.onnx") == sha256_file(text / "model.fp16.onnx")
