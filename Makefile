@@ -23,7 +23,7 @@ PIPELINE_ARGS = --model '$(MODEL)' --precision $(PRECISION) --batch $(BATCH) --o
 	$(if $(DYNAMIC),--dynamic '$(DYNAMIC)') $(if $(CALIB),--calib '$(CALIB)' --calib-method $(CALIB_METHOD)) \
 	$(if $(FORCE),--force) $(if $(RECALIBRATE),--recalibrate)
 
-.PHONY: venv engine bench calibration-images accuracy test lint typecheck clean
+.PHONY: venv engine bench serve calibration-images accuracy test lint typecheck clean
 
 # torch==2.13.0 first: on these machines that is the CPU build on disk; a bare `torch`
 # requirement would pull the newest CUDA build (several GB).  tensorrt-stubs goes in with
@@ -47,6 +47,12 @@ engine: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pipeline bench --model '$(MODEL)' --precision $(PRECISION) --out '$(OUT)' \
 		$(if $(BACKENDS),--backends $(BACKENDS)) $(if $(BATCHES),--batches $(BATCHES))
+
+# HTTP inference on engines/<MODEL>-<PRECISION> (loopback unless HOST is set): make serve MODEL=resnet PORT=8000
+HOST ?= 127.0.0.1
+PORT ?= 8000
+serve: $(STAMP)
+	$(PY) -m pipeline serve --model '$(MODEL)' --precision $(PRECISION) --out '$(OUT)' --host $(HOST) --port $(PORT)
 
 # Real photographs shipped inside scikit-image / scikit-learn, as a calibration folder for image models
 # (git-ignored): make engine MODEL=resnet PRECISION=int8 CALIB=calibration/samples

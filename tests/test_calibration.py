@@ -311,3 +311,20 @@ def test_calibration_photographs_export_and_preprocess_for_resnet(tmp_path):
     image = load_image(written[0], ImagePreprocess())
     assert image.shape == (3, 224, 224) and image.dtype == np.float32
     assert -2.2 < image.min() < image.max() < 2.7  # ImageNet-normalised 0..255 pixels
+
+
+# --------------------------------------------------------------------------- on a GPU
+
+
+@pytest.mark.gpu
+def test_int8_engine_on_the_gpu_agrees_with_onnxruntime(split, train_npy, tmp_path):
+    from pipeline.runners import load_runner
+
+    settings = Settings(model="digits", precision="int8", calib=train_npy, out_root=tmp_path)
+    folder = make_engine(settings)
+    feed = {"input": split.held_out_inputs[:32]}  # the profile's max batch
+    with load_runner(folder, backend="tensorrt") as runner:
+        engine = runner.infer(feed)["logits"]
+    reference = onnxruntime_session(folder / "model.int8.onnx").run(None, feed)[0]
+    assert np.mean(engine.argmax(1) == reference.argmax(1)) >= 0.97
+    assert np.mean(engine.argmax(1) == split.held_out_labels[:32]) >= 0.9
