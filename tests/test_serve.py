@@ -376,7 +376,7 @@ def test_fuzzing_from_the_openapi_schema_finds_no_5xx(folder: Path, tmp_path: Pa
         command = [sys.executable, "-m", "schemathesis.cli", "run", f"{url}/openapi.json", "--checks", "all"]
         options = ["--max-examples", str(FUZZ_EXAMPLES), "--seed", "1", "--generation-database", "none", "-w", "1"]
         reports = ["--request-timeout", "30", "--report", "json,ndjson", "--report-dir", str(tmp_path), "--no-color"]
-        run = subprocess.run([*command, *options, *reports], capture_output=True, text=True, timeout=240)
+        run = subprocess.run([*command, *options, *reports], cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stdout[-4000:]
     report = json.loads(next(tmp_path.glob("json-*.json")).read_text())
     assert report["failures"] == [] and report["errors"] == []
