@@ -248,7 +248,7 @@ def test_int8_without_calibration_data_is_refused():
         (lambda d, s: _save(d / "x.npy", s.train_inputs[: BATCH - 1]), PREPROCESS, "fewer than one batch of 32"),
         (lambda d, s: _digit_pngs(s, d, 4), None, "declares no image preprocessing"),
         (lambda d, s: _digit_pngs(s, d, 4), ImagePreprocess(), r"preprocess to \[3, 224, 224\]"),
-        (lambda d, s: _savez(d / "x.npz", {"a": s.train_inputs, "b": s.train_inputs}), PREPROCESS, "missing"),
+        (lambda d, s: _savez_unnamed_pair(d / "x.npz", s.train_inputs), PREPROCESS, "missing"),
         (lambda d, s: d / "absent", PREPROCESS, "does not exist"),
         (lambda d, s: _save(d / "x.npy", np.full((64, 1, 8, 8), np.nan, np.float32)), PREPROCESS, "NaN"),
     ],
@@ -296,9 +296,10 @@ def _save(path: Path, array: np.ndarray) -> Path:
     return path
 
 
-def _savez(path: Path, arrays: dict[str, np.ndarray]) -> Path:
+def _savez_unnamed_pair(path: Path, array: np.ndarray) -> Path:
+    """A .npz of two arrays named "a" and "b": neither is the model's input name."""
     path.parent.mkdir(exist_ok=True)
-    np.savez(path, **arrays)
+    np.savez(path, a=array, b=array)
     return path
 
 
