@@ -135,6 +135,9 @@ def test_int8_graph_is_benchmarked_and_a_broken_backend_does_not_stop_the_others
     assert rows["onnxruntime-int8"]["status"] == "ok"
     assert rows["onnxruntime-int8"]["agreement"]["rtol"] == RTOL["int8"]  # judged with the INT8 parity tolerance
     assert rows["onnxruntime-int8"]["agreement"]["status"] == "ok"
+    int8_record = next(b for b in result["backends"] if b["name"] == "onnxruntime-int8")
+    # quantize_dynamic makes the Conv a ConvInteger and the Linear a DynamicQuantizeMatMul: both int8 kernels.
+    assert "2 of 2 Conv/MatMul/Gemm run as int8 kernels" in int8_record["description"]
 
     broken = shutil.copytree(folder, tmp_path / "broken")
     (broken / "model.int8.onnx").write_bytes(b"not an onnx graph")

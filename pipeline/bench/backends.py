@@ -221,7 +221,50 @@ def open_onnxruntime_int8(context: Context) -> Backend:
     graph = find_int8_graph(context.folder, context.manifest)
     runner = _onnxruntime_runner(graph.parent, _manifest_for(graph.parent, context), graph.name)
     threads = "ORT default: one intra-op thread per physical core"
-    return RunnerBackend("onnxruntime-int8", "ONNX Runtime INT8 (runner)", "int8", runner, threads)
+    backend = RunnerBackend("onnxruntime-int8", "ONNX Runtime INT8 (runner)", "int8", runner, threads)
+    if "CPUExecutionProvider" in runner.description and "CUDAExecutionProvider" not in runner.description:
+        backend.description += f"; {int8_execution_note(graph)}"
+    return backend
+
+
+INT8_KERNELS = (
+    "QLinearConv",
+    "ConvInteger",
+    "QLinearMatMul",
+    "MatMulInteger",
+    "MatMulIntegerToFloat",
+    "DynamicQuantizeMatMul",
+)
+FLOAT_KERNELS = ("Conv", "FusedConv", "MatMul", "FusedMatMul", "Gemm", "FusedGemm")
+
+
+def int8_execution_note(graph: Path) -> str:
+    """How many Conv/MatMul ONNX Runtime's CPU provider really runs in int8 after its graph optimizations.
+
+    ORT fuses DequantizeLinear -> Conv -> QuantizeLinear into QLinearConv only when every Conv input
+    (bias included, as int32) comes from a DequantizeLinear and the output goes straight into a
+    QuantizeLinear.  A graph with Q/DQ on the inputs only (TensorRT's placement: Conv -> Relu -> Q,
+    float bias) keeps every Conv in FP32 between Q/DQ nodes, and then runs slower than the FP32 graph.
+    """
+    import tempfile
+
+    import onnx
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory() as folder:
+        optimized = Path(folder) / "optimized.onnx"
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.optimized_model_filepath = str(optimized)
+        ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+        ops = [node.op_type for node in onnx.load(str(optimized), load_external_data=False).graph.node]
+    in_int8 = sum(op in INT8_KERNELS for op in ops)
+    in_float = sum(op in FLOAT_KERNELS for op in ops)
+    return (
+        f"after ORT's graph optimizations {in_int8} of {in_int8 + in_float} Conv/MatMul/Gemm run as int8 kernels, "
+        f"{in_float} in FP32 between Q/DQ nodes"
+    )
 
 
 def open_tensorrt(context: Context) -> Backend:
