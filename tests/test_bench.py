@@ -150,6 +150,18 @@ def test_int8_graph_is_benchmarked_and_a_broken_backend_does_not_stop_the_others
     assert {r["backend"] for r in ok_rows(result)} == {"torch", "onnxruntime"}
 
 
+def test_the_callers_torch_settings_come_back(folder: Path) -> None:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = run_benchmark(folder, backends=[], batches=[1], policy=QUICK, threads=2, progress=lambda _: None)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert result["environment"]["threads"] == 2
+    assert [r["backend"] for r in result["results"]] == ["torch"]  # the reference runs even when not asked for
+
+
 def test_command_line_prints_the_table_and_writes_the_files(folder: Path, tmp_path: Path, capsys) -> None:
     argv = ["bench", "--folder", str(folder), "--backends", "onnxruntime", "--batches", "2", "--warmup", "1"]
     argv += ["--iterations", "5", "--rounds", "1", "--report-dir", str(tmp_path)]

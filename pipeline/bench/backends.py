@@ -198,7 +198,7 @@ def open_torch_compile(context: Context) -> Backend:
     _require_cuda(context)
     runner: Any = load_runner(context.folder, backend="torch", device="cuda", amp=True)
     # The runner calls `self.module`; compiling it in place keeps the runner's own host-copy path,
-    # so this row differs from torch-amp by the compiler alone.  Compilation happens in the warm-up.
+    # so this row differs from torch-amp by the compiler alone.  (Re)compilation happens in untimed calls.
     runner.module = torch.compile(runner.module)
     runner.description += "; module wrapped in torch.compile (default mode)"
     return TorchBackend("torch-compile", "PyTorch torch.compile AMP FP16", "fp16", runner, _torch_threads(context))

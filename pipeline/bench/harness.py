@@ -10,7 +10,8 @@ recorded as failed with its error, and the others go on.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -272,6 +273,28 @@ def add_speedups(results: list[dict]) -> None:
         r["speedup_vs_torch"] = base / r["latency"]["p50_ms"] if ok else None
 
 
+@contextlib.contextmanager
+def torch_settings(threads: int) -> Iterator[None]:
+    """torch as the benchmark needs it; the caller's settings come back afterwards.
+
+    Intra-op threads: the same count as ONNX Runtime's intra-op pool (see backends), so neither side
+    wins by using more cores.  TF32 off: cuDNN convolutions default to TF32 (10-bit mantissa) on
+    Ampere and later, so "PyTorch FP32" would not be FP32 and the agreement reference would carry
+    errors of about 1e-3 of its own.
+    """
+    import torch
+
+    saved = (torch.get_num_threads(), torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    torch.set_num_threads(threads)
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved[0])
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved[1], saved[2]
+
+
 def run_benchmark(
     folder: Path,
     *,
@@ -298,20 +321,16 @@ def run_benchmark(
     ranges = integer_ranges(manifest, folder / "reference.npz")
     inputs = {b: make_inputs(manifest, ranges, b, SEED) for b in sizes}
     context = Context(folder=folder, manifest=manifest, threads=threads, cuda=torch.cuda.is_available())
-    # Same thread count on both sides: torch's intra-op pool and ORT's intra-op pool (see backends);
-    # the caller's setting comes back afterwards.
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(threads)
     opened: list[Backend] = []
-    try:
-        opened, records = open_backends(chosen, context, progress)
-        reference_check = check_reference_model(opened, folder / "reference.npz")
-        progress(f"reference check: {reference_check.get('summary', reference_check.get('reason'))}")
-        results = run_sweep(opened, inputs, policy, progress)
-    finally:
-        for backend in opened:
-            backend.close()
-        torch.set_num_threads(previous_threads)
+    with torch_settings(threads):
+        try:
+            opened, records = open_backends(chosen, context, progress)
+            reference_check = check_reference_model(opened, folder / "reference.npz")
+            progress(f"reference check: {reference_check.get('summary', reference_check.get('reason'))}")
+            results = run_sweep(opened, inputs, policy, progress)
+        finally:
+            for backend in opened:
+                backend.close()
     environment = describe_environment(threads)
     environment["load_average"] = {"before": load_before, "after": load_average()}
     return {

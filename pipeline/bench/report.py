@@ -178,7 +178,8 @@ def _environment_lines(env: dict) -> list[str]:
         f"driver {gpu['driver'] or 'unknown'}, CUDA {gpu['cuda_torch']} (torch's build)"
         if gpu["present"]
         else f"- GPU: none ({gpu['reason']})",
-        f"- Threads: {env['threads']} for torch (torch.set_num_threads) and ONNX Runtime (intra-op) alike",
+        f"- Threads: {env['threads']} for torch (torch.set_num_threads) and ONNX Runtime (intra-op) alike; "
+        "TF32 off for torch on a GPU, so FP32 rows are FP32",
         f"- Platform: {env['platform']}",
         "- Versions: " + ", ".join(f"{name} {version}" for name, version in env["versions"].items()),
         f"- Working directory: {env['cwd']}",
