@@ -71,7 +71,7 @@ lint: $(STAMP)
 
 # The code that only runs with the full tensorrt is checked against tensorrt-stubs.
 typecheck: $(STAMP)
-	$(PY) -m mypy pipeline
+	$(PY) -m mypy pipeline models calibration
 
 test: lint typecheck
 	$(PY) -m pytest -q

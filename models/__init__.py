@@ -71,7 +71,7 @@ def load_model(
         spec.example_inputs = user.example_inputs_from_shapes(shapes)
     elif not spec.example_inputs:
         raise PipelineError(f"MODEL={model!r} is {form}, which does not say what its inputs are", user.INPUT_SHAPE_HELP)
-    if requests is not None:
+    if requests is not None and dynamic is not None:
         spec.dynamic_axes = user.dynamic_axes_from_requests(requests, spec.example_inputs, dynamic)
     user.check_dynamic_axes(spec)
 
@@ -127,7 +127,7 @@ def _load_by_kind(kind: str, target: str | Path, weights: Path | None) -> tuple[
         builder = REGISTRY[str(target)]
         with user.seeded():  # random init must repeat: the runner reloads the model the engine was built from
             spec = builder(weights)
-        return spec, [Path(inspect.getsourcefile(builder))], _FORMS[kind]
+        return spec, [Path(inspect.getsourcefile(builder) or str(target))], _FORMS[kind]
     if kind == "factory":
         factory, module_file = user.import_factory(str(target))
         with user.seeded():

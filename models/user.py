@@ -539,7 +539,7 @@ def example_inputs_from_program(program: Any, path: Path) -> tuple[dict[str, tor
                     f"{path.name} was exported with a static batch of {fake.shape[0]} on {name}: "
                     "only that batch size will run"
                 )
-            examples[name] = example_tensor(tuple(sizes), fake.dtype)
+            examples[name] = example_tensor(tuple(int(size) for size in sizes if size is not None), fake.dtype)
     return examples, notes
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import models
 from calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph
 from models.spec import ModelSpec
+from pipeline.artifacts import sha256_file
 from pipeline.check import check_onnx
 from pipeline.errors import PipelineError
 from pipeline.export import export_onnx, parity_batches, write_reference
@@ -206,7 +207,8 @@ def make_engine(settings: Settings) -> Path:
     """Every stage in order; a finished folder with the same inputs and settings is reused."""
     run = Run.start(settings)
     key = reuse_key(settings, run.loaded.fingerprint)
-    if not settings.force and _up_to_date(run.folder, key):
+    # RECALIBRATE=1 means fresh ranges, so it never reuses a finished folder.
+    if not (settings.force or settings.recalibrate) and _up_to_date(run.folder, key):
         print(f"up to date   {run.folder} (same model, weights, settings and versions; FORCE=1 rebuilds)")
         return run.folder
     update_manifest(run.folder, complete=False, reuse_key=key)
@@ -228,10 +230,27 @@ def make_engine(settings: Settings) -> Path:
 
 
 def reuse_key(settings: Settings, fingerprint: str) -> str:
-    """Everything that decides the artifacts: settings, model code and weights, library versions."""
+    """Everything that decides the artifacts: settings, model code and weights, calibration data, versions."""
     record = {k: v for k, v in settings.as_record().items() if k not in ("force", "recalibrate")}
-    payload = json.dumps({"settings": record, "model": fingerprint, "versions": _versions()}, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()
+    payload = {
+        "settings": record,
+        "model": fingerprint,
+        "calibration": _calibration_fingerprint(settings) if settings.precision == "int8" else None,
+        "versions": _versions(),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _calibration_fingerprint(settings: Settings) -> str:
+    """sha256 over the calibration files' names and bytes: new or changed images invalidate the INT8 graph."""
+    source = Path(settings.calib) if settings.calib else None
+    if source is None or not source.exists():
+        return "absent"  # the int8 stage itself reports the missing data
+    files = sorted(p for p in source.rglob("*") if p.is_file()) if source.is_dir() else [source]
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(f"{path.relative_to(source) if source.is_dir() else path.name}\0{sha256_file(path)}\n".encode())
+    return digest.hexdigest()
 
 
 def _input_axis_ranges(spec: ModelSpec) -> dict[str, list[int]]:

@@ -195,3 +195,18 @@ def test_torchscript_and_exported_program_files_build(tmp_path, write, file_name
     )
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["complete"] is True and manifest["parity_fp16"]["max_rel"] < 1e-2
+
+
+def test_int8_rerun_notices_changed_calibration_data(tmp_path, capsys):
+    import numpy as np
+
+    data = tmp_path / "calibration.npy"
+    np.save(data, np.random.default_rng(0).standard_normal((16, 3, 16, 16)).astype(np.float32))
+    int8 = settings(tmp_path, precision="int8", calib=data, calib_samples=16, calib_batch=8)
+    make_engine(int8)
+    capsys.readouterr()
+    make_engine(int8)
+    assert "up to date" in capsys.readouterr().out
+    np.save(data, np.random.default_rng(1).standard_normal((16, 3, 16, 16)).astype(np.float32))
+    make_engine(int8)
+    assert "up to date" not in capsys.readouterr().out
