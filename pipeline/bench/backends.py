@@ -221,7 +221,7 @@ def open_onnxruntime_int8(context: Context) -> Backend:
     graph = find_int8_graph(context.folder, context.manifest)
     runner = _onnxruntime_runner(graph.parent, _manifest_for(graph.parent, context), graph.name)
     threads = "ORT default: one intra-op thread per physical core"
-    backend = RunnerBackend("onnxruntime-int8", "ONNX Runtime INT8 (runner)", "int8", runner, threads)
+    backend = RunnerBackend("onnxruntime-int8", f"ONNX Runtime INT8 (runner) on {graph}", "int8", runner, threads)
     if "CPUExecutionProvider" in runner.description and "CUDAExecutionProvider" not in runner.description:
         backend.description += f"; {int8_execution_note(graph)}"
     return backend

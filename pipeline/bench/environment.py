@@ -58,7 +58,7 @@ def gpu_record() -> dict:
     import torch
 
     if not torch.cuda.is_available():
-        return {"present": False, "reason": "torch.cuda.is_available() is False (no NVIDIA GPU or driver usable)"}
+        return {"present": False, "reason": "torch.cuda.is_available() is False: no NVIDIA GPU or driver usable"}
     properties = torch.cuda.get_device_properties(0)
     return {
         "present": True,

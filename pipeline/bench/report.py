@@ -73,7 +73,7 @@ def render_markdown(report: dict) -> str:
         f"Command: `{report['command']}`  ",
         f"Measured {report['created']} on {_machine_line(env)}.  ",
         f"Load average (1/5/15 min) before {env['load_average']['before']}, after {env['load_average']['after']}"
-        " (other jobs on the machine show up here and in p99).",
+        f" (the benchmark itself keeps about {env['threads']} busy; more is other jobs, which show up in p99).",
     ]
     check = report["reference_check"]
     if check["status"] != "ok":
