@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import platform
+from importlib import metadata
 from pathlib import Path
 
 from pipeline.artifacts import sha256_file, write_json
@@ -58,3 +60,14 @@ def artifact_problems(folder: Path, manifest: dict) -> list[str]:
         elif sha256_file(path) != recorded["sha256"]:
             problems.append(f"{name} does not match its sha256 in the manifest (truncated or modified)")
     return problems
+
+
+def package_versions(packages: tuple[str, ...]) -> dict[str, str]:
+    """Python's version and each installed package's; packages not installed are left out."""
+    found = {"python": platform.python_version()}
+    for package in packages:
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+    return found

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 
 import models
@@ -25,7 +23,13 @@ from pipeline.artifacts import sha256_file
 from pipeline.check import check_onnx
 from pipeline.errors import PipelineError
 from pipeline.export import export_onnx, parity_batches, write_reference
-from pipeline.manifest import artifact_problems, describe_artifacts, read_manifest, update_manifest
+from pipeline.manifest import (
+    artifact_problems,
+    describe_artifacts,
+    package_versions,
+    read_manifest,
+    update_manifest,
+)
 from pipeline.parity import check_parity
 from pipeline.precision import GRAPH_NAMES, convert_fp16
 from pipeline.prepare import prepare
@@ -104,7 +108,7 @@ def run_export(run: Run) -> None:
         precision=run.settings.precision,
         batch_profile={"min": run.settings.batch.min, "opt": run.settings.batch.opt, "max": run.settings.batch.max},
         axis_ranges=_input_axis_ranges(spec),
-        versions=_versions(),
+        versions=package_versions(VERSIONED_PACKAGES),
     )
     run.stage("export", export_onnx, spec, run.path(GRAPH_NAMES["fp32"]))
     run.stage("reference", write_reference, spec, run.settings.batch, run.path(REFERENCE))
@@ -236,7 +240,7 @@ def reuse_key(settings: Settings, fingerprint: str) -> str:
         "settings": record,
         "model": fingerprint,
         "calibration": _calibration_fingerprint(settings) if settings.precision == "int8" else None,
-        "versions": _versions(),
+        "versions": package_versions(VERSIONED_PACKAGES),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
@@ -281,13 +285,3 @@ def _require(run: Run, name: str) -> Path:
             f"--precision {run.settings.precision}",
         )
     return path
-
-
-def _versions() -> dict[str, str]:
-    versions = {"python": platform.python_version()}
-    for package in VERSIONED_PACKAGES:
-        try:
-            versions[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            continue
-    return versions

@@ -8,8 +8,9 @@ import shlex
 import shutil
 import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
+
+from pipeline.manifest import package_versions
 
 VERSIONED_PACKAGES = ("torch", "onnxruntime-gpu", "onnxruntime", "numpy", "tensorrt", "tensorrt-rtx-cu13")
 
@@ -80,23 +81,13 @@ def _nvidia_driver() -> str | None:
     return result.stdout.strip().splitlines()[0] if result.returncode == 0 and result.stdout.strip() else None
 
 
-def versions() -> dict[str, str]:
-    found = {"python": platform.python_version()}
-    for package in VERSIONED_PACKAGES:
-        try:
-            found[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            continue
-    return found
-
-
 def describe_environment(threads: int) -> dict:
     return {
         "cpu": {"model": cpu_model(), "physical_cores": physical_cores(), "logical_cpus": os.cpu_count()},
         "gpu": gpu_record(),
         "threads": threads,
         "platform": platform.platform(),
-        "versions": versions(),
+        "versions": package_versions(VERSIONED_PACKAGES),
         "command": command_line(),
         "cwd": os.getcwd(),
     }
