@@ -38,33 +38,46 @@ QDQ_OPTIONS = {
 
 def quantize_qdq(fp32_path: Path, out_path: Path, ranges) -> dict:
     """Write the Q/DQ graph for `ranges` (ORT TensorsData); return its structure for the manifest."""
+    from onnxruntime.quantization import QuantType
+
+    with atomic_path(out_path) as temporary:
+        model = quantize_with_ranges(
+            fp32_path,
+            temporary,
+            ranges,
+            op_types_to_quantize=list(QUANTIZED_OPS),
+            activation_type=QuantType.QInt8,
+            extra_options=QDQ_OPTIONS,
+        )
+        problems = qdq_problems(model)
+        if problems:  # our own quantizer settings are wrong: a bug, not the user's mistake
+            raise RuntimeError("the Q/DQ graph breaks TensorRT's rules:\n  " + "\n  ".join(problems))
+    return qdq_structure(model)
+
+
+def quantize_with_ranges(fp32_path: Path, target: Path, ranges, **options) -> onnx.ModelProto:
+    """quantize_static (QDQ, per-channel int8 weights) with precomputed ranges; `options` pick the rest."""
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.calibrate import save_tensors_data
 
-    with tempfile.TemporaryDirectory(prefix="qdq.") as scratch, atomic_path(out_path) as temporary:
+    with tempfile.TemporaryDirectory(prefix="qdq.") as scratch:
         # quantize_static takes precomputed ranges only as a calibration cache file (ORT >= 1.25).
         ranges_file = Path(scratch) / "ranges.json"
         save_tensors_data(ranges, ranges_file)
         with _without_preprocess_advice():
             quantize_static(
                 str(fp32_path),
-                str(temporary),
+                str(target),
                 calibration_data_reader=None,
                 quant_format=QuantFormat.QDQ,
-                op_types_to_quantize=list(QUANTIZED_OPS),
                 per_channel=True,
                 reduce_range=False,
-                activation_type=QuantType.QInt8,
                 weight_type=QuantType.QInt8,
                 calibrate_method=ranges.calibration_method,
                 calibration_cache_path=ranges_file,
-                extra_options=QDQ_OPTIONS,
+                **options,
             )
-        model = onnx.load(str(temporary))
-        problems = qdq_problems(model)
-        if problems:  # our own quantizer settings are wrong: a bug, not the user's mistake
-            raise RuntimeError("the Q/DQ graph breaks TensorRT's rules:\n  " + "\n  ".join(problems))
-    return qdq_structure(model)
+    return onnx.load(str(target))
 
 
 def qdq_problems(model: onnx.ModelProto) -> list[str]:

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import models
-from calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph
+from calibration.int8 import CACHE_FOLDER, CPU_GRAPH, CalibrationConfig, make_int8_graph
 from models.spec import ModelSpec
 from pipeline.artifacts import sha256_file
 from pipeline.check import check_onnx
@@ -148,8 +148,12 @@ def run_precision(run: Run) -> None:
             preprocess=run.loaded.preprocess,
             config=CalibrationConfig.from_settings(run.settings),
             cache_folder=run.path(CACHE_FOLDER),
+            cpu_out_path=run.path(CPU_GRAPH),
         )
-        update_manifest(run.folder, calibration=record["calibration"])
+        # onnxruntime_cpu_graph: the graph ONNX Runtime's CPU provider runs in int8 (the runner prefers it there).
+        update_manifest(run.folder, calibration=record["calibration"], onnxruntime_cpu_graph=CPU_GRAPH)
+        cpu_graph = _require(run, CPU_GRAPH)
+        run.stage("parity_int8_onnxruntime_cpu", check_parity, cpu_graph, _require(run, REFERENCE), precision="int8")
     run.stage(f"parity_{precision}", check_parity, target, _require(run, REFERENCE), precision=precision)
 
 
@@ -212,13 +216,13 @@ def make_engine(settings: Settings) -> Path:
     run = Run.start(settings)
     key = reuse_key(settings, run.loaded.fingerprint)
     # RECALIBRATE=1 means fresh ranges, so it never reuses a finished folder.
-    if not (settings.force or settings.recalibrate) and _up_to_date(run.folder, key):
+    names = artifact_names(settings)
+    if not (settings.force or settings.recalibrate) and _up_to_date(run.folder, key, names):
         print(f"up to date   {run.folder} (same model, weights, settings and versions; FORCE=1 rebuilds)")
         return run.folder
     update_manifest(run.folder, complete=False, reuse_key=key)
     for stage in STAGES.values():
         stage(run)
-    names = [GRAPH_NAMES["fp32"], REFERENCE, GRAPH_NAMES[settings.precision], ENGINE]
     update_manifest(
         run.folder,
         complete=True,
@@ -226,11 +230,17 @@ def make_engine(settings: Settings) -> Path:
         graph=GRAPH_NAMES[settings.precision],
         engine=ENGINE,
         parity_batches=parity_batches(settings.batch),
-        artifacts=describe_artifacts(run.folder, list(dict.fromkeys(names))),
+        artifacts=describe_artifacts(run.folder, names),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
     print(f"done         {run.folder} ({sum(run.timings.values()):.1f} s in stages)")
     return run.folder
+
+
+def artifact_names(settings: Settings) -> list[str]:
+    """The files a finished folder lists in its manifest (describe_artifacts skips the ones not written)."""
+    graphs = [GRAPH_NAMES[settings.precision], *([CPU_GRAPH] if settings.precision == "int8" else [])]
+    return list(dict.fromkeys([GRAPH_NAMES["fp32"], REFERENCE, *graphs, ENGINE]))
 
 
 def reuse_key(settings: Settings, fingerprint: str) -> str:
@@ -267,11 +277,14 @@ def _input_axis_ranges(spec: ModelSpec) -> dict[str, list[int]]:
     }
 
 
-def _up_to_date(folder: Path, key: str) -> bool:
+def _up_to_date(folder: Path, key: str, names: list[str]) -> bool:
     manifest = read_manifest(folder)
+    # A folder written before this version added an artifact (e.g. the ONNX Runtime CPU graph) lacks it: rebuild.
+    graphs = [name for name in names if name != ENGINE]
     return (
         manifest.get("complete") is True
         and manifest.get("reuse_key") == key
+        and all(name in manifest.get("artifacts", {}) for name in graphs)
         and not artifact_problems(folder, manifest)
     )
 

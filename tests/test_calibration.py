@@ -16,10 +16,11 @@ from onnx import numpy_helper
 from PIL import Image
 
 from calibration.cache import load_ranges
-from calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph
+from calibration.int8 import CACHE_FOLDER, CPU_GRAPH, CalibrationConfig, make_int8_graph
 from calibration.photos import PHOTOS, export_calibration_images
 from calibration.preprocess import load_image
 from calibration.qdq import qdq_problems
+from calibration.qdq_cpu import as_tensors_data, asymmetric_ranges, int8_kernel_counts, nodes_without_ranges
 from calibration.ranges import collect_ranges
 from calibration.readers import graph_inputs, read_calibration_data
 from models.digits import PREPROCESS, load_split
@@ -54,7 +55,7 @@ def train_npy(split, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def int8(fp32, train_npy, tmp_path_factory) -> tuple[Path, dict]:
-    """model.int8.onnx calibrated (max) on the training split; its stage record."""
+    """model.int8.onnx (and model.int8.ort.onnx beside it) calibrated (max) on the training split; its stage record."""
     folder = tmp_path_factory.mktemp("int8")
     record = make_int8_graph(
         fp32,
@@ -63,6 +64,7 @@ def int8(fp32, train_npy, tmp_path_factory) -> tuple[Path, dict]:
         preprocess=PREPROCESS,
         config=CalibrationConfig("max", SAMPLES, BATCH),
         cache_folder=folder / CACHE_FOLDER,
+        cpu_out_path=folder / CPU_GRAPH,
     )
     return folder / "model.int8.onnx", record
 
@@ -130,6 +132,88 @@ def test_qdq_graph_runs_in_onnxruntime_and_keeps_the_answers(int8, fp32, split):
     assert np.mean(quantized.argmax(1) == reference.argmax(1)) >= 0.98
 
 
+# --------------------------------------------------------------------------- the graph for ONNX Runtime's CPU
+
+
+def test_cpu_graph_runs_every_conv_and_gemm_as_an_int8_kernel(int8, tmp_path):
+    """After ORT's own graph optimizations (the optimized model it saves), no Conv/Gemm is left in float."""
+    import onnxruntime as ort
+
+    cpu_graph = int8[0].parent / CPU_GRAPH
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # ORT warns that an optimized model may be specific to this CPU
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(cpu_graph), options, providers=["CPUExecutionProvider"])
+    optimized = [node.op_type for node in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+    assert optimized.count("QLinearConv") == 4 and optimized.count("QGemm") == 1
+    assert not {"Conv", "FusedConv", "Gemm", "FusedGemm", "Relu"} & set(optimized)
+    record = int8[1]["qdq_onnxruntime_cpu"]
+    assert (record["graph"], record["int8_kernels"], record["float_kernels"]) == (CPU_GRAPH, 5, 0)
+    # The TensorRT-shaped graph from the same ranges runs none of them in int8 (why the CPU graph exists).
+    assert int8_kernel_counts(int8[0]) == {"int8_kernels": 0, "float_kernels": 5}
+    model = onnx.load(str(cpu_graph))
+    initializers = {i.name: i for i in model.graph.initializer}
+    dequantize = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in initializers]
+    biases = [n for n in dequantize if initializers[n.input[0]].data_type == onnx.TensorProto.INT32]
+    assert len(biases) == 5  # one int32 bias per Conv/Gemm, as QLinearConv/QGemm take them
+    activations = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    assert all(initializers[n.input[2]].data_type == onnx.TensorProto.UINT8 for n in activations)
+
+
+def test_cpu_graph_keeps_the_answers(int8, fp32, split):
+    held_out = {"input": split.held_out_inputs}
+    reference = onnxruntime_session(fp32).run(None, held_out)[0]
+    quantized = onnxruntime_session(int8[0].parent / CPU_GRAPH).run(None, held_out)[0]
+    assert quantized.dtype == np.float32 and quantized.shape == reference.shape
+    assert np.mean(quantized.argmax(1) == reference.argmax(1)) >= 0.98
+    assert np.mean(quantized.argmax(1) == split.held_out_labels) >= 0.9
+
+
+def test_cpu_ranges_from_symmetric_ones():
+    """ResNet's shape in miniature: conv-relu-maxpool-conv, a residual Add-Relu, pooling and a classifier.
+    Calibration ranged the Conv/Gemm inputs and outputs (symmetric, as TensorRT wants them)."""
+    from onnx import helper
+    from onnxruntime.quantization import CalibrationMethod
+    from onnxruntime.quantization.calibrate import TensorData, TensorsData
+
+    weights = [
+        numpy_helper.from_array(np.ones(shape, np.float32), name)
+        for name, shape in (("w", (4, 4, 1, 1)), ("w2", (3, 4)))
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c1"], name="conv1"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("MaxPool", ["r1"], ["m1"], name="pool", kernel_shape=[1, 1]),
+        helper.make_node("Conv", ["m1", "w"], ["c2"], name="conv2"),
+        helper.make_node("Add", ["c2", "m1"], ["a"], name="add"),
+        helper.make_node("Relu", ["a"], ["r2"], name="relu2"),
+        helper.make_node("GlobalAveragePool", ["r2"], ["g"], name="gap"),
+        helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "w2"], ["y"], name="fc"),
+    ]
+    graph = helper.make_graph(nodes, "g", [], [], weights)
+    bounds = {"x": 2.0, "c1": 5.0, "m1": 3.0, "c2": 4.0, "f": 1.5, "y": 9.0}
+    symmetric = TensorsData(
+        CalibrationMethod.MinMax,
+        {n: TensorData(lowest=np.float32(-b), highest=np.float32(b)) for n, b in bounds.items()},
+    )
+    ranges = asymmetric_ranges(graph, symmetric)
+    assert ranges == {
+        "x": (-2.0, 2.0),  # the input: signed
+        "c1": (0.0, 5.0),  # only a Relu reads it: the Relu folded into its QuantizeLinear clips at 0
+        "r1": (0.0, 3.0),  # MaxPool keeps values: its output's range is its input's
+        "m1": (0.0, 3.0),
+        "c2": (-4.0, 4.0),  # a conv output before the residual Add: its true min and max are unknown
+        "g": (0.0, 1.5),  # Flatten keeps values; average of a Relu output: non-negative
+        "f": (0.0, 1.5),
+        "y": (-9.0, 9.0),
+    }
+    # Nothing ranged the residual sum or the last Relu: those nodes stay in float.
+    assert nodes_without_ranges(graph, ranges) == ["add", "relu2", "gap"]
+    assert as_tensors_data(ranges, symmetric.calibration_method)["c1"].range_value == (0.0, 5.0)
+
+
 def test_tensorrt_rtx_builds_the_int8_graph(int8, tmp_path):
     pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX is not installed: pip install 'trt-pipeline[rtx]'")
     from pipeline.build import build_engine
@@ -148,6 +232,9 @@ def test_make_engine_int8_from_an_image_folder(split, tmp_path):
     folder = tmp_path / "engines" / "digits-int8"
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["complete"] and manifest["graph"] == "model.int8.onnx"
+    assert manifest["onnxruntime_cpu_graph"] == CPU_GRAPH and CPU_GRAPH in manifest["artifacts"]
+    assert manifest["parity_int8_onnxruntime_cpu"]["max_rel"] < 1.0
+    assert manifest["int8"]["qdq_onnxruntime_cpu"]["int8_kernels"] == 5
     calibration = manifest["calibration"]
     assert calibration["method"] == "percentile" and calibration["percentile"] == 99.99
     assert (calibration["samples"], calibration["batch"], calibration["cache"]) == (64, 16, "miss")

@@ -1,0 +1,199 @@
+"""The INT8 graph shaped for ONNX Runtime's CPU kernels, from the same calibrated ranges as the TensorRT graph.
+
+model.int8.onnx is shaped for TensorRT (Q/DQ on Conv/Gemm inputs only, float biases, symmetric int8).
+ONNX Runtime's CPU provider runs none of its convolutions in int8: it fuses DequantizeLinear -> Conv
+-> QuantizeLinear into QLinearConv only when every Conv input, the bias included (int32), comes from
+a DequantizeLinear and the output goes straight into a QuantizeLinear.  So this second graph uses
+ONNX Runtime's own recommended QDQ settings for x86 (U8S8: uint8 asymmetric activations, which
+AVX-512 VNNI / AVX2 multiply against int8 weights; per-channel symmetric int8 weights; int32
+biases), quantizes the outputs too, and lets the quantizer fold each Relu into the QuantizeLinear
+before it (a uint8 zero point of 0 clips at 0 exactly as Relu does).
+
+The ranges are the cached symmetric ones (no second calibration run).  Symmetric calibration keeps
+T = max|x| (or its percentile / entropy threshold) per tensor, not min and max apart:
+  - a tensor that is provably non-negative (a Relu's output, or a pooled / reshaped copy of one)
+    has |x| = x, so [0, T] is exactly the range an asymmetric calibration would find;
+  - any other tensor (a conv output before a residual Add) keeps [-T, T]: its true minimum and
+    maximum are unknown, and [-T, T] (zero point 128) is the honest range, at the cost of at most
+    one bit where the tensor was lopsided.
+Calibration covered the inputs and outputs of Conv/Gemm/MatMul only; the other tensors an int8
+graph needs get the range of a tensor holding the same values (through MaxPool, Flatten, Reshape,
+...), or through a Relu as ONNX Runtime's quantizer itself does (adjust_tensor_ranges: a Relu's
+input takes its output's range).  A node left with an unranged tensor stays in float.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from calibration.qdq import qdq_structure, quantize_with_ranges
+from pipeline.artifacts import atomic_path
+
+# The ops whose Q/DQ ONNX Runtime's CPU provider turns into an int8 kernel (QLinearConv, QGemm,
+# QLinearMatMul, QLinearAdd/Mul, QLinearAveragePool/GlobalAveragePool, QLinearConcat), runs on
+# uint8 directly (MaxPool and the reshaping ops) or folds away (Relu, Clip).
+CPU_OPS = (
+    "Conv",
+    "Gemm",
+    "MatMul",
+    "Relu",
+    "Clip",
+    "Add",
+    "Mul",
+    "MaxPool",
+    "AveragePool",
+    "GlobalAveragePool",
+    "Concat",
+    "Flatten",
+    "Reshape",
+    "Transpose",
+    "Squeeze",
+    "Unsqueeze",
+)
+# Ops whose output holds (a selection of) the input's values, so both share one range.
+SAME_VALUES = ("MaxPool", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity")
+# Ops whose output is non-negative when their input is (averages and copies of non-negative values).
+KEEP_NON_NEGATIVE = (*SAME_VALUES, "AveragePool", "GlobalAveragePool")
+
+INT8_KERNELS = (
+    "QLinearConv",
+    "ConvInteger",
+    "QGemm",
+    "QLinearMatMul",
+    "MatMulInteger",
+    "MatMulIntegerToFloat",
+    "DynamicQuantizeMatMul",
+)
+FLOAT_KERNELS = ("Conv", "FusedConv", "MatMul", "FusedMatMul", "Gemm", "FusedGemm")
+
+
+def quantize_for_cpu(fp32_path: Path, out_path: Path, ranges) -> dict:
+    """Write the ONNX-Runtime-CPU-shaped graph for `ranges` (ORT TensorsData); return its structure."""
+    from onnxruntime.quantization import QuantType
+
+    model = onnx.load(str(fp32_path), load_external_data=False)
+    cpu_ranges = asymmetric_ranges(model.graph, ranges)
+    unranged = nodes_without_ranges(model.graph, cpu_ranges)
+    with atomic_path(out_path) as temporary:
+        quantized = quantize_with_ranges(
+            fp32_path,
+            temporary,
+            as_tensors_data(cpu_ranges, ranges.calibration_method),
+            op_types_to_quantize=list(CPU_OPS),
+            activation_type=QuantType.QUInt8,
+            nodes_to_exclude=unranged,
+            extra_options={"ActivationSymmetric": False, "WeightSymmetric": True},
+        )
+        kernels = int8_kernel_counts(temporary)
+    return {
+        **qdq_structure(quantized),
+        "activations": "uint8 asymmetric ([0, T] where non-negative, else [-T, T])",
+        "float_nodes": unranged,
+        **kernels,
+    }
+
+
+def asymmetric_ranges(graph: onnx.GraphProto, ranges) -> dict[str, tuple[float, float]]:
+    """{tensor: (low, high)}: the symmetric ranges, spread to same-valued tensors, [0, T] where non-negative."""
+    # T = the symmetric bound (a 0-d or one-element array, depending on the calibrator)
+    known = {name: float(np.max(ranges[name].range_value[1])) for name in ranges}
+    consumers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers[name] = consumers.get(name, 0) + 1
+    # Same-valued tensors first; a Relu's |output| <= |input| bound only where nothing exact is known.
+    for exact in (True, False, True):
+        _spread(graph, known, consumers, exact=exact)
+    non_negative = _non_negative_tensors(graph)
+    return {name: (0.0 if name in non_negative else -bound, bound) for name, bound in known.items()}
+
+
+def _spread(graph: onnx.GraphProto, known: dict[str, float], consumers: dict[str, int], *, exact: bool) -> None:
+    """Fill unknown bounds along the links until nothing changes (each pass reaches one tensor further)."""
+    changed = True
+    while changed:
+        changed = False
+        for node in graph.node:
+            for source, target in _range_links(node, consumers, exact=exact):
+                if source in known and target not in known:
+                    known[target] = known[source]
+                    changed = True
+
+
+def _range_links(node: onnx.NodeProto, consumers: dict[str, int], *, exact: bool) -> list[tuple[str, str]]:
+    """(from, to) pairs of tensors whose bound carries over: exact ones, or the Relu's upper bound."""
+    if not node.input or not node.output:
+        return []
+    source, target = node.input[0], node.output[0]
+    if exact and node.op_type in SAME_VALUES:
+        return [(source, target), (target, source)]
+    if exact and node.op_type == "Relu" and consumers.get(source) == 1:
+        return [(target, source)]  # ORT's adjust_tensor_ranges: the Relu is folded into the input's Q
+    if not exact and node.op_type == "Relu":
+        return [(source, target)]  # |relu(x)| <= |x|
+    return []
+
+
+def _non_negative_tensors(graph: onnx.GraphProto) -> set[str]:
+    """Relu outputs, and what KEEP_NON_NEGATIVE ops make of them; also the single-use inputs of Relus,
+    whose values below 0 the folded Relu clips away."""
+    consumers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers[name] = consumers.get(name, 0) + 1
+    found: set[str] = set()
+    for node in graph.node:  # ONNX nodes are topologically sorted: producers come first
+        if node.op_type == "Relu":
+            found.add(node.output[0])
+            if consumers.get(node.input[0]) == 1:
+                found.add(node.input[0])
+        elif node.op_type in KEEP_NON_NEGATIVE and node.input and node.input[0] in found:
+            found.add(node.output[0])
+    return found
+
+
+def nodes_without_ranges(graph: onnx.GraphProto, ranges: dict[str, tuple[float, float]]) -> list[str]:
+    """Names of CPU_OPS nodes with an activation input or output that has no range: they stay in float."""
+    constants = {init.name for init in graph.initializer}
+    constants |= {out for node in graph.node if node.op_type == "Constant" for out in node.output}
+    left = []
+    for node in graph.node:
+        if node.op_type not in CPU_OPS:
+            continue
+        tensors = [name for name in (*node.input, *node.output) if name and name not in constants]
+        if any(name not in ranges for name in tensors):
+            left.append(node.name)
+    return left
+
+
+def as_tensors_data(ranges: dict[str, tuple[float, float]], method):
+    from onnxruntime.quantization.calibrate import TensorData, TensorsData
+
+    data = {name: TensorData(lowest=np.float32(low), highest=np.float32(high)) for name, (low, high) in ranges.items()}
+    return TensorsData(method, data)
+
+
+def int8_kernel_counts(graph: Path) -> dict:
+    """How many Conv/MatMul/Gemm ONNX Runtime's CPU provider runs as int8 kernels after its graph optimizations.
+
+    Read from the optimized graph ORT writes (SessionOptions.optimized_model_filepath): a Q/DQ graph
+    ORT cannot fuse keeps its Conv in FP32 between Q/DQ nodes, which runs slower than the FP32 graph.
+    """
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory(prefix="optimized.") as folder:
+        optimized = Path(folder) / "optimized.onnx"
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.optimized_model_filepath = str(optimized)
+        ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+        ops = [node.op_type for node in onnx.load(str(optimized), load_external_data=False).graph.node]
+    return {
+        "int8_kernels": sum(op in INT8_KERNELS for op in ops),
+        "float_kernels": sum(op in FLOAT_KERNELS for op in ops),
+    }
