@@ -9,17 +9,22 @@ AVX-512 VNNI / AVX2 multiply against int8 weights; per-channel symmetric int8 we
 biases), quantizes the outputs too, and lets the quantizer fold each Relu into the QuantizeLinear
 before it (a uint8 zero point of 0 clips at 0 exactly as Relu does).
 
-The ranges are the cached symmetric ones (no second calibration run).  Symmetric calibration keeps
-T = max|x| (or its percentile / entropy threshold) per tensor, not min and max apart:
+The ranges are the cached ones (no second calibration run), collected symmetrically for TensorRT:
+each tensor's (low, high) is (-T, T) for T = max|x| (method max), or the percentile / entropy
+threshold T of |x| clamped to the observed minimum and maximum (ORT's histogram calibrators).
+What an asymmetric calibration would add is the true minimum of a signed tensor, and that is lost:
   - a tensor that is provably non-negative (a Relu's output, or a pooled / reshaped copy of one)
-    has |x| = x, so [0, T] is exactly the range an asymmetric calibration would find;
-  - any other tensor (a conv output before a residual Add) keeps [-T, T]: its true minimum and
-    maximum are unknown, and [-T, T] (zero point 128) is the honest range, at the cost of at most
-    one bit where the tensor was lopsided.
+    gets [0, high]: |x| = x there, so that is the range an asymmetric calibration would find;
+  - any other tensor (a conv output before a residual Add) keeps its cached (low, high): with a
+    symmetric T the zero point lands near 128, which costs at most one bit where the tensor was
+    lopsided, and recalibrating (a second pass over the data) to win that bit is not worth it.
 Calibration covered the inputs and outputs of Conv/Gemm/MatMul only; the other tensors an int8
 graph needs get the range of a tensor holding the same values (through MaxPool, Flatten, Reshape,
 ...), or through a Relu as ONNX Runtime's quantizer itself does (adjust_tensor_ranges: a Relu's
 input takes its output's range).  A node left with an unranged tensor stays in float.
+
+The graph's outputs stay float (the Q/DQ pair ORT puts on them is removed): a calibrated range
+clips them, and clipping the largest logits of a classifier changes its top-1 answer.
 """
 
 from __future__ import annotations
@@ -88,19 +93,25 @@ def quantize_for_cpu(fp32_path: Path, out_path: Path, ranges) -> dict:
             nodes_to_exclude=unranged,
             extra_options={"ActivationSymmetric": False, "WeightSymmetric": True},
         )
+        float_outputs = _unquantize_graph_outputs(quantized)
+        onnx.save(quantized, str(temporary))
         kernels = int8_kernel_counts(temporary)
     return {
         **qdq_structure(quantized),
         "activations": "uint8 asymmetric ([0, T] where non-negative, else [-T, T])",
         "float_nodes": unranged,
+        "float_outputs": float_outputs,
         **kernels,
     }
 
 
 def asymmetric_ranges(graph: onnx.GraphProto, ranges) -> dict[str, tuple[float, float]]:
-    """{tensor: (low, high)}: the symmetric ranges, spread to same-valued tensors, [0, T] where non-negative."""
-    # T = the symmetric bound (a 0-d or one-element array, depending on the calibrator)
-    known = {name: float(np.max(ranges[name].range_value[1])) for name in ranges}
+    """{tensor: (low, high)}: the cached ranges, spread to same-valued tensors, [0, high] where non-negative."""
+    # Bounds are 0-d or one-element arrays, depending on the calibrator.
+    known = {
+        name: (float(np.min(ranges[name].range_value[0])), float(np.max(ranges[name].range_value[1])))
+        for name in ranges
+    }
     consumers: dict[str, int] = {}
     for node in graph.node:
         for name in node.input:
@@ -109,10 +120,12 @@ def asymmetric_ranges(graph: onnx.GraphProto, ranges) -> dict[str, tuple[float, 
     for exact in (True, False, True):
         _spread(graph, known, consumers, exact=exact)
     non_negative = _non_negative_tensors(graph)
-    return {name: (0.0 if name in non_negative else -bound, bound) for name, bound in known.items()}
+    return {name: (0.0, high) if name in non_negative else (low, high) for name, (low, high) in known.items()}
 
 
-def _spread(graph: onnx.GraphProto, known: dict[str, float], consumers: dict[str, int], *, exact: bool) -> None:
+def _spread(
+    graph: onnx.GraphProto, known: dict[str, tuple[float, float]], consumers: dict[str, int], *, exact: bool
+) -> None:
     """Fill unknown bounds along the links until nothing changes (each pass reaches one tensor further)."""
     changed = True
     while changed:
@@ -125,7 +138,7 @@ def _spread(graph: onnx.GraphProto, known: dict[str, float], consumers: dict[str
 
 
 def _range_links(node: onnx.NodeProto, consumers: dict[str, int], *, exact: bool) -> list[tuple[str, str]]:
-    """(from, to) pairs of tensors whose bound carries over: exact ones, or the Relu's upper bound."""
+    """(from, to) pairs of tensors whose range carries over: exact ones, or the Relu's upper bound."""
     if not node.input or not node.output:
         return []
     source, target = node.input[0], node.output[0]
@@ -134,7 +147,7 @@ def _range_links(node: onnx.NodeProto, consumers: dict[str, int], *, exact: bool
     if exact and node.op_type == "Relu" and consumers.get(source) == 1:
         return [(target, source)]  # ORT's adjust_tensor_ranges: the Relu is folded into the input's Q
     if not exact and node.op_type == "Relu":
-        return [(source, target)]  # |relu(x)| <= |x|
+        return [(source, target)]  # relu(x) <= max(x); its low end becomes 0 with the other non-negative tensors
     return []
 
 
@@ -168,6 +181,40 @@ def nodes_without_ranges(graph: onnx.GraphProto, ranges: dict[str, tuple[float, 
         if any(name not in ranges for name in tensors):
             left.append(node.name)
     return left
+
+
+def _unquantize_graph_outputs(model: onnx.ModelProto) -> list[str]:
+    """Remove the QuantizeLinear -> DequantizeLinear pair in front of each graph output; return those outputs.
+
+    The producer then writes the output itself, in float: ORT still fuses DequantizeLinear -> Gemm/MatMul
+    into an int8 kernel with a float result (QGemm, MatMulIntegerToFloat).
+    """
+    nodes = model.graph.node
+    producer = {out: node for node in nodes for out in node.output}
+    readers: dict[str, int] = {}
+    for node in nodes:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    freed = []
+    for output in model.graph.output:
+        dequantize = producer.get(output.name)
+        if dequantize is None or dequantize.op_type != "DequantizeLinear":
+            continue
+        quantize = producer.get(dequantize.input[0])
+        if quantize is None or quantize.op_type != "QuantizeLinear" or readers.get(quantize.output[0]) != 1:
+            continue
+        source = producer.get(quantize.input[0])
+        if source is None or readers.get(quantize.input[0]) != 1:
+            continue
+        source.output[list(source.output).index(quantize.input[0])] = output.name
+        nodes.remove(quantize)
+        nodes.remove(dequantize)
+        freed.append(output.name)
+    used = {name for node in nodes for name in node.input}
+    unused = [init for init in model.graph.initializer if init.name not in used]  # the pairs' scales, zero points
+    for init in unused:
+        model.graph.initializer.remove(init)
+    return freed
 
 
 def as_tensors_data(ranges: dict[str, tuple[float, float]], method):

@@ -193,10 +193,11 @@ def test_cpu_ranges_from_symmetric_ones():
         helper.make_node("Gemm", ["f", "w2"], ["y"], name="fc"),
     ]
     graph = helper.make_graph(nodes, "g", [], [], weights)
-    bounds = {"x": 2.0, "c1": 5.0, "m1": 3.0, "c2": 4.0, "f": 1.5, "y": 9.0}
+    # Symmetric (-T, T), except f: percentile's T is clamped to the observed minimum (all f > 0.2).
+    bounds = {"x": (-2, 2), "c1": (-5, 5), "m1": (-3, 3), "c2": (-4, 4), "f": (0.2, 1.5), "y": (-9, 9)}
     symmetric = TensorsData(
-        CalibrationMethod.MinMax,
-        {n: TensorData(lowest=np.float32(-b), highest=np.float32(b)) for n, b in bounds.items()},
+        CalibrationMethod.Percentile,
+        {n: TensorData(lowest=np.float32(lo), highest=np.float32(hi)) for n, (lo, hi) in bounds.items()},
     )
     ranges = asymmetric_ranges(graph, symmetric)
     assert ranges == {
