@@ -19,12 +19,25 @@ from pipeline.export import load_reference
 RTOL = {"fp32": 1e-3, "fp16": 3e-2, "int8": 1.0}
 
 
-def onnxruntime_session(onnx_path: Path, providers: list[str] | None = None):
-    """An ONNX Runtime session; the CPU provider unless told otherwise (our parity reference)."""
+def onnxruntime_session(
+    onnx_path: Path,
+    providers: list[str] | None = None,
+    *,
+    intra_op_threads: int | None = None,
+    allow_spinning: bool = True,
+):
+    """An ONNX Runtime session; the CPU provider unless told otherwise (our parity reference).
+
+    intra_op_threads: None keeps ORT's default (one per physical core).  allow_spinning=False makes idle
+    intra-op threads sleep instead of spinning, which frees the cores for other requests' threads.
+    """
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3  # errors only: ORT warns about every unused initializer
+    if intra_op_threads is not None:
+        options.intra_op_num_threads = intra_op_threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if allow_spinning else "0")
     return ort.InferenceSession(str(onnx_path), options, providers=providers or ["CPUExecutionProvider"])
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -135,6 +136,58 @@ def test_onnxruntime_runner_runs_the_manifest_graph(folders, tmp_path):
     _edit_manifest(folder, lambda m: m.update(graph="gone.onnx"))
     with pytest.raises(PipelineError, match="gone.onnx does not exist"):
         load_runner(folder, "onnxruntime")
+
+
+@pytest.fixture(scope="session")
+def int8_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny_cnn calibrated on 32 random images: model.int8.onnx (TensorRT) and model.int8.ort.onnx (ORT's CPU)."""
+    root = tmp_path_factory.mktemp("int8")
+    np.save(root / "calib.npy", _cnn_batch(32, seed=1)["input"])
+    settings = Settings(model=MODELS["tiny_cnn"], precision="int8", out_root=root, calib=root / "calib.npy")
+    return make_engine(replace(settings, calib_samples=32, calib_batch=16))
+
+
+def test_int8_folder_on_the_cpu_runs_the_graph_shaped_for_it(int8_folder):
+    feed = _cnn_batch(4, seed=5)
+    with load_runner(int8_folder, "onnxruntime", providers=["CPUExecutionProvider"]) as runner:
+        assert runner.graph == "model.int8.ort.onnx"
+        assert (
+            "running model.int8.ort.onnx (the int8 graph shaped for ONNX Runtime's CPU kernels)" in runner.description
+        )
+        cpu_logits = runner.infer(feed)["logits"]
+    with load_runner(int8_folder, "onnxruntime", graph="model.int8.onnx") as runner:
+        assert runner.graph == "model.int8.onnx" and "(asked for)" in runner.description
+        tensorrt_shaped = runner.infer(feed)["logits"]
+    (reference,) = onnxruntime_session(int8_folder / "model.int8.ort.onnx").run(["logits"], feed)
+    np.testing.assert_array_equal(cpu_logits, reference)
+    # Two quantizations of one model from the same ranges: close, not equal (the CPU graph also quantizes outputs).
+    assert compare_outputs({"logits": tensorrt_shaped}, {"logits": cpu_logits}, rtol=0.2)["logits"].ok
+
+
+def test_graph_option_picks_a_file_of_the_folder_and_refuses_others(folders):
+    with load_runner(folders["tiny_cnn"], "onnxruntime", graph="model.onnx") as runner:
+        assert runner.graph == "model.onnx"
+        assert runner.infer(_cnn_batch(2))["logits"].shape == (2, 10)
+    with pytest.raises(PipelineError, match="is not a file name"):
+        load_runner(folders["tiny_cnn"], "onnxruntime", graph="../model.onnx")
+    with pytest.raises(PipelineError, match=r"model.fp16.onnx does not exist") as caught:
+        load_runner(folders["tiny_cnn"], "onnxruntime", graph="model.fp16.onnx")
+    assert "(model.onnx)" in str(caught.value.fix)
+
+
+def test_thread_and_spinning_options_reach_the_session(folders, runners):
+    feed = _cnn_batch(3, seed=9)
+    with load_runner(folders["tiny_cnn"], "onnxruntime", intra_op_threads=1, allow_spinning=False) as runner:
+        options = runner.session.get_session_options()
+        assert options.intra_op_num_threads == 1
+        assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+        assert "1 intra-op threads, no spinning" in runner.description
+        results = compare_outputs(runners["tiny_cnn", "onnxruntime"].infer(feed), runner.infer(feed), rtol=FP32_RTOL)
+        assert all(c.ok for c in results.values())
+    default = runners["tiny_cnn", "onnxruntime"].session.get_session_options()
+    assert default.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+    with pytest.raises(PipelineError, match="intra_op_threads=0 is not a thread count"):
+        load_runner(folders["tiny_cnn"], "onnxruntime", intra_op_threads=0)
 
 
 # --------------------------------------------------------------------------- input validation

@@ -1,4 +1,5 @@
-"""The ONNX Runtime runner: the graph the engine was built from, on the CUDA provider where a GPU is present."""
+"""The ONNX Runtime runner: the graph the engine was built from (an int8 folder's CPU-shaped graph on the CPU),
+on the CUDA provider where a GPU is present."""
 
 from __future__ import annotations
 
@@ -38,6 +39,15 @@ def choose_providers(requested: list[str] | None) -> tuple[list[str], str]:
 
 
 class OnnxRuntimeRunner(Runner):
+    """ONNX Runtime on one graph of the artifact folder.
+
+    graph: a file name in the folder; by default the manifest's graph (the engine's), except that on the
+    CPU provider an int8 folder's graph shaped for ONNX Runtime's CPU kernels (manifest key
+    onnxruntime_cpu_graph) is preferred: the TensorRT-shaped graph runs no int8 kernel there.
+    intra_op_threads: None for ORT's default (one per physical core).  allow_spinning: False lets idle
+    intra-op threads sleep, which helps many concurrent callers (a service) more than single calls.
+    """
+
     backend = "onnxruntime"
 
     def __init__(
@@ -46,24 +56,64 @@ class OnnxRuntimeRunner(Runner):
         manifest: dict,
         *,
         providers: list[str] | None = None,
+        graph: str | None = None,
+        intra_op_threads: int | None = None,
+        allow_spinning: bool = True,
         split_large_batches: bool = True,
     ):
         import onnxruntime as ort
 
         super().__init__(folder, manifest, split_large_batches=split_large_batches)
-        graph = self.folder / manifest.get("graph", GRAPH_NAMES["fp32"])
-        if not graph.is_file():
+        if intra_op_threads is not None and intra_op_threads < 1:
             raise PipelineError(
-                f"{graph} does not exist, so ONNX Runtime has nothing to run",
+                f"intra_op_threads={intra_op_threads} is not a thread count",
+                "give 1 or more, or None for ONNX Runtime's default (one per physical core)",
+            )
+        chosen, why = choose_providers(providers)
+        path, which = self._graph(graph, on_cpu=CUDA not in chosen)
+        self.session = onnxruntime_session(
+            path, chosen, intra_op_threads=intra_op_threads, allow_spinning=allow_spinning
+        )
+        self.graph = path.name
+        self._output_names = [spec.name for spec in self.outputs]
+        used = self.session.get_providers()
+        threads = "default intra-op threads" if intra_op_threads is None else f"{intra_op_threads} intra-op threads"
+        spinning = "spinning" if allow_spinning else "no spinning"
+        # ORT falls back to the CPU silently when a requested provider fails to load; report what it really uses.
+        self.description = (
+            f"onnxruntime {ort.__version__} running {path.name} ({which}) on {', '.join(used)} ({why}), "
+            f"{threads}, {spinning}"
+        )
+
+    def _graph(self, requested: str | None, *, on_cpu: bool) -> tuple[Path, str]:
+        """(path, why this graph) for the graph= option, the CPU graph of an int8 folder, or the manifest's graph."""
+        if requested is not None:
+            if Path(requested).name != requested:
+                raise PipelineError(
+                    f"graph={requested!r} is not a file name", "give the name of a graph in the folder, e.g. model.onnx"
+                )
+            path = self.folder / requested
+            if not path.is_file():
+                present = ", ".join(sorted(p.name for p in self.folder.glob("*.onnx"))) or "none"
+                raise PipelineError(
+                    f"{path} does not exist", f"give one of the folder's graphs ({present}) or leave graph=None"
+                )
+            return path, "asked for"
+        cpu_graph = self.manifest.get("onnxruntime_cpu_graph")
+        if on_cpu and cpu_graph:
+            return self._existing(cpu_graph), "the int8 graph shaped for ONNX Runtime's CPU kernels"
+        return self._existing(self.manifest.get("graph", GRAPH_NAMES["fp32"])), "the manifest's graph"
+
+    def _existing(self, name: str) -> Path:
+        path = self.folder / name
+        if not path.is_file():
+            manifest = self.manifest
+            raise PipelineError(
+                f"{path} does not exist, so ONNX Runtime has nothing to run",
                 f"rebuild the folder: make engine MODEL={manifest.get('settings', {}).get('model', '<model>')} "
                 f"PRECISION={manifest.get('precision', '<precision>')}",
             )
-        chosen, why = choose_providers(providers)
-        self.session = onnxruntime_session(graph, chosen)
-        self._output_names = [spec.name for spec in self.outputs]
-        used = self.session.get_providers()
-        # ORT falls back to the CPU silently when a requested provider fails to load; report what it really uses.
-        self.description = f"onnxruntime {ort.__version__} running {graph.name} on {', '.join(used)} ({why})"
+        return path
 
     def _run(self, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
         # InferenceSession.run is documented as safe to call concurrently on one session, so no lock here.
