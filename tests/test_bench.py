@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -148,6 +149,31 @@ def test_int8_graph_is_benchmarked_and_a_broken_backend_does_not_stop_the_others
     assert records["onnxruntime-int8"]["status"] == "failed"
     assert records["onnxruntime-int8"]["error"]
     assert {r["backend"] for r in ok_rows(result)} == {"torch", "onnxruntime"}
+
+
+def test_int8_row_runs_the_sibling_folders_graph_shaped_for_onnxruntime(folder: Path, tmp_path: Path) -> None:
+    """engines/<model>-fp32 benchmarked beside engines/<model>-int8: the INT8 row runs model.int8.ort.onnx,
+    whose Conv and Gemm ONNX Runtime's CPU provider really runs as int8 kernels."""
+    fp32 = shutil.copytree(folder, tmp_path / folder.name)
+    np.save(tmp_path / "calib.npy", np.random.default_rng(1).standard_normal((32, 3, 16, 16), dtype=np.float32))
+    settings = Settings(model="tests.toy_models:tiny_cnn", precision="int8", batch=BatchProfile(1, 4, 8))
+    int8 = make_engine(
+        replace(settings, out_root=tmp_path, calib=tmp_path / "calib.npy", calib_samples=32, calib_batch=16)
+    )
+    assert int8 == fp32.parent / fp32.name.replace("fp32", "int8")
+    result = run_benchmark(
+        fp32, backends=["onnxruntime", "onnxruntime-int8"], batches=[2], policy=QUICK, progress=lambda _: None
+    )
+    records = {b["name"]: b for b in result["backends"]}
+    assert records["onnxruntime"]["label"] == "ONNX Runtime FP32 (runner) on model.onnx"
+    assert "running model.onnx (asked for)" in records["onnxruntime"]["description"]
+    assert records["onnxruntime-int8"]["label"] == f"ONNX Runtime INT8 (runner) on {int8 / 'model.int8.ort.onnx'}"
+    assert "running model.int8.ort.onnx (asked for)" in records["onnxruntime-int8"]["description"]
+    assert "2 of 2 Conv/MatMul/Gemm run as int8 kernels" in records["onnxruntime-int8"]["description"]
+    rows = {r["backend"]: r for r in result["results"]}
+    assert rows["onnxruntime-int8"]["status"] == "ok" and rows["onnxruntime-int8"]["agreement"]["status"] == "ok"
+    markdown = write_reports(result, tmp_path / "report")["md"].read_text()
+    assert f"on {int8 / 'model.int8.ort.onnx'}" in markdown  # the report says which graph the row ran
 
 
 def test_the_callers_torch_settings_come_back(folder: Path) -> None:

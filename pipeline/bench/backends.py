@@ -205,9 +205,10 @@ def open_torch_compile(context: Context) -> Backend:
 
 
 def open_onnxruntime(context: Context) -> Backend:
-    runner = _onnxruntime_runner(context.folder, context.manifest, GRAPH_NAMES["fp32"])
+    graph = GRAPH_NAMES["fp32"]
+    runner = _onnxruntime_runner(context.folder, graph)
     threads = "ORT default: one intra-op thread per physical core"
-    return RunnerBackend("onnxruntime", "ONNX Runtime FP32 (runner)", "fp32", runner, threads)
+    return RunnerBackend("onnxruntime", f"ONNX Runtime FP32 (runner) on {graph}", "fp32", runner, threads)
 
 
 def open_onnxruntime_session(context: Context) -> Backend:
@@ -219,7 +220,7 @@ def open_onnxruntime_session(context: Context) -> Backend:
 
 def open_onnxruntime_int8(context: Context) -> Backend:
     graph = find_int8_graph(context.folder, context.manifest)
-    runner = _onnxruntime_runner(graph.parent, _manifest_for(graph.parent, context), graph.name)
+    runner = _onnxruntime_runner(graph.parent, graph.name)
     threads = "ORT default: one intra-op thread per physical core"
     backend = RunnerBackend("onnxruntime-int8", f"ONNX Runtime INT8 (runner) on {graph}", "int8", runner, threads)
     if "CPUExecutionProvider" in runner.description and "CUDAExecutionProvider" not in runner.description:
@@ -227,40 +228,19 @@ def open_onnxruntime_int8(context: Context) -> Backend:
     return backend
 
 
-INT8_KERNELS = (
-    "QLinearConv",
-    "ConvInteger",
-    "QLinearMatMul",
-    "MatMulInteger",
-    "MatMulIntegerToFloat",
-    "DynamicQuantizeMatMul",
-)
-FLOAT_KERNELS = ("Conv", "FusedConv", "MatMul", "FusedMatMul", "Gemm", "FusedGemm")
-
-
 def int8_execution_note(graph: Path) -> str:
-    """How many Conv/MatMul ONNX Runtime's CPU provider really runs in int8 after its graph optimizations.
+    """How many Conv/MatMul/Gemm ONNX Runtime's CPU provider really runs in int8 after its graph optimizations.
 
     ORT fuses DequantizeLinear -> Conv -> QuantizeLinear into QLinearConv only when every Conv input
     (bias included, as int32) comes from a DequantizeLinear and the output goes straight into a
     QuantizeLinear.  A graph with Q/DQ on the inputs only (TensorRT's placement: Conv -> Relu -> Q,
-    float bias) keeps every Conv in FP32 between Q/DQ nodes, and then runs slower than the FP32 graph.
+    float bias) keeps every Conv in FP32 between Q/DQ nodes, and then runs slower than the FP32 graph;
+    the CPU-shaped graph (calibration/qdq_cpu.py) is built to fuse.
     """
-    import tempfile
+    from calibration.qdq_cpu import int8_kernel_counts
 
-    import onnx
-    import onnxruntime as ort
-
-    with tempfile.TemporaryDirectory() as folder:
-        optimized = Path(folder) / "optimized.onnx"
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.optimized_model_filepath = str(optimized)
-        ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
-        ops = [node.op_type for node in onnx.load(str(optimized), load_external_data=False).graph.node]
-    in_int8 = sum(op in INT8_KERNELS for op in ops)
-    in_float = sum(op in FLOAT_KERNELS for op in ops)
+    counts = int8_kernel_counts(graph)
+    in_int8, in_float = counts["int8_kernels"], counts["float_kernels"]
     return (
         f"after ORT's graph optimizations {in_int8} of {in_int8 + in_float} Conv/MatMul/Gemm run as int8 kernels, "
         f"{in_float} in FP32 between Q/DQ nodes"
@@ -301,7 +281,11 @@ CHOICES = (
     Choice("torch-compile", "PyTorch torch.compile + AMP FP16 (GPU)", open_torch_compile),
     Choice("onnxruntime", "ONNX Runtime on model.onnx (FP32) through the runner, best provider", open_onnxruntime),
     Choice("onnxruntime-session", "model.onnx in a bare InferenceSession (runner overhead)", open_onnxruntime_session),
-    Choice("onnxruntime-int8", "ONNX Runtime on model.int8.onnx (here or in <model>-int8/)", open_onnxruntime_int8),
+    Choice(
+        "onnxruntime-int8",
+        "ONNX Runtime on the INT8 graph shaped for its CPU kernels (here or in <model>-int8/)",
+        open_onnxruntime_int8,
+    ),
     Choice("tensorrt", "the TensorRT engine through the runner (GPU)", open_tensorrt),
 )
 NAMES = tuple(choice.name for choice in CHOICES)
@@ -322,39 +306,40 @@ def choices_for(names: list[str] | None) -> list[Choice]:
 
 
 def find_int8_graph(folder: Path, manifest: dict) -> Path:
-    """model.int8.onnx in this folder, else in the sibling <model>-int8 folder."""
-    name = GRAPH_NAMES["int8"]
+    """The INT8 graph for ONNX Runtime in this folder, else in the sibling <model>-int8 folder.
+
+    In a folder whose manifest names one (onnxruntime_cpu_graph), that is the graph shaped for ORT's CPU
+    kernels; a folder built before it existed has only the TensorRT-shaped model.int8.onnx.
+    """
     model = manifest.get("model", {}).get("name", folder.name.rsplit("-", 1)[0])
-    candidates = [folder / name, folder.parent / f"{model}-int8" / name]
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate
+    sibling = folder.parent / f"{model}-int8"
+    for candidate in (folder, sibling):
+        names = [_cpu_graph_name(candidate, manifest if candidate == folder else None), GRAPH_NAMES["int8"]]
+        for name in names:
+            if name and (candidate / name).is_file():
+                return candidate / name
     source = manifest.get("settings", {}).get("model", model)
     raise Unavailable(
-        f"no INT8 graph: neither {candidates[0]} nor {candidates[1]} exists "
+        f"no INT8 graph: neither {folder / GRAPH_NAMES['int8']} nor {sibling / GRAPH_NAMES['int8']} exists "
         f"(make engine MODEL={source} PRECISION=int8 CALIB=<data> writes the second)"
     )
 
 
-def _manifest_for(folder: Path, context: Context) -> dict:
-    if folder == context.folder:
-        return context.manifest
-    from pipeline.manifest import require_manifest
+def _cpu_graph_name(folder: Path, manifest: dict | None) -> str | None:
+    if manifest is None:
+        if not (folder / "manifest.json").is_file():
+            return None
+        from pipeline.manifest import require_manifest
 
-    return require_manifest(folder)
+        manifest = require_manifest(folder)
+    return manifest.get("onnxruntime_cpu_graph")
 
 
-def _onnxruntime_runner(folder: Path, manifest: dict, graph: str) -> Runner:
-    """The ONNX Runtime runner on a named graph of the folder.
-
-    The runner runs the manifest's `graph` (the engine's precision, e.g. model.fp16.onnx); the
-    benchmark wants the FP32 and INT8 graphs, so it hands the runner the manifest with `graph` set.
-    """
-    from pipeline.runners.onnxruntime import OnnxRuntimeRunner
-
+def _onnxruntime_runner(folder: Path, graph: str) -> Runner:
+    """The ONNX Runtime runner on the named graph of the folder (the runner's graph= option)."""
     if not (folder / graph).is_file():
         raise Unavailable(f"{folder / graph} does not exist")
-    return OnnxRuntimeRunner(folder, {**manifest, "graph": graph})
+    return load_runner(folder, backend="onnxruntime", graph=graph)
 
 
 def _torch_threads(context: Context) -> str:
