@@ -31,7 +31,8 @@ def digits_report(tmp_path_factory) -> tuple[Path, dict]:
 def test_digits_meets_the_accuracy_targets(digits_report):
     _, report = digits_report
     results = report["results"]
-    assert report["labelled"] and set(results) == {"fp32", "fp16", "int8-max", "int8-percentile", "int8-entropy"}
+    int8 = {f"int8-{method}{shape}" for method in ("max", "percentile", "entropy") for shape in ("", "-ort")}
+    assert report["labelled"] and set(results) == {"fp32", "fp16", *int8}
     fp32 = results["fp32"]["top1"]
     assert fp32 >= 97.0  # the trained model is worth measuring
     assert fp32 - results["fp16"]["top1"] <= 0.1
@@ -72,7 +73,8 @@ def test_unlabelled_model_is_compared_with_fp32_on_calib(tmp_path, capsys):
     argv = ["accuracy", "--model", "tests.toy_models:tiny_cnn", "--calib", str(calib), "--methods", "max,percentile"]
     assert cli.main([*argv, "--out", str(tmp_path / "engines")]) == 0
     report = json.loads((tmp_path / "engines" / "toy_models-tiny_cnn-fp32" / "accuracy.json").read_text())
-    assert not report["labelled"] and set(report["results"]) == {"fp32", "fp16", "int8-max", "int8-percentile"}
+    int8 = {"int8-max", "int8-percentile", "int8-max-ort", "int8-percentile-ort"}
+    assert not report["labelled"] and set(report["results"]) == {"fp32", "fp16", *int8}
     assert all("top1" not in row for row in report["results"].values())
     assert report["best_int8"]["metric"] == "top1_agreement"
     assert "(the calibration data itself: no labelled set)" in report["evaluation"]
