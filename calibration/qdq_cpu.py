@@ -98,7 +98,7 @@ def quantize_for_cpu(fp32_path: Path, out_path: Path, ranges) -> dict:
         kernels = int8_kernel_counts(temporary)
     return {
         **qdq_structure(quantized),
-        "activations": "uint8 asymmetric ([0, T] where non-negative, else [-T, T])",
+        "activations": "uint8 asymmetric: [0, high] where non-negative, else the cached (low, high)",
         "float_nodes": unranged,
         "float_outputs": float_outputs,
         **kernels,
@@ -112,11 +112,8 @@ def asymmetric_ranges(graph: onnx.GraphProto, ranges) -> dict[str, tuple[float, 
         name: (float(np.min(ranges[name].range_value[0])), float(np.max(ranges[name].range_value[1])))
         for name in ranges
     }
-    consumers: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers[name] = consumers.get(name, 0) + 1
-    # Same-valued tensors first; a Relu's |output| <= |input| bound only where nothing exact is known.
+    consumers = _reader_counts(graph)
+    # Same-valued tensors first; a Relu's relu(x) <= max(x) bound only where nothing exact is known.
     for exact in (True, False, True):
         _spread(graph, known, consumers, exact=exact)
     non_negative = _non_negative_tensors(graph)
@@ -154,10 +151,7 @@ def _range_links(node: onnx.NodeProto, consumers: dict[str, int], *, exact: bool
 def _non_negative_tensors(graph: onnx.GraphProto) -> set[str]:
     """Relu outputs, and what KEEP_NON_NEGATIVE ops make of them; also the single-use inputs of Relus,
     whose values below 0 the folded Relu clips away."""
-    consumers: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers[name] = consumers.get(name, 0) + 1
+    consumers = _reader_counts(graph)
     found: set[str] = set()
     for node in graph.node:  # ONNX nodes are topologically sorted: producers come first
         if node.op_type == "Relu":
@@ -191,10 +185,7 @@ def _unquantize_graph_outputs(model: onnx.ModelProto) -> list[str]:
     """
     nodes = model.graph.node
     producer = {out: node for node in nodes for out in node.output}
-    readers: dict[str, int] = {}
-    for node in nodes:
-        for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
+    readers = _reader_counts(model.graph)
     freed = []
     for output in model.graph.output:
         dequantize = producer.get(output.name)
@@ -215,6 +206,15 @@ def _unquantize_graph_outputs(model: onnx.ModelProto) -> list[str]:
     for init in unused:
         model.graph.initializer.remove(init)
     return freed
+
+
+def _reader_counts(graph: onnx.GraphProto) -> dict[str, int]:
+    """{tensor: how many node inputs read it}."""
+    counts: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            counts[name] = counts.get(name, 0) + 1
+    return counts
 
 
 def as_tensors_data(ranges: dict[str, tuple[float, float]], method):
