@@ -17,6 +17,7 @@ from pipeline.runners.tensorrt import built_for
 from pipeline.settings import Settings
 from pipeline.stages import make_engine
 from pipeline.trt_module import describe_gpu
+from tests.concurrency import assert_each_thread_gets_its_own_result
 
 pytestmark = pytest.mark.gpu
 
@@ -120,23 +121,7 @@ def test_torch_cuda_tensors_are_used_in_place(engines):
 def test_concurrent_calls_from_other_threads(engines):
     runner = engines["text_classifier"]
     feeds = [_text_batch(1 + t % 7, seq=3 + t, seed=t) for t in range(16)]
-    expected = [runner.infer(feed) for feed in feeds]
-    failures: list[str] = []
-    start = threading.Barrier(len(feeds))
-
-    def work(index: int) -> None:
-        start.wait()
-        for call in range(20):
-            results = compare_outputs(expected[index], runner.infer(feeds[index]), rtol=1e-6)
-            if not all(c.ok for c in results.values()):
-                failures.append(f"thread {index} call {call}")
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(feeds))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not failures
+    assert_each_thread_gets_its_own_result(runner, feeds)
 
 
 def test_runner_created_in_one_thread_serves_another(folders):

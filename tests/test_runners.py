@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from pipeline.runners.tensorrt import built_for, check_gpu_target
 from pipeline.settings import Settings
 from pipeline.stages import make_engine
 from pipeline.trt_module import gpu_present
+from tests.concurrency import assert_each_thread_gets_its_own_result
 
 FP32_RTOL = 1e-4  # same graph, same inputs: only float reassociation between PyTorch and ONNX Runtime
 BACKENDS = ("onnxruntime", "torch")
@@ -261,23 +261,7 @@ def test_concurrent_calls_each_get_their_own_result(runners, backend):
     runner = runners["text_classifier", backend]
     # Different batch sizes and sequence lengths per thread, so a mix-up cannot go unnoticed.
     feeds = [_text_batch(1 + t % 5, seq=4 + t, seed=t) for t in range(16)]
-    expected = [runner.infer(feed) for feed in feeds]
-    failures: list[str] = []
-    start = threading.Barrier(len(feeds))
-
-    def work(index: int) -> None:
-        start.wait()
-        for call in range(20):
-            results = compare_outputs(expected[index], runner.infer(feeds[index]), rtol=1e-6)
-            if not all(c.ok for c in results.values()):
-                failures.append(f"thread {index} call {call}")
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(feeds))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not failures
+    assert_each_thread_gets_its_own_result(runner, feeds)
 
 
 # --------------------------------------------------------------------------- load_runner refusals
