@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pipeline.artifacts import sha256_file, write_json
 from pipeline.errors import PipelineError
+from pipeline.settings import PRECISIONS
 
 MANIFEST = "manifest.json"
 
@@ -24,16 +25,27 @@ def read_manifest(folder: Path) -> dict:
         raise PipelineError(f"{path} is not valid JSON ({error})", "delete the folder and rebuild it") from None
 
 
-def require_manifest(folder: Path) -> dict:
-    """The manifest of a finished artifact folder, or a PipelineError saying how to make one."""
+def require_manifest(folder: Path, hint: str | None = None) -> dict:
+    """The manifest of an artifact folder, or a PipelineError naming the `make engine` (or `hint`) that creates it."""
+    folder = Path(folder)
+    hint = hint or make_engine_hint(folder)
+    if not folder.is_dir():
+        raise PipelineError(f"artifact folder {folder} does not exist", f"create it with `{hint}`")
     manifest = read_manifest(folder)
     if not manifest:
-        raise PipelineError(
-            f"{folder} has no {MANIFEST}: it is not an artifact folder",
-            "create it with `make engine MODEL=<model> PRECISION=<precision>` "
-            "(folders are engines/<model>-<precision>)",
-        )
+        raise PipelineError(f"{folder} has no {MANIFEST}: it is not an artifact folder", f"create one with `{hint}`")
     return manifest
+
+
+def make_engine_hint(folder: Path, manifest: dict | None = None) -> str:
+    """The `make engine` command that (re)creates `folder`: from its manifest, else from its name."""
+    settings = (manifest or {}).get("settings")
+    if settings:
+        return f"make engine MODEL={settings['model']} PRECISION={settings['precision']} OUT={settings['out_root']}"
+    model, _, precision = Path(folder).name.rpartition("-")
+    if model and precision in PRECISIONS:
+        return f"make engine MODEL={model} PRECISION={precision} OUT={Path(folder).parent}"
+    return "make engine MODEL=<model> PRECISION=<precision>  (it writes engines/<model>-<precision>/)"
 
 
 def update_manifest(folder: Path, **entries) -> dict:

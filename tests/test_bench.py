@@ -22,6 +22,7 @@ from pipeline.bench.backends import NAMES
 from pipeline.bench.harness import make_inputs
 from pipeline.bench.timing import MIN_SAMPLES, Share, measure, summarize
 from pipeline.errors import PipelineError
+from pipeline.manifest import update_manifest
 from pipeline.parity import RTOL
 from pipeline.settings import BatchProfile, Settings
 from pipeline.stages import make_engine
@@ -129,6 +130,7 @@ def test_int8_graph_is_benchmarked_and_a_broken_backend_does_not_stop_the_others
 
     good = shutil.copytree(folder, tmp_path / "good")
     quantize_dynamic(good / "model.onnx", good / "model.int8.onnx", weight_type=QuantType.QInt8)
+    update_manifest(good, precision="int8", graph="model.int8.onnx")  # as make engine PRECISION=int8 records it
     quantized = onnx.load(str(good / "model.int8.onnx"))
     assert any(node.op_type == "DynamicQuantizeLinear" for node in quantized.graph.node)
     result = run_benchmark(good, backends=["onnxruntime-int8"], batches=[2], policy=QUICK, progress=lambda _: None)
@@ -142,6 +144,7 @@ def test_int8_graph_is_benchmarked_and_a_broken_backend_does_not_stop_the_others
 
     broken = shutil.copytree(folder, tmp_path / "broken")
     (broken / "model.int8.onnx").write_bytes(b"not an onnx graph")
+    update_manifest(broken, precision="int8", graph="model.int8.onnx")
     result = run_benchmark(
         broken, backends=["onnxruntime", "onnxruntime-int8"], batches=[2], policy=QUICK, progress=lambda _: None
     )
@@ -168,7 +171,11 @@ def test_int8_row_runs_the_sibling_folders_graph_shaped_for_onnxruntime(folder: 
     assert records["onnxruntime"]["label"] == "ONNX Runtime FP32 (runner) on model.onnx"
     assert "running model.onnx (asked for)" in records["onnxruntime"]["description"]
     assert records["onnxruntime-int8"]["label"] == f"ONNX Runtime INT8 (runner) on {int8 / 'model.int8.ort.onnx'}"
-    assert "running model.int8.ort.onnx (asked for)" in records["onnxruntime-int8"]["description"]
+    # No graph= for this row: the runner itself picks the CPU-shaped graph, as it would in a service.
+    assert (
+        "model.int8.ort.onnx (the int8 graph shaped for ONNX Runtime's CPU kernels)"
+        in (records["onnxruntime-int8"]["description"])
+    )
     assert "2 of 2 Conv/MatMul/Gemm run as int8 kernels" in records["onnxruntime-int8"]["description"]
     rows = {r["backend"]: r for r in result["results"]}
     assert rows["onnxruntime-int8"]["status"] == "ok" and rows["onnxruntime-int8"]["agreement"]["status"] == "ok"

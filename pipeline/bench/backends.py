@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pipeline.errors import PipelineError
+from pipeline.manifest import MANIFEST
 from pipeline.precision import GRAPH_NAMES
 from pipeline.runners import Runner, load_runner
 
@@ -219,8 +220,10 @@ def open_onnxruntime_session(context: Context) -> Backend:
 
 
 def open_onnxruntime_int8(context: Context) -> Backend:
-    graph = find_int8_graph(context.folder, context.manifest)
-    runner = _onnxruntime_runner(graph.parent, graph.name)
+    folder = _int8_folder(context.folder, context.manifest)
+    # No graph=: the runner picks as it would in a service (on a CPU, the graph shaped for ORT's CPU kernels).
+    runner: Any = load_runner(folder, backend="onnxruntime")  # an OnnxRuntimeRunner: it names its .graph
+    graph = folder / runner.graph
     threads = "ORT default: one intra-op thread per physical core"
     backend = RunnerBackend("onnxruntime-int8", f"ONNX Runtime INT8 (runner) on {graph}", "int8", runner, threads)
     if "CPUExecutionProvider" in runner.description and "CUDAExecutionProvider" not in runner.description:
@@ -305,34 +308,19 @@ def choices_for(names: list[str] | None) -> list[Choice]:
 # --------------------------------------------------------------------------- helpers
 
 
-def find_int8_graph(folder: Path, manifest: dict) -> Path:
-    """The INT8 graph for ONNX Runtime in this folder, else in the sibling <model>-int8 folder.
-
-    In a folder whose manifest names one (onnxruntime_cpu_graph), that is the graph shaped for ORT's CPU
-    kernels; a folder built before it existed has only the TensorRT-shaped model.int8.onnx.
-    """
+def _int8_folder(folder: Path, manifest: dict) -> Path:
+    """This folder if it was built for int8, else the sibling engines/<model>-int8/."""
+    if manifest.get("precision") == "int8":
+        return folder
     model = manifest.get("model", {}).get("name", folder.name.rsplit("-", 1)[0])
     sibling = folder.parent / f"{model}-int8"
-    for candidate in (folder, sibling):
-        names = [_cpu_graph_name(candidate, manifest if candidate == folder else None), GRAPH_NAMES["int8"]]
-        for name in names:
-            if name and (candidate / name).is_file():
-                return candidate / name
-    source = manifest.get("settings", {}).get("model", model)
-    raise Unavailable(
-        f"no INT8 graph: neither {folder / GRAPH_NAMES['int8']} nor {sibling / GRAPH_NAMES['int8']} exists "
-        f"(make engine MODEL={source} PRECISION=int8 CALIB=<data> writes the second)"
-    )
-
-
-def _cpu_graph_name(folder: Path, manifest: dict | None) -> str | None:
-    if manifest is None:
-        if not (folder / "manifest.json").is_file():
-            return None
-        from pipeline.manifest import require_manifest
-
-        manifest = require_manifest(folder)
-    return manifest.get("onnxruntime_cpu_graph")
+    if not (sibling / MANIFEST).is_file():
+        source = manifest.get("settings", {}).get("model", model)
+        raise Unavailable(
+            f"no INT8 graph: {folder} is built for {manifest.get('precision')} and {sibling} does not exist "
+            f"(make engine MODEL={source} PRECISION=int8 CALIB=<data> writes it)"
+        )
+    return sibling
 
 
 def _onnxruntime_runner(folder: Path, graph: str) -> Runner:

@@ -25,7 +25,7 @@ from pipeline.bench.timing import TimingPolicy, measure, summarize
 from pipeline.compare import compare_outputs
 from pipeline.errors import PipelineError
 from pipeline.export import load_reference
-from pipeline.manifest import require_manifest
+from pipeline.manifest import make_engine_hint, require_manifest
 from pipeline.parity import RTOL
 
 SEED = 0
@@ -34,12 +34,10 @@ Progress = Callable[[str], None]
 
 
 def require_folder(folder: Path, make_hint: str | None = None) -> dict:
-    """The manifest of a finished artifact folder, or a PipelineError naming the `make engine` that creates it."""
-    hint = make_hint or _make_hint(folder)
-    if not folder.is_dir():
-        raise PipelineError(f"artifact folder {folder} does not exist", f"create it with `{hint}`")
-    manifest = require_manifest(folder)
+    """The manifest of a finished artifact folder, or a PipelineError naming the `make engine` that finishes it."""
+    manifest = require_manifest(folder, make_hint)
     if manifest.get("complete") is not True:
+        hint = make_hint or make_engine_hint(folder, manifest)
         raise PipelineError(f"{folder} is unfinished (its last build did not complete)", f"finish it with `{hint}`")
     return manifest
 
@@ -363,11 +361,3 @@ def _progress_line(result: dict) -> str:
 
 def _error_text(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}".strip()
-
-
-def _make_hint(folder: Path) -> str:
-    """`make engine MODEL=<model> PRECISION=<precision>` from a folder named <model>-<precision>."""
-    model, _, precision = folder.name.rpartition("-")
-    if not model or precision not in RTOL:
-        return "make engine MODEL=<model> PRECISION=<precision>  (it writes engines/<model>-<precision>/)"
-    return f"make engine MODEL={model} PRECISION={precision} OUT={folder.parent}"

@@ -34,11 +34,6 @@ def load_runner(path: str | Path, backend: str = "auto", **options) -> Runner:
     if backend not in BACKENDS:
         raise PipelineError(f"unknown runner backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
     folder = Path(path)
-    if not folder.is_dir():
-        raise PipelineError(
-            f"artifact folder {folder} does not exist",
-            "create it with `make engine MODEL=<model> PRECISION=<precision>` (it writes engines/<model>-<precision>/)",
-        )
     manifest = require_manifest(folder)
     why = f"asked for backend={backend!r}"
     if backend == "auto":

@@ -53,11 +53,6 @@ def resolve_folder(args: argparse.Namespace) -> Path:
         folder = settings.artifact_dir(models.canonical_name(args.model))
     else:
         raise PipelineError("no artifact folder given", "python -m pipeline serve engines/<model>-<precision>")
-    if not folder.is_dir():
-        raise PipelineError(
-            f"artifact folder {folder} does not exist",
-            "build it first: make engine MODEL=<model> PRECISION=<precision>",
-        )
     require_manifest(folder)
     return folder
 
