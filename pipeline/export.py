@@ -100,23 +100,47 @@ def parity_batches(batch: BatchProfile) -> list[int]:
     return sizes
 
 
-def sample_inputs(spec: ModelSpec, batch: int, seed: int, axis_sizes: dict[str, int] | None = None) -> dict:
-    """Random inputs shaped like the examples at `batch`; integer inputs stay in the examples' value range."""
-    generator = torch.Generator().manual_seed(seed)
-    sizes = axis_sizes or {}
-    feed: dict[str, torch.Tensor] = {}
-    for name, example in spec.example_inputs.items():
-        shape = [batch, *example.shape[1:]]
-        for axis, declared in spec.dynamic_axes.get(name, {}).items():
-            shape[axis] = sizes.get(declared.name, shape[axis])
-        if example.is_floating_point():
-            feed[name] = torch.randn(shape, generator=generator).to(example.dtype)
-        elif example.dtype == torch.bool:
-            feed[name] = torch.rand(shape, generator=generator) > 0.5
+def random_inputs(
+    inputs: list[dict], batch: int, seed: int, *, axis_sizes: dict[str, int], int_ranges: dict[str, tuple[int, int]]
+) -> dict[str, np.ndarray]:
+    """Random arrays for input records {name, dtype, shape}: dim 0 is `batch`, named dims take `axis_sizes`.
+
+    Floats are standard normal, integers uniform within int_ranges[name] (inclusive), booleans coin flips.
+    The export's reference and the benchmark both draw their inputs here.
+    """
+    rng = np.random.default_rng([seed, batch])
+    feed: dict[str, np.ndarray] = {}
+    for record in inputs:
+        name, dtype = record["name"], np.dtype(record["dtype"])
+        dims = record["shape"]
+        shape = tuple(
+            batch if axis == 0 else (d if isinstance(d, int) else axis_sizes[d]) for axis, d in enumerate(dims)
+        )
+        if dtype.kind == "f":
+            feed[name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind == "b":
+            feed[name] = rng.random(shape) > 0.5
         else:
-            low, high = int(example.min()), int(example.max()) + 1
-            feed[name] = torch.randint(low, high, shape, generator=generator, dtype=example.dtype)
+            low, high = int_ranges[name]
+            feed[name] = rng.integers(low, high + 1, shape).astype(dtype)
     return feed
+
+
+def sample_inputs(spec: ModelSpec, batch: int, seed: int, axis_sizes: dict[str, int] | None = None) -> dict:
+    """Random tensors shaped like the examples at `batch`; integer inputs stay in the examples' value range."""
+    records: list[dict] = []
+    sizes: dict[str, int] = {}
+    int_ranges: dict[str, tuple[int, int]] = {}
+    for name, example in spec.example_inputs.items():
+        dims: list[int | str] = list(example.shape)
+        for axis, declared in spec.dynamic_axes.get(name, {}).items():
+            dims[axis] = declared.name
+            sizes.setdefault(declared.name, int(example.shape[axis]))
+        records.append({"name": name, "dtype": torch.empty(0, dtype=example.dtype).numpy().dtype, "shape": dims})
+        if not example.is_floating_point():
+            int_ranges[name] = (int(example.min()), int(example.max()))
+    arrays = random_inputs(records, batch, seed, axis_sizes={**sizes, **(axis_sizes or {})}, int_ranges=int_ranges)
+    return {name: torch.from_numpy(array) for name, array in arrays.items()}
 
 
 def reference_cases(spec: ModelSpec, batch: BatchProfile) -> list[tuple[int, dict[str, int]]]:

@@ -24,7 +24,7 @@ from pipeline.bench.report import DEVICE_RESIDENT, END_TO_END, agreement_text
 from pipeline.bench.timing import TimingPolicy, measure, summarize
 from pipeline.compare import compare_outputs
 from pipeline.errors import PipelineError
-from pipeline.export import load_reference
+from pipeline.export import load_reference, random_inputs
 from pipeline.manifest import make_engine_hint, require_manifest
 from pipeline.parity import RTOL
 
@@ -70,25 +70,9 @@ def integer_ranges(manifest: dict, reference: Path) -> dict[str, tuple[int, int]
 
 
 def make_inputs(manifest: dict, ranges: dict[str, tuple[int, int]], batch: int, seed: int) -> dict[str, np.ndarray]:
-    """Random inputs shaped like the manifest's, at `batch` and every other dynamic axis at its opt size.
-
-    Floats are standard normal, integers uniform within `ranges`, booleans fair coin flips.
-    """
-    rng = np.random.default_rng([seed, batch])
+    """Random inputs shaped like the manifest's, at `batch` and every other dynamic axis at its opt size."""
     axis_opt = {name: int(r[1]) for name, r in manifest.get("axis_ranges", {}).items()}
-    feed: dict[str, np.ndarray] = {}
-    for record in manifest["inputs"]:
-        name, dtype = record["name"], np.dtype(record["dtype"])
-        dims = record["shape"]
-        shape = tuple(batch if axis == 0 else (d if isinstance(d, int) else axis_opt[d]) for axis, d in enumerate(dims))
-        if dtype.kind == "f":
-            feed[name] = rng.standard_normal(shape).astype(dtype)
-        elif dtype.kind == "b":
-            feed[name] = rng.random(shape) > 0.5
-        else:
-            low, high = ranges[name]
-            feed[name] = rng.integers(low, high + 1, shape).astype(dtype)
-    return feed
+    return random_inputs(manifest["inputs"], batch, seed, axis_sizes=axis_opt, int_ranges=ranges)
 
 
 def open_backends(choices: list[Choice], context: Context, progress: Progress) -> tuple[list[Backend], list[dict]]:
