@@ -88,10 +88,6 @@ class Batcher:
             await asyncio.gather(*self._running, return_exceptions=True)
         self._executor.shutdown(wait=True)
 
-    @property
-    def depth(self) -> int:
-        return len(self._queue)
-
     async def submit(self, feed: dict[str, np.ndarray], items: int, timeout_s: float) -> dict[str, np.ndarray]:
         """This job's outputs; QueueFull when the queue is full, asyncio.TimeoutError past timeout_s."""
         if self._stopping:
