@@ -38,6 +38,9 @@ from pipeline.simplify import simplify_onnx
 
 ENGINE = "engine.plan"
 REFERENCE = "reference.npz"
+# Bump when the stages write different artifacts (a new graph, a changed file format), so that
+# folders written by an earlier version are rebuilt instead of reused.
+ARTIFACT_LAYOUT = 2
 VERSIONED_PACKAGES = ("torch", "onnx", "onnxsim", "onnxruntime-gpu", "onnxruntime", "numpy")
 
 
@@ -217,7 +220,7 @@ def make_engine(settings: Settings) -> Path:
     key = reuse_key(settings, run.loaded.fingerprint)
     # RECALIBRATE=1 means fresh ranges, so it never reuses a finished folder.
     names = artifact_names(settings)
-    if not (settings.force or settings.recalibrate) and _up_to_date(run.folder, key, names):
+    if not (settings.force or settings.recalibrate) and _up_to_date(run.folder, key):
         print(f"up to date   {run.folder} (same model, weights, settings and versions; FORCE=1 rebuilds)")
         return run.folder
     update_manifest(run.folder, complete=False, reuse_key=key)
@@ -247,6 +250,7 @@ def reuse_key(settings: Settings, fingerprint: str) -> str:
     """Everything that decides the artifacts: settings, model code and weights, calibration data, versions."""
     record = {k: v for k, v in settings.as_record().items() if k not in ("force", "recalibrate")}
     payload = {
+        "layout": ARTIFACT_LAYOUT,
         "settings": record,
         "model": fingerprint,
         "calibration": _calibration_fingerprint(settings) if settings.precision == "int8" else None,
@@ -277,14 +281,11 @@ def _input_axis_ranges(spec: ModelSpec) -> dict[str, list[int]]:
     }
 
 
-def _up_to_date(folder: Path, key: str, names: list[str]) -> bool:
+def _up_to_date(folder: Path, key: str) -> bool:
     manifest = read_manifest(folder)
-    # A folder written before this version added an artifact (e.g. the ONNX Runtime CPU graph) lacks it: rebuild.
-    graphs = [name for name in names if name != ENGINE]
     return (
         manifest.get("complete") is True
         and manifest.get("reuse_key") == key
-        and all(name in manifest.get("artifacts", {}) for name in graphs)
         and not artifact_problems(folder, manifest)
     )
 

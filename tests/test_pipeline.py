@@ -210,3 +210,14 @@ def test_int8_rerun_notices_changed_calibration_data(tmp_path, capsys):
     np.save(data, np.random.default_rng(1).standard_normal((16, 3, 16, 16)).astype(np.float32))
     make_engine(int8)
     assert "up to date" not in capsys.readouterr().out
+
+
+def test_a_folder_from_an_older_artifact_layout_is_rebuilt(tmp_path, capsys, monkeypatch):
+    from pipeline import stages
+
+    monkeypatch.setattr(stages, "ARTIFACT_LAYOUT", stages.ARTIFACT_LAYOUT - 1)  # as written by an earlier version
+    make_engine(settings(tmp_path))
+    monkeypatch.undo()
+    capsys.readouterr()
+    make_engine(settings(tmp_path))
+    assert "up to date" not in capsys.readouterr().out
