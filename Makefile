@@ -17,11 +17,12 @@ FORCE ?=
 RECALIBRATE ?=
 BACKENDS ?=
 BATCHES ?=
+TARGET ?=
 
 PIPELINE_ARGS = --model '$(MODEL)' --precision $(PRECISION) --batch $(BATCH) --out '$(OUT)' \
 	$(if $(WEIGHTS),--weights '$(WEIGHTS)') $(if $(INPUT_SHAPE),--input-shape '$(INPUT_SHAPE)') \
 	$(if $(DYNAMIC),--dynamic '$(DYNAMIC)') $(if $(CALIB),--calib '$(CALIB)' --calib-method $(CALIB_METHOD)) \
-	$(if $(FORCE),--force) $(if $(RECALIBRATE),--recalibrate)
+	$(if $(FORCE),--force) $(if $(RECALIBRATE),--recalibrate) $(if $(TARGET),--target '$(TARGET)')
 
 .PHONY: venv engine bench serve calibration-images accuracy test lint typecheck clean
 

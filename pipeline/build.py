@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline import trt_module
 from pipeline.artifacts import write_bytes
@@ -32,12 +32,14 @@ def build_engine(
     axis_ranges: dict[str, AxisRange] | None = None,
     workspace_mib: int = 4096,
     builder: str = "auto",
+    target: str = "default",
     timing_cache: Path | None = None,
 ) -> dict:
     """Build `engine_path` from `onnx_path`; return a JSON-ready record for the manifest.
 
     `batch` gives dim 0 of every input its min/opt/max; every other dynamic dim is looked up by
-    its ONNX dim_param name in `axis_ranges` (e.g. {"height": (224, 384, 512)}).
+    its ONNX dim_param name in `axis_ranges` (e.g. {"height": (224, 384, 512)}).  `target` is the
+    GPUs a TensorRT-RTX engine is built for (pipeline.settings.TARGETS).
     """
     started = time.perf_counter()
     onnx_path, engine_path = Path(onnx_path), Path(engine_path)
@@ -52,6 +54,7 @@ def build_engine(
     # The workspace pool caps the scratch memory a tactic may use; TensorRT 10+ replaced
     # max_workspace_size with memory-pool limits.
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mib << 20)
+    _set_targets(trt, config, target)
     dims = _onnx_input_dims(onnx_path)
     profile_shapes = _profile_shapes(network, dims, batch, axis_ranges or {})
     _add_profile(trt_builder, config, profile_shapes)
@@ -244,6 +247,44 @@ def _add_profile(
 
 def _shapes_record(shapes: tuple[Shape, Shape, Shape]) -> dict:
     return {"min": list(shapes[0]), "opt": list(shapes[1]), "max": list(shapes[2])}
+
+
+# --------------------------------------------------------------------------- the GPUs it runs on
+
+
+def _set_targets(trt: ModuleType, config: tensorrt.IBuilderConfig, target: str) -> None:
+    """Choose the compute capabilities of a TensorRT-RTX engine; the full TensorRT builds for its own GPU.
+
+    TensorRT-RTX builds for its documented default set when none is set; CURRENT asks for the GPU
+    present at build time (it needs one).
+    """
+    if target == "default":
+        return
+    if not trt_module.is_rtx(trt):
+        if target == "current":
+            return  # what the full TensorRT always does
+        raise PipelineError(
+            f"build target {target!r} needs TensorRT-RTX; the full TensorRT builds only for the GPU it runs on",
+            "leave TARGET unset with the full TensorRT, or build with builder 'tensorrt_rtx'",
+        )
+    names = ["CURRENT"] if target == "current" else [name.strip().upper() for name in target.split(",")]
+    if target == "current" and not trt_module.gpu_present():
+        raise PipelineError(
+            "TARGET=current builds for the GPU of this machine, and none is usable here",
+            "build on the GPU machine, or name its compute capability (e.g. TARGET=sm89)",
+        )
+    known = [name for name in dir(trt.ComputeCapability) if name.startswith("SM")]
+    unknown = [name for name in names if name != "CURRENT" and name not in known]
+    if unknown:
+        raise PipelineError(
+            f"{trt.__name__} {trt.__version__} cannot build for {', '.join(unknown)}",
+            f"choose from {', '.join(known)}, current or default",
+        )
+    rtx_config: Any = config  # the compute-capability calls exist only in tensorrt_rtx (no stubs)
+    rtx_config.num_compute_capabilities = len(names)
+    for index, name in enumerate(names):
+        if not rtx_config.set_compute_capability(getattr(trt.ComputeCapability, name), index):
+            raise PipelineError(f"TensorRT-RTX refused compute capability {name}", f"choose from {', '.join(known)}")
 
 
 # --------------------------------------------------------------------------- timing cache

@@ -55,6 +55,11 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=defaults.out_root, help="artifact root folder [OUT]")
     parser.add_argument("--workspace-mib", type=int, default=defaults.workspace_mib, help="builder workspace limit")
     parser.add_argument("--builder", default=defaults.builder, choices=BUILDERS, help="TensorRT module to build with")
+    parser.add_argument(
+        "--target",
+        default=defaults.target,
+        help="GPUs a TensorRT-RTX engine runs on: default, current (this machine's GPU) or e.g. sm86,sm89 [TARGET]",
+    )
     parser.add_argument("--calib", type=Path, help="calibration data for int8: image folder or .npy/.npz [CALIB]")
     parser.add_argument("--calib-method", default=defaults.calib_method, choices=CALIB_METHODS, help="[CALIB_METHOD]")
     parser.add_argument("--calib-samples", type=int, default=defaults.calib_samples, help="calibration samples")
@@ -74,6 +79,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         out_root=args.out,
         workspace_mib=args.workspace_mib,
         builder=args.builder,
+        target=args.target,
         calib=args.calib,
         calib_method=args.calib_method,
         calib_samples=args.calib_samples,

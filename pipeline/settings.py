@@ -12,6 +12,10 @@ OPSET = 17  # fixed: TensorRT 10/11 and ONNX Runtime all read it; recorded in th
 PRECISIONS = ("fp32", "fp16", "int8")
 BUILDERS = ("auto", "tensorrt", "tensorrt_rtx")
 CALIB_METHODS = ("max", "percentile", "entropy")
+# The GPUs an engine is built for.  default: TensorRT-RTX's documented ahead-of-time set (the full
+# TensorRT always builds for the GPU it runs on); current: the GPU present at build time; or a
+# comma-separated list of TensorRT-RTX compute capabilities, e.g. sm86,sm89.
+TARGETS = ("default", "current")
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,7 @@ class Settings:
     out_root: Path = Path("engines")
     workspace_mib: int = 4096
     builder: str = "auto"
+    target: str = "default"
     calib: Path | None = None
     calib_method: str = "percentile"
     calib_samples: int = 256
@@ -79,6 +84,7 @@ class Settings:
             )
         if self.builder not in BUILDERS:
             raise PipelineError(f"unknown builder {self.builder!r}", f"use one of {', '.join(BUILDERS)}")
+        check_target(self.target)
         if self.calib_method not in CALIB_METHODS:
             raise PipelineError(
                 f"unknown calibration method {self.calib_method!r}",
@@ -109,3 +115,15 @@ class Settings:
         record = asdict(self)
         record["batch"] = str(self.batch)
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in record.items()}
+
+
+def check_target(target: str) -> None:
+    """`default`, `current`, or a list of compute capabilities named as TensorRT-RTX names them (sm86,sm89)."""
+    names = [name.strip().lower() for name in target.split(",")]
+    if target in TARGETS or all(re.fullmatch(r"sm\d{2,3}", name) for name in names):
+        return
+    raise PipelineError(
+        f"unknown build target {target!r}",
+        "give TARGET=default (TensorRT-RTX's documented GPUs), TARGET=current (the GPU of this machine), "
+        "or compute capabilities such as TARGET=sm86,sm89",
+    )

@@ -186,6 +186,7 @@ def _build(run: Run, graph: Path, axis_ranges: dict) -> dict:
         axis_ranges=axis_ranges,
         workspace_mib=run.settings.workspace_mib,
         builder=run.settings.builder,
+        target=run.settings.target,
         timing_cache=Path(run.settings.out_root) / "timing.cache",
     )
     builder = record["builder"]

@@ -283,12 +283,15 @@ def describe_target(trt: ModuleType, config: tensorrt.IBuilderConfig) -> dict:
     # no type stubs; the TensorRT stubs do not describe them, hence the Any.
     rtx_config: Any = config
     chosen = [rtx_config.get_compute_capability(i).name for i in range(rtx_config.num_compute_capabilities)]
-    return {
+    record: dict[str, Any] = {
         "kind": "ahead-of-time",
         "compute_capabilities": chosen or "default",
         "documented_default": list(RTX_DOCUMENTED_DEFAULT_TARGETS) if not chosen else None,
         "gpu_present": gpu_present(),
     }
+    if "CURRENT" in chosen:  # names no architecture: the GPU at hand is what it means
+        record["gpu"] = describe_gpu(0)
+    return record
 
 
 def dims(shape: tensorrt.Dims) -> list[int]:

@@ -13,6 +13,7 @@ import pytest
 from pipeline.compare import compare_outputs
 from pipeline.errors import PipelineError
 from pipeline.runners import load_runner
+from pipeline.runners.device_memory import LAYERS, available_layers
 from pipeline.runners.tensorrt import built_for
 from pipeline.settings import Settings
 from pipeline.stages import make_engine
@@ -148,3 +149,36 @@ def test_close_frees_device_memory(folders):
     assert free_before - free_after < 16 << 20  # five loads of three contexts each leave (almost) nothing behind
     with pytest.raises(PipelineError, match="this runner was closed"):
         runner.infer(_cnn_batch(1))
+
+
+EXECUTIONS = {
+    "execute_v2": {"execution": "v2"},
+    "execute_async_v3": {"execution": "v3"},
+    "rtx_graphs": {"cuda_graphs": True},
+}
+
+
+@pytest.mark.parametrize("options", EXECUTIONS.values(), ids=EXECUTIONS.keys())
+@pytest.mark.parametrize("layer", LAYERS)
+def test_every_memory_layer_and_execution_agree(folders, references, layer, options):
+    if layer not in available_layers():
+        pytest.skip(f"{layer} does not import here (both are tried on the GPU machine: tools/device/run.sh)")
+    folder = folders["text_classifier"]
+    with load_runner(folder, "tensorrt", device_memory=layer, **options, **_target_options(folder)) as runner:
+        # A shape repeated: CUDA graphs are captured after the first calls at a shape and replayed after that.
+        for rows, seq in [(1, 1), (8, 12), (8, 12), (8, 12), (32, 64), (8, 12)]:
+            feed = _text_batch(rows, seq, seed=rows + seq)
+            _assert_close(references["text_classifier"].infer(feed), runner.infer(feed), ENGINE_RTOL)
+
+
+def test_infer_on_device_writes_into_the_callers_tensors(engines):
+    import torch
+
+    runner = engines["tiny_cnn"]
+    feed = _cnn_batch(8, seed=5)
+    inputs = {"input": torch.from_numpy(feed["input"]).cuda()}
+    outputs = {"logits": torch.empty((8, 10), device="cuda")}
+    assert runner.infer_on_device(inputs, outputs) is outputs
+    _assert_close(runner.infer(feed), {"logits": outputs["logits"].cpu().numpy()}, rtol=1e-6)
+    with pytest.raises(PipelineError, match=r"this call writes float32 \(8, 10\)"):
+        runner.infer_on_device(inputs, {"logits": torch.empty((4, 10), device="cuda")})

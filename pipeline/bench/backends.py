@@ -250,24 +250,46 @@ def int8_execution_note(graph: Path) -> str:
     )
 
 
-def open_tensorrt(context: Context) -> Backend:
-    from pipeline.trt_module import gpu_present
+class TensorRTBackend(RunnerBackend):
+    """The engine runner; device-resident through infer_on_device (torch CUDA tensors in and out)."""
 
-    engine = context.folder / context.manifest.get("engine", "engine.plan")
-    if not engine.is_file():
-        reason = context.manifest.get("build", {}).get("reason", "no TensorRT builder was installed")
-        raise Unavailable(f"{context.folder} has no {engine.name} ({reason})")
-    if not gpu_present():
-        raise Unavailable(f"running {engine.name} needs an NVIDIA GPU and driver; none is usable here")
-    runner = load_runner(context.folder, backend="tensorrt")
-    precision = context.manifest.get("precision", "fp16")
-    backend = RunnerBackend("tensorrt", "TensorRT engine (runner)", precision, runner, "n/a (GPU)")
-    backend.device_note = (
-        "not measured: the TensorRT runner takes torch CUDA inputs in place but always copies outputs to the host, "
-        "so its figure would not match the other rows' outputs-left-on-device definition"
-    )
-    backend.memory_note = "n/a: the TensorRT runner does not report its device allocations"
-    return backend
+    def __init__(self, name: str, label: str, precision: str, runner: Any):
+        super().__init__(name, label, precision, runner, "n/a (GPU)")
+        self.device_note = ""
+        self.memory_note = "n/a: the TensorRT runner does not report its device allocations"
+
+    def stage(self, feed: dict[str, np.ndarray]) -> Callable[[], object] | None:
+        import torch
+
+        runner: Any = self.runner  # a TensorRTRunner
+        inputs = {name: torch.from_numpy(value).cuda() for name, value in feed.items()}
+        # One call on the host path gives the output shapes; the timed calls then write into these tensors.
+        shapes = {name: value.shape for name, value in runner.infer(feed).items()}
+        dtypes = {spec.name: getattr(torch, str(spec.dtype)) for spec in runner.outputs}
+        outputs = {name: torch.empty(shape, dtype=dtypes[name], device="cuda") for name, shape in shapes.items()}
+        return lambda: runner.infer_on_device(inputs, outputs)
+
+
+def _tensorrt_opener(name: str, label: str, **options: Any) -> Callable[[Context], Backend]:
+    """Open the engine through the runner with `options` (execution=, cuda_graphs=)."""
+
+    def open_tensorrt(context: Context) -> Backend:
+        from pipeline.trt_module import gpu_present
+
+        engine = context.folder / context.manifest.get("engine", "engine.plan")
+        if not engine.is_file():
+            reason = context.manifest.get("build", {}).get("reason", "no TensorRT builder was installed")
+            raise Unavailable(f"{context.folder} has no {engine.name} ({reason})")
+        if not gpu_present():
+            raise Unavailable(f"running {engine.name} needs an NVIDIA GPU and driver; none is usable here")
+        try:
+            runner = load_runner(context.folder, backend="tensorrt", **options)
+        except PipelineError as error:
+            raise Unavailable(f"{error.problem} ({error.fix})") from None
+        precision = context.manifest.get("precision", "fp16")
+        return TensorRTBackend(name, label, precision, runner)
+
+    return open_tensorrt
 
 
 @dataclass(frozen=True)
@@ -289,7 +311,21 @@ CHOICES = (
         "ONNX Runtime on the INT8 graph shaped for its CPU kernels (here or in <model>-int8/)",
         open_onnxruntime_int8,
     ),
-    Choice("tensorrt", "the TensorRT engine through the runner (GPU)", open_tensorrt),
+    Choice(
+        "tensorrt",
+        "the TensorRT engine through the runner, its default execution (GPU)",
+        _tensorrt_opener("tensorrt", "TensorRT engine (runner)"),
+    ),
+    Choice(
+        "tensorrt-v2",
+        "the engine through the runner with execute_v2 (GPU)",
+        _tensorrt_opener("tensorrt-v2", "TensorRT engine, execute_v2", execution="v2"),
+    ),
+    Choice(
+        "tensorrt-graphs",
+        "the engine through the runner with TensorRT-RTX's CUDA graphs (GPU)",
+        _tensorrt_opener("tensorrt-graphs", "TensorRT engine, execute_async_v3 + CUDA graphs", cuda_graphs=True),
+    ),
 )
 NAMES = tuple(choice.name for choice in CHOICES)
 

@@ -71,6 +71,10 @@ class DeviceMemory:
     def destroy_stream(self, stream: Any) -> None:
         raise NotImplementedError
 
+    def handle(self, stream: Any) -> int:
+        """The stream's CUstream as an int (what execute_async_v3 takes)."""
+        raise NotImplementedError
+
     def h2d_async(self, address: int, host: np.ndarray, nbytes: int, stream: Any) -> None:
         raise NotImplementedError
 
@@ -123,6 +127,9 @@ class PycudaMemory(DeviceMemory):
 
     def destroy_stream(self, stream: Any) -> None:
         """pycuda has no explicit destroy: a Stream is destroyed when the runner drops its last reference."""
+
+    def handle(self, stream: Any) -> int:
+        return int(stream.handle)
 
     def h2d_async(self, address: int, host: np.ndarray, nbytes: int, stream: Any) -> None:
         self._cuda.memcpy_htod_async(address, host[:nbytes], stream)
@@ -182,6 +189,9 @@ class CudaPythonMemory(DeviceMemory):
 
     def destroy_stream(self, stream: Any) -> None:
         self._check("cuStreamDestroy", self._driver.cuStreamDestroy(stream))
+
+    def handle(self, stream: Any) -> int:
+        return int(stream)  # CUstream converts to its address
 
     def h2d_async(self, address: int, host: np.ndarray, nbytes: int, stream: Any) -> None:
         self._check("cuMemcpyHtoDAsync", self._driver.cuMemcpyHtoDAsync(address, host.ctypes.data, nbytes, stream))

@@ -10,6 +10,14 @@ handed out through a queue; a call takes one, runs, and gives it back.  One cont
 would serialise whole requests, copies included; two let one request's copies overlap another's
 kernels, while each extra context costs its activation memory plus I/O buffers at max shape, so
 the pool stays small (kernels of one GPU mostly serialise anyway).  contexts=1 is a plain lock.
+
+Execution: `execute_async_v3` by default (tensor addresses bound on the context, the kernels and
+the copies queued on the slot's own stream, one synchronisation per call), or `execute_v2`
+(bindings by position; it runs synchronously on a stream of TensorRT's own, so the inputs are
+synchronised before it and the outputs copied after it).  With TensorRT-RTX, `cuda_graphs=True`
+turns on its built-in CUDA graph capture (one graph per input shape, captured after the first
+calls at that shape), which removes the per-kernel launch cost at small batches.
+The choice was measured on an H100: docs/benchmarks/resnet50-h100.md.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ if TYPE_CHECKING:
     import tensorrt
 
 DEFAULT_CONTEXTS = 2
+EXECUTIONS = ("v3", "v2")  # execute_async_v3 (the default) or execute_v2
 
 
 # --------------------------------------------------------------------------- checks before the GPU
@@ -89,8 +98,10 @@ def built_for(target: dict) -> list[str] | None:
     if chosen == "default":
         return list(target.get("documented_default") or [])
     names = [str(name) for name in chosen or []]
-    # TensorRT-RTX's ComputeCapability names: SM80 -> 8.0, SM120 -> 12.0; CURRENT names no architecture.
+    # TensorRT-RTX's ComputeCapability names: SM80 -> 8.0, SM120 -> 12.0; CURRENT is the GPU of the build.
+    current = (target.get("gpu") or {}).get("compute_capability")
     parsed = [f"{name[2:-1]}.{name[-1]}" for name in names if name.startswith("SM") and name[2:].isdigit()]
+    parsed += [current for name in names if name == "CURRENT" and current]
     return parsed if len(parsed) == len(names) else None
 
 
@@ -142,6 +153,8 @@ class TensorRTRunner(Runner):
         device: int = 0,
         check_target: bool = True,
         split_large_batches: bool = True,
+        execution: str = "v3",
+        cuda_graphs: bool = False,
     ):
         from pipeline.trt_module import RecordingLogger, describe_gpu, import_trt
 
@@ -151,6 +164,7 @@ class TensorRTRunner(Runner):
         plan = read_plan(self.folder, manifest)
         trt = import_trt(manifest["build"]["builder"]["module"])
         check_builder(manifest, trt)
+        _check_execution(trt, execution, cuda_graphs)
         gpu = describe_gpu(device)
         if gpu is None:
             raise PipelineError(
@@ -161,6 +175,8 @@ class TensorRTRunner(Runner):
             check_gpu_target(manifest, gpu)
         self._trt = trt
         self._device = device
+        self._execution = execution
+        self._cuda_graphs = cuda_graphs
         self._logger = RecordingLogger.for_module(trt)
         self._memory: DeviceMemory = open_device_memory(device_memory, device)
         self._slots: list[_Slot] = []
@@ -186,7 +202,8 @@ class TensorRTRunner(Runner):
             self._idle.put(slot)
         self.description = (
             f"{trt.__name__} {trt.__version__} engine on {gpu['name']} (sm {gpu['compute_capability']}), "
-            f"{contexts} execution context(s), device memory via {self._memory.name}"
+            f"{contexts} execution context(s), {_EXECUTION_NAMES[execution]}"
+            f"{' with TensorRT-RTX CUDA graphs' if cuda_graphs else ''}, device memory via {self._memory.name}"
         )
 
     # ------------------------------------------------------------------ loading
@@ -232,7 +249,7 @@ class TensorRTRunner(Runner):
 
     def _add_slot(self) -> None:
         """One more execution context with its buffers; registered first, so a failure halfway frees them."""
-        context = self._engine.create_execution_context()
+        context = self._create_context()
         if context is None:
             raise PipelineError(
                 "TensorRT could not create an execution context (out of GPU memory?)",
@@ -248,6 +265,23 @@ class TensorRTRunner(Runner):
             slot.device[name] = self._memory.alloc(size)
             slot.host[name] = self._memory.pinned(size)
         slot.bindings = [slot.device[name] for name in self._io]
+        if self._execution == "v3":  # bound once; a torch CUDA input rebinds its own per call
+            for name in self._io:
+                self._bind(slot.context, name, slot.device[name])
+
+    def _create_context(self) -> tensorrt.IExecutionContext:
+        if not self._cuda_graphs:
+            return self._engine.create_execution_context()
+        # TensorRT-RTX only (checked in __init__); its runtime config has no type stubs.
+        engine: Any = self._engine
+        config = engine.create_runtime_config()
+        config.cuda_graph_strategy = self._trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
+        return engine.create_execution_context(config)
+
+    @staticmethod
+    def _bind(context: tensorrt.IExecutionContext, name: str, address: int) -> None:
+        if not context.set_tensor_address(name, address):
+            raise RuntimeError(f"TensorRT refused the device address of tensor {name!r}")
 
     def _nbytes(self, name: str, shape: tuple[int, ...]) -> int:
         if any(d < 0 for d in shape):
@@ -282,36 +316,9 @@ class TensorRTRunner(Runner):
             self._idle.put(slot)
 
     def _execute(self, slot: _Slot, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        bindings = list(slot.bindings)
-        on_gpu = []
-        for index, spec in self._bound_inputs:
-            value = feed[spec.name]
-            self._set_shape(slot.context, spec.name, tuple(value.shape))
-            if type(value) is np.ndarray:
-                # Through the pinned buffer: np.copyto also makes a strided input contiguous.
-                staged = slot.host[spec.name][: value.nbytes].view(value.dtype).reshape(value.shape)
-                np.copyto(staged, value)
-                self._memory.h2d_async(slot.device[spec.name], slot.host[spec.name], value.nbytes, slot.stream)
-            else:  # a torch CUDA tensor: bound in place on its GPU, no host round trip
-                if value.device.index != self._device:
-                    raise PipelineError(
-                        f"input {spec.name!r} is on cuda:{value.device.index}, the engine runs on cuda:{self._device}",
-                        f"move it first: {spec.name}.to('cuda:{self._device}')",
-                    )
-                bindings[index] = value.data_ptr()
-                on_gpu.append(value)
-        if on_gpu:
-            # The tensors may still be being written on torch's stream; TensorRT must not read them early.
-            import torch
-
-            torch.cuda.current_stream(on_gpu[0].device).synchronize()
-        # execute_v2 runs synchronously on TensorRT's own stream, so the inputs must have landed first.
-        self._memory.sync(slot.stream)
-        mark = self._logger.mark()
-        if not slot.context.execute_v2(bindings):
-            raise RuntimeError(f"TensorRT execute_v2 failed: {'; '.join(self._logger.since(mark)) or 'no message'}")
-        # Exactly the valid rows: the output shapes follow from this call's input shapes.
-        shapes = {spec.name: tuple(dims(slot.context.get_tensor_shape(spec.name))) for spec in self.outputs}
+        addresses = self._stage_inputs(slot, feed)
+        shapes = self._output_shapes(slot)
+        self._enqueue(slot, addresses)
         sizes = {name: self._nbytes(name, shape) for name, shape in shapes.items()}
         for name, nbytes in sizes.items():
             self._memory.d2h_async(slot.host[name], slot.device[name], nbytes, slot.stream)
@@ -321,6 +328,100 @@ class TensorRTRunner(Runner):
             spec.name: slot.host[spec.name][: sizes[spec.name]].view(spec.dtype).reshape(shapes[spec.name]).copy()
             for spec in self.outputs
         }
+
+    def _stage_inputs(self, slot: _Slot, feed: Mapping[str, Any]) -> dict[str, int]:
+        """Set this call's input shapes and put every input on the device; return the address of each."""
+        addresses: dict[str, int] = {}
+        on_gpu = []
+        for _, spec in self._bound_inputs:
+            value = feed[spec.name]
+            self._set_shape(slot.context, spec.name, tuple(value.shape))
+            if type(value) is np.ndarray:
+                # Through the pinned buffer: np.copyto also makes a strided input contiguous.
+                staged = slot.host[spec.name][: value.nbytes].view(value.dtype).reshape(value.shape)
+                np.copyto(staged, value)
+                self._memory.h2d_async(slot.device[spec.name], slot.host[spec.name], value.nbytes, slot.stream)
+                addresses[spec.name] = slot.device[spec.name]
+            else:  # a torch CUDA tensor: bound in place on its GPU, no host round trip
+                addresses[spec.name] = self._cuda_address(spec.name, value)
+                on_gpu.append(value)
+        if on_gpu:
+            # The tensors may still be being written on torch's stream; TensorRT must not read them early.
+            import torch
+
+            torch.cuda.current_stream(on_gpu[0].device).synchronize()
+        return addresses
+
+    def _cuda_address(self, name: str, value: Any) -> int:
+        if value.device.index != self._device:
+            raise PipelineError(
+                f"tensor {name!r} is on cuda:{value.device.index}, the engine runs on cuda:{self._device}",
+                f"move it first: {name}.to('cuda:{self._device}')",
+            )
+        return int(value.data_ptr())
+
+    def _output_shapes(self, slot: _Slot) -> dict[str, tuple[int, ...]]:
+        """Exactly the valid rows: the output shapes follow from this call's input shapes."""
+        return {spec.name: tuple(dims(slot.context.get_tensor_shape(spec.name))) for spec in self.outputs}
+
+    def _enqueue(self, slot: _Slot, addresses: dict[str, int]) -> None:
+        """Run the engine on `addresses` (tensor name -> device address; the slot's own buffers for the rest)."""
+        mark = self._logger.mark()
+        if self._execution == "v2":
+            bindings = [addresses.get(name, address) for name, address in zip(self._io, slot.bindings, strict=True)]
+            # execute_v2 runs synchronously on TensorRT's own stream, so the inputs must have landed first.
+            self._memory.sync(slot.stream)
+            ok = slot.context.execute_v2(bindings)
+        else:
+            for name, address in addresses.items():
+                self._bind(slot.context, name, address)
+            ok = slot.context.execute_async_v3(self._memory.handle(slot.stream))
+        if not ok:
+            call = "execute_v2" if self._execution == "v2" else "execute_async_v3"
+            raise RuntimeError(f"TensorRT {call} failed: {'; '.join(self._logger.since(mark)) or 'no message'}")
+        if self._execution == "v3":  # the slot's own buffers back in place for the next host call
+            for name in addresses:
+                self._bind(slot.context, name, slot.device[name])
+
+    def infer_on_device(self, feed: Mapping[str, Any], outputs: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Device-resident inference: torch CUDA inputs in, results written into the caller's torch CUDA tensors.
+
+        Nothing crosses to the host; `outputs` must hold a contiguous tensor of the output's dtype and
+        exact shape for every output (at most max_batch rows: no chunking here).  Returns `outputs`
+        once the engine has finished writing them.
+        """
+        batch = self._check(feed)
+        if batch > self.max_batch:
+            raise PipelineError(
+                f"infer_on_device got {batch} rows, more than the profile's max batch {self.max_batch}",
+                f"send at most {self.max_batch} rows per call",
+            )
+        if any(isinstance(value, np.ndarray) for value in feed.values()):
+            raise PipelineError("infer_on_device takes torch CUDA tensors only", "use infer() for numpy arrays")
+        slot = self._idle.get()
+        self._memory.push()
+        try:
+            addresses = self._stage_inputs(slot, feed)
+            for name, shape in self._output_shapes(slot).items():
+                addresses[name] = self._output_address(name, shape, outputs)
+            self._enqueue(slot, addresses)
+            self._memory.sync(slot.stream)
+        finally:
+            self._memory.pop()
+            self._idle.put(slot)
+        return outputs
+
+    def _output_address(self, name: str, shape: tuple[int, ...], outputs: Mapping[str, Any]) -> int:
+        spec = next(spec for spec in self.outputs if spec.name == name)
+        if name not in outputs:
+            raise PipelineError(f"no tensor given for output {name!r}", f"pass outputs={{{name!r}: tensor}}")
+        dtype, given = _numpy_or_torch_cuda(name, outputs[name])
+        if dtype != spec.dtype or tuple(given) != shape:
+            raise PipelineError(
+                f"output tensor {name!r} is {dtype} {tuple(given)}, this call writes {spec.dtype} {shape}",
+                f"allocate it as torch.empty({shape}, dtype=torch.{spec.dtype}, device='cuda:{self._device}')",
+            )
+        return self._cuda_address(name, outputs[name])
 
     # ------------------------------------------------------------------ lifetime
 
@@ -352,6 +453,23 @@ class TensorRTRunner(Runner):
         for created in ("_engine", "_runtime"):
             if hasattr(self, created):
                 delattr(self, created)
+
+
+_EXECUTION_NAMES = {"v3": "execute_async_v3", "v2": "execute_v2"}
+
+
+def _check_execution(trt: ModuleType, execution: str, cuda_graphs: bool) -> None:
+    if execution not in EXECUTIONS:
+        raise PipelineError(f"unknown execution {execution!r}", f"use one of {', '.join(EXECUTIONS)}")
+    if not cuda_graphs:
+        return
+    if not hasattr(trt, "CudaGraphStrategy"):
+        raise PipelineError(
+            f"cuda_graphs=True uses TensorRT-RTX's built-in CUDA graph capture, which {trt.__name__} lacks",
+            "load without cuda_graphs, or build and run the engine with tensorrt_rtx",
+        )
+    if execution != "v3":
+        raise PipelineError("CUDA graphs capture execute_async_v3, not execute_v2", "use execution='v3'")
 
 
 _TORCH_DTYPES: dict[Any, np.dtype] = {}

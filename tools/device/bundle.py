@@ -1,0 +1,88 @@
+"""Prepare what the GPU machine needs, in git-ignored folders of 64 MiB or less each (one per device call).
+
+The GPU machine has no network and no TensorRT, pycuda or onnxsim (../shared/docs/GPU.md).  This
+downloads the CPython 3.12 manylinux x86-64 wheels and the pycuda sdist from PyPI, splits the
+95 MB tensorrt-rtx libs wheel across the two call folders, and builds a small engine here with
+TensorRT-RTX's ahead-of-time defaults, so the device can answer whether such a plan runs on it:
+
+    python tools/device/bundle.py          # -> .devbundle/a (first call), .devbundle/b (second call)
+
+tools/device/run.sh is what the device runs with each folder (see its header for the calls).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BUNDLE = ROOT / ".devbundle"
+PART_BYTES = 58 << 20  # a part plus the repository stays under the 64 MiB a device call carries
+RTX = "1.7.1.116"
+WHEELS = [f"tensorrt-rtx-cu13-libs=={RTX}", f"tensorrt-rtx-cu13-bindings=={RTX}", "onnxsim==0.8.1"]
+# pycuda's own needs that the GPU machine's image lacks (numpy, typing-extensions, markupsafe are there).
+PYCUDA_NEEDS = ["pytools", "platformdirs", "mako", "siphash24"]
+PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
+
+
+def download_wheels(names: list[str], into: Path) -> list[Path]:
+    platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
+    command = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
+    command += ["--python-version", "3.12", "--implementation", "cp", *platforms, "-d", str(into), *names]
+    subprocess.run(command, check=True)
+    return sorted(into.glob("*.whl"))
+
+
+def download_sdist(name: str, into: Path) -> Path:
+    """The newest sdist of `name` from PyPI's JSON API (pip download would try to build it here)."""
+    with urllib.request.urlopen(f"https://pypi.org/pypi/{name}/json", timeout=60) as answer:
+        release = json.load(answer)
+    url = next(file["url"] for file in release["urls"] if file["packagetype"] == "sdist")
+    target = into / url.rsplit("/", 1)[1]
+    with urllib.request.urlopen(url, timeout=300) as source, target.open("wb") as sink:
+        shutil.copyfileobj(source, sink)
+    return target
+
+
+def split(path: Path, first: Path, second: Path) -> str:
+    """Write `path` as <name>.part0 into `first` and .part1 into `second`; return its sha256."""
+    data = path.read_bytes()
+    (first / f"{path.name}.part0").write_bytes(data[:PART_BYTES])
+    (second / f"{path.name}.part1").write_bytes(data[PART_BYTES:])
+    path.unlink()
+    return hashlib.sha256(data).hexdigest()
+
+
+def build_aot_engine(into: Path) -> None:
+    """tiny_cnn at FP32 with TensorRT-RTX's default targets (8.0/8.6/8.9/12.0): does it run on SM 9.0?"""
+    command = [sys.executable, "-m", "pipeline", "all", "--model", "tests.toy_models:tiny_cnn"]
+    command += ["--precision", "fp32", "--builder", "tensorrt_rtx", "--out", str(into / "aot")]
+    subprocess.run(command, check=True, cwd=ROOT)
+
+
+def main() -> int:
+    shutil.rmtree(BUNDLE, ignore_errors=True)
+    first, second, scratch = BUNDLE / "a", BUNDLE / "b", BUNDLE / "scratch"
+    for folder in (first, second, scratch):
+        folder.mkdir(parents=True)
+    (libs,) = download_wheels(WHEELS[:1], scratch)
+    sha = split(libs, first, second)
+    (second / "SHA256SUMS").write_text(f"{sha}  {libs.name}\n")
+    download_wheels(WHEELS[1:], second)
+    download_wheels(PYCUDA_NEEDS, first)
+    download_sdist("pycuda", first)
+    build_aot_engine(second)
+    shutil.rmtree(scratch)
+    for folder in (first, second):
+        size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+        print(f"{folder.relative_to(ROOT)}: {size / 2**20:.1f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
