@@ -268,11 +268,8 @@ def _set_targets(trt: ModuleType, config: tensorrt.IBuilderConfig, target: str) 
             "leave TARGET unset with the full TensorRT, or build with builder 'tensorrt_rtx'",
         )
     names = ["CURRENT"] if target == "current" else [name.strip().upper() for name in target.split(",")]
-    if target == "current" and not trt_module.gpu_present():
-        raise PipelineError(
-            "TARGET=current builds for the GPU of this machine, and none is usable here",
-            "build on the GPU machine, or name its compute capability (e.g. TARGET=sm89)",
-        )
+    if target == "current":
+        _check_current_gpu(trt)
     known = [name for name in dir(trt.ComputeCapability) if name.startswith("SM")]
     unknown = [name for name in names if name != "CURRENT" and name not in known]
     if unknown:
@@ -285,6 +282,22 @@ def _set_targets(trt: ModuleType, config: tensorrt.IBuilderConfig, target: str) 
     for index, name in enumerate(names):
         if not rtx_config.set_compute_capability(getattr(trt.ComputeCapability, name), index):
             raise PipelineError(f"TensorRT-RTX refused compute capability {name}", f"choose from {', '.join(known)}")
+
+
+def _check_current_gpu(trt: ModuleType) -> None:
+    """TARGET=current needs a GPU that TensorRT-RTX runs on: on an H100 it writes a plan for no GPU at all."""
+    gpu = trt_module.describe_gpu(0)
+    if gpu is None:
+        raise PipelineError(
+            "TARGET=current builds for the GPU of this machine, and none is usable here",
+            "build on the GPU machine, or name its compute capability (e.g. TARGET=sm89)",
+        )
+    if not trt_module.rtx_runs_on(gpu["compute_capability"]):
+        raise PipelineError(
+            f"{trt.__name__} {trt.__version__} cannot build for this GPU, {gpu['name']} (compute capability "
+            f"{gpu['compute_capability']}): TensorRT-RTX runs on {', '.join(trt_module.RTX_RUNTIME_TARGETS)} and later",
+            "build with the full TensorRT on this GPU (builder 'tensorrt'), or serve the ONNX graph with ONNX Runtime",
+        )
 
 
 # --------------------------------------------------------------------------- timing cache

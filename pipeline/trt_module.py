@@ -37,6 +37,21 @@ INSTALL_FULL = (
 # Turing (7.5) must be asked for explicitly.
 # https://docs.nvidia.com/deeplearning/tensorrt-rtx/latest/inference-library/cpu-engines.html
 RTX_DOCUMENTED_DEFAULT_TARGETS = ("8.0", "8.6", "8.9", "12.0")
+# The GPUs TensorRT-RTX's runtime runs any engine on, as its refusal on an H100 lists them
+# ("Supported compute capabilities: 8.0 8.6 8.9 12.0 12.1 >12.0"; 7.5 when built for it).  Hopper
+# (9.0: H100, H200) is not among them, whatever the build targets: docs/benchmarks/resnet50-h100.md.
+RTX_RUNTIME_TARGETS = ("7.5", "8.0", "8.6", "8.9", "12.0", "12.1")
+
+
+def rtx_runs_on(capability: str) -> bool:
+    """Whether TensorRT-RTX's runtime runs engines on a GPU of this compute capability ("9.0")."""
+    return capability in RTX_RUNTIME_TARGETS or parse_capability(capability) > parse_capability("12.0")
+
+
+def parse_capability(text: str) -> tuple[int, ...]:
+    """A compute capability as numbers that compare in order: "8.6" -> (8, 6)."""
+    return tuple(int(part) for part in text.split("."))
+
 
 _CUDA_SUCCESS = 0
 # CUdevice_attribute values from cuda.h; stable since CUDA 2.x.

@@ -1,5 +1,5 @@
 """The engine runner on a real GPU: deserialize, allocate, execute_v2, parity with ONNX Runtime, torch CUDA
-inputs in place, threads, and freeing.  Skipped with the reason (tests/conftest.py) where no GPU is usable."""
+inputs in place, threads, and freeing.  Skipped with the reason (tests/conftest.py) where no engine can run."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pipeline.stages import make_engine
 from pipeline.trt_module import describe_gpu
 from tests.concurrency import assert_each_thread_gets_its_own_result
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.engine]
 
 # An fp32 engine may run its convolutions and matmuls in TF32 (10-bit mantissa), which TensorRT
 # allows by default; ONNX Runtime on the CPU runs true fp32.

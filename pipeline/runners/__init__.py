@@ -46,7 +46,8 @@ def load_runner(path: str | Path, backend: str = "auto", **options) -> Runner:
 
 def _choose_backend(folder: Path, manifest: dict) -> tuple[str, str]:
     """("tensorrt", why) where the engine can run on this machine, else ("onnxruntime", why not)."""
-    from pipeline.trt_module import gpu_present, import_trt
+    from pipeline.runners.tensorrt import check_gpu_target
+    from pipeline.trt_module import describe_gpu, gpu_present, import_trt
 
     engine = folder / manifest.get("engine", "engine.plan")
     if not engine.is_file():
@@ -58,6 +59,12 @@ def _choose_backend(folder: Path, manifest: dict) -> tuple[str, str]:
         import_trt(builder)
     except PipelineError as error:
         return "onnxruntime", f"auto: the engine was built with {builder}, which cannot load here ({error.problem})"
+    gpu = describe_gpu(0)
+    try:
+        if gpu is not None:
+            check_gpu_target(manifest, gpu)
+    except PipelineError as error:
+        return "onnxruntime", f"auto: the engine cannot run on this GPU ({error.problem})"
     return "tensorrt", f"auto: a GPU, {builder} and {engine.name} are present"
 
 

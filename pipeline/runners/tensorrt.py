@@ -35,7 +35,7 @@ import numpy as np
 from pipeline.errors import PipelineError
 from pipeline.runners.base import BATCH_AXIS, Runner, check_feed
 from pipeline.runners.device_memory import DeviceMemory, open_device_memory
-from pipeline.trt_module import dims
+from pipeline.trt_module import RTX_RUNTIME_TARGETS, dims, parse_capability, rtx_runs_on
 
 if TYPE_CHECKING:
     # Type stubs only (`tensorrt-stubs`): mypy checks the TensorRT calls below against them.
@@ -106,24 +106,29 @@ def built_for(target: dict) -> list[str] | None:
 
 
 def check_gpu_target(manifest: dict, gpu: dict) -> None:
-    """Refuse an engine built for another GPU architecture than `gpu` (describe_gpu's record)."""
+    """Refuse an engine that cannot run on `gpu` (describe_gpu's record): built for another architecture,
+    or built by TensorRT-RTX for a GPU its runtime does not run on (Hopper, whatever the build targets)."""
+    here = gpu["compute_capability"]
+    if manifest["build"]["builder"]["module"] == "tensorrt_rtx" and not rtx_runs_on(here):
+        raise PipelineError(
+            f"this GPU, {gpu['name']} (compute capability {here}), does not run TensorRT-RTX engines: its runtime "
+            f"runs on {', '.join(RTX_RUNTIME_TARGETS)} and later, and no rebuild with it changes that",
+            "serve the folder with load_runner(..., backend='onnxruntime'), or build with the full TensorRT on "
+            "this GPU (builder 'tensorrt')",
+        )
     target = manifest["build"].get("target", {})
     targets = built_for(target)
-    here = gpu["compute_capability"]
     if targets is None or here in targets:
         return
     # TensorRT-RTX documents its default set as "8.0, 8.6, 8.9, 12.0, and later": later architectures run it too.
-    if target.get("compute_capabilities") == "default" and _version(here) >= max(map(_version, targets)):
+    latest = max(map(parse_capability, targets))
+    if target.get("compute_capabilities") == "default" and parse_capability(here) >= latest:
         return
     raise PipelineError(
         f"engine.plan was built for compute capability {', '.join(targets)} ({target.get('kind')}), "
         f"but this GPU is {gpu['name']} with compute capability {here}",
         f"{rebuild_fix(manifest)}; or pass check_target=False to try it anyway",
     )
-
-
-def _version(capability: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in capability.split("."))
 
 
 # --------------------------------------------------------------------------- the runner

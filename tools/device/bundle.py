@@ -38,6 +38,11 @@ def download_wheels(names: list[str], into: Path) -> list[Path]:
     return sorted(into.glob("*.whl"))
 
 
+def build_pure_wheel(requirement: str, into: Path) -> None:
+    """A wheel built here from an sdist: `tensorrt-rtx-cu13` itself is one, and it holds the `tensorrt_rtx` package."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(into), requirement], check=True)
+
+
 def download_sdist(name: str, into: Path) -> Path:
     """The newest sdist of `name` from PyPI's JSON API (pip download would try to build it here)."""
     with urllib.request.urlopen(f"https://pypi.org/pypi/{name}/json", timeout=60) as answer:
@@ -74,6 +79,7 @@ def main() -> int:
     sha = split(libs, first, second)
     (second / "SHA256SUMS").write_text(f"{sha}  {libs.name}\n")
     download_wheels(WHEELS[1:], second)
+    build_pure_wheel(f"tensorrt-rtx-cu13=={RTX}", second)
     download_wheels(PYCUDA_NEEDS, first)
     download_sdist("pycuda", first)
     build_aot_engine(second)

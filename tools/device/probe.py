@@ -64,6 +64,11 @@ def run_through_runner(folder: Path) -> dict:
     return record
 
 
+def auto_runner(folder: Path) -> dict:
+    with load_runner(folder) as runner:
+        return {"backend": runner.backend, "description": runner.description}
+
+
 def attempt(name: str, step, *args) -> dict:
     try:
         return {"step": name, **step(*args)}
@@ -88,6 +93,7 @@ def main(aot_folder: Path, out: Path) -> int:
     report["aot_target"] = json.loads((aot_folder / "manifest.json").read_text())["build"]["target"]
     report["aot_deserialize"] = attempt("deserialize the ahead-of-time plan", deserialize, aot_folder)
     report["aot_runner"] = attempt("run it through the runner", run_through_runner, aot_folder)
+    report["auto_runner"] = attempt("what load_runner(backend='auto') picks", auto_runner, aot_folder)
     built = attempt("build for the GPU at hand (TARGET=current)", build_here, Path("/tmp/probe-engines"))
     report["current_build"] = built
     if "folder" in built:

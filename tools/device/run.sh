@@ -4,8 +4,8 @@
 #     python tools/device/bundle.py
 # then, through the device tool, from the repository root, one call right after the other:
 #     carry .devbundle/a:  bash tools/device/run.sh start   # environment; pycuda starts building (detached)
-#     carry .devbundle/b:  bash tools/device/run.sh main    # install, SM 9.0 probe, pytest -m gpu, ResNet-50 engines
-#     (no carry):          bash tools/device/run.sh bench   # make bench FP16 and INT8, engine vs ONNX Runtime on photos
+#     carry .devbundle/b:  bash tools/device/run.sh main    # install, SM 9.0 probe, pytest -m gpu, ResNet-50 FP16
+#     (no carry):          bash tools/device/run.sh bench   # make bench at batch 1/8/32: torch rows and the engine's
 # Every log and JSON lands in $OUT.
 set -uo pipefail
 PY=/opt/torch/.venv/bin/python3
@@ -49,12 +49,12 @@ main() {
 	"$PY" tools/device/probe.py .devbundle/b/aot/toy_models-tiny_cnn-fp32 "$OUT" >"$OUT/probe.log" 2>&1
 	echo "probe: exit $?"
 	# The ResNet-50 FP16 engine builds while pycuda finishes and the GPU tests run.
-	("$PY" -m pipeline all --model resnet --precision fp16 --target current --out "$ENGINES" \
+	("$PY" -m pipeline all --model resnet --precision fp16 --out "$ENGINES" \
 		>/tmp/engine-fp16.log 2>&1; echo $? >/tmp/engine-fp16.rc) &
 	while [ ! -f /tmp/pycuda.rc ]; do sleep 2; done
 	echo "pycuda build: exit $(cat /tmp/pycuda.rc)"; tail -c 3000 /tmp/pycuda.log >"$OUT/pycuda-build-tail.log"
 	[ "$(cat /tmp/pycuda.rc)" = 0 ] && export PYTHONPATH="$SITE:/tmp/site-pycuda:$PWD"
-	"$PY" -m pytest -m gpu -v -p no:cacheprovider tests/test_runner_gpu.py >"$OUT/pytest-gpu.log" 2>&1
+	"$PY" -m pytest -m gpu -v -rs -p no:cacheprovider tests/test_device_memory_gpu.py tests/test_runner_gpu.py >"$OUT/pytest-gpu.log" 2>&1
 	echo "pytest -m gpu: exit $?"; tail -15 "$OUT/pytest-gpu.log"
 	wait
 	echo "engine fp16: exit $(cat /tmp/engine-fp16.rc)"; tail -12 /tmp/engine-fp16.log
@@ -62,16 +62,9 @@ main() {
 
 bench() {
 	[ -f /tmp/pycuda.rc ] && [ "$(cat /tmp/pycuda.rc)" = 0 ] && export PYTHONPATH="$SITE:/tmp/site-pycuda:$PWD"
-	local backends=torch-amp,torch-compile,tensorrt,tensorrt-v2,tensorrt-graphs
+	local backends=torch-amp,torch-compile,onnxruntime,tensorrt,tensorrt-v2,tensorrt-graphs
 	"$PY" -m pipeline bench --folder "$ENGINES/resnet50-fp16" --batches 1,8,32 --backends "$backends" \
 		--budget-s 2 --report-dir "$OUT/fp16" 2>&1 | tail -40
-	"$PY" -m calibration.photos --out /tmp/photos >/dev/null
-	"$PY" -m pipeline all --model resnet --precision int8 --calib /tmp/photos --target current --out "$ENGINES" \
-		>"$OUT/engine-int8.log" 2>&1
-	echo "engine int8: exit $?"
-	"$PY" -m pipeline bench --folder "$ENGINES/resnet50-int8" --batches 1,8,32 --backends tensorrt,tensorrt-graphs \
-		--budget-s 2 --report-dir "$OUT/int8" 2>&1 | tail -25
-	"$PY" tools/device/photos.py "$ENGINES" /tmp/photos "$OUT" 2>&1 | tail -30
 }
 
 "$@"
