@@ -114,6 +114,28 @@ def _fixed_reshape_model(path: Path) -> Path:
 # --------------------------------------------------------------------------- builds
 
 
+def test_build_for_named_gpus_records_them(models: dict[str, Path], tmp_path: Path) -> None:
+    from pipeline.runners.tensorrt import built_for
+
+    record = build_engine(
+        models["fp32"], tmp_path / "engine.plan", batch=BATCH, builder="tensorrt_rtx", target="sm86,sm89"
+    )
+    assert record["target"]["compute_capabilities"] == ["SM86", "SM89"]
+    assert built_for(record["target"]) == ["8.6", "8.9"]
+
+
+def test_build_targets_it_cannot_honour(models: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(PipelineError, match="cannot build for SM90") as caught:
+        build_engine(models["fp32"], tmp_path / "engine.plan", batch=BATCH, builder="tensorrt_rtx", target="sm90")
+    assert "SM89" in caught.value.fix
+    if not trt_module.gpu_present():
+        with pytest.raises(PipelineError, match="TARGET=current builds for the GPU of this machine, and none"):
+            build_engine(
+                models["fp32"], tmp_path / "engine.plan", batch=BATCH, builder="tensorrt_rtx", target="current"
+            )
+    assert not (tmp_path / "engine.plan").exists()
+
+
 def test_fp32_engine_and_its_record(models: dict[str, Path], tmp_path: Path) -> None:
     engine = tmp_path / "engine.plan"
     record = build_engine(models["fp32"], engine, batch=BATCH, workspace_mib=64, builder="tensorrt_rtx")
@@ -278,3 +300,13 @@ def test_unknown_builder_choice() -> None:
 
 def test_gpu_probe_agrees_with_device_description() -> None:
     assert trt_module.gpu_present() == (trt_module.describe_gpu(0) is not None)
+
+
+def test_settings_refuse_an_unknown_target() -> None:
+    from pipeline.settings import Settings
+
+    for target in ("default", "current", "sm86", "sm86,sm120"):
+        Settings(target=target).check()
+    with pytest.raises(PipelineError, match="unknown build target 'h100'") as caught:
+        Settings(target="h100").check()
+    assert "TARGET=current" in caught.value.fix

@@ -38,6 +38,7 @@ def _round_trip(memory: DeviceMemory, data: np.ndarray, address: int | None = No
         memory.free_pinned(source)
         memory.free_pinned(sink)
         memory.destroy_stream(stream)
+        stream = None  # pycuda destroys a Stream with its last reference: here, while the context is current
         if address is None:
             memory.free(device)
         return result

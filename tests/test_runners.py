@@ -316,16 +316,38 @@ def test_target_check_refuses_another_gpu_architecture(folders):
     assert built_for(manifest["build"]["target"]) == ["8.0", "8.6", "8.9", "12.0"]
     check_gpu_target(manifest, {"name": "RTX 4090", "compute_capability": "8.9"})
     check_gpu_target(manifest, {"name": "RTX PRO 6000", "compute_capability": "12.1"})
-    with pytest.raises(PipelineError, match="built for compute capability 8.0, 8.6, 8.9, 12.0") as caught:
+    # Measured on an H100: TensorRT-RTX's runtime refuses SM 9.0 whatever the plan was built for.
+    with pytest.raises(PipelineError, match=r"NVIDIA H100 \(compute capability 9\.0\), does not run TensorRT-RTX") as e:
         check_gpu_target(manifest, {"name": "NVIDIA H100", "compute_capability": "9.0"})
+    assert "backend='onnxruntime'" in str(e.value)
+    with pytest.raises(PipelineError, match="built for compute capability 8.0, 8.6, 8.9, 12.0") as caught:
+        check_gpu_target(manifest, {"name": "Tesla T4", "compute_capability": "7.5"})
     assert "check_target=False" in str(caught.value)
     manifest["build"]["target"].update(compute_capabilities=["SM86"], documented_default=None)
     check_gpu_target(manifest, {"name": "A40", "compute_capability": "8.6"})
     with pytest.raises(PipelineError, match="built for compute capability 8.6 .* this GPU is L4 .* 8.9"):
         check_gpu_target(manifest, {"name": "L4", "compute_capability": "8.9"})
+    manifest["build"]["builder"]["module"] = "tensorrt"  # the full TensorRT builds for the GPU at hand
     manifest["build"]["target"] = {"kind": "gpu", "gpu": {"name": "A100", "compute_capability": "8.0"}}
     with pytest.raises(PipelineError, match="built for compute capability 8.0 \\(gpu\\)"):
         check_gpu_target(manifest, {"name": "NVIDIA H100", "compute_capability": "9.0"})
+
+
+def test_a_plan_for_the_gpu_of_its_build_runs_only_there(folders):
+    manifest = json.loads((folders["tiny_cnn"] / "manifest.json").read_text())
+    gpu = {"ordinal": 0, "name": "RTX 4090", "compute_capability": "8.9"}
+    manifest["build"]["target"].update(compute_capabilities=["CURRENT"], documented_default=None, gpu=gpu)
+    assert built_for(manifest["build"]["target"]) == ["8.9"]
+    check_gpu_target(manifest, gpu)
+    with pytest.raises(PipelineError, match="built for compute capability 8.9"):
+        check_gpu_target(manifest, {"name": "A40", "compute_capability": "8.6"})
+
+
+def test_engine_runner_refuses_unknown_execution_options(folders):
+    with pytest.raises(PipelineError, match="unknown execution 'v4'"):
+        load_runner(folders["tiny_cnn"], "tensorrt", execution="v4")
+    with pytest.raises(PipelineError, match="CUDA graphs capture execute_async_v3, not execute_v2"):
+        load_runner(folders["tiny_cnn"], "tensorrt", execution="v2", cuda_graphs=True)
 
 
 @pytest.mark.skipif(gpu_present(), reason="checks the refusal on a machine without a GPU")
