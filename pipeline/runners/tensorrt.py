@@ -17,7 +17,10 @@ the copies queued on the slot's own stream, one synchronisation per call), or `e
 synchronised before it and the outputs copied after it).  With TensorRT-RTX, `cuda_graphs=True`
 turns on its built-in CUDA graph capture (one graph per input shape, captured after the first
 calls at that shape), which removes the per-kernel launch cost at small batches.
-The choice was measured on an H100: docs/benchmarks/resnet50-h100.md.
+v3 is the default because it needs one synchronisation per call where execute_v2 needs two; which is
+faster has not been measured yet: the lent H100 does not run TensorRT-RTX engines
+(docs/benchmarks/resnet50-h100.md), and the bench's tensorrt / tensorrt-v2 / tensorrt-graphs rows are
+there for the first GPU that does.
 """
 
 from __future__ import annotations
