@@ -1,9 +1,10 @@
 """The INT8 stage: FP32 graph + calibration data -> model.int8.onnx with calibrated Q/DQ pairs.
 
 read data -> ranges (from the cache, or collected on the FP32 graph) -> Q/DQ graph for TensorRT
-(model.int8.onnx) and, from the same ranges, one for ONNX Runtime's CPU kernels (model.int8.ort.onnx,
-see calibration/qdq_cpu.py).  The record it returns goes to the manifest: method and options,
-samples, batches, the data's sha256, the cache's verdict and file, and each graph's Q/DQ structure.
+(model.int8.onnx) and, from the same ranges, two for ONNX Runtime's CPU kernels (CPU_GRAPHS: one for
+CPUs with VNNI, one for those without; see calibration/qdq_cpu.py).  The record it returns goes to
+the manifest: method and options, samples, batches, the data's sha256, the cache's verdict and file,
+and each graph's Q/DQ structure.
 """
 
 from __future__ import annotations
@@ -14,14 +15,17 @@ from pathlib import Path
 
 from calibration.cache import cache_key, cache_path, load_ranges, save_ranges
 from calibration.qdq import quantize_qdq
-from calibration.qdq_cpu import quantize_for_cpu
+from calibration.qdq_cpu import WEIGHTS_FOR, quantize_for_cpu
 from calibration.ranges import collect_ranges, method_options
 from calibration.readers import CalibrationSource, graph_inputs, read_calibration_data
 from models.spec import ImagePreprocess
 from pipeline.artifacts import sha256_file
+from pipeline.cpu import NO_VNNI, VNNI
 
 CACHE_FOLDER = "calibration"  # inside the artifact folder, beside model.int8.onnx
-CPU_GRAPH = "model.int8.ort.onnx"  # the INT8 graph for ONNX Runtime on the CPU, beside model.int8.onnx
+# The INT8 graphs for ONNX Runtime on the CPU, beside model.int8.onnx, by the kind of CPU they are for
+# (pipeline.cpu.int8_cpu_kind); the runner on a CPU takes the one for its CPU.
+CPU_GRAPHS = {VNNI: "model.int8.ort.onnx", NO_VNNI: "model.int8.ort-u8u8.onnx"}
 
 
 @dataclass(frozen=True)
@@ -46,10 +50,10 @@ def make_int8_graph(
     preprocess: ImagePreprocess | None,
     config: CalibrationConfig,
     cache_folder: Path,
-    cpu_out_path: Path | None = None,
+    cpu_out_paths: dict[str, Path] | None = None,
 ) -> dict:
-    """Calibrate (or reuse cached ranges) and write the Q/DQ graph (and the CPU-shaped one to `cpu_out_path`
-    when given); return the stage record."""
+    """Calibrate (or reuse cached ranges) and write the Q/DQ graph (and the CPU-shaped ones to `cpu_out_paths`,
+    by kind of CPU, when given); return the stage record."""
     data = read_calibration_data(
         source, graph_inputs(fp32_path), preprocess, samples=config.samples, batch=config.batch
     )
@@ -66,7 +70,10 @@ def make_int8_graph(
         collect_seconds = round(time.perf_counter() - started, 3)
         save_ranges(cache_file, key, ranges, {"source": data.description, "samples": data.samples, **options})
     structure = quantize_qdq(fp32_path, out_path, ranges)
-    cpu = quantize_for_cpu(fp32_path, cpu_out_path, ranges) if cpu_out_path is not None else None
+    cpu = {
+        kind: {"graph": path.name, **quantize_for_cpu(fp32_path, path, ranges, weights=WEIGHTS_FOR[kind])}
+        for kind, path in (cpu_out_paths or {}).items()
+    }
     calibration = {
         **options,
         "source": data.description,
@@ -85,10 +92,11 @@ def make_int8_graph(
         f"{structure['quantized_ops']} ops with Q/DQ inputs, {structure['per_channel_weights']} per-channel weights"
     )
     record: dict = {"calibration": calibration, "qdq": structure}
-    if cpu is not None and cpu_out_path is not None:
-        kernels = cpu["int8_kernels"] + cpu["float_kernels"]
-        summary += f"; {cpu_out_path.name}: {cpu['int8_kernels']} of {kernels} as ONNX Runtime int8 kernels"
-        record["qdq_onnxruntime_cpu"] = {"graph": cpu_out_path.name, **cpu}
+    for kind, graph in cpu.items():
+        kernels = graph["int8_kernels"] + graph["float_kernels"]
+        summary += f"; {graph['graph']} ({kind}): {graph['int8_kernels']} of {kernels} as ONNX Runtime int8 kernels"
+    if cpu:
+        record["qdq_onnxruntime_cpu"] = cpu
     return {"summary": summary, **record}
 
 

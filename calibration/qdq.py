@@ -55,8 +55,11 @@ def quantize_qdq(fp32_path: Path, out_path: Path, ranges) -> dict:
     return qdq_structure(model)
 
 
-def quantize_with_ranges(fp32_path: Path, target: Path, ranges, **options) -> onnx.ModelProto:
-    """quantize_static (QDQ, per-channel int8 weights) with precomputed ranges; `options` pick the rest."""
+def quantize_with_ranges(
+    fp32_path: Path, target: Path, ranges, *, weight_type=None, reduce_range: bool = False, **options
+) -> onnx.ModelProto:
+    """quantize_static (QDQ, per-channel weights, int8 unless `weight_type` says otherwise) with precomputed
+    ranges; `options` pick the rest."""
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.calibrate import save_tensors_data
 
@@ -71,8 +74,8 @@ def quantize_with_ranges(fp32_path: Path, target: Path, ranges, **options) -> on
                 calibration_data_reader=None,
                 quant_format=QuantFormat.QDQ,
                 per_channel=True,
-                reduce_range=False,
-                weight_type=QuantType.QInt8,
+                reduce_range=reduce_range,
+                weight_type=weight_type or QuantType.QInt8,
                 calibrate_method=ranges.calibration_method,
                 calibration_cache_path=ranges_file,
                 **options,

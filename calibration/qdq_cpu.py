@@ -3,11 +3,19 @@
 model.int8.onnx is shaped for TensorRT (Q/DQ on Conv/Gemm inputs only, float biases, symmetric int8).
 ONNX Runtime's CPU provider runs none of its convolutions in int8: it fuses DequantizeLinear -> Conv
 -> QuantizeLinear into QLinearConv only when every Conv input, the bias included (int32), comes from
-a DequantizeLinear and the output goes straight into a QuantizeLinear.  So this second graph uses
-ONNX Runtime's own recommended QDQ settings for x86 (U8S8: uint8 asymmetric activations, which
-AVX-512 VNNI / AVX2 multiply against int8 weights; per-channel symmetric int8 weights; int32
-biases), quantizes the outputs too, and lets the quantizer fold each Relu into the QuantizeLinear
-before it (a uint8 zero point of 0 clips at 0 exactly as Relu does).
+a DequantizeLinear and the output goes straight into a QuantizeLinear.  So this second graph has
+uint8 asymmetric activations and per-channel weights, int32 biases, quantizes the outputs too, and
+lets the quantizer fold each Relu into the QuantizeLinear before it (a uint8 zero point of 0 clips
+at 0 exactly as Relu does).
+
+Two forms are written, because a graph is built on one CPU and served on another and no single form is
+both exact and fast on both kinds (benchmarks/int8_cpu_forms.py; docs/benchmarks/int8-cpu-forms-*.md):
+  - U8S8 (int8 weights, ONNX Runtime's recommendation) for CPUs with VNNI: exact there and the fastest
+    (ResNet-50 batch 8: 20 ms against 83 ms for U8U8 and 56 ms for FP32 on a 16-core Xeon with AMX);
+  - U8U8 (uint8 weights) for CPUs without: there ONNX Runtime multiplies U8S8 with AVX2's VPMADDUBSW,
+    which adds each pair of u8 x s8 products into a saturating int16 (2 x 255 x 127 > 32767), and on
+    digits on an AVX2-only AMD EPYC U8S8 lost 0.8-1.1 top-1 points, 7-bit int8 weights (reduce_range)
+    0.3, U8U8 none, while still 26% faster than FP32 there.
 
 The ranges are the cached ones (no second calibration run), collected symmetrically for TensorRT:
 each tensor's (low, high) is (-T, T) for T = max|x| (method max), or the percentile / entropy
@@ -37,6 +45,7 @@ import onnx
 
 from calibration.qdq import qdq_structure, quantize_with_ranges
 from pipeline.artifacts import atomic_path
+from pipeline.cpu import NO_VNNI, VNNI
 
 # The ops whose Q/DQ ONNX Runtime's CPU provider turns into an int8 kernel (QLinearConv, QGemm,
 # QLinearMatMul, QLinearAdd/Mul, QLinearAveragePool/GlobalAveragePool, QLinearConcat), runs on
@@ -76,10 +85,21 @@ INT8_KERNELS = (
 FLOAT_KERNELS = ("Conv", "FusedConv", "MatMul", "FusedMatMul", "Gemm", "FusedGemm")
 
 
-def quantize_for_cpu(fp32_path: Path, out_path: Path, ranges) -> dict:
+# The forms of weight a CPU graph can take: (weight type, symmetric, 7-bit).
+WEIGHT_FORMS = {
+    "u8s8": ("QInt8", True, False),
+    "u8u8": ("QUInt8", False, False),
+    "u8s8-reduce-range": ("QInt8", True, True),
+}
+# The form written for each kind of CPU (pipeline.cpu.int8_cpu_kind).
+WEIGHTS_FOR = {VNNI: "u8s8", NO_VNNI: "u8u8"}
+
+
+def quantize_for_cpu(fp32_path: Path, out_path: Path, ranges, *, weights: str) -> dict:
     """Write the ONNX-Runtime-CPU-shaped graph for `ranges` (ORT TensorsData); return its structure."""
     from onnxruntime.quantization import QuantType
 
+    weight_type, symmetric, reduce_range = WEIGHT_FORMS[weights]
     model = onnx.load(str(fp32_path), load_external_data=False)
     cpu_ranges = asymmetric_ranges(model.graph, ranges)
     unranged = nodes_without_ranges(model.graph, cpu_ranges)
@@ -90,8 +110,10 @@ def quantize_for_cpu(fp32_path: Path, out_path: Path, ranges) -> dict:
             as_tensors_data(cpu_ranges, ranges.calibration_method),
             op_types_to_quantize=list(CPU_OPS),
             activation_type=QuantType.QUInt8,
+            weight_type=QuantType[weight_type],
+            reduce_range=reduce_range,
             nodes_to_exclude=unranged,
-            extra_options={"ActivationSymmetric": False, "WeightSymmetric": True},
+            extra_options={"ActivationSymmetric": False, "WeightSymmetric": symmetric},
         )
         float_outputs = _unquantize_graph_outputs(quantized)
         onnx.save(quantized, str(temporary))
@@ -99,6 +121,7 @@ def quantize_for_cpu(fp32_path: Path, out_path: Path, ranges) -> dict:
     return {
         **qdq_structure(quantized),
         "activations": "uint8 asymmetric: [0, high] where non-negative, else the cached (low, high)",
+        "weights": weights,
         "float_nodes": unranged,
         "float_outputs": float_outputs,
         **kernels,

@@ -1,8 +1,8 @@
 """`python -m pipeline accuracy`: what FP16 and INT8 cost in accuracy, measured on the actual graphs.
 
 The FP32 graph (model.onnx, from the usual stages), its FP16 conversion and two INT8 Q/DQ graphs per
-calibration method (int8-<method>: TensorRT's; int8-<method>-ort: shaped for ONNX Runtime's CPU) all
-run through ONNX Runtime (CPU) on the same evaluation inputs:
+calibration method (int8-<method>: TensorRT's; int8-<method>-ort: shaped for ONNX Runtime's kernels on
+this kind of CPU, with VNNI or without) all run through ONNX Runtime (CPU) on the same evaluation inputs:
   - a model with a labelled held-out set (the digits CNN) reports top-1 on it, calibrating on the
     training split only;
   - any other model is calibrated and evaluated on CALIB (or --eval), and reports how often its
@@ -22,9 +22,10 @@ from pathlib import Path
 import numpy as np
 
 import models
-from calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph
+from calibration.int8 import CACHE_FOLDER, CPU_GRAPHS, CalibrationConfig, make_int8_graph
 from calibration.readers import CalibrationSource, Feed, graph_inputs, read_calibration_data
 from pipeline.artifacts import write_bytes, write_json
+from pipeline.cpu import int8_cpu_kind
 from pipeline.errors import PipelineError
 from pipeline.parity import onnxruntime_session
 from pipeline.precision import GRAPH_NAMES, convert_fp16
@@ -94,7 +95,8 @@ def measure_accuracy(settings: Settings, methods: list[str], eval_source: Path |
     calibration: dict[str, dict] = {}
     for method in methods:
         path = folder / SUBFOLDER / f"model.int8.{method}.onnx"
-        cpu_path = folder / SUBFOLDER / f"model.int8.{method}.ort.onnx"  # the graph ONNX Runtime's CPU runs in int8
+        # The graphs ONNX Runtime's CPU runs in int8, one per kind of CPU; the row is the one this CPU serves.
+        cpu_paths = {kind: cpu_graph_path(folder, method, kind) for kind in CPU_GRAPHS}
         started = time.perf_counter()
         record = make_int8_graph(
             fp32,
@@ -103,12 +105,12 @@ def measure_accuracy(settings: Settings, methods: list[str], eval_source: Path |
             preprocess=spec_preprocess,
             config=CalibrationConfig(method, settings.calib_samples, settings.calib_batch, settings.recalibrate),
             cache_folder=folder / CACHE_FOLDER,
-            cpu_out_path=cpu_path,
+            cpu_out_paths=cpu_paths,
         )
         calibration[method] = {**record["calibration"], "int8_stage_seconds": round(time.perf_counter() - started, 3)}
         print(f"int8 {method:<10} {record['summary']}")
         graphs[f"int8-{method}"] = path
-        graphs[f"int8-{method}-ort"] = cpu_path
+        graphs[f"int8-{method}-ort"] = cpu_paths[int8_cpu_kind()]
 
     outputs = {label: _run(path, evaluation.feeds) for label, path in graphs.items()}
     rows = {label: _metrics(outputs[label], outputs["fp32"], evaluation.labels) for label in graphs}
@@ -126,6 +128,11 @@ def measure_accuracy(settings: Settings, methods: list[str], eval_source: Path |
     write_bytes(folder / "accuracy.md", _markdown(report).encode())
     print(_markdown(report))
     return folder
+
+
+def cpu_graph_path(folder: Path, method: str, kind: str) -> Path:
+    """Where the accuracy run keeps the INT8 graph for ONNX Runtime's CPU kernels of `kind` for `method`."""
+    return folder / SUBFOLDER / f"model.int8.{method}.ort-{kind}.onnx"
 
 
 # --------------------------------------------------------------------------- evaluation

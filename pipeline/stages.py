@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import models
-from calibration.int8 import CACHE_FOLDER, CPU_GRAPH, CalibrationConfig, make_int8_graph
+from calibration.int8 import CACHE_FOLDER, CPU_GRAPHS, CalibrationConfig, make_int8_graph
 from models.spec import ModelSpec
 from pipeline.artifacts import sha256_file
 from pipeline.check import check_onnx
@@ -40,7 +40,7 @@ ENGINE = "engine.plan"
 REFERENCE = "reference.npz"
 # Bump when the stages write different artifacts (a new graph, a changed file format), so that
 # folders written by an earlier version are rebuilt instead of reused.
-ARTIFACT_LAYOUT = 2
+ARTIFACT_LAYOUT = 3
 VERSIONED_PACKAGES = ("torch", "onnx", "onnxsim", "onnxruntime-gpu", "onnxruntime", "numpy")
 
 
@@ -151,12 +151,14 @@ def run_precision(run: Run) -> None:
             preprocess=run.loaded.preprocess,
             config=CalibrationConfig.from_settings(run.settings),
             cache_folder=run.path(CACHE_FOLDER),
-            cpu_out_path=run.path(CPU_GRAPH),
+            cpu_out_paths={kind: run.path(name) for kind, name in CPU_GRAPHS.items()},
         )
-        # onnxruntime_cpu_graph: the graph ONNX Runtime's CPU provider runs in int8 (the runner prefers it there).
-        update_manifest(run.folder, calibration=record["calibration"], onnxruntime_cpu_graph=CPU_GRAPH)
-        cpu_graph = _require(run, CPU_GRAPH)
-        run.stage("parity_int8_onnxruntime_cpu", check_parity, cpu_graph, _require(run, REFERENCE), precision="int8")
+        # onnxruntime_cpu_graphs: the graphs ONNX Runtime's CPU provider runs in int8, by kind of CPU
+        # (the runner on a CPU takes the one for its kind).
+        update_manifest(run.folder, calibration=record["calibration"], onnxruntime_cpu_graphs=CPU_GRAPHS)
+        for kind, name in CPU_GRAPHS.items():
+            stage = f"parity_int8_onnxruntime_{kind.replace('-', '_')}"
+            run.stage(stage, check_parity, _require(run, name), _require(run, REFERENCE), precision="int8")
     run.stage(f"parity_{precision}", check_parity, target, _require(run, REFERENCE), precision=precision)
 
 
@@ -243,7 +245,7 @@ def make_engine(settings: Settings) -> Path:
 
 def artifact_names(settings: Settings) -> list[str]:
     """The files a finished folder lists in its manifest (describe_artifacts skips the ones not written)."""
-    graphs = [GRAPH_NAMES[settings.precision], *([CPU_GRAPH] if settings.precision == "int8" else [])]
+    graphs = [GRAPH_NAMES[settings.precision], *(CPU_GRAPHS.values() if settings.precision == "int8" else [])]
     return list(dict.fromkeys([GRAPH_NAMES["fp32"], REFERENCE, *graphs, ENGINE]))
 
 

@@ -7,6 +7,9 @@ Accuracy is a property of the graphs, so it is asserted: INT8 (best calibration 
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +18,8 @@ import pytest
 from calibration.int8 import CACHE_FOLDER
 from models.digits import load_split
 from pipeline import cli
-from pipeline.accuracy import measure_accuracy
+from pipeline.accuracy import cpu_graph_path, measure_accuracy
+from pipeline.cpu import NO_VNNI, VNNI, cpu_instruction_sets, int8_cpu_kind
 from pipeline.settings import Settings
 
 
@@ -91,3 +95,63 @@ def test_unlabelled_model_without_calib_is_a_clear_error(tmp_path, capsys):
 def test_unknown_method_is_a_clear_error(capsys):
     assert cli.main(["accuracy", "--methods", "max,kl"]) == 2
     assert "unknown calibration method(s) ['kl']" in capsys.readouterr().err
+
+
+# QEMU's model of an AVX2 CPU without AVX-512 or VNNI: qemu-user (TCG) executes its instructions, and
+# ONNX Runtime, asking CPUID, takes the AVX2 int8 kernels it would take on such a CPU.
+AVX2_CPU = "Haswell-v4"
+RUN_GRAPHS = """
+import sys, numpy as np, onnxruntime as ort
+inputs, out, *graphs = sys.argv[1:]
+x = np.load(inputs)
+results = {}
+for index, graph in enumerate(graphs):
+    session = ort.InferenceSession(graph, providers=["CPUExecutionProvider"])
+    results[str(index)] = session.run(None, {session.get_inputs()[0].name: x})[0]
+np.savez(out, **results)
+"""
+
+
+def _on_avx2_kernels() -> list[str] | str:
+    """The command prefix under which ONNX Runtime runs its AVX2 int8 kernels here, or why there is none."""
+    isa = cpu_instruction_sets()
+    if isa is None or not isa["avx2"]:
+        return "not an x86 CPU with AVX2"
+    if int8_cpu_kind(isa) == NO_VNNI:
+        return []  # this CPU's own kernels are the AVX2 ones
+    qemu = shutil.which("qemu-x86_64")
+    if qemu is None:
+        return "this CPU has VNNI; running ONNX Runtime's AVX2 kernels takes qemu-user (apt-get install qemu-user)"
+    return [qemu, "-cpu", AVX2_CPU]
+
+
+def test_each_cpu_graph_on_the_avx2_kernels(digits_report, tmp_path):
+    """The graph for CPUs without VNNI keeps its accuracy where ONNX Runtime runs AVX2's int8 kernels (natively
+    on such a CPU, else under qemu-user), while the U8S8 graph for VNNI loses some there: the proof that the
+    saturating AVX2 kernels really ran."""
+    prefix = _on_avx2_kernels()
+    if isinstance(prefix, str):
+        pytest.skip(prefix)
+    folder, _ = digits_report
+    split = load_split()
+    np.save(tmp_path / "held_out.npy", split.held_out_inputs)
+    methods = ("max", "percentile", "entropy")
+    graphs = {(method, kind): cpu_graph_path(folder, method, kind) for method in methods for kind in (NO_VNNI, VNNI)}
+    paths = [folder / "model.onnx", *graphs.values()]
+    command = [*prefix, sys.executable, "-c", RUN_GRAPHS, str(tmp_path / "held_out.npy"), str(tmp_path / "out.npz")]
+    subprocess.run([*command, *map(str, paths)], check=True, capture_output=True, timeout=600)
+    with np.load(tmp_path / "out.npz") as saved:
+        fp32 = saved["0"]
+        logits = {key: saved[str(index)] for index, key in enumerate(graphs, start=1)}
+    fp32_top1 = np.mean(fp32.argmax(1) == split.held_out_labels) * 100
+    top1 = {key: np.mean(out.argmax(1) == split.held_out_labels) * 100 for key, out in logits.items()}
+    cosine = {key: _cosine_mean(fp32, out) for key, out in logits.items()}
+    for method in methods:
+        assert top1[method, NO_VNNI] >= fp32_top1 - 1.0, (fp32_top1, top1, cosine)
+        assert cosine[method, NO_VNNI] > 0.998, cosine
+        assert cosine[method, VNNI] < cosine[method, NO_VNNI] - 0.005, cosine  # U8S8 saturates on AVX2
+
+
+def _cosine_mean(reference: np.ndarray, actual: np.ndarray) -> float:
+    dot = np.sum(reference * actual, axis=1)
+    return float(np.mean(dot / (np.linalg.norm(reference, axis=1) * np.linalg.norm(actual, axis=1))))

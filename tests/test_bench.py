@@ -16,11 +16,13 @@ import onnx
 import pytest
 import torch
 
+from calibration.int8 import CPU_GRAPHS
 from pipeline import cli
 from pipeline.bench import TimingPolicy, run_benchmark, write_reports
 from pipeline.bench.backends import NAMES
 from pipeline.bench.harness import make_inputs
 from pipeline.bench.timing import MIN_SAMPLES, Share, measure, summarize
+from pipeline.cpu import int8_cpu_kind
 from pipeline.errors import PipelineError
 from pipeline.manifest import update_manifest
 from pipeline.parity import RTOL
@@ -155,8 +157,8 @@ def test_int8_graph_is_benchmarked_and_a_broken_backend_does_not_stop_the_others
 
 
 def test_int8_row_runs_the_sibling_folders_graph_shaped_for_onnxruntime(folder: Path, tmp_path: Path) -> None:
-    """engines/<model>-fp32 benchmarked beside engines/<model>-int8: the INT8 row runs model.int8.ort.onnx,
-    whose Conv and Gemm ONNX Runtime's CPU provider really runs as int8 kernels."""
+    """engines/<model>-fp32 benchmarked beside engines/<model>-int8: the INT8 row runs the graph for this CPU's
+    kind (CPU_GRAPHS), whose Conv and Gemm ONNX Runtime's CPU provider really runs as int8 kernels."""
     fp32 = shutil.copytree(folder, tmp_path / folder.name)
     np.save(tmp_path / "calib.npy", np.random.default_rng(1).standard_normal((32, 3, 16, 16), dtype=np.float32))
     settings = Settings(model="tests.toy_models:tiny_cnn", precision="int8", batch=BatchProfile(1, 4, 8))
@@ -170,17 +172,15 @@ def test_int8_row_runs_the_sibling_folders_graph_shaped_for_onnxruntime(folder: 
     records = {b["name"]: b for b in result["backends"]}
     assert records["onnxruntime"]["label"] == "ONNX Runtime FP32 (runner) on model.onnx"
     assert "running model.onnx (asked for)" in records["onnxruntime"]["description"]
-    assert records["onnxruntime-int8"]["label"] == f"ONNX Runtime INT8 (runner) on {int8 / 'model.int8.ort.onnx'}"
+    graph = CPU_GRAPHS[int8_cpu_kind()]
+    assert records["onnxruntime-int8"]["label"] == f"ONNX Runtime INT8 (runner) on {int8 / graph}"
     # No graph= for this row: the runner itself picks the CPU-shaped graph, as it would in a service.
-    assert (
-        "model.int8.ort.onnx (the int8 graph shaped for ONNX Runtime's CPU kernels)"
-        in (records["onnxruntime-int8"]["description"])
-    )
+    assert f"{graph} (the int8 graph for ONNX Runtime's CPU kernels, for " in records["onnxruntime-int8"]["description"]
     assert "2 of 2 Conv/MatMul/Gemm run as int8 kernels" in records["onnxruntime-int8"]["description"]
     rows = {r["backend"]: r for r in result["results"]}
     assert rows["onnxruntime-int8"]["status"] == "ok" and rows["onnxruntime-int8"]["agreement"]["status"] == "ok"
     markdown = write_reports(result, tmp_path / "report")["md"].read_text()
-    assert f"on {int8 / 'model.int8.ort.onnx'}" in markdown  # the report says which graph the row ran
+    assert f"on {int8 / graph}" in markdown  # the report says which graph the row ran
 
 
 def test_the_callers_torch_settings_come_back(folder: Path) -> None:

@@ -16,7 +16,7 @@ from onnx import numpy_helper
 from PIL import Image
 
 from calibration.cache import load_ranges
-from calibration.int8 import CACHE_FOLDER, CPU_GRAPH, CalibrationConfig, make_int8_graph
+from calibration.int8 import CACHE_FOLDER, CPU_GRAPHS, CalibrationConfig, make_int8_graph
 from calibration.photos import PHOTOS, export_calibration_images
 from calibration.preprocess import load_image
 from calibration.qdq import qdq_problems
@@ -26,6 +26,7 @@ from calibration.readers import graph_inputs, read_calibration_data
 from models.digits import PREPROCESS, load_split
 from models.spec import ImagePreprocess
 from pipeline import cli
+from pipeline.cpu import NO_VNNI, VNNI, int8_cpu_kind
 from pipeline.errors import PipelineError
 from pipeline.parity import onnxruntime_session
 from pipeline.settings import Settings
@@ -55,7 +56,7 @@ def train_npy(split, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def int8(fp32, train_npy, tmp_path_factory) -> tuple[Path, dict]:
-    """model.int8.onnx (and model.int8.ort.onnx beside it) calibrated (max) on the training split; its stage record."""
+    """model.int8.onnx (and the two CPU graphs beside it) calibrated (max) on the training split; its stage record."""
     folder = tmp_path_factory.mktemp("int8")
     record = make_int8_graph(
         fp32,
@@ -64,7 +65,7 @@ def int8(fp32, train_npy, tmp_path_factory) -> tuple[Path, dict]:
         preprocess=PREPROCESS,
         config=CalibrationConfig("max", SAMPLES, BATCH),
         cache_folder=folder / CACHE_FOLDER,
-        cpu_out_path=folder / CPU_GRAPH,
+        cpu_out_paths={kind: folder / name for kind, name in CPU_GRAPHS.items()},
     )
     return folder / "model.int8.onnx", record
 
@@ -135,11 +136,12 @@ def test_qdq_graph_runs_in_onnxruntime_and_keeps_the_answers(int8, fp32, split):
 # --------------------------------------------------------------------------- the graph for ONNX Runtime's CPU
 
 
-def test_cpu_graph_runs_every_conv_and_gemm_as_an_int8_kernel(int8, tmp_path):
+@pytest.mark.parametrize(("kind", "weights"), [(VNNI, onnx.TensorProto.INT8), (NO_VNNI, onnx.TensorProto.UINT8)])
+def test_cpu_graph_runs_every_conv_and_gemm_as_an_int8_kernel(int8, tmp_path, kind, weights):
     """After ORT's own graph optimizations (the optimized model it saves), no Conv/Gemm is left in float."""
     import onnxruntime as ort
 
-    cpu_graph = int8[0].parent / CPU_GRAPH
+    cpu_graph = int8[0].parent / CPU_GRAPHS[kind]
     options = ort.SessionOptions()
     options.log_severity_level = 3  # ORT warns that an optimized model may be specific to this CPU
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -148,15 +150,16 @@ def test_cpu_graph_runs_every_conv_and_gemm_as_an_int8_kernel(int8, tmp_path):
     optimized = [node.op_type for node in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
     assert optimized.count("QLinearConv") == 4 and optimized.count("QGemm") == 1
     assert not {"Conv", "FusedConv", "Gemm", "FusedGemm", "Relu"} & set(optimized)
-    record = int8[1]["qdq_onnxruntime_cpu"]
-    assert (record["graph"], record["int8_kernels"], record["float_kernels"]) == (CPU_GRAPH, 5, 0)
-    # The TensorRT-shaped graph from the same ranges runs none of them in int8 (why the CPU graph exists).
+    record = int8[1]["qdq_onnxruntime_cpu"][kind]
+    assert (record["graph"], record["int8_kernels"], record["float_kernels"]) == (CPU_GRAPHS[kind], 5, 0)
+    # The TensorRT-shaped graph from the same ranges runs none of them in int8 (why the CPU graphs exist).
     assert int8_kernel_counts(int8[0]) == {"int8_kernels": 0, "float_kernels": 5}
     model = onnx.load(str(cpu_graph))
     initializers = {i.name: i for i in model.graph.initializer}
     dequantize = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in initializers]
     biases = [n for n in dequantize if initializers[n.input[0]].data_type == onnx.TensorProto.INT32]
     assert len(biases) == 5  # one int32 bias per Conv/Gemm, as QLinearConv/QGemm take them
+    assert sum(initializers[n.input[0]].data_type == weights for n in dequantize) == 5  # the weights' form
     activations = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
     assert all(initializers[n.input[2]].data_type == onnx.TensorProto.UINT8 for n in activations)
 
@@ -164,7 +167,7 @@ def test_cpu_graph_runs_every_conv_and_gemm_as_an_int8_kernel(int8, tmp_path):
 def test_cpu_graph_keeps_the_answers(int8, fp32, split):
     held_out = {"input": split.held_out_inputs}
     reference = onnxruntime_session(fp32).run(None, held_out)[0]
-    quantized = onnxruntime_session(int8[0].parent / CPU_GRAPH).run(None, held_out)[0]
+    quantized = onnxruntime_session(int8[0].parent / CPU_GRAPHS[int8_cpu_kind()]).run(None, held_out)[0]
     assert quantized.dtype == np.float32 and quantized.shape == reference.shape
     assert np.mean(quantized.argmax(1) == reference.argmax(1)) >= 0.98
     assert np.mean(quantized.argmax(1) == split.held_out_labels) >= 0.9
@@ -233,9 +236,10 @@ def test_make_engine_int8_from_an_image_folder(split, tmp_path):
     folder = tmp_path / "engines" / "digits-int8"
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["complete"] and manifest["graph"] == "model.int8.onnx"
-    assert manifest["onnxruntime_cpu_graph"] == CPU_GRAPH and CPU_GRAPH in manifest["artifacts"]
-    assert manifest["parity_int8_onnxruntime_cpu"]["max_rel"] < 1.0
-    assert manifest["int8"]["qdq_onnxruntime_cpu"]["int8_kernels"] == 5
+    assert manifest["onnxruntime_cpu_graphs"] == CPU_GRAPHS and set(CPU_GRAPHS.values()) <= set(manifest["artifacts"])
+    assert manifest["parity_int8_onnxruntime_vnni"]["max_rel"] < 1.0
+    assert manifest["parity_int8_onnxruntime_no_vnni"]["max_rel"] < 1.0
+    assert {r["int8_kernels"] for r in manifest["int8"]["qdq_onnxruntime_cpu"].values()} == {5}
     calibration = manifest["calibration"]
     assert calibration["method"] == "percentile" and calibration["percentile"] == 99.99
     assert (calibration["samples"], calibration["batch"], calibration["cache"]) == (64, 16, "miss")

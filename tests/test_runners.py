@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from calibration.int8 import CPU_GRAPHS
 from pipeline.compare import compare_outputs
+from pipeline.cpu import int8_cpu_kind
 from pipeline.errors import PipelineError
 from pipeline.export import load_reference
 from pipeline.parity import onnxruntime_session
@@ -140,7 +142,7 @@ def test_onnxruntime_runner_runs_the_manifest_graph(folders, tmp_path):
 
 @pytest.fixture(scope="session")
 def int8_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tiny_cnn calibrated on 32 random images: model.int8.onnx (TensorRT) and model.int8.ort.onnx (ORT's CPU)."""
+    """tiny_cnn calibrated on 32 random images: model.int8.onnx (TensorRT) and the graphs for ORT's CPU kernels."""
     root = tmp_path_factory.mktemp("int8")
     np.save(root / "calib.npy", _cnn_batch(32, seed=1)["input"])
     settings = Settings(model=MODELS["tiny_cnn"], precision="int8", out_root=root, calib=root / "calib.npy")
@@ -150,17 +152,16 @@ def int8_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_int8_folder_on_the_cpu_runs_the_graph_shaped_for_it(int8_folder):
     feed = _cnn_batch(4, seed=5)
     with load_runner(int8_folder, "onnxruntime", providers=["CPUExecutionProvider"]) as runner:
-        assert runner.graph == "model.int8.ort.onnx"
-        assert (
-            "running model.int8.ort.onnx (the int8 graph shaped for ONNX Runtime's CPU kernels)" in runner.description
-        )
+        graph = CPU_GRAPHS[int8_cpu_kind()]  # the one for this kind of CPU: with VNNI, or without
+        assert runner.graph == graph
+        assert f"running {graph} (the int8 graph for ONNX Runtime's CPU kernels, for " in runner.description
         cpu_logits = runner.infer(feed)["logits"]
     with load_runner(int8_folder, "onnxruntime", graph="model.int8.onnx") as runner:
         assert runner.graph == "model.int8.onnx" and "(asked for)" in runner.description
         tensorrt_shaped = runner.infer(feed)["logits"]
-    (reference,) = onnxruntime_session(int8_folder / "model.int8.ort.onnx").run(["logits"], feed)
+    (reference,) = onnxruntime_session(int8_folder / graph).run(["logits"], feed)
     np.testing.assert_array_equal(cpu_logits, reference)
-    # Two quantizations of one model from the same ranges: close, not equal (the CPU graph also quantizes outputs).
+    # Two quantizations of one model from the same ranges: close, not equal (uint8 vs int8 weights, fused kernels).
     assert compare_outputs({"logits": tensorrt_shaped}, {"logits": cpu_logits}, rtol=0.2)["logits"].ok
 
 

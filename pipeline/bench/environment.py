@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pipeline.cpu import cpu_instruction_sets
 from pipeline.manifest import package_versions
 
 VERSIONED_PACKAGES = ("torch", "onnxruntime-gpu", "onnxruntime", "numpy", "tensorrt", "tensorrt-rtx-cu13")
@@ -83,7 +84,12 @@ def _nvidia_driver() -> str | None:
 
 def describe_environment(threads: int) -> dict:
     return {
-        "cpu": {"model": cpu_model(), "physical_cores": physical_cores(), "logical_cpus": os.cpu_count()},
+        "cpu": {
+            "model": cpu_model(),
+            "physical_cores": physical_cores(),
+            "logical_cpus": os.cpu_count(),
+            "instruction_sets": cpu_instruction_sets(),
+        },
         "gpu": gpu_record(),
         "threads": threads,
         "platform": platform.platform(),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.artifacts import atomic_path, write_bytes, write_json
+from pipeline.cpu import instruction_sets_text
 
 END_TO_END = "end-to-end"
 DEVICE_RESIDENT = "device-resident"
@@ -173,7 +174,8 @@ def _backend_lines(report: dict) -> list[str]:
 def _environment_lines(env: dict) -> list[str]:
     cpu, gpu = env["cpu"], env["gpu"]
     lines = [
-        f"- CPU: {cpu['model']}, {cpu['physical_cores']} physical cores, {cpu['logical_cpus']} logical CPUs",
+        f"- CPU: {cpu['model']}, {cpu['physical_cores']} physical cores, {cpu['logical_cpus']} logical CPUs, "
+        f"{instruction_sets_text(cpu.get('instruction_sets'))}",
         f"- GPU: {gpu['name']} (compute {gpu['compute_capability']}, {gpu['memory_gib']} GiB), "
         f"driver {gpu['driver'] or 'unknown'}, CUDA {gpu['cuda_torch']} (torch's build)"
         if gpu["present"]

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.cpu import NO_VNNI, VNNI, int8_cpu_kind
 from pipeline.errors import PipelineError
 from pipeline.parity import onnxruntime_session
 from pipeline.precision import GRAPH_NAMES
@@ -16,6 +17,10 @@ from pipeline.runners.base import Runner
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
+_KINDS = {
+    VNNI: "for this CPU's VNNI (int8 weights, U8S8)",
+    NO_VNNI: "for a CPU without VNNI, like this one (uint8 weights, U8U8: U8S8 saturates in AVX2's kernels)",
+}
 
 
 def choose_providers(requested: list[str] | None) -> tuple[list[str], str]:
@@ -42,8 +47,9 @@ class OnnxRuntimeRunner(Runner):
     """ONNX Runtime on one graph of the artifact folder.
 
     graph: a file name in the folder; by default the manifest's graph (the engine's), except that on the
-    CPU provider an int8 folder's graph shaped for ONNX Runtime's CPU kernels (manifest key
-    onnxruntime_cpu_graph) is preferred: the TensorRT-shaped graph runs no int8 kernel there.
+    CPU provider an int8 folder's graph shaped for ONNX Runtime's CPU kernels on this kind of CPU (manifest
+    key onnxruntime_cpu_graphs: with VNNI, or without) is preferred: the TensorRT-shaped graph runs no int8
+    kernel there.
     intra_op_threads: None for ORT's default (one per physical core).  allow_spinning: False lets idle
     intra-op threads sleep, which helps many concurrent callers (a service) more than single calls.
     """
@@ -99,9 +105,10 @@ class OnnxRuntimeRunner(Runner):
                     f"{path} does not exist", f"give one of the folder's graphs ({present}) or leave graph=None"
                 )
             return path, "asked for"
-        cpu_graph = self.manifest.get("onnxruntime_cpu_graph")
-        if on_cpu and cpu_graph:
-            return self._existing(cpu_graph), "the int8 graph shaped for ONNX Runtime's CPU kernels"
+        cpu_graphs = self.manifest.get("onnxruntime_cpu_graphs")
+        if on_cpu and cpu_graphs:
+            kind = int8_cpu_kind()
+            return self._existing(cpu_graphs[kind]), f"the int8 graph for ONNX Runtime's CPU kernels, {_KINDS[kind]}"
         return self._existing(self.manifest.get("graph", GRAPH_NAMES["fp32"])), "the manifest's graph"
 
     def _existing(self, name: str) -> Path:
