@@ -18,11 +18,14 @@ RECALIBRATE ?=
 BACKENDS ?=
 BATCHES ?=
 TARGET ?=
+KEEP_FP32 ?=
+NO_AUTO_FP32 ?=
 
 PIPELINE_ARGS = --model '$(MODEL)' --precision $(PRECISION) --batch $(BATCH) --out '$(OUT)' \
 	$(if $(WEIGHTS),--weights '$(WEIGHTS)') $(if $(INPUT_SHAPE),--input-shape '$(INPUT_SHAPE)') \
 	$(if $(DYNAMIC),--dynamic '$(DYNAMIC)') $(if $(CALIB),--calib '$(CALIB)' --calib-method $(CALIB_METHOD)) \
-	$(if $(FORCE),--force) $(if $(RECALIBRATE),--recalibrate) $(if $(TARGET),--target '$(TARGET)')
+	$(if $(FORCE),--force) $(if $(RECALIBRATE),--recalibrate) $(if $(TARGET),--target '$(TARGET)') \
+	$(if $(KEEP_FP32),--keep-fp32 '$(KEEP_FP32)') $(if $(NO_AUTO_FP32),--no-auto-fp32)
 
 .PHONY: venv engine bench serve calibration-images accuracy test lint typecheck clean
 

@@ -16,7 +16,13 @@ from pipeline.errors import PipelineError
 from pipeline.settings import BUILDERS, CALIB_METHODS, PRECISIONS, BatchProfile, Settings
 
 # Commands beyond the build stages; each module has COMMAND, HELP, add_arguments(parser), main(args) -> int.
-EXTRA_COMMANDS: tuple[str, ...] = ("pipeline.bench", "pipeline.serve.cli", "pipeline.accuracy", "pipeline.triton")
+EXTRA_COMMANDS: tuple[str, ...] = (
+    "pipeline.bench",
+    "pipeline.serve.cli",
+    "pipeline.accuracy",
+    "pipeline.triton",
+    "pipeline.diagnose",
+)
 
 STAGE_HELP = {
     "all": "every stage in order; reuses a finished folder whose inputs and settings are unchanged",
@@ -60,6 +66,15 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.target,
         help="GPUs a TensorRT-RTX engine runs on: default, current (this machine's GPU) or e.g. sm86,sm89 [TARGET]",
     )
+    parser.add_argument(
+        "--keep-fp32", help="fp16: node names or op types to keep in FP32, comma-separated (e.g. TopK) [KEEP_FP32]"
+    )
+    parser.add_argument(
+        "--no-auto-fp32",
+        dest="auto_fp32",
+        action="store_false",
+        help="fp16: do not keep the nodes whose values float16 cannot hold in FP32 [NO_AUTO_FP32]",
+    )
     parser.add_argument("--calib", type=Path, help="calibration data for int8: image folder or .npy/.npz [CALIB]")
     parser.add_argument("--calib-method", default=defaults.calib_method, choices=CALIB_METHODS, help="[CALIB_METHOD]")
     parser.add_argument("--calib-samples", type=int, default=defaults.calib_samples, help="calibration samples")
@@ -80,6 +95,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         workspace_mib=args.workspace_mib,
         builder=args.builder,
         target=args.target,
+        keep_fp32=args.keep_fp32,
+        auto_fp32=args.auto_fp32,
         calib=args.calib,
         calib_method=args.calib_method,
         calib_samples=args.calib_samples,

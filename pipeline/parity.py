@@ -42,8 +42,14 @@ def onnxruntime_session(
 
 
 def check_parity(onnx_path: Path, reference_path: Path, *, precision: str) -> dict:
-    """Run every reference case through the graph; raise PipelineError past the tolerance."""
-    session = onnxruntime_session(onnx_path)
+    """Run every reference case through the graph; raise PipelineError past the tolerance.
+
+    A float16 graph runs as the engine stores it (every float16 tensor rounded, overflow to inf:
+    pipeline/float16.py), not as ONNX Runtime's CPU provider would run it (in float32 throughout).
+    """
+    from pipeline.float16 import faithful_session
+
+    session = faithful_session(onnx_path) if precision == "fp16" else onnxruntime_session(onnx_path)
     names = [o.name for o in session.get_outputs()]
     rtol = RTOL[precision]
     cases: list[dict[str, Any]] = []
@@ -55,21 +61,46 @@ def check_parity(onnx_path: Path, reference_path: Path, *, precision: str) -> di
         failed = {n: c for n, c in results.items() if not c.ok}
         if failed:
             name, worst = next(iter(failed.items()))
-            raise PipelineError(
+            problem = (
                 f"{onnx_path.name} disagrees with PyTorch at batch {batch} on output {name!r}: max abs error "
                 f"{worst.max_abs:.3g} is {worst.max_rel:.3g} of the output scale {worst.scale:.3g} "
-                f"(tolerance {rtol:g} for {precision})",
-                "inspect the graph with the ONNX Runtime runner; an unsupported op or a mismatched "
-                "preprocessing is the usual cause",
+                f"(tolerance {rtol:g} for {precision})"
             )
+            raise _parity_error(onnx_path, inputs, precision, problem)
     worst_rel = max(o["max_rel"] for case in cases for o in case["outputs"].values())
     worst_abs = max(o["max_abs"] for case in cases for o in case["outputs"].values())
     batches = sorted({case["batch"] for case in cases})
+    faithful = " (float16 as the engine stores it)" if precision == "fp16" else ""
     return {
-        "summary": f"{onnx_path.name} vs PyTorch at batch {batches}: max abs {worst_abs:.3g}, "
+        "summary": f"{onnx_path.name}{faithful} vs PyTorch at batch {batches}: max abs {worst_abs:.3g}, "
         f"max rel {worst_rel:.3g} (tolerance {rtol:g})",
+        "evaluation": "float16 storage: every float16 tensor rounded as the engine stores it" if faithful else "",
         "rtol": rtol,
         "max_abs": worst_abs,
         "max_rel": worst_rel,
         "cases": cases,
     }
+
+
+def _parity_error(onnx_path: Path, inputs: dict, precision: str, problem: str) -> PipelineError:
+    """The error for a failing gate, naming the first node that goes wrong and the option that fixes it."""
+    from pipeline.diagnose import first_bad_node_text
+    from pipeline.precision import GRAPH_NAMES
+
+    fp32 = onnx_path.parent / GRAPH_NAMES["fp32"]
+    if precision == "fp32" or not fp32.is_file():
+        return PipelineError(
+            problem,
+            "inspect the graph with the ONNX Runtime runner; an unsupported op or a mismatched preprocessing "
+            "is the usual cause",
+        )
+    where = first_bad_node_text(fp32, onnx_path, inputs, precision)
+    if precision == "fp16":
+        fix = (
+            "keep the node named above in FP32: KEEP_FP32=<node or op type> (--keep-fp32); leave the automatic "
+            "FP32 fallback on (no NO_AUTO_FP32 / --no-auto-fp32); the whole table: python -m pipeline diagnose "
+            f"{onnx_path.parent}"
+        )
+    else:
+        fix = f"calibrate on data like the served inputs (CALIB=...); python -m pipeline diagnose {onnx_path.parent}"
+    return PipelineError(f"{problem}; {where}", fix)

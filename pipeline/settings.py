@@ -68,6 +68,8 @@ class Settings:
     workspace_mib: int = 4096
     builder: str = "auto"
     target: str = "default"
+    keep_fp32: str | None = None  # FP16: node names or op types kept in FP32, comma-separated
+    auto_fp32: bool = True  # FP16: keep the nodes whose values float16 cannot hold in FP32
     calib: Path | None = None
     calib_method: str = "percentile"
     calib_samples: int = 256
@@ -104,6 +106,10 @@ class Settings:
         if self.calib_samples < 1 or self.calib_batch < 1:
             raise PipelineError("calibration samples and batch must be at least 1", "give positive numbers")
         return self
+
+    def fp32_nodes(self) -> list[str]:
+        """--keep-fp32 as a list of node names or op types."""
+        return [name.strip() for name in (self.keep_fp32 or "").split(",") if name.strip()]
 
     def artifact_dir(self, model_name: str) -> Path:
         """engines/<model>-<precision>/ for a canonical model name."""

@@ -22,7 +22,7 @@ from models.spec import ModelSpec
 from pipeline.artifacts import sha256_file
 from pipeline.check import check_onnx
 from pipeline.errors import PipelineError
-from pipeline.export import export_onnx, parity_batches, write_reference
+from pipeline.export import export_onnx, load_reference, parity_batches, write_reference
 from pipeline.manifest import (
     artifact_problems,
     describe_artifacts,
@@ -138,7 +138,18 @@ def run_precision(run: Run) -> None:
         return
     source, target = _require(run, GRAPH_NAMES["fp32"]), run.path(GRAPH_NAMES[precision])
     if precision == "fp16":
-        run.stage("fp16", convert_fp16, source, target)
+        # The reference inputs up to batch 8: every intermediate tensor of a run is held at once.
+        cases = [inputs for inputs, _ in load_reference(_require(run, REFERENCE)) if _rows(inputs) <= 8]
+        settings = run.settings
+        run.stage(
+            "fp16",
+            convert_fp16,
+            source,
+            target,
+            cases=cases,
+            keep_fp32=settings.fp32_nodes(),
+            auto_fp32=settings.auto_fp32,
+        )
     else:
         # Settings.check() has already refused int8 without CALIB.  The model is loaded, not
         # prepared: calibration only needs its declared image preprocessing.
@@ -160,6 +171,10 @@ def run_precision(run: Run) -> None:
             stage = f"parity_int8_onnxruntime_{kind.replace('-', '_')}"
             run.stage(stage, check_parity, _require(run, name), _require(run, REFERENCE), precision="int8")
     run.stage(f"parity_{precision}", check_parity, target, _require(run, REFERENCE), precision=precision)
+
+
+def _rows(inputs: dict) -> int:
+    return int(next(iter(inputs.values())).shape[0])
 
 
 def run_build(run: Run) -> None:

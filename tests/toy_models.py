@@ -149,3 +149,32 @@ def plain_module() -> nn.Module:
     """A bare nn.Module taking 3-channel images of any size: load it with an input_shape such as 3x16x16."""
     with _seeded():
         return _PlainModule()
+
+
+class _OverflowFfn(nn.Module):
+    """Two layers, a residual feed-forward block and a head.  The block's hidden activations reach about 3e5,
+    beyond float16's 65504, as the feed-forward outputs of T5-style transformers do; it holds a fifth of the
+    weights, the rest is fine in float16."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64))
+        self.up = nn.Linear(64, 16)
+        self.down = nn.Linear(16, 64)
+        self.head = nn.Linear(64, 4)
+        with torch.no_grad():  # the product of the two is unchanged: only the hidden values grow
+            self.up.weight.mul_(3e5)
+            self.up.bias.mul_(3e5)
+            self.down.weight.div_(3e5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.layers(x)
+        return self.head(h + self.down(torch.relu(self.up(h))))
+
+
+def overflow_ffn() -> ModelSpec:
+    """_OverflowFfn on one (batch, 16) input; output "logits"."""
+    with _seeded():
+        module = _OverflowFfn()
+        example = {"input": torch.randn(EXAMPLE_BATCH, 16)}
+    return ModelSpec(name="overflow_ffn", module=module, example_inputs=example, output_names=["logits"])

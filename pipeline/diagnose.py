@@ -1,0 +1,157 @@
+"""`python -m pipeline diagnose <folder>`: where a float16 or INT8 graph departs from the FP32 graph, layer by layer.
+
+Both graphs run on the same inputs (the first case of reference.npz) with every intermediate tensor
+exposed; the float16 graph runs as the engine stores it (pipeline/float16.py faithful_copy).  Each
+tensor the two graphs share by name is compared as max |lower - fp32| over the FP32 tensor's
+largest magnitude, in the FP32 graph's order.  The report names the first node past the precision's
+tolerance and the 10 worst, and lands in the folder as diagnosis.json / diagnosis.md; a failing
+parity gate quotes its first line.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from pipeline.artifacts import write_bytes, write_json
+from pipeline.errors import PipelineError
+from pipeline.float16 import faithful_copy, run_exposing_tensors
+
+COMMAND = "diagnose"
+HELP = "compare a float16 or INT8 graph with the FP32 graph tensor by tensor; name the first node that goes wrong"
+WORST = 10
+
+
+@dataclass(frozen=True)
+class LayerError:
+    """How far one node's output in the lower-precision graph is from the FP32 graph's."""
+
+    node: str
+    op: str
+    tensor: str
+    max_abs: float
+    scale: float
+    rel: float  # max_abs / scale; inf where the lower graph has inf or NaN
+
+    def as_record(self) -> dict:
+        return asdict(self)
+
+
+def compare_layers(
+    fp32_path: Path, lower_path: Path, inputs: dict[str, np.ndarray], precision: str
+) -> list[LayerError]:
+    """Every node output both graphs compute, in the FP32 graph's order, with its error."""
+    fp32 = onnx.load(str(fp32_path))
+    lower = onnx.load(str(lower_path))
+    if precision == "fp16":
+        lower = faithful_copy(lower)
+    reference = run_exposing_tensors(fp32, inputs)
+    actual = run_exposing_tensors(lower, inputs)
+    errors = []
+    for node in fp32.graph.node:
+        for name in node.output:
+            if name in reference and name in actual and reference[name].shape == actual[name].shape:
+                errors.append(_error(node, name, reference[name], actual[name]))
+    return errors
+
+
+def _error(node: onnx.NodeProto, name: str, expected: np.ndarray, actual: np.ndarray) -> LayerError:
+    expected64, actual64 = expected.astype(np.float64), actual.astype(np.float64)
+    scale = float(np.max(np.abs(expected64))) if expected.size else 0.0
+    if not np.all(np.isfinite(actual64)):
+        return LayerError(node.name, node.op_type, name, float("inf"), scale, float("inf"))
+    max_abs = float(np.max(np.abs(actual64 - expected64))) if expected.size else 0.0
+    return LayerError(node.name, node.op_type, name, max_abs, scale, max_abs / scale if scale > 0 else max_abs)
+
+
+def first_past(errors: list[LayerError], rtol: float) -> LayerError | None:
+    return next((error for error in errors if error.rel > rtol), None)
+
+
+def first_bad_node_text(fp32_path: Path, lower_path: Path, inputs: dict[str, np.ndarray], precision: str) -> str:
+    """One sentence for a failing gate: the first node past tolerance, or that none is (the error builds up)."""
+    from pipeline.parity import RTOL
+
+    errors = compare_layers(fp32_path, lower_path, inputs, precision)
+    first = first_past(errors, RTOL[precision])
+    if first is None:
+        return "no single node is past the tolerance: the error builds up over many (python -m pipeline diagnose)"
+    return f"the first node past it is {first.node!r} ({first.op}): {_describe(first)}"
+
+
+def _describe(error: LayerError) -> str:
+    if error.rel == float("inf"):
+        return f"its output {error.tensor!r} holds inf or NaN (FP32's largest value there: {error.scale:.3g})"
+    return f"{error.tensor!r} is off by {error.max_abs:.3g}, {error.rel:.3g} of its scale {error.scale:.3g}"
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "folder", type=Path, help="an artifact folder built for fp16 or int8 (engines/<model>-<precision>)"
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    report = diagnose_folder(args.folder)
+    print(markdown(report))
+    return 0
+
+
+def diagnose_folder(folder: Path) -> dict:
+    """Compare the folder's graph with its FP32 graph on reference.npz's first case; write diagnosis.json/.md."""
+    from pipeline.export import load_reference
+    from pipeline.manifest import require_manifest
+    from pipeline.parity import RTOL
+    from pipeline.precision import GRAPH_NAMES
+
+    manifest = require_manifest(folder)
+    precision = manifest.get("precision")
+    if precision not in ("fp16", "int8"):
+        raise PipelineError(
+            f"{folder} holds a {precision} graph: there is no lower precision to compare with FP32",
+            "diagnose a folder built with PRECISION=fp16 or PRECISION=int8",
+        )
+    inputs, _ = load_reference(folder / "reference.npz")[0]
+    errors = compare_layers(folder / GRAPH_NAMES["fp32"], folder / GRAPH_NAMES[precision], inputs, precision)
+    first = first_past(errors, RTOL[precision])
+    report = {
+        "folder": str(folder),
+        "precision": precision,
+        "rtol": RTOL[precision],
+        "batch": int(next(iter(inputs.values())).shape[0]),
+        "compared": len(errors),
+        "first_past_tolerance": first.as_record() if first else None,
+        "worst": [error.as_record() for error in sorted(errors, key=lambda e: -e.rel)[:WORST]],
+    }
+    write_json(Path(folder) / "diagnosis.json", report)
+    write_bytes(Path(folder) / "diagnosis.md", markdown(report).encode())
+    return report
+
+
+def markdown(report: dict) -> str:
+    first = report["first_past_tolerance"]
+    lines = [
+        f"# Diagnosis: {report['folder']} ({report['precision']} against FP32)",
+        "",
+        f"{report['compared']} tensors compared on the first reference case (batch {report['batch']}); "
+        f"tolerance {report['rtol']:g} of each tensor's FP32 scale.",
+        "",
+        f"First node past the tolerance: **{first['node']}** ({first['op']}), {first['rel']:.3g} of its scale."
+        if first
+        else "No node is past the tolerance.",
+        "",
+        f"| the {WORST} worst | op | tensor | max abs error | FP32 scale | relative |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {e['node']} | {e['op']} | {e['tensor']} | {e['max_abs']:.3g} | {e['scale']:.3g} | {e['rel']:.3g} |"
+        for e in report["worst"]
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,124 @@
+"""FP16 as the engine computes it: the faithful check, the automatic FP32 fallback, --keep-fp32, the diagnosis.
+
+tests.toy_models:overflow_ffn has a feed-forward block whose hidden values reach ~1e5 (beyond float16's
+65504); ONNX Runtime's CPU provider runs its float16 graph in float32 and sees nothing wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from pipeline.diagnose import diagnose_folder
+from pipeline.errors import PipelineError
+from pipeline.export import load_reference
+from pipeline.float16 import faithful_copy
+from pipeline.parity import onnxruntime_session
+from pipeline.settings import Settings
+from pipeline.stages import make_engine
+
+OVERFLOW = "tests.toy_models:overflow_ffn"
+BLOCK = ["/up/Gemm", "/Relu", "/down/Gemm"]  # the nodes that hold the large values
+
+
+def _fp16(tmp_path: Path, **options) -> Path:
+    return make_engine(Settings(model=OVERFLOW, precision="fp16", out_root=tmp_path, builder="tensorrt_rtx", **options))
+
+
+def _manifest(folder: Path) -> dict:
+    return json.loads((folder / "manifest.json").read_text())
+
+
+def test_the_faithful_copy_rounds_and_overflows_where_onnxruntime_does_not(tmp_path):
+    """x * 1000 in float16: 100 -> inf (beyond 65504), 0.1234567 -> 0.12347 (10-bit mantissa)."""
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["h"], to=TensorProto.FLOAT16), helper.make_node("Mul", ["h", "k"], ["y16"])]
+        + [helper.make_node("Cast", ["y16"], ["y"], to=TensorProto.FLOAT)],
+        "scale",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        initializer=[numpy_helper.from_array(np.array([1000.0], np.float16), "k")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, tmp_path / "fp16.onnx")
+    onnx.save(faithful_copy(model), tmp_path / "faithful.onnx")
+    x = {"x": np.array([100.0, 0.1234567], np.float32)}
+    (plain,) = onnxruntime_session(tmp_path / "fp16.onnx").run(None, x)
+    (faithful,) = onnxruntime_session(tmp_path / "faithful.onnx").run(None, x)
+    assert np.isfinite(plain).all()  # ONNX Runtime's CPU provider: float32 inside, no overflow
+    assert np.isinf(faithful[0]) and faithful[1] == np.float16(np.float16(0.1234567) * np.float16(1000))
+
+
+def test_overflow_is_caught_without_the_fallback_and_names_the_node(tmp_path):
+    with pytest.raises(PipelineError) as caught:
+        _fp16(tmp_path, auto_fp32=False)
+    message = str(caught.value)
+    assert "max abs error nan" in message and "the first node past it is '/up/Gemm' (Gemm)" in message
+    assert "KEEP_FP32=" in caught.value.fix and "python -m pipeline diagnose" in caught.value.fix
+    # What the old gate saw: the same float16 graph through ONNX Runtime's CPU provider is fine.
+    folder = next(tmp_path.glob("*-fp16"))
+    inputs, outputs = load_reference(folder / "reference.npz")[0]
+    (logits,) = onnxruntime_session(folder / "model.fp16.onnx").run(None, inputs)
+    assert np.allclose(logits, outputs["logits"], rtol=0, atol=0.03 * np.abs(outputs["logits"]).max())
+
+
+def test_the_fallback_keeps_only_the_overflowing_nodes_in_fp32(tmp_path):
+    folder = _fp16(tmp_path)
+    manifest = _manifest(folder)
+    record = manifest["fp16"]
+    assert [kept["node"] for kept in record["kept_fp32"]] == BLOCK
+    assert all(kept["max_abs"] > 65504 / 4 for kept in record["kept_fp32"])
+    assert 0 < record["fp32_compute_share"] < 0.25
+    assert manifest["parity_fp16"]["max_rel"] < 0.03 and "as the engine stores it" in manifest["parity_fp16"]["summary"]
+    graph = onnx.load(str(folder / "model.fp16.onnx")).graph
+    sizes = {TensorProto.FLOAT16: 0, TensorProto.FLOAT: 0}
+    for initializer in graph.initializer:
+        sizes[initializer.data_type] += int(np.prod(initializer.dims))
+    assert sizes[TensorProto.FLOAT16] > 3 * sizes[TensorProto.FLOAT]  # most weights stay float16
+    # Kept nodes read each other's FP32 values: no float16 round trip between them.
+    producers = {out: node for node in graph.node for out in node.output}
+    for node in graph.node:
+        if node.name in BLOCK[1:]:
+            assert producers[node.input[0]].name in BLOCK
+
+
+def test_the_float16_graph_is_topologically_sorted(tmp_path):
+    graph = onnx.load(str(_fp16(tmp_path) / "model.fp16.onnx")).graph
+    available = {value.name for value in graph.input} | {init.name for init in graph.initializer} | {""}
+    for node in graph.node:
+        assert all(name in available for name in node.input), node.name
+        available.update(node.output)
+
+
+def test_keep_fp32_by_op_type_and_by_name(tmp_path):
+    record = _manifest(_fp16(tmp_path / "a", keep_fp32="Tanh, /head/Gemm"))["fp16"]
+    asked = {kept["node"] for kept in record["kept_fp32"] if kept["reason"] == "asked for (--keep-fp32)"}
+    assert asked == {"/layers/layers.1/Tanh", "/layers/layers.3/Tanh", "/head/Gemm"}
+    with pytest.raises(PipelineError, match=r"--keep-fp32 names \['TopKk'\], which is neither") as caught:
+        _fp16(tmp_path / "b", keep_fp32="TopKk")
+    assert "Gemm" in caught.value.fix
+
+
+def test_diagnosis_names_the_one_broken_node_first(tmp_path):
+    folder = shutil.copytree(_fp16(tmp_path / "built"), tmp_path / "broken")
+    model = onnx.load(str(folder / "model.fp16.onnx"))
+    weight = next(init for init in model.graph.initializer if init.name == "layers.2.weight")
+    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * np.float16(1.5), weight.name))
+    onnx.save(model, str(folder / "model.fp16.onnx"))
+    report = diagnose_folder(folder)
+    assert report["first_past_tolerance"]["node"] == "/layers/layers.2/Gemm"
+    assert report["worst"][0]["rel"] > 0.03
+    markdown = (folder / "diagnosis.md").read_text()
+    assert "First node past the tolerance: **/layers/layers.2/Gemm** (Gemm)" in markdown
+
+
+def test_diagnose_refuses_an_fp32_folder(tmp_path):
+    folder = make_engine(Settings(model=OVERFLOW, precision="fp32", out_root=tmp_path, builder="tensorrt_rtx"))
+    with pytest.raises(PipelineError, match="holds a fp32 graph: there is no lower precision"):
+        diagnose_folder(folder)
