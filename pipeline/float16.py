@@ -175,7 +175,7 @@ def _overflow_reason(node: onnx.NodeProto, stats: TensorStats) -> tuple[str, flo
     if node.op_type in SQUARING_OPS and source**2 > FP16_SAFE:
         return f"its input reaches {source:.3g}, whose square overflows inside the op", source
     if node.op_type in SUMMING_OPS and node.output[0] in stats.shapes:
-        summed = np.prod(stats.shapes[node.input[0]]) / max(np.prod(stats.shapes[node.output[0]]), 1)
+        summed = int(np.prod(stats.shapes[node.input[0]])) / max(int(np.prod(stats.shapes[node.output[0]])), 1)
         total = float(stats.max_abs[node.output[0]] * summed)
         if total > FP16_SAFE:
             return f"the sum inside it reaches {total:.3g}", total

@@ -5,18 +5,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pipeline.compare import compare_outputs
 from pipeline.errors import PipelineError
 from pipeline.export import load_reference
 
 # Tolerances on max |onnx - torch| relative to the output's largest magnitude.
 # FP32 graphs differ from PyTorch by reassociation only (measured ~1e-6 on ResNet-50);
-# FP16 carries 10-bit mantissas through ~50 layers; INT8 is judged by accuracy (`make accuracy`),
-# not here: the reference inputs are N(0, 1) noise, and noise outside the calibrated input range is
-# clipped by the first QuantizeLinear (the digits model, calibrated on pixels in [-1, 1], measured
-# 0.58 of the output scale; ResNet-18 on photographs 0.024).  At 1.0 this only catches a broken
-# graph: NaN, garbage, a wrong per-channel axis.
+# FP16 carries 10-bit mantissas through ~50 layers.  INT8 on the reference inputs is a smoke check
+# only: they are N(0, 1) noise, and noise outside the calibrated input range is clipped by the first
+# QuantizeLinear (the digits model, calibrated on pixels in [-1, 1], measured 0.58 of the output scale);
+# at 1.0 it catches NaN and garbage.  INT8's gate is check_int8_agreement, on the calibration data.
 RTOL = {"fp32": 1e-3, "fp16": 3e-2, "int8": 1.0}
+# INT8's gate, on the calibration data (inputs like the ones served): the mean over rows of
+# |int8 - fp32| / |fp32| (Euclidean norms of each row's output).  It sees what a cosine cannot: a ReLU
+# network with one weight scale off by 10x has all its outputs 10x too large and a cosine near 1.
+# 0.2 is a cosine of 0.98 at equal norms; measured: digits 0.01 (see the manifest's agreement_int8).
+INT8_MAX_ERROR = 0.2
 
 
 def onnxruntime_session(
@@ -82,9 +88,69 @@ def check_parity(onnx_path: Path, reference_path: Path, *, precision: str) -> di
     }
 
 
+def check_int8_agreement(fp32_path: Path, int8_path: Path, batches: list[dict[str, np.ndarray]]) -> dict:
+    """The INT8 graph against the FP32 graph on calibration batches; raise PipelineError past INT8_MAX_ERROR."""
+    reference, quantized = onnxruntime_session(fp32_path), onnxruntime_session(int8_path)
+    names = [output.name for output in reference.get_outputs()]
+    rows: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {name: [] for name in names}
+    for feeds in batches:
+        expected = dict(zip(names, reference.run(names, feeds), strict=True))
+        actual = dict(zip(names, quantized.run(names, feeds), strict=True))
+        for name in names:
+            rows[name].append(_row_errors(expected[name], actual[name]))
+    records = {name: _agreement_record(pairs) for name, pairs in rows.items()}
+    worst_name = max(records, key=lambda name: records[name]["error_mean"])
+    worst = records[worst_name]["error_mean"]
+    count = int(sum(len(next(iter(feeds.values()))) for feeds in batches))
+    if not worst <= INT8_MAX_ERROR:  # NaN fails too
+        inputs = {name: value[:1] for name, value in batches[0].items()}
+        where = _first_bad_node(fp32_path, int8_path, inputs, "int8")
+        raise PipelineError(
+            f"{int8_path.name} departs from FP32 on the calibration data: output {worst_name!r} is off by "
+            f"{worst:.3g} of its norm on average over {count} rows (gate {INT8_MAX_ERROR}, cosine "
+            f"{records[worst_name]['cosine_mean']:.4f}); {where}",
+            "calibrate on more data like the served inputs (CALIB=..., CALIB_METHOD=percentile or entropy); "
+            f"the table: python -m pipeline diagnose {int8_path.parent}",
+        )
+    return {
+        "summary": f"{int8_path.name} vs FP32 on {count} calibration rows: off by {worst:.3g} of the output's norm, "
+        f"cosine {records[worst_name]['cosine_mean']:.4f} (gate {INT8_MAX_ERROR})",
+        "evaluation": "the calibration data (in-sample): each row's |int8 - fp32| / |fp32| and cosine",
+        "gate": INT8_MAX_ERROR,
+        "rows": count,
+        "outputs": records,
+    }
+
+
+def _row_errors(expected: np.ndarray, actual: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: (|actual - expected| / |expected|, cosine), on the flattened row."""
+    left = expected.reshape(len(expected), -1).astype(np.float64)
+    right = actual.reshape(len(actual), -1).astype(np.float64)
+    norm_left, norm_right = np.linalg.norm(left, axis=1), np.linalg.norm(right, axis=1)
+    error = np.linalg.norm(right - left, axis=1) / np.maximum(norm_left, 1e-30)
+    cosine = np.sum(left * right, axis=1) / np.maximum(norm_left * norm_right, 1e-30)
+    return error, cosine
+
+
+def _agreement_record(pairs: list[tuple[np.ndarray, np.ndarray]]) -> dict:
+    error = np.concatenate([pair[0] for pair in pairs])
+    cosine = np.concatenate([pair[1] for pair in pairs])
+    return {
+        "error_mean": float(error.mean()),
+        "error_max": float(error.max()),
+        "cosine_mean": float(cosine.mean()),
+        "cosine_min": float(cosine.min()),
+    }
+
+
+def _first_bad_node(fp32_path: Path, lower_path: Path, inputs: dict, precision: str) -> str:
+    from pipeline.diagnose import first_bad_node_text  # imported on failure only: it loads the whole graph
+
+    return first_bad_node_text(fp32_path, lower_path, inputs, precision)
+
+
 def _parity_error(onnx_path: Path, inputs: dict, precision: str, problem: str) -> PipelineError:
     """The error for a failing gate, naming the first node that goes wrong and the option that fixes it."""
-    from pipeline.diagnose import first_bad_node_text
     from pipeline.precision import GRAPH_NAMES
 
     fp32 = onnx_path.parent / GRAPH_NAMES["fp32"]
@@ -94,7 +160,7 @@ def _parity_error(onnx_path: Path, inputs: dict, precision: str, problem: str) -
             "inspect the graph with the ONNX Runtime runner; an unsupported op or a mismatched preprocessing "
             "is the usual cause",
         )
-    where = first_bad_node_text(fp32, onnx_path, inputs, precision)
+    where = _first_bad_node(fp32, onnx_path, inputs, precision)
     if precision == "fp16":
         fix = (
             "keep the node named above in FP32: KEEP_FP32=<node or op type> (--keep-fp32); leave the automatic "

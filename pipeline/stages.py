@@ -18,9 +18,11 @@ from pathlib import Path
 
 import models
 from calibration.int8 import CACHE_FOLDER, CPU_GRAPHS, CalibrationConfig, make_int8_graph
+from calibration.readers import graph_inputs, read_calibration_data
 from models.spec import ModelSpec
 from pipeline.artifacts import sha256_file
 from pipeline.check import check_onnx
+from pipeline.cpu import int8_cpu_kind
 from pipeline.errors import PipelineError
 from pipeline.export import export_onnx, load_reference, parity_batches, write_reference
 from pipeline.manifest import (
@@ -30,7 +32,7 @@ from pipeline.manifest import (
     read_manifest,
     update_manifest,
 )
-from pipeline.parity import check_parity
+from pipeline.parity import check_int8_agreement, check_parity
 from pipeline.precision import GRAPH_NAMES, convert_fp16
 from pipeline.prepare import prepare
 from pipeline.settings import OPSET, Settings
@@ -170,7 +172,28 @@ def run_precision(run: Run) -> None:
         for kind, name in CPU_GRAPHS.items():
             stage = f"parity_int8_onnxruntime_{kind.replace('-', '_')}"
             run.stage(stage, check_parity, _require(run, name), _require(run, REFERENCE), precision="int8")
+        _check_int8_agreement(run, source)
     run.stage(f"parity_{precision}", check_parity, target, _require(run, REFERENCE), precision=precision)
+
+
+def _check_int8_agreement(run: Run, fp32: Path) -> None:
+    """INT8's gate, on the calibration data: the engine's graph, and the CPU graph this CPU's runner serves.
+
+    The CPU graph for the other kind of CPU is not judged here: this CPU's kernels do not run it as its
+    own CPU does (U8S8 saturates without VNNI).
+    """
+    settings = run.settings
+    assert settings.calib is not None  # Settings.check() refuses int8 without CALIB
+    data = read_calibration_data(
+        settings.calib,
+        graph_inputs(fp32),
+        run.loaded.preprocess,
+        samples=settings.calib_samples,
+        batch=settings.calib_batch,
+    )
+    served_here = CPU_GRAPHS[int8_cpu_kind()]
+    for stage, name in (("agreement_int8", GRAPH_NAMES["int8"]), ("agreement_int8_onnxruntime_cpu", served_here)):
+        run.stage(stage, check_int8_agreement, fp32, _require(run, name), data.batches)
 
 
 def _rows(inputs: dict) -> int:

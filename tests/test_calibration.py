@@ -28,7 +28,7 @@ from models.spec import ImagePreprocess
 from pipeline import cli
 from pipeline.cpu import NO_VNNI, VNNI, int8_cpu_kind
 from pipeline.errors import PipelineError
-from pipeline.parity import onnxruntime_session
+from pipeline.parity import check_int8_agreement, onnxruntime_session
 from pipeline.settings import Settings
 from pipeline.stages import make_engine
 
@@ -421,3 +421,20 @@ def test_int8_engine_on_the_gpu_agrees_with_onnxruntime(split, train_npy, tmp_pa
     reference = onnxruntime_session(folder / "model.int8.onnx").run(None, feed)[0]
     assert np.mean(engine.argmax(1) == reference.argmax(1)) >= 0.97
     assert np.mean(engine.argmax(1) == split.held_out_labels[:32]) >= 0.9
+
+
+def test_int8_gate_passes_the_calibrated_graph_and_fails_a_wrong_scale(int8, fp32, split, tmp_path):
+    batches = [{"input": split.train_inputs[:128]}]
+    record = check_int8_agreement(fp32, int8[0], batches)
+    assert record["outputs"]["logits"]["error_mean"] < 0.05 and record["rows"] == 128
+    model = onnx.load(str(int8[0]))
+    initializers = {init.name: init for init in model.graph.initializer}
+    first_weight = next(
+        node for node in model.graph.node if node.op_type == "DequantizeLinear" and node.input[0] in initializers
+    )
+    scale = initializers[first_weight.input[1]]
+    scale.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(scale) * 10, scale.name))
+    onnx.save(model, str(tmp_path / "model.int8.onnx"))
+    with pytest.raises(PipelineError, match="departs from FP32 on the calibration data") as caught:
+        check_int8_agreement(fp32, tmp_path / "model.int8.onnx", batches)
+    assert "the first node past it is" in str(caught.value) and "diagnose" in caught.value.fix
