@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=BACKENDS,
         help="auto: the engine (tensorrt_plan) unless TensorRT-RTX built it or there is none, then the ONNX graph",
     )
-    parser.add_argument("--name", help="model name in the repository (default: the folder's name)")
+    parser.add_argument("--name", help="model name in the repository (default: <model>-<precision>, as serve names it)")
     parser.add_argument("--instances", type=int, default=1, help="model instances (instance_group count)")
     parser.add_argument("--instance-kind", default="gpu", choices=tuple(INSTANCE_KINDS), help="cpu: onnxruntime only")
     parser.add_argument(
@@ -107,9 +107,9 @@ def write_repository(
         else manifest.get("graph", GRAPH_NAMES["fp32"])
     )
     io = engine_io(manifest) if chosen == "tensorrt_plan" else graph_io(model_file)
-    model_name = name or folder.name
+    name = name or model_name(manifest)
     config = model_config(
-        model_name,
+        name,
         chosen,
         io,
         max_batch=int(manifest["batch_profile"]["max"]),
@@ -119,10 +119,23 @@ def write_repository(
     )
     from google.protobuf import text_format
 
-    model_dir = Path(repo) / model_name
+    model_dir = Path(repo) / name
     write_bytes(model_dir / "1" / PLATFORMS[chosen][2], model_file.read_bytes())
     write_bytes(model_dir / "config.pbtxt", text_format.MessageToString(config).encode())
     return model_dir, why
+
+
+def model_name(manifest: dict) -> str:
+    """The model's name here and in `python -m pipeline serve` alike: <model>-<precision>, as `make engine` names
+    its folder.  The precision is part of it so that the fp16 and int8 builds of one network sit side by side in a
+    repository, and a client moving between Triton and our service changes only the address."""
+    model, precision = manifest.get("model", {}).get("name"), manifest.get("precision")
+    if not model or not precision:
+        raise PipelineError(
+            "the manifest records no model name or precision (the export did not finish)",
+            "rebuild the folder: make engine MODEL=<model> PRECISION=<precision>",
+        )
+    return f"{model}-{precision}"
 
 
 def choose_backend(manifest: dict, folder: Path, backend: str) -> tuple[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from pipeline.errors import PipelineError
 from pipeline.manifest import read_manifest
 from pipeline.settings import BatchProfile, Settings
 from pipeline.stages import make_engine
-from pipeline.triton import engine_io, model_config, write_repository
+from pipeline.triton import engine_io, model_config, model_name, write_repository
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,9 @@ def test_rtx_engine_is_served_through_the_onnx_backend_by_default(tiny: Path, tm
     model_dir, why = write_repository(tiny, tmp_path)
     assert "TensorRT-RTX" in why
     config = parse((model_dir / "config.pbtxt").read_text())
-    assert (config.name, config.platform, config.backend) == (tiny.name, "onnxruntime_onnx", "onnxruntime")
+    # The name `python -m pipeline serve` gives the model too: <model>-<precision>.
+    assert model_dir.name == config.name == model_name(read_manifest(tiny)) == "toy_models-tiny_cnn-fp32"
+    assert (config.platform, config.backend) == ("onnxruntime_onnx", "onnxruntime")
     assert config.max_batch_size == 32  # the profile's max (1:8:32)
     [given] = config.input
     assert (given.name, pb.DataType.Name(given.data_type), list(given.dims)) == ("input", "TYPE_FP32", [3, 16, 16])
@@ -88,3 +91,12 @@ def test_two_inputs_dynamic_dims_and_the_command_line(text: Path, tmp_path: Path
     assert outputs == {"logits": ("TYPE_FP32", [4]), "tokens": ("TYPE_FP32", [-1, 8])}
     assert pb.ModelInstanceGroup.Kind.Name(config.instance_group[0].kind) == "KIND_CPU"
     assert sha256_file(tmp_path / "text" / "1" / "model.onnx") == sha256_file(text / "model.fp16.onnx")
+
+
+def test_the_name_comes_from_the_manifest_not_the_folder(tiny: Path, tmp_path: Path) -> None:
+    renamed = tmp_path / "my-copy"
+    shutil.copytree(tiny, renamed)
+    model_dir, _ = write_repository(renamed, tmp_path / "repo")
+    assert model_dir.name == "toy_models-tiny_cnn-fp32"
+    with pytest.raises(PipelineError, match="records no model name or precision"):
+        model_name({"model": {"name": "tiny"}})
