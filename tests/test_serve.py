@@ -1,12 +1,13 @@
-"""The HTTP service, for real: `python -m pipeline serve` in its own process on 127.0.0.1, the ONNX Runtime
-runner serving tiny_cnn artifacts built by make_engine, real HTTP clients.  Every wait has a timeout and
-every server process is terminated, whatever the test does."""
+"""The service, for real: `python -m pipeline serve` in its own process on 127.0.0.1, the ONNX Runtime runner
+serving tiny_cnn (one FP32 image input) and text_classifier (INT64 ids + FP32 mask, a dynamic "seq", two
+outputs) built by make_engine, and Triton's own clients, tritonclient.http and tritonclient.grpc, unchanged.
+Raw HTTP (httpx) only where a test sends what tritonclient never would.  Every wait has a timeout, every
+load loop a bound, and every server process is terminated, whatever the test does."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import io
+import gzip
 import json
 import signal
 import socket
@@ -15,40 +16,84 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from pipeline.cli import main as cli_main
 from pipeline.compare import compare
+from pipeline.manifest import read_manifest
 from pipeline.runners import load_runner
 from pipeline.settings import BatchProfile, Settings
 from pipeline.stages import make_engine
+from pipeline.triton import model_name, write_repository
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"  # loopback only, always
-MODEL = "toy_models-tiny_cnn"
-INFER = f"/v1/models/{MODEL}/infer"
+IMAGE_MODEL = "toy_models-tiny_cnn-fp32"
+TEXT_MODEL = "toy_models-text_classifier-fp32"
 MAX_BATCH = 32
+TEXT_MAX_BATCH = 16
 ITEM_SHAPE = (3, 16, 16)
-NPY = {"content-type": "application/x-npy"}
 # Batched and lone runs of a conv may sum in a different order; distinct inputs differ by ~1e-1.
 RTOL = 1e-5
+PROTOCOLS = ("http", "grpc")
+# How a request travels: protocol, and for REST whether the tensors are JSON or Triton's binary data.
+FORMS = {"http-json": ("http", False), "http-binary": ("http", True), "grpc": ("grpc", True)}
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("engines")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("engines")
+
+
+@pytest.fixture(scope="module")
+def folder(engines: Path) -> Path:
     batch = BatchProfile(1, 8, MAX_BATCH)
-    return make_engine(Settings(model="tests.toy_models:tiny_cnn", precision="fp32", batch=batch, out_root=out))
+    return make_engine(Settings(model="tests.toy_models:tiny_cnn", precision="fp32", batch=batch, out_root=engines))
+
+
+@pytest.fixture(scope="module")
+def text_folder(engines: Path) -> Path:
+    batch = BatchProfile(1, 4, TEXT_MAX_BATCH)
+    settings = Settings(model="tests.toy_models:text_classifier", precision="fp32", batch=batch, out_root=engines)
+    return make_engine(settings)
 
 
 @pytest.fixture(scope="module")
 def runner(folder: Path):
     with load_runner(folder, backend="onnxruntime") as loaded:
         yield loaded
+
+
+@pytest.fixture(scope="module")
+def text_runner(text_folder: Path):
+    with load_runner(text_folder, backend="onnxruntime") as loaded:
+        yield loaded
+
+
+# --------------------------------------------------------------------------- servers and clients
+
+
+@dataclass
+class Server:
+    http: str  # host:port, as tritonclient takes it
+    grpc: str
+    process: subprocess.Popen
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.http}"
 
 
 def free_port() -> int:
@@ -58,17 +103,16 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def served(folder: Path, *options: str) -> Iterator[tuple[str, subprocess.Popen]]:
-    """A `python -m pipeline serve` process on a free loopback port, ready; always terminated on exit."""
-    port = free_port()
+def served(folder: Path, *options: str) -> Iterator[Server]:
+    """A `python -m pipeline serve` process on free loopback ports (REST and gRPC), ready; always terminated."""
+    port, grpc_port = free_port(), free_port()
     command = [sys.executable, "-m", "pipeline", "serve", str(folder), "--host", HOST, "--port", str(port)]
-    process = subprocess.Popen(
-        [*command, "--log-level", "warning", *options], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    url = f"http://{HOST}:{port}"
+    command += ["--grpc-port", str(grpc_port), "--log-level", "warning", *options]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    server = Server(f"{HOST}:{port}", f"{HOST}:{grpc_port}", process)
     try:
-        wait_ready(url, process)
-        yield url, process
+        wait_ready(server)
+        yield server
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
@@ -81,286 +125,541 @@ def served(folder: Path, *options: str) -> Iterator[tuple[str, subprocess.Popen]
             process.stdout.close()
 
 
-def wait_ready(url: str, process: subprocess.Popen, timeout_s: float = 60) -> None:
+def wait_ready(server: Server, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            output = process.stdout.read().decode() if process.stdout else ""
-            pytest.fail(f"the server exited with {process.returncode} before it was ready:\n{output}")
+        if server.process.poll() is not None:
+            output = server.process.stdout.read().decode() if server.process.stdout else ""
+            pytest.fail(f"the server exited with {server.process.returncode} before it was ready:\n{output}")
         with contextlib.suppress(httpx.TransportError):
-            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+            if httpx.get(f"{server.url}/v2/health/ready", timeout=2).status_code == 200:
                 return
         time.sleep(0.2)
-    pytest.fail(f"{url} was not ready within {timeout_s} s")
+    pytest.fail(f"{server.url} was not ready within {timeout_s} s")
 
 
 @pytest.fixture(scope="module")
-def server(folder: Path) -> Iterator[str]:
-    with served(folder) as (url, _):
-        yield url
+def server(folder: Path) -> Iterator[Server]:
+    with served(folder) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def text_server(text_folder: Path) -> Iterator[Server]:
+    with served(text_folder) as running:
+        yield running
+
+
+def client(server: Server, protocol: str):
+    """tritonclient's own client for the protocol; use it in a `with` block (it closes its connections)."""
+    if protocol == "http":
+        return httpclient.InferenceServerClient(server.http)
+    return grpcclient.InferenceServerClient(server.grpc)
+
+
+def infer_input(protocol: str, name: str, array: np.ndarray, binary: bool = True, datatype: str | None = None):
+    module = httpclient if protocol == "http" else grpcclient
+    given = module.InferInput(name, list(array.shape), datatype or np_to_triton_dtype(array.dtype))
+    if protocol == "http":
+        given.set_data_from_numpy(array, binary_data=binary)
+    else:
+        given.set_data_from_numpy(array)  # gRPC always sends raw_input_contents
+    return given
+
+
+def requested_output(protocol: str, name: str, binary: bool = True):
+    if protocol == "http":
+        return httpclient.InferRequestedOutput(name, binary_data=binary)
+    return grpcclient.InferRequestedOutput(name)
+
+
+@contextlib.contextmanager
+def clients(server: Server) -> Iterator[dict]:
+    """One tritonclient client per protocol, as one user of the service holds them."""
+    with client(server, "http") as http, client(server, "grpc") as grpc:
+        yield {"http": http, "grpc": grpc}
+
+
+def infer_logits(triton: dict, form: str, batch: np.ndarray) -> np.ndarray:
+    protocol, binary = FORMS[form]
+    outputs = [requested_output(protocol, "logits", binary)]
+    result = triton[protocol].infer(IMAGE_MODEL, [infer_input(protocol, "input", batch, binary)], outputs=outputs)
+    return result.as_numpy("logits")
 
 
 def items(seed: int, count: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((count, *ITEM_SHAPE), dtype=np.float32)
 
 
-def json_body(batch: np.ndarray) -> dict:
-    return {"inputs": {"input": {"dtype": "float32", "data": batch.tolist()}}}
+def tokens(seed: int, count: int, seq: int) -> tuple[np.ndarray, np.ndarray]:
+    """(input_ids, attention_mask) of `count` items of `seq` tokens, the last ones padding."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, 100, (count, seq), dtype=np.int64)
+    mask = (np.arange(seq) < rng.integers(1, seq + 1, (count, 1))).astype(np.float32)
+    return ids, mask
 
 
-def npy_bytes(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, array)
-    return buffer.getvalue()
-
-
-def logits_of(response: httpx.Response) -> np.ndarray:
-    """The outputs of a 200 response, in either form."""
-    assert response.status_code == 200, response.text
-    if response.headers["content-type"] == "application/x-npy":
-        return np.load(io.BytesIO(response.content), allow_pickle=False)
-    document = response.json()
-    assert document["model_name"] == MODEL
-    logits = document["outputs"]["logits"]
-    assert logits["dtype"] == "float32"
-    array = np.array(logits["data"], dtype=np.float32)
-    assert list(array.shape) == logits["shape"]
-    return array
-
-
-def metric(url: str, name: str) -> float:
-    """One sample's value from /metrics, e.g. 'serve_requests_total{status="200"}'."""
-    for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
-        if line.startswith(name + " "):
+def metric(server: Server, family: str, **labels: str) -> float:
+    """One sample's value from /metrics, e.g. metric(server, "serve_requests_total", protocol="http", ...)."""
+    wanted = {f'{key}="{value}"' for key, value in labels.items()}
+    for line in httpx.get(f"{server.url}/metrics", timeout=5).text.splitlines():
+        name, _, rest = line.partition("{")
+        if name == family and wanted <= set(rest.partition("}")[0].split(",")):
             return float(line.split()[-1])
     return 0.0
+
+
+def refusal(call: Callable[[], object]) -> InferenceServerException:
+    """The InferenceServerException a tritonclient call raises (and fails the test if it does not)."""
+    with pytest.raises(InferenceServerException) as raised:
+        call()
+    return raised.value
+
+
+# --------------------------------------------------------------------------- health, metadata, config
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_live_ready_and_metadata(server: Server, folder: Path, protocol: str) -> None:
+    with client(server, protocol) as triton:
+        assert triton.is_server_live() and triton.is_server_ready()
+        assert triton.is_model_ready(IMAGE_MODEL) and triton.is_model_ready(IMAGE_MODEL, "1")
+        served = triton.get_server_metadata()
+        model = triton.get_model_metadata(IMAGE_MODEL)
+        if protocol == "grpc":
+            served, model = (json_format.MessageToDict(m, preserving_proto_field_name=True) for m in (served, model))
+    assert served["name"] == "trt-pipeline" and "binary_tensor_data" in served["extensions"]
+    # One name everywhere: the Triton repository writer names the model the same way.
+    assert model["name"] == IMAGE_MODEL == model_name(read_manifest(folder))
+    assert model["versions"] == ["1"] and model["platform"] == "onnxruntime_onnx"
+    shapes = [int(d) for d in model["inputs"][0]["shape"]]
+    assert (model["inputs"][0]["name"], model["inputs"][0]["datatype"], shapes) == ("input", "FP32", [-1, 3, 16, 16])
+    assert [(o["name"], o["datatype"]) for o in model["outputs"]] == [("logits", "FP32")]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_config_is_the_triton_writers_with_the_services_limits(
+    server: Server, folder: Path, protocol: str, tmp_path: Path
+) -> None:
+    with client(server, protocol) as triton:
+        answered = triton.get_model_config(IMAGE_MODEL)
+    # REST answers the config as JSON, gRPC as the ModelConfig message itself.
+    as_message = json_format.ParseDict(answered, model_config_pb2.ModelConfig()) if protocol == "http" else None
+    config = as_message or answered.config
+    model_dir, _ = write_repository(folder, tmp_path, instance_kind="cpu")
+    written = text_format.Parse((model_dir / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert config == written  # same name, platform, max batch, tensors, batch window, one CPU instance
+
+
+def test_metrics_are_prometheus_text_labelled_by_model(server: Server) -> None:
+    response = httpx.get(f"{server.url}/metrics", timeout=5)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    for family in ("serve_requests_total", "serve_request_seconds_bucket", "serve_batch_items_bucket"):
+        assert family in response.text
+    assert f'serve_queue_depth{{model="{IMAGE_MODEL}"}}' in response.text
+
+
+def test_help_shows_client_code_for_both_protocols(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli_main(["serve", "--help"])
+    shown = capsys.readouterr().out
+    assert "tritonclient.http" in shown and "tritonclient.grpc" in shown and "--grpc-port" in shown
+
+
+# --------------------------------------------------------------------------- inference
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_image_model_full_batch_in_each_form(server: Server, runner, form: str) -> None:
+    batch = items(seed=7, count=MAX_BATCH)
+    expected = runner.infer({"input": batch})["logits"]
+    with clients(server) as triton:
+        assert compare(expected, infer_logits(triton, form, batch), rtol=RTOL).ok
+
+
+def test_json_in_binary_out_and_all_outputs_by_default(server: Server, runner) -> None:
+    batch = items(seed=8, count=3)
+    expected = runner.infer({"input": batch})["logits"]
+    with client(server, "http") as triton:
+        given = infer_input("http", "input", batch, binary=False)
+        binary_out = triton.infer(IMAGE_MODEL, [given], outputs=[requested_output("http", "logits", binary=True)])
+        every_output = triton.infer(IMAGE_MODEL, [given], model_version="1", request_id="r-7")
+    assert binary_out.get_response()["outputs"][0]["parameters"]["binary_data_size"] == expected.nbytes
+    assert every_output.get_response()["id"] == "r-7"
+    for result in (binary_out, every_output):
+        assert compare(expected, result.as_numpy("logits"), rtol=RTOL).ok
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_compressed_request_bodies(server: Server, runner, encoding: str) -> None:
+    batch = items(seed=9, count=2)
+    with client(server, "http") as triton:
+        given = infer_input("http", "input", batch)
+        result = triton.infer(IMAGE_MODEL, [given], request_compression_algorithm=encoding)
+    assert compare(runner.infer({"input": batch})["logits"], result.as_numpy("logits"), rtol=RTOL).ok
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_text_model_int64_ids_two_inputs_two_outputs(text_server: Server, text_runner, form: str) -> None:
+    protocol, binary = FORMS[form]
+    ids, mask = tokens(seed=3, count=5, seq=11)
+    expected = text_runner.infer({"input_ids": ids, "attention_mask": mask})
+    given = [infer_input(protocol, "attention_mask", mask, binary), infer_input(protocol, "input_ids", ids, binary)]
+    with client(text_server, protocol) as triton:
+        both = triton.infer(TEXT_MODEL, given)
+        only_logits = triton.infer(TEXT_MODEL, given, outputs=[requested_output(protocol, "logits", binary)])
+    assert both.as_numpy("tokens").shape == (5, 11, 8)
+    for name in ("logits", "tokens"):
+        assert compare(expected[name], both.as_numpy(name), rtol=RTOL).ok
+    assert only_logits.as_numpy("tokens") is None
+    assert compare(expected["logits"], only_logits.as_numpy("logits"), rtol=RTOL).ok
+
+
+# --------------------------------------------------------------------------- mistakes, through tritonclient
+
+
+@dataclass(frozen=True)
+class Mistake:
+    model: str
+    inputs: Callable[[str], list]  # protocol -> tritonclient inputs
+    status: str  # the HTTP status; gRPC answers the matching code
+    message: str
+    version: str = ""
+    outputs: tuple[str, ...] = ()
+
+
+ONE = items(seed=1, count=1)
+IDS, MASK = tokens(seed=2, count=2, seq=6)
+GRPC_CODES = {"400": "StatusCode.INVALID_ARGUMENT", "404": "StatusCode.NOT_FOUND"}
+MISTAKES = {
+    "unknown model": Mistake(
+        "resnet50", lambda p: [infer_input(p, "input", ONE)], "404", f"this server serves '{IMAGE_MODEL}'"
+    ),
+    "unknown version": Mistake(
+        IMAGE_MODEL, lambda p: [infer_input(p, "input", ONE)], "404", "this server serves version 1", version="2"
+    ),
+    "wrong shape": Mistake(
+        IMAGE_MODEL, lambda p: [infer_input(p, "input", ONE[..., :8])], "400", "expected (-1, 3, 16, 16)"
+    ),
+    "wrong datatype": Mistake(
+        IMAGE_MODEL,
+        lambda p: [infer_input(p, "input", ONE.astype(np.float64))],
+        "400",
+        "input 'input' is declared FP64; the model takes FP32",
+    ),
+    "wrong input name": Mistake(
+        IMAGE_MODEL, lambda p: [infer_input(p, "image", ONE)], "400", "missing ['input']; unexpected ['image']"
+    ),
+    "too many items": Mistake(
+        IMAGE_MODEL,
+        lambda p: [infer_input(p, "input", items(seed=2, count=MAX_BATCH + 1))],
+        "400",
+        f"send at most {MAX_BATCH} per request",
+    ),
+    "unknown output": Mistake(
+        IMAGE_MODEL, lambda p: [infer_input(p, "input", ONE)], "400", "unknown outputs ['probs']", outputs=("probs",)
+    ),
+    "missing input": Mistake(
+        TEXT_MODEL, lambda p: [infer_input(p, "input_ids", IDS)], "400", "missing ['attention_mask']"
+    ),
+    "sequence beyond its range": Mistake(
+        TEXT_MODEL,
+        lambda p: [infer_input(p, "input_ids", np.zeros((1, 65), np.int64)), infer_input(p, "attention_mask", MASK)],
+        "400",
+        "size 65 on axis 1, outside the range [1, 64]",
+    ),
+    "inputs disagree on seq": Mistake(
+        TEXT_MODEL,
+        lambda p: [infer_input(p, "input_ids", IDS), infer_input(p, "attention_mask", MASK[:, :5])],
+        "400",
+        "disagree on the size of dynamic dim 'seq'",
+    ),
+    "int64 ids sent as int32": Mistake(
+        TEXT_MODEL,
+        lambda p: [infer_input(p, "input_ids", IDS.astype(np.int32)), infer_input(p, "attention_mask", MASK)],
+        "400",
+        "input 'input_ids' is declared INT32; the model takes INT64",
+    ),
+}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("case", list(MISTAKES))
+def test_mistakes_are_refused_naming_what_was_expected(
+    server: Server, text_server: Server, protocol: str, case: str
+) -> None:
+    mistake = MISTAKES[case]
+    target = text_server if mistake.model == TEXT_MODEL else server
+    outputs = [requested_output(protocol, name) for name in mistake.outputs] or None
+    with client(target, protocol) as triton:
+        error = refusal(
+            lambda: triton.infer(
+                mistake.model, mistake.inputs(protocol), model_version=mistake.version, outputs=outputs
+            )
+        )
+        # ...and the server keeps serving.
+        assert triton.is_server_ready()
+    assert str(error.status()) == (mistake.status if protocol == "http" else GRPC_CODES[mistake.status])
+    assert mistake.message in error.message()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_unknown_model_metadata_and_readiness(server: Server, protocol: str) -> None:
+    with client(server, protocol) as triton:
+        error = refusal(lambda: triton.get_model_metadata("resnet50"))
+        assert f"this server serves '{IMAGE_MODEL}'" in error.message()
+        refusal(lambda: triton.get_model_config(IMAGE_MODEL, model_version="3"))
+        if protocol == "http":
+            assert not triton.is_model_ready("resnet50")  # a 404: tritonclient reads any status but 200 as false
+        else:
+            assert str(refusal(lambda: triton.is_model_ready("resnet50")).status()) == "StatusCode.NOT_FOUND"
+
+
+# --------------------------------------------------------------------------- mistakes tritonclient never sends
+
+
+def _binary_request(header: dict, raw: bytes) -> tuple[bytes, dict]:
+    text = json.dumps(header).encode()
+    return text + raw, {"Inference-Header-Content-Length": str(len(text))}
+
+
+def _image_input(**fields: object) -> dict:
+    return {"name": "input", "datatype": "FP32", "shape": [1, *ITEM_SHAPE], **fields}
+
+
+_DATA = ONE.ravel().tolist()
+_RAW = ONE.tobytes()
+BAD_BODIES: dict[str, tuple[bytes, dict, int, str]] = {
+    "malformed JSON": (b'{"inputs": [', {}, 400, "not valid JSON"),
+    "no inputs": (json.dumps({"outputs": []}).encode(), {}, 400, '"inputs" must be a non-empty list'),
+    "unknown field": (
+        json.dumps({"inputs": [_image_input(data=_DATA)], "input": 1}).encode(),
+        {},
+        400,
+        "unknown fields ['input']",
+    ),
+    "data count differs from shape": (
+        json.dumps({"inputs": [_image_input(data=_DATA[:-1])]}).encode(),
+        {},
+        400,
+        "shape [1, 3, 16, 16] holds 768 values; 767 were sent",
+    ),
+    "nested data of the wrong nesting": (
+        json.dumps({"inputs": [_image_input(data=[[1.0], [1.0, 2.0]])]}).encode(),
+        {},
+        400,
+        "the data must be numbers",
+    ),
+    "strings for numbers": (
+        json.dumps({"inputs": [_image_input(data=["a"] * 768)]}).encode(),
+        {},
+        400,
+        "the data must be numbers",
+    ),
+    "beyond float32": (
+        json.dumps({"inputs": [_image_input(data=[1e39] + _DATA[1:])]}).encode(),
+        {},
+        400,
+        "not finite FP32",
+    ),
+    "shape of 2**40 items": (
+        json.dumps({"inputs": [_image_input(shape=[2**40, *ITEM_SHAPE], data=[])]}).encode(),
+        {},
+        400,
+        f"send at most {MAX_BATCH} per request",
+    ),
+    "binary size differs from shape": (
+        *_binary_request({"inputs": [_image_input(parameters={"binary_data_size": len(_RAW) - 4})]}, _RAW[:-4]),
+        400,
+        "is 3072 bytes; 3068 were sent",
+    ),
+    "binary bytes nobody claims": (
+        *_binary_request({"inputs": [_image_input(parameters={"binary_data_size": len(_RAW)})]}, _RAW + b"1234"),
+        400,
+        "4 bytes after the JSON header belong to no input",
+    ),
+    "binary claim beyond the body": (
+        *_binary_request({"inputs": [_image_input(parameters={"binary_data_size": 2 * len(_RAW)})]}, _RAW),
+        400,
+        "claims 6144 bytes of binary data; 3072 are left",
+    ),
+    "header length beyond the body": (
+        json.dumps({"inputs": []}).encode(),
+        {"Inference-Header-Content-Length": "99999"},
+        400,
+        "must be the byte length of the JSON header",
+    ),
+    "shared memory": (
+        json.dumps({"inputs": [_image_input(parameters={"shared_memory_region": "r"})]}).encode(),
+        {},
+        400,
+        "shared memory is not supported",
+    ),
+    "unknown content encoding": (b"x", {"Content-Encoding": "br"}, 415, "send gzip, deflate or none"),
+    "gzip bomb": (gzip.compress(bytes(100 * 2**20)), {"Content-Encoding": "gzip"}, 413, "inflates to more"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_BODIES), ids=list(BAD_BODIES))
+def test_malformed_bodies_get_the_protocols_error(server: Server, case: str) -> None:
+    body, headers, status, message = BAD_BODIES[case]
+    response = httpx.post(f"{server.url}/v2/models/{IMAGE_MODEL}/infer", content=body, headers=headers, timeout=10)
+    assert response.status_code == status, response.text
+    assert message in response.json()["error"]
+
+
+def test_unknown_paths_and_methods_answer_with_the_protocols_error(server: Server) -> None:
+    missing = httpx.get(f"{server.url}/v1/models/{IMAGE_MODEL}", timeout=5)
+    wrong_method = httpx.get(f"{server.url}/v2/models/{IMAGE_MODEL}/infer", timeout=5)
+    assert (missing.status_code, wrong_method.status_code) == (404, 405)
+    assert missing.json() == {"error": "Not Found"} and "error" in wrong_method.json()
 
 
 # --------------------------------------------------------------------------- load
 
 
 CLIENTS = 32
-REQUESTS = 2000
+REQUESTS_PER_CLIENT = 30  # 960 in all, a third in each form
 
 
-async def _load(url: str) -> list[tuple[np.ndarray, np.ndarray]]:
-    """CLIENTS concurrent clients sending REQUESTS requests in all, each with its own items (1-3), half JSON
-    and half .npy; returns (inputs, outputs) for every request."""
-    results: list[tuple[np.ndarray, np.ndarray]] = []
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for number in range(REQUESTS):
-        queue.put_nowait(number)
-    limits = httpx.Limits(max_connections=CLIENTS, max_keepalive_connections=CLIENTS)
-    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as client:
+def test_32_clients_each_get_exactly_their_own_rows(server: Server, runner) -> None:
+    """32 tritonclient clients at once, each sending its own items (1-3 per request) in turn as REST JSON,
+    REST binary and gRPC; every row of every answer is checked against the same items run alone."""
+    served_before = {p: metric(server, "serve_requests_total", protocol=p, status="200") for p in PROTOCOLS}
 
-        async def one_client() -> None:
-            while not queue.empty():
-                number = queue.get_nowait()
-                batch = items(seed=number, count=1 + number % 3)
-                if number % 2:
-                    response = await client.post(INFER, content=npy_bytes(batch), headers=NPY)
-                else:
-                    response = await client.post(INFER, json=json_body(batch))
-                results.append((batch, logits_of(response)))
+    def one_client(number: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        results = []
+        with clients(server) as triton:
+            for request in range(REQUESTS_PER_CLIENT):
+                seed = number * REQUESTS_PER_CLIENT + request
+                batch = items(seed, count=1 + seed % 3)
+                results.append((batch, infer_logits(triton, list(FORMS)[seed % len(FORMS)], batch)))
+        return results
 
-        await asyncio.wait_for(asyncio.gather(*(one_client() for _ in range(CLIENTS))), timeout=90)
-    return results
-
-
-def test_concurrent_clients_each_get_exactly_their_own_rows(server: str, runner) -> None:
-    served_before = metric(server, 'serve_requests_total{status="200"}')
-    results = asyncio.run(_load(server))
-    assert len(results) == REQUESTS
-    for batch, outputs in results:
-        alone = runner.infer({"input": batch})["logits"]
-        assert compare(alone, outputs, rtol=RTOL).ok, "a response does not match its own input run alone"
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        answers = [pair for results in pool.map(one_client, range(CLIENTS), timeout=120) for pair in results]
+    assert len(answers) == CLIENTS * REQUESTS_PER_CLIENT
+    mixed_up = [
+        n
+        for n, (batch, got) in enumerate(answers)
+        if not compare(runner.infer({"input": batch})["logits"], got, rtol=RTOL).ok
+    ]
+    assert mixed_up == [], f"{len(mixed_up)} answers do not match their own items run alone"
     # The tolerance tells rows apart: another request's rows would be far outside it.
-    first, second = results[0][1][0], results[1][1][0]
-    assert not compare(first, second, rtol=RTOL).ok
-    assert metric(server, 'serve_requests_total{status="200"}') - served_before == REQUESTS
+    assert not compare(answers[0][1][0], answers[1][1][0], rtol=RTOL).ok
+    served = {p: metric(server, "serve_requests_total", protocol=p, status="200") - served_before[p] for p in PROTOCOLS}
+    assert served == {"http": 2 * len(answers) // 3, "grpc": len(answers) // 3}
     # Requests really were gathered: fewer runner calls than requests.
-    assert metric(server, "serve_batch_requests_sum") > metric(server, "serve_batch_requests_count")
-    assert httpx.get(f"{server}/ready", timeout=5).status_code == 200
-
-
-# --------------------------------------------------------------------------- endpoints
-
-
-def test_health_ready_metadata_and_metrics(server: str) -> None:
-    assert httpx.get(f"{server}/health", timeout=5).json() == {"status": "up"}
-    assert httpx.get(f"{server}/ready", timeout=5).json() == {"status": "ready", "model": MODEL}
-    described = httpx.get(f"{server}/v1/models/{MODEL}", timeout=5).json()
-    assert described["inputs"] == [{"name": "input", "dtype": "float32", "shape": [-1, 3, 16, 16]}]
-    assert described["max_items"] == MAX_BATCH and "onnxruntime" in described["runner"]
-    text = httpx.get(f"{server}/metrics", timeout=5).text
-    for family in ("serve_requests_total", "serve_request_seconds_bucket", "serve_batch_items_bucket"):
-        assert family in text
-    assert "serve_queue_depth" in text
-
-
-def test_multi_item_request_in_both_forms(server: str, runner) -> None:
-    batch = items(seed=7, count=MAX_BATCH)
-    expected = runner.infer({"input": batch})["logits"]
-    by_json = logits_of(httpx.post(f"{server}{INFER}", json=json_body(batch), timeout=10))
-    by_npy = logits_of(httpx.post(f"{server}{INFER}", content=npy_bytes(batch), headers=NPY, timeout=10))
-    assert compare(expected, by_json, rtol=RTOL).ok and compare(expected, by_npy, rtol=RTOL).ok
-    buffer = io.BytesIO()
-    np.savez(buffer, input=batch)
-    response = httpx.post(f"{server}{INFER}", content=buffer.getvalue(), headers={"content-type": "application/x-npz"})
-    assert response.headers["content-type"] == "application/x-npz"
-    with np.load(io.BytesIO(response.content), allow_pickle=False) as outputs:
-        assert compare(expected, outputs["logits"], rtol=RTOL).ok
-
-
-def _forged_npy() -> bytes:
-    """A .npy header promising 2**40 items, followed by 16 bytes."""
-    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (1099511627776, 3, 16, 16), }"
-    header = header.ljust(118) + "\n"
-    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + bytes(16)
-
-
-def _npz(**arrays: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)  # type: ignore[arg-type]
-    return buffer.getvalue()
-
-
-ONE = items(seed=1, count=1)
-JSON_TYPE = {"content-type": "application/json"}
-BAD_REQUESTS = {
-    "malformed JSON": (b'{"inputs": [', JSON_TYPE, 400, "not valid JSON"),
-    "no inputs object": (json.dumps({"data": 1}).encode(), JSON_TYPE, 422, 'no "inputs" object'),
-    "wrong tensor name": (
-        json.dumps({"inputs": {"image": {"dtype": "float32", "data": ONE.tolist()}}}).encode(),
-        JSON_TYPE,
-        422,
-        "unknown inputs ['image']; the model takes ['input']",
-    ),
-    "missing tensor": (json.dumps({"inputs": {}}).encode(), JSON_TYPE, 422, "missing ['input']"),
-    "wrong shape": (json.dumps(json_body(ONE[:, :2])).encode(), JSON_TYPE, 422, "expected (-1, 3, 16, 16)"),
-    "wrong declared dtype": (
-        json.dumps({"inputs": {"input": {"dtype": "float16", "data": ONE.tolist()}}}).encode(),
-        JSON_TYPE,
-        422,
-        "the model takes float32",
-    ),
-    "ragged data": (
-        json.dumps({"inputs": {"input": {"dtype": "float32", "data": [[1.0], [1.0, 2.0]]}}}).encode(),
-        JSON_TYPE,
-        422,
-        "nested lists of numbers of equal lengths",
-    ),
-    "strings for numbers": (
-        json.dumps({"inputs": {"input": {"dtype": "float32", "data": [["a"]]}}}).encode(),
-        JSON_TYPE,
-        422,
-        "nested lists of numbers",
-    ),
-    "beyond float32": (
-        json.dumps(json_body(ONE)).replace(str(float(ONE[0, 0, 0, 0])), "1e39", 1).encode(),
-        JSON_TYPE,
-        422,
-        "not finite float32",
-    ),
-    "too many items": (npy_bytes(items(seed=2, count=MAX_BATCH + 1)), NPY, 422, f"send at most {MAX_BATCH}"),
-    "wrong binary dtype": (npy_bytes(ONE.astype(np.float64)), NPY, 422, "dtype float64, expected float32"),
-    "not a .npy": (b"\x93NUMPY garbage", NPY, 400, "not a .npy array"),
-    "forged .npy header": (_forged_npy(), NPY, 400, "its header promises"),
-    "pickled objects": (npy_bytes(np.array([{"a": 1}], dtype=object)), NPY, 422, "pickles are never loaded"),
-    ".npz with a wrong name": (_npz(pixels=ONE), {"content-type": "application/x-npz"}, 422, "unexpected ['pixels']"),
-    "not a .npz": (b"PK\x03\x04 nothing", {"content-type": "application/x-npz"}, 400, "not a .npz archive"),
-    "unsupported content type": (b"1,2,3", {"content-type": "text/csv"}, 415, "send one of application/json"),
-}
-
-
-@pytest.mark.parametrize("case", list(BAD_REQUESTS), ids=list(BAD_REQUESTS))
-def test_bad_input_gets_4xx_saying_what_was_expected(server: str, case: str) -> None:
-    body, headers, status, message = BAD_REQUESTS[case]
-    response = httpx.post(f"{server}{INFER}", content=body, headers=headers, timeout=10)
-    assert response.status_code == status, response.text
-    assert message in response.json()["detail"]
-    # ...and the service keeps serving.
-    assert logits_of(httpx.post(f"{server}{INFER}", content=npy_bytes(ONE), headers=NPY, timeout=10)).shape == (1, 10)
-
-
-def test_unknown_model_is_404_naming_the_served_one(server: str) -> None:
-    response = httpx.post(f"{server}/v1/models/resnet50/infer", json=json_body(ONE), timeout=10)
-    assert response.status_code == 404
-    assert f"this server serves '{MODEL}'" in response.json()["detail"]
+    gathered = metric(server, "serve_batch_requests_sum"), metric(server, "serve_batch_requests_count")
+    assert gathered[0] > gathered[1]
 
 
 # --------------------------------------------------------------------------- limits: 413, 503, 504
 
 
 @pytest.fixture(scope="module")
-def strict_server(folder: Path) -> Iterator[str]:
+def strict_server(folder: Path) -> Iterator[Server]:
     """A server whose batch window (2 s) outlasts its timeout (0.5 s): a lone small request always times
     out, a full batch (32 items) goes at once.  Queue of 4 requests, bodies up to 0.2 MiB."""
     options = ("--max-wait-ms", "2000", "--timeout-s", "0.5", "--queue-size", "4", "--max-body-mib", "0.2")
-    with served(folder, *options) as (url, _):
-        yield url
+    with served(folder, *options) as running:
+        yield running
 
 
-def test_oversized_body_is_413(strict_server: str) -> None:
-    too_big = npy_bytes(items(seed=3, count=MAX_BATCH)) * 3  # 288 KiB
-    response = httpx.post(f"{strict_server}{INFER}", content=too_big, headers=NPY, timeout=10)
-    assert response.status_code == 413
-    assert f"the body is {len(too_big)} bytes; the limit is 209715" in response.json()["detail"]
+def test_oversized_body_is_413(strict_server: Server) -> None:
+    # 32 items as JSON text are some 500 KB, over the 0.2 MiB limit (as binary data they are 98 KB).
+    with client(strict_server, "http") as triton:
+        given = infer_input("http", "input", items(seed=3, count=MAX_BATCH), binary=False)
+        error = refusal(lambda: triton.infer(IMAGE_MODEL, [given]))
+    assert error.status() == "413" and "the limit is 209715" in error.message()
 
 
-def test_timeout_is_504_and_the_rows_go_to_no_one(strict_server: str, runner) -> None:
-    late = httpx.post(f"{strict_server}{INFER}", content=npy_bytes(ONE), headers=NPY, timeout=10)
-    assert late.status_code == 504
-    assert "no answer within the service's 0.5 s timeout" in late.json()["detail"]
-    full = items(seed=4, count=MAX_BATCH)
-    answered = logits_of(httpx.post(f"{strict_server}{INFER}", content=npy_bytes(full), headers=NPY, timeout=10))
-    assert answered.shape == (MAX_BATCH, 10)
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_timeout_is_504_and_the_rows_go_to_no_one(strict_server: Server, runner, protocol: str) -> None:
+    with client(strict_server, protocol) as triton:
+        error = refusal(lambda: triton.infer(IMAGE_MODEL, [infer_input(protocol, "input", ONE)]))
+        full = items(seed=4, count=MAX_BATCH)
+        answered = triton.infer(IMAGE_MODEL, [infer_input(protocol, "input", full)]).as_numpy("logits")
+    assert str(error.status()) == ("504" if protocol == "http" else "StatusCode.DEADLINE_EXCEEDED")
+    assert "no answer within the service's 0.5 s timeout" in error.message()
     assert compare(runner.infer({"input": full})["logits"], answered, rtol=RTOL).ok
 
 
-def test_full_queue_is_503_with_retry_after(strict_server: str) -> None:
-    def post(_: int) -> httpx.Response:
-        return httpx.post(f"{strict_server}{INFER}", content=npy_bytes(ONE), headers=NPY, timeout=10)
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_requests_own_timeout_parameter_is_kept(server: Server, protocol: str) -> None:
+    with client(server, protocol) as triton:
+        error = refusal(lambda: triton.infer(IMAGE_MODEL, [infer_input(protocol, "input", ONE)], timeout=1))
+    assert "no answer within the request's 1e-06 s timeout" in error.message()
 
-    async def burst() -> list[httpx.Response]:
-        return await asyncio.gather(*(asyncio.to_thread(post, n) for n in range(12)))
 
-    responses = asyncio.run(burst())
-    statuses = Counter(response.status_code for response in responses)
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_full_queue_is_503_unavailable(strict_server: Server, protocol: str) -> None:
+    def attempt(_: int) -> str:
+        with client(strict_server, protocol) as triton:
+            return str(refusal(lambda: triton.infer(IMAGE_MODEL, [infer_input(protocol, "input", ONE)])).status())
+
+    with ThreadPoolExecutor(12) as pool:
+        statuses = Counter(pool.map(attempt, range(12), timeout=30))
+    busy, late = ("503", "504") if protocol == "http" else ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")
     # At most 4 are admitted (and time out: the window outlasts the timeout); the rest are turned away.
-    assert set(statuses) <= {503, 504} and statuses[503] >= 1, statuses
+    assert set(statuses) <= {busy, late} and statuses[busy] >= 8, statuses
+
+
+def test_busy_answer_says_when_to_retry(strict_server: Server) -> None:
+    body = json.dumps({"inputs": [_image_input(data=_DATA)]}).encode()
+    url = f"{strict_server.url}/v2/models/{IMAGE_MODEL}/infer"
+    with ThreadPoolExecutor(12) as pool:
+        responses = list(pool.map(lambda _: httpx.post(url, content=body, timeout=10), range(12), timeout=30))
     refused = next(response for response in responses if response.status_code == 503)
-    assert refused.headers["retry-after"] == "1"
-    assert "the queue holds 4" in refused.json()["detail"]
-    assert httpx.get(f"{strict_server}/ready", timeout=5).status_code == 200
+    assert refused.headers["retry-after"] == "1" and "the queue holds 4" in refused.json()["error"]
 
 
 # --------------------------------------------------------------------------- graceful shutdown
 
 
-def test_sigterm_finishes_requests_in_flight_and_refuses_new_ones(folder: Path, runner) -> None:
-    with served(folder, "--max-wait-ms", "1500") as (url, process):
-        batch = items(seed=5, count=2)
-        answer: dict[str, httpx.Response] = {}
-        sender = threading.Thread(
-            target=lambda: answer.update(
-                r=httpx.post(f"{url}{INFER}", content=npy_bytes(batch), headers=NPY, timeout=20)
-            )
-        )
-        sender.start()
+def test_sigterm_finishes_requests_in_flight_on_both_protocols_and_refuses_new_ones(folder: Path, runner) -> None:
+    with served(folder, "--max-wait-ms", "1500") as server:
+        batches = {"http": items(seed=5, count=2), "grpc": items(seed=6, count=3)}
+        answers: dict[str, np.ndarray] = {}
+
+        def send(protocol: str) -> None:
+            with clients(server) as triton:
+                answers[protocol] = infer_logits(
+                    triton, "http-binary" if protocol == "http" else "grpc", batches[protocol]
+                )
+
+        senders = [threading.Thread(target=send, args=(protocol,)) for protocol in PROTOCOLS]
+        for sender in senders:
+            sender.start()
         deadline = time.monotonic() + 10
-        while metric(url, "serve_queue_depth") < 1 and time.monotonic() < deadline:
+        while metric(server, "serve_queue_depth") < 2 and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert metric(url, "serve_queue_depth") == 1, "the request never reached the queue"
-        process.send_signal(signal.SIGTERM)
+        assert metric(server, "serve_queue_depth") == 2, "the requests never reached the queue"
+        server.process.send_signal(signal.SIGTERM)
         time.sleep(0.3)
         with pytest.raises(httpx.ConnectError):
-            httpx.get(f"{url}/health", timeout=5)
-        sender.join(timeout=20)
-        assert not sender.is_alive()
-        assert compare(runner.infer({"input": batch})["logits"], logits_of(answer["r"]), rtol=RTOL).ok
+            httpx.get(f"{server.url}/v2/health/live", timeout=5)
+        with client(server, "grpc") as triton:
+            refused = refusal(lambda: triton.infer(IMAGE_MODEL, [infer_input("grpc", "input", ONE)]))
+        assert str(refused.status()) == "StatusCode.UNAVAILABLE"
+        for sender in senders:
+            sender.join(timeout=20)
+        for protocol, batch in batches.items():
+            assert compare(runner.infer({"input": batch})["logits"], answers[protocol], rtol=RTOL).ok
         # uvicorn re-raises the signal once it has shut down gracefully, so the exit reads as SIGTERM.
-        assert process.wait(timeout=20) in (0, -signal.SIGTERM)
+        assert server.process.wait(timeout=20) in (0, -signal.SIGTERM)
+
+
+def test_a_busy_grpc_port_is_one_error_line(folder: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind((HOST, 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        command = [sys.executable, "-m", "pipeline", "serve", str(folder), "--host", HOST, "--grpc-port", port]
+        run = subprocess.run(
+            [*command, "--port", str(free_port())], cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
+    assert run.returncode == 2 and "cannot listen for gRPC" in run.stderr and "Traceback" not in run.stderr
 
 
 # --------------------------------------------------------------------------- fuzzing from the OpenAPI schema
@@ -372,31 +671,34 @@ def test_fuzzing_from_the_openapi_schema_finds_no_5xx(folder: Path, tmp_path: Pa
     """schemathesis, every check (no 5xx, statuses/content types/bodies as documented, schema-violating
     requests rejected, valid ones accepted), from the schema the server publishes."""
     # At most 2 items per request keeps each generated body small (768 numbers an item).
-    with served(folder, "--max-batch", "2") as (url, _):
-        command = [sys.executable, "-m", "schemathesis.cli", "run", f"{url}/openapi.json", "--checks", "all"]
+    with served(folder, "--max-batch", "2") as server:
+        command = [sys.executable, "-m", "schemathesis.cli", "run", f"{server.url}/openapi.json", "--checks", "all"]
         options = ["--max-examples", str(FUZZ_EXAMPLES), "--seed", "1", "--generation-database", "none", "-w", "1"]
         reports = ["--request-timeout", "30", "--report", "json,ndjson", "--report-dir", str(tmp_path), "--no-color"]
         run = subprocess.run([*command, *options, *reports], cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stdout[-4000:]
     report = json.loads(next(tmp_path.glob("json-*.json")).read_text())
     assert report["failures"] == [] and report["errors"] == []
-    assert report["operations"]["tested"] == 5 and report["test_cases"]["generated"] >= 50
+    assert report["operations"]["tested"] == 8 and report["test_cases"]["generated"] >= 80
     statuses = Counter(
-        event["status_code"]
+        (operation, event["status_code"])
         for line in next(tmp_path.glob("ndjson-*.ndjson")).read_text().splitlines()
-        for event in _responses(json.loads(line))
+        for operation, event in _responses(json.loads(line))
     )
-    print(f"\nfuzz: {report['test_cases']['generated']} cases, responses by status {dict(sorted(statuses.items()))}")
-    assert statuses[200] > 0 and not [status for status in statuses if status >= 500]
+    print(f"\nfuzz: {report['test_cases']['generated']} cases, responses by operation and status {dict(statuses)}")
+    infer = f"POST /v2/models/{IMAGE_MODEL}/infer"
+    assert statuses[(infer, 200)] > 0 and statuses[(infer, 400)] > 0
+    assert not [status for _, status in statuses if status >= 500]
 
 
-def _responses(event: object) -> Iterator[dict]:
-    """Every recorded response in one NDJSON event, wherever it is nested."""
+def _responses(event: object, operation: str = "") -> Iterator[tuple[str, dict]]:
+    """(operation, response) for every recorded response in one NDJSON event, wherever it is nested."""
     if isinstance(event, dict):
+        operation = event["label"] if isinstance(event.get("label"), str) else operation
         if "status_code" in event:
-            yield event
+            yield operation, event
         for value in event.values():
-            yield from _responses(value)
+            yield from _responses(value, operation)
     elif isinstance(event, list):
         for value in event:
-            yield from _responses(value)
+            yield from _responses(value, operation)

@@ -1,134 +1,200 @@
-"""The FastAPI app: one artifact folder, one runner, dynamic batching in front of it.
+"""The REST front end (FastAPI): the inference protocol's HTTP/REST endpoints, plus Prometheus metrics.
 
-    GET  /health                       the process is up (503 only once loading the runner has failed)
-    GET  /ready                        the runner is loaded and answered a warm-up request
-    GET  /metrics                      Prometheus text: requests by status, latency, batch sizes, queue depth
-    GET  /v1/models/<name>             inputs, outputs, max items per request, the runner's description
-    POST /v1/models/<name>/infer       JSON, .npy or .npz in; the same form out (see pipeline.serve.codec)
+    GET  /v2/health/live                          200 while the process can serve (503 once loading failed)
+    GET  /v2/health/ready                         200 once the runner is loaded and answered a warm-up request
+    GET  /v2                                      server metadata: name, version, extensions
+    GET  /v2/models/<name>[/versions/1]           model metadata: inputs and outputs, datatypes, shapes
+    GET  /v2/models/<name>[/versions/1]/ready     200 once the model is ready
+    GET  /v2/models/<name>[/versions/1]/config    Triton's model configuration (the extension tritonclient calls)
+    POST /v2/models/<name>[/versions/1]/infer     JSON tensors, or Triton's binary tensor data (see rest.py)
+    GET  /metrics                                 Prometheus text
 
-The runner loads on a background task after startup, so /health answers at once and /ready turns
-200 only when the model has really run.  On SIGTERM uvicorn stops accepting connections, lets the
-requests in flight finish, then the lifespan's exit stops the batcher and closes the runner.
+Errors are {"error": "..."} with the protocol's status.  "Not ready" is 503 with Retry-After, not the 400
+Triton gives: it is the status that says "retry later", and tritonclient, like a Kubernetes probe, reads any
+status but 200 as false.  The runner loads on a background task after startup (see Service.load).  On SIGTERM
+uvicorn stops accepting connections and lets the requests in flight finish; then the lifespan's exit stops the
+batcher and closes the runner (pipeline.serve.server stops the gRPC front end alongside).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
+from starlette.exceptions import HTTPException
 
-from pipeline.manifest import require_manifest
-from pipeline.runners import Runner, load_runner
-from pipeline.runners.base import DYNAMIC
-from pipeline.serve.batcher import Batcher, QueueFull
-from pipeline.serve.codec import ModelIO, ServeError, check_items, decode_request, encode_response, media_type
 from pipeline.serve.config import ServeConfig
-from pipeline.serve.metrics import ServiceMetrics
-from pipeline.serve.schema import ERROR, infer_openapi
+from pipeline.serve.protocol import ServeError, check_model
+from pipeline.serve.rest import HEADER_LENGTH, JSON, encode_response, inflate, parse_infer_request
+from pipeline.serve.schema import error_response, infer_openapi, metadata_schema, server_metadata_schema
+from pipeline.serve.service import Service
 
-log = logging.getLogger(__name__)
+Endpoint = Callable[[Request], Awaitable[Response]]
+Responses = dict[int | str, dict[str, Any]]  # FastAPI's `responses=` documentation
 
-RETRY_AFTER = {"Retry-After": "1"}
 
+def create_app(folder: Path, config: ServeConfig | None = None, backend: str = "auto") -> FastAPI:
+    """The app serving the artifact folder `folder`; reads only the manifest until startup."""
+    service = Service(folder, config or ServeConfig(), backend)
 
-class Service:
-    """The app's state: the model's I/O (from the manifest), the runner once loaded, the batcher, metrics."""
-
-    def __init__(self, folder: Path, config: ServeConfig, backend: str):
-        self.folder = Path(folder)
-        self.config = config.check()
-        self.backend = backend
-        self.model = ModelIO.from_manifest(require_manifest(self.folder), config.name, config.max_batch)
-        self.metrics = ServiceMetrics()
-        self.runner: Runner | None = None
-        self.batcher: Batcher | None = None
-        self.failure: str | None = None
-
-    @property
-    def ready(self) -> bool:
-        return self.batcher is not None
-
-    async def load(self) -> None:
-        """Load the runner, run a warm-up request at one item and at max items, then start batching."""
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loading = asyncio.create_task(service.load(), name="load-runner")
         try:
-            self.runner = await asyncio.to_thread(load_runner, self.folder, self.backend)
-            for items in sorted({1, self.model.max_items}):
-                await asyncio.to_thread(self.runner.infer, warm_up_feed(self.model, items))
-        except Exception as error:  # a PipelineError or a bug: either way this process cannot serve
-            log.exception("loading the runner for %s failed", self.folder)
-            self.failure = f"loading the runner failed: {error}"
-            return
-        batcher = Batcher(
-            self.runner.infer,
-            self.metrics,
-            max_items=self.model.max_items,
-            max_wait_s=self.config.max_wait_ms / 1000,
-            batching=self.config.batching,
-            queue_size=self.config.queue_size,
-            workers=self.config.workers,
+            yield
+        finally:
+            await loading  # a load in a worker thread cannot be cancelled; let it finish, then close
+            await service.close()
+
+    app = FastAPI(
+        title=f"{service.model.name} inference",
+        description="The Open Inference Protocol (KServe v2) over one artifact folder (pipeline.serve).",
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    app.add_exception_handler(HTTPException, _http_error)  # unknown paths, wrong methods: {"error": ...} too
+    _health_routes(app, service)
+    _model_routes(app, service)
+    return app
+
+
+def _json_error(error: ServeError) -> JSONResponse:
+    return JSONResponse({"error": error.message}, status_code=error.status, headers=error.headers)
+
+
+async def _http_error(request: Request, error: Exception) -> Response:
+    assert isinstance(error, HTTPException)  # the only exception type it is registered for
+    return JSONResponse({"error": str(error.detail)}, status_code=error.status_code, headers=error.headers)
+
+
+def _health_routes(app: FastAPI, service: Service) -> None:
+    not_ready: Responses = {"503": error_response("not ready: still loading (retry), or loading failed", retry=True)}
+    status_only: Responses = {"200": {"description": "true (no body)"}}
+
+    @app.get("/v2/health/live", response_class=Response, responses={**status_only, **not_ready})
+    async def live() -> Response:
+        """The process is up; 503 once loading the runner has failed (restart it)."""
+        if service.failure:
+            return _json_error(ServeError(503, service.failure))
+        return Response()
+
+    @app.get("/v2/health/ready", response_class=Response, responses={**status_only, **not_ready})
+    async def ready() -> Response:
+        """200 once the runner is loaded and answered a warm-up request."""
+        return Response() if service.ready else _json_error(service.not_ready())
+
+    @app.get(
+        "/v2",
+        responses={"200": {"description": "server metadata", "content": {JSON: {"schema": server_metadata_schema()}}}},
+    )
+    async def server_metadata() -> JSONResponse:
+        """The server's name, version and the protocol extensions it implements."""
+        return JSONResponse(service.server_metadata())
+
+    @app.get("/metrics", response_class=Response, responses={"200": {"content": {"text/plain": {}}}})
+    async def metrics() -> Response:
+        """Prometheus text exposition."""
+        content, content_type = service.metrics.render()
+        return Response(content, media_type=content_type)
+
+
+def _model_routes(app: FastAPI, service: Service) -> None:
+    """Each model endpoint at /v2/models/<served name> (documented), and for any name and version (not
+    documented: they answer 404 naming the served model, or the same as the documented one)."""
+    unknown: Responses = {"404": error_response("no model (or version) of that name is served here")}
+
+    async def metadata(request: Request) -> Response:
+        """The model's inputs and outputs: names, datatypes, shapes (-1 for dynamic dims, the batch first)."""
+        _check_model(service, request)
+        return JSONResponse(service.model_metadata())
+
+    async def model_ready(request: Request) -> Response:
+        """200 once the model is loaded and answered a warm-up request."""
+        _check_model(service, request)
+        return Response() if service.ready else _json_error(service.not_ready())
+
+    async def config(request: Request) -> Response:
+        """Triton's model configuration, as `python -m pipeline triton` writes it, with this service's limits."""
+        _check_model(service, request)
+        return JSONResponse(model_config_json(service.model_config()))
+
+    async def infer(request: Request) -> Response:
+        """Run the model on the request's items; batched with concurrent requests."""
+        arrived = time.perf_counter()
+        status = 500  # an unexpected exception propagates and is answered 500
+        try:
+            response = await _infer(service, request, arrived)
+            status = response.status_code
+            return response
+        except ServeError as error:
+            status = error.status
+            return _json_error(error)
+        finally:
+            service.count("http", status, arrived)
+
+    metadata_response: Responses = {
+        "200": {"description": "model metadata", "content": {JSON: {"schema": metadata_schema()}}}
+    }
+    config_response: Responses = {
+        "200": {"description": "Triton's ModelConfig as JSON", "content": {JSON: {"schema": {"type": "object"}}}}
+    }
+    routes: list[tuple[str, str, Endpoint, dict[str, Any]]] = [
+        ("", "GET", metadata, {"responses": {**metadata_response, **unknown}}),
+        ("/ready", "GET", model_ready, {"responses": {"200": {"description": "true (no body)"}, **unknown}}),
+        ("/config", "GET", config, {"responses": {**config_response, **unknown}}),
+        ("/infer", "POST", infer, {"openapi_extra": infer_openapi(service.model)}),
+    ]
+    for suffix, method, endpoint, documentation in routes:
+        app.add_api_route(
+            f"/v2/models/{service.model.name}{suffix}",
+            _handling_errors(endpoint),
+            methods=[method],
+            response_class=Response,
+            **documentation,
         )
-        batcher.start()
-        self.batcher = batcher
-        log.info("ready: %s served by %s", self.model.name, self.runner.description)
+    for suffix, method, endpoint, _ in routes:
+        for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+            app.add_api_route(prefix + suffix, _handling_errors(endpoint), methods=[method], include_in_schema=False)
 
-    async def close(self) -> None:
-        if self.batcher is not None:
-            await self.batcher.stop()
-        if self.runner is not None:
-            await asyncio.to_thread(self.runner.close)
 
-    async def infer(self, request: Request, arrived: float) -> Response:
-        if self.batcher is None:
-            raise ServeError(503, f"not ready: {self.failure or 'the runner is still loading'}", RETRY_AFTER)
-        kind = media_type(request.headers.get("content-type"))
-        body = await read_body(request, self.config.max_body_bytes)
-        feed = decode_request(body, kind, self.model, self.config.max_body_bytes)
-        items = check_items(feed, self.model)
-        remaining = self.config.timeout_s - (time.perf_counter() - arrived)
+def _handling_errors(endpoint: Endpoint) -> Endpoint:
+    """The endpoint, with a ServeError it raises answered as {"error": ...} and its status."""
+
+    async def handled(request: Request) -> Response:
         try:
-            outputs = await self.batcher.submit(feed, items, remaining)
-        except QueueFull as full:
-            raise ServeError(503, f"busy: {full}; retry later", RETRY_AFTER) from None
-        except asyncio.TimeoutError:
-            raise ServeError(504, f"no answer within the service's {self.config.timeout_s} s timeout") from None
-        except Exception as error:  # the runner failed on this request (alone, see Batcher._run_batch)
-            log.warning("runner failed on a request: %s", error)
-            raise ServeError(500, f"the runner failed on this request: {error}") from None
-        content, returned = encode_response(outputs, kind, self.model)
-        return Response(content, media_type=returned)
+            return await endpoint(request)
+        except ServeError as error:
+            return _json_error(error)
 
-    def describe(self) -> dict:
-        def tensors(specs):
-            return [{"name": s.name, "dtype": s.dtype.name, "shape": list(s.shape)} for s in specs]
-
-        return {
-            "name": self.model.name,
-            "inputs": tensors(self.model.inputs),
-            "outputs": tensors(self.model.outputs),
-            "max_items": self.model.max_items,
-            "runner": self.runner.description if self.runner is not None else None,
-            "ready": self.ready,
-        }
+    handled.__doc__ = endpoint.__doc__
+    handled.__name__ = endpoint.__name__
+    return handled
 
 
-def warm_up_feed(model: ModelIO, items: int) -> dict[str, np.ndarray]:
-    """Zeros shaped like a request of `items` items; a named dynamic dim takes the smallest size it allows."""
-    feed = {}
-    for spec in model.inputs:
-        smallest = {axis: low for axis, low, _ in spec.ranges}
-        dims = [items] + [
-            d if d != DYNAMIC else smallest.get(axis, 1) for axis, d in enumerate(spec.shape) if axis != 0
-        ]
-        feed[spec.name] = np.zeros(dims, dtype=spec.dtype)
-    return feed
+def _check_model(service: Service, request: Request) -> None:
+    """404 unless the path names the served model (the documented routes name it in the path itself)."""
+    name = request.path_params.get("name", service.model.name)
+    check_model(service.model, name, request.path_params.get("version", ""))
+
+
+async def _infer(service: Service, request: Request, arrived: float) -> Response:
+    _check_model(service, request)
+    if not service.ready:
+        raise service.not_ready()
+    limit = service.config.max_body_bytes
+    body = inflate(await read_body(request, limit), request.headers.get("content-encoding"), limit)
+    parsed = parse_infer_request(body, request.headers.get(HEADER_LENGTH), service.model)
+    outputs = await service.infer(parsed, arrived)
+    content, headers = encode_response(service.model, parsed, outputs)
+    return Response(content, headers=headers)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -145,80 +211,33 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def error_response(error: ServeError) -> JSONResponse:
-    return JSONResponse({"detail": error.message}, status_code=error.status, headers=error.headers)
+def model_config_json(config: Any) -> dict:
+    """Triton's ModelConfig as the JSON Triton answers: protobuf's field names, but 64-bit integers as numbers
+    (protobuf's JSON mapping writes them as strings; Triton converts them back, and clients read numbers)."""
+    return _int64_as_numbers(config, json_format.MessageToDict(config, preserving_proto_field_name=True))
 
 
-def create_app(folder: Path, config: ServeConfig | None = None, backend: str = "auto") -> FastAPI:
-    """The app serving the artifact folder `folder`; reads only the manifest until startup."""
-    service = Service(folder, config or ServeConfig(), backend)
-    model_path = f"/v1/models/{service.model.name}"
+_INT64_TYPES = {
+    FieldDescriptor.TYPE_INT64,
+    FieldDescriptor.TYPE_UINT64,
+    FieldDescriptor.TYPE_SINT64,
+    FieldDescriptor.TYPE_FIXED64,
+    FieldDescriptor.TYPE_SFIXED64,
+}
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        loading = asyncio.create_task(service.load(), name="load-runner")
-        try:
-            yield
-        finally:
-            await loading  # a load in a worker thread cannot be cancelled; let it finish, then close
-            await service.close()
 
-    app = FastAPI(
-        title=f"{service.model.name} inference",
-        description="Dynamic-batching inference over one artifact folder (pipeline.serve).",
-        lifespan=lifespan,
-    )
-    app.state.service = service
-    status_responses: dict[int | str, dict[str, Any]] = {
-        503: {"description": "see detail", "content": {"application/json": {"schema": ERROR}}}
-    }
-
-    @app.get("/health", responses=status_responses)
-    async def health() -> JSONResponse:
-        """The process is up; 503 once loading the runner has failed (restart it)."""
-        if service.failure:
-            return JSONResponse({"detail": service.failure}, status_code=503)
-        return JSONResponse({"status": "up"})
-
-    @app.get("/ready", responses=status_responses)
-    async def ready() -> JSONResponse:
-        """200 once the runner is loaded and answered a warm-up request."""
-        if not service.ready:
-            detail = service.failure or "the runner is still loading"
-            return JSONResponse({"detail": detail}, status_code=503, headers=RETRY_AFTER)
-        return JSONResponse({"status": "ready", "model": service.model.name})
-
-    @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
-    async def metrics() -> Response:
-        """Prometheus text exposition."""
-        content, content_type = service.metrics.render()
-        return Response(content, media_type=content_type)
-
-    @app.get(model_path)
-    async def describe() -> JSONResponse:
-        """The model's inputs and outputs (-1 for a dynamic dim), max items per request, the runner."""
-        return JSONResponse(service.describe())
-
-    @app.post(f"{model_path}/infer", openapi_extra=infer_openapi(service.model), response_class=Response)
-    async def infer(request: Request) -> Response:
-        """Run the model on the request's items; batched with concurrent requests."""
-        arrived = time.perf_counter()
-        status = 500  # an unexpected exception propagates and is answered 500
-        try:
-            try:
-                response = await service.infer(request, arrived)
-            except ServeError as error:
-                response = error_response(error)
-            status = response.status_code
-            return response
-        finally:
-            service.metrics.requests.labels(str(status)).inc()
-            service.metrics.latency.observe(time.perf_counter() - arrived)
-
-    @app.api_route("/v1/models/{name}/infer", methods=["POST"], include_in_schema=False)
-    @app.api_route("/v1/models/{name}", methods=["GET"], include_in_schema=False)
-    async def unknown_model(name: str) -> JSONResponse:
-        message = f"no model {name!r} is served here; this server serves {service.model.name!r} at {model_path}"
-        return error_response(ServeError(404, message))
-
-    return app
+def _int64_as_numbers(message: Any, document: dict) -> dict:
+    for field in message.DESCRIPTOR.fields:
+        if field.name not in document:
+            continue
+        value = getattr(message, field.name)
+        if field.type in _INT64_TYPES:
+            document[field.name] = list(value) if field.is_repeated else int(value)
+        elif field.message_type is not None and not field.message_type.GetOptions().map_entry:
+            if field.is_repeated:
+                document[field.name] = [
+                    _int64_as_numbers(m, d) for m, d in zip(value, document[field.name], strict=True)
+                ]
+            else:
+                document[field.name] = _int64_as_numbers(value, document[field.name])
+    return document

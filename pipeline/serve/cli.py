@@ -1,8 +1,8 @@
-"""`python -m pipeline serve engines/<model>-<precision>`: the HTTP service on uvicorn.
+"""`python -m pipeline serve engines/<model>-<precision>`: the inference protocol over REST and gRPC.
 
 `make serve MODEL=resnet` passes --model/--precision/--out instead of a folder, and the folder is
-found the way `make engine` names it.  The web stack is imported in main(), not at module level,
-so the command line's other commands do not pay for it.
+found the way `make engine` names it.  The web and gRPC stacks are imported in main(), not at module
+level, so the command line's other commands do not pay for them.
 """
 
 from __future__ import annotations
@@ -17,10 +17,34 @@ from pipeline.serve.config import ServeConfig
 from pipeline.settings import PRECISIONS, Settings
 
 COMMAND = "serve"
-HELP = "serve an artifact folder over HTTP (FastAPI on uvicorn) with dynamic batching"
+HELP = (
+    "serve an artifact folder with the Open Inference Protocol (KServe v2, Triton's): REST and gRPC, dynamic batching"
+)
+# Shown by --help: Triton's own clients call this server unchanged (pip install 'tritonclient[http,grpc]').
+CLIENTS = """\
+clients (tritonclient, as for Triton Inference Server; the model is named <model>-<precision>):
+
+  import numpy as np, tritonclient.http as http
+  client = http.InferenceServerClient("127.0.0.1:8000")
+  batch = np.zeros((1, 3, 224, 224), np.float32)
+  given = http.InferInput("input", batch.shape, "FP32")
+  given.set_data_from_numpy(batch)                      # binary_data=False sends JSON
+  logits = client.infer("resnet50-fp16", [given]).as_numpy("output")
+
+  import tritonclient.grpc as grpc
+  client = grpc.InferenceServerClient("127.0.0.1:8001")
+  given = grpc.InferInput("input", batch.shape, "FP32")
+  given.set_data_from_numpy(batch)
+  logits = client.infer("resnet50-fp16", [given]).as_numpy("output")
+
+REST: GET /v2/health/live, /v2/health/ready, /v2, /v2/models/<name>[/ready|/config];
+POST /v2/models/<name>/infer; GET /metrics (Prometheus).
+"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = CLIENTS
     defaults = ServeConfig()
     parser.add_argument("folder", nargs="?", type=Path, help="artifact folder, e.g. engines/resnet50-fp16")
     parser.add_argument("--model", help="instead of a folder: the MODEL it was built from (with --precision, --out)")
@@ -29,9 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend", default="auto", choices=BACKENDS, help="runner backend (auto: the engine if it runs here)"
     )
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--name", help="model name in the URL (default: the manifest's model name)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on, REST and gRPC (default: loopback)")
+    parser.add_argument("--port", type=int, default=8000, help="REST (HTTP) port")
+    parser.add_argument("--grpc-port", type=int, default=8001, help="gRPC port; 0: no gRPC")
+    parser.add_argument("--name", help="model name clients use (default: <model>-<precision>, as the Triton writer)")
     parser.add_argument("--max-batch", type=int, help="most items per runner call (default: the profile's max)")
     parser.add_argument("--max-wait-ms", type=float, default=defaults.max_wait_ms, help="batch window")
     parser.add_argument("--no-batching", dest="batching", action="store_false", help="one runner call per request")
@@ -57,11 +82,23 @@ def resolve_folder(args: argparse.Namespace) -> Path:
     return folder
 
 
+def check_ports(args: argparse.Namespace) -> None:
+    if not 0 < args.port < 65536 or not 0 <= args.grpc_port < 65536:
+        raise PipelineError(
+            f"port {args.port} / gRPC port {args.grpc_port} is not a TCP port",
+            "give --port 1-65535, --grpc-port 0-65535",
+        )
+    if args.grpc_port == args.port:
+        raise PipelineError(f"REST and gRPC both asked for port {args.port}", "give --grpc-port another port (or 0)")
+
+
 def main(args: argparse.Namespace) -> int:
-    import uvicorn
+    import asyncio
 
     from pipeline.serve.app import create_app
+    from pipeline.serve.server import serve
 
+    check_ports(args)
     folder = resolve_folder(args)
     config = ServeConfig(
         name=args.name,
@@ -74,12 +111,6 @@ def main(args: argparse.Namespace) -> int:
         workers=args.workers,
     ).check()
     app = create_app(folder, config, backend=args.backend)
-    # Requests carry their own timeout, so a graceful shutdown never needs to wait much longer than it.
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        timeout_graceful_shutdown=int(config.timeout_s) + 5,
-    )
+    grpc_port = args.grpc_port or None
+    asyncio.run(serve(app, host=args.host, port=args.port, grpc_port=grpc_port, log_level=args.log_level))
     return 0

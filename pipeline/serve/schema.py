@@ -1,96 +1,162 @@
 """OpenAPI pieces generated from the served model, precise enough to drive a property-based fuzzer.
 
-The JSON request schema names every input, its one accepted dtype and the exact nesting of "data":
-items between 1 and max_items on the first level, each fixed dim as minItems == maxItems, each named
-dynamic dim within its range.  Every status the infer endpoint can answer is documented with its body.
+The infer request schema describes the JSON form of the protocol (binary data is Triton's extension, which
+OpenAPI cannot describe: its JSON header's length travels in a header).  For a model whose dims other than
+the batch are all fixed (an image model), the schema is exact: one variant per item count, each naming every
+input with its one datatype, its exact shape and exactly as many values as that shape holds, so every request
+the schema allows is one the server accepts.  Where another dim is dynamic (a sequence length), a shape and
+its data's length depend on each other in a way JSON Schema cannot say; the schema then gives each dim's
+range and the server checks the agreement (400).  Every status each endpoint answers is documented.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from pipeline.runners.base import DYNAMIC, TensorSpec
-from pipeline.serve.codec import JSON, NPY, NPZ, ModelIO
+from pipeline.serve.protocol import VERSION, ModelIO, datatype
+from pipeline.serve.rest import BINARY, HEADER_LENGTH, JSON
 
 ERROR = {
     "type": "object",
-    "properties": {"detail": {"type": "string", "description": "what was wrong and what was expected"}},
-    "required": ["detail"],
+    "properties": {"error": {"type": "string", "description": "what was wrong and what was expected"}},
+    "required": ["error"],
 }
-BINARY = {"type": "string", "format": "binary"}
+RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "string"}}}
 
 # Statuses the infer endpoint answers besides 200, and when.
 INFER_ERRORS = {
-    "400": "the body does not parse (malformed JSON, not a .npy/.npz)",
-    "404": "no model of that name is served here",
-    "413": "the body (or the unpacked .npz) is larger than the limit",
-    "415": "the Content-Type is not one of application/json, application/x-npy, application/x-npz",
-    "422": "wrong input names, dtypes, shapes, or too many items",
+    "400": "the request is malformed or does not fit the model: names, datatypes, shapes, data, too many items",
+    "404": "no model (or version) of that name is served here",
+    "413": "the body (or the inflated body) is larger than the limit",
+    "415": "the Content-Encoding is not gzip, deflate or none",
     "500": "the runner failed on this request's data",
     "503": "not ready yet, shutting down, or the queue is full: retry after the Retry-After seconds",
-    "504": "the request was not answered within the service's timeout; its rows were dropped",
+    "504": "the request was not answered within the service's timeout (or its own); its rows were dropped",
 }
 
 
+def error_response(description: str, retry: bool = False) -> dict:
+    response: dict = {"description": description, "content": {JSON: {"schema": ERROR}}}
+    if retry:
+        response["headers"] = RETRY_AFTER
+    return response
+
+
 def infer_openapi(model: ModelIO) -> dict:
-    """The operation's requestBody and responses, for FastAPI's openapi_extra."""
-    request_content: dict = {JSON: {"schema": request_schema(model)}, NPZ: {"schema": BINARY}}
-    if len(model.inputs) == 1:
-        request_content[NPY] = {"schema": BINARY}
-    errors = {
-        status: {"description": text, "content": {JSON: {"schema": ERROR}}} for status, text in INFER_ERRORS.items()
-    }
+    """The infer operation's requestBody and responses, for FastAPI's openapi_extra."""
+    errors = {status: error_response(text, retry=status == "503") for status, text in INFER_ERRORS.items()}
     ok = {
-        "description": "the outputs, in the request's form (a .npy request to a multi-output model gets a .npz)",
-        "content": {JSON: {"schema": response_schema(model)}, NPY: {"schema": BINARY}, NPZ: {"schema": BINARY}},
+        "description": "the outputs: JSON, or (with binary outputs asked for) the JSON header then the raw bytes",
+        "headers": {
+            HEADER_LENGTH: {"description": "length of the JSON header, when binary data follows it", "schema": {}}
+        },
+        "content": {
+            JSON: {"schema": response_schema(model)},
+            BINARY: {"schema": {"type": "string", "format": "binary"}},
+        },
     }
-    return {"requestBody": {"required": True, "content": request_content}, "responses": {"200": ok, **errors}}
+    request = {"required": True, "content": {JSON: {"schema": request_schema(model)}}}
+    return {"requestBody": request, "responses": {"200": ok, **errors}}
 
 
 def request_schema(model: ModelIO) -> dict:
-    tensors = {spec.name: _input_schema(spec, model.max_items) for spec in model.inputs}
-    return _closed_object({"inputs": _closed_object(tensors)})
+    if all(d != DYNAMIC for spec in model.inputs for d in spec.shape[1:]):
+        return {"oneOf": [_request(model, items) for items in range(1, model.max_items + 1)]}
+    return _request(model, None)
+
+
+def _request(model: ModelIO, items: int | None) -> dict:
+    """A request of exactly `items` items, or (None) of any item count with each dim within its range."""
+    inputs = [_input(spec, items, model.max_items) for spec in model.inputs]
+    # Parameters other than those named are passed over, as Triton passes them to a backend that does not read them.
+    output_parameters = {"type": "object", "properties": {"binary_data": {"type": "boolean"}}}
+    outputs = _closed({"name": {"enum": model.output_names}, "parameters": output_parameters}, ["name"])
+    properties = {
+        "id": {"type": "string"},
+        "parameters": {"type": "object", "properties": {"binary_data_output": {"type": "boolean"}}},
+        "inputs": {"type": "array", "prefixItems": inputs, "items": False, "minItems": len(inputs)},
+        "outputs": {"type": "array", "items": outputs, "maxItems": len(model.outputs), "uniqueItems": True},
+    }
+    return _closed(properties, ["inputs"])
+
+
+def _input(spec: TensorSpec, items: int | None, max_items: int) -> dict:
+    element = _input_element(spec.dtype)
+    if items is None:
+        shape = _shape_ranges(spec, max_items)
+        data: dict = {"type": "array", "items": element, "minItems": 1}
+    else:
+        dims = [items, *spec.shape[1:]]
+        shape = {"enum": [dims]}
+        data = {"type": "array", "items": element, "minItems": math.prod(dims), "maxItems": math.prod(dims)}
+    properties = {"name": {"enum": [spec.name]}, "datatype": {"enum": [datatype(spec)]}, "shape": shape, "data": data}
+    return _closed(properties, list(properties))
+
+
+def _shape_ranges(spec: TensorSpec, max_items: int) -> dict:
+    ranges = {axis: (low, high) for axis, low, high in spec.ranges}
+    dims = []
+    for axis, size in enumerate(spec.shape):
+        low, high = (1, max_items) if axis == 0 else ranges.get(axis, (size, size) if size != DYNAMIC else (1, None))
+        dims.append({"type": "integer", "minimum": low, **({"maximum": high} if high is not None else {})})
+    return {"type": "array", "prefixItems": dims, "items": False, "minItems": len(dims)}
 
 
 def response_schema(model: ModelIO) -> dict:
-    tensors = {spec.name: _output_schema(spec, model.max_items) for spec in model.outputs}
-    return _closed_object({"model_name": {"type": "string", "enum": [model.name]}, "outputs": _closed_object(tensors)})
+    outputs = {
+        "type": "object",
+        "properties": {
+            "name": {"enum": model.output_names},
+            "datatype": {"enum": [datatype(spec) for spec in model.outputs]},
+            "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+            "data": {"type": "array", "items": _output_element()},
+            "parameters": {"type": "object", "properties": {"binary_data_size": {"type": "integer", "minimum": 0}}},
+        },
+        "required": ["name", "datatype", "shape"],
+    }
+    properties = {
+        "model_name": {"enum": [model.name]},
+        "model_version": {"enum": [VERSION]},
+        "id": {"type": "string"},
+        "outputs": {"type": "array", "items": outputs, "minItems": 1},
+    }
+    return _closed(properties, ["model_name", "model_version", "outputs"])
 
 
-def _closed_object(properties: dict) -> dict:
-    return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
-
-
-def _input_schema(spec: TensorSpec, max_items: int) -> dict:
-    data = _nested(spec, max_items, _input_element(spec.dtype))
-    return _closed_object({"dtype": {"type": "string", "enum": [spec.dtype.name]}, "data": data})
-
-
-def _output_schema(spec: TensorSpec, max_items: int) -> dict:
-    shape = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": len(spec.shape)}
-    shape["maxItems"] = len(spec.shape)
-    return _closed_object(
+def metadata_schema() -> dict:
+    tensor = _closed(
         {
-            "dtype": {"type": "string", "enum": [spec.dtype.name]},
-            "shape": shape,
-            "data": _nested(spec, max_items, _output_element(spec.dtype)),
-        }
+            "name": {"type": "string"},
+            "datatype": {"type": "string"},
+            "shape": {"type": "array", "items": {"type": "integer"}},
+        },
+        ["name", "datatype", "shape"],
     )
+    tensors = {"type": "array", "items": tensor}
+    properties = {
+        "name": {"type": "string"},
+        "versions": {"type": "array", "items": {"type": "string"}},
+        "platform": {"type": "string"},
+        "inputs": tensors,
+        "outputs": tensors,
+    }
+    return _closed(properties, list(properties))
 
 
-def _nested(spec: TensorSpec, max_items: int, element: dict) -> dict:
-    """Arrays nested once per dim, innermost first, around the element schema."""
-    ranges = {axis: (low, high) for axis, low, high in spec.ranges}
-    schema = element
-    for axis in reversed(range(len(spec.shape))):
-        schema = {"type": "array", "items": schema}
-        if axis == 0:
-            schema.update(minItems=1, maxItems=max_items)
-        elif spec.shape[axis] != DYNAMIC:
-            schema.update(minItems=spec.shape[axis], maxItems=spec.shape[axis])
-        elif axis in ranges:
-            schema.update(minItems=ranges[axis][0], maxItems=ranges[axis][1])
-    return schema
+def server_metadata_schema() -> dict:
+    properties = {
+        "name": {"type": "string"},
+        "version": {"type": "string"},
+        "extensions": {"type": "array", "items": {"type": "string"}},
+    }
+    return _closed(properties, list(properties))
+
+
+def _closed(properties: dict, required: list[str]) -> dict:
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
 
 
 def _input_element(dtype: np.dtype) -> dict:
@@ -103,10 +169,8 @@ def _input_element(dtype: np.dtype) -> dict:
     return {"type": "number", "minimum": -largest, "maximum": largest}
 
 
-def _output_element(dtype: np.dtype) -> dict:
-    if dtype.kind == "b":
-        return {"type": "boolean"}
-    if dtype.kind in "iu":
-        return {"type": "integer"}
+def _output_element() -> dict:
     # A model can overflow to inf or give NaN; JSON has no such numbers, so they come as strings.
-    return {"anyOf": [{"type": "number"}, {"type": "string", "enum": ["NaN", "Infinity", "-Infinity"]}]}
+    return {
+        "anyOf": [{"type": "number"}, {"type": "boolean"}, {"type": "string", "enum": ["NaN", "Infinity", "-Infinity"]}]
+    }

@@ -1,0 +1,199 @@
+"""The inference protocol over gRPC: Triton's `inference.GRPCInferenceService`, from the protos tritonclient ships.
+
+ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelConfig and ModelInfer are served;
+every other method of the service answers UNIMPLEMENTED.  ModelInfer takes inputs as `raw_input_contents`
+(what tritonclient sends; one per input, in input order) or as typed `contents`, and always answers with
+`raw_output_contents`.  Requests go to the same Service as REST: the same checks, batcher, runner and
+metrics.  A ServeError's HTTP status becomes the matching gRPC code (503 UNAVAILABLE, 504 DEADLINE_EXCEEDED).
+A client's deadline bounds the request like the service's own timeout; a cancelled call leaves the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+from pipeline.errors import PipelineError
+from pipeline.serve.protocol import (
+    DATATYPES,
+    VERSION,
+    InputTensor,
+    ServeError,
+    bad_request,
+    check_model,
+    check_parameters,
+    decode_inputs,
+    select_outputs,
+    timeout_from_parameters,
+)
+from pipeline.serve.service import InferRequest, Service
+
+# HTTP statuses of ServeError -> gRPC codes, as Triton maps its errors to both.
+GRPC_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    415: grpc.StatusCode.INVALID_ARGUMENT,
+    500: grpc.StatusCode.INTERNAL,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+# A call its client cancelled (or whose deadline passed) before the answer: nginx's "client closed request".
+CLIENT_GONE = 499
+# The typed field of InferTensorContents for each datatype; FP16 and BF16 have none and travel only as raw bytes.
+CONTENTS_FIELDS = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+}
+
+
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """The service's gRPC front end; methods not defined here answer UNIMPLEMENTED (the generated base)."""
+
+    def __init__(self, service: Service):
+        self.service = service
+
+    async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return pb.ServerLiveResponse(live=self.service.failure is None)
+
+    async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return pb.ServerReadyResponse(ready=self.service.ready)
+
+    async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self._check_model(request.name, request.version, context)
+        return pb.ModelReadyResponse(ready=self.service.ready)
+
+    async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return json_format.ParseDict(self.service.server_metadata(), pb.ServerMetadataResponse())
+
+    async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self._check_model(request.name, request.version, context)
+        return json_format.ParseDict(self.service.model_metadata(), pb.ModelMetadataResponse())
+
+    async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self._check_model(request.name, request.version, context)
+        return pb.ModelConfigResponse(config=self.service.model_config())
+
+    async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        arrived = time.perf_counter()
+        status = 500  # an unexpected exception propagates and is answered INTERNAL
+        try:
+            response = await self._infer(request, context.time_remaining(), arrived)
+            status = 200
+            return response
+        except ServeError as error:
+            status = error.status
+            await context.abort(GRPC_CODES[error.status], error.message)
+        except asyncio.CancelledError:
+            status = CLIENT_GONE
+            raise
+        finally:
+            self.service.count("grpc", status, arrived)
+
+    async def _infer(self, request: Any, deadline_s: float | None, arrived: float) -> Any:
+        check_model(self.service.model, request.model_name, request.model_version)
+        if not self.service.ready:
+            raise self.service.not_ready()
+        parsed = parse_infer_request(request, self.service, deadline_s)
+        return infer_response(self.service, parsed, await self.service.infer(parsed, arrived))
+
+    async def _check_model(self, name: str, version: str, context: grpc.aio.ServicerContext) -> None:
+        try:
+            check_model(self.service.model, name, version)
+        except ServeError as error:
+            await context.abort(GRPC_CODES[error.status], error.message)
+
+
+def parse_infer_request(request: Any, service: Service, deadline_s: float | None) -> InferRequest:
+    """A checked InferRequest from a ModelInferRequest; the client's deadline (if any) is its timeout."""
+    model = service.model
+    parameters = _parameters(request.parameters)
+    check_parameters(parameters, "the request")
+    raw = list(request.raw_input_contents)
+    if raw and len(raw) != len(request.inputs):
+        raise bad_request(
+            f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs; give one per input, in input order, "
+            "or none (typed contents)"
+        )
+    tensors = []
+    for number, tensor in enumerate(request.inputs):
+        check_parameters(_parameters(tensor.parameters), f"input {tensor.name!r}")
+        values = _typed_contents(tensor) if not raw else None
+        tensors.append(
+            InputTensor(tensor.name, tensor.datatype, list(tensor.shape), values, raw[number] if raw else None)
+        )
+    feed, items = decode_inputs(model, tensors)
+    requested = []
+    for output in request.outputs:
+        check_parameters(_parameters(output.parameters), f"output {output.name!r}")
+        requested.append((output.name, True))
+    timeouts = [t for t in (timeout_from_parameters(parameters), deadline_s) if t is not None]
+    return InferRequest(
+        feed,
+        items,
+        select_outputs(model, requested, binary_default=True),
+        id=request.id,
+        timeout_s=min(timeouts) if timeouts else None,
+    )
+
+
+def _parameters(parameters: Any) -> dict[str, Any]:
+    """A protobuf map<string, InferParameter> as plain values."""
+    return {
+        key: getattr(value, value.WhichOneof("parameter_choice") or "string_param") for key, value in parameters.items()
+    }
+
+
+def _typed_contents(tensor: Any) -> list | None:
+    """The tensor's typed values, or None when it has none (the protocol then wants raw contents)."""
+    field = CONTENTS_FIELDS.get(tensor.datatype)
+    if field is None or not tensor.HasField("contents"):
+        return None
+    return list(getattr(tensor.contents, field))
+
+
+def infer_response(service: Service, request: InferRequest, outputs: dict) -> Any:
+    response = pb.ModelInferResponse(model_name=service.model.name, model_version=VERSION, id=request.id)
+    for choice in request.outputs:
+        array = outputs[choice.name]
+        response.outputs.add(name=choice.name, datatype=DATATYPES[array.dtype.name], shape=list(array.shape))
+        # tritonclient reads raw_output_contents[i] as outputs[i]: same order.
+        response.raw_output_contents.append(array.tobytes())
+    return response
+
+
+async def start_grpc_server(service: Service, host: str, port: int) -> grpc.aio.Server:
+    """The gRPC front end listening on host:port, on the running event loop (the one REST's batcher uses)."""
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", service.config.max_body_bytes),
+            ("grpc.max_send_message_length", -1),
+            # gRPC sets SO_REUSEPORT by default, so a second server would share a busy port silently.
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(service), server)
+    address = f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError:
+        bound = 0
+    if bound == 0:
+        raise PipelineError(f"cannot listen for gRPC on {address} (the port is taken?)", "give a free --grpc-port")
+    await server.start()
+    return server
