@@ -20,12 +20,24 @@ BATCHES ?=
 TARGET ?=
 KEEP_FP32 ?=
 NO_AUTO_FP32 ?=
+TRUST_MODEL_FILE ?=
+HOST ?= 127.0.0.1
+PORT ?= 8000
+# Not exported: make would expand a command-line variable to put it into every recipe's environment,
+# running a $(shell ...) inside it.  The values reach Python as arguments only (arg, below).
+unexport MODEL PRECISION BATCH OUT WEIGHTS INPUT_SHAPE DYNAMIC CALIB CALIB_METHOD FORCE RECALIBRATE BACKENDS \
+	BATCHES TARGET KEEP_FP32 NO_AUTO_FP32 TRUST_MODEL_FILE HOST PORT
 
-PIPELINE_ARGS = --model '$(MODEL)' --precision $(PRECISION) --batch $(BATCH) --out '$(OUT)' \
-	$(if $(WEIGHTS),--weights '$(WEIGHTS)') $(if $(INPUT_SHAPE),--input-shape '$(INPUT_SHAPE)') \
-	$(if $(DYNAMIC),--dynamic '$(DYNAMIC)') $(if $(CALIB),--calib '$(CALIB)' --calib-method $(CALIB_METHOD)) \
-	$(if $(FORCE),--force) $(if $(RECALIBRATE),--recalibrate) $(if $(TARGET),--target '$(TARGET)') \
-	$(if $(KEEP_FP32),--keep-fp32 '$(KEEP_FP32)') $(if $(NO_AUTO_FP32),--no-auto-fp32)
+# Every value reaches Python as one argument, whatever it holds: $(value) stops make from expanding a
+# $(...) inside it, the single quotes stop the shell, and each ' in it becomes '\'' (close, escaped
+# quote, reopen).  --name=value keeps argparse from reading a value such as -1:2:3 as an option.
+arg = '--$(1)=$(subst ','\'',$(value $(2)))'
+PIPELINE_ARGS = $(call arg,model,MODEL) $(call arg,precision,PRECISION) $(call arg,batch,BATCH) $(call arg,out,OUT) \
+	$(if $(value WEIGHTS),$(call arg,weights,WEIGHTS)) $(if $(value INPUT_SHAPE),$(call arg,input-shape,INPUT_SHAPE)) \
+	$(if $(value DYNAMIC),$(call arg,dynamic,DYNAMIC)) $(if $(value CALIB),$(call arg,calib,CALIB) $(call arg,calib-method,CALIB_METHOD)) \
+	$(if $(value FORCE),--force) $(if $(value RECALIBRATE),--recalibrate) $(if $(value TARGET),$(call arg,target,TARGET)) \
+	$(if $(value KEEP_FP32),$(call arg,keep-fp32,KEEP_FP32)) $(if $(value NO_AUTO_FP32),--no-auto-fp32) \
+	$(if $(value TRUST_MODEL_FILE),--trust-model-file)
 
 .PHONY: venv engine bench serve calibration-images accuracy test lint typecheck clean
 
@@ -49,14 +61,13 @@ engine: $(STAMP)
 # Latency of engines/<model>-<precision>/ through every backend usable here (BACKENDS=a,b to choose,
 # BATCHES=1,8,32 within the profile); writes bench.json/.md/.png into that folder.
 bench: $(STAMP)
-	$(PY) -m pipeline bench --model '$(MODEL)' --precision $(PRECISION) --out '$(OUT)' \
-		$(if $(BACKENDS),--backends $(BACKENDS)) $(if $(BATCHES),--batches $(BATCHES))
+	$(PY) -m pipeline bench $(call arg,model,MODEL) $(call arg,precision,PRECISION) $(call arg,out,OUT) \
+		$(if $(value BACKENDS),$(call arg,backends,BACKENDS)) $(if $(value BATCHES),$(call arg,batches,BATCHES))
 
 # HTTP inference on engines/<MODEL>-<PRECISION> (loopback unless HOST is set): make serve MODEL=resnet PORT=8000
-HOST ?= 127.0.0.1
-PORT ?= 8000
 serve: $(STAMP)
-	$(PY) -m pipeline serve --model '$(MODEL)' --precision $(PRECISION) --out '$(OUT)' --host $(HOST) --port $(PORT)
+	$(PY) -m pipeline serve $(call arg,model,MODEL) $(call arg,precision,PRECISION) $(call arg,out,OUT) \
+		$(call arg,host,HOST) $(call arg,port,PORT)
 
 # Real photographs shipped inside scikit-image / scikit-learn, as a calibration folder for image models
 # (git-ignored): make engine MODEL=resnet PRECISION=int8 CALIB=calibration/samples
@@ -66,8 +77,8 @@ calibration-images: $(STAMP)
 # Top-1 of FP32, FP16 and INT8 (every calibration method) on MODEL's labelled held-out set (MODEL=digits),
 # or for other models agreement with FP32 on CALIB; writes accuracy.json/.md into engines/<model>-fp32/.
 accuracy: $(STAMP)
-	$(PY) -m pipeline accuracy --model '$(MODEL)' --out '$(OUT)' $(if $(WEIGHTS),--weights '$(WEIGHTS)') \
-		$(if $(CALIB),--calib '$(CALIB)') $(if $(RECALIBRATE),--recalibrate)
+	$(PY) -m pipeline accuracy $(call arg,model,MODEL) $(call arg,out,OUT) $(if $(value WEIGHTS),$(call arg,weights,WEIGHTS)) \
+		$(if $(value CALIB),$(call arg,calib,CALIB)) $(if $(value RECALIBRATE),--recalibrate)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
@@ -81,4 +92,4 @@ test: lint typecheck
 	$(PY) -m pytest -q
 
 clean:
-	rm -rf $(OUT)
+	rm -rf -- '$(subst ','\'',$(value OUT))'

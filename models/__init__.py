@@ -56,8 +56,12 @@ def load_model(
     weights: Path | str | None = None,
     input_shape: str | None = None,
     dynamic: str | None = None,
+    trust_model_file: bool = False,
 ) -> ModelSpec:
-    """Load MODEL into a checked ModelSpec (see the module docstring for the accepted forms)."""
+    """Load MODEL into a checked ModelSpec (see the module docstring for the accepted forms).
+
+    trust_model_file: load a whole pickled nn.Module file, which runs the code it names (TRUST_MODEL_FILE=1).
+    """
     weights = Path(weights) if weights not in (None, "") else None
     input_shape = (input_shape or "").strip() or None
     dynamic = (dynamic or "").strip() or None
@@ -66,7 +70,7 @@ def load_model(
     requests = user.parse_dynamic(dynamic) if dynamic else None
 
     kind, target = _resolve(model)
-    spec, sources, form = _load_by_kind(kind, target, weights)
+    spec, sources, form = _load_by_kind(kind, target, weights, trust_model_file)
     if shapes is not None:
         spec.example_inputs = user.example_inputs_from_shapes(shapes)
     elif not spec.example_inputs:
@@ -120,7 +124,9 @@ _FORMS = {
 }
 
 
-def _load_by_kind(kind: str, target: str | Path, weights: Path | None) -> tuple[ModelSpec, list[Path], str]:
+def _load_by_kind(
+    kind: str, target: str | Path, weights: Path | None, trust_model_file: bool
+) -> tuple[ModelSpec, list[Path], str]:
     """The spec, the source files its fingerprint covers (besides weights and INPUT_SHAPE/DYNAMIC),
     and the model's form in words."""
     if kind == "registry":
@@ -131,11 +137,11 @@ def _load_by_kind(kind: str, target: str | Path, weights: Path | None) -> tuple[
     if kind == "factory":
         factory, module_file = user.import_factory(str(target))
         with user.seeded():
-            result = factory()
+            result = user.call_factory(factory, str(target))
         spec = user.spec_from_factory_result(result, str(target))
         _apply_weights(spec, weights)
         return spec, [module_file] if module_file else [], _FORMS[kind]
-    loaded = user.load_model_file(Path(target))
+    loaded = user.load_model_file(Path(target), trust=trust_model_file)
     _apply_weights(loaded.spec, weights)
     sources = [Path(target)] + ([loaded.class_source] if loaded.class_source else [])
     return loaded.spec, sources, _FORMS[loaded.kind]

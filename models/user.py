@@ -28,10 +28,12 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import math
 import os
 import pickle
 import re
 import sys
+import traceback
 import types
 import zipfile
 from collections.abc import Iterator
@@ -135,8 +137,18 @@ def seeded(seed: int = 0) -> Iterator[None]:
         yield
 
 
+# The largest example tensor made from INPUT_SHAPE: the export holds several batches of them.
+EXAMPLE_MAX_BYTES = 1 << 30
+
+
 def example_tensor(dims: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An example tensor of the full shape (batch included) with values valid for its dtype."""
+    nbytes = math.prod(dims) * torch.empty((), dtype=dtype).element_size()
+    if nbytes > EXAMPLE_MAX_BYTES:
+        raise PipelineError(
+            f"an example input of shape {list(dims)} ({dtype}) would take {nbytes / 2**30:.3g} GiB",
+            f"check INPUT_SHAPE: one example batch may take at most {EXAMPLE_MAX_BYTES >> 30} GiB per input",
+        )
     if dtype == torch.bool:
         return torch.randint(0, 2, dims).bool()
     if dtype.is_floating_point:
@@ -278,7 +290,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
             f"WEIGHTS file {path} holds pickled Python objects ({_refused_global(exc)}), not just tensors",
             "save model.state_dict() with torch.save; a whole pickled model goes in MODEL=<file> instead",
         ) from exc
-    except (RuntimeError, OSError, EOFError) as exc:
+    except Exception as exc:  # the unpickler fails on a non-torch file in many ways (KeyError, ValueError, ...)
         raise _unreadable(f"WEIGHTS file {path}", exc, "give a file written by torch.save") from exc
     state_dict = unwrap_state_dict(loaded)
     if state_dict is None:
@@ -382,6 +394,19 @@ def import_factory(reference: str) -> tuple[Any, Path | None]:
     return target, Path(source) if source else None
 
 
+def call_factory(factory: Any, reference: str) -> Any:
+    """Call the user's factory; an exception in it is theirs to fix, so it says where, without a traceback."""
+    try:
+        return factory()
+    except Exception as exc:
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        raise PipelineError(
+            f"MODEL={reference!r}: the factory raised {type(exc).__name__}: {_first_line(exc)} "
+            f"(at {frame.filename}:{frame.lineno})",
+            "fix the factory so that it returns a ModelSpec, an nn.Module or (module, example_inputs)",
+        ) from exc
+
+
 def _put_cwd_on_sys_path() -> None:
     cwd = os.getcwd()
     if cwd not in sys.path:
@@ -456,8 +481,13 @@ class LoadedFile:
     class_source: Path | None = None  # for a pickled module: the file defining its class
 
 
-def load_model_file(path: Path) -> LoadedFile:
-    """Read a TorchScript, ExportedProgram or whole pickled nn.Module file."""
+def load_model_file(path: Path, *, trust: bool = False) -> LoadedFile:
+    """Read a TorchScript, ExportedProgram or whole pickled nn.Module file.
+
+    A whole pickled module loads only with `trust` (TRUST_MODEL_FILE=1): unpickling it runs whatever
+    code the file names, so, as PyTorch's weights_only=True default and Hugging Face's
+    trust_remote_code, that is the user's explicit choice, never a fallback.
+    """
     if not path.is_file():
         raise PipelineError(
             f"model file {path} does not exist", "give an existing .pt/.pth/.pt2/TorchScript file, or a registry name"
@@ -467,7 +497,7 @@ def load_model_file(path: Path) -> LoadedFile:
         return _load_exported_program(path)
     if kind == "torchscript":
         return _load_torchscript(path)
-    return _load_pickled_module(path)
+    return _load_pickled_module(path, trust)
 
 
 def model_file_kind(path: Path) -> str:
@@ -554,7 +584,7 @@ def _example_size(dim: Any, range_constraints: dict) -> int | None:
     return min(max(EXAMPLE_BATCH, low), high)
 
 
-def _load_pickled_module(path: Path) -> LoadedFile:
+def _load_pickled_module(path: Path, trust: bool) -> LoadedFile:
     # A plain state_dict loads with weights_only=True; try that first so a file that is
     # only tensors never runs pickle code, and so we can say what to do with it.
     try:
@@ -562,8 +592,16 @@ def _load_pickled_module(path: Path) -> LoadedFile:
     except pickle.UnpicklingError as exc:
         if not _refused_by_weights_only(exc):
             raise _unreadable(f"model file {path}", exc, MODEL_FILE_FIX) from exc
+        if not trust:
+            raise PipelineError(
+                f"model file {path} is a pickled Python object ({_refused_global(exc)}): loading it runs code "
+                "the file contains, so it is not loaded unless you say you trust it",
+                "if you wrote the file or trust where it came from, add TRUST_MODEL_FILE=1 (--trust-model-file); "
+                "safer: save it with torch.jit.save or torch.export.save, or give MODEL=package.module:factory "
+                "with WEIGHTS=<state_dict>",
+            ) from exc
         loaded = _load_pickle_trusting_user(path)
-    except (RuntimeError, OSError, EOFError) as exc:
+    except Exception as exc:  # the unpickler fails on a non-torch file in many ways (KeyError, ValueError, ...)
         raise _unreadable(f"model file {path}", exc, MODEL_FILE_FIX) from exc
     if unwrap_state_dict(loaded) is not None:
         raise PipelineError(
@@ -584,7 +622,8 @@ def _load_pickled_module(path: Path) -> LoadedFile:
 def _refused_by_weights_only(exc: pickle.UnpicklingError) -> bool:
     """True when weights_only=True declined a class the pickle names (the file holds Python objects),
     False when the bytes are not a torch file at all (torch words both as "Weights only load failed")."""
-    return "Unsupported global" in str(exc)
+    # torch words it "Unsupported global: GLOBAL x" or "unsupported GLOBAL posix.system whose module ..."
+    return "unsupported global" in str(exc).lower()
 
 
 def _refused_global(exc: pickle.UnpicklingError) -> str:
@@ -593,12 +632,11 @@ def _refused_global(exc: pickle.UnpicklingError) -> str:
 
 
 def _unreadable(what: str, exc: BaseException, fix: str) -> PipelineError:
-    return PipelineError(f"{what} could not be read by torch.load: {_first_line(exc)}", fix)
+    return PipelineError(f"{what} is not a file torch.load can read ({type(exc).__name__}: {_first_line(exc)})", fix)
 
 
 def _load_pickle_trusting_user(path: Path) -> Any:
-    # weights_only=False runs arbitrary pickle code: acceptable only because the user named
-    # this file as their own model.  Never do this for files fetched from elsewhere.
+    # weights_only=False runs arbitrary pickle code: only for a file the user said they trust.
     _put_cwd_on_sys_path()  # the pickle names the model's class by module; import it like a factory
     try:
         return torch.load(path, map_location="cpu", weights_only=False)

@@ -8,6 +8,7 @@ fix and exit 2; anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import sys
 from pathlib import Path
@@ -75,6 +76,11 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="fp16: do not keep the nodes whose values float16 cannot hold in FP32 [NO_AUTO_FP32]",
     )
+    parser.add_argument(
+        "--trust-model-file",
+        action="store_true",
+        help="load a whole pickled nn.Module MODEL file: unpickling runs the code it names [TRUST_MODEL_FILE]",
+    )
     parser.add_argument("--calib", type=Path, help="calibration data for int8: image folder or .npy/.npz [CALIB]")
     parser.add_argument("--calib-method", default=defaults.calib_method, choices=CALIB_METHODS, help="[CALIB_METHOD]")
     parser.add_argument("--calib-samples", type=int, default=defaults.calib_samples, help="calibration samples")
@@ -97,6 +103,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         target=args.target,
         keep_fp32=args.keep_fp32,
         auto_fp32=args.auto_fp32,
+        trust_model_file=args.trust_model_file,
         calib=args.calib,
         calib_method=args.calib_method,
         calib_samples=args.calib_samples,
@@ -135,12 +142,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_FILE_SYSTEM_FIXES = {
+    errno.ENOSPC: "free disk space (or point OUT= at a disk with room), then run again",
+    errno.EDQUOT: "free disk space within your quota (or point OUT= at another disk), then run again",
+    errno.EACCES: "choose a folder you may write to (OUT=...), or fix its permissions",
+    errno.EROFS: "choose a folder on a writable file system (OUT=...)",
+    errno.ENOTDIR: "a part of the path is a file, not a folder: choose another path (OUT=...)",
+    errno.ENOENT: "check the path; a relative path is taken from the current directory",
+}
+
+
+def _file_system_fix(error: OSError) -> str:
+    return _FILE_SYSTEM_FIXES.get(error.errno or 0, "check the path and the disk, then run again")
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return int(args.handler(args) or 0)
     except PipelineError as error:
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # the file system said no: a full disk, a read-only or missing folder
+        print(f"error: {error}\n  fix: {_file_system_fix(error)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: finished artifacts are intact; nothing half-written was left", file=sys.stderr)

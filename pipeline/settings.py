@@ -70,6 +70,7 @@ class Settings:
     target: str = "default"
     keep_fp32: str | None = None  # FP16: node names or op types kept in FP32, comma-separated
     auto_fp32: bool = True  # FP16: keep the nodes whose values float16 cannot hold in FP32
+    trust_model_file: bool = False  # load a whole pickled nn.Module file (runs the code it names)
     calib: Path | None = None
     calib_method: str = "percentile"
     calib_samples: int = 256

@@ -70,6 +70,7 @@ class Run:
                 weights=self.settings.weights,
                 input_shape=self.settings.input_shape,
                 dynamic=self.settings.dynamic,
+                trust_model_file=self.settings.trust_model_file,
             )
             for note in self._loaded.notes:
                 print(f"note: {note}")

@@ -222,7 +222,7 @@ def test_weights_that_are_a_pickled_object_are_refused(tmp_path: Path):
         load_model("resnet18", weights=path)
     garbage = tmp_path / "garbage.pth"
     garbage.write_bytes(b"\x00not a torch file")
-    with pytest.raises(PipelineError, match="garbage.pth could not be read by torch.load"):
+    with pytest.raises(PipelineError, match="garbage.pth is not a file torch.load can read"):
         load_model("resnet18", weights=garbage)
 
 
@@ -538,8 +538,8 @@ def test_pickled_whole_module_needs_input_shape(tmp_path: Path):
     module = toy_models.plain_module()
     torch.save(module, path)
     with pytest.raises(PipelineError, match="(?s)is a pickled nn.Module.*INPUT_SHAPE"):
-        load_model(str(path))
-    spec = load_model(str(path), input_shape="3x16x16")
+        load_model(str(path), trust_model_file=True)
+    spec = load_model(str(path), input_shape="3x16x16", trust_model_file=True)
     assert spec.name == "plain"
     x = spec.example_inputs["input"]
     with torch.no_grad():
@@ -561,7 +561,7 @@ def test_file_that_is_not_a_model_is_refused(tmp_path: Path):
         load_model(str(path))
     garbage = tmp_path / "garbage.pt"
     garbage.write_bytes(b"\x00not a torch file")
-    with pytest.raises(PipelineError, match="could not be read by torch.load"):
+    with pytest.raises(PipelineError, match="is not a file torch.load can read"):
         load_model(str(garbage))
 
 
@@ -616,9 +616,9 @@ def test_exported_program_with_a_static_batch_says_so(tmp_path: Path):
 def test_model_file_fingerprint_covers_the_file(tmp_path: Path):
     path = tmp_path / "plain.pt"
     torch.save(toy_models.plain_module(), path)
-    first = load_model(str(path), input_shape="3x16x16").fingerprint
+    first = load_model(str(path), input_shape="3x16x16", trust_model_file=True).fingerprint
     changed = toy_models.plain_module()
     with torch.no_grad():
         changed.fc.bias.add_(1)
     torch.save(changed, path)
-    assert load_model(str(path), input_shape="3x16x16").fingerprint != first
+    assert load_model(str(path), input_shape="3x16x16", trust_model_file=True).fingerprint != first

@@ -1,0 +1,114 @@
+"""A catalogue of bad inputs through the command line and `make`: each one is one `error:` line with the fix,
+exit status 2, no traceback, and nothing it names is executed.  Add a case whenever a new one is found.
+
+Security cases first: a pickled model file runs code only with TRUST_MODEL_FILE=1, and make variables
+reach Python as data, never as shell or make code.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline import cli
+from tests import toy_models
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class _RunsCode:
+    """Unpickling this runs `touch <path>`: what a crafted model file can do."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def _cli_error(argv: list[str], capsys: pytest.CaptureFixture) -> str:
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err and "\n  fix: " in err, err
+    return err
+
+
+def test_a_pickled_model_file_runs_no_code_unless_trusted(tmp_path, capsys):
+    crafted, marker = tmp_path / "model.pt", tmp_path / "EXECUTED"
+    torch.save(_RunsCode(marker), crafted)
+    err = _cli_error(["all", "--model", str(crafted), "--out", str(tmp_path / "engines")], capsys)
+    assert "loading it runs code the file contains" in err and "TRUST_MODEL_FILE=1" in err
+    assert not marker.exists()
+
+
+def test_a_trusted_pickled_module_loads(tmp_path, capsys):
+    module = tmp_path / "plain.pt"
+    torch.save(toy_models.plain_module(), module)
+    argv = ["export", "--model", str(module), "--input-shape", "3x16x16", "--out", str(tmp_path / "engines")]
+    assert cli.main([*argv, "--trust-model-file"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--model", "resnet18", "--input-shape", "3x100000x100000"], "would take 224 GiB"),
+        (["--model", "resnet18", "--batch=-1:2:3"], "BATCH='-1:2:3' is not of the form min:opt:max"),
+        (["--model", "tests.toy_models:tiny_cnn", "--keep-fp32", "NoSuchOp"], "--keep-fp32 names ['NoSuchOp']"),
+        (["--model", "tests.toy_models:tiny_cnn", "--target", "h100"], "unknown build target 'h100'"),
+    ],
+    ids=["huge-input-shape", "negative-batch", "unknown-keep-fp32", "unknown-target"],
+)
+def test_bad_settings(argv, expected, tmp_path, capsys):
+    err = _cli_error(["all", "--precision", "fp16", *argv, "--out", str(tmp_path / "engines")], capsys)
+    assert expected in err
+
+
+def test_weights_that_are_not_a_torch_file(tmp_path, capsys):
+    text = tmp_path / "notes.pth"
+    text.write_text("hello\n")
+    err = _cli_error(["all", "--model", "resnet18", "--weights", str(text), "--out", str(tmp_path)], capsys)
+    assert "is not a file torch.load can read" in err
+
+
+def test_a_factory_that_raises_is_named_with_its_message(tmp_path, capsys, monkeypatch):
+    (tmp_path / "factory_that_raises.py").write_text("def build():\n    raise ValueError('no weights here')\n")
+    monkeypatch.chdir(tmp_path)
+    err = _cli_error(["all", "--model", "factory_that_raises:build", "--out", str(tmp_path / "engines")], capsys)
+    assert "the factory raised ValueError: no weights here (at " in err and "factory_that_raises.py:2)" in err
+
+
+def test_an_out_folder_under_a_file(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    argv = ["all", "--model", "tests.toy_models:tiny_cnn", "--precision", "fp32", "--out", str(tmp_path / "file" / "x")]
+    assert "a part of the path is a file, not a folder" in _cli_error(argv, capsys)
+
+
+def _make(*assignments: str) -> subprocess.CompletedProcess:
+    command = ["make", "-s", "engine", *assignments]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+@pytest.mark.parametrize(
+    "model",
+    ["x'; touch {marker}; echo '", "$(shell touch {marker})"],  # the shell, then make, would run the touch
+    ids=["shell", "make"],
+)
+def test_make_variables_run_no_code(model, tmp_path):
+    marker = tmp_path / "INJECTED"
+    result = _make(f"MODEL={model.format(marker=marker)}", f"OUT={tmp_path}/engines")
+    assert result.returncode != 0 and "error: " in result.stderr and "Traceback" not in result.stderr
+    assert not marker.exists()
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_passes_a_quote_in_a_path_intact(tmp_path):
+    out = tmp_path / "it's"
+    result = _make("MODEL=tests.toy_models:tiny_cnn", "PRECISION=fp32", f"OUT={out}")
+    assert result.returncode == 0, result.stderr
+    assert (out / "toy_models-tiny_cnn-fp32" / "manifest.json").is_file()
