@@ -1,13 +1,16 @@
-"""Service benchmark: requests/s and p50/p99 latency of `python -m pipeline serve` at several client counts,
-with dynamic batching on and off.  Writes <out>.json and <out>.md.
+"""Service benchmark: requests/s and p50/p99 latency of `python -m pipeline serve` at several client counts, for
+each way a request can travel: the inference protocol's REST with JSON tensors (v2-json), REST with Triton's
+binary tensor data (v2-binary), gRPC with raw contents (grpc), and, given a checkout of the service from before
+the protocol (--baseline), its /v1 `.npy` path (npy-before).  Writes <out>.json and <out>.md.
 
-    .venv/bin/python benchmarks/serve_bench.py engines/<model>-<precision> --out docs/benchmarks/serve-<name>
+    .venv/bin/python benchmarks/serve_bench.py engines/<model>-<precision> --out docs/benchmarks/serve-<name>-v2 \\
+        [--baseline <dir with the old pipeline/, models/, calibration/>]
 
-Each mode starts its own server process on 127.0.0.1 (a free port), waits for /ready, and stops it after.
-The clients are raw HTTP/1.1 keep-alive connections on asyncio (one per client, each sending its next
-request when the previous answer is in), so the client side costs little next to the server; on a small
-machine they still share its cores, which the report states.  Every request carries its own random items
-(.npy bodies) and every answer must be 200 with one output row per item.
+Each mode starts its own server process on 127.0.0.1 (free ports), waits until it is ready, and stops it after.
+The clients are raw keep-alive connections on asyncio (HTTP/1.1 for REST and .npy, one gRPC channel each for
+gRPC), sending prebuilt bodies, each client its next request when the previous answer is in: the client side
+costs little next to the server, but on a small machine both share its cores, which the report states.  Every
+request carries random items; every answer must be a success with one output row per item.
 """
 
 from __future__ import annotations
@@ -23,12 +26,24 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import grpc
 import numpy as np
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from pipeline.bench.environment import cpu_model
+from pipeline.cpu import cpu_instruction_sets, instruction_sets_text
+from pipeline.manifest import read_manifest
+from pipeline.runners import load_runner
+from pipeline.serve.protocol import DATATYPES
+from pipeline.triton import model_name
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
+MODES = ("v2-json", "v2-binary", "grpc", "npy-before")
+DISTINCT_BODIES = 16  # per mode and client count; a JSON body of a 224x224 image is some 3 MB
 
 
 def main() -> int:
@@ -36,34 +51,45 @@ def main() -> int:
     parser.add_argument("folder", type=Path)
     parser.add_argument("--out", type=Path, required=True, help="report path without suffix (.json and .md written)")
     parser.add_argument("--clients", default="1,8,32", help="concurrent client counts")
-    parser.add_argument("--requests", type=int, default=2000, help="requests per (mode, client count)")
+    parser.add_argument("--requests", type=int, default=300, help="requests per (mode, client count)")
     parser.add_argument("--items", type=int, default=1, help="items per request")
-    parser.add_argument("--max-wait-ms", type=float, default=2.0, help="batch window when batching is on")
+    parser.add_argument("--max-wait-ms", type=float, default=2.0, help="batch window")
     parser.add_argument("--backend", default="auto")
+    parser.add_argument("--modes", default=",".join(MODES), help="which of " + ", ".join(MODES))
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="a checkout of the service before the inference protocol, for npy-before, e.g. "
+        "`git archive c81759e pipeline models calibration | tar -x -C DIR`",
+    )
     args = parser.parse_args()
     clients = [int(c) for c in args.clients.split(",")]
+    modes = [m for m in args.modes.split(",") if m != "npy-before" or args.baseline is not None]
+    model = describe_model(args.folder, args.backend)
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     load_before = os.getloadavg()
     rows: list[dict] = []
-    description: dict = {}
-    for batching in (True, False):
+    for mode in modes:
         options = ["--backend", args.backend, "--max-wait-ms", str(args.max_wait_ms)]
-        options += [] if batching else ["--no-batching"]
-        with Server(args.folder, options) as server:
-            description = server.describe()
+        with Server(args.folder, options, args.baseline if mode == "npy-before" else None) as server:
             for count in clients:
-                rows.append(
-                    {"batching": batching, "clients": count, **server.measure(count, args.requests, args.items)}
-                )
+                rows.append({"mode": mode, "clients": count, **server.measure(mode, model, count, args)})
                 print(json.dumps(rows[-1]), flush=True)
     report = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "started": started,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_before": load_before},
-        "model": description,
+        "machine": {
+            "cpu": cpu_model(),
+            "cpus": os.cpu_count(),
+            "instruction_sets": instruction_sets_text(cpu_instruction_sets()),
+            "platform": platform.platform(),
+            "loadavg_before": load_before,
+        },
+        "model": model,
         "requests_per_point": args.requests,
         "items_per_request": args.items,
         "max_wait_ms": args.max_wait_ms,
+        "baseline": str(args.baseline) if args.baseline else None,
         "results": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -73,16 +99,41 @@ def main() -> int:
     return 0
 
 
-class Server:
-    """A `python -m pipeline serve` process on a free loopback port; stopped (SIGTERM, then kill) on exit."""
+def describe_model(folder: Path, backend: str) -> dict:
+    """The model as served: its name, single input and first output, and the runner the server will pick
+    (load_runner is the function the server calls, on the same machine)."""
+    manifest = read_manifest(folder)
+    [given] = manifest["inputs"]  # the .npy body of the old service carries one array: single-input models
+    with load_runner(folder, backend) as runner:
+        description = runner.description
+    return {
+        "name": model_name(manifest),
+        "old_name": manifest["model"]["name"],  # what the service before the protocol called it
+        "input": {"name": given["name"], "dtype": given["dtype"], "shape": given["shape"]},
+        "output": manifest["outputs"][0]["name"],
+        "max_items": int(manifest["batch_profile"]["max"]),
+        "runner": description,
+    }
 
-    def __init__(self, folder: Path, options: list[str]):
-        with socket.socket() as probe:
-            probe.bind((HOST, 0))
-            self.port = probe.getsockname()[1]
-        command = [sys.executable, "-m", "pipeline", "serve", str(folder), "--host", HOST, "--port", str(self.port)]
-        self.process = subprocess.Popen([*command, "--log-level", "warning", *options], cwd=ROOT)
-        self.path = ""
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        return probe.getsockname()[1]
+
+
+class Server:
+    """A `python -m pipeline serve` process (from `checkout`, else this repository) on free loopback ports;
+    stopped (SIGTERM, then kill) on exit."""
+
+    def __init__(self, folder: Path, options: list[str], checkout: Path | None):
+        self.port, self.grpc_port = free_port(), free_port()
+        self.ready_path = "/ready" if checkout else "/v2/health/ready"
+        command = [sys.executable, "-m", "pipeline", "serve", str(Path(folder).resolve()), "--host", HOST]
+        command += ["--port", str(self.port), "--log-level", "warning", *options]
+        command += [] if checkout else ["--grpc-port", str(self.grpc_port)]
+        # `python -m` puts the working directory first on sys.path, so a checkout's own `pipeline` runs.
+        self.process = subprocess.Popen(command, cwd=checkout or ROOT)
 
     def __enter__(self) -> Server:
         deadline = time.monotonic() + 120
@@ -90,16 +141,12 @@ class Server:
             if self.process.poll() is not None:
                 raise SystemExit(f"the server exited with {self.process.returncode}")
             try:
-                if asyncio.run(get(self.port, "/ready"))[0] == 200:
-                    break
+                if asyncio.run(get(self.port, self.ready_path))[0] == 200:
+                    return self
             except OSError:
                 pass
             time.sleep(0.2)
-        else:
-            raise SystemExit("the server was not ready within 120 s")
-        self.model = json.loads(asyncio.run(get(self.port, "/openapi.json"))[1])
-        self.path = next(p for p in self.model["paths"] if p.endswith("/infer"))
-        return self
+        raise SystemExit("the server was not ready within 120 s")
 
     def __exit__(self, *exc_info: object) -> None:
         self.process.send_signal(signal.SIGTERM)
@@ -109,37 +156,152 @@ class Server:
             self.process.kill()
             self.process.wait(timeout=10)
 
-    def describe(self) -> dict:
-        info = json.loads(asyncio.run(get(self.port, self.path.removesuffix("/infer")))[1])
-        return {
-            "name": info["name"],
-            "inputs": info["inputs"],
-            "max_items": info["max_items"],
-            "runner": info["runner"],
-        }
-
-    def measure(self, clients: int, requests: int, items: int) -> dict:
-        info = self.describe()
-        [spec] = info["inputs"]  # the benchmark sends .npy bodies: single-input models
-        shape = [items, *spec["shape"][1:]]
-        asyncio.run(drive(self.port, self.path, shape, spec["dtype"], clients, min(requests, 10 * clients)))  # warm
-        middle = asyncio.run(get(self.port, "/metrics"))[1].decode()
+    def measure(self, mode: str, model: dict, clients: int, args: argparse.Namespace) -> dict:
+        shape = [args.items, *model["input"]["shape"][1:]]
+        dtype = np.dtype(model["input"]["dtype"])
+        arrays = [np.random.default_rng(n).standard_normal(shape).astype(dtype) for n in range(DISTINCT_BODIES)]
+        send = self.sender(mode, model, arrays)
+        asyncio.run(drive(send, clients, min(args.requests, 4 * clients)))  # warm-up
+        before = asyncio.run(get(self.port, "/metrics"))[2].decode()
         began = time.perf_counter()
-        latencies = asyncio.run(drive(self.port, self.path, shape, spec["dtype"], clients, requests))
+        latencies = asyncio.run(drive(send, clients, args.requests))
         seconds = time.perf_counter() - began
-        after = asyncio.run(get(self.port, "/metrics"))[1].decode()
-        calls = metric(after, "serve_batch_items_count") - metric(middle, "serve_batch_items_count")
-        rows = metric(after, "serve_batch_items_sum") - metric(middle, "serve_batch_items_sum")
+        after = asyncio.run(get(self.port, "/metrics"))[2].decode()
+        calls = metric(after, "serve_batch_items_count") - metric(before, "serve_batch_items_count")
+        rows = metric(after, "serve_batch_items_sum") - metric(before, "serve_batch_items_sum")
         ms = np.array(latencies) * 1000
         return {
-            "requests_per_s": round(requests / seconds, 1),
+            "requests_per_s": round(args.requests / seconds, 1),
             "p50_ms": round(float(np.percentile(ms, 50)), 2),
             "p99_ms": round(float(np.percentile(ms, 99)), 2),
             "items_per_runner_call": round(rows / calls, 2) if calls else None,
+            "request_bytes": int(np.mean(send.body_sizes)),
         }
 
+    def sender(self, mode: str, model: dict, arrays: list[np.ndarray]) -> Sender:
+        if mode == "grpc":
+            return GrpcSender(f"{HOST}:{self.grpc_port}", model, arrays)
+        return HttpSender(self.port, mode, model, arrays)
 
-async def get(port: int, path: str) -> tuple[int, bytes]:
+
+# --------------------------------------------------------------------------- clients
+
+
+class Sender:
+    """Opens one client's connection and sends one request on it; checks the answer, returns nothing."""
+
+    body_sizes: list[int]
+
+    async def connect(self) -> Callable[[int], Awaitable[None]]:
+        raise NotImplementedError
+
+
+class HttpSender(Sender):
+    def __init__(self, port: int, mode: str, model: dict, arrays: list[np.ndarray]):
+        self.port = port
+        self.rows = arrays[0].shape[0]
+        self.requests = [http_request(mode, model, array) for array in arrays]
+        self.body_sizes = [len(body) for _, body in self.requests]
+        self.check = {"v2-json": json_rows, "v2-binary": binary_rows, "npy-before": npy_rows}[mode]
+
+    async def connect(self) -> Callable[[int], Awaitable[None]]:
+        reader, writer = await asyncio.open_connection(HOST, self.port)
+
+        async def send(number: int) -> None:
+            head, body = self.requests[number % len(self.requests)]
+            writer.write(head + body)
+            status, headers, answer = await read_response(reader)
+            if status != 200 or self.check(headers, answer) != self.rows:
+                raise SystemExit(f"request {number} answered {status} with the wrong rows: {answer[:300]!r}")
+
+        return send
+
+
+def http_request(mode: str, model: dict, array: np.ndarray) -> tuple[bytes, bytes]:
+    """(request line and headers, body) for one prebuilt request."""
+    given, output = model["input"], model["output"]
+    tensor = {"name": given["name"], "datatype": DATATYPES[array.dtype.name], "shape": list(array.shape)}
+    headers = {}
+    if mode == "v2-json":
+        document = {"inputs": [{**tensor, "data": array.ravel().tolist()}], "outputs": [{"name": output}]}
+        body = json.dumps(document).encode()
+    elif mode == "v2-binary":
+        tensor["parameters"] = {"binary_data_size": array.nbytes}
+        document = {"inputs": [tensor], "outputs": [{"name": output, "parameters": {"binary_data": True}}]}
+        header = json.dumps(document).encode()
+        body, headers = header + array.tobytes(), {"Inference-Header-Content-Length": str(len(header))}
+    else:
+        body, headers = npy(array), {"Content-Type": "application/x-npy"}
+    name = model["old_name"] if mode == "npy-before" else model["name"]
+    path = f"/v1/models/{name}/infer" if mode == "npy-before" else f"/v2/models/{name}/infer"
+    lines = [f"POST {path} HTTP/1.1", f"Host: {HOST}", f"Content-Length: {len(body)}"]
+    lines += [f"{key}: {value}" for key, value in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode(), body
+
+
+def json_rows(headers: dict, answer: bytes) -> int:
+    [output] = json.loads(answer)["outputs"]
+    return output["shape"][0] if len(output["data"]) == np.prod(output["shape"]) else -1
+
+
+def binary_rows(headers: dict, answer: bytes) -> int:
+    length = int(headers["inference-header-content-length"])
+    [output] = json.loads(answer[:length])["outputs"]
+    size = np.dtype(np.float32).itemsize * int(np.prod(output["shape"]))
+    return output["shape"][0] if output["parameters"]["binary_data_size"] == size == len(answer) - length else -1
+
+
+def npy_rows(headers: dict, answer: bytes) -> int:
+    return np.load(io.BytesIO(answer), allow_pickle=False).shape[0]
+
+
+class GrpcSender(Sender):
+    def __init__(self, address: str, model: dict, arrays: list[np.ndarray]):
+        self.address = address
+        self.rows = arrays[0].shape[0]
+        given = model["input"]
+        self.requests = []
+        for array in arrays:
+            tensor = service_pb2.ModelInferRequest.InferInputTensor(
+                name=given["name"], datatype=DATATYPES[array.dtype.name], shape=list(array.shape)
+            )
+            self.requests.append(
+                service_pb2.ModelInferRequest(
+                    model_name=model["name"], inputs=[tensor], raw_input_contents=[array.tobytes()]
+                )
+            )
+        self.body_sizes = [request.ByteSize() for request in self.requests]
+
+    async def connect(self) -> Callable[[int], Awaitable[None]]:
+        # One channel (one HTTP/2 connection) per client, as one tritonclient.grpc client holds.
+        channel = grpc.aio.insecure_channel(self.address, options=[("grpc.max_receive_message_length", -1)])
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+        async def send(number: int) -> None:
+            response = await stub.ModelInfer(self.requests[number % len(self.requests)])
+            if response.outputs[0].shape[0] != self.rows or not response.raw_output_contents:
+                raise SystemExit(f"request {number} got the wrong rows")
+
+        return send
+
+
+async def drive(sender: Sender, clients: int, requests: int) -> list[float]:
+    """`requests` requests over `clients` connections; the latency of each, in seconds."""
+    latencies: list[float] = []
+    remaining = iter(range(requests))
+
+    async def client() -> None:
+        send = await sender.connect()
+        for number in remaining:
+            sent = time.perf_counter()
+            await send(number)
+            latencies.append(time.perf_counter() - sent)
+
+    await asyncio.wait_for(asyncio.gather(*(client() for _ in range(clients))), timeout=600)
+    return latencies
+
+
+async def get(port: int, path: str) -> tuple[int, dict, bytes]:
     reader, writer = await asyncio.open_connection(HOST, port)
     try:
         writer.write(f"GET {path} HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode())
@@ -148,40 +310,14 @@ async def get(port: int, path: str) -> tuple[int, bytes]:
         writer.close()
 
 
-async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict, bytes]:
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split()[1])
-    headers = dict(line.split(":", 1) for line in lines[1:] if ":" in line)
-    length = int({k.lower(): v for k, v in headers.items()}.get("content-length", "0"))
-    return status, await reader.readexactly(length)
-
-
-async def drive(port: int, path: str, shape: list[int], dtype: str, clients: int, requests: int) -> list[float]:
-    """`requests` requests over `clients` keep-alive connections; the latency of each, in seconds."""
-    bodies = [npy(np.random.default_rng(n).standard_normal(shape).astype(dtype)) for n in range(min(requests, 256))]
-    latencies: list[float] = []
-    remaining = iter(range(requests))
-
-    async def client() -> None:
-        reader, writer = await asyncio.open_connection(HOST, port)
-        try:
-            for number in remaining:
-                body = bodies[number % len(bodies)]
-                head = f"POST {path} HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/x-npy\r\n"
-                sent = time.perf_counter()
-                writer.write(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
-                status, answer = await read_response(reader)
-                latencies.append(time.perf_counter() - sent)
-                if status != 200:
-                    raise SystemExit(f"request {number} answered {status}: {answer[:300]!r}")
-                if np.load(io.BytesIO(answer), allow_pickle=False).shape[0] != shape[0]:
-                    raise SystemExit(f"request {number} got the wrong number of rows")
-        finally:
-            writer.close()
-
-    await asyncio.wait_for(asyncio.gather(*(client() for _ in range(clients))), timeout=600)
-    return latencies
+    headers = {
+        key.strip().lower(): value.strip() for key, _, value in (line.partition(":") for line in lines[1:] if line)
+    }
+    return status, headers, await reader.readexactly(int(headers.get("content-length", "0")))
 
 
 def npy(array: np.ndarray) -> bytes:
@@ -190,34 +326,35 @@ def npy(array: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def metric(text: str, name: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    return 0.0
+def metric(text: str, family: str) -> float:
+    """The sum of a family's samples, whatever their labels (the old service had none, the new one a model)."""
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.split("{")[0].split(" ")[0] == family)
 
 
 def markdown(report: dict) -> str:
-    model = report["model"]
+    model, machine = report["model"], report["machine"]
     lines = [
-        f"# Service benchmark: {model['name']}",
+        f"# Service benchmark: {model['name']}, by protocol",
         "",
         f"Command: `{report['command']}`  ",
-        f"Started {report['started']} on {report['machine']['cpus']} CPUs ({report['machine']['platform']}), "
-        f"load average before {', '.join(f'{x:.2f}' for x in report['machine']['loadavg_before'])}; "
+        f"Started {report['started']} on {machine['cpus']} CPUs ({machine['cpu']}; {machine['instruction_sets']}; "
+        f"{machine['platform']}), load average before {', '.join(f'{x:.2f}' for x in machine['loadavg_before'])}; "
         "server and clients share the machine.  ",
         f"Runner: {model['runner']}  ",
         f"{report['requests_per_point']} requests per row (after a warm-up), {report['items_per_request']} item(s) "
-        f"per request as .npy, batch window {report['max_wait_ms']} ms, "
-        f"max {model['max_items']} items per runner call.",
+        f"of {model['input']['shape'][1:]} {model['input']['dtype']} per request, batching on with a "
+        f"{report['max_wait_ms']} ms window, max {model['max_items']} items per runner call.  ",
+        "Modes: `v2-json` REST with JSON tensors in and out; `v2-binary` REST with Triton's binary tensor data in "
+        "and out; `grpc` ModelInfer with raw contents; `npy-before` the service before the inference protocol "
+        f"(`{report['baseline']}`), `.npy` in and out of `/v1/models/<name>/infer`.",
         "",
-        "| batching | clients | requests/s | p50 ms | p99 ms | items per runner call |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| mode | clients | requests/s | p50 ms | p99 ms | items per runner call | request bytes |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in report["results"]:
         lines.append(
-            f"| {'on' if row['batching'] else 'off'} | {row['clients']} | {row['requests_per_s']} | {row['p50_ms']} "
-            f"| {row['p99_ms']} | {row['items_per_runner_call']} |"
+            f"| {row['mode']} | {row['clients']} | {row['requests_per_s']} | {row['p50_ms']} | {row['p99_ms']} "
+            f"| {row['items_per_runner_call']} | {row['request_bytes']} |"
         )
     return "\n".join(lines) + "\n"
 
