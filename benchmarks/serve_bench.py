@@ -7,6 +7,9 @@ the protocol (--baseline), its /v1 `.npy` path (npy-before).  Writes <out>.json 
         [--baseline <dir with the old pipeline/, models/, calibration/>]
 
 Each mode starts its own server process on 127.0.0.1 (free ports), waits until it is ready, and stops it after.
+The modes take turns, round after round (--rounds), and the report gives each figure's median over the rounds
+with every round's requests/s beside it: on a machine other jobs share, a burst of theirs then lands on all modes
+alike rather than on whichever ran at that moment.
 The clients are raw keep-alive connections on asyncio (HTTP/1.1 for REST and .npy, one gRPC channel each for
 gRPC), sending prebuilt bodies, each client its next request when the previous answer is in: the client side
 costs little next to the server, but on a small machine both share its cores, which the report states.  Every
@@ -51,7 +54,8 @@ def main() -> int:
     parser.add_argument("folder", type=Path)
     parser.add_argument("--out", type=Path, required=True, help="report path without suffix (.json and .md written)")
     parser.add_argument("--clients", default="1,8,32", help="concurrent client counts")
-    parser.add_argument("--requests", type=int, default=300, help="requests per (mode, client count)")
+    parser.add_argument("--requests", type=int, default=200, help="requests per (mode, client count, round)")
+    parser.add_argument("--rounds", type=int, default=3, help="times every mode is measured, in turns")
     parser.add_argument("--items", type=int, default=1, help="items per request")
     parser.add_argument("--max-wait-ms", type=float, default=2.0, help="batch window")
     parser.add_argument("--backend", default="auto")
@@ -69,12 +73,14 @@ def main() -> int:
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     load_before = os.getloadavg()
     rows: list[dict] = []
-    for mode in modes:
-        options = ["--backend", args.backend, "--max-wait-ms", str(args.max_wait_ms)]
-        with Server(args.folder, options, args.baseline if mode == "npy-before" else None) as server:
-            for count in clients:
-                rows.append({"mode": mode, "clients": count, **server.measure(mode, model, count, args)})
-                print(json.dumps(rows[-1]), flush=True)
+    options = ["--backend", args.backend, "--max-wait-ms", str(args.max_wait_ms)]
+    for round_number in range(1, args.rounds + 1):
+        for mode in modes:
+            with Server(args.folder, options, args.baseline if mode == "npy-before" else None) as server:
+                for count in clients:
+                    measured = server.measure(mode, model, count, args)
+                    rows.append({"round": round_number, "mode": mode, "clients": count, **measured})
+                    print(json.dumps(rows[-1]), flush=True)
     report = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "started": started,
@@ -90,6 +96,8 @@ def main() -> int:
         "items_per_request": args.items,
         "max_wait_ms": args.max_wait_ms,
         "baseline": str(args.baseline) if args.baseline else None,
+        "rounds": args.rounds,
+        "summary": summarize(rows),
         "results": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -176,6 +184,7 @@ class Server:
             "p99_ms": round(float(np.percentile(ms, 99)), 2),
             "items_per_runner_call": round(rows / calls, 2) if calls else None,
             "request_bytes": int(np.mean(send.body_sizes)),
+            "loadavg_1min_after": round(os.getloadavg()[0], 2),
         }
 
     def sender(self, mode: str, model: dict, arrays: list[np.ndarray]) -> Sender:
@@ -331,6 +340,22 @@ def metric(text: str, family: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.split("{")[0].split(" ")[0] == family)
 
 
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per (mode, clients), in the order measured: the median of each figure over the rounds."""
+    points: dict[tuple[str, int], list[dict]] = {}
+    for row in rows:
+        points.setdefault((row["mode"], row["clients"]), []).append(row)
+    summary = []
+    for (mode, clients), measured in points.items():
+        median = {key: round(float(np.median([m[key] for m in measured])), 2) for key in MEDIAN_KEYS}
+        by_round = [m["requests_per_s"] for m in measured]
+        summary.append({"mode": mode, "clients": clients, **median, "requests_per_s_by_round": by_round})
+    return summary
+
+
+MEDIAN_KEYS = ("requests_per_s", "p50_ms", "p99_ms", "items_per_runner_call")
+
+
 def markdown(report: dict) -> str:
     model, machine = report["model"], report["machine"]
     lines = [
@@ -341,21 +366,24 @@ def markdown(report: dict) -> str:
         f"{machine['platform']}), load average before {', '.join(f'{x:.2f}' for x in machine['loadavg_before'])}; "
         "server and clients share the machine.  ",
         f"Runner: {model['runner']}  ",
-        f"{report['requests_per_point']} requests per row (after a warm-up), {report['items_per_request']} item(s) "
+        f"{report['requests_per_point']} requests per point and round (after a warm-up), {report['rounds']} rounds "
+        f"with the modes in turn; each figure is the median over the rounds.  {report['items_per_request']} item(s) "
         f"of {model['input']['shape'][1:]} {model['input']['dtype']} per request, batching on with a "
         f"{report['max_wait_ms']} ms window, max {model['max_items']} items per runner call.  ",
         "Modes: `v2-json` REST with JSON tensors in and out; `v2-binary` REST with Triton's binary tensor data in "
         "and out; `grpc` ModelInfer with raw contents; `npy-before` the service before the inference protocol "
         f"(`{report['baseline']}`), `.npy` in and out of `/v1/models/<name>/infer`.",
         "",
-        "| mode | clients | requests/s | p50 ms | p99 ms | items per runner call | request bytes |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| mode | clients | requests/s | p50 ms | p99 ms | items per runner call | requests/s by round |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
-    for row in report["results"]:
+    for row in report["summary"]:
         lines.append(
             f"| {row['mode']} | {row['clients']} | {row['requests_per_s']} | {row['p50_ms']} | {row['p99_ms']} "
-            f"| {row['items_per_runner_call']} | {row['request_bytes']} |"
+            f"| {row['items_per_runner_call']} | {', '.join(str(r) for r in row['requests_per_s_by_round'])} |"
         )
+    sizes = {row["mode"]: row["request_bytes"] for row in report["results"]}
+    lines += ["", "Request body bytes: " + ", ".join(f"{mode} {size}" for mode, size in sizes.items()) + "."]
     return "\n".join(lines) + "\n"
 
 
