@@ -27,8 +27,8 @@ from calibration.readers import CalibrationSource, Feed, graph_inputs, read_cali
 from pipeline.artifacts import write_bytes, write_json
 from pipeline.cpu import int8_cpu_kind
 from pipeline.errors import PipelineError
-from pipeline.parity import onnxruntime_session
 from pipeline.precision import GRAPH_NAMES, convert_fp16
+from pipeline.sessions import onnxruntime_session
 from pipeline.settings import CALIB_METHODS, Settings
 
 COMMAND = "accuracy"

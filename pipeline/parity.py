@@ -10,6 +10,7 @@ import numpy as np
 from pipeline.compare import compare_outputs
 from pipeline.errors import PipelineError
 from pipeline.export import load_reference
+from pipeline.sessions import onnxruntime_session
 
 # Tolerances on max |onnx - torch| relative to the output's largest magnitude.
 # FP32 graphs differ from PyTorch by reassociation only (measured ~1e-6 on ResNet-50);
@@ -23,28 +24,6 @@ RTOL = {"fp32": 1e-3, "fp16": 3e-2, "int8": 1.0}
 # network with one weight scale off by 10x has all its outputs 10x too large and a cosine near 1.
 # 0.2 is a cosine of 0.98 at equal norms; measured: digits 0.01 (see the manifest's agreement_int8).
 INT8_MAX_ERROR = 0.2
-
-
-def onnxruntime_session(
-    onnx_path: Path,
-    providers: list[str] | None = None,
-    *,
-    intra_op_threads: int | None = None,
-    allow_spinning: bool = True,
-):
-    """An ONNX Runtime session; the CPU provider unless told otherwise (our parity reference).
-
-    intra_op_threads: None keeps ORT's default (one per physical core).  allow_spinning=False makes idle
-    intra-op threads sleep instead of spinning, which frees the cores for other requests' threads.
-    """
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3  # errors only: ORT warns about every unused initializer
-    if intra_op_threads is not None:
-        options.intra_op_num_threads = intra_op_threads
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if allow_spinning else "0")
-    return ort.InferenceSession(str(onnx_path), options, providers=providers or ["CPUExecutionProvider"])
 
 
 def check_parity(onnx_path: Path, reference_path: Path, *, precision: str) -> dict:
