@@ -1,17 +1,26 @@
-"""Writing artifacts safely: a temporary name first, then an atomic rename.
+"""Writing artifacts safely: a temporary name first, then an atomic rename, under the folder's build lock.
 
-An interrupted run therefore never leaves a file under a final name that looks
-finished but is not.
+An interrupted run therefore never leaves a file under a final name that looks finished but is not,
+and two builds never write one folder at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
+
+from pipeline.errors import PipelineError
+
+# In the artifact folder; while a build runs it holds that build's pid.
+LOCK = ".build.lock"
+# atomic_path's temporary names: .<final name>.<pid of the writer>.tmp
+_TEMPORARY = re.compile(r"\..+\.(\d+)\.tmp")
 
 
 @contextlib.contextmanager
@@ -25,6 +34,86 @@ def atomic_path(final: Path) -> Iterator[Path]:
         os.replace(temporary, final)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def build_lock(folder: Path) -> Iterator[list[Path]]:
+    """Hold `folder`'s build lock for the block; yield the temporaries of killed runs it removed first.
+
+    Two builds writing one folder interleave (one's engine.plan under the other's manifest), so a second
+    build is refused at once, naming the first, rather than queued: the user decides whether to wait for
+    it or stop it.  The kernel releases an flock when its holder dies, so a killed build leaves no lock.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / LOCK, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _lock_held(folder, _pid_in(handle)) from None
+        _write_pid(handle, str(os.getpid()))
+        try:
+            yield remove_stale_temporaries(folder)
+        finally:
+            _write_pid(handle, "")  # a pid left here would name a build that is over
+
+
+def running_build(folder: Path) -> int | None:
+    """The pid of the build writing `folder` now, or None.  Read without locking, so that a reader never
+    makes a starting build fail; a build killed before it cleared its pid is told apart by its pid being dead."""
+    try:
+        with open(Path(folder) / LOCK) as handle:
+            pid = _pid_in(handle)
+    except FileNotFoundError:
+        return None
+    return pid if pid is not None and _alive(pid) else None
+
+
+def remove_stale_temporaries(folder: Path) -> list[Path]:
+    """Delete the temporaries under `folder` whose writer is dead (a killed run's half-written artifacts).
+
+    Only dead writers' ones: a benchmark or a diagnosis may be writing its report into the folder right now.
+    """
+    removed = []
+    for path in sorted(Path(folder).rglob(".*.tmp")):
+        match = _TEMPORARY.fullmatch(path.name)
+        if match and path.is_file() and not _alive(int(match[1])):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def _lock_held(folder: Path, pid: int | None) -> PipelineError:
+    holder = f"process {pid}" if pid is not None else "another process"
+    return PipelineError(
+        f"another build is writing {folder} ({holder} holds {folder / LOCK}); two builds into one folder would "
+        "mix their artifacts",
+        f"wait for it to finish, or stop it{f' (kill {pid})' if pid is not None else ''}, then run again; "
+        "or build into another folder (OUT=...)",
+    )
+
+
+def _pid_in(handle) -> int | None:
+    handle.seek(0)
+    text = handle.read().strip()
+    return int(text) if text.isdigit() else None
+
+
+def _write_pid(handle, text: str) -> None:
+    handle.seek(0)
+    handle.truncate()
+    handle.write(text)
+    handle.flush()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, owned by another user
+    return True
 
 
 def write_bytes(final: Path, data: bytes) -> None:

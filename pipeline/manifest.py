@@ -1,17 +1,44 @@
-"""manifest.json: what built the artifacts in a folder, and their sha256, read by every later stage."""
+"""manifest.json: what built the artifacts in a folder, and their sha256, read by every later stage.
+
+This module owns the record itself (reading, updating, the folder's fixed file names, its layout version)
+and the one "rebuild it" hint every error about a folder ends with.  Readers open a folder through
+pipeline/folder.py, which enforces what a finished folder must be.
+"""
 
 from __future__ import annotations
 
 import json
 import platform
+import shlex
 from importlib import metadata
 from pathlib import Path
 
 from pipeline.artifacts import sha256_file, write_json
 from pipeline.errors import PipelineError
-from pipeline.settings import PRECISIONS
+from pipeline.settings import PRECISIONS, Settings
 
 MANIFEST = "manifest.json"
+ENGINE = "engine.plan"
+REFERENCE = "reference.npz"
+# The shape of a folder and its manifest, recorded in it as "layout".  Bump it when the stages write
+# different artifacts or manifest entries: a folder of another layout is rebuilt, never reused, and
+# readers refuse it.  4: the manifest records its layout; readers check every graph's sha256.
+ARTIFACT_LAYOUT = 4
+
+# The `make engine` variables that decide a folder besides MODEL, PRECISION and OUT, by Settings field:
+# a rebuild must repeat the ones that differ from the default to write the same folder again.
+_MAKE_VARIABLES = {
+    "batch": "BATCH",
+    "weights": "WEIGHTS",
+    "input_shape": "INPUT_SHAPE",
+    "dynamic": "DYNAMIC",
+    "target": "TARGET",
+    "keep_fp32": "KEEP_FP32",
+    "calib": "CALIB",
+    "calib_method": "CALIB_METHOD",
+}
+# Settings switches whose make variable is set (=1) when the setting has this value.
+_MAKE_SWITCHES = {"auto_fp32": (False, "NO_AUTO_FP32"), "trust_model_file": (True, "TRUST_MODEL_FILE")}
 
 
 def read_manifest(folder: Path) -> dict:
@@ -22,13 +49,16 @@ def read_manifest(folder: Path) -> dict:
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as error:
-        raise PipelineError(f"{path} is not valid JSON ({error})", "delete the folder and rebuild it") from None
+        raise PipelineError(
+            f"{path} is not valid JSON ({error})", f"rebuild the folder: {rebuild_hint({}, folder)}"
+        ) from None
 
 
 def require_manifest(folder: Path, hint: str | None = None) -> dict:
-    """The manifest of an artifact folder, or a PipelineError naming the `make engine` (or `hint`) that creates it."""
+    """The manifest of an artifact folder, finished or not, or a PipelineError naming the `make engine` (or `hint`)
+    that creates it.  Loading artifacts goes through pipeline.folder.open_folder, which also requires it finished."""
     folder = Path(folder)
-    hint = hint or make_engine_hint(folder)
+    hint = hint or rebuild_hint({}, folder)
     if not folder.is_dir():
         raise PipelineError(f"artifact folder {folder} does not exist", f"create it with `{hint}`")
     manifest = read_manifest(folder)
@@ -37,15 +67,38 @@ def require_manifest(folder: Path, hint: str | None = None) -> dict:
     return manifest
 
 
-def make_engine_hint(folder: Path, manifest: dict | None = None) -> str:
-    """The `make engine` command that (re)creates `folder`: from its manifest, else from its name."""
-    settings = (manifest or {}).get("settings")
+def rebuild_hint(manifest: dict, folder: Path | None = None, *, force: bool = False) -> str:
+    """The `make engine` command that writes this folder again: from the manifest's settings, else from the
+    folder's name (engines/<model>-<precision>).  force: add FORCE=1, for a folder the pipeline would reuse."""
+    settings = manifest.get("settings")
+    named = _name_parts(Path(folder)) if folder is not None else None
     if settings:
-        return f"make engine MODEL={settings['model']} PRECISION={settings['precision']} OUT={settings['out_root']}"
-    model, _, precision = Path(folder).name.rpartition("-")
-    if model and precision in PRECISIONS:
-        return f"make engine MODEL={model} PRECISION={precision} OUT={Path(folder).parent}"
-    return "make engine MODEL=<model> PRECISION=<precision>  (it writes engines/<model>-<precision>/)"
+        command = make_engine_command(settings["model"], settings["precision"], settings["out_root"], settings)
+    elif named and folder is not None:
+        command = make_engine_command(*named, Path(folder).parent)
+    else:
+        return "make engine MODEL=<model> PRECISION=<precision>  (it writes engines/<model>-<precision>/)"
+    return f"{command} FORCE=1" if force else command
+
+
+def make_engine_command(model: str, precision: str, out: str | Path, settings: dict | None = None) -> str:
+    """`make engine MODEL=... PRECISION=... [the non-default settings] OUT=...`, each value quoted for a shell."""
+    settings = settings or {}
+    defaults = Settings().as_record()
+    words = [f"MODEL={model}", f"PRECISION={precision}"]
+    words += [
+        f"{variable}={settings[key]}"
+        for key, variable in _MAKE_VARIABLES.items()
+        if settings.get(key) is not None and settings[key] != defaults[key]
+    ]
+    words += [f"{variable}=1" for key, (value, variable) in _MAKE_SWITCHES.items() if settings.get(key) is value]
+    words.append(f"OUT={out}")
+    return "make engine " + " ".join(shlex.quote(word) for word in words)
+
+
+def _name_parts(folder: Path) -> tuple[str, str] | None:
+    model, _, precision = folder.name.rpartition("-")
+    return (model, precision) if model and precision in PRECISIONS else None
 
 
 def update_manifest(folder: Path, **entries) -> dict:

@@ -3,15 +3,17 @@
 Each stage reads what earlier stages left in engines/<model>-<precision>/, writes
 its own artifact under a temporary name, records itself in manifest.json and prints
 one line.  `make_engine` runs them all and reuses a finished folder whose inputs and
-settings are unchanged.
+settings are unchanged.  A run holds the folder's build lock from start to end, so two
+runs never write one folder at once; readers open it through pipeline.folder.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,12 +22,15 @@ import models
 from calibration.int8 import CACHE_FOLDER, CPU_GRAPHS, CalibrationConfig, make_int8_graph
 from calibration.readers import graph_inputs, read_calibration_data
 from models.spec import ModelSpec
-from pipeline.artifacts import sha256_file
+from pipeline.artifacts import build_lock, sha256_file
 from pipeline.check import check_onnx
 from pipeline.cpu import int8_cpu_kind
 from pipeline.errors import PipelineError
 from pipeline.export import export_onnx, load_reference, parity_batches, write_reference
 from pipeline.manifest import (
+    ARTIFACT_LAYOUT,
+    ENGINE,
+    REFERENCE,
     artifact_problems,
     describe_artifacts,
     package_versions,
@@ -38,11 +43,6 @@ from pipeline.prepare import prepare
 from pipeline.settings import OPSET, Settings
 from pipeline.simplify import simplify_onnx
 
-ENGINE = "engine.plan"
-REFERENCE = "reference.npz"
-# Bump when the stages write different artifacts (a new graph, a changed file format), so that
-# folders written by an earlier version are rebuilt instead of reused.
-ARTIFACT_LAYOUT = 3
 VERSIONED_PACKAGES = ("torch", "onnx", "onnxsim", "onnxruntime-gpu", "onnxruntime", "numpy")
 
 
@@ -250,22 +250,34 @@ STAGES: dict[str, Callable[[Run], None]] = {
 
 
 def run_stage(settings: Settings, name: str) -> Path:
-    """Run one stage on what is already on disk (the command line's `python -m pipeline <stage>`)."""
+    """Run one stage on what is already on disk (the command line's `python -m pipeline <stage>`).
+
+    The folder is no longer a finished build afterwards (its artifacts may differ from the ones the manifest
+    lists), so readers refuse it until make_engine runs all stages again.
+    """
     run = Run.start(settings)
-    STAGES[name](run)
+    with _locked(run.folder):
+        update_manifest(run.folder, complete=False)
+        STAGES[name](run)
     return run.folder
 
 
 def make_engine(settings: Settings) -> Path:
     """Every stage in order; a finished folder with the same inputs and settings is reused."""
     run = Run.start(settings)
+    with _locked(run.folder):
+        return _make_engine(run)
+
+
+def _make_engine(run: Run) -> Path:
+    settings = run.settings
     key = reuse_key(settings, run.loaded.fingerprint)
     # RECALIBRATE=1 means fresh ranges, so it never reuses a finished folder.
     names = artifact_names(settings)
     if not (settings.force or settings.recalibrate) and _up_to_date(run.folder, key):
         print(f"up to date   {run.folder} (same model, weights, settings and versions; FORCE=1 rebuilds)")
         return run.folder
-    update_manifest(run.folder, complete=False, reuse_key=key)
+    update_manifest(run.folder, complete=False, reuse_key=key, layout=ARTIFACT_LAYOUT)
     for stage in STAGES.values():
         stage(run)
     update_manifest(
@@ -280,6 +292,16 @@ def make_engine(settings: Settings) -> Path:
     )
     print(f"done         {run.folder} ({sum(run.timings.values()):.1f} s in stages)")
     return run.folder
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """The folder's build lock (pipeline.artifacts.build_lock), saying which killed runs' temporaries it removed."""
+    with build_lock(folder) as removed:
+        if removed:
+            names = ", ".join(str(path.relative_to(folder)) for path in removed)
+            print(f"cleaned      {len(removed)} temporary file(s) left by killed runs: {names}", flush=True)
+        yield
 
 
 def artifact_names(settings: Settings) -> list[str]:

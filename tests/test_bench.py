@@ -24,7 +24,7 @@ from pipeline.bench.harness import make_inputs
 from pipeline.bench.timing import MIN_SAMPLES, Share, measure, summarize
 from pipeline.cpu import int8_cpu_kind
 from pipeline.errors import PipelineError
-from pipeline.manifest import update_manifest
+from pipeline.manifest import describe_artifacts, read_manifest, update_manifest
 from pipeline.parity import RTOL
 from pipeline.settings import BatchProfile, Settings
 from pipeline.stages import make_engine
@@ -127,12 +127,18 @@ def test_a_model_changed_since_the_build_is_flagged(folder: Path, tmp_path: Path
     assert "Warning: PyTorch no longer reproduces the outputs stored at build time" in paths["md"].read_text()
 
 
+def record_int8_graph(folder: Path) -> None:
+    """Record model.int8.onnx as the folder's graph, with its sha256, as make engine PRECISION=int8 does."""
+    artifacts = {**read_manifest(folder)["artifacts"], **describe_artifacts(folder, ["model.int8.onnx"])}
+    update_manifest(folder, precision="int8", graph="model.int8.onnx", artifacts=artifacts)
+
+
 def test_int8_graph_is_benchmarked_and_a_broken_backend_does_not_stop_the_others(folder: Path, tmp_path: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     good = shutil.copytree(folder, tmp_path / "good")
     quantize_dynamic(good / "model.onnx", good / "model.int8.onnx", weight_type=QuantType.QInt8)
-    update_manifest(good, precision="int8", graph="model.int8.onnx")  # as make engine PRECISION=int8 records it
+    record_int8_graph(good)
     quantized = onnx.load(str(good / "model.int8.onnx"))
     assert any(node.op_type == "DynamicQuantizeLinear" for node in quantized.graph.node)
     result = run_benchmark(good, backends=["onnxruntime-int8"], batches=[2], policy=QUICK, progress=lambda _: None)
@@ -146,7 +152,7 @@ def test_int8_graph_is_benchmarked_and_a_broken_backend_does_not_stop_the_others
 
     broken = shutil.copytree(folder, tmp_path / "broken")
     (broken / "model.int8.onnx").write_bytes(b"not an onnx graph")
-    update_manifest(broken, precision="int8", graph="model.int8.onnx")
+    record_int8_graph(broken)
     result = run_benchmark(
         broken, backends=["onnxruntime", "onnxruntime-int8"], batches=[2], policy=QUICK, progress=lambda _: None
     )

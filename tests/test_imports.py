@@ -1,4 +1,5 @@
-"""`import pipeline` and every module work with no GPU and no TensorRT, pycuda or CUDA bindings."""
+"""`import pipeline` and every module work with no GPU and no TensorRT, pycuda or CUDA bindings; serving an ONNX
+graph imports nothing of the build."""
 
 from __future__ import annotations
 
@@ -6,6 +7,11 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
+
+from pipeline.settings import BatchProfile, Settings
+from pipeline.stages import make_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,3 +47,36 @@ def test_every_module_imports_without_gpu_packages():
     result = subprocess.run([sys.executable, "-c", BARE_IMPORT], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert int(result.stdout.split()[0]) >= 10
+
+
+# Runs in a fresh interpreter: load the ONNX Runtime runner, run one inference, list what the build would import.
+RUNTIME = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    from pipeline.runners import load_runner
+
+    with load_runner(sys.argv[1], backend="onnxruntime") as runner:
+        logits = runner.infer({"input": np.zeros((2, 3, 16, 16), np.float32)})["logits"]
+    assert logits.shape == (2, 10)
+    BUILD_PACKAGES = ("torch", "onnx", "onnxsim", "models", "calibration")
+    STAGES = ("export", "prepare", "stages", "check", "simplify", "precision", "float16", "parity", "build")
+    build = {f"pipeline.{name}" for name in STAGES}
+    print(" ".join(sorted(m for m in sys.modules if m.split(".")[0] in BUILD_PACKAGES or m in build)))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("engines")
+    settings = Settings(model="tests.toy_models:tiny_cnn", precision="fp32", batch=BatchProfile(1, 2, 4), out_root=out)
+    return make_engine(settings)
+
+
+def test_the_onnxruntime_runner_imports_no_build_stage(tiny_folder):
+    result = subprocess.run(
+        [sys.executable, "-c", RUNTIME, str(tiny_folder)], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [], f"the runtime imported: {result.stdout}"

@@ -18,6 +18,8 @@ from pipeline.check import check_onnx
 from pipeline.cli import main
 from pipeline.errors import PipelineError
 from pipeline.export import load_reference
+from pipeline.manifest import ARTIFACT_LAYOUT
+from pipeline.runners import load_runner
 from pipeline.settings import BatchProfile, Settings
 from pipeline.stages import make_engine
 
@@ -36,7 +38,7 @@ def test_make_engine_writes_every_artifact_and_a_complete_manifest(tmp_path, pre
     folder = make_engine(settings(tmp_path, precision=precision))
     assert folder == tmp_path / f"toy_models-tiny_cnn-{precision}"
     manifest = json.loads((folder / "manifest.json").read_text())
-    assert manifest["complete"] is True
+    assert manifest["complete"] is True and manifest["layout"] == ARTIFACT_LAYOUT
     assert manifest["opset"] == 17 and manifest["precision"] == precision
     assert manifest["inputs"] == [{"name": "input", "dtype": "float32", "shape": ["batch", 3, 16, 16]}]
     assert manifest["outputs"] == [{"name": "logits", "dtype": "float32", "shape": ["batch", 10]}]
@@ -159,8 +161,12 @@ def test_an_interrupted_build_leaves_nothing_that_loads(tmp_path):
     assert manifest["complete"] is False
     onnx.checker.check_model(str(folder / "model.onnx"))  # what has its final name is whole
     assert load_reference(folder / "reference.npz")
+    with pytest.raises(PipelineError, match="holds an unfinished build") as refused:  # and nothing of it is served
+        load_runner(folder, "onnxruntime")
+    assert f"make engine MODEL=resnet18 PRECISION=fp32 BATCH=1:2:4 OUT={tmp_path}" in str(refused.value.fix)
     make_engine(Settings(model="resnet18", precision="fp32", batch=BatchProfile(1, 2, 4), out_root=tmp_path))
     assert json.loads((folder / "manifest.json").read_text())["complete"] is True  # a rerun finishes the job
+    assert not list(folder.rglob(".*.tmp"))  # and removes what the killed run was writing
 
 
 def test_make_engine_target(tmp_path):

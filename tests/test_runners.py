@@ -4,6 +4,7 @@ and the engine runner's refusals that happen before any GPU is touched."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -16,10 +17,11 @@ from pipeline.compare import compare_outputs
 from pipeline.cpu import int8_cpu_kind
 from pipeline.errors import PipelineError
 from pipeline.export import load_reference
-from pipeline.parity import onnxruntime_session
+from pipeline.manifest import describe_artifacts
 from pipeline.runners import load_runner
 from pipeline.runners.device_memory import available_layers, open_device_memory
 from pipeline.runners.tensorrt import built_for, check_gpu_target
+from pipeline.sessions import onnxruntime_session
 from pipeline.settings import Settings
 from pipeline.stages import make_engine
 from pipeline.trt_module import gpu_present
@@ -131,12 +133,17 @@ def test_onnxruntime_runner_runs_the_manifest_graph(folders, tmp_path):
     folder = _copy(folders["tiny_cnn"], tmp_path)
     shutil.copy(folder / "model.onnx", folder / "renamed.onnx")
     (folder / "model.onnx").unlink()
-    _edit_manifest(folder, lambda m: m.update(graph="renamed.onnx"))
+    renamed = describe_artifacts(folder, ["renamed.onnx"])
+    _edit_manifest(folder, lambda m: m.update(graph="renamed.onnx", artifacts={**m["artifacts"], **renamed}))
     with load_runner(folder, "onnxruntime") as runner:
         assert "renamed.onnx" in runner.description
         assert runner.infer(_cnn_batch(2))["logits"].shape == (2, 10)
+    (folder / "renamed.onnx").unlink()
+    with pytest.raises(PipelineError, match="renamed.onnx is missing") as caught:
+        load_runner(folder, "onnxruntime")
+    assert "make engine MODEL=tests.toy_models:tiny_cnn PRECISION=fp32" in str(caught.value.fix)
     _edit_manifest(folder, lambda m: m.update(graph="gone.onnx"))
-    with pytest.raises(PipelineError, match="gone.onnx does not exist"):
+    with pytest.raises(PipelineError, match="names gone.onnx as its graph but records no sha256"):
         load_runner(folder, "onnxruntime")
 
 
@@ -169,11 +176,10 @@ def test_graph_option_picks_a_file_of_the_folder_and_refuses_others(folders):
     with load_runner(folders["tiny_cnn"], "onnxruntime", graph="model.onnx") as runner:
         assert runner.graph == "model.onnx"
         assert runner.infer(_cnn_batch(2))["logits"].shape == (2, 10)
-    with pytest.raises(PipelineError, match="is not a file name"):
-        load_runner(folders["tiny_cnn"], "onnxruntime", graph="../model.onnx")
-    with pytest.raises(PipelineError, match=r"model.fp16.onnx does not exist") as caught:
-        load_runner(folders["tiny_cnn"], "onnxruntime", graph="model.fp16.onnx")
-    assert "(model.onnx)" in str(caught.value.fix)
+    for other in ("../model.onnx", "model.fp16.onnx", "reference.npz"):
+        with pytest.raises(PipelineError, match=f"graph='{re.escape(other)}' is not one of the graphs") as caught:
+            load_runner(folders["tiny_cnn"], "onnxruntime", graph=other)
+        assert "(model.onnx)" in str(caught.value.fix)
 
 
 def test_thread_and_spinning_options_reach_the_session(folders, runners):
@@ -285,7 +291,7 @@ def test_engine_runner_refuses_a_corrupted_or_truncated_plan(folders, tmp_path):
     corrupted[len(plan) // 2] ^= 0xFF
     for broken in (bytes(corrupted), plan[: len(plan) // 2]):
         (folder / "engine.plan").write_bytes(broken)
-        with pytest.raises(PipelineError, match="truncated or corrupted") as caught:
+        with pytest.raises(PipelineError, match="truncated, corrupted or replaced") as caught:
             load_runner(folder, "tensorrt")
         assert "make engine MODEL=tests.toy_models:tiny_cnn PRECISION=fp32" in str(caught.value)
     (folder / "engine.plan").unlink()
@@ -300,7 +306,8 @@ def test_engine_runner_refuses_an_engine_from_another_tensorrt(folders, tmp_path
         PipelineError, match=r"built with tensorrt_rtx 1\.0\.0\.1, but this machine runs tensorrt_rtx"
     ) as e:
         load_runner(folder, "tensorrt")
-    assert "make engine MODEL=tests.toy_models:tiny_cnn PRECISION=fp32 FORCE=1" in str(e.value)
+    built_in = folders["tiny_cnn"].parent  # the hint rebuilds where the settings put it
+    assert f"make engine MODEL=tests.toy_models:tiny_cnn PRECISION=fp32 OUT={built_in} FORCE=1" in str(e.value)
 
 
 def test_engine_runner_refuses_a_skipped_build(folders, tmp_path):

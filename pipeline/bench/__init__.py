@@ -19,6 +19,7 @@ from pipeline.bench.harness import run_benchmark
 from pipeline.bench.report import DEVICE_RESIDENT, END_TO_END, markdown_table, write_reports
 from pipeline.bench.timing import TimingPolicy
 from pipeline.errors import PipelineError
+from pipeline.manifest import make_engine_command
 from pipeline.settings import PRECISIONS, Settings
 
 __all__ = ["COMMAND", "HELP", "TimingPolicy", "add_arguments", "main", "run_benchmark", "write_reports"]
@@ -80,8 +81,7 @@ def _folder_and_hint(args: argparse.Namespace) -> tuple[Path, str | None]:
 
     settings = Settings(model=args.model, precision=args.precision, out_root=args.out)
     folder = settings.artifact_dir(models.canonical_name(args.model))
-    out = "" if Path(args.out) == Settings().out_root else f" OUT={args.out}"
-    return folder, f"make engine MODEL={args.model} PRECISION={args.precision}{out}"
+    return folder, make_engine_command(args.model, args.precision, args.out)
 
 
 def _names(text: str) -> list[str]:

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pipeline.errors import PipelineError
-from pipeline.manifest import MANIFEST
+from pipeline.folder import ArtifactFolder
+from pipeline.manifest import MANIFEST, make_engine_command
 from pipeline.precision import GRAPH_NAMES
 from pipeline.runners import Runner, load_runner
 
@@ -35,8 +36,7 @@ class Unavailable(Exception):
 class Context:
     """What every backend is opened from."""
 
-    folder: Path
-    manifest: dict
+    folder: ArtifactFolder
     threads: int
     cuda: bool  # torch sees a CUDA device
 
@@ -151,7 +151,7 @@ class TorchBackend(RunnerBackend):
 class SessionBackend(Backend):
     """A bare onnxruntime.InferenceSession with explicit options, beside the runner to expose its overhead."""
 
-    def __init__(self, name: str, label: str, graph: Path, threads: int):
+    def __init__(self, name: str, label: str, folder: ArtifactFolder, graph: str, threads: int):
         import onnxruntime as ort
 
         from pipeline.runners.onnxruntime import choose_providers
@@ -163,10 +163,10 @@ class SessionBackend(Backend):
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = ort.InferenceSession(str(graph), options, providers=providers)
+        self.session = ort.InferenceSession(folder.read(graph), options, providers=providers)
         self.output_names = [o.name for o in self.session.get_outputs()]
         used = ", ".join(self.session.get_providers())
-        description = f"onnxruntime {ort.__version__} bare InferenceSession on {graph.name}, {used} ({why}), "
+        description = f"onnxruntime {ort.__version__} bare InferenceSession on {graph}, {used} ({why}), "
         description += "ORT_ENABLE_ALL, sequential"
         super().__init__(name, label, "fp32", description, f"intra_op_num_threads={threads}, inter_op_num_threads=1")
 
@@ -213,14 +213,15 @@ def open_onnxruntime(context: Context) -> Backend:
 
 
 def open_onnxruntime_session(context: Context) -> Backend:
-    graph = context.folder / GRAPH_NAMES["fp32"]
-    if not graph.is_file():
-        raise Unavailable(f"{graph} does not exist")
-    return SessionBackend("onnxruntime-session", "ONNX Runtime FP32 (bare session)", graph, context.threads)
+    graph = GRAPH_NAMES["fp32"]
+    if not context.folder.has(graph):
+        raise Unavailable(f"{context.folder.path / graph} does not exist")
+    label = "ONNX Runtime FP32 (bare session)"
+    return SessionBackend("onnxruntime-session", label, context.folder, graph, context.threads)
 
 
 def open_onnxruntime_int8(context: Context) -> Backend:
-    folder = _int8_folder(context.folder, context.manifest)
+    folder = _int8_folder(context.folder)
     # No graph=: the runner picks as it would in a service (on a CPU, the graph shaped for ORT's CPU kernels).
     runner: Any = load_runner(folder, backend="onnxruntime")  # an OnnxRuntimeRunner: it names its .graph
     graph = folder / runner.graph
@@ -276,18 +277,16 @@ def _tensorrt_opener(name: str, label: str, **options: Any) -> Callable[[Context
     def open_tensorrt(context: Context) -> Backend:
         from pipeline.trt_module import gpu_present
 
-        engine = context.folder / context.manifest.get("engine", "engine.plan")
-        if not engine.is_file():
-            reason = context.manifest.get("build", {}).get("reason", "no TensorRT builder was installed")
-            raise Unavailable(f"{context.folder} has no {engine.name} ({reason})")
+        folder = context.folder
+        if not folder.has(folder.engine):
+            raise Unavailable(f"{folder.path} has no {folder.engine}")
         if not gpu_present():
-            raise Unavailable(f"running {engine.name} needs an NVIDIA GPU and driver; none is usable here")
+            raise Unavailable(f"running {folder.engine} needs an NVIDIA GPU and driver; none is usable here")
         try:
-            runner = load_runner(context.folder, backend="tensorrt", **options)
+            runner = load_runner(folder, backend="tensorrt", **options)
         except PipelineError as error:
             raise Unavailable(f"{error.problem} ({error.fix})") from None
-        precision = context.manifest.get("precision", "fp16")
-        return TensorRTBackend(name, label, precision, runner)
+        return TensorRTBackend(name, label, folder.precision, runner)
 
     return open_tensorrt
 
@@ -344,25 +343,25 @@ def choices_for(names: list[str] | None) -> list[Choice]:
 # --------------------------------------------------------------------------- helpers
 
 
-def _int8_folder(folder: Path, manifest: dict) -> Path:
-    """This folder if it was built for int8, else the sibling engines/<model>-int8/."""
-    if manifest.get("precision") == "int8":
-        return folder
-    model = manifest.get("model", {}).get("name", folder.name.rsplit("-", 1)[0])
-    sibling = folder.parent / f"{model}-int8"
+def _int8_folder(folder: ArtifactFolder) -> Path:
+    """This folder if it was built for int8, else the sibling engines/<model>-int8/ (load_runner checks it)."""
+    if folder.precision == "int8":
+        return folder.path
+    sibling = folder.path.parent / f"{folder.model}-int8"
     if not (sibling / MANIFEST).is_file():
-        source = manifest.get("settings", {}).get("model", model)
+        settings = {**folder.manifest["settings"], "calib": "<data>"}
+        command = make_engine_command(settings["model"], "int8", settings["out_root"], settings)
         raise Unavailable(
-            f"no INT8 graph: {folder} is built for {manifest.get('precision')} and {sibling} does not exist "
-            f"(make engine MODEL={source} PRECISION=int8 CALIB=<data> writes it)"
+            f"no INT8 graph: {folder.path} is built for {folder.precision} and {sibling} does not exist "
+            f"({command} writes it)"
         )
     return sibling
 
 
-def _onnxruntime_runner(folder: Path, graph: str) -> Runner:
+def _onnxruntime_runner(folder: ArtifactFolder, graph: str) -> Runner:
     """The ONNX Runtime runner on the named graph of the folder (the runner's graph= option)."""
-    if not (folder / graph).is_file():
-        raise Unavailable(f"{folder / graph} does not exist")
+    if not folder.has(graph):
+        raise Unavailable(f"{folder.path / graph} does not exist")
     return load_runner(folder, backend="onnxruntime", graph=graph)
 
 

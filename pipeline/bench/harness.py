@@ -25,7 +25,8 @@ from pipeline.bench.timing import TimingPolicy, measure, summarize
 from pipeline.compare import compare_outputs
 from pipeline.errors import PipelineError
 from pipeline.export import load_reference, random_inputs
-from pipeline.manifest import make_engine_hint, require_manifest
+from pipeline.folder import open_folder
+from pipeline.manifest import REFERENCE as REFERENCE_FILE
 from pipeline.parity import RTOL
 
 SEED = 0
@@ -33,20 +34,9 @@ SEED = 0
 Progress = Callable[[str], None]
 
 
-def require_folder(folder: Path, make_hint: str | None = None) -> dict:
-    """The manifest of a finished artifact folder, or a PipelineError naming the `make engine` that finishes it."""
-    manifest = require_manifest(folder, make_hint)
-    if manifest.get("complete") is not True:
-        hint = make_hint or make_engine_hint(folder, manifest)
-        raise PipelineError(f"{folder} is unfinished (its last build did not complete)", f"finish it with `{hint}`")
-    return manifest
-
-
 def check_batches(batches: list[int] | None, manifest: dict) -> list[int]:
     """The batch sizes to sweep: the profile's min, opt and max by default; others must lie inside the profile."""
-    profile = manifest.get("batch_profile")
-    if not profile:
-        raise PipelineError("the manifest has no batch_profile", "rebuild the folder with make engine")
+    profile = manifest["batch_profile"]  # open_folder requires it
     low, high = int(profile["min"]), int(profile["max"])
     if batches is None:
         return sorted({low, int(profile["opt"]), high})
@@ -290,8 +280,8 @@ def run_benchmark(
     """Benchmark the artifact folder; returns the report (see pipeline.bench.report for the files)."""
     import torch
 
-    folder = Path(folder)
-    manifest = require_folder(folder, make_hint)
+    opened_folder = open_folder(folder, make_hint)
+    folder, manifest = opened_folder.path, opened_folder.manifest
     policy = (policy or TimingPolicy()).check()
     chosen = choices_for(backends)
     sizes = check_batches(batches, manifest)
@@ -300,14 +290,14 @@ def run_benchmark(
         raise PipelineError(f"--threads {threads} is not positive", "give a thread count of 1 or more")
     load_before = load_average()
     started = datetime.now(timezone.utc)
-    ranges = integer_ranges(manifest, folder / "reference.npz")
+    ranges = integer_ranges(manifest, folder / REFERENCE_FILE)
     inputs = {b: make_inputs(manifest, ranges, b, SEED) for b in sizes}
-    context = Context(folder=folder, manifest=manifest, threads=threads, cuda=torch.cuda.is_available())
+    context = Context(folder=opened_folder, threads=threads, cuda=torch.cuda.is_available())
     opened: list[Backend] = []
     with torch_settings(threads):
         try:
             opened, records = open_backends(chosen, context, progress)
-            reference_check = check_reference_model(opened, folder / "reference.npz")
+            reference_check = check_reference_model(opened, folder / REFERENCE_FILE)
             progress(f"reference check: {reference_check.get('summary', reference_check.get('reason'))}")
             results = run_sweep(opened, inputs, policy, progress)
         finally:
@@ -317,9 +307,9 @@ def run_benchmark(
     environment["load_average"] = {"before": load_before, "after": load_average()}
     return {
         "schema": 1,
-        "model": manifest.get("model", {}).get("name", folder.name),
+        "model": opened_folder.model,
         "folder": str(folder),
-        "precision": manifest.get("precision"),
+        "precision": opened_folder.precision,
         "created": started.isoformat(timespec="seconds"),
         "command": environment["command"],
         "batches": sizes,

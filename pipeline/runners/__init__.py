@@ -4,7 +4,10 @@
     with load_runner("engines/resnet50-fp16") as runner:      # backend="auto"
         outputs = runner.infer({"input": batch})               # {name: np.ndarray} -> {name: np.ndarray}
 
-Backends load lazily: importing this package needs neither a GPU, TensorRT nor onnxruntime.
+Backends load lazily: importing this package needs neither a GPU, TensorRT nor onnxruntime, and loading
+an ONNX Runtime runner imports no build stage (nor torch).  Every runner opens its folder through
+pipeline.folder: an unfinished folder, one of an older layout, or a graph or plan whose sha256 is not the
+manifest's is refused with the command that rebuilds it.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import logging
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.manifest import require_manifest
+from pipeline.folder import ArtifactFolder, open_folder
 from pipeline.runners.base import Runner, TensorSpec
 
 BACKENDS = ("auto", "tensorrt", "onnxruntime", "torch")
@@ -23,8 +26,8 @@ log = logging.getLogger(__name__)
 __all__ = ["BACKENDS", "Runner", "TensorSpec", "load_runner"]
 
 
-def load_runner(path: str | Path, backend: str = "auto", **options) -> Runner:
-    """A runner for the artifact folder `path`.
+def load_runner(path: str | Path | ArtifactFolder, backend: str = "auto", **options) -> Runner:
+    """A runner for the artifact folder `path` (a path, or a folder already opened by pipeline.folder.open_folder).
 
     backend: "tensorrt" (engine.plan), "onnxruntime" (the graph the engine was built from),
     "torch" (the model itself), or "auto": the engine where it can run here (a GPU, TensorRT and
@@ -33,25 +36,24 @@ def load_runner(path: str | Path, backend: str = "auto", **options) -> Runner:
     """
     if backend not in BACKENDS:
         raise PipelineError(f"unknown runner backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
-    folder = Path(path)
-    manifest = require_manifest(folder)
+    folder = path if isinstance(path, ArtifactFolder) else open_folder(path)
     why = f"asked for backend={backend!r}"
     if backend == "auto":
-        backend, why = _choose_backend(folder, manifest)
-    runner = _runner_class(backend)(folder, manifest, **options)
+        backend, why = _choose_backend(folder)
+    runner = _runner_class(backend)(folder, **options)
     runner.description = f"{runner.description}; picked because {why}"
-    log.info("runner for %s: %s", folder, runner.description)
+    log.info("runner for %s: %s", folder.path, runner.description)
     return runner
 
 
-def _choose_backend(folder: Path, manifest: dict) -> tuple[str, str]:
+def _choose_backend(folder: ArtifactFolder) -> tuple[str, str]:
     """("tensorrt", why) where the engine can run on this machine, else ("onnxruntime", why not)."""
     from pipeline.runners.tensorrt import check_gpu_target
     from pipeline.trt_module import describe_gpu, gpu_present, import_trt
 
-    engine = folder / manifest.get("engine", "engine.plan")
-    if not engine.is_file():
-        return "onnxruntime", f"auto: {folder} has no {engine.name} (no TensorRT builder was installed at build time)"
+    manifest = folder.manifest
+    if not folder.has(folder.engine):
+        return "onnxruntime", f"auto: {folder.path} has no {folder.engine}"
     if not gpu_present():
         return "onnxruntime", "auto: no NVIDIA GPU/driver present, which the engine needs"
     builder = manifest.get("build", {}).get("builder", {}).get("module", "auto")
@@ -65,7 +67,7 @@ def _choose_backend(folder: Path, manifest: dict) -> tuple[str, str]:
             check_gpu_target(manifest, gpu)
     except PipelineError as error:
         return "onnxruntime", f"auto: the engine cannot run on this GPU ({error.problem})"
-    return "tensorrt", f"auto: a GPU, {builder} and {engine.name} are present"
+    return "tensorrt", f"auto: a GPU, {builder} and {folder.engine} are present"
 
 
 def _runner_class(backend: str) -> type[Runner]:

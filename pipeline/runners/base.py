@@ -1,6 +1,6 @@
 """What every runner shares: tensor specs from the manifest, input validation, batch chunking.
 
-A runner reads one artifact folder (engines/<model>-<precision>/) and answers
+A runner reads one artifact folder (engines/<model>-<precision>/, opened by pipeline.folder) and answers
 `infer({name: array}) -> {name: array}` the same way whatever runs underneath, so a
 service can swap ONNX Runtime for the engine without changing a line.
 """
@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from pipeline.errors import PipelineError
+from pipeline.folder import ArtifactFolder
+from pipeline.manifest import rebuild_hint
 
 DYNAMIC = -1
 BATCH_AXIS = 0
@@ -54,7 +55,7 @@ def tensor_specs(manifest: dict, key: str) -> list[TensorSpec]:
     if not records:
         raise PipelineError(
             f"the manifest lists no {key} (the check stage did not finish)",
-            "rebuild the folder: make engine MODEL=<model> PRECISION=<precision>",
+            f"rebuild the folder: {rebuild_hint(manifest)}",
         )
     axis_ranges = manifest.get("axis_ranges", {})
     return [TensorSpec.from_manifest(record, axis_ranges) for record in records]
@@ -65,7 +66,7 @@ def max_batch(manifest: dict) -> int:
     if not profile:
         raise PipelineError(
             "the manifest has no batch_profile (the export stage did not finish)",
-            "rebuild the folder: make engine MODEL=<model> PRECISION=<precision>",
+            f"rebuild the folder: {rebuild_hint(manifest)}",
         )
     return int(profile["max"])
 
@@ -153,12 +154,12 @@ class Runner:
 
     backend: str = ""
 
-    def __init__(self, folder: Path, manifest: dict, *, split_large_batches: bool = True):
-        self.folder = Path(folder)
-        self.manifest = manifest
-        self.inputs = tensor_specs(manifest, "inputs")
-        self.outputs = tensor_specs(manifest, "outputs")
-        self.max_batch = max_batch(manifest)
+    def __init__(self, folder: ArtifactFolder, *, split_large_batches: bool = True):
+        self.folder = folder
+        self.manifest = folder.manifest
+        self.inputs = tensor_specs(self.manifest, "inputs")
+        self.outputs = tensor_specs(self.manifest, "outputs")
+        self.max_batch = max_batch(self.manifest)
         self.split_large_batches = split_large_batches
         self.description = ""
 
@@ -198,4 +199,4 @@ class Runner:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.folder}: {self.description}>"
+        return f"<{type(self).__name__} {self.folder.path}: {self.description}>"

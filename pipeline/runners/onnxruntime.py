@@ -4,16 +4,15 @@ on the CUDA provider where a GPU is present."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from pipeline.cpu import NO_VNNI, VNNI, int8_cpu_kind
 from pipeline.errors import PipelineError
-from pipeline.parity import onnxruntime_session
-from pipeline.precision import GRAPH_NAMES
+from pipeline.folder import ArtifactFolder
 from pipeline.runners.base import Runner
+from pipeline.sessions import onnxruntime_session
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -58,8 +57,7 @@ class OnnxRuntimeRunner(Runner):
 
     def __init__(
         self,
-        folder: Path,
-        manifest: dict,
+        folder: ArtifactFolder,
         *,
         providers: list[str] | None = None,
         graph: str | None = None,
@@ -69,58 +67,41 @@ class OnnxRuntimeRunner(Runner):
     ):
         import onnxruntime as ort
 
-        super().__init__(folder, manifest, split_large_batches=split_large_batches)
+        super().__init__(folder, split_large_batches=split_large_batches)
         if intra_op_threads is not None and intra_op_threads < 1:
             raise PipelineError(
                 f"intra_op_threads={intra_op_threads} is not a thread count",
                 "give 1 or more, or None for ONNX Runtime's default (one per physical core)",
             )
         chosen, why = choose_providers(providers)
-        path, which = self._graph(graph, on_cpu=CUDA not in chosen)
+        self.graph, which = self._graph(graph, on_cpu=CUDA not in chosen)
         self.session = onnxruntime_session(
-            path, chosen, intra_op_threads=intra_op_threads, allow_spinning=allow_spinning
+            folder.read(self.graph), chosen, intra_op_threads=intra_op_threads, allow_spinning=allow_spinning
         )
-        self.graph = path.name
         self._output_names = [spec.name for spec in self.outputs]
         used = self.session.get_providers()
         threads = "default intra-op threads" if intra_op_threads is None else f"{intra_op_threads} intra-op threads"
         spinning = "spinning" if allow_spinning else "no spinning"
         # ORT falls back to the CPU silently when a requested provider fails to load; report what it really uses.
         self.description = (
-            f"onnxruntime {ort.__version__} running {path.name} ({which}) on {', '.join(used)} ({why}), "
+            f"onnxruntime {ort.__version__} running {self.graph} ({which}) on {', '.join(used)} ({why}), "
             f"{threads}, {spinning}"
         )
 
-    def _graph(self, requested: str | None, *, on_cpu: bool) -> tuple[Path, str]:
-        """(path, why this graph) for the graph= option, the CPU graph of an int8 folder, or the manifest's graph."""
+    def _graph(self, requested: str | None, *, on_cpu: bool) -> tuple[str, str]:
+        """(name, why this graph) for the graph= option, the CPU graph of an int8 folder, or the manifest's graph."""
         if requested is not None:
-            if Path(requested).name != requested:
+            graphs = sorted(name for name in self.folder.artifacts if name.endswith(".onnx"))
+            if requested not in graphs:
                 raise PipelineError(
-                    f"graph={requested!r} is not a file name", "give the name of a graph in the folder, e.g. model.onnx"
+                    f"graph={requested!r} is not one of the graphs of {self.folder.path}",
+                    f"give one of them ({', '.join(graphs)}) or leave graph=None",
                 )
-            path = self.folder / requested
-            if not path.is_file():
-                present = ", ".join(sorted(p.name for p in self.folder.glob("*.onnx"))) or "none"
-                raise PipelineError(
-                    f"{path} does not exist", f"give one of the folder's graphs ({present}) or leave graph=None"
-                )
-            return path, "asked for"
-        cpu_graphs = self.manifest.get("onnxruntime_cpu_graphs")
-        if on_cpu and cpu_graphs:
+            return requested, "asked for"
+        if on_cpu and self.folder.cpu_graphs:
             kind = int8_cpu_kind()
-            return self._existing(cpu_graphs[kind]), f"the int8 graph for ONNX Runtime's CPU kernels, {_KINDS[kind]}"
-        return self._existing(self.manifest.get("graph", GRAPH_NAMES["fp32"])), "the manifest's graph"
-
-    def _existing(self, name: str) -> Path:
-        path = self.folder / name
-        if not path.is_file():
-            manifest = self.manifest
-            raise PipelineError(
-                f"{path} does not exist, so ONNX Runtime has nothing to run",
-                f"rebuild the folder: make engine MODEL={manifest.get('settings', {}).get('model', '<model>')} "
-                f"PRECISION={manifest.get('precision', '<precision>')}",
-            )
-        return path
+            return self.folder.cpu_graphs[kind], f"the int8 graph for ONNX Runtime's CPU kernels, {_KINDS[kind]}"
+        return self.folder.graph, "the manifest's graph"
 
     def _run(self, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
         # InferenceSession.run is documented as safe to call concurrently on one session, so no lock here.

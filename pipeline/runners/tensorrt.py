@@ -25,17 +25,17 @@ there for the first GPU that does.
 
 from __future__ import annotations
 
-import hashlib
 import queue
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pipeline.errors import PipelineError
+from pipeline.folder import ArtifactFolder
+from pipeline.manifest import rebuild_hint
 from pipeline.runners.base import BATCH_AXIS, Runner, check_feed
 from pipeline.runners.device_memory import DeviceMemory, open_device_memory
 from pipeline.trt_module import RTX_RUNTIME_TARGETS, dims, parse_capability, rtx_runs_on
@@ -52,32 +52,19 @@ EXECUTIONS = ("v3", "v2")  # execute_async_v3 (the default) or execute_v2
 
 
 def rebuild_fix(manifest: dict) -> str:
-    settings = manifest.get("settings", {})
-    model, precision = settings.get("model", "<model>"), manifest.get("precision", "<precision>")
-    return f"rebuild it on/for this machine: make engine MODEL={model} PRECISION={precision} FORCE=1"
+    return f"rebuild it on/for this machine: {rebuild_hint(manifest, force=True)}"
 
 
-def read_plan(folder: Path, manifest: dict) -> bytes:
-    """engine.plan's bytes, refused when the build was skipped, or the file is missing or not what was built."""
-    build = manifest.get("build", {})
+def read_plan(folder: ArtifactFolder) -> bytes:
+    """engine.plan's bytes, checked against the manifest's sha256 (pipeline.folder), refused when the build was
+    skipped."""
+    build = folder.manifest.get("build", {})
     if build.get("status") == "skipped" or "builder" not in build:
         raise PipelineError(
-            f"{folder} has no engine: the build was skipped ({build.get('reason', 'no build record')})",
-            f"use backend='onnxruntime', or install a TensorRT builder and {rebuild_fix(manifest)}",
+            f"{folder.path} has no engine: the build was skipped ({build.get('reason', 'no build record')})",
+            f"use backend='onnxruntime', or install a TensorRT builder and {rebuild_fix(folder.manifest)}",
         )
-    name = manifest.get("engine", "engine.plan")
-    path = Path(folder) / name
-    recorded = manifest.get("artifacts", {}).get(name)
-    if not path.is_file() or recorded is None:
-        raise PipelineError(f"{path} is missing or not recorded in the manifest", rebuild_fix(manifest))
-    plan = path.read_bytes()  # read once: the bytes hashed are the bytes deserialized
-    if len(plan) != recorded["bytes"] or hashlib.sha256(plan).hexdigest() != recorded["sha256"]:
-        raise PipelineError(
-            f"{path} is {len(plan)} bytes with a sha256 other than the manifest's ({recorded['bytes']} bytes): "
-            "it is truncated or corrupted",
-            rebuild_fix(manifest),
-        )
-    return plan
+    return folder.read(folder.engine)
 
 
 def check_builder(manifest: dict, trt: ModuleType) -> None:
@@ -153,8 +140,7 @@ class TensorRTRunner(Runner):
 
     def __init__(
         self,
-        folder: Path,
-        manifest: dict,
+        folder: ArtifactFolder,
         *,
         contexts: int = DEFAULT_CONTEXTS,
         device_memory: str = "auto",
@@ -166,10 +152,11 @@ class TensorRTRunner(Runner):
     ):
         from pipeline.trt_module import RecordingLogger, describe_gpu, import_trt
 
-        super().__init__(folder, manifest, split_large_batches=split_large_batches)
+        super().__init__(folder, split_large_batches=split_large_batches)
+        manifest = folder.manifest
         if contexts < 1:
             raise PipelineError(f"contexts={contexts}", "give at least 1 execution context")
-        plan = read_plan(self.folder, manifest)
+        plan = read_plan(folder)
         trt = import_trt(manifest["build"]["builder"]["module"])
         check_builder(manifest, trt)
         _check_execution(trt, execution, cuda_graphs)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from pipeline.errors import PipelineError
+from pipeline.folder import ArtifactFolder
 from pipeline.runners.base import Runner
 
 
@@ -18,8 +18,7 @@ class TorchRunner(Runner):
 
     def __init__(
         self,
-        folder: Path,
-        manifest: dict,
+        folder: ArtifactFolder,
         *,
         device: str | None = None,
         amp: bool | None = None,
@@ -31,13 +30,8 @@ class TorchRunner(Runner):
         import models
         from pipeline.prepare import prepare
 
-        super().__init__(folder, manifest, split_large_batches=split_large_batches)
-        settings = manifest.get("settings")
-        if not settings:
-            raise PipelineError(
-                f"the manifest in {folder} has no settings, so the model cannot be loaded again",
-                "rebuild the folder: make engine MODEL=<model> PRECISION=<precision>",
-            )
+        super().__init__(folder, split_large_batches=split_large_batches)
+        settings = folder.manifest["settings"]  # open_folder requires it
         spec = models.load_model(
             settings["model"],
             weights=settings.get("weights"),
@@ -48,7 +42,7 @@ class TorchRunner(Runner):
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if amp and self.device.type != "cuda":
             raise PipelineError("amp=True needs a CUDA device", "pass amp=False, or device='cuda' on a GPU machine")
-        self.amp = self.device.type == "cuda" and (amp if amp is not None else manifest.get("precision") == "fp16")
+        self.amp = self.device.type == "cuda" and (amp if amp is not None else folder.precision == "fp16")
         self.module = spec.module.to(self.device)
         self._output_dtypes = {spec.name: spec.dtype for spec in self.outputs}
         mode = "AMP fp16" if self.amp else "fp32 eager"

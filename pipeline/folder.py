@@ -1,0 +1,169 @@
+"""Reading an artifact folder: the one way the runners, the benchmark, the service and the Triton writer open it.
+
+The stages write engines/<model>-<precision>/ (pipeline/stages.py) under a build lock; everything else only
+reads it, through `open_folder`, so every reader holds to the same rules:
+  - a folder whose last build did not finish (its manifest's `complete` is not true: a rebuild killed halfway,
+    a gate that failed, a build running now) is never loaded: its files may be half the old build and half
+    the new;
+  - a folder written by another artifact layout (an earlier version of the stages) is refused: rebuild it;
+  - every graph or plan handed out is a plain file name of the folder, listed in the manifest's artifacts, and
+    is read once with its bytes checked against the sha256 the build recorded: a graph swapped for another
+    model's, or one the manifest names outside the folder, is refused.
+It imports neither torch, onnx nor any build stage: serving an ONNX graph needs this module and onnxruntime.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.artifacts import running_build
+from pipeline.errors import PipelineError
+from pipeline.manifest import ARTIFACT_LAYOUT, rebuild_hint, require_manifest
+
+# What a finished folder's manifest always holds (make_engine writes them all before `complete`).
+_REQUIRED = ("model", "precision", "settings", "graph", "engine", "artifacts", "inputs", "outputs", "batch_profile")
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One file of the folder as the build recorded it."""
+
+    sha256: str
+    bytes: int
+
+
+@dataclass(frozen=True)
+class ArtifactFolder:
+    """A finished artifact folder, checked by open_folder: what readers look up, by name."""
+
+    path: Path
+    manifest: dict = field(repr=False)  # the whole record, for what the fields below do not name
+    model: str  # the model's canonical name (resnet50, toy_models-tiny_cnn)
+    precision: str
+    graph: str  # the graph the engine was built from
+    engine: str
+    # int8: the graphs ONNX Runtime's CPU provider runs as int8 kernels, by kind of CPU (pipeline.cpu); else empty
+    cpu_graphs: dict[str, str]
+    artifacts: dict[str, Artifact]
+
+    def has(self, name: str) -> bool:
+        """Is `name` an artifact of the folder, still on disk (not checked: read() checks)?"""
+        return name in self.artifacts and (self.path / name).is_file()
+
+    def read(self, name: str) -> bytes:
+        """The bytes of the artifact `name`, read once and checked against the sha256 the build recorded.
+
+        Callers load these bytes, not the path: bytes checked and then loaded from disk again could be another
+        file by then.
+        """
+        recorded = self.artifacts.get(name)
+        if recorded is None:
+            raise PipelineError(
+                f"{name!r} is not an artifact of {self.path} (its manifest lists {', '.join(self.artifacts)})",
+                "name one of those",
+            )
+        path = self.path / name
+        if not path.is_file():
+            raise PipelineError(f"{path} is missing", f"rebuild the folder: {self.rebuild_hint()}")
+        data = path.read_bytes()
+        if len(data) != recorded.bytes or hashlib.sha256(data).hexdigest() != recorded.sha256:
+            raise PipelineError(
+                f"{path} is not the file this folder's build wrote: {len(data)} bytes with a sha256 other than the "
+                f"manifest's ({recorded.bytes} bytes); it was truncated, corrupted or replaced",
+                f"rebuild the folder: {self.rebuild_hint()}",
+            )
+        return data
+
+    def rebuild_hint(self, *, force: bool = False) -> str:
+        """The `make engine` command that writes this folder again (force: FORCE=1, past an up-to-date folder)."""
+        return rebuild_hint(self.manifest, self.path, force=force)
+
+
+def open_folder(path: str | Path, hint: str | None = None) -> ArtifactFolder:
+    """The finished artifact folder at `path`, or a PipelineError that says why not and how to (re)build it.
+
+    hint: the command that creates the folder, for when there is none (else derived from the folder's name).
+    """
+    path = Path(path)
+    manifest = require_manifest(path, hint)
+    _require_layout(path, manifest)
+    _require_complete(path, manifest)
+    missing = [key for key in _REQUIRED if key not in manifest]
+    if missing:
+        raise PipelineError(
+            f"the manifest of {path} lacks {', '.join(missing)}, which every finished build records",
+            f"rebuild the folder: {rebuild_hint(manifest, path)}",
+        )
+    folder = ArtifactFolder(
+        path=path,
+        manifest=manifest,
+        model=manifest["model"]["name"],
+        precision=manifest["precision"],
+        graph=manifest["graph"],
+        engine=manifest["engine"],
+        cpu_graphs=dict(manifest.get("onnxruntime_cpu_graphs") or {}),
+        artifacts={name: Artifact(r["sha256"], r["bytes"]) for name, r in manifest["artifacts"].items()},
+    )
+    _require_named_files(folder)
+    return folder
+
+
+def _require_layout(path: Path, manifest: dict) -> None:
+    layout = manifest.get("layout")
+    if layout != ARTIFACT_LAYOUT:
+        written = f"layout {layout}" if layout is not None else f"a layout before {ARTIFACT_LAYOUT}"
+        raise PipelineError(
+            f"{path} was written by another version of the pipeline ({written}; this version reads layout "
+            f"{ARTIFACT_LAYOUT})",
+            f"rebuild it: {rebuild_hint(manifest, path)}",
+        )
+
+
+def _require_complete(path: Path, manifest: dict) -> None:
+    if manifest.get("complete") is True:
+        return
+    pid = running_build(path)
+    if pid is not None:
+        raise PipelineError(
+            f"process {pid} is building {path} now; until it finishes, its files may mix the earlier build with "
+            "the new one, so none of them is loaded",
+            f"wait for process {pid} to finish, then load the folder again",
+        )
+    raise PipelineError(
+        f"{path} holds an unfinished build ({_why_unfinished(manifest)}); its files may mix an earlier build with "
+        "a later one, so none of them is loaded",
+        f"finish the build: {rebuild_hint(manifest, path)}",
+    )
+
+
+def _why_unfinished(manifest: dict) -> str:
+    build = manifest.get("build") or {}
+    if build.get("status") == "skipped":
+        return f"the engine build was skipped: {build.get('reason')}"
+    stages = list(manifest.get("timings") or {})
+    if not stages:
+        return "it stopped before its first stage finished"
+    return f"it stopped after the {stages[-1]} stage: killed, or the next stage failed"
+
+
+def _require_named_files(folder: ArtifactFolder) -> None:
+    """Every file the manifest names is a plain file name of the folder (never a path out of it) with a sha256."""
+    named = {"graph": folder.graph, "engine": folder.engine}
+    named.update({f"onnxruntime_cpu_graphs[{kind}]": name for kind, name in folder.cpu_graphs.items()})
+    for key, name in [*named.items(), *((f"artifacts[{name!r}]", name) for name in folder.artifacts)]:
+        if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name:
+            raise PipelineError(
+                f"the manifest of {folder.path} names {name!r} as its {key}, which is not a file name inside the "
+                "folder; readers load only the folder's own files",
+                f"rebuild the folder: {folder.rebuild_hint()}",
+            )
+    unlisted = {key: name for key, name in named.items() if name not in folder.artifacts}
+    if unlisted:
+        key, name = next(iter(unlisted.items()))
+        raise PipelineError(
+            f"the manifest of {folder.path} names {name} as its {key} but records no sha256 for it, so it cannot be "
+            "checked",
+            f"rebuild the folder: {folder.rebuild_hint()}",
+        )

@@ -1,0 +1,207 @@
+"""The artifact folder's rules on real folders: readers load only a finished folder of this layout and only its
+own files with the sha256 the build recorded; a build holds the folder's lock and clears killed runs' temporaries."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.artifacts import LOCK, build_lock, running_build
+from pipeline.errors import PipelineError
+from pipeline.folder import open_folder
+from pipeline.manifest import ARTIFACT_LAYOUT, describe_artifacts
+from pipeline.runners import BACKENDS, load_runner
+from pipeline.settings import BatchProfile, Settings
+from pipeline.stages import make_engine
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = "tests.toy_models:tiny_cnn"
+OTHER = "tests.folder_models:other_tiny_cnn"
+GATED = "tests.folder_models:gated_tiny_cnn"
+REBUILD = "make engine MODEL=tests.toy_models:tiny_cnn PRECISION=fp32"
+
+
+def settings(root: Path, model: str = TINY) -> Settings:
+    return Settings(model=model, precision="fp32", batch=BatchProfile(1, 2, 4), out_root=root, builder="tensorrt_rtx")
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("engines")
+
+
+@pytest.fixture(scope="module")
+def built(root: Path) -> Path:
+    """A finished tiny_cnn fp32 folder (ONNX, reference, engine.plan); tests change copies of it."""
+    return make_engine(settings(root))
+
+
+@pytest.fixture
+def folder(built: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(built, tmp_path / built.name))
+
+
+def edit_manifest(folder: Path, **entries) -> None:
+    path = folder / "manifest.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **entries}))
+
+
+def feed(rows: int = 2) -> dict[str, np.ndarray]:
+    return {"input": np.random.default_rng(0).standard_normal((rows, 3, 16, 16), dtype=np.float32)}
+
+
+# --------------------------------------------------------------------------- what readers refuse
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_unfinished_folder_is_refused_by_every_backend_with_the_rerun(folder, backend):
+    # As a rebuild killed after its parity stage leaves it: the earlier build's files, complete false.
+    timings = json.loads((folder / "manifest.json").read_text())["timings"]
+    edit_manifest(folder, complete=False, timings={k: v for k, v in timings.items() if k != "build"})
+    with pytest.raises(PipelineError, match="holds an unfinished build") as caught:
+        load_runner(folder, backend)
+    assert "it stopped after the parity_fp32 stage" in caught.value.problem
+    assert f"finish the build: {REBUILD}" in str(caught.value.fix)
+
+
+def test_a_folder_being_built_now_is_refused_naming_the_builder(folder):
+    with build_lock(folder):  # this process is the build
+        edit_manifest(folder, complete=False)
+        with pytest.raises(PipelineError, match=f"process {os.getpid()} is building {folder} now") as caught:
+            load_runner(folder, "onnxruntime")
+    assert f"wait for process {os.getpid()} to finish" in str(caught.value.fix)
+
+
+def test_a_skipped_engine_build_is_named_in_the_refusal(folder):
+    edit_manifest(folder, complete=False, build={"status": "skipped", "reason": "no TensorRT module imports"})
+    with pytest.raises(PipelineError, match="the engine build was skipped: no TensorRT module imports"):
+        load_runner(folder, "onnxruntime")
+
+
+def test_another_models_graph_with_the_same_io_is_refused(folder, root):
+    other = make_engine(settings(root, OTHER))
+    shutil.copy(other / "model.onnx", folder / "model.onnx")
+    with load_runner(other, "onnxruntime") as runner:  # a sound graph, with the same inputs and outputs
+        assert runner.infer(feed())["logits"].shape == (2, 10)
+    for backend in ("onnxruntime", "auto"):
+        with pytest.raises(PipelineError, match="model.onnx is not the file this folder's build wrote") as caught:
+            load_runner(folder, backend)
+        assert "truncated, corrupted or replaced" in caught.value.problem
+        assert REBUILD in str(caught.value.fix)
+
+
+@pytest.mark.parametrize("where", ["absolute", "parent"])
+def test_a_manifest_graph_outside_the_folder_is_refused(folder, tmp_path, where):
+    outside = tmp_path / "elsewhere" / "model.onnx"
+    outside.parent.mkdir()
+    shutil.copy(folder / "model.onnx", outside)
+    name = str(outside) if where == "absolute" else "../elsewhere/model.onnx"
+    # Even with a matching sha256 recorded under that name: only the folder's own files are loaded.
+    recorded = describe_artifacts(outside.parent, ["model.onnx"])["model.onnx"]
+    artifacts = {**json.loads((folder / "manifest.json").read_text())["artifacts"], name: recorded}
+    edit_manifest(folder, graph=name, artifacts=artifacts)
+    with pytest.raises(PipelineError, match="which is not a file name inside the folder") as caught:
+        load_runner(folder, "onnxruntime")
+    assert f"names {name!r} as its graph" in caught.value.problem
+
+
+def test_a_folder_of_an_older_layout_is_refused_with_rebuild(folder):
+    edit_manifest(folder, layout=ARTIFACT_LAYOUT - 1)
+    with pytest.raises(PipelineError, match=f"layout {ARTIFACT_LAYOUT - 1}; this version reads layout") as caught:
+        load_runner(folder, "onnxruntime")
+    assert f"rebuild it: {REBUILD}" in str(caught.value.fix)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    del manifest["layout"]  # written before the manifest recorded its layout
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(PipelineError, match=f"a layout before {ARTIFACT_LAYOUT}"):
+        open_folder(folder)
+
+
+def test_a_finished_folder_opens_and_each_graph_is_read_checked(built):
+    opened = open_folder(built)
+    assert (opened.model, opened.precision, opened.graph, opened.engine) == (
+        "toy_models-tiny_cnn",
+        "fp32",
+        "model.onnx",
+        "engine.plan",
+    )
+    assert opened.read("model.onnx") == (built / "model.onnx").read_bytes()
+    with pytest.raises(PipelineError, match="'manifest.json' is not an artifact of"):
+        opened.read("manifest.json")
+    with load_runner(opened, "onnxruntime") as runner:  # an opened folder is taken as it is
+        assert runner.infer(feed())["logits"].shape == (2, 10)
+
+
+# --------------------------------------------------------------------------- what a build holds
+
+
+def test_a_second_build_into_the_same_folder_refuses_at_once(root, tmp_path):
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    command = [sys.executable, "-m", "pipeline", "all", "--model", GATED, "--precision", "fp32"]
+    command += ["--batch", "1:2:4", "--out", str(root)]
+    environment = {**os.environ, "GATE_READY": str(ready), "GATE_GO": str(go)}
+    first = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _wait_for(ready, first)  # the first build holds the lock and waits in its model's factory
+        folder = root / "folder_models-gated_tiny_cnn-fp32"
+        assert running_build(folder) == first.pid
+        second = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert second.returncode == 2, second.stderr
+        assert f"error: another build is writing {folder} (process {first.pid} holds" in second.stderr
+        assert f"kill {first.pid}" in second.stderr and "Traceback" not in second.stderr
+    finally:
+        go.touch()
+        out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    assert running_build(folder) is None  # the pid goes with the lock
+    with load_runner(folder, "onnxruntime") as runner:  # the first build finished alone
+        assert runner.infer(feed())["logits"].shape == (2, 10)
+
+
+def _wait_for(path: Path, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 300  # a safety net only: the first build's import of torch takes seconds
+    while not path.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"the first build never reached its gate: {process.communicate()[1]!r}")
+        time.sleep(0.05)
+
+
+def test_a_run_removes_the_temporaries_killed_runs_left(folder):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)  # a process that has exited: its temporaries are stale
+    stale = [folder / f".model.onnx.{dead_pid}.tmp", folder / "calibration" / f".ranges.json.{dead_pid}.tmp"]
+    live = folder / f".bench.json.{os.getpid()}.tmp"  # a living writer's (a benchmark writing its report)
+    for path in [*stale, live]:
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(b"half written")
+    with build_lock(folder) as removed:
+        assert removed == sorted(stale)
+        assert (folder / LOCK).read_text() == str(os.getpid())
+    assert not any(path.exists() for path in stale) and live.exists()
+    assert (folder / LOCK).read_text() == ""
+
+
+def test_make_engine_says_what_it_removed(built, capsys):
+    stale = built / ".engine.plan.999999999.tmp"  # above Linux's largest pid: never a living process
+    stale.write_bytes(b"half written")
+    make_engine(settings(built.parent))
+    out = capsys.readouterr().out
+    assert "cleaned      1 temporary file(s) left by killed runs: .engine.plan.999999999.tmp" in out
+    assert "up to date" in out and not stale.exists()
+
+
+def test_a_stage_run_alone_leaves_the_folder_unfinished(tmp_path):
+    from pipeline.stages import run_stage
+
+    folder = make_engine(settings(tmp_path))
+    run_stage(settings(tmp_path), "simplify")  # model.onnx rewritten: no longer the file the manifest lists
+    with pytest.raises(PipelineError, match="holds an unfinished build"):
+        load_runner(folder, "onnxruntime")
