@@ -6,10 +6,11 @@ the protocol (--baseline), its /v1 `.npy` path (npy-before).  Writes <out>.json 
     .venv/bin/python benchmarks/serve_bench.py engines/<model>-<precision> --out docs/benchmarks/serve-<name>-v2 \\
         [--baseline <dir with the old pipeline/, models/, calibration/>]
 
-Each mode starts its own server process on 127.0.0.1 (free ports), waits until it is ready, and stops it after.
-The modes take turns, round after round (--rounds), and the report gives each figure's median over the rounds
-with every round's requests/s beside it: on a machine other jobs share, a burst of theirs then lands on all modes
-alike rather than on whichever ran at that moment.
+Two server processes run side by side on 127.0.0.1 (free ports): this repository's, which serves the three
+protocol modes at once (they are its front ends), and, with --baseline, the old one.  For each client count the
+modes take turns, round after round (--rounds), so the measurements compared are seconds apart; the report gives
+each figure's median over the rounds with every round's requests/s beside it.  On a machine other jobs share, a
+burst of theirs then lands on all modes alike rather than on whichever ran at that moment.
 The clients are raw keep-alive connections on asyncio (HTTP/1.1 for REST and .npy, one gRPC channel each for
 gRPC), sending prebuilt bodies, each client its next request when the previous answer is in: the client side
 costs little next to the server, but on a small machine both share its cores, which the report states.  Every
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import io
 import json
 import os
@@ -74,10 +76,13 @@ def main() -> int:
     load_before = os.getloadavg()
     rows: list[dict] = []
     options = ["--backend", args.backend, "--max-wait-ms", str(args.max_wait_ms)]
-    for round_number in range(1, args.rounds + 1):
-        for mode in modes:
-            with Server(args.folder, options, args.baseline if mode == "npy-before" else None) as server:
-                for count in clients:
+    with contextlib.ExitStack() as running:
+        current = running.enter_context(Server(args.folder, options, None))
+        old = running.enter_context(Server(args.folder, options, args.baseline)) if args.baseline else None
+        for count in clients:
+            for round_number in range(1, args.rounds + 1):
+                for mode in modes:
+                    server = old if mode == "npy-before" and old is not None else current
                     measured = server.measure(mode, model, count, args)
                     rows.append({"round": round_number, "mode": mode, "clients": count, **measured})
                     print(json.dumps(rows[-1]), flush=True)
@@ -341,7 +346,7 @@ def metric(text: str, family: str) -> float:
 
 
 def summarize(rows: list[dict]) -> list[dict]:
-    """Per (mode, clients), in the order measured: the median of each figure over the rounds."""
+    """Per (mode, clients), by client count then mode: the median of each figure over the rounds."""
     points: dict[tuple[str, int], list[dict]] = {}
     for row in rows:
         points.setdefault((row["mode"], row["clients"]), []).append(row)
@@ -367,7 +372,8 @@ def markdown(report: dict) -> str:
         "server and clients share the machine.  ",
         f"Runner: {model['runner']}  ",
         f"{report['requests_per_point']} requests per point and round (after a warm-up), {report['rounds']} rounds "
-        f"with the modes in turn; each figure is the median over the rounds.  {report['items_per_request']} item(s) "
+        "with the modes in turn at each client count; each figure is the median over the rounds.  "
+        f"{report['items_per_request']} item(s) "
         f"of {model['input']['shape'][1:]} {model['input']['dtype']} per request, batching on with a "
         f"{report['max_wait_ms']} ms window, max {model['max_items']} items per runner call.  ",
         "Modes: `v2-json` REST with JSON tensors in and out; `v2-binary` REST with Triton's binary tensor data in "
@@ -383,7 +389,12 @@ def markdown(report: dict) -> str:
             f"| {row['items_per_runner_call']} | {', '.join(str(r) for r in row['requests_per_s_by_round'])} |"
         )
     sizes = {row["mode"]: row["request_bytes"] for row in report["results"]}
-    lines += ["", "Request body bytes: " + ", ".join(f"{mode} {size}" for mode, size in sizes.items()) + "."]
+    loads = [row["loadavg_1min_after"] for row in report["results"]]
+    lines += [
+        "",
+        "Request body bytes: " + ", ".join(f"{mode} {size}" for mode, size in sizes.items()) + ".  ",
+        f"1-minute load average after each measurement: {min(loads)} to {max(loads)}.",
+    ]
     return "\n".join(lines) + "\n"
 
 
