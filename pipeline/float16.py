@@ -144,8 +144,9 @@ class TensorStats:
         shapes: dict[str, tuple[int, ...]] = {}
         for feeds in cases:  # one run at a time: only the magnitudes are kept
             for name, value in run_exposing_tensors(model, feeds).items():
-                max_abs[name] = max(max_abs.get(name, 0.0), _max_abs(value))
                 shapes.setdefault(name, tuple(value.shape))
+                if value.dtype.kind == "f":  # token ids and indices are never float16
+                    max_abs[name] = max(max_abs.get(name, 0.0), _max_abs(value))
         return cls(max_abs, shapes)
 
 
