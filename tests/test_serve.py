@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+import shutil
 import signal
 import socket
 import subprocess
@@ -21,13 +22,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from google.protobuf import json_format, text_format
-from tritonclient.grpc import model_config_pb2
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from pipeline.cli import main as cli_main
@@ -146,7 +148,8 @@ def server(folder: Path) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def text_server(text_folder: Path) -> Iterator[Server]:
-    with served(text_folder) as running:
+    """The text model with batching off: every request is its own runner call."""
+    with served(text_folder, "--no-batching") as running:
         yield running
 
 
@@ -313,6 +316,55 @@ def test_text_model_int64_ids_two_inputs_two_outputs(text_server: Server, text_r
         assert compare(expected[name], both.as_numpy(name), rtol=RTOL).ok
     assert only_logits.as_numpy("tokens") is None
     assert compare(expected["logits"], only_logits.as_numpy("logits"), rtol=RTOL).ok
+
+
+def test_typed_grpc_contents_as_other_clients_send_them(text_server: Server, text_runner) -> None:
+    """tritonclient always sends raw_input_contents; other clients send typed contents (int64_contents, ...)."""
+    ids, mask = tokens(seed=4, count=2, seq=7)
+    tensor = service_pb2.ModelInferRequest.InferInputTensor
+    request = service_pb2.ModelInferRequest(
+        model_name=TEXT_MODEL,
+        inputs=[
+            tensor(name="input_ids", datatype="INT64", shape=[2, 7], contents={"int64_contents": ids.ravel().tolist()}),
+            tensor(
+                name="attention_mask", datatype="FP32", shape=[2, 7], contents={"fp32_contents": mask.ravel().tolist()}
+            ),
+        ],
+        outputs=[service_pb2.ModelInferRequest.InferRequestedOutputTensor(name="logits")],
+    )
+    with grpc.insecure_channel(text_server.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        response = stub.ModelInfer(request, timeout=10)
+        del request.inputs[1].contents.fp32_contents[-1]
+        with pytest.raises(grpc.RpcError) as short:
+            stub.ModelInfer(request, timeout=10)
+    [logits] = response.outputs
+    answered = np.frombuffer(response.raw_output_contents[0], np.float32).reshape(list(logits.shape))
+    assert compare(text_runner.infer({"input_ids": ids, "attention_mask": mask})["logits"], answered, rtol=RTOL).ok
+    assert short.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "shape [2, 7] holds 14 values; 13 were sent" in short.value.details()
+
+
+def test_the_config_says_when_batching_is_off(text_server: Server) -> None:
+    with client(text_server, "grpc") as triton:
+        config = triton.get_model_config(TEXT_MODEL).config
+    assert config.max_batch_size == TEXT_MAX_BATCH and not config.HasField("dynamic_batching")
+
+
+def test_the_requests_binary_data_output_is_the_default_for_named_outputs(server: Server, runner) -> None:
+    header = json.dumps(
+        {
+            "inputs": [_image_input(data=_DATA)],
+            "outputs": [{"name": "logits"}],
+            "parameters": {"binary_data_output": True},
+        }
+    ).encode()
+    response = httpx.post(f"{server.url}/v2/models/{IMAGE_MODEL}/infer", content=header, timeout=10)
+    length = int(response.headers["inference-header-content-length"])
+    assert response.headers["content-type"] == "application/octet-stream"
+    [output] = json.loads(response.content[:length])["outputs"]
+    answered = np.frombuffer(response.content[length:], np.float32).reshape(output["shape"])
+    assert compare(runner.infer({"input": ONE})["logits"], answered, rtol=RTOL).ok
 
 
 # --------------------------------------------------------------------------- mistakes, through tritonclient
@@ -660,6 +712,18 @@ def test_a_busy_grpc_port_is_one_error_line(folder: Path) -> None:
             [*command, "--port", str(free_port())], cwd=ROOT, capture_output=True, text=True, timeout=60
         )
     assert run.returncode == 2 and "cannot listen for gRPC" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_an_unfinished_folder_is_refused_before_serving(folder: Path, tmp_path: Path) -> None:
+    unfinished = tmp_path / folder.name
+    shutil.copytree(folder, unfinished)
+    manifest = json.loads((unfinished / "manifest.json").read_text())
+    (unfinished / "manifest.json").write_text(json.dumps({**manifest, "complete": False}))
+    command = [sys.executable, "-m", "pipeline", "serve", str(unfinished), "--host", HOST]
+    run = subprocess.run(
+        [*command, "--port", str(free_port()), "--grpc-port", "0"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 2 and "holds an unfinished build" in run.stderr and "Traceback" not in run.stderr
 
 
 # --------------------------------------------------------------------------- fuzzing from the OpenAPI schema

@@ -11,7 +11,6 @@ import argparse
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.manifest import require_manifest
 from pipeline.runners import BACKENDS
 from pipeline.serve.config import ServeConfig
 from pipeline.settings import PRECISIONS, Settings
@@ -78,7 +77,6 @@ def resolve_folder(args: argparse.Namespace) -> Path:
         folder = settings.artifact_dir(models.canonical_name(args.model))
     else:
         raise PipelineError("no artifact folder given", "python -m pipeline serve engines/<model>-<precision>")
-    require_manifest(folder)
     return folder
 
 
@@ -99,7 +97,7 @@ def main(args: argparse.Namespace) -> int:
     from pipeline.serve.server import serve
 
     check_ports(args)
-    folder = resolve_folder(args)
+    folder = resolve_folder(args)  # opened, and refused with the reason, by create_app
     config = ServeConfig(
         name=args.name,
         max_batch=args.max_batch,

@@ -86,7 +86,7 @@ def parse_infer_request(body: bytes, header_length: str | None, model: ModelIO) 
     return InferRequest(
         feed,
         items,
-        select_outputs(model, _requested_outputs(document.get("outputs", [])), binary_default),
+        select_outputs(model, _requested_outputs(document.get("outputs", []), binary_default), binary_default),
         id=_request_id(document),
         timeout_s=timeout_from_parameters(parameters),
     )
@@ -169,7 +169,9 @@ def _input_tensors(inputs: list, binary: memoryview) -> Iterator[InputTensor]:
         )
 
 
-def _requested_outputs(outputs: Any) -> Iterator[tuple[str, bool]]:
+def _requested_outputs(outputs: Any, binary_default: bool) -> Iterator[tuple[str, bool]]:
+    """(name, as binary data?) of each output named: its "binary_data" parameter, else the request's
+    "binary_data_output", as Triton reads them."""
     if not isinstance(outputs, list):
         raise bad_request(f'"outputs" must be a list of {{"name": ...}} objects, got {outputs!r}')
     for entry in outputs:
@@ -179,7 +181,7 @@ def _requested_outputs(outputs: Any) -> Iterator[tuple[str, bool]]:
         _refuse_unknown_keys(entry, _OUTPUT_KEYS, where)
         parameters = _parameters(entry, where)
         check_parameters(parameters, where)
-        binary = parameters.get("binary_data", False)
+        binary = parameters.get("binary_data", binary_default)
         if not isinstance(binary, bool):
             raise bad_request(f'{where}: "binary_data" must be true or false, got {binary!r}')
         yield entry["name"], binary

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.manifest import require_manifest
+from pipeline.folder import open_folder
 from pipeline.runners import Runner, load_runner
 from pipeline.runners.base import DYNAMIC, TensorSpec
 from pipeline.serve.batcher import Batcher, QueueFull
@@ -49,11 +49,11 @@ class Service:
     """The model's I/O (from the manifest), the runner once loaded, the batcher and the metrics."""
 
     def __init__(self, folder: Path, config: ServeConfig, backend: str):
-        self.folder = Path(folder)
+        # Opened (and refused, with the reason, if unfinished or of another layout) before the server starts.
+        self.folder = open_folder(folder)
         self.config = config.check()
         self.backend = backend
-        self.manifest = require_manifest(self.folder)
-        self.model = ModelIO.from_manifest(self.manifest, config.name, config.max_batch)
+        self.model = ModelIO.from_manifest(self.folder.manifest, config.name, config.max_batch)
         self.metrics = ServiceMetrics(self.model.name)
         self.runner: Runner | None = None
         self.batcher: Batcher | None = None
@@ -70,7 +70,7 @@ class Service:
             for items in sorted({1, self.model.max_items}):
                 await asyncio.to_thread(self.runner.infer, warm_up_feed(self.model, items))
         except Exception as error:  # a PipelineError or a bug: either way this process cannot serve
-            log.exception("loading the runner for %s failed", self.folder)
+            log.exception("loading the runner for %s failed", self.folder.path)
             self.failure = f"loading the runner failed: {error}"
             return
         batcher = Batcher(
@@ -141,7 +141,7 @@ class Service:
         io = [_io_record(spec, "input") for spec in self.model.inputs]
         io += [_io_record(spec, "output") for spec in self.model.outputs]
         backend = self._triton_backend()
-        return model_config(
+        config = model_config(
             self.model.name,
             backend,
             io,
@@ -150,6 +150,9 @@ class Service:
             instance_kind="gpu" if backend == "tensorrt_plan" else "cpu",
             max_queue_delay_us=round(self.config.max_wait_ms * 1000),
         )
+        if not self.config.batching:  # --no-batching: every request is its own runner call, as without the field
+            config.ClearField("dynamic_batching")
+        return config
 
     def _triton_backend(self) -> str:
         """The Triton backend matching the runner: the engine's tensorrt_plan, else the ONNX graph's onnxruntime."""
