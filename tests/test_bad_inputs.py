@@ -12,10 +12,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from pipeline import cli
+from pipeline.errors import PipelineError
+from pipeline.runners import load_runner
 from tests import toy_models
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,11 +49,17 @@ def test_a_pickled_model_file_runs_no_code_unless_trusted(tmp_path, capsys):
     assert not marker.exists()
 
 
-def test_a_trusted_pickled_module_loads(tmp_path, capsys):
+def test_a_trusted_pickled_module_loads_and_its_torch_runner_asks_again(tmp_path, capsys):
     module = tmp_path / "plain.pt"
     torch.save(toy_models.plain_module(), module)
-    argv = ["export", "--model", str(module), "--input-shape", "3x16x16", "--out", str(tmp_path / "engines")]
-    assert cli.main([*argv, "--trust-model-file"]) == 0
+    argv = ["all", "--model", str(module), "--input-shape", "3x16x16", "--precision", "fp32"]
+    assert cli.main([*argv, "--out", str(tmp_path / "engines"), "--trust-model-file"]) == 0
+    folder = tmp_path / "engines" / "plain-fp32"
+    # The folder may come from someone else: the torch runner does not take the build's trust from it.
+    with pytest.raises(PipelineError, match="loading it runs code the file contains"):
+        load_runner(folder, "torch")
+    with load_runner(folder, "torch", trust_model_file=True) as runner:
+        assert runner.infer({"input": np.zeros((2, 3, 16, 16), np.float32)})["output"].shape[0] == 2
 
 
 @pytest.mark.parametrize(

@@ -23,8 +23,13 @@ class TorchRunner(Runner):
         device: str | None = None,
         amp: bool | None = None,
         split_large_batches: bool = True,
+        trust_model_file: bool = False,
     ):
-        """device: "cuda" where available, else "cpu"; amp (autocast to fp16): on by default for fp16 on CUDA."""
+        """device: "cuda" where available, else "cpu"; amp (autocast to fp16): on by default for fp16 on CUDA.
+
+        trust_model_file: the folder was built from a whole pickled nn.Module file, and you trust it: loading
+        it runs the code it names.  Not taken from the manifest: a folder may come from someone else.
+        """
         import torch
 
         import models
@@ -37,6 +42,7 @@ class TorchRunner(Runner):
             weights=settings.get("weights"),
             input_shape=settings.get("input_shape"),
             dynamic=settings.get("dynamic"),
+            trust_model_file=trust_model_file,
         )
         prepare(spec)  # eval mode, gradients off, proven; the same stage the export ran
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
