@@ -47,11 +47,17 @@ def read_manifest(folder: Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as error:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise PipelineError(
             f"{path} is not valid JSON ({error})", f"rebuild the folder: {rebuild_hint({}, folder)}"
         ) from None
+    if not isinstance(manifest, dict):
+        raise PipelineError(
+            f"{path} holds a JSON {type(manifest).__name__}, not the object a manifest is",
+            f"rebuild the folder: {rebuild_hint({}, folder)}",
+        )
+    return manifest
 
 
 def require_manifest(folder: Path, hint: str | None = None) -> dict:

@@ -121,3 +121,11 @@ def test_make_passes_a_quote_in_a_path_intact(tmp_path):
     result = _make("MODEL=tests.toy_models:tiny_cnn", "PRECISION=fp32", f"OUT={out}")
     assert result.returncode == 0, result.stderr
     assert (out / "toy_models-tiny_cnn-fp32" / "manifest.json").is_file()
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '"a string"', "\xff\xfe"], ids=["list", "string", "not-utf8"])
+def test_a_manifest_that_is_not_a_json_object(text, tmp_path):
+    (tmp_path / "manifest.json").write_bytes(text.encode("latin-1"))
+    with pytest.raises(PipelineError, match="manifest.json (holds a JSON|is not valid JSON)") as caught:
+        load_runner(tmp_path)
+    assert "rebuild the folder: make engine" in caught.value.fix
