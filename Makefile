@@ -23,10 +23,11 @@ NO_AUTO_FP32 ?=
 TRUST_MODEL_FILE ?=
 HOST ?= 127.0.0.1
 PORT ?= 8000
+GRPC_PORT ?= 8001
 # Not exported: make would expand a command-line variable to put it into every recipe's environment,
 # running a $(shell ...) inside it.  The values reach Python as arguments only (arg, below).
 unexport MODEL PRECISION BATCH OUT WEIGHTS INPUT_SHAPE DYNAMIC CALIB CALIB_METHOD FORCE RECALIBRATE BACKENDS \
-	BATCHES TARGET KEEP_FP32 NO_AUTO_FP32 TRUST_MODEL_FILE HOST PORT
+	BATCHES TARGET KEEP_FP32 NO_AUTO_FP32 TRUST_MODEL_FILE HOST PORT GRPC_PORT
 
 # Every value reaches Python as one argument, whatever it holds: $(value) stops make from expanding a
 # $(...) inside it, the single quotes stop the shell, and each ' in it becomes '\'' (close, escaped
@@ -64,10 +65,11 @@ bench: $(STAMP)
 	$(PY) -m pipeline bench $(call arg,model,MODEL) $(call arg,precision,PRECISION) $(call arg,out,OUT) \
 		$(if $(value BACKENDS),$(call arg,backends,BACKENDS)) $(if $(value BATCHES),$(call arg,batches,BATCHES))
 
-# HTTP inference on engines/<MODEL>-<PRECISION> (loopback unless HOST is set): make serve MODEL=resnet PORT=8000
+# Triton's protocol (KServe v2) on engines/<MODEL>-<PRECISION>, REST on PORT and gRPC on GRPC_PORT (0: none),
+# loopback unless HOST is set: make serve MODEL=resnet PORT=8000 GRPC_PORT=8001
 serve: $(STAMP)
 	$(PY) -m pipeline serve $(call arg,model,MODEL) $(call arg,precision,PRECISION) $(call arg,out,OUT) \
-		$(call arg,host,HOST) $(call arg,port,PORT)
+		$(call arg,host,HOST) $(call arg,port,PORT) $(call arg,grpc-port,GRPC_PORT)
 
 # Real photographs shipped inside scikit-image / scikit-learn, as a calibration folder for image models
 # (git-ignored): make engine MODEL=resnet PRECISION=int8 CALIB=calibration/samples

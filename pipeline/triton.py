@@ -12,13 +12,13 @@ and a plan only loads in the TensorRT that built it), so `auto` serves such fold
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 from typing import Any
 
 from pipeline.artifacts import write_bytes
 from pipeline.errors import PipelineError
-from pipeline.manifest import require_manifest
-from pipeline.precision import GRAPH_NAMES
+from pipeline.folder import ArtifactFolder, open_folder
 
 COMMAND = "triton"
 HELP = "write a Triton Inference Server model repository (config.pbtxt + engine or ONNX graph) for an artifact folder"
@@ -90,9 +90,10 @@ def write_repository(
     max_queue_delay_us: int = 2000,
 ) -> tuple[Path, str]:
     """Write the model into `repo`; returns (the model's folder, why this backend)."""
-    folder = Path(folder)
-    manifest = require_manifest(folder)
-    chosen, why = choose_backend(manifest, folder, backend)
+    opened = open_folder(folder)  # a finished folder only; every file read is checked against its sha256
+    manifest = opened.manifest
+    name = check_model_name(name or model_name(manifest))
+    chosen, why = choose_backend(opened, backend)
     if instances < 1 or max_queue_delay_us < 0:
         raise PipelineError(
             "instances must be 1 or more and the queue delay 0 or more", "fix --instances / --max-queue-delay-us"
@@ -101,13 +102,8 @@ def write_repository(
         raise PipelineError(
             "a TensorRT plan runs only on a GPU instance", "use --instance-kind gpu, or --backend onnxruntime"
         )
-    model_file = folder / (
-        manifest.get("engine", "engine.plan")
-        if chosen == "tensorrt_plan"
-        else manifest.get("graph", GRAPH_NAMES["fp32"])
-    )
-    io = engine_io(manifest) if chosen == "tensorrt_plan" else graph_io(model_file)
-    name = name or model_name(manifest)
+    model_bytes = opened.read(opened.engine if chosen == "tensorrt_plan" else opened.graph)
+    io = engine_io(manifest) if chosen == "tensorrt_plan" else graph_io(model_bytes)
     config = model_config(
         name,
         chosen,
@@ -120,7 +116,7 @@ def write_repository(
     from google.protobuf import text_format
 
     model_dir = Path(repo) / name
-    write_bytes(model_dir / "1" / PLATFORMS[chosen][2], model_file.read_bytes())
+    write_bytes(model_dir / "1" / PLATFORMS[chosen][2], model_bytes)
     write_bytes(model_dir / "config.pbtxt", text_format.MessageToString(config).encode())
     return model_dir, why
 
@@ -138,12 +134,25 @@ def model_name(manifest: dict) -> str:
     return f"{model}-{precision}"
 
 
-def choose_backend(manifest: dict, folder: Path, backend: str) -> tuple[str, str]:
+# A model's name is a folder of the repository: one path component, no way out of --repo.
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+def check_model_name(name: str) -> str:
+    if not MODEL_NAME.fullmatch(name) or ".." in name:
+        raise PipelineError(
+            f"model name {name!r} cannot be a folder of the repository",
+            "use up to 128 letters, digits, '_', '-' and '.', starting with a letter or digit (no '..', no '/')",
+        )
+    return name
+
+
+def choose_backend(opened: ArtifactFolder, backend: str) -> tuple[str, str]:
     """(tensorrt_plan | onnxruntime, why)."""
     if backend not in BACKENDS:
         raise PipelineError(f"unknown Triton backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
-    builder = manifest.get("build", {}).get("builder", {}).get("module")
-    engine = folder / manifest.get("engine", "engine.plan")
+    folder = opened.path
+    builder = opened.manifest.get("build", {}).get("builder", {}).get("module")
     if backend == "onnxruntime":
         return backend, "asked for the ONNX graph"
     if builder == "tensorrt_rtx":
@@ -154,7 +163,7 @@ def choose_backend(manifest: dict, folder: Path, backend: str) -> tuple[str, str
                 "GPU machine (make engine ... with --builder tensorrt) matching the TensorRT in your Triton image",
             )
         return "onnxruntime", "auto: the engine was built by TensorRT-RTX, which Triton's TensorRT backend cannot load"
-    if not engine.is_file() or builder is None:
+    if not opened.has(opened.engine) or builder is None:
         if backend == "tensorrt_plan":
             raise PipelineError(
                 f"{folder} has no engine to serve", "build one (make engine ...) or use --backend onnxruntime"
@@ -171,12 +180,12 @@ def engine_io(manifest: dict) -> list[dict]:
     return [{"name": r["name"], "mode": r["mode"], "dtype": r["dtype"], "shape": list(r["shape"])} for r in records]
 
 
-def graph_io(graph: Path) -> list[dict]:
+def graph_io(graph: bytes) -> list[dict]:
     """The ONNX graph's I/O in the same form as engine_io (symbolic or unknown dims as -1)."""
     import onnx
     from onnx.helper import tensor_dtype_to_np_dtype
 
-    model = onnx.load(str(graph), load_external_data=False)
+    model = onnx.load_model_from_string(graph)
     initializers = {tensor.name for tensor in model.graph.initializer}
 
     def record(value: Any, mode: str) -> dict:

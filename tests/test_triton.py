@@ -100,3 +100,19 @@ def test_the_name_comes_from_the_manifest_not_the_folder(tiny: Path, tmp_path: P
     assert model_dir.name == "toy_models-tiny_cnn-fp32"
     with pytest.raises(PipelineError, match="records no model name or precision"):
         model_name({"model": {"name": "tiny"}})
+
+
+@pytest.mark.parametrize("name", ["../escaped", "a/b", ".hidden", "x" * 129])
+def test_a_name_that_leaves_the_repository_is_refused(tiny: Path, tmp_path: Path, name: str) -> None:
+    repo = tmp_path / "repo"
+    with pytest.raises(PipelineError, match="cannot be a folder of the repository"):
+        write_repository(tiny, repo, name=name)
+    assert not any(tmp_path.rglob("config.pbtxt"))
+
+
+def test_a_swapped_graph_is_refused(tiny: Path, tmp_path: Path) -> None:
+    folder = shutil.copytree(tiny, tmp_path / tiny.name)
+    graph = folder / read_manifest(folder)["graph"]
+    graph.write_bytes(graph.read_bytes() + b"\0")
+    with pytest.raises(PipelineError, match="is not the file this folder's build wrote"):
+        write_repository(folder, tmp_path / "repo")
