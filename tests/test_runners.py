@@ -147,6 +147,17 @@ def test_onnxruntime_runner_runs_the_manifest_graph(folders, tmp_path):
         load_runner(folder, "onnxruntime")
 
 
+def test_a_graph_onnxruntime_refuses_is_a_clear_error(folders, tmp_path):
+    # Bytes that match the recorded sha256 (so the folder layer passes them) but are no ONNX model.
+    folder = _copy(folders["tiny_cnn"], tmp_path)
+    (folder / "model.onnx").write_bytes(b"not an onnx graph")
+    recorded = describe_artifacts(folder, ["model.onnx"])
+    _edit_manifest(folder, lambda m: m.update(artifacts={**m["artifacts"], **recorded}))
+    with pytest.raises(PipelineError, match="ONNX Runtime cannot load .*model.onnx: InvalidProtobuf") as caught:
+        load_runner(folder, "onnxruntime")
+    assert "make engine MODEL=tests.toy_models:tiny_cnn" in str(caught.value.fix)
+
+
 @pytest.fixture(scope="session")
 def int8_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tiny_cnn calibrated on 32 random images: model.int8.onnx (TensorRT) and the graphs for ORT's CPU kernels."""
@@ -221,6 +232,7 @@ BAD_FEEDS = {
     "range": (_text_batch(2, seq=65), r"size 65 on axis 1, outside the range \[1, 64\]"),
     "type": ({**_text_batch(2), "input_ids": [[1, 2]]}, "input 'input_ids' is a list, expected a numpy array"),
     "empty": (_text_batch(0), "empty batch"),
+    "an array, not a dict": (_text_batch(2)["input_ids"], "the inputs are a ndarray, not a dict of input name"),
 }
 
 
@@ -231,6 +243,25 @@ def test_bad_inputs_are_refused_naming_the_tensor(runners, backend, case):
     with pytest.raises(PipelineError, match=message) as caught:
         runners["text_classifier", backend].infer(feed)
     assert caught.value.fix
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_closed_runner_refuses_every_call(folders, backend):
+    runner = load_runner(folders["tiny_cnn"], backend)
+    runner.close()
+    runner.close()  # closing twice is harmless
+    with pytest.raises(PipelineError, match="this runner was closed") as caught:
+        runner.infer(_cnn_batch(1))
+    assert "load_runner" in str(caught.value.fix)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nan_and_inf_pass_through_as_sent(runners, backend):
+    # The policy every front end shares (README, "Serving"): inputs are not scanned for NaN or inf.
+    feed = _cnn_batch(2)
+    feed["input"][0, 0, 0, :3] = [np.nan, np.inf, -np.inf]
+    logits = runners["tiny_cnn", backend].infer(feed)["logits"]
+    assert np.isnan(logits[0]).all() and np.isfinite(logits[1]).all()
 
 
 def test_fixed_dim_mismatch_names_expected_and_got(runners):

@@ -88,6 +88,8 @@ def check_feed(feed: Mapping[str, Any], specs: list[TensorSpec], describe=_dtype
     (np.dtype, shape)`, which lets the engine runner accept torch CUDA tensors too.  This runs on
     every call, so it is kept to attribute reads and short loops (a few microseconds).
     """
+    if not isinstance(feed, Mapping):
+        _refuse_non_mapping(feed, specs)
     if len(feed) != len(specs) or any(spec.name not in feed for spec in specs):
         _refuse_names(feed, specs)
     batch = -1
@@ -126,6 +128,15 @@ def check_feed(feed: Mapping[str, Any], specs: list[TensorSpec], describe=_dtype
     return batch
 
 
+def _refuse_non_mapping(feed: object, specs: list[TensorSpec]) -> None:
+    # An array would otherwise reach `name in feed`, which numpy answers by comparing every element.
+    example = ", ".join(f"{spec.name!r}: array" for spec in specs)
+    raise PipelineError(
+        f"the inputs are a {type(feed).__name__}, not a dict of input name -> array",
+        f"pass {{{example}}}",
+    )
+
+
 def _refuse_names(feed: Mapping[str, Any], specs: list[TensorSpec]) -> None:
     expected = [spec.name for spec in specs]
     missing = [name for name in expected if name not in feed]
@@ -149,7 +160,7 @@ class Runner:
     """The contract services use: `infer(feed) -> outputs`, context manager, specs and a description.
 
     Subclasses set `backend` and `description` and implement `_run(feed)` for one batch of at most
-    `max_batch` rows that has already been validated, and `close()`.
+    `max_batch` rows that has already been validated, and `_free()` (or `close()`) to release what they hold.
     """
 
     backend: str = ""
@@ -162,9 +173,12 @@ class Runner:
         self.max_batch = max_batch(self.manifest)
         self.split_large_batches = split_large_batches
         self.description = ""
+        self._closed = False
 
     def infer(self, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Validate the feed, run it (in chunks of max_batch rows when larger), return host arrays by name."""
+        if self._closed:  # what it ran on is freed: every backend refuses alike, rather than fail somewhere inside
+            raise PipelineError("this runner was closed", "load a new one with load_runner(...)")
         batch = self._check(feed)
         if batch <= self.max_batch:
             return self._run(feed)
@@ -190,7 +204,13 @@ class Runner:
         raise NotImplementedError
 
     def close(self) -> None:
-        """Free what the runner allocated; the default has nothing to free."""
+        """Free what the runner allocated (once; a second close does nothing); infer is refused afterwards."""
+        if not self._closed:
+            self._closed = True
+            self._free()
+
+    def _free(self) -> None:
+        """What close() releases; the default has nothing to free."""
 
     def __enter__(self) -> Runner:
         return self

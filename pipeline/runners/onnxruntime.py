@@ -11,6 +11,7 @@ import numpy as np
 from pipeline.cpu import NO_VNNI, VNNI, int8_cpu_kind
 from pipeline.errors import PipelineError
 from pipeline.folder import ArtifactFolder
+from pipeline.manifest import rebuild_hint
 from pipeline.runners.base import Runner
 from pipeline.sessions import onnxruntime_session
 
@@ -75,9 +76,7 @@ class OnnxRuntimeRunner(Runner):
             )
         chosen, why = choose_providers(providers)
         self.graph, which = self._graph(graph, on_cpu=CUDA not in chosen)
-        self.session = onnxruntime_session(
-            folder.read(self.graph), chosen, intra_op_threads=intra_op_threads, allow_spinning=allow_spinning
-        )
+        self.session = self._session(chosen, intra_op_threads, allow_spinning)
         self._output_names = [spec.name for spec in self.outputs]
         used = self.session.get_providers()
         threads = "default intra-op threads" if intra_op_threads is None else f"{intra_op_threads} intra-op threads"
@@ -102,6 +101,23 @@ class OnnxRuntimeRunner(Runner):
             kind = int8_cpu_kind()
             return self.folder.cpu_graphs[kind], f"the int8 graph for ONNX Runtime's CPU kernels, {_KINDS[kind]}"
         return self.folder.graph, "the manifest's graph"
+
+    def _session(self, providers: list[str], intra_op_threads: int | None, allow_spinning: bool) -> Any:
+        """The session on the chosen graph.  Its bytes match the manifest's sha256 (folder.read checks), so a graph
+        ONNX Runtime refuses was written that way: its error (a pybind exception type per cause) becomes the fix."""
+        graph = self.folder.read(self.graph)
+        try:
+            return onnxruntime_session(
+                graph, providers, intra_op_threads=intra_op_threads, allow_spinning=allow_spinning
+            )
+        except Exception as error:  # onnxruntime's Fail, InvalidProtobuf, InvalidGraph, ... share no base but Exception
+            raise PipelineError(
+                f"ONNX Runtime cannot load {self.folder.path / self.graph}: {type(error).__name__}: {error}",
+                f"the build wrote it this way (its sha256 matches): rebuild the folder: {rebuild_hint(self.manifest)}",
+            ) from None
+
+    def _free(self) -> None:
+        del self.session  # the session holds the graph's weights and ORT's arenas
 
     def _run(self, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
         # InferenceSession.run is documented as safe to call concurrently on one session, so no lock here.

@@ -55,6 +55,9 @@ class TorchRunner(Runner):
         why = "a CUDA device is available" if self.device.type == "cuda" else "no CUDA device"
         self.description = f"torch {torch.__version__} {spec.name} on {self.device} ({mode}; {why})"
 
+    def _free(self) -> None:
+        del self.module  # the weights, on the GPU where it ran there
+
     def _run(self, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
         import torch
 
