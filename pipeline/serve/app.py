@@ -30,12 +30,13 @@ from fastapi.responses import JSONResponse
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from pipeline.serve.config import ServeConfig
-from pipeline.serve.protocol import ServeError, check_model
+from pipeline.serve.protocol import CLIENT_GONE, ModelIO, ServeError, check_model
 from pipeline.serve.rest import HEADER_LENGTH, JSON, encode_response, inflate, parse_infer_request
 from pipeline.serve.schema import error_response, infer_openapi, metadata_schema, server_metadata_schema
-from pipeline.serve.service import Service
+from pipeline.serve.service import InferRequest, Service
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 Responses = dict[int | str, dict[str, Any]]  # FastAPI's `responses=` documentation
@@ -137,6 +138,12 @@ def _model_routes(app: FastAPI, service: Service) -> None:
         except ServeError as error:
             status = error.status
             return _json_error(error)
+        except ClientDisconnect:  # gone while sending its body: no one to answer, and no fault of the server
+            status = CLIENT_GONE
+            return Response(status_code=CLIENT_GONE)
+        except asyncio.CancelledError:
+            status = CLIENT_GONE
+            raise
         finally:
             service.count("http", status, arrived)
 
@@ -189,25 +196,58 @@ async def _infer(service: Service, request: Request, arrived: float) -> Response
     _check_model(service, request)
     if not service.ready:
         raise service.not_ready()
-    limit = service.config.max_body_bytes
-    body = inflate(await read_body(request, limit), request.headers.get("content-encoding"), limit)
-    parsed = parse_infer_request(body, request.headers.get(HEADER_LENGTH), service.model)
+    header_length = request.headers.get(HEADER_LENGTH)
+    config = service.config
+    if header_length is None:  # all JSON, which costs far more to decode than binary data viewed in place
+        what, limit, fix = "JSON body", config.max_json_bytes, _JSON_FIX
+    else:
+        what, limit, fix = "body", config.max_body_bytes, "send fewer items per request"
+    body = await read_body(request, limit, what, fix, config.read_timeout_s)
+    # Inflating and decoding run on a worker thread, so that a large body does not hold the event loop that
+    # answers health checks and the other requests meanwhile (the JSON limit bounds how long it holds the GIL).
+    parsed = await asyncio.to_thread(
+        _decode, body, request.headers.get("content-encoding"), header_length, service.model, limit, config
+    )
     outputs = await service.infer(parsed, arrived)
     content, headers = encode_response(service.model, parsed, outputs)
     return Response(content, headers=headers)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 as soon as it is known to pass `limit` bytes (never read beyond it)."""
+def _decode(
+    body: bytes, encoding: str | None, header_length: str | None, model: ModelIO, limit: int, config: ServeConfig
+) -> InferRequest:
+    return parse_infer_request(inflate(body, encoding, limit), header_length, model, config.max_json_bytes)
+
+
+_JSON_FIX = (
+    "send the tensors as binary data (tritonclient: set_data_from_numpy(array, binary_data=True), its default), "
+    "whose limit is --max-body-mib, or raise --max-json-mib"
+)
+# Answered before the body was all read: the rest of it would be taken for the next request, and a client still
+# trickling bytes would keep the connection, so the answer closes it (uvicorn closes on this header).
+_UNREAD_BODY = {"Connection": "close"}
+
+
+async def read_body(request: Request, limit: int, what: str, fix: str, timeout_s: float) -> bytes:
+    """The body, refused with 413 as soon as it is known to pass `limit` bytes (never read beyond it), and
+    with 408 when it has not all arrived within `timeout_s` (a client trickling bytes holds no connection)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise ServeError(413, f"the body is {declared} bytes; the limit is {limit} (send fewer items per request)")
+        raise ServeError(413, f"the {what} is {declared} bytes; the limit is {limit} ({fix})", _UNREAD_BODY)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ServeError(413, f"the body is over the limit of {limit} bytes (send fewer items per request)")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise ServeError(413, f"the {what} is over the limit of {limit} bytes ({fix})", _UNREAD_BODY)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ServeError(
+            408,
+            f"the body did not arrive within {timeout_s:g} s (the service's read timeout); send it at once",
+            _UNREAD_BODY,
+        ) from None
     return b"".join(chunks)
 
 

@@ -62,6 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--queue-size", type=int, default=defaults.queue_size, help="waiting requests before 503")
     parser.add_argument("--timeout-s", type=float, default=defaults.timeout_s, help="per request, before 504")
     parser.add_argument("--max-body-mib", type=float, default=defaults.max_body_mib, help="largest body before 413")
+    parser.add_argument(
+        "--max-json-mib", type=float, default=defaults.max_json_mib, help="largest JSON in a request before 413"
+    )
+    parser.add_argument(
+        "--read-timeout-s", type=float, default=defaults.read_timeout_s, help="to receive a request's head, its body"
+    )
     parser.add_argument("--workers", type=int, default=defaults.workers, help="runner calls in flight at once")
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
 
@@ -106,6 +112,8 @@ def main(args: argparse.Namespace) -> int:
         queue_size=args.queue_size,
         timeout_s=args.timeout_s,
         max_body_mib=args.max_body_mib,
+        max_json_mib=args.max_json_mib,
+        read_timeout_s=args.read_timeout_s,
         workers=args.workers,
     ).check()
     app = create_app(folder, config, backend=args.backend)

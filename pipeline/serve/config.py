@@ -17,6 +17,11 @@ class ServeConfig:
     queue_size: requests admitted but not yet handed to the runner; past it the service answers 503.
     timeout_s: from arrival to answer; past it 504, and the request's rows are dropped.
     max_body_mib: the largest request body read; past it 413.
+    max_json_mib: the largest JSON a request may carry (all of a JSON body, or the JSON header before binary data);
+      past it 413.  Lower than max_body_mib because decoding JSON costs many times its size in Python objects
+      and holds the interpreter meanwhile; binary data is viewed in place.
+    read_timeout_s: a request's head, and then its body, must each arrive within this time, or the connection is
+      closed (head) or answered 408 (body): a client sending a byte now and then cannot hold a connection forever.
     workers: runner calls in flight at once (threads); one suits ONNX Runtime on a CPU, which uses every core.
     """
 
@@ -27,6 +32,8 @@ class ServeConfig:
     queue_size: int = 256
     timeout_s: float = 10.0
     max_body_mib: float = 64.0
+    max_json_mib: float = 8.0
+    read_timeout_s: float = 30.0
     workers: int = 1
 
     def check(self) -> ServeConfig:
@@ -38,7 +45,13 @@ class ServeConfig:
         for label, value in (("queue size", self.queue_size), ("workers", self.workers)):
             if value < 1:
                 raise PipelineError(f"{label} {value} is below 1", f"give a {label} of 1 or more")
-        for label, number in (("timeout", self.timeout_s), ("max body", self.max_body_mib)):
+        numbers = (
+            ("timeout", self.timeout_s),
+            ("max body", self.max_body_mib),
+            ("max JSON", self.max_json_mib),
+            ("read timeout", self.read_timeout_s),
+        )
+        for label, number in numbers:
             if number <= 0:
                 raise PipelineError(f"{label} {number} is not positive", f"give a positive {label}")
         return self
@@ -46,3 +59,7 @@ class ServeConfig:
     @property
     def max_body_bytes(self) -> int:
         return int(self.max_body_mib * 1024 * 1024)
+
+    @property
+    def max_json_bytes(self) -> int:
+        return int(min(self.max_json_mib, self.max_body_mib) * 1024 * 1024)

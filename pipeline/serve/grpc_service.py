@@ -21,6 +21,7 @@ from tritonclient.grpc import service_pb2_grpc
 
 from pipeline.errors import PipelineError
 from pipeline.serve.protocol import (
+    CLIENT_GONE,
     DATATYPES,
     VERSION,
     InputTensor,
@@ -44,8 +45,6 @@ GRPC_CODES = {
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
-# A call its client cancelled (or whose deadline passed) before the answer: nginx's "client closed request".
-CLIENT_GONE = 499
 # The typed field of InferTensorContents for each datatype; FP16 and BF16 have none and travel only as raw bytes.
 CONTENTS_FIELDS = {
     "BOOL": "bool_contents",
@@ -109,7 +108,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         check_model(self.service.model, request.model_name, request.model_version)
         if not self.service.ready:
             raise self.service.not_ready()
-        parsed = parse_infer_request(request, self.service, deadline_s)
+        # Off the event loop, as REST decodes: typed contents of a large message are many Python objects.
+        parsed = await asyncio.to_thread(parse_infer_request, request, self.service, deadline_s)
         return infer_response(self.service, parsed, await self.service.infer(parsed, arrived))
 
     async def _check_model(self, name: str, version: str, context: grpc.aio.ServicerContext) -> None:

@@ -70,9 +70,16 @@ def inflate(body: bytes, encoding: str | None, limit: int) -> bytes:
     return inflated
 
 
-def parse_infer_request(body: bytes, header_length: str | None, model: ModelIO) -> InferRequest:
-    """A checked InferRequest from a REST body (and its Inference-Header-Content-Length header, if any)."""
+def parse_infer_request(body: bytes, header_length: str | None, model: ModelIO, max_json: int) -> InferRequest:
+    """A checked InferRequest from a REST body (and its Inference-Header-Content-Length header, if any); 413 where
+    its JSON is over `max_json` bytes."""
     header, binary = _split(body, header_length)
+    if len(header) > max_json:
+        raise ServeError(
+            413,
+            f"the request's JSON is {len(header)} bytes; the limit for JSON is {max_json} (send the tensors as "
+            "binary data, tritonclient's default, or raise --max-json-mib)",
+        )
     document = _json_object(header, model)
     parameters = _parameters(document, "the request")
     check_parameters(parameters, "the request")

@@ -15,10 +15,50 @@ import socket
 import grpc
 import uvicorn
 from fastapi import FastAPI
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from pipeline.serve.grpc_service import start_grpc_server
 
 log = logging.getLogger(__name__)
+
+
+class _HeadDeadline(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, closing a connection whose request head has not all arrived within
+    `head_timeout_s` of its first byte (or of the connection).  uvicorn bounds only the idle time between requests
+    (timeout_keep_alive) and the head's size (h11_max_incomplete_event_size): a client sending a byte every few
+    seconds would hold its connection forever.  The body's deadline is app.read_body's."""
+
+    head_timeout_s = 30.0  # set per server by serve()
+    _head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._start_head_timer()
+
+    def data_received(self, data: bytes) -> None:
+        if self.cycle is None or self.cycle.response_complete:  # between requests: this byte begins a head
+            self._start_head_timer()
+        super().data_received(data)
+        if self.cycle is not None and not self.cycle.response_complete:  # the head is in: a request is running
+            self._stop_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_timer()
+        super().connection_lost(exc)
+
+    def _start_head_timer(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_timed_out)
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
 
 
 class _Server(uvicorn.Server):
@@ -48,7 +88,10 @@ async def serve(app: FastAPI, *, host: str, port: int, grpc_port: int | None, lo
     if grpc_port is not None:
         grpc_server = await start_grpc_server(service, host, grpc_port)
         log.info("gRPC (inference.GRPCInferenceService) on %s:%d", host, grpc_port)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=int(grace_s))
+    protocol = type("HeadDeadline", (_HeadDeadline,), {"head_timeout_s": service.config.read_timeout_s})
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=int(grace_s), http=protocol
+    )
     try:
         await _Server(config, grpc_server, grace_s).serve()
     finally:

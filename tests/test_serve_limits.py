@@ -1,0 +1,151 @@
+"""The service against clients that cost it more than their requests: a body of 60 MB of JSON, clients that send
+a byte every 2 s, clients that hang up mid-body.  Servers on 127.0.0.1 (tests.test_serve.served); every client
+loop is bounded by a deadline, and nothing asserts on speed."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.test_serve import IMAGE_MODEL, Server, engines, folder, metric, served  # noqa: F401
+
+READ_TIMEOUT_S = 3  # the guarded server's: a client trickling a byte every 2 s is cut off after it
+PAUSE_S = 2.0
+DEADLINE_S = 60.0  # bounds every loop; far beyond READ_TIMEOUT_S, never an expectation of speed
+INFER = f"/v2/models/{IMAGE_MODEL}/infer"
+
+
+@pytest.fixture(scope="module")
+def guarded(folder: Path) -> Iterator[Server]:  # noqa: F811 (the fixture imported above)
+    with served(folder, "--read-timeout-s", str(READ_TIMEOUT_S)) as running:
+        yield running
+
+
+def _huge_json(megabytes: int) -> bytes:
+    """A request whose JSON is `megabytes` MB of numbers: what a client sending a big batch as JSON sends."""
+    values = np.random.default_rng(0).standard_normal(megabytes * 1024 * 1024 // 20).tolist()
+    request = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [len(values)], "data": values}]}
+    return json.dumps(request).encode()
+
+
+def _live_while(server: Server, busy: threading.Event) -> list[int]:
+    """The statuses of /v2/health/live, asked again and again until `busy` clears (at most DEADLINE_S)."""
+    statuses = []
+    deadline = time.monotonic() + DEADLINE_S
+    while busy.is_set() and time.monotonic() < deadline:
+        statuses.append(httpx.get(f"{server.url}/v2/health/live", timeout=DEADLINE_S).status_code)
+    return statuses
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["content-length", "chunked"])
+def test_a_60_mb_json_body_is_413_naming_binary_data_and_health_keeps_answering(
+    guarded: Server, declared: bool
+) -> None:
+    body = _huge_json(60)
+    content = body if declared else iter([body[i : i + 65536] for i in range(0, len(body), 65536)])
+    busy = threading.Event()
+    busy.set()
+
+    def send() -> httpx.Response:
+        try:
+            return httpx.post(guarded.url + INFER, content=content, timeout=DEADLINE_S)
+        finally:
+            busy.clear()
+
+    with ThreadPoolExecutor(1) as pool:
+        sent = pool.submit(send)
+        statuses = _live_while(guarded, busy)
+        response = sent.result(timeout=DEADLINE_S)
+    assert response.status_code == 413, response.text
+    error = response.json()["error"]
+    assert "the limit is 8388608" in error or "over the limit of 8388608" in error
+    assert "send the tensors as binary data" in error and "--max-json-mib" in error
+    assert set(statuses) <= {200}
+
+
+def test_a_binary_body_has_the_larger_limit(guarded: Server) -> None:
+    # 12 MB of binary data, over the JSON limit but under --max-body-mib: refused only for its shape (400).
+    raw = np.zeros(3 * 1024 * 1024, np.float32).tobytes()
+    given = {"name": "input", "datatype": "FP32", "shape": [1, 3 * 1024 * 1024]}
+    header = json.dumps({"inputs": [{**given, "parameters": {"binary_data_size": len(raw)}}]})
+    response = httpx.post(
+        guarded.url + INFER,
+        content=header.encode() + raw,
+        headers={"Inference-Header-Content-Length": str(len(header))},
+        timeout=DEADLINE_S,
+    )
+    assert response.status_code == 400 and "expected (-1, 3, 16, 16)" in response.json()["error"]
+
+
+# --------------------------------------------------------------------------- slow clients
+
+
+def _trickle(server: Server, sent_at_once: bytes, trickled: bytes) -> bytes:
+    """Send `sent_at_once`, then `trickled` a byte every PAUSE_S, until the server closes the connection;
+    everything it answered.  Fails if the server still holds the connection after DEADLINE_S."""
+    host, port = server.http.split(":")
+    answered = b""
+    with socket.create_connection((host, int(port)), timeout=DEADLINE_S) as connection:
+        connection.sendall(sent_at_once)
+        connection.settimeout(PAUSE_S)  # waiting for an answer is the pause between two bytes
+        deadline = time.monotonic() + DEADLINE_S
+        for byte in trickled:
+            if time.monotonic() > deadline:
+                break
+            try:
+                connection.sendall(bytes([byte]))
+                while chunk := connection.recv(65536):
+                    answered += chunk
+                return answered  # recv gave b"": the server closed the connection
+            except TimeoutError:
+                continue  # nothing yet: send the next byte
+            except (BrokenPipeError, ConnectionResetError):
+                return answered
+    pytest.fail(f"the server still held a connection trickling a byte every {PAUSE_S} s after {DEADLINE_S} s")
+
+
+def _head(content_length: int) -> bytes:
+    return (
+        f"POST {INFER} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {content_length}\r\n\r\n"
+    ).encode()
+
+
+def test_slow_clients_are_cut_off_and_others_are_served(guarded: Server) -> None:
+    endless = b"x" * 1000  # more bytes than the deadline leaves time to trickle
+    slow_heads = [(b"", _head(10**6)[:-4] + b"\r\nX-Pad: " + endless)] * 3
+    slow_bodies = [(_head(len(endless)), endless)] * 3
+    with ThreadPoolExecutor(6) as pool:
+        answers = [pool.submit(_trickle, guarded, *client) for client in slow_heads + slow_bodies]
+        # Meanwhile the service answers everyone else.
+        assert httpx.get(f"{guarded.url}/v2/health/ready", timeout=DEADLINE_S).status_code == 200
+        heads, bodies = [a.result(timeout=2 * DEADLINE_S) for a in answers[:3]], [a.result() for a in answers[3:]]
+    assert heads == [b""] * 3  # a head that never ends is closed without an answer
+    for answered in bodies:  # a body that never ends is answered 408, and the connection closed
+        assert answered.startswith(b"HTTP/1.1 408"), answered[:200]
+        assert b"connection: close" in answered.lower() and b"the service's read timeout" in answered
+
+
+# --------------------------------------------------------------------------- clients that hang up
+
+
+def test_a_client_hanging_up_mid_body_is_not_counted_as_a_server_error(guarded: Server) -> None:
+    before = {status: metric(guarded, "serve_requests_total", status=status) for status in ("499", "500")}
+    host, port = guarded.http.split(":")
+    with socket.create_connection((host, int(port)), timeout=DEADLINE_S) as connection:
+        connection.sendall(_head(10_000) + b'{"inputs": [')
+    deadline = time.monotonic() + DEADLINE_S
+    while metric(guarded, "serve_requests_total", status="499") == before["499"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert metric(guarded, "serve_requests_total", status="499") == before["499"] + 1
+    assert metric(guarded, "serve_requests_total", status="500") == before["500"]
+    assert httpx.get(f"{guarded.url}/v2/health/live", timeout=DEADLINE_S).status_code == 200
