@@ -426,6 +426,21 @@ MISTAKES = {
         "400",
         "disagree on the size of dynamic dim 'seq'",
     ),
+    "ids below 0": Mistake(
+        TEXT_MODEL,
+        lambda p: [
+            infer_input(p, "input_ids", np.concatenate([[[-5]], IDS[:1, 1:]], axis=1)),
+            infer_input(p, "attention_mask", MASK[:1]),
+        ],
+        "400",
+        "input 'input_ids' has ids outside [0, 99] (min -5",
+    ),
+    "ids past the vocabulary": Mistake(
+        TEXT_MODEL,
+        lambda p: [infer_input(p, "input_ids", IDS + 100), infer_input(p, "attention_mask", MASK)],
+        "400",
+        "an embedding of 100 rows",
+    ),
     "int64 ids sent as int32": Mistake(
         TEXT_MODEL,
         lambda p: [infer_input(p, "input_ids", IDS.astype(np.int32)), infer_input(p, "attention_mask", MASK)],
@@ -453,6 +468,17 @@ def test_mistakes_are_refused_naming_what_was_expected(
         assert triton.is_server_ready()
     assert str(error.status()) == (mistake.status if protocol == "http" else GRPC_CODES[mistake.status])
     assert mistake.message in error.message()
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_nan_and_inf_pass_through_in_every_form(server: Server, runner, form: str) -> None:
+    # One policy for every path (README, "Serving"): NaN and infinities are the model's to read, as in runner.infer.
+    batch = items(seed=7, count=2)
+    batch[0, 0, 0, :3] = [np.nan, np.inf, -np.inf]
+    with clients(server) as triton:
+        answered = infer_logits(triton, form, batch)
+    np.testing.assert_allclose(answered, runner.infer({"input": batch})["logits"], rtol=RTOL, equal_nan=True)
+    assert np.isnan(answered[0]).all() and np.isfinite(answered[1]).all()
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -512,7 +538,7 @@ BAD_BODIES: dict[str, tuple[bytes, dict, int, str]] = {
         json.dumps({"inputs": [_image_input(data=[1e39] + _DATA[1:])]}).encode(),
         {},
         400,
-        "not finite FP32",
+        "beyond FP32's range",
     ),
     "shape of 2**40 items": (
         json.dumps({"inputs": [_image_input(shape=[2**40, *ITEM_SHAPE], data=[])]}).encode(),

@@ -29,6 +29,9 @@ DATATYPES = {numpy: triton.removeprefix("TYPE_") for numpy, triton in TRITON_DTY
 # The one version served: the Triton repository writer files the model as <repo>/<name>/1/ too.
 VERSION = "1"
 RETRY_AFTER = {"Retry-After": "1"}
+# A request whose client went away before the answer (a cancelled gRPC call, a REST body cut short): nginx's
+# "client closed request", counted apart from the server's own failures (500).
+CLIENT_GONE = 499
 
 # The numpy kinds typed values may parse to for each kind of tensor: a float tensor takes integers too,
 # an integer tensor takes only integers (1.5 would be truncated silently), a bool tensor only true/false.
@@ -61,6 +64,9 @@ class ModelIO:
     # Named dynamic dims (other than the batch) that several inputs share, e.g. "seq" on input_ids and
     # attention_mask: {dim name: [(input, axis), ...]}.  Sizes must agree, or the model fails inside a batch.
     shared_axes: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    # {integer input: rows of the table it indexes}, for ids that feed an embedding's Gather directly; filled
+    # once the runner loads (Service.load reads it from the graph with embedding_rows).
+    vocabularies: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_manifest(cls, manifest: dict, name: str | None = None, max_items: int | None = None) -> ModelIO:
@@ -150,7 +156,20 @@ def decode_inputs(model: ModelIO, tensors: Sequence[InputTensor]) -> tuple[dict[
         declared[tensor.name] = (dtype, tuple(_shape(tensor)))
     items = check_shapes(model, declared)
     feed = {tensor.name: _array(specs[tensor.name], tensor) for tensor in tensors}
+    check_ids(model, feed)
     return feed, items
+
+
+def check_ids(model: ModelIO, feed: dict[str, np.ndarray]) -> None:
+    """400 for token ids outside [0, rows) of the embedding they index: ONNX Gather reads -5 as the fifth row
+    from the end (a silent wrong answer), and an id past the table fails the runner call."""
+    for name, rows in model.vocabularies.items():
+        ids = feed[name]
+        if ids.size and (ids.min() < 0 or ids.max() >= rows):
+            raise bad_request(
+                f"input {name!r} has ids outside [0, {rows - 1}] (min {ids.min()}, max {ids.max()}): it indexes "
+                f"an embedding of {rows} rows; give ids from the model's own vocabulary"
+            )
 
 
 def _shape(tensor: InputTensor) -> list[int]:
@@ -226,9 +245,11 @@ def _cast(spec: TensorSpec, parsed: np.ndarray) -> np.ndarray:
             raise bad_request(f"input {spec.name!r} has values outside {datatype(spec)}'s [{limits.min}, {limits.max}]")
     with np.errstate(over="ignore"):  # an overflow to inf is reported below, with the range
         array = parsed.astype(spec.dtype)
-    if spec.dtype.kind == "f" and not np.all(np.isfinite(array)):
+    # NaN and infinities sent as such pass, as they do as binary data, over gRPC and through runner.infer (one
+    # policy, README "Serving"); a finite number that only becomes inf in this datatype is out of its range.
+    if spec.dtype.kind == "f" and np.any(np.isfinite(parsed) & ~np.isfinite(array)):
         limit = float(np.finfo(spec.dtype).max)
-        raise bad_request(f"input {spec.name!r} has values that are not finite {datatype(spec)} (|x| <= {limit:.4g})")
+        raise bad_request(f"input {spec.name!r} has values beyond {datatype(spec)}'s range (|x| <= {limit:.4g})")
     return array
 
 

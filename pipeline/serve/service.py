@@ -9,6 +9,7 @@ really run.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.folder import open_folder
+from pipeline.folder import ArtifactFolder, open_folder
 from pipeline.runners import Runner, load_runner
 from pipeline.runners.base import DYNAMIC, TensorSpec
 from pipeline.serve.batcher import Batcher, QueueFull
@@ -67,6 +68,8 @@ class Service:
         """Load the runner, run a warm-up request at one item and at max items, then start batching."""
         try:
             self.runner = await asyncio.to_thread(load_runner, self.folder, self.backend)
+            vocabularies = await asyncio.to_thread(embedding_rows, self.folder)
+            self.model = dataclasses.replace(self.model, vocabularies=vocabularies)
             for items in sorted({1, self.model.max_items}):
                 await asyncio.to_thread(self.runner.infer, warm_up_feed(self.model, items))
         except Exception as error:  # a PipelineError or a bug: either way this process cannot serve
@@ -168,6 +171,33 @@ def _package_version() -> str:
         return metadata.version(SERVER_NAME)
     except metadata.PackageNotFoundError:  # run from a checkout that was never installed
         return "unknown"
+
+
+def embedding_rows(folder: ArtifactFolder) -> dict[str, int]:
+    """{integer input: rows of the table} for each graph input that feeds a Gather of an initializer (an embedding
+    lookup) directly, the smallest table where it feeds several.  Ids reaching a Gather through other nodes (a Cast,
+    an Add, an int8 graph's DequantizeLinear of the table) are not traced: their range is left unchecked."""
+    import onnx
+
+    graph = onnx.load_model_from_string(folder.read(folder.graph)).graph
+    tables = {initializer.name: initializer.dims[0] for initializer in graph.initializer if initializer.dims}
+    integer_inputs = {
+        value.name
+        for value in graph.input
+        if onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type).kind in "iu"
+    }
+    rows: dict[str, int] = {}
+    for node in graph.node:
+        if (
+            node.op_type != "Gather"
+            or len(node.input) != 2
+            or any(a.name == "axis" and a.i != 0 for a in node.attribute)
+        ):
+            continue
+        table, ids = node.input
+        if ids in integer_inputs and table in tables:
+            rows[ids] = min(rows.get(ids, tables[table]), tables[table])
+    return rows
 
 
 def warm_up_feed(model: ModelIO, items: int) -> dict[str, np.ndarray]:
