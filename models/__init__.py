@@ -75,6 +75,7 @@ def load_model(
         spec.example_inputs = user.example_inputs_from_shapes(shapes)
     elif not spec.example_inputs:
         raise PipelineError(f"MODEL={model!r} is {form}, which does not say what its inputs are", user.INPUT_SHAPE_HELP)
+    spec.example_inputs = user.bind_to_forward(spec.module, spec.example_inputs, model)
     if requests is not None and dynamic is not None:
         spec.dynamic_axes = user.dynamic_axes_from_requests(requests, spec.example_inputs, dynamic)
     user.check_dynamic_axes(spec)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -45,3 +48,32 @@ class ModelSpec:
     preprocess: ImagePreprocess | None = None
     fingerprint: str = ""
     notes: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- calling forward by name
+
+
+def forward_parameters(module: torch.nn.Module) -> list[str] | None:
+    """The names forward() takes, in order; None where Python cannot say (TorchScript, torch.export, *args)."""
+    try:
+        parameters = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    named = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return named or None
+
+
+def needs_keywords(module: torch.nn.Module, inputs: Mapping[str, Any]) -> bool:
+    """Whether passing the inputs by position would feed one into another parameter: they are named after
+    forward()'s parameters but skip one (forward(x, mask=None, scale=None) given x and scale).
+
+    Otherwise a call passes them by position, which every kind of module takes (torch.export's modules
+    refuse keywords).
+    """
+    names = forward_parameters(module)
+    return names is not None and set(inputs) <= set(names) and list(inputs) != names[: len(inputs)]
+
+
+def call_module(module: torch.nn.Module, inputs: Mapping[str, Any]) -> Any:
+    """forward() with each input bound to the parameter of its name."""
+    return module(**inputs) if needs_keywords(module, inputs) else module(*inputs.values())

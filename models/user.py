@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.spec import DynamicAxis, ModelSpec
+from models.spec import DynamicAxis, ModelSpec, call_module, forward_parameters
 from pipeline.errors import PipelineError
 
 EXAMPLE_BATCH = 2  # not 1: exporters can specialise a batch of 1 into a constant
@@ -455,6 +455,29 @@ def name_example_inputs(examples: Any, reference: str) -> dict[str, torch.Tensor
     return named
 
 
+def bind_to_forward(module: nn.Module, example_inputs: dict[str, torch.Tensor], model: str) -> dict[str, torch.Tensor]:
+    """The example inputs named and ordered as forward()'s parameters, so no input can feed another's parameter.
+
+    Named after parameters: kept, in forward()'s order (the ONNX graph's inputs follow it).  input_0, input_1,
+    ... (from a tuple): renamed to forward()'s first parameters.  One input: bound by position.  Several
+    inputs named otherwise: refused, since binding them by position could feed one into another's parameter.
+    """
+    names = forward_parameters(module)
+    if names is None or len(example_inputs) == 1 and not set(example_inputs) <= set(names):
+        return example_inputs
+    if set(example_inputs) <= set(names):
+        return {name: example_inputs[name] for name in names if name in example_inputs}
+    generated = [f"input_{i}" for i in range(len(example_inputs))]
+    if list(example_inputs) == generated and len(generated) <= len(names):
+        return dict(zip(names, example_inputs.values(), strict=False))
+    unknown = [name for name in example_inputs if name not in names]
+    raise PipelineError(
+        f"MODEL={model!r}: example inputs {unknown} are not parameters of forward({', '.join(names)})",
+        "name each example input after the forward() parameter it feeds (a dict name -> tensor), or give them "
+        "as a tuple in forward()'s order",
+    )
+
+
 def _check_spec_fields(spec: ModelSpec, reference: str) -> None:
     if not isinstance(spec.module, nn.Module):
         raise PipelineError(
@@ -656,7 +679,7 @@ def run_example_forward(module: nn.Module, example_inputs: dict[str, torch.Tenso
     """One eval-mode forward pass on the example inputs; a PipelineError says which shape did not fit."""
     with torch.no_grad(), _temporarily_eval(module):
         try:
-            return module(*example_inputs.values())
+            return call_module(module, example_inputs)
         # RuntimeError: shape mismatches; IndexError: ids out of an embedding; TypeError: wrong
         # number of inputs; AssertionError: a torch.export program's input guards.
         except (RuntimeError, ValueError, IndexError, TypeError, AssertionError) as exc:

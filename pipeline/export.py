@@ -14,7 +14,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from models.spec import ModelSpec
+from models.spec import ModelSpec, call_module, needs_keywords
 from pipeline.artifacts import atomic_path
 from pipeline.errors import PipelineError
 from pipeline.prepare import flatten_outputs
@@ -26,7 +26,7 @@ BATCH_AXIS = "batch"
 def output_names(spec: ModelSpec) -> list[str]:
     """Declared names, else dict keys, else `output` / `output_0..n`."""
     with torch.inference_mode():
-        outputs = spec.module(*spec.example_inputs.values())
+        outputs = call_module(spec.module, spec.example_inputs)
     count = len(flatten_outputs(outputs))
     if spec.output_names is not None:
         names = list(spec.output_names)
@@ -64,10 +64,13 @@ def export_onnx(spec: ModelSpec, onnx_path: Path) -> dict:
         # fallback; the TorchScript exporter targets 17 natively, so we keep it (deprecated, not removed).
         warnings.simplefilter("ignore", DeprecationWarning)
         try:
+            # By keyword where position would feed an input into another parameter (see needs_keywords).
+            by_name = needs_keywords(spec.module, spec.example_inputs)
             torch.onnx.export(
                 spec.module,
-                tuple(spec.example_inputs.values()),
+                () if by_name else tuple(spec.example_inputs.values()),
                 str(temporary),
+                kwargs=dict(spec.example_inputs) if by_name else None,
                 input_names=list(spec.example_inputs),
                 output_names=outputs,
                 dynamic_axes=axes,
@@ -159,7 +162,7 @@ def write_reference(spec: ModelSpec, batch: BatchProfile, path: Path) -> dict:
     for index, (size, axis_sizes) in enumerate(reference_cases(spec, batch)):
         feed = sample_inputs(spec, size, seed=index, axis_sizes=axis_sizes)
         with torch.inference_mode():
-            result = flatten_outputs(spec.module(*feed.values()))
+            result = flatten_outputs(call_module(spec.module, feed))
         arrays.update({f"case{index}/in/{name}": t.numpy() for name, t in feed.items()})
         arrays.update({f"case{index}/out/{name}": t.numpy() for name, t in zip(outputs, result, strict=True)})
     with atomic_path(path) as temporary, open(temporary, "wb") as handle:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from models.spec import ModelSpec
+from models.spec import ModelSpec, call_module
 from pipeline.errors import PipelineError
 
 BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
@@ -51,7 +51,7 @@ def flatten_outputs(outputs: object) -> list[torch.Tensor]:
 
 def _forward(spec: ModelSpec, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
     with torch.inference_mode():
-        return flatten_outputs(spec.module(*inputs.values()))
+        return flatten_outputs(call_module(spec.module, inputs))
 
 
 def _refuse_training_modules(module: torch.nn.Module) -> None:

@@ -157,8 +157,9 @@ def test_int8_graph_is_benchmarked_and_a_broken_backend_does_not_stop_the_others
         broken, backends=["onnxruntime", "onnxruntime-int8"], batches=[2], policy=QUICK, progress=lambda _: None
     )
     records = {b["name"]: b for b in result["backends"]}
-    assert records["onnxruntime-int8"]["status"] == "failed"
-    assert records["onnxruntime-int8"]["error"]
+    # The runner refuses a graph ONNX Runtime cannot read with a PipelineError: listed as skipped, with the fix.
+    assert records["onnxruntime-int8"]["status"] == "skipped"
+    assert "model.int8.onnx" in records["onnxruntime-int8"]["reason"]
     assert {r["backend"] for r in ok_rows(result)} == {"torch", "onnxruntime"}
 
 

@@ -371,9 +371,12 @@ def test_factory_forms_tuple_dict_and_modelspec(user_dir: Path):
         """,
     )
     as_tuple = load_model("forms_factory:as_tuple")
-    assert list(as_tuple.example_inputs) == ["input_0", "input_1"]
+    assert list(as_tuple.example_inputs) == ["a", "b"]  # named after forward()'s parameters
     assert as_tuple.output_names == ["output_0", "output_1"]
-    assert list(load_model("forms_factory:as_dict").example_inputs) == ["left", "right"]
+    with pytest.raises(
+        PipelineError, match=r"example inputs \['left', 'right'\] are not parameters of forward\(a, b\)"
+    ):
+        load_model("forms_factory:as_dict")  # by position, "right" could feed "a": refused
     as_spec = load_model("forms_factory:as_spec")
     assert as_spec.name == "forms_factory-as_spec"  # one name scheme for artifact folders
     assert list(as_spec.example_inputs) == ["a", "b"]
@@ -622,3 +625,59 @@ def test_model_file_fingerprint_covers_the_file(tmp_path: Path):
         changed.fc.bias.add_(1)
     torch.save(changed, path)
     assert load_model(str(path), input_shape="3x16x16", trust_model_file=True).fingerprint != first
+
+
+# ---------------------------------------------------------------- inputs bound to forward() by name
+
+
+class _OptionalInputs(torch.nn.Module):
+    """forward(x, mask=None, scale=None): an input bound by position to the wrong parameter changes the result."""
+
+    def forward(self, x, mask=None, scale=None):
+        y = x * 2
+        if mask is not None:
+            y = y + mask * 100
+        return y * scale if scale is not None else y
+
+
+def optional_inputs_dict():
+    return _OptionalInputs(), {"scale": torch.full((2, 3), 3.0), "x": torch.ones(2, 3)}
+
+
+def optional_inputs_tuple():
+    return _OptionalInputs(), (torch.ones(2, 3), torch.zeros(2, 3))
+
+
+def optional_inputs_unnamed():
+    return _OptionalInputs(), {"a": torch.ones(2, 3), "b": torch.ones(2, 3)}
+
+
+def test_dict_inputs_are_bound_by_name_through_export_and_parity(tmp_path: Path):
+    """{"x", "scale"} for forward(x, mask=None, scale=None): scale must not feed mask, in PyTorch or in ONNX."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    from pipeline.settings import Settings
+    from pipeline.stages import make_engine
+
+    folder = make_engine(Settings(model=f"{__name__}:optional_inputs_dict", precision="fp32", out_root=tmp_path))
+    graph = folder / "model.onnx"
+    assert [value.name for value in onnx.load(str(graph)).graph.input] == ["x", "scale"]  # forward()'s order
+    session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+    x, scale = np.ones((4, 3), np.float32), np.full((4, 3), 3.0, np.float32)
+    np.testing.assert_allclose(session.run(None, {"x": x, "scale": scale})[0], x * 2 * scale)
+    from pipeline.runners import load_runner
+
+    with load_runner(folder, "torch") as runner:  # the torch runner binds them by name too
+        np.testing.assert_allclose(runner.infer({"x": x, "scale": scale})["output"], x * 2 * scale)
+
+
+def test_tuple_inputs_take_forward_parameter_names():
+    spec = load_model(f"{__name__}:optional_inputs_tuple")
+    assert list(spec.example_inputs) == ["x", "mask"]
+
+
+def test_several_inputs_not_named_after_forward_are_refused():
+    with pytest.raises(PipelineError, match=r"example inputs \['a', 'b'\] are not parameters of forward\(x, mask"):
+        load_model(f"{__name__}:optional_inputs_unnamed")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from models.spec import call_module
 from pipeline.errors import PipelineError
 from pipeline.folder import ArtifactFolder
 from pipeline.manifest import MANIFEST, make_engine_command
@@ -113,13 +114,13 @@ class TorchBackend(RunnerBackend):
         if not self.on_cuda:
             return None
         runner = self.torch_runner
-        tensors = [torch.from_numpy(feed[spec.name]).to(self.device) for spec in runner.inputs]
+        tensors = {spec.name: torch.from_numpy(feed[spec.name]).to(self.device) for spec in runner.inputs}
         module, amp = runner.module, runner.amp
 
         def call() -> object:
             autocast = torch.autocast("cuda", dtype=torch.float16) if amp else contextlib.nullcontext()
             with torch.inference_mode(), autocast:
-                return module(*tensors)
+                return call_module(module, tensors)
 
         return call
 

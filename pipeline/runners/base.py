@@ -177,8 +177,7 @@ class Runner:
 
     def infer(self, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Validate the feed, run it (in chunks of max_batch rows when larger), return host arrays by name."""
-        if self._closed:  # what it ran on is freed: every backend refuses alike, rather than fail somewhere inside
-            raise PipelineError("this runner was closed", "load a new one with load_runner(...)")
+        self._refuse_if_closed()
         batch = self._check(feed)
         if batch <= self.max_batch:
             return self._run(feed)
@@ -189,6 +188,10 @@ class Runner:
                 "with a larger BATCH=min:opt:max (make engine ...)",
             )
         return self._run_chunked(feed, batch)
+
+    def _refuse_if_closed(self) -> None:
+        if self._closed:  # what it ran on is freed: every backend refuses alike, rather than fail somewhere inside
+            raise PipelineError("this runner was closed", "load a new one with load_runner(...)")
 
     def _check(self, feed: Mapping[str, Any]) -> int:
         return check_feed(feed, self.inputs)

@@ -297,8 +297,6 @@ class TensorRTRunner(Runner):
     # ------------------------------------------------------------------ inference
 
     def _check(self, feed: Mapping[str, Any]) -> int:
-        if self._closed:
-            raise PipelineError("this runner was closed", "load a new one with load_runner(...)")
         return check_feed(feed, self.inputs, describe=_numpy_or_torch_cuda)
 
     def _run(self, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -385,6 +383,7 @@ class TensorRTRunner(Runner):
         exact shape for every output (at most max_batch rows: no chunking here).  Returns `outputs`
         once the engine has finished writing them.
         """
+        self._refuse_if_closed()
         batch = self._check(feed)
         if batch > self.max_batch:
             raise PipelineError(

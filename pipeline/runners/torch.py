@@ -61,14 +61,17 @@ class TorchRunner(Runner):
     def _run(self, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
         import torch
 
+        from models.spec import call_module
         from pipeline.prepare import flatten_outputs
 
-        tensors = [torch.from_numpy(np.ascontiguousarray(feed[spec.name])).to(self.device) for spec in self.inputs]
+        tensors = {
+            spec.name: torch.from_numpy(np.ascontiguousarray(feed[spec.name])).to(self.device) for spec in self.inputs
+        }
         autocast = torch.autocast("cuda", dtype=torch.float16) if self.amp else contextlib.nullcontext()
         # inference_mode and autocast are thread-local, and an eval-mode module mutates no state in forward,
         # so concurrent calls need no lock.
         with torch.inference_mode(), autocast:
-            results = flatten_outputs(self.module(*tensors))
+            results = flatten_outputs(call_module(self.module, tensors))
         return {
             name: result.detach().cpu().numpy().astype(self._output_dtypes[name], copy=False)
             for name, result in zip(self._output_dtypes, results, strict=True)
