@@ -7,7 +7,9 @@ disk, without loading the model again.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -55,11 +57,24 @@ def dynamic_axes(spec: ModelSpec, outputs: list[str]) -> dict[str, dict[int, str
     return axes
 
 
+@contextlib.contextmanager
+def _attention_fast_path_off() -> Iterator[None]:
+    """nn.TransformerEncoder / MultiheadAttention in eval mode take a fused "fast path"
+    (aten::_transformer_encoder_layer_fwd, nested tensors for padding masks) that no ONNX opset has; the
+    plain path computes the same.  Off while exporting, restored after (torch.backends.mha)."""
+    before = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(before)
+
+
 def export_onnx(spec: ModelSpec, onnx_path: Path) -> dict:
     """Export with the TorchScript-based exporter at opset 17; returns the stage record."""
     outputs = output_names(spec)
     axes = dynamic_axes(spec, outputs)
-    with atomic_path(onnx_path) as temporary, warnings.catch_warnings():
+    with atomic_path(onnx_path) as temporary, warnings.catch_warnings(), _attention_fast_path_off():
         # The dynamo exporter emits opset 18 and reaches 17 only through a version-converter
         # fallback; the TorchScript exporter targets 17 natively, so we keep it (deprecated, not removed).
         warnings.simplefilter("ignore", DeprecationWarning)

@@ -165,3 +165,19 @@ def test_compare_is_relative_to_output_scale():
     assert compare(reference, reference + 1.0, rtol=1e-3).ok  # 1 / 2000 = 5e-4
     assert not compare(reference, reference + 3.0, rtol=1e-3).ok
     assert not compare(reference, np.array([np.nan, 0.0]), rtol=1.0).ok
+
+
+def test_torch_transformer_encoder_exports_with_its_fast_path_off(tmp_path):
+    """nn.TransformerEncoder in eval mode uses aten::_transformer_encoder_layer_fwd, which no ONNX opset has."""
+    import json
+
+    import torch
+
+    from pipeline.settings import Settings
+    from pipeline.stages import make_engine
+
+    before = torch.backends.mha.get_fastpath_enabled()
+    settings = Settings(model="tests.toy_models:transformer_encoder", precision="fp16", out_root=tmp_path)
+    manifest = json.loads((make_engine(settings) / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["parity_fp16"]["max_rel"] < 0.03
+    assert torch.backends.mha.get_fastpath_enabled() == before  # restored after the export

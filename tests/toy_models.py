@@ -178,3 +178,21 @@ def overflow_ffn() -> ModelSpec:
         module = _OverflowFfn()
         example = {"input": torch.randn(EXAMPLE_BATCH, 16)}
     return ModelSpec(name="overflow_ffn", module=module, example_inputs=example, output_names=["logits"])
+
+
+class _TransformerEncoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(d_model=16, nhead=2, dim_feedforward=32, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, num_layers=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x)
+
+
+def transformer_encoder() -> ModelSpec:
+    """torch's own nn.TransformerEncoder on (batch, 8, 16): in eval mode it takes a fast path no ONNX opset has."""
+    with _seeded():
+        module = _TransformerEncoder()
+        example = {"x": torch.randn(EXAMPLE_BATCH, 8, 16)}
+    return ModelSpec(name="transformer_encoder", module=module, example_inputs=example, output_names=["y"])
