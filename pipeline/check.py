@@ -12,8 +12,12 @@ from pipeline.errors import PipelineError
 from pipeline.settings import OPSET
 
 
-def check_onnx(onnx_path: Path) -> dict:
-    """Validate the graph at `onnx_path`; returns its inputs and outputs (name, dtype, shape)."""
+def check_onnx(onnx_path: Path, reference: Path | None = None) -> dict:
+    """Validate the graph at `onnx_path`; returns its inputs and outputs (name, dtype, shape).
+
+    With `reference` (reference.npz), the graph also runs on every case's inputs: each batch size and each
+    declared dynamic axis at a second size, so a size baked in at export is caught here, naming the node.
+    """
     try:
         # Given a path, the checker also handles models over 2 GB (external data).
         onnx.checker.check_model(str(onnx_path), full_check=True)
@@ -23,6 +27,8 @@ def check_onnx(onnx_path: Path) -> dict:
     _require_opset(model)
     inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     _refuse_baked_batch(inferred)
+    if reference is not None:
+        _run_every_case(onnx_path, reference)
     inputs, outputs = _describe(inferred.graph.input), _describe(inferred.graph.output)
     return {
         "summary": f"checker + shape inference passed, opset {OPSET}, batch axis symbolic",
@@ -30,6 +36,26 @@ def check_onnx(onnx_path: Path) -> dict:
         "outputs": outputs,
         "nodes": len(model.graph.node),
     }
+
+
+def _run_every_case(onnx_path: Path, reference: Path) -> None:
+    """The graph must run at every size the reference holds; ONNX Runtime's refusal names the node."""
+    from pipeline.export import load_reference
+    from pipeline.sessions import onnxruntime_session
+
+    session = onnxruntime_session(onnx_path)
+    for inputs, _ in load_reference(reference):
+        try:
+            session.run(None, inputs)
+        except Exception as error:  # ORT raises its own exception types (Fail, InvalidArgument, RuntimeException)
+            sizes = ", ".join(f"{name} {list(value.shape)}" for name, value in inputs.items())
+            message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise PipelineError(
+                f"{onnx_path.name} does not run with inputs {sizes}: a size was baked into the graph at export "
+                f"(ONNX Runtime: {message})",
+                "in forward() take sizes from the tensors (x.shape[1], x.reshape(x.shape[0], x.shape[1], -1)) "
+                "instead of literal numbers, or leave that axis out of DYNAMIC",
+            ) from None
 
 
 def graph_io(onnx_path: Path) -> tuple[list[dict], list[dict]]:

@@ -176,13 +176,26 @@ def write_reference(spec: ModelSpec, batch: BatchProfile, path: Path) -> dict:
     arrays: dict[str, np.ndarray] = {}
     for index, (size, axis_sizes) in enumerate(reference_cases(spec, batch)):
         feed = sample_inputs(spec, size, seed=index, axis_sizes=axis_sizes)
-        with torch.inference_mode():
-            result = flatten_outputs(call_module(spec.module, feed))
+        result = _reference_outputs(spec, feed)
         arrays.update({f"case{index}/in/{name}": t.numpy() for name, t in feed.items()})
         arrays.update({f"case{index}/out/{name}": t.numpy() for name, t in zip(outputs, result, strict=True)})
     with atomic_path(path) as temporary, open(temporary, "wb") as handle:
         np.savez(handle, **cast(dict[str, Any], arrays))  # numpy's stub types **kwds as allow_pickle
     return {"summary": f"{path.name}: PyTorch outputs at batch sizes {parity_batches(batch)}"}
+
+
+def _reference_outputs(spec: ModelSpec, feed: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """PyTorch's outputs on one case; a model that cannot run at a size its profile declares is the user's to fix."""
+    try:
+        with torch.inference_mode():
+            return flatten_outputs(call_module(spec.module, feed))
+    except (RuntimeError, ValueError, IndexError) as error:
+        sizes = ", ".join(f"{name} {list(value.shape)}" for name, value in feed.items())
+        raise PipelineError(
+            f"{spec.name} does not run in PyTorch with inputs {sizes}, sizes its profile declares (BATCH / DYNAMIC): "
+            f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}",
+            "narrow BATCH or the DYNAMIC range to sizes the model takes, or make forward() take those sizes",
+        ) from None
 
 
 def load_reference(path: Path) -> list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:

@@ -121,7 +121,7 @@ def run_export(run: Run) -> None:
 
 
 def run_check(run: Run) -> None:
-    record = run.stage("check", check_onnx, _require(run, GRAPH_NAMES["fp32"]))
+    record = run.stage("check", check_onnx, _require(run, GRAPH_NAMES["fp32"]), _require(run, REFERENCE))
     update_manifest(run.folder, inputs=record["inputs"], outputs=record["outputs"])
 
 

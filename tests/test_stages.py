@@ -181,3 +181,14 @@ def test_torch_transformer_encoder_exports_with_its_fast_path_off(tmp_path):
     manifest = json.loads((make_engine(settings) / "manifest.json").read_text())
     assert manifest["complete"] and manifest["parity_fp16"]["max_rel"] < 0.03
     assert torch.backends.mha.get_fastpath_enabled() == before  # restored after the export
+
+
+def test_a_sequence_length_baked_into_the_graph_is_named_by_check(tmp_path):
+    from pipeline.errors import PipelineError
+    from pipeline.settings import Settings
+    from pipeline.stages import make_engine
+
+    settings = Settings(model="tests.toy_models:baked_sequence_model", precision="fp32", out_root=tmp_path)
+    with pytest.raises(PipelineError, match=r"does not run with inputs x \[2, 12, 8\]: a size was baked") as caught:
+        make_engine(settings)
+    assert "Reshape node" in str(caught.value) and "x.shape[1]" in caught.value.fix

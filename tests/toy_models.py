@@ -196,3 +196,17 @@ def transformer_encoder() -> ModelSpec:
         module = _TransformerEncoder()
         example = {"x": torch.randn(EXAMPLE_BATCH, 8, 16)}
     return ModelSpec(name="transformer_encoder", module=module, example_inputs=example, output_names=["y"])
+
+
+class _BakedSequence(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # int() makes the traced graph keep the example's sequence length as a constant
+        return x.reshape(x.shape[0], int(x.shape[1]), 2, 4).sum(-1)
+
+
+def baked_sequence_model() -> ModelSpec:
+    """Runs at any sequence length in PyTorch, but its ONNX graph only at the example's (6), though DYNAMIC
+    declares the axis."""
+    example = {"x": torch.zeros(EXAMPLE_BATCH, 6, 8)}
+    axes = {"x": {1: DynamicAxis(name="seq", min=1, opt=6, max=12)}}
+    return ModelSpec(name="baked_sequence", module=_BakedSequence(), example_inputs=example, dynamic_axes=axes)
