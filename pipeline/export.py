@@ -93,6 +93,8 @@ def export_onnx(spec: ModelSpec, onnx_path: Path) -> dict:
                 do_constant_folding=True,
                 dynamo=False,
             )
+        except OSError:
+            raise  # the disk or the folder said no (full, read-only): the command line reports it as such
         except Exception as error:  # the exporter raises many types; all mean "this model did not export"
             raise PipelineError(
                 f"torch.onnx.export failed for {spec.name}: {type(error).__name__}: {error}",

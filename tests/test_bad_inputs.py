@@ -129,3 +129,15 @@ def test_a_manifest_that_is_not_a_json_object(text, tmp_path):
     with pytest.raises(PipelineError, match="manifest.json (holds a JSON|is not valid JSON)") as caught:
         load_runner(tmp_path)
     assert "rebuild the folder: make engine" in caught.value.fix
+
+
+@pytest.mark.parametrize("profile", [{"min": 1, "opt": 1, "max": 0}, {"min": 1}, {"max": "many"}])
+def test_a_damaged_batch_profile(profile, tmp_path):
+    from pipeline.manifest import update_manifest
+    from pipeline.settings import Settings
+    from pipeline.stages import make_engine
+
+    folder = make_engine(Settings(model="tests.toy_models:tiny_cnn", precision="fp32", out_root=tmp_path))
+    update_manifest(folder, batch_profile=profile)
+    with pytest.raises(PipelineError, match="batch_profile .* has no max of 1 row or more"):
+        load_runner(folder, "onnxruntime")

@@ -68,7 +68,16 @@ def max_batch(manifest: dict) -> int:
             "the manifest has no batch_profile (the export stage did not finish)",
             f"rebuild the folder: {rebuild_hint(manifest)}",
         )
-    return int(profile["max"])
+    try:
+        rows = int(profile["max"])
+    except (KeyError, TypeError, ValueError):
+        rows = 0
+    if rows < 1:
+        raise PipelineError(
+            f"the manifest's batch_profile {profile} has no max of 1 row or more (the file was edited or damaged)",
+            f"rebuild the folder: {rebuild_hint(manifest)}",
+        )
+    return rows
 
 
 def _dtype_and_shape(name: str, value: Any) -> tuple[np.dtype, tuple[int, ...]]:
