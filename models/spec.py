@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -55,11 +56,20 @@ class ModelSpec:
 
 def forward_parameters(module: torch.nn.Module) -> list[str] | None:
     """The names forward() takes, in order; None where Python cannot say (TorchScript, torch.export, *args)."""
+    forward = inspect.getattr_static(type(module), "forward", None)  # TorchScript's class attribute raises on get
+    names = _forward_parameters_of(forward) if callable(forward) else None
+    return list(names) if names is not None else None
+
+
+@functools.cache
+def _forward_parameters_of(forward: Any) -> tuple[str, ...] | None:
+    # Once per class's forward: the torch runner calls it on every request, and inspect.signature is slow.
     try:
-        parameters = inspect.signature(module.forward).parameters.values()
-    except (TypeError, ValueError):
+        parameters = inspect.signature(forward).parameters.values()
+    except (TypeError, ValueError, AttributeError):
         return None
-    named = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    named = tuple(p.name for p in parameters if p.kind in kinds)[1:]  # the class's function: drop `self`
     return named or None
 
 

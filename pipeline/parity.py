@@ -67,20 +67,36 @@ def check_parity(onnx_path: Path, reference_path: Path, *, precision: str) -> di
     }
 
 
-def check_int8_agreement(fp32_path: Path, int8_path: Path, batches: list[dict[str, np.ndarray]]) -> dict:
-    """The INT8 graph against the FP32 graph on calibration batches; raise PipelineError past INT8_MAX_ERROR."""
-    reference, quantized = onnxruntime_session(fp32_path), onnxruntime_session(int8_path)
+def check_int8_agreement(fp32_path: Path, int8_paths: list[Path], batches: list[dict[str, np.ndarray]]) -> dict:
+    """Each INT8 graph against the FP32 graph on calibration batches (FP32 run once for all of them);
+    raise PipelineError past INT8_MAX_ERROR."""
+    reference = onnxruntime_session(fp32_path)
     names = [output.name for output in reference.get_outputs()]
+    expected = [dict(zip(names, reference.run(names, feeds), strict=True)) for feeds in batches]
+    count = int(sum(len(next(iter(feeds.values()))) for feeds in batches))
+    graphs = {path.name: _int8_agreement(fp32_path, path, batches, expected, count) for path in int8_paths}
+    return {
+        "summary": "; ".join(record.pop("summary") for record in graphs.values()),
+        "evaluation": "the calibration data (in-sample): each row's |int8 - fp32| / |fp32| and cosine",
+        "gate": INT8_MAX_ERROR,
+        "rows": count,
+        "graphs": graphs,
+    }
+
+
+def _int8_agreement(
+    fp32_path: Path, int8_path: Path, batches: list[dict[str, np.ndarray]], expected: list[dict], count: int
+) -> dict:
+    quantized = onnxruntime_session(int8_path)
+    names = list(expected[0])
     rows: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {name: [] for name in names}
-    for feeds in batches:
-        expected = dict(zip(names, reference.run(names, feeds), strict=True))
+    for feeds, wanted in zip(batches, expected, strict=True):
         actual = dict(zip(names, quantized.run(names, feeds), strict=True))
         for name in names:
-            rows[name].append(_row_errors(expected[name], actual[name]))
+            rows[name].append(_row_errors(wanted[name], actual[name]))
     records = {name: _agreement_record(pairs) for name, pairs in rows.items()}
     worst_name = max(records, key=lambda name: records[name]["error_mean"])
     worst = records[worst_name]["error_mean"]
-    count = int(sum(len(next(iter(feeds.values()))) for feeds in batches))
     if not worst <= INT8_MAX_ERROR:  # NaN fails too
         inputs = {name: value[:1] for name, value in batches[0].items()}
         where = _first_bad_node(fp32_path, int8_path, inputs, "int8")
@@ -92,11 +108,8 @@ def check_int8_agreement(fp32_path: Path, int8_path: Path, batches: list[dict[st
             f"the table: python -m pipeline diagnose {int8_path.parent}",
         )
     return {
-        "summary": f"{int8_path.name} vs FP32 on {count} calibration rows: off by {worst:.3g} of the output's norm, "
-        f"cosine {records[worst_name]['cosine_mean']:.4f} (gate {INT8_MAX_ERROR})",
-        "evaluation": "the calibration data (in-sample): each row's |int8 - fp32| / |fp32| and cosine",
-        "gate": INT8_MAX_ERROR,
-        "rows": count,
+        "summary": f"{int8_path.name} vs FP32 on {count} calibration rows: off by {worst:.3g} of the output's "
+        f"norm, cosine {records[worst_name]['cosine_mean']:.4f} (gate {INT8_MAX_ERROR})",
         "outputs": records,
     }
 

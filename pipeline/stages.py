@@ -192,9 +192,8 @@ def _check_int8_agreement(run: Run, fp32: Path) -> None:
         samples=settings.calib_samples,
         batch=settings.calib_batch,
     )
-    served_here = CPU_GRAPHS[int8_cpu_kind()]
-    for stage, name in (("agreement_int8", GRAPH_NAMES["int8"]), ("agreement_int8_onnxruntime_cpu", served_here)):
-        run.stage(stage, check_int8_agreement, fp32, _require(run, name), data.batches)
+    graphs = [_require(run, GRAPH_NAMES["int8"]), _require(run, CPU_GRAPHS[int8_cpu_kind()])]
+    run.stage("agreement_int8", check_int8_agreement, fp32, graphs, data.batches)
 
 
 def _rows(inputs: dict) -> int:

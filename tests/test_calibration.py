@@ -425,8 +425,8 @@ def test_int8_engine_on_the_gpu_agrees_with_onnxruntime(split, train_npy, tmp_pa
 
 def test_int8_gate_passes_the_calibrated_graph_and_fails_a_wrong_scale(int8, fp32, split, tmp_path):
     batches = [{"input": split.train_inputs[:128]}]
-    record = check_int8_agreement(fp32, int8[0], batches)
-    assert record["outputs"]["logits"]["error_mean"] < 0.05 and record["rows"] == 128
+    record = check_int8_agreement(fp32, [int8[0]], batches)
+    assert record["graphs"]["model.int8.onnx"]["outputs"]["logits"]["error_mean"] < 0.05 and record["rows"] == 128
     model = onnx.load(str(int8[0]))
     initializers = {init.name: init for init in model.graph.initializer}
     first_weight = next(
@@ -436,5 +436,5 @@ def test_int8_gate_passes_the_calibrated_graph_and_fails_a_wrong_scale(int8, fp3
     scale.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(scale) * 10, scale.name))
     onnx.save(model, str(tmp_path / "model.int8.onnx"))
     with pytest.raises(PipelineError, match="departs from FP32 on the calibration data") as caught:
-        check_int8_agreement(fp32, tmp_path / "model.int8.onnx", batches)
+        check_int8_agreement(fp32, [int8[0], tmp_path / "model.int8.onnx"], batches)
     assert "the first node past it is" in str(caught.value) and "diagnose" in caught.value.fix

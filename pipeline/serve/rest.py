@@ -145,6 +145,14 @@ def _parameters(entry: dict, where: str) -> dict[str, Any]:
     return parameters
 
 
+def _tensor_parameters(entry: dict, keys: Any, where: str) -> dict[str, Any]:
+    """An input or output entry's "parameters", after refusing keys the protocol does not define there."""
+    _refuse_unknown_keys(entry, keys, where)
+    parameters = _parameters(entry, where)
+    check_parameters(parameters, where)
+    return parameters
+
+
 def _input_tensors(inputs: list, binary: memoryview) -> Iterator[InputTensor]:
     """Each input, its binary data (if any) cut from `binary` in input order; all of it must be claimed."""
     offset = 0
@@ -152,9 +160,7 @@ def _input_tensors(inputs: list, binary: memoryview) -> Iterator[InputTensor]:
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise bad_request(f'input {number} must be an object with a "name", "datatype", "shape" and "data"')
         where = f"input {entry['name']!r}"
-        _refuse_unknown_keys(entry, _INPUT_KEYS, where)
-        parameters = _parameters(entry, where)
-        check_parameters(parameters, where)
+        parameters = _tensor_parameters(entry, _INPUT_KEYS, where)
         size = parameters.get("binary_data_size")
         raw = None
         if size is not None:
@@ -185,9 +191,7 @@ def _requested_outputs(outputs: Any, binary_default: bool) -> Iterator[tuple[str
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise bad_request(f'each of "outputs" must be an object with a "name", got {entry!r}')
         where = f"output {entry['name']!r}"
-        _refuse_unknown_keys(entry, _OUTPUT_KEYS, where)
-        parameters = _parameters(entry, where)
-        check_parameters(parameters, where)
+        parameters = _tensor_parameters(entry, _OUTPUT_KEYS, where)
         binary = parameters.get("binary_data", binary_default)
         if not isinstance(binary, bool):
             raise bad_request(f'{where}: "binary_data" must be true or false, got {binary!r}')
