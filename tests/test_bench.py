@@ -1,4 +1,5 @@
-"""The benchmark harness on tiny_cnn's real artifacts with the CPU backends (no assertion on speed).
+"""The benchmark harness on tiny_cnn's real artifacts with the CPU backends (no assertion on speed: only the
+report's structure and the consistency of its numbers with each other).
 
 The artifact folder is built once per module by the real pipeline (make_engine); every backend
 that runs here really runs (PyTorch, ONNX Runtime), the others must say why they were skipped.
@@ -20,18 +21,21 @@ from calibration.int8 import CPU_GRAPHS
 from pipeline import cli
 from pipeline.bench import TimingPolicy, run_benchmark, write_reports
 from pipeline.bench.backends import NAMES
-from pipeline.bench.harness import make_inputs
-from pipeline.bench.timing import MIN_SAMPLES, Share, measure, summarize
-from pipeline.cpu import int8_cpu_kind
+from pipeline.bench.harness import make_inputs, stability
+from pipeline.bench.timing import MIN_SAMPLES, Share, measure, round_spread, summarize
+from pipeline.cpu import cpu_instruction_sets, instruction_sets_text, int8_cpu_kind
 from pipeline.errors import PipelineError
 from pipeline.manifest import describe_artifacts, read_manifest, update_manifest
 from pipeline.parity import RTOL
+from pipeline.runners import load_runner
 from pipeline.settings import BatchProfile, Settings
 from pipeline.stages import make_engine
 
 QUICK = TimingPolicy(warmup=2, iterations=20, budget_s=0.5, rounds=2)
 BATCHES = [1, 4]
-CPU_BACKENDS = ["onnxruntime", "onnxruntime-session"]
+CPU_BACKENDS = ["served", "onnxruntime", "onnxruntime-session"]
+# torch.compile compiles for seconds to minutes per batch size: its own test below, marked slow.
+FIXTURE_BACKENDS = [name for name in NAMES if name != "torch-compile"]
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +47,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def report(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict[str, Path]]:
-    result = run_benchmark(folder, batches=BATCHES, policy=QUICK, progress=lambda line: None)
+    result = run_benchmark(folder, backends=FIXTURE_BACKENDS, batches=BATCHES, policy=QUICK, progress=lambda _: None)
     paths = write_reports(result, tmp_path_factory.mktemp("report"))
     return result, paths
 
@@ -56,9 +60,12 @@ def test_report_files_exist_and_parse(report: tuple[dict, dict[str, Path]]) -> N
     result, paths = report
     assert json.loads(paths["json"].read_text()) == json.loads(json.dumps(result, default=str))
     markdown = paths["md"].read_text()
-    assert "| backend | batch | p50 ms |" in markdown
-    for section in ("## End to end", "## Device-resident", "## Environment", "## Method", "## Backends"):
-        assert section in markdown
+    assert "| backend | batch | p10 ms | p50 ms | p90 ms | p99 ms | items/s (batch / p50) |" in markdown
+    for section in ("End to end", "Device-resident", "First call", "Environment", "Method", "Backends"):
+        assert f"## {section}" in markdown
+    # The CPU's instruction sets head the report and are in the JSON (the plot's caption shows the same text).
+    assert f"CPU instruction sets: {instruction_sets_text(cpu_instruction_sets())}." in markdown
+    assert result["environment"]["cpu"]["instruction_sets"] == cpu_instruction_sets()
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "not measured separately" in markdown  # CPU backends: device-resident equals end to end, said so
 
@@ -76,23 +83,53 @@ def test_numbers_positive_and_consistent(report: tuple[dict, dict[str, Path]]) -
     baseline = {(r["batch"], r["mode"]): r["latency"]["p50_ms"] for r in ok_rows(result) if r["backend"] == "torch"}
     for row in ok_rows(result):
         s = row["latency"]
-        assert 0 < s["min_ms"] <= s["p50_ms"] <= s["p90_ms"] <= s["p99_ms"] <= s["max_ms"]
+        assert 0 < s["min_ms"] <= s["p10_ms"] <= s["p50_ms"] <= s["p90_ms"] <= s["p99_ms"] <= s["max_ms"]
         assert s["min_ms"] <= s["mean_ms"] <= s["max_ms"]
-        assert s["items_per_s"] == pytest.approx(row["batch"] / (s["mean_ms"] / 1e3), rel=1e-9)
+        # One statistic for both panels: throughput is batch / p50, so it ranks backends as latency does.
+        assert s["items_per_s"] == pytest.approx(row["batch"] / (s["p50_ms"] / 1e3), rel=1e-9)
         expected = baseline[(row["batch"], row["mode"])] / s["p50_ms"]
         assert row["speedup_vs_torch"] == pytest.approx(expected, rel=1e-9)
+        medians = row["rounds"]["round_p50_ms"]
+        assert len(medians) == QUICK.rounds
+        assert row["rounds"]["spread"] == pytest.approx((max(medians) - min(medians)) / min(medians), rel=1e-9)
+        assert min(medians) * (1 - 1e-9) <= s["p50_ms"] <= max(medians) * (1 + 1e-9)  # the union's median
+        assert row["first_call_s"] > 0
+
+
+def test_stability_verdict_is_reported_with_the_load(report: tuple[dict, dict[str, Path]]) -> None:
+    result, paths = report
+    verdict = result["stability"]
+    assert verdict["status"] in ("stable", "unstable")
+    assert verdict["verdict"].startswith(verdict["status"] + ":")
+    assert verdict["load_average"] == result["environment"]["load_average"]
+    spreads = [r["rounds"]["spread"] for r in ok_rows(result)]
+    assert (verdict["status"] == "stable") == (max(spreads) <= QUICK.agree_within)
+    assert verdict["worst"][0]["spread"] == max(spreads)
+    markdown = paths["md"].read_text()
+    assert f"**Stability: {verdict['verdict']}.**" in markdown
+    if verdict["status"] == "unstable":
+        assert "unstable: rerun on an idle machine" in markdown
+
+
+def test_the_served_row_runs_what_load_runner_auto_serves(folder: Path, report: tuple[dict, dict[str, Path]]) -> None:
+    result, _ = report
+    served = next(b for b in result["backends"] if b["name"] == "served")
+    with load_runner(folder, backend="auto") as runner:
+        assert served["description"] == runner.description
+    assert served["label"] == f"served here: ONNX Runtime (runner) on {folder / 'model.onnx'}"
+    assert "picked because auto:" in served["description"]
 
 
 def test_skipped_backends_carry_a_reason(report: tuple[dict, dict[str, Path]]) -> None:
     result, _ = report
     records = {b["name"]: b for b in result["backends"]}
-    assert set(records) == set(NAMES)
+    assert set(records) == set(FIXTURE_BACKENDS)
     for record in records.values():
         assert record["status"] in ("ran", "skipped", "failed")
         if record["status"] == "skipped":
             assert len(record["reason"]) > 10
     if not torch.cuda.is_available():
-        for name in ("torch-amp", "torch-compile", "tensorrt"):
+        for name in ("torch-amp", "tensorrt"):
             assert records[name]["status"] == "skipped"
         assert "CUDA" in records["torch-amp"]["reason"]
     assert "INT8" in records["onnxruntime-int8"]["reason"]  # this folder has no INT8 graph
@@ -189,6 +226,30 @@ def test_int8_row_runs_the_sibling_folders_graph_shaped_for_onnxruntime(folder: 
     markdown = write_reports(result, tmp_path / "report")["md"].read_text()
     assert f"on {int8 / graph}" in markdown  # the report says which graph the row ran
 
+    # On the INT8 folder itself, the served row is the graph a CPU service runs: the one for this CPU's kind.
+    served = run_benchmark(int8, backends=["served"], batches=[2], policy=QUICK, progress=lambda _: None)
+    record = next(b for b in served["backends"] if b["name"] == "served")
+    assert record["label"] == f"served here: ONNX Runtime (runner) on {int8 / graph}"
+    assert "2 of 2 Conv/MatMul/Gemm run as int8 kernels" in record["description"]
+    assert {r["backend"]: r["status"] for r in served["results"]} == {"torch": "ok", "served": "ok"}
+
+
+@pytest.mark.slow
+def test_torch_compile_runs_on_the_cpu_with_its_compile_time_apart(folder: Path, tmp_path: Path) -> None:
+    result = run_benchmark(folder, backends=["torch-compile"], batches=[2], policy=QUICK, progress=lambda _: None)
+    record = next(b for b in result["backends"] if b["name"] == "torch-compile")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: torch.compile runs there with AMP FP16 (covered by the GPU report)")
+    if record["status"] == "skipped":  # no C++ compiler here: the reason must say so
+        assert "C++ compiler" in record["reason"]
+        return
+    assert record["status"] == "ran" and "inductor compiles with" in record["description"]
+    row = next(r for r in result["results"] if r["backend"] == "torch-compile")
+    assert row["status"] == "ok" and row["agreement"]["status"] == "ok"
+    assert row["first_call_s"] > 0  # the compile, reported apart from the timed calls
+    markdown = write_reports(result, tmp_path)["md"].read_text()
+    assert f"- torch-compile: batch 2 {row['first_call_s']:.2f} s" in markdown
+
 
 def test_the_callers_torch_settings_come_back(folder: Path) -> None:
     before = torch.get_num_threads()
@@ -220,6 +281,7 @@ def test_command_line_prints_the_table_and_writes_the_files(folder: Path, tmp_pa
         ({"policy": TimingPolicy(warmup=0)}, ["warm-up"]),
         ({"policy": TimingPolicy(iterations=2)}, ["too few"]),
         ({"policy": TimingPolicy(rounds=0)}, ["--rounds"]),
+        ({"policy": TimingPolicy(agree_within=1.5)}, ["--agree-within", "fraction"]),
     ],
 )
 def test_bad_requests_are_refused_before_anything_runs(folder: Path, kwargs: dict, words: list[str]) -> None:
@@ -258,10 +320,29 @@ def test_measure_stops_at_the_budget_but_not_below_the_minimum() -> None:
 
 
 def test_summary_statistics() -> None:
-    stats = summarize([0.001, 0.002, 0.003, 0.004], batch=2)
-    assert (stats.p50_ms, stats.mean_ms, stats.min_ms, stats.max_ms) == pytest.approx((2.5, 2.5, 1.0, 4.0))
-    assert stats.p90_ms == pytest.approx(3.7)
-    assert stats.items_per_s == pytest.approx(800.0)
+    stats = summarize([0.001, 0.002, 0.003, 0.010], batch=2)
+    assert (stats.p50_ms, stats.mean_ms, stats.min_ms, stats.max_ms) == pytest.approx((2.5, 4.0, 1.0, 10.0))
+    assert (stats.p10_ms, stats.p90_ms) == pytest.approx((1.3, 7.9))
+    assert stats.items_per_s == pytest.approx(800.0)  # batch / p50, not batch / mean (500)
+
+
+def test_round_spread_and_the_stability_verdict() -> None:
+    spread = round_spread([[0.010, 0.011, 0.012], [0.020], [0.010, 0.012]])
+    assert spread["round_p50_ms"] == pytest.approx([11.0, 20.0, 11.0])
+    assert spread["spread"] == pytest.approx(9 / 11)
+
+    def row(backend: str, spread: float) -> dict:
+        return {"backend": backend, "batch": 1, "mode": "end-to-end", "status": "ok", "rounds": {"spread": spread}}
+
+    load = {"before": [1.0, 1.0, 1.0], "after": [2.0, 1.0, 1.0]}
+    policy = TimingPolicy(rounds=3, agree_within=0.1)
+    calm = stability([row("a", 0.02), row("b", 0.09)], policy, load)
+    assert calm["status"] == "stable" and calm["verdict"].startswith("stable: every row's 3 per-round p50s")
+    busy = stability([row("a", 0.02), row("b", 0.5), {"backend": "c", "status": "failed"}], policy, load)
+    assert busy["status"] == "unstable" and busy["load_average"] == load
+    assert busy["verdict"].startswith("unstable: rerun on an idle machine (1 of 2 rows")
+    assert busy["worst"][0] == {"backend": "b", "batch": 1, "mode": "end-to-end", "spread": 0.5}
+    assert stability([row("a", 0.5)], TimingPolicy(rounds=1), load)["status"] == "not judged"
 
 
 def test_policy_rounds_share_the_iterations_and_budget() -> None:

@@ -1,9 +1,11 @@
 """`python -m pipeline bench` / `make bench MODEL=resnet`: latency of one artifact folder through every backend.
 
-The same inputs go through PyTorch eager FP32 (the reference), PyTorch AMP FP16 and
-torch.compile (GPU), ONNX Runtime on the FP32 graph (through the runner and in a bare session)
-and on the INT8 graph, and the TensorRT engine (GPU), at each batch size, in two stated modes
-(end to end, device-resident).  bench.json, bench.md and bench.png land in the folder.
+The same inputs go through PyTorch eager FP32 (the reference), what `serve` runs on this machine
+(load_runner(folder, backend="auto"): the engine, or ONNX Runtime on the graph it picks), PyTorch
+AMP FP16 (GPU), torch.compile (inductor: AMP FP16 on a GPU, FP32 on a CPU), ONNX Runtime on the
+FP32 graph (through the runner and in a bare session) and on the INT8 graph, and the TensorRT
+engine (GPU), at each batch size, in two stated modes (end to end, device-resident), in rounds
+whose agreement gives the stability verdict.  bench.json, bench.md and bench.png land in the folder.
 
     from pipeline.bench import run_benchmark, write_reports
     report = run_benchmark(Path("engines/resnet50-fp16"), batches=[1, 8])
@@ -50,6 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rounds", type=int, default=policy.rounds, help="timed calls are split into rounds alternating backends"
     )
+    parser.add_argument(
+        "--agree-within",
+        type=float,
+        default=policy.agree_within,
+        help="the run is stable when every row's per-round p50s lie within this fraction of each other",
+    )
     parser.add_argument("--threads", type=int, help="CPU threads for torch and ONNX Runtime (default: physical cores)")
     parser.add_argument("--report-dir", type=Path, help="where bench.json/.md/.png go (default: the artifact folder)")
 
@@ -60,7 +68,7 @@ def main(args: argparse.Namespace) -> int:
         folder,
         backends=args.backends,
         batches=args.batches,
-        policy=TimingPolicy(args.warmup, args.iterations, args.budget_s, args.rounds),
+        policy=TimingPolicy(args.warmup, args.iterations, args.budget_s, args.rounds, args.agree_within),
         threads=args.threads,
         make_hint=hint,
         progress=lambda line: print(line, flush=True),

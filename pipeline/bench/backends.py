@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from pipeline.runners.torch import TorchRunner
 
 REFERENCE = "torch"  # PyTorch eager FP32: the baseline for speed-ups and the reference for agreement
+SERVED = "served"  # what `serve` runs on this machine: load_runner(folder, backend="auto")
 CPU_DEVICE_NOTE = "not measured separately: it runs on the CPU, whose inputs already live in host memory"
 
 
@@ -195,15 +196,53 @@ def open_torch_amp(context: Context) -> Backend:
 
 
 def open_torch_compile(context: Context) -> Backend:
+    """torch.compile, default backend (inductor): AMP FP16 on a GPU; FP32 on a CPU, where inductor writes C++."""
     import torch
 
-    _require_cuda(context)
-    runner: Any = load_runner(context.folder, backend="torch", device="cuda", amp=True)
-    # The runner calls `self.module`; compiling it in place keeps the runner's own host-copy path,
-    # so this row differs from torch-amp by the compiler alone.  (Re)compilation happens in untimed calls.
+    if context.cuda:
+        runner: Any = load_runner(context.folder, backend="torch", device="cuda", amp=True)
+        label, precision = "PyTorch torch.compile AMP FP16", "fp16"
+    else:
+        compiler = _inductor_cpp_compiler()
+        runner = load_runner(context.folder, backend="torch", device="cpu", amp=False)
+        label, precision = "PyTorch torch.compile FP32 (CPU)", "fp32"
+        runner.description += f"; inductor compiles with {compiler}"
+    # The runner calls `self.module`; compiling it in place keeps the runner's own host-copy path, so this row
+    # differs from eager by the compiler alone.  Compilation happens in each batch's first (untimed) call,
+    # whose time the report gives separately.
     runner.module = torch.compile(runner.module)
-    runner.description += "; module wrapped in torch.compile (default mode)"
-    return TorchBackend("torch-compile", "PyTorch torch.compile AMP FP16", "fp16", runner, _torch_threads(context))
+    runner.description += "; module wrapped in torch.compile (default mode, inductor)"
+    return TorchBackend("torch-compile", label, precision, runner, _torch_threads(context))
+
+
+def _inductor_cpp_compiler() -> str:
+    """The C++ compiler inductor will call on a CPU ("g++ (gcc 12.2.0)"); Unavailable where it finds none."""
+    import subprocess
+
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        compiler = get_cpp_compiler()  # inductor's own search: $CXX, else g++
+    except Exception as error:  # torch raises its InvalidCxxCompiler, or an import fails on an older torch
+        raise Unavailable(
+            f"torch.compile's inductor backend needs a C++ compiler on a CPU and found none ({error}); "
+            "install g++ (e.g. apt-get install g++) or set CXX"
+        ) from None
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
+    return f"{compiler} ({version.splitlines()[0]})" if version else compiler
+
+
+def open_served(context: Context) -> Backend:
+    """Exactly what `serve` runs on this machine: load_runner(folder, backend="auto"), with its default options."""
+    runner: Any = load_runner(context.folder, backend="auto")
+    precision = context.folder.precision
+    if runner.backend == "tensorrt":
+        label = f"served here: the TensorRT engine {context.folder.engine}"
+        return TensorRTBackend(SERVED, label, precision, runner)
+    graph = context.folder.path / runner.graph
+    label = f"served here: ONNX Runtime (runner) on {graph}"
+    threads = "ORT default: one intra-op thread per physical core"
+    return _onnxruntime_backend(SERVED, label, precision, runner, graph, threads)
 
 
 def open_onnxruntime(context: Context) -> Backend:
@@ -227,8 +266,15 @@ def open_onnxruntime_int8(context: Context) -> Backend:
     runner: Any = load_runner(folder, backend="onnxruntime")  # an OnnxRuntimeRunner: it names its .graph
     graph = folder / runner.graph
     threads = "ORT default: one intra-op thread per physical core"
-    backend = RunnerBackend("onnxruntime-int8", f"ONNX Runtime INT8 (runner) on {graph}", "int8", runner, threads)
-    if "CPUExecutionProvider" in runner.description and "CUDAExecutionProvider" not in runner.description:
+    label = f"ONNX Runtime INT8 (runner) on {graph}"
+    return _onnxruntime_backend("onnxruntime-int8", label, "int8", runner, graph, threads)
+
+
+def _onnxruntime_backend(name: str, label: str, precision: str, runner: Any, graph: Path, threads: str) -> Backend:
+    """The runner as a backend; an INT8 graph on the CPU provider also says how much of it really runs in int8."""
+    backend = RunnerBackend(name, label, precision, runner, threads)
+    on_cpu = "CPUExecutionProvider" in runner.description and "CUDAExecutionProvider" not in runner.description
+    if precision == "int8" and on_cpu:
         backend.description += f"; {int8_execution_note(graph)}"
     return backend
 
@@ -302,8 +348,13 @@ class Choice:
 # In run order; PyTorch eager FP32 first, because every other row is compared with it.
 CHOICES = (
     Choice(REFERENCE, "PyTorch eager FP32 (always runs: the reference)", open_torch),
+    Choice(SERVED, "what `serve` runs here: load_runner(folder, backend='auto'), engine or ONNX Runtime", open_served),
     Choice("torch-amp", "PyTorch eager, AMP autocast to FP16 (GPU)", open_torch_amp),
-    Choice("torch-compile", "PyTorch torch.compile + AMP FP16 (GPU)", open_torch_compile),
+    Choice(
+        "torch-compile",
+        "PyTorch torch.compile (inductor): AMP FP16 on a GPU, FP32 on a CPU (needs a C++ compiler)",
+        open_torch_compile,
+    ),
     Choice("onnxruntime", "ONNX Runtime on model.onnx (FP32) through the runner, best provider", open_onnxruntime),
     Choice("onnxruntime-session", "model.onnx in a bare InferenceSession (runner overhead)", open_onnxruntime_session),
     Choice(

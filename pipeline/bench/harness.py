@@ -11,6 +11,7 @@ recorded as failed with its error, and the others go on.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -21,7 +22,7 @@ import numpy as np
 from pipeline.bench.backends import REFERENCE, Backend, Choice, Context, Unavailable, choices_for
 from pipeline.bench.environment import describe_environment, load_average, physical_cores
 from pipeline.bench.report import DEVICE_RESIDENT, END_TO_END, agreement_text
-from pipeline.bench.timing import TimingPolicy, measure, summarize
+from pipeline.bench.timing import TimingPolicy, measure, round_spread, summarize
 from pipeline.compare import compare_outputs
 from pipeline.errors import PipelineError
 from pipeline.export import load_reference, random_inputs
@@ -145,7 +146,7 @@ def agreement(reference: dict[str, np.ndarray] | None, outputs: dict[str, np.nda
 
 @dataclass
 class Cell:
-    """One (backend, batch, mode): the call to time, its agreement, and the samples gathered over the rounds."""
+    """One (backend, batch, mode): the call to time, its agreement, and the samples gathered round by round."""
 
     backend: Backend
     batch: int
@@ -153,16 +154,20 @@ class Cell:
     call: Callable[[], object]
     agreement: dict
     peak_memory_bytes: int | None
-    samples: list[float] = field(default_factory=list)
+    first_call_s: float  # the checked call, untimed: it pays for allocation, and for compilation where there is one
+    rounds: list[list[float]] = field(default_factory=list)
     error: str | None = None
 
     def record(self) -> dict:
         head = {"backend": self.backend.name, "batch": self.batch, "mode": self.mode}
         if self.error is not None:
             return head | {"status": "failed", "error": self.error}
+        samples = [seconds for samples in self.rounds for seconds in samples]
         return head | {
             "status": "ok",
-            "latency": summarize(self.samples, self.batch).as_record(),
+            "latency": summarize(samples, self.batch).as_record(),
+            "rounds": round_spread(self.rounds),
+            "first_call_s": self.first_call_s,
             "agreement": self.agreement,
             "peak_device_memory_bytes": self.peak_memory_bytes,
         }
@@ -172,7 +177,9 @@ def check_backend(backend: Backend, feed: dict[str, np.ndarray], reference: dict
     """(outputs, cells): one untimed call per mode, its outputs compared with the reference, peak memory read."""
     batch = int(next(iter(feed.values())).shape[0])
     backend.reset_peak_memory()
+    started = time.perf_counter()
     outputs = backend.infer(feed)
+    first_call_s = time.perf_counter() - started
     staged = backend.stage(feed)
     if staged is not None:
         staged()
@@ -182,9 +189,9 @@ def check_backend(backend: Backend, feed: dict[str, np.ndarray], reference: dict
         agreed = {"status": "reference", "max_abs": 0.0, "max_rel": 0.0}
     else:
         agreed = agreement(reference, outputs, backend.precision)
-    cells = [Cell(backend, batch, END_TO_END, lambda: backend.infer(feed), agreed, peak)]
+    cells = [Cell(backend, batch, END_TO_END, lambda: backend.infer(feed), agreed, peak, first_call_s)]
     if staged is not None:
-        cells.append(Cell(backend, batch, DEVICE_RESIDENT, staged, agreed, peak))
+        cells.append(Cell(backend, batch, DEVICE_RESIDENT, staged, agreed, peak, first_call_s))
     return outputs, cells
 
 
@@ -196,9 +203,37 @@ def time_rounds(cells: list[Cell], policy: TimingPolicy) -> None:
             if cell.error is not None:
                 continue
             try:
-                cell.samples += measure(cell.call, cell.backend.sync, share)
+                cell.rounds.append(measure(cell.call, cell.backend.sync, share))
             except Exception as error:  # recorded, not raised: one broken backend must not hide the others
                 cell.error = _error_text(error)
+
+
+def stability(results: list[dict], policy: TimingPolicy, load: dict) -> dict:
+    """Do the rounds agree?  Stable when every row's per-round p50s lie within policy.agree_within of each other.
+
+    A judgement on the numbers themselves, not on the load average: a machine can be busy and still give
+    each backend the same share in every round, or look idle at the start and not stay so.
+    """
+    record = {"agree_within": policy.agree_within, "rounds": policy.rounds, "load_average": load}
+    ok = [r for r in results if r["status"] == "ok"]
+    if policy.rounds < 2 or not ok:
+        why = "one round" if policy.rounds < 2 else "no row was timed"
+        return record | {"status": "not judged", "verdict": f"not judged: {why} (give --rounds 2 or more)"}
+    worst = sorted(ok, key=lambda r: r["rounds"]["spread"], reverse=True)
+    apart = [r for r in worst if r["rounds"]["spread"] > policy.agree_within]
+    record["worst"] = [
+        {"backend": r["backend"], "batch": r["batch"], "mode": r["mode"], "spread": r["rounds"]["spread"]}
+        for r in worst[:3]
+    ]
+    within = f"{policy.agree_within:.0%}"
+    if not apart:
+        verdict = f"stable: every row's {policy.rounds} per-round p50s lie within {within} of each other"
+        return record | {"status": "stable", "verdict": verdict}
+    verdict = (
+        f"unstable: rerun on an idle machine ({len(apart)} of {len(ok)} rows have per-round p50s more than {within} "
+        f"apart; worst {worst[0]['backend']} at batch {worst[0]['batch']}, {worst[0]['rounds']['spread']:.0%})"
+    )
+    return record | {"status": "unstable", "verdict": verdict}
 
 
 def run_sweep(
@@ -305,8 +340,10 @@ def run_benchmark(
                 backend.close()
     environment = describe_environment(threads)
     environment["load_average"] = {"before": load_before, "after": load_average()}
+    verdict = stability(results, policy, environment["load_average"])
+    progress(f"{verdict['verdict']}; load average before {load_before}, after {environment['load_average']['after']}")
     return {
-        "schema": 1,
+        "schema": 2,
         "model": opened_folder.model,
         "folder": str(folder),
         "precision": opened_folder.precision,
@@ -317,6 +354,7 @@ def run_benchmark(
         "inputs": {"seed": SEED, "note": "random inputs shaped like the manifest's, the same for every backend"},
         "environment": environment,
         "reference_check": reference_check,
+        "stability": verdict,
         "backends": records,
         "results": results,
     }
@@ -328,7 +366,8 @@ def _progress_line(result: dict) -> str:
         return f"{head} failed: {result['error']}"
     stats = result["latency"]
     return (
-        f"{head} p50 {stats['p50_ms']:9.3f} ms  p99 {stats['p99_ms']:9.3f} ms  {stats['items_per_s']:10.1f} items/s  "
+        f"{head} p50 {stats['p50_ms']:9.3f} ms  p10-p90 {stats['p10_ms']:.3f}-{stats['p90_ms']:.3f} ms  "
+        f"{stats['items_per_s']:10.1f} items/s  rounds {result['rounds']['spread']:5.1%} apart  "
         f"n={stats['samples']:<4} agreement {agreement_text(result['agreement'])}"
     )
 

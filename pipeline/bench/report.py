@@ -18,12 +18,13 @@ MODE_TITLES = {
 COLUMNS = (
     "backend",
     "batch",
+    "p10 ms",
     "p50 ms",
     "p90 ms",
     "p99 ms",
-    "mean ms",
-    "items/s",
+    "items/s (batch / p50)",
     "vs eager (p50)",
+    "rounds' p50s apart",
     "peak device mem",
     "agreement vs eager FP32",
     "runs",
@@ -52,12 +53,13 @@ def markdown_table(report: dict, mode: str) -> str:
             cells = [
                 r["backend"],
                 str(r["batch"]),
+                _ms(s["p10_ms"]),
                 _ms(s["p50_ms"]),
                 _ms(s["p90_ms"]),
                 _ms(s["p99_ms"]),
-                _ms(s["mean_ms"]),
                 f"{s['items_per_s']:.1f}",
                 f"{speedup:.2f}x" if speedup is not None else "n/a",
+                f"{r['rounds']['spread']:.0%}",
                 _memory(r["peak_device_memory_bytes"]),
                 agreement_text(r["agreement"]),
                 str(s["samples"]),
@@ -73,8 +75,10 @@ def render_markdown(report: dict) -> str:
         "",
         f"Command: `{report['command']}`  ",
         f"Measured {report['created']} on {_machine_line(env)}.  ",
+        f"CPU instruction sets: {instruction_sets_text(env['cpu'].get('instruction_sets'))}.  ",
+        f"**Stability: {report['stability']['verdict']}.**  ",
         f"Load average (1/5/15 min) before {env['load_average']['before']}, after {env['load_average']['after']}"
-        f" (the benchmark itself keeps about {env['threads']} busy; more is other jobs, which show up in p99).",
+        f" (the benchmark itself keeps about {env['threads']} busy; more is other jobs).",
     ]
     check = report["reference_check"]
     if check["status"] != "ok":
@@ -85,6 +89,8 @@ def render_markdown(report: dict) -> str:
             parts += [markdown_table(report, mode), ""]
         if mode == DEVICE_RESIDENT:
             parts += _device_notes(report)
+    parts += ["", "## First call (not in the timings; for torch.compile, the compile time)", ""]
+    parts += _first_call_lines(report)
     parts += ["", "## Backends", "", *_backend_lines(report)]
     parts += ["", "## Environment", "", *_environment_lines(env)]
     parts += ["", "## Method", "", *_method_lines(report)]
@@ -102,24 +108,41 @@ def write_reports(report: dict, out_dir: Path) -> dict[str, Path]:
 
 
 def plot(report: dict, path: Path) -> None:
-    """p50 latency and throughput against batch, one line per backend (dashed: device-resident)."""
+    """p50 latency and batch / p50 throughput against batch, p10-p90 whiskers, one line per backend and mode.
+
+    Both panels use the median, so they rank the backends the same way at every batch.
+    """
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on servers
     import matplotlib.pyplot as plt
 
-    figure, (latency_axes, throughput_axes) = plt.subplots(1, 2, figsize=(12, 4.5))
+    figure, (latency_axes, throughput_axes) = plt.subplots(1, 2, figsize=(12, 5.2))
     for (backend, mode), rows in _series(report).items():
         batches = [r["batch"] for r in rows]
         style = "-" if mode == END_TO_END else "--"
         label = backend if mode == END_TO_END else f"{backend} ({mode})"
-        latency_axes.plot(batches, [r["latency"]["p50_ms"] for r in rows], style, marker="o", label=label)
-        throughput_axes.plot(batches, [r["latency"]["items_per_s"] for r in rows], style, marker="o", label=label)
+        p10, p50, p90 = ([r["latency"][key] for r in rows] for key in ("p10_ms", "p50_ms", "p90_ms"))
+        drawn = latency_axes.errorbar(
+            batches, p50, yerr=[_minus(p50, p10), _minus(p90, p50)], fmt=style, marker="o", capsize=3, label=label
+        )
+        # Items per second at the p90 latency is the low end, at p10 the high end.
+        per_s, slow, fast = ([b / (ms / 1e3) for b, ms in zip(batches, q, strict=True)] for q in (p50, p90, p10))
+        throughput_axes.errorbar(
+            batches,
+            per_s,
+            yerr=[_minus(per_s, slow), _minus(fast, per_s)],
+            fmt=style,
+            marker="o",
+            capsize=3,
+            color=drawn.lines[0].get_color(),
+            label=label,
+        )
     for axes, title, unit in (
-        (latency_axes, "p50 latency per call", "ms (log)"),
-        (throughput_axes, "throughput, one call at a time", "items/s (log)"),
+        (latency_axes, "p50 latency per call (whiskers p10-p90)", "ms (log)"),
+        (throughput_axes, "throughput = batch / p50, one call at a time (whiskers p90-p10)", "items/s (log)"),
     ):
-        axes.set_title(title)
+        axes.set_title(title, fontsize=10)
         axes.set_xlabel("batch size")
         axes.set_ylabel(unit)
         axes.set_xscale("log", base=2)
@@ -127,11 +150,22 @@ def plot(report: dict, path: Path) -> None:
         axes.set_xticks(report["batches"], [str(b) for b in report["batches"]])
         axes.grid(True, which="both", alpha=0.3)
     latency_axes.legend(fontsize=8)
-    figure.suptitle(f"{report['model']}: {_machine_line(report['environment'])}", fontsize=10)
-    figure.tight_layout()
+    env = report["environment"]
+    figure.suptitle(f"{report['model']}: {_machine_line(env)}", fontsize=10)
+    caption = (
+        f"CPU instruction sets: {instruction_sets_text(env['cpu'].get('instruction_sets'))}\n"
+        f"{report['stability']['verdict']}\nload average (1/5/15 min) before {env['load_average']['before']}, "
+        f"after {env['load_average']['after']}"
+    )
+    figure.text(0.5, 0.01, caption, ha="center", va="bottom", fontsize=8)
+    figure.tight_layout(rect=(0, 0.1, 1, 1))
     with atomic_path(path) as temporary:
         figure.savefig(temporary, format="png", dpi=110)
     plt.close(figure)
+
+
+def _minus(high: list[float], low: list[float]) -> list[float]:
+    return [h - lo for h, lo in zip(high, low, strict=True)]
 
 
 # --------------------------------------------------------------------------- pieces
@@ -157,6 +191,15 @@ def _device_notes(report: dict) -> list[str]:
         if b["status"] == "ran" and b["device_resident"] != "measured"
     ]
     return notes or ["(every backend that ran was measured in both modes)"]
+
+
+def _first_call_lines(report: dict) -> list[str]:
+    """Per backend, the seconds of its first call at each batch (end to end): allocation, autotuning, compilation."""
+    firsts: dict[str, list[str]] = {}
+    for r in report["results"]:
+        if r["status"] == "ok" and r["mode"] == END_TO_END:
+            firsts.setdefault(r["backend"], []).append(f"batch {r['batch']} {r['first_call_s']:.2f} s")
+    return [f"- {name}: {', '.join(parts)}" for name, parts in firsts.items()] or ["(no backend was timed)"]
 
 
 def _backend_lines(report: dict) -> list[str]:
@@ -202,8 +245,13 @@ def _method_lines(report: dict) -> list[str]:
         "- Each sample is one call, timed with time.perf_counter from before the call until the device is "
         "synchronized (end to end: until host outputs exist); calls never overlap. Python's garbage collector "
         "is paused while timing.",
-        "- p50/p90/p99 are percentiles of those samples (linear interpolation); with fewer than 100 samples p99 "
-        "is close to the slowest call. Throughput = batch / mean latency, one call at a time (no concurrency).",
+        "- p10/p50/p90/p99 are percentiles of those samples (linear interpolation); with fewer than 100 samples p99 "
+        "is close to the slowest call. Throughput = batch / p50, one call at a time (no concurrency): the same "
+        "statistic as the latency column, so both rank the backends alike. The plot shows p50 with p10-p90 whiskers.",
+        f"- Stability: each row's samples are also summarized per round (`rounds' p50s apart` = (largest - smallest) "
+        f"/ smallest of its {policy['rounds']} per-round p50s); the run is stable when every row's rounds lie within "
+        f"{policy['agree_within']:.0%} of each other, else the report says `unstable: rerun on an idle machine`. "
+        "Rounds that ran minutes apart disagree when other work on the machine comes and goes.",
         "- `vs eager (p50)` = p50 of PyTorch eager FP32 / p50 of the row, same batch and mode, same run.",
         "- Agreement: the first call's outputs against PyTorch eager FP32 on the same inputs (pipeline.compare; "
         "max |a - r| relative to the output's largest magnitude), with the parity tolerance of the row's precision. "
@@ -211,6 +259,8 @@ def _method_lines(report: dict) -> list[str]:
         "calibrated range); INT8 accuracy is judged on real data (`make accuracy`).",
         f"- Reference check: {report['reference_check'].get('summary', report['reference_check'].get('reason'))} "
         "(PyTorch eager FP32 on the first case of reference.npz against the outputs stored there).",
+        "- First call: the checked call at each batch, untimed and reported apart; for torch.compile it includes "
+        "compilation (inductor also keeps an on-disk cache, so a repeated run compiles faster).",
         "- Peak device memory, read around the checked call: for torch on a GPU, the module's weights plus "
         "torch.cuda.max_memory_allocated above what was allocated before it; n/a elsewhere, with the reason "
         "under Backends.",

@@ -46,6 +46,8 @@ class TimingPolicy:
     iterations: int = 100
     budget_s: float = 10.0
     rounds: int = 5
+    # The rounds agree (the run is stable) when every row's per-round p50s lie within this fraction of each other.
+    agree_within: float = 0.10
 
     def check(self) -> TimingPolicy:
         if self.warmup < 1:
@@ -63,6 +65,10 @@ class TimingPolicy:
         if not 1 <= self.rounds <= self.iterations:
             raise PipelineError(
                 f"--rounds {self.rounds} must be between 1 and --iterations ({self.iterations})", "give e.g. --rounds 5"
+            )
+        if not 0 < self.agree_within < 1:
+            raise PipelineError(
+                f"--agree-within {self.agree_within} is not a fraction between 0 and 1", "give e.g. 0.10 (10%)"
             )
         return self
 
@@ -85,36 +91,51 @@ class LatencyStats:
 
     batch: int
     samples: int
+    p10_ms: float
     p50_ms: float
     p90_ms: float
     p99_ms: float
     mean_ms: float
     min_ms: float
     max_ms: float
-    items_per_s: float  # batch / mean latency: one request at a time, no concurrency
+    # batch / p50: one request at a time, no concurrency.  The median, like the latency column, so the two
+    # never disagree about which backend wins (a mean would let one slow outlier flip the order).
+    items_per_s: float
 
     def as_record(self) -> dict:
         return asdict(self)
 
 
 def summarize(seconds: list[float], batch: int) -> LatencyStats:
-    """Percentiles (linear interpolation, so p50 <= p90 <= p99) and throughput from per-call seconds."""
+    """Percentiles (linear interpolation, so p10 <= p50 <= p90 <= p99) and throughput from per-call seconds."""
     if not seconds:
         raise ValueError("no samples to summarize")
     ms = np.asarray(seconds, dtype=np.float64) * 1e3
-    p50, p90, p99 = (float(v) for v in np.percentile(ms, [50, 90, 99]))
-    mean = float(ms.mean())
+    p10, p50, p90, p99 = (float(v) for v in np.percentile(ms, [10, 50, 90, 99]))
     return LatencyStats(
         batch=batch,
         samples=len(seconds),
+        p10_ms=p10,
         p50_ms=p50,
         p90_ms=p90,
         p99_ms=p99,
-        mean_ms=mean,
+        mean_ms=float(ms.mean()),
         min_ms=float(ms.min()),
         max_ms=float(ms.max()),
-        items_per_s=batch / (mean / 1e3),
+        items_per_s=batch / (p50 / 1e3),
     )
+
+
+def round_spread(rounds: list[list[float]]) -> dict:
+    """Each round's p50 (ms) and their spread: (largest - smallest) / smallest.
+
+    The rounds of one cell ran minutes apart, interleaved with the other backends; on an idle machine
+    their medians agree to a few percent, and a busy neighbour shows up as one round far from the rest.
+    """
+    medians = [float(np.median(samples)) * 1e3 for samples in rounds if samples]
+    if not medians:
+        raise ValueError("no samples to summarize")
+    return {"round_p50_ms": medians, "spread": (max(medians) - min(medians)) / min(medians)}
 
 
 def measure(call: Callable[[], object], sync: Callable[[], None], share: Share) -> list[float]:
