@@ -59,8 +59,9 @@ venv: $(STAMP)
 engine: $(STAMP)
 	$(PY) -m pipeline all $(PIPELINE_ARGS)
 
-# Latency of engines/<model>-<precision>/ through every backend usable here (BACKENDS=a,b to choose,
-# BATCHES=1,8,32 within the profile); writes bench.json/.md/.png into that folder.
+# Latency of engines/<model>-<precision>/ through every backend usable here, the one `serve` runs included
+# (BACKENDS=a,b to choose, BATCHES=1,8,32 within the profile); writes bench.json/.md/.png into that folder,
+# with a stability verdict (python -m pipeline bench --help: iterations, rounds, --agree-within).
 bench: $(STAMP)
 	$(PY) -m pipeline bench $(call arg,model,MODEL) $(call arg,precision,PRECISION) $(call arg,out,OUT) \
 		$(if $(value BACKENDS),$(call arg,backends,BACKENDS)) $(if $(value BATCHES),$(call arg,batches,BATCHES))
