@@ -368,7 +368,8 @@ def _progress_line(result: dict) -> str:
     return (
         f"{head} p50 {stats['p50_ms']:9.3f} ms  p10-p90 {stats['p10_ms']:.3f}-{stats['p90_ms']:.3f} ms  "
         f"{stats['items_per_s']:10.1f} items/s  rounds {result['rounds']['spread']:5.1%} apart  "
-        f"n={stats['samples']:<4} agreement {agreement_text(result['agreement'])}"
+        f"n={stats['samples']:<4} first call {result['first_call_s']:.2f} s  "
+        f"agreement {agreement_text(result['agreement'])}"
     )
 
 
