@@ -6,7 +6,10 @@
     factory returns a ModelSpec, an nn.Module (INPUT_SHAPE required) or
     `(module, example_inputs)`;
   - a file: a whole nn.Module saved with torch.save, a TorchScript file (both need
-    INPUT_SHAPE), or a torch.export `.pt2` program (inputs derived from the program).
+    INPUT_SHAPE), or a torch.export `.pt2` program (inputs derived from the program);
+  - a Hugging Face folder as save_pretrained writes it (config.json + safetensors/bin weights).
+A `transformers` model, however it came, is called by keyword with its cache off and returns its
+tensors by name (models.huggingface).
 WEIGHTS, a state_dict file, is loaded into whichever model that gives.  The INPUT_SHAPE
 and DYNAMIC grammars are documented in `models.user`.  INPUT_SHAPE, when given, always
 replaces the model's own example inputs; DYNAMIC, when given, replaces its dynamic axes.
@@ -25,7 +28,7 @@ import inspect
 import re
 from pathlib import Path
 
-from models import user
+from models import huggingface, user
 from models.registry import ALIASES, REGISTRY
 from models.spec import ModelSpec
 from pipeline.errors import PipelineError
@@ -47,6 +50,8 @@ def canonical_name(model: str) -> str:
     if kind == "factory":
         module_name, _, attr_path = str(target).partition(":")
         return _slug(f"{module_name.rsplit('.', 1)[-1]}-{attr_path}")
+    if kind == "folder":
+        return _slug(Path(target).resolve().name)
     return _slug(Path(target).stem)
 
 
@@ -75,7 +80,10 @@ def load_model(
         spec.example_inputs = user.example_inputs_from_shapes(shapes)
     elif not spec.example_inputs:
         raise PipelineError(f"MODEL={model!r} is {form}, which does not say what its inputs are", user.INPUT_SHAPE_HELP)
-    spec.example_inputs = user.bind_to_forward(spec.module, spec.example_inputs, model)
+    if huggingface.is_transformers_model(spec.module):
+        spec = huggingface.adapt(spec, model, dynamic_given=requests is not None)
+    else:
+        spec.example_inputs = user.bind_to_forward(spec.module, spec.example_inputs, model)
     if requests is not None and dynamic is not None:
         spec.dynamic_axes = user.dynamic_axes_from_requests(requests, spec.example_inputs, dynamic)
     user.check_dynamic_axes(spec)
@@ -91,7 +99,7 @@ def load_model(
 
 
 def _resolve(model: str) -> tuple[str, str | Path]:
-    """("registry", name) | ("factory", "pkg.mod:attr") | ("file", path), or a PipelineError."""
+    """("registry", name) | ("factory", "pkg.mod:attr") | ("file", path) | ("folder", path), or a PipelineError."""
     key = model.strip().lower()
     key = ALIASES.get(key, key)
     if key in REGISTRY:
@@ -99,6 +107,12 @@ def _resolve(model: str) -> tuple[str, str | Path]:
     path = Path(model).expanduser()
     if path.is_file():
         return "file", path
+    if huggingface.is_model_folder(path):
+        return "folder", path
+    if path.is_dir():
+        raise PipelineError(
+            f"MODEL={model} is a folder without {huggingface.CONFIG_FILE}", f"give {huggingface.FOLDER_FORM}"
+        )
     if user.is_factory_reference(model):
         return "factory", model
     if path.suffix.lower() in user.MODEL_FILE_SUFFIXES or "/" in model:
@@ -111,7 +125,7 @@ def _resolve(model: str) -> tuple[str, str | Path]:
         f"unknown model {model!r}",
         f"use a registry name ({', '.join(known_models())}; aliases: {aliases}), "
         "a factory package.module:function, or the path of a model file "
-        "(torch.save'd nn.Module, TorchScript, or a torch.export .pt2)",
+        "(torch.save'd nn.Module, TorchScript, or a torch.export .pt2), or a Hugging Face model folder",
     )
 
 
@@ -122,6 +136,7 @@ _FORMS = {
     "pickled_module": "a pickled nn.Module",
     "torchscript": "a TorchScript file",
     "exported_program": "an ExportedProgram whose input shapes could not be derived",
+    "folder": "a Hugging Face model folder whose main input is neither token ids nor images",
 }
 
 
@@ -142,6 +157,10 @@ def _load_by_kind(
         spec = user.spec_from_factory_result(result, str(target))
         _apply_weights(spec, weights)
         return spec, [module_file] if module_file else [], _FORMS[kind]
+    if kind == "folder":
+        spec = huggingface.load_folder(Path(target))
+        _apply_weights(spec, weights)
+        return spec, huggingface.folder_sources(Path(target)), _FORMS[kind]
     loaded = user.load_model_file(Path(target), trust=trust_model_file)
     _apply_weights(loaded.spec, weights)
     sources = [Path(target)] + ([loaded.class_source] if loaded.class_source else [])

@@ -17,6 +17,8 @@ DYNAMIC grammar (axes besides the batch, which is always dynamic and set by BATC
     NAME:AXIS[=MIN:OPT:MAX][,NAME:AXIS[=MIN:OPT:MAX]...]
     e.g. input_ids:1=1:64:128,attention_mask:1=1:64:128
     Without a range: min 1, opt = max = the example size on that axis.
+    DYNAMIC=none: no axis besides the batch (a transformers model's token inputs get a dynamic
+    sequence axis by default; see models.huggingface).
     Naming: inputs that declare the same axis index with the same MIN:OPT:MAX share one
     DynamicAxis, named `<first input>_dim<axis>` (above: `input_ids_dim1` on both), so the
     ONNX graph gets one symbolic dim and the engine profile one range.  A single input's
@@ -36,7 +38,7 @@ import sys
 import traceback
 import types
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -174,7 +176,9 @@ class DynamicRequest:
 
 
 def parse_dynamic(text: str) -> list[DynamicRequest]:
-    """Parse the DYNAMIC grammar (see the module docstring)."""
+    """Parse the DYNAMIC grammar (see the module docstring); `none` declares no axis besides the batch."""
+    if text.strip().lower() == "none":
+        return []
     requests = [_parse_one_dynamic(item.strip(), text) for item in text.split(",")]
     seen = [(r.input_name, r.axis) for r in requests]
     if len(set(seen)) != len(seen):
@@ -431,20 +435,21 @@ def spec_from_factory_result(result: Any, reference: str) -> ModelSpec:
 
 
 def name_example_inputs(examples: Any, reference: str) -> dict[str, torch.Tensor]:
-    """A tensor -> {"input": t}; a tuple/list -> input_0, input_1, ...; a dict of tensors as it is."""
+    """A tensor -> {"input": t}; a tuple/list -> input_0, input_1, ...; a mapping of tensors (a dict, a
+    tokenizer's BatchEncoding) as a dict."""
     if isinstance(examples, torch.Tensor):
         named = {SINGLE_INPUT_NAME: examples}
     elif isinstance(examples, (tuple, list)):
         named = {f"input_{i}": tensor for i, tensor in enumerate(examples)}
-    elif isinstance(examples, dict):
-        named = dict(examples)
+    elif isinstance(examples, Mapping):
+        named = dict(examples.items())
     else:
         named = {}
     if not named or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in named.items()):
         raise PipelineError(
             f"MODEL={reference!r}: example inputs must be a tensor, a tuple/list of tensors or a dict name -> tensor, "
-            f"got {type(examples).__name__}",
-            "return (module, example_inputs) with tensors whose dim 0 is the batch",
+            f"got {_describe_examples(examples)}",
+            "return (module, example_inputs) with tensors whose dim 0 is the batch (a tokenizer: return_tensors='pt')",
         )
     for name, tensor in named.items():
         if tensor.dim() == 0:
@@ -453,6 +458,13 @@ def name_example_inputs(examples: Any, reference: str) -> dict[str, torch.Tensor
                 "give example inputs with a batch dim, e.g. torch.randn(2, 3, 224, 224)",
             )
     return named
+
+
+def _describe_examples(examples: Any) -> str:
+    if isinstance(examples, Mapping):
+        kinds = sorted({type(value).__name__ for value in examples.values()})
+        return f"a {type(examples).__name__} of {', '.join(kinds) or 'nothing'}"
+    return type(examples).__name__
 
 
 def bind_to_forward(module: nn.Module, example_inputs: dict[str, torch.Tensor], model: str) -> dict[str, torch.Tensor]:
