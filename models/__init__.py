@@ -75,6 +75,12 @@ def load_model(
     requests = user.parse_dynamic(dynamic) if dynamic else None
 
     kind, target = _resolve(model)
+    if kind == "file" and Path(target).suffix.lower() == ".onnx":
+        raise PipelineError(
+            f"MODEL={model!r} is an ONNX graph, which holds no PyTorch model",
+            "build it with `make engine MODEL=<file>.onnx` (the pipeline starts at check) and run it with the "
+            "onnxruntime or tensorrt backend, not torch",
+        )
     spec, sources, form = _load_by_kind(kind, target, weights, trust_model_file)
     if shapes is not None:
         spec.example_inputs = user.example_inputs_from_shapes(shapes)

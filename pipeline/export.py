@@ -98,8 +98,8 @@ def export_onnx(spec: ModelSpec, onnx_path: Path) -> dict:
         except Exception as error:  # the exporter raises many types; all mean "this model did not export"
             raise PipelineError(
                 f"torch.onnx.export failed for {spec.name}: {type(error).__name__}: {error}",
-                "make forward() traceable (no data-dependent Python control flow) or export it yourself "
-                "and pass the ONNX file",
+                "make forward() traceable (no data-dependent Python control flow), or export it yourself "
+                "(opset 17, dim 0 named as the batch) and pass the file: MODEL=path/to/model.onnx",
             ) from error
     return {
         "summary": f"{onnx_path.name}: opset {OPSET}, inputs {list(spec.example_inputs)}, outputs {outputs}",

@@ -681,3 +681,78 @@ def test_tuple_inputs_take_forward_parameter_names():
 def test_several_inputs_not_named_after_forward_are_refused():
     with pytest.raises(PipelineError, match=r"example inputs \['a', 'b'\] are not parameters of forward\(x, mask"):
         load_model(f"{__name__}:optional_inputs_unnamed")
+
+
+# ---------------------------------------------------------------- MODEL=<file>.onnx
+
+
+def _export_text_classifier(path: Path, *, opset: int = 17, sequence: str | None = "seq") -> Path:
+    """The toy text classifier as a user would export it: batch named, the sequence named or left fixed."""
+    spec = toy_models.text_classifier()
+    axes = {name: {0: "batch", **({1: sequence} if sequence else {})} for name in spec.example_inputs}
+    torch.onnx.export(
+        spec.module.eval(),
+        tuple(spec.example_inputs.values()),
+        str(path),
+        input_names=list(spec.example_inputs),
+        output_names=["logits", "tokens"],
+        dynamic_axes={**axes, "logits": {0: "batch"}, "tokens": {0: "batch", **({1: sequence} if sequence else {})}},
+        opset_version=opset,
+        dynamo=False,
+    )
+    return path
+
+
+def _onnx_settings(model: Path, tmp_path: Path, **overrides):
+    from pipeline.settings import BatchProfile, Settings
+
+    defaults = {"precision": "fp16", "batch": BatchProfile(1, 2, 4), "out_root": tmp_path / "engines"}
+    return Settings(model=str(model), **{**defaults, "builder": "tensorrt_rtx", **overrides})
+
+
+def test_an_onnx_file_starts_at_check_with_its_own_fp32_outputs_as_the_reference(tmp_path: Path):
+    from pipeline.manifest import read_manifest
+    from pipeline.onnx_model import REFERENCE_SOURCE
+    from pipeline.stages import make_engine
+
+    graph = _export_text_classifier(tmp_path / "classifier.onnx", opset=13)  # converted to 17 on the way in
+    folder = make_engine(_onnx_settings(graph, tmp_path, dynamic="input_ids:1=1:12:24,attention_mask:1=1:12:24"))
+    manifest = read_manifest(folder)
+    assert manifest["reference_source"] == REFERENCE_SOURCE
+    assert manifest["import"]["source_opset"] == 13
+    assert manifest["axis_ranges"] == {"seq": [1, 12, 24]}  # the file's dim_param is the profile's axis
+    assert [i["shape"] for i in manifest["inputs"]] == [["batch", "seq"], ["batch", "seq"]]
+    assert "prepare" not in manifest and "export" not in manifest  # no PyTorch model was loaded
+    assert manifest["parity_fp16"]["max_rel"] < 3e-2
+    assert manifest["build"]["engine_bytes"] > 0
+
+
+def test_an_onnx_files_symbolic_dims_need_a_range_or_a_size(tmp_path: Path):
+    import onnx
+
+    from pipeline.stages import make_engine
+
+    graph = _export_text_classifier(tmp_path / "classifier.onnx")
+    with pytest.raises(PipelineError) as error:
+        make_engine(_onnx_settings(graph, tmp_path))
+    assert "input_ids axis 1 ('seq')" in error.value.problem
+    assert "DYNAMIC=input_ids:1=" in (error.value.fix or "")
+    # INPUT_SHAPE fixes the sequence at 10 instead.
+    shape = "input_ids=10:int64,attention_mask=10:float32"
+    folder = make_engine(_onnx_settings(graph, tmp_path, precision="fp32", input_shape=shape))
+    dims = [
+        [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+        for v in onnx.load(str(folder / "model.onnx")).graph.input
+    ]
+    assert dims == [["batch", 10], ["batch", 10]]
+
+
+def test_an_onnx_file_with_a_fixed_batch_is_refused(tmp_path: Path):
+    from pipeline.stages import make_engine
+
+    spec = toy_models.tiny_cnn()
+    graph = tmp_path / "fixed.onnx"
+    torch.onnx.export(spec.module.eval(), tuple(spec.example_inputs.values()), str(graph), dynamo=False)
+    with pytest.raises(PipelineError) as error:
+        make_engine(_onnx_settings(graph, tmp_path))
+    assert "dim 0 2" in error.value.problem and "dynamic_axes=" in (error.value.fix or "")
