@@ -756,3 +756,76 @@ def test_an_onnx_file_with_a_fixed_batch_is_refused(tmp_path: Path):
     with pytest.raises(PipelineError) as error:
         make_engine(_onnx_settings(graph, tmp_path))
     assert "dim 0 2" in error.value.problem and "dynamic_axes=" in (error.value.fix or "")
+
+
+# ---------------------------------------------------------------- an ONNX Runtime crash is contained
+
+
+def _segfault() -> None:
+    """A real SIGSEGV (reading address 0 through ctypes), standing in for a crash inside ONNX Runtime's C++."""
+    import ctypes
+
+    ctypes.string_at(0)
+
+
+def _crash_at_full_optimization(path: Path, level: str) -> None:
+    from pipeline.sessions import OPTIMIZATION_LEVELS, _open
+
+    if level == OPTIMIZATION_LEVELS[0]:
+        _segfault()
+    _open(path, None, level)
+
+
+def test_a_native_crash_kills_only_the_child():
+    from pipeline.sessions import crash_in_child
+
+    assert crash_in_child(_segfault) == "SIGSEGV"
+    assert crash_in_child(len, "exits normally") is None
+    assert crash_in_child(int, "not a number") is None  # a Python error is not a crash
+
+
+def test_a_graph_that_crashes_at_full_optimization_opens_one_level_lower(tmp_path: Path, capsys):
+    from pipeline.sessions import OPTIMIZATION_LEVELS, level_that_opens
+
+    graph = _export_text_classifier(tmp_path / "classifier.onnx")
+    assert level_that_opens(graph, opener=_crash_at_full_optimization) == OPTIMIZATION_LEVELS[1]
+    assert "crashed opening classifier.onnx (SIGSEGV at ORT_ENABLE_ALL)" in capsys.readouterr().out
+
+
+def test_a_graph_that_crashes_at_every_level_is_a_clear_error_through_the_command_line(tmp_path: Path):
+    """The check stage's session on a graph whose every opening segfaults: exit 2, the graph named, no traceback."""
+    import subprocess
+    import sys
+
+    graph = _export_text_classifier(tmp_path / "classifier.onnx")
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from pipeline import cli, sessions
+        from tests.test_models import _segfault
+        real = sessions.level_that_opens
+        sessions.level_that_opens = lambda path, providers=None: real(path, opener=lambda p, level: _segfault())
+        sys.exit(cli.main(["check", "--model", {str(graph)!r}, "--out", {str(tmp_path / "engines")!r},
+                           "--dynamic", "input_ids:1=1:12:24,attention_mask:1=1:12:24"]))
+        """
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "export",
+            "--model",
+            str(graph),
+            "--out",
+            str(tmp_path / "engines"),
+            "--dynamic",
+            "input_ids:1=1:12:24,attention_mask:1=1:12:24",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    assert "ONNX Runtime crashed opening" in done.stderr and "model.onnx at every optimization level" in done.stderr
+    assert "SIGSEGV at ORT_DISABLE_ALL" in done.stderr and "Traceback" not in done.stderr
