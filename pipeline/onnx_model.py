@@ -194,6 +194,14 @@ def import_onnx(source: OnnxModel, onnx_path: Path) -> dict:
                 dim.Clear()
                 dim.dim_value = size
     graph = converted or model
+    warnings = [
+        f"INPUT_SHAPE fixes the sequence axis of the integer token input {name} at {size}: the engine takes only "
+        f"that length; DYNAMIC={name}:1=1:{size}:{max(size, 512)} (without INPUT_SHAPE for it) keeps it dynamic"
+        for (name, axis), size in source.fixed.items()
+        if axis == 1 and _is_token_input(source, name)
+    ]
+    for warning in warnings:
+        print(f"warning: {warning}", flush=True)
     with atomic_path(onnx_path) as temporary:
         onnx.save(graph, str(temporary))
     opset = _default_opset(model)
@@ -206,7 +214,13 @@ def import_onnx(source: OnnxModel, onnx_path: Path) -> dict:
         "outputs": [output.name for output in graph.graph.output],
         "axis_ranges": {name: list(bounds) for name, bounds in source.axis_ranges.items()},
         "fixed_by_input_shape": {f"{name}:{axis}": size for (name, axis), size in source.fixed.items()},
+        "warnings": warnings,
     }
+
+
+def _is_token_input(source: OnnxModel, name: str) -> bool:
+    graph_input = next(i for i in source.inputs if i.name == name)
+    return len(graph_input.dims) == 2 and graph_input.dtype.kind in "iu"
 
 
 def _default_opset(model: onnx.ModelProto) -> int | None:

@@ -829,3 +829,20 @@ def test_a_graph_that_crashes_at_every_level_is_a_clear_error_through_the_comman
     assert done.returncode == 2, done.stderr
     assert "ONNX Runtime crashed opening" in done.stderr and "model.onnx at every optimization level" in done.stderr
     assert "SIGSEGV at ORT_DISABLE_ALL" in done.stderr and "Traceback" not in done.stderr
+
+
+# ---------------------------------------------------------------- a static token sequence is worth a warning
+
+
+def test_a_static_token_sequence_is_warned_about_with_the_dynamic_that_fixes_it(tmp_path: Path, capsys):
+    from pipeline.export import export_onnx, static_token_sequences
+
+    dynamic = load_model("tests.toy_models:text_classifier")
+    assert static_token_sequences(dynamic) is None  # its sequence axis is declared
+    static = load_model("tests.toy_models:text_classifier", dynamic="none")
+    record = export_onnx(static, tmp_path / "model.onnx")
+    printed = capsys.readouterr().out
+    # input_ids is an integer token input; the float attention_mask is not
+    assert "integer token input(s) input_ids (12) have a static sequence axis" in printed
+    assert "DYNAMIC=input_ids:1=1:12:512 makes it dynamic" in printed
+    assert record["warnings"] == [printed.strip().removeprefix("warning: ")]
