@@ -54,7 +54,7 @@ class OnnxModel:
 
 def open_onnx_model(path: Path, input_shape: str | None, dynamic: str | None) -> OnnxModel:
     """Read the file's inputs and resolve every symbolic dim with INPUT_SHAPE / DYNAMIC (see the module doc)."""
-    from models.user import DTYPES, parse_dynamic, parse_input_shape
+    from models.inputs import DTYPES, parse_dynamic, parse_input_shape
 
     if not path.is_file():
         raise PipelineError(f"ONNX file {path} does not exist", "check the path of MODEL=<file>.onnx")

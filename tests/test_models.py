@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from models import canonical_name, known_models, load_model
+from models.inputs import InputShape, parse_dynamic, parse_input_shape
 from models.registry import ALIASES, REGISTRY
 from models.resnet import RANDOM_INIT_NOTE, build_resnet
 from models.spec import DynamicAxis, ImagePreprocess
-from models.user import InputShape, parse_dynamic, parse_input_shape
 from pipeline.errors import PipelineError
 from tests import toy_models
 
