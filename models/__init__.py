@@ -6,9 +6,12 @@
     factory returns a ModelSpec, an nn.Module (INPUT_SHAPE required) or
     `(module, example_inputs)`;
   - a file: a whole nn.Module saved with torch.save, a TorchScript file (both need
-    INPUT_SHAPE), or a torch.export `.pt2` program (inputs derived from the program).
+    INPUT_SHAPE), or a torch.export `.pt2` program (inputs derived from the program);
+  - a Hugging Face folder as save_pretrained writes it (config.json + safetensors/bin weights).
+A `transformers` model, however it came, is called by keyword with its cache off and returns its
+tensors by name (models.huggingface).
 WEIGHTS, a state_dict file, is loaded into whichever model that gives.  The INPUT_SHAPE
-and DYNAMIC grammars are documented in `models.user`.  INPUT_SHAPE, when given, always
+and DYNAMIC grammars are documented in `models.inputs`.  INPUT_SHAPE, when given, always
 replaces the model's own example inputs; DYNAMIC, when given, replaces its dynamic axes.
 
 The returned spec has been through one eval-mode forward pass on its example inputs
@@ -25,7 +28,7 @@ import inspect
 import re
 from pathlib import Path
 
-from models import user
+from models import factories, files, forward_check, huggingface, inputs, state_dicts
 from models.registry import ALIASES, REGISTRY
 from models.spec import ModelSpec
 from pipeline.errors import PipelineError
@@ -47,6 +50,8 @@ def canonical_name(model: str) -> str:
     if kind == "factory":
         module_name, _, attr_path = str(target).partition(":")
         return _slug(f"{module_name.rsplit('.', 1)[-1]}-{attr_path}")
+    if kind == "folder":
+        return _slug(Path(target).resolve().name)
     return _slug(Path(target).stem)
 
 
@@ -66,32 +71,43 @@ def load_model(
     input_shape = (input_shape or "").strip() or None
     dynamic = (dynamic or "").strip() or None
     # Parse the user's strings before building anything: a typo should not cost a ResNet-50 build.
-    shapes = user.parse_input_shape(input_shape) if input_shape else None
-    requests = user.parse_dynamic(dynamic) if dynamic else None
+    shapes = inputs.parse_input_shape(input_shape) if input_shape else None
+    requests = inputs.parse_dynamic(dynamic) if dynamic else None
 
     kind, target = _resolve(model)
+    if kind == "file" and Path(target).suffix.lower() == ".onnx":
+        raise PipelineError(
+            f"MODEL={model!r} is an ONNX graph, which holds no PyTorch model",
+            "build it with `make engine MODEL=<file>.onnx` (the pipeline starts at check) and run it with the "
+            "onnxruntime or tensorrt backend, not torch",
+        )
     spec, sources, form = _load_by_kind(kind, target, weights, trust_model_file)
     if shapes is not None:
-        spec.example_inputs = user.example_inputs_from_shapes(shapes)
+        spec.example_inputs = inputs.example_inputs_from_shapes(shapes)
     elif not spec.example_inputs:
-        raise PipelineError(f"MODEL={model!r} is {form}, which does not say what its inputs are", user.INPUT_SHAPE_HELP)
-    spec.example_inputs = user.bind_to_forward(spec.module, spec.example_inputs, model)
+        raise PipelineError(
+            f"MODEL={model!r} is {form}, which does not say what its inputs are", inputs.INPUT_SHAPE_HELP
+        )
+    if huggingface.is_transformers_model(spec.module):
+        spec = huggingface.adapt(spec, model, dynamic_given=requests is not None)
+    else:
+        spec.example_inputs = factories.bind_to_forward(spec.module, spec.example_inputs, model)
     if requests is not None and dynamic is not None:
-        spec.dynamic_axes = user.dynamic_axes_from_requests(requests, spec.example_inputs, dynamic)
-    user.check_dynamic_axes(spec)
+        spec.dynamic_axes = inputs.dynamic_axes_from_requests(requests, spec.example_inputs, dynamic)
+    inputs.check_dynamic_axes(spec)
 
     # A registry model on its own example inputs is proven by tests/test_models.py; skipping the
     # check saves a ResNet-50 forward pass (seconds on a busy CPU) on every run.
     if kind != "registry" or shapes is not None:
-        outputs = user.run_example_forward(spec.module, spec.example_inputs, input_shape)
-        spec.output_names = spec.output_names or user.output_names_from(outputs)
+        outputs = forward_check.run_example_forward(spec.module, spec.example_inputs, input_shape)
+        spec.output_names = spec.output_names or forward_check.output_names_from(outputs)
     spec.name = canonical_name(model)
     spec.fingerprint = _fingerprint(spec, sources, weights, input_shape, dynamic)
     return spec
 
 
 def _resolve(model: str) -> tuple[str, str | Path]:
-    """("registry", name) | ("factory", "pkg.mod:attr") | ("file", path), or a PipelineError."""
+    """("registry", name) | ("factory", "pkg.mod:attr") | ("file", path) | ("folder", path), or a PipelineError."""
     key = model.strip().lower()
     key = ALIASES.get(key, key)
     if key in REGISTRY:
@@ -99,9 +115,15 @@ def _resolve(model: str) -> tuple[str, str | Path]:
     path = Path(model).expanduser()
     if path.is_file():
         return "file", path
-    if user.is_factory_reference(model):
+    if huggingface.is_model_folder(path):
+        return "folder", path
+    if path.is_dir():
+        raise PipelineError(
+            f"MODEL={model} is a folder without {huggingface.CONFIG_FILE}", f"give {huggingface.FOLDER_FORM}"
+        )
+    if factories.is_factory_reference(model):
         return "factory", model
-    if path.suffix.lower() in user.MODEL_FILE_SUFFIXES or "/" in model:
+    if path.suffix.lower() in files.MODEL_FILE_SUFFIXES or "/" in model:
         raise PipelineError(
             f"model file {model} does not exist (or is not a file)",
             "check the path; a relative path is taken from the current directory",
@@ -111,7 +133,7 @@ def _resolve(model: str) -> tuple[str, str | Path]:
         f"unknown model {model!r}",
         f"use a registry name ({', '.join(known_models())}; aliases: {aliases}), "
         "a factory package.module:function, or the path of a model file "
-        "(torch.save'd nn.Module, TorchScript, or a torch.export .pt2)",
+        "(torch.save'd nn.Module, TorchScript, or a torch.export .pt2), or a Hugging Face model folder",
     )
 
 
@@ -122,6 +144,7 @@ _FORMS = {
     "pickled_module": "a pickled nn.Module",
     "torchscript": "a TorchScript file",
     "exported_program": "an ExportedProgram whose input shapes could not be derived",
+    "folder": "a Hugging Face model folder whose main input is neither token ids nor images",
 }
 
 
@@ -132,17 +155,21 @@ def _load_by_kind(
     and the model's form in words."""
     if kind == "registry":
         builder = REGISTRY[str(target)]
-        with user.seeded():  # random init must repeat: the runner reloads the model the engine was built from
+        with inputs.seeded():  # random init must repeat: the runner reloads the model the engine was built from
             spec = builder(weights)
         return spec, [Path(inspect.getsourcefile(builder) or str(target))], _FORMS[kind]
     if kind == "factory":
-        factory, module_file = user.import_factory(str(target))
-        with user.seeded():
-            result = user.call_factory(factory, str(target))
-        spec = user.spec_from_factory_result(result, str(target))
+        factory, module_file = factories.import_factory(str(target))
+        with inputs.seeded():
+            result = factories.call_factory(factory, str(target))
+        spec = factories.spec_from_factory_result(result, str(target))
         _apply_weights(spec, weights)
         return spec, [module_file] if module_file else [], _FORMS[kind]
-    loaded = user.load_model_file(Path(target), trust=trust_model_file)
+    if kind == "folder":
+        spec = huggingface.load_folder(Path(target))
+        _apply_weights(spec, weights)
+        return spec, huggingface.folder_sources(Path(target)), _FORMS[kind]
+    loaded = files.load_model_file(Path(target), trust=trust_model_file)
     _apply_weights(loaded.spec, weights)
     sources = [Path(target)] + ([loaded.class_source] if loaded.class_source else [])
     return loaded.spec, sources, _FORMS[loaded.kind]
@@ -150,7 +177,7 @@ def _load_by_kind(
 
 def _apply_weights(spec: ModelSpec, weights: Path | None) -> None:
     if weights is not None:
-        user.apply_state_dict(spec.module, user.read_state_dict(weights), weights)
+        state_dicts.apply_state_dict(spec.module, state_dicts.read_state_dict(weights), weights)
 
 
 def _fingerprint(

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from models.spec import ImagePreprocess, ModelSpec
-from models.user import apply_state_dict, read_state_dict
+from models.state_dicts import apply_state_dict, read_state_dict
 from pipeline.artifacts import sha256_file
 from pipeline.errors import PipelineError
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from models.inputs import InputShape, example_inputs_from_shapes, seeded
 from models.spec import ImagePreprocess, ModelSpec
-from models.user import InputShape, apply_state_dict, example_inputs_from_shapes, read_state_dict, seeded
+from models.state_dicts import apply_state_dict, read_state_dict
 
 RANDOM_INIT_NOTE = "randomly initialised: no WEIGHTS given; outputs are meaningless but timing and parity are valid"
 IMAGENET_CLASSES = 1000

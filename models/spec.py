@@ -87,3 +87,15 @@ def needs_keywords(module: torch.nn.Module, inputs: Mapping[str, Any]) -> bool:
 def call_module(module: torch.nn.Module, inputs: Mapping[str, Any]) -> Any:
     """forward() with each input bound to the parameter of its name."""
     return module(**inputs) if needs_keywords(module, inputs) else module(*inputs.values())
+
+
+# ---------------------------------------------------------------- an exception's words for one line of an error
+
+
+def first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def first_lines(exc: BaseException, count: int = 4) -> str:
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    return " | ".join(lines[:count]) or type(exc).__name__

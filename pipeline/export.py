@@ -23,6 +23,7 @@ from pipeline.prepare import flatten_outputs
 from pipeline.settings import OPSET, BatchProfile
 
 BATCH_AXIS = "batch"
+SUGGESTED_MAX_SEQUENCE = 512  # the longest sequence a suggested DYNAMIC range covers (BERT's)
 
 
 def output_names(spec: ModelSpec) -> list[str]:
@@ -70,8 +71,29 @@ def _attention_fast_path_off() -> Iterator[None]:
         torch.backends.mha.set_fastpath_enabled(before)
 
 
+def static_token_sequences(spec: ModelSpec) -> str | None:
+    """A warning when integer [batch, sequence] inputs (token ids, masks) keep the example's length: the engine
+    would then take that length only.  None when there are none, or their axis 1 is dynamic."""
+    static = {
+        name: int(tensor.shape[1])
+        for name, tensor in spec.example_inputs.items()
+        if tensor.dim() == 2 and not tensor.is_floating_point() and 1 not in spec.dynamic_axes.get(name, {})
+    }
+    if not static:
+        return None
+    suggestion = ",".join(f"{name}:1=1:{size}:{max(size, SUGGESTED_MAX_SEQUENCE)}" for name, size in static.items())
+    inputs = ", ".join(f"{name} ({size})" for name, size in static.items())
+    return (
+        f"integer token input(s) {inputs} have a static sequence axis fixed by the example: the engine takes "
+        f"only that length; DYNAMIC={suggestion} makes it dynamic"
+    )
+
+
 def export_onnx(spec: ModelSpec, onnx_path: Path) -> dict:
     """Export with the TorchScript-based exporter at opset 17; returns the stage record."""
+    warning = static_token_sequences(spec)
+    if warning:
+        print(f"warning: {warning}", flush=True)
     outputs = output_names(spec)
     axes = dynamic_axes(spec, outputs)
     with atomic_path(onnx_path) as temporary, warnings.catch_warnings(), _attention_fast_path_off():
@@ -98,8 +120,8 @@ def export_onnx(spec: ModelSpec, onnx_path: Path) -> dict:
         except Exception as error:  # the exporter raises many types; all mean "this model did not export"
             raise PipelineError(
                 f"torch.onnx.export failed for {spec.name}: {type(error).__name__}: {error}",
-                "make forward() traceable (no data-dependent Python control flow) or export it yourself "
-                "and pass the ONNX file",
+                "make forward() traceable (no data-dependent Python control flow), or export it yourself "
+                "(opset 17, dim 0 named as the batch) and pass the file: MODEL=path/to/model.onnx",
             ) from error
     return {
         "summary": f"{onnx_path.name}: opset {OPSET}, inputs {list(spec.example_inputs)}, outputs {outputs}",
@@ -107,6 +129,7 @@ def export_onnx(spec: ModelSpec, onnx_path: Path) -> dict:
         "outputs": outputs,
         "dynamic_axes": {name: {str(k): v for k, v in a.items()} for name, a in axes.items()},
         "opset": OPSET,
+        "warnings": [warning] if warning else [],
     }
 
 

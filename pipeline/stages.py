@@ -37,6 +37,14 @@ from pipeline.manifest import (
     read_manifest,
     update_manifest,
 )
+from pipeline.onnx_model import (
+    REFERENCE_SOURCE,
+    OnnxModel,
+    import_onnx,
+    is_onnx_model,
+    open_onnx_model,
+    write_onnx_reference,
+)
 from pipeline.parity import check_int8_agreement, check_parity
 from pipeline.precision import GRAPH_NAMES, convert_fp16
 from pipeline.prepare import prepare
@@ -55,6 +63,7 @@ class Run:
     timings: dict[str, float] = field(default_factory=dict)
     _loaded: ModelSpec | None = None
     _prepared: bool = False
+    _onnx: OnnxModel | None = None
 
     @classmethod
     def start(cls, settings: Settings) -> Run:
@@ -75,6 +84,18 @@ class Run:
             for note in self._loaded.notes:
                 print(f"note: {note}")
         return self._loaded
+
+    @property
+    def onnx_model(self) -> OnnxModel | None:
+        """MODEL=<file>.onnx, read and its dims resolved (pipeline.onnx_model); None for a PyTorch model."""
+        if self._onnx is None and is_onnx_model(self.settings.model):
+            settings = self.settings
+            self._onnx = open_onnx_model(Path(settings.model), settings.input_shape, settings.dynamic)
+        return self._onnx
+
+    @property
+    def fingerprint(self) -> str:
+        return self.onnx_model.fingerprint if self.onnx_model else self.loaded.fingerprint
 
     @property
     def spec(self) -> ModelSpec:
@@ -100,10 +121,14 @@ class Run:
 
 
 def run_prepare(run: Run) -> None:
-    _ = run.spec
+    if run.onnx_model is None:  # an ONNX file has no PyTorch model to prepare
+        _ = run.spec
 
 
 def run_export(run: Run) -> None:
+    if run.onnx_model is not None:
+        _import_onnx(run, run.onnx_model)
+        return
     spec = run.spec
     update_manifest(
         run.folder,
@@ -118,6 +143,30 @@ def run_export(run: Run) -> None:
     )
     run.stage("export", export_onnx, spec, run.path(GRAPH_NAMES["fp32"]))
     run.stage("reference", write_reference, spec, run.settings.batch, run.path(REFERENCE))
+
+
+def _import_onnx(run: Run, source: OnnxModel) -> None:
+    """MODEL=<file>.onnx: the file becomes model.onnx and its own FP32 outputs the reference (no PyTorch)."""
+    update_manifest(
+        run.folder,
+        complete=False,
+        model={
+            "name": models.canonical_name(run.settings.model),
+            "source": run.settings.model,
+            "fingerprint": source.fingerprint,
+            "notes": [f"reference: {REFERENCE_SOURCE}"],
+        },
+        reference_source=REFERENCE_SOURCE,
+        settings=run.settings.as_record(),
+        opset=OPSET,
+        precision=run.settings.precision,
+        batch_profile={"min": run.settings.batch.min, "opt": run.settings.batch.opt, "max": run.settings.batch.max},
+        axis_ranges={name: list(bounds) for name, bounds in source.axis_ranges.items()},
+        versions=package_versions(VERSIONED_PACKAGES),
+    )
+    graph = run.path(GRAPH_NAMES["fp32"])
+    run.stage("import", import_onnx, source, graph)
+    run.stage("reference", write_onnx_reference, source, graph, run.settings.batch, run.path(REFERENCE))
 
 
 def run_check(run: Run) -> None:
@@ -162,7 +211,7 @@ def run_precision(run: Run) -> None:
             source,
             target,
             run.settings.calib,
-            preprocess=run.loaded.preprocess,
+            preprocess=None if run.onnx_model else run.loaded.preprocess,
             config=CalibrationConfig.from_settings(run.settings),
             cache_folder=run.path(CACHE_FOLDER),
             cpu_out_paths={kind: run.path(name) for kind, name in CPU_GRAPHS.items()},
@@ -188,7 +237,7 @@ def _check_int8_agreement(run: Run, fp32: Path) -> None:
     data = read_calibration_data(
         settings.calib,
         graph_inputs(fp32),
-        run.loaded.preprocess,
+        None if run.onnx_model else run.loaded.preprocess,
         samples=settings.calib_samples,
         batch=settings.calib_batch,
     )
@@ -270,7 +319,7 @@ def make_engine(settings: Settings) -> Path:
 
 def _make_engine(run: Run) -> Path:
     settings = run.settings
-    key = reuse_key(settings, run.loaded.fingerprint)
+    key = reuse_key(settings, run.fingerprint)
     # RECALIBRATE=1 means fresh ranges, so it never reuses a finished folder.
     names = artifact_names(settings)
     if not (settings.force or settings.recalibrate) and _up_to_date(run.folder, key):

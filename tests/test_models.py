@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from models import canonical_name, known_models, load_model
+from models.inputs import InputShape, parse_dynamic, parse_input_shape
 from models.registry import ALIASES, REGISTRY
 from models.resnet import RANDOM_INIT_NOTE, build_resnet
 from models.spec import DynamicAxis, ImagePreprocess
-from models.user import InputShape, parse_dynamic, parse_input_shape
 from pipeline.errors import PipelineError
 from tests import toy_models
 
@@ -681,3 +681,168 @@ def test_tuple_inputs_take_forward_parameter_names():
 def test_several_inputs_not_named_after_forward_are_refused():
     with pytest.raises(PipelineError, match=r"example inputs \['a', 'b'\] are not parameters of forward\(x, mask"):
         load_model(f"{__name__}:optional_inputs_unnamed")
+
+
+# ---------------------------------------------------------------- MODEL=<file>.onnx
+
+
+def _export_text_classifier(path: Path, *, opset: int = 17, sequence: str | None = "seq") -> Path:
+    """The toy text classifier as a user would export it: batch named, the sequence named or left fixed."""
+    spec = toy_models.text_classifier()
+    axes = {name: {0: "batch", **({1: sequence} if sequence else {})} for name in spec.example_inputs}
+    torch.onnx.export(
+        spec.module.eval(),
+        tuple(spec.example_inputs.values()),
+        str(path),
+        input_names=list(spec.example_inputs),
+        output_names=["logits", "tokens"],
+        dynamic_axes={**axes, "logits": {0: "batch"}, "tokens": {0: "batch", **({1: sequence} if sequence else {})}},
+        opset_version=opset,
+        dynamo=False,
+    )
+    return path
+
+
+def _onnx_settings(model: Path, tmp_path: Path, **overrides):
+    from pipeline.settings import BatchProfile, Settings
+
+    defaults = {"precision": "fp16", "batch": BatchProfile(1, 2, 4), "out_root": tmp_path / "engines"}
+    return Settings(model=str(model), **{**defaults, "builder": "tensorrt_rtx", **overrides})
+
+
+def test_an_onnx_file_starts_at_check_with_its_own_fp32_outputs_as_the_reference(tmp_path: Path):
+    from pipeline.manifest import read_manifest
+    from pipeline.onnx_model import REFERENCE_SOURCE
+    from pipeline.stages import make_engine
+
+    graph = _export_text_classifier(tmp_path / "classifier.onnx", opset=13)  # converted to 17 on the way in
+    folder = make_engine(_onnx_settings(graph, tmp_path, dynamic="input_ids:1=1:12:24,attention_mask:1=1:12:24"))
+    manifest = read_manifest(folder)
+    assert manifest["reference_source"] == REFERENCE_SOURCE
+    assert manifest["import"]["source_opset"] == 13
+    assert manifest["axis_ranges"] == {"seq": [1, 12, 24]}  # the file's dim_param is the profile's axis
+    assert [i["shape"] for i in manifest["inputs"]] == [["batch", "seq"], ["batch", "seq"]]
+    assert "prepare" not in manifest and "export" not in manifest  # no PyTorch model was loaded
+    assert manifest["parity_fp16"]["max_rel"] < 3e-2
+    assert manifest["build"]["engine_bytes"] > 0
+
+
+def test_an_onnx_files_symbolic_dims_need_a_range_or_a_size(tmp_path: Path):
+    import onnx
+
+    from pipeline.stages import make_engine
+
+    graph = _export_text_classifier(tmp_path / "classifier.onnx")
+    with pytest.raises(PipelineError) as error:
+        make_engine(_onnx_settings(graph, tmp_path))
+    assert "input_ids axis 1 ('seq')" in error.value.problem
+    assert "DYNAMIC=input_ids:1=" in (error.value.fix or "")
+    # INPUT_SHAPE fixes the sequence at 10 instead.
+    shape = "input_ids=10:int64,attention_mask=10:float32"
+    folder = make_engine(_onnx_settings(graph, tmp_path, precision="fp32", input_shape=shape))
+    dims = [
+        [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+        for v in onnx.load(str(folder / "model.onnx")).graph.input
+    ]
+    assert dims == [["batch", 10], ["batch", 10]]
+
+
+def test_an_onnx_file_with_a_fixed_batch_is_refused(tmp_path: Path):
+    from pipeline.stages import make_engine
+
+    spec = toy_models.tiny_cnn()
+    graph = tmp_path / "fixed.onnx"
+    torch.onnx.export(spec.module.eval(), tuple(spec.example_inputs.values()), str(graph), dynamo=False)
+    with pytest.raises(PipelineError) as error:
+        make_engine(_onnx_settings(graph, tmp_path))
+    assert "dim 0 2" in error.value.problem and "dynamic_axes=" in (error.value.fix or "")
+
+
+# ---------------------------------------------------------------- an ONNX Runtime crash is contained
+
+
+def _segfault() -> None:
+    """A real SIGSEGV (reading address 0 through ctypes), standing in for a crash inside ONNX Runtime's C++."""
+    import ctypes
+
+    ctypes.string_at(0)
+
+
+def _crash_at_full_optimization(path: Path, level: str) -> None:
+    from pipeline.sessions import OPTIMIZATION_LEVELS, _open
+
+    if level == OPTIMIZATION_LEVELS[0]:
+        _segfault()
+    _open(path, None, level)
+
+
+def test_a_native_crash_kills_only_the_child():
+    from pipeline.sessions import crash_in_child
+
+    assert crash_in_child(_segfault) == "SIGSEGV"
+    assert crash_in_child(len, "exits normally") is None
+    assert crash_in_child(int, "not a number") is None  # a Python error is not a crash
+
+
+def test_a_graph_that_crashes_at_full_optimization_opens_one_level_lower(tmp_path: Path, capsys):
+    from pipeline.sessions import OPTIMIZATION_LEVELS, level_that_opens
+
+    graph = _export_text_classifier(tmp_path / "classifier.onnx")
+    assert level_that_opens(graph, opener=_crash_at_full_optimization) == OPTIMIZATION_LEVELS[1]
+    assert "crashed opening classifier.onnx (SIGSEGV at ORT_ENABLE_ALL)" in capsys.readouterr().out
+
+
+def test_a_graph_that_crashes_at_every_level_is_a_clear_error_through_the_command_line(tmp_path: Path):
+    """The check stage's session on a graph whose every opening segfaults: exit 2, the graph named, no traceback."""
+    import subprocess
+    import sys
+
+    graph = _export_text_classifier(tmp_path / "classifier.onnx")
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from pipeline import cli, sessions
+        from tests.test_models import _segfault
+        real = sessions.level_that_opens
+        sessions.level_that_opens = lambda path, providers=None: real(path, opener=lambda p, level: _segfault())
+        sys.exit(cli.main(["check", "--model", {str(graph)!r}, "--out", {str(tmp_path / "engines")!r},
+                           "--dynamic", "input_ids:1=1:12:24,attention_mask:1=1:12:24"]))
+        """
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "export",
+            "--model",
+            str(graph),
+            "--out",
+            str(tmp_path / "engines"),
+            "--dynamic",
+            "input_ids:1=1:12:24,attention_mask:1=1:12:24",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    assert "ONNX Runtime crashed opening" in done.stderr and "model.onnx at every optimization level" in done.stderr
+    assert "SIGSEGV at ORT_DISABLE_ALL" in done.stderr and "Traceback" not in done.stderr
+
+
+# ---------------------------------------------------------------- a static token sequence is worth a warning
+
+
+def test_a_static_token_sequence_is_warned_about_with_the_dynamic_that_fixes_it(tmp_path: Path, capsys):
+    from pipeline.export import export_onnx, static_token_sequences
+
+    dynamic = load_model("tests.toy_models:text_classifier")
+    assert static_token_sequences(dynamic) is None  # its sequence axis is declared
+    static = load_model("tests.toy_models:text_classifier", dynamic="none")
+    record = export_onnx(static, tmp_path / "model.onnx")
+    printed = capsys.readouterr().out
+    # input_ids is an integer token input; the float attention_mask is not
+    assert "integer token input(s) input_ids (12) have a static sequence axis" in printed
+    assert "DYNAMIC=input_ids:1=1:12:512 makes it dynamic" in printed
+    assert record["warnings"] == [printed.strip().removeprefix("warning: ")]

@@ -1,0 +1,249 @@
+"""Hugging Face `transformers` models as users hold them: a loaded model and the tokenizer's dict, or a folder.
+
+`adapt(spec)` turns a spec whose module is a `transformers.PreTrainedModel` into one the pipeline exports:
+  - the inputs are bound by keyword to the model's forward() (a tokenizer's dict is in its own order);
+  - the key/value cache is off (`use_cache=False`): a cache is not a tensor the graph can return;
+  - the outputs are the ModelOutput's tensors by name (`last_hidden_state`, `pooler_output`, `logits`, ...);
+    a model that returns a plain tuple (`return_dict=False` in its config) gets output_0, output_1, ...;
+  - 2-D integer inputs (token ids, attention masks) get one shared dynamic sequence axis by default,
+    from 1 to the model's maximum length (DYNAMIC= replaces it; DYNAMIC=none keeps every axis static).
+
+A local folder (MODEL=path/to/folder) is the form `save_pretrained` writes: `config.json` and the weights as
+`model.safetensors` (or sharded `model-0000x-of-0000y.safetensors` with an index) or `pytorch_model.bin`.
+The class is the config's `architectures[0]` (else AutoModel); code in the folder is never run.
+
+`transformers` is an optional dependency (`pip install '.[hf]'`): nothing here imports it unless a
+model needs it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from models.spec import DynamicAxis, ModelSpec, forward_parameters
+from pipeline.errors import PipelineError
+
+SEQUENCE_AXIS = "sequence"
+# When the config names no maximum length (T5's relative positions): a common encoder limit.
+DEFAULT_MAX_SEQUENCE = 512
+# The config fields that give a model's longest input, by family.
+MAX_LENGTH_FIELDS = ("max_position_embeddings", "n_positions", "max_source_positions", "n_ctx")
+CONFIG_FILE = "config.json"
+WEIGHT_FORMS = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+FOLDER_FORM = (
+    "a folder as save_pretrained writes it: config.json and the weights as model.safetensors "
+    "(or a sharded model.safetensors.index.json) or pytorch_model.bin"
+)
+INSTALL_FIX = "install the Hugging Face extra: pip install 'trt-pipeline[hf]' (or pip install transformers)"
+
+
+def is_transformers_model(module: Any) -> bool:
+    """A `transformers.PreTrainedModel`; False without importing transformers when the user never did."""
+    transformers = sys.modules.get("transformers")
+    return transformers is not None and isinstance(module, transformers.PreTrainedModel)
+
+
+class HuggingFaceModule(nn.Module):
+    """A transformers model called by keyword with its cache off, returning its tensors by name.
+
+    forward() takes the inputs by position in `input_names` order (the graph's input order), so every
+    caller (export, the reference, the torch runner) binds them the same way.
+    """
+
+    def __init__(self, model: nn.Module, input_names: list[str], output_names: list[str]) -> None:
+        super().__init__()
+        self.model = model
+        self.input_names = list(input_names)
+        self.output_names = list(output_names)
+        self.extra_arguments = cache_off_arguments(model)
+
+    def forward(self, *inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        result = self.model(**dict(zip(self.input_names, inputs, strict=True)), **self.extra_arguments)
+        named = tensor_outputs(result)
+        return {name: named[name] for name in self.output_names}
+
+
+def cache_off_arguments(model: nn.Module) -> dict[str, Any]:
+    """`use_cache=False` where forward() takes it by name (passing it through **kwargs could reach a layer
+    that does not know it)."""
+    names = forward_parameters(model) or []
+    return {"use_cache": False} if "use_cache" in names else {}
+
+
+def tensor_outputs(result: Any) -> dict[str, torch.Tensor]:
+    """The tensors of a ModelOutput by name (None fields are absent from it; caches and tuples of hidden
+    states are not tensors and are left out); a tuple's tensors as output_0, output_1, ..."""
+    if isinstance(result, torch.Tensor):
+        return {"output": result}
+    if isinstance(result, Mapping):
+        return {str(name): value for name, value in result.items() if isinstance(value, torch.Tensor)}
+    if isinstance(result, (tuple, list)):
+        return {f"output_{i}": value for i, value in enumerate(result) if isinstance(value, torch.Tensor)}
+    return {}
+
+
+def adapt(spec: ModelSpec, model: str, *, dynamic_given: bool) -> ModelSpec:
+    """The spec with its transformers model wrapped in HuggingFaceModule (see the module docstring)."""
+    inner = spec.module
+    inputs = _bind_by_keyword(inner, spec.example_inputs, model)
+    with torch.no_grad():
+        was_training = inner.training
+        inner.eval()
+        try:
+            result = inner(**inputs, **cache_off_arguments(inner))
+        except Exception as error:  # the user's model: any failure on its own inputs is theirs to see
+            raise PipelineError(
+                f"MODEL={model!r}: the transformers model {type(inner).__name__} does not run on its example "
+                f"inputs ({', '.join(f'{n} {list(t.shape)}' for n, t in inputs.items())}): "
+                f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}",
+                "give the tokenizer's output for a sample (return_tensors='pt'), or INPUT_SHAPE with the "
+                "model's input names",
+            ) from None
+        finally:
+            inner.train(was_training)
+    outputs = tensor_outputs(result)
+    if not outputs:
+        raise PipelineError(
+            f"MODEL={model!r}: {type(inner).__name__} returned no tensors (a {type(result).__name__})",
+            "wrap the model in an nn.Module whose forward() returns the tensors to serve",
+        )
+    names = list(spec.output_names or outputs)
+    unknown = [name for name in names if name not in outputs]
+    if unknown:
+        raise PipelineError(
+            f"MODEL={model!r}: output names {unknown} are not outputs of {type(inner).__name__}",
+            f"name outputs among {', '.join(outputs)}",
+        )
+    spec.module = HuggingFaceModule(inner, list(inputs), names)
+    spec.example_inputs = inputs
+    spec.output_names = names
+    if not dynamic_given and not spec.dynamic_axes:
+        spec.dynamic_axes = token_sequence_axes(inputs, max_sequence_length(inner))
+    spec.notes.append(
+        f"{type(inner).__name__} (transformers): called by keyword with "
+        f"{', '.join(f'{k}={v}' for k, v in cache_off_arguments(inner).items()) or 'its defaults'}; "
+        f"outputs {', '.join(names)}"
+    )
+    return spec
+
+
+def _bind_by_keyword(model: nn.Module, inputs: dict[str, torch.Tensor], reference: str) -> dict[str, torch.Tensor]:
+    """The inputs in forward()'s order; a name forward() does not take is refused (**kwargs would swallow it)."""
+    names = forward_parameters(model) or []
+    unknown = [name for name in inputs if name not in names]
+    if unknown:
+        raise PipelineError(
+            f"MODEL={reference!r}: inputs {unknown} are not parameters of {type(model).__name__}.forward "
+            f"({', '.join(names[:8])}, ...)",
+            "give the tokenizer's output (return_tensors='pt') or name the inputs after forward()'s parameters",
+        )
+    return {name: inputs[name] for name in names if name in inputs}
+
+
+def max_sequence_length(model: nn.Module) -> int:
+    config = getattr(model, "config", None)
+    for field in MAX_LENGTH_FIELDS:
+        value = getattr(config, field, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return DEFAULT_MAX_SEQUENCE
+
+
+def token_sequence_axes(inputs: dict[str, torch.Tensor], longest: int) -> dict[str, dict[int, DynamicAxis]]:
+    """One shared axis 1 over every [batch, sequence] integer input (ids, masks, token types) of one length."""
+    tokens = {name: t for name, t in inputs.items() if t.dim() == 2 and not t.is_floating_point()}
+    lengths = {int(t.shape[1]) for t in tokens.values()}
+    if len(lengths) != 1:
+        return {}  # no token inputs, or inputs of different lengths: nothing to share
+    length = lengths.pop()
+    axis = DynamicAxis(SEQUENCE_AXIS, 1, length, max(longest, length))
+    return {name: {1: axis} for name in tokens}
+
+
+# ---------------------------------------------------------------- a save_pretrained folder
+
+
+def is_model_folder(path: Path) -> bool:
+    return path.is_dir() and (path / CONFIG_FILE).is_file()
+
+
+def folder_sources(folder: Path) -> list[Path]:
+    """The files whose bytes make the model: config and weights (the fingerprint covers them)."""
+    weights = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin") or p.name in WEIGHT_FORMS)
+    return [folder / CONFIG_FILE, *weights]
+
+
+def load_folder(folder: Path) -> ModelSpec:
+    """A save_pretrained folder as a ModelSpec; example inputs derived for token and image models."""
+    try:
+        import transformers
+    except ImportError:
+        raise PipelineError(
+            f"MODEL={folder} is a Hugging Face model folder, but transformers is not installed", INSTALL_FIX
+        ) from None
+    if not any((folder / name).is_file() for name in WEIGHT_FORMS):
+        raise PipelineError(f"MODEL={folder} has {CONFIG_FILE} but no weights", f"give {FOLDER_FORM}")
+    config = _read_config(folder)
+    class_name = (config.get("architectures") or ["AutoModel"])[0]
+    model_class = getattr(transformers, class_name, None)
+    if model_class is None:
+        raise PipelineError(
+            f"MODEL={folder}: its config names the class {class_name!r}, which transformers "
+            f"{transformers.__version__} does not have (code in the folder is never run)",
+            "write a factory (MODEL=package.module:factory) that loads the model and returns it with the "
+            "tokenizer's output",
+        )
+    try:
+        module = model_class.from_pretrained(str(folder), local_files_only=True)
+    except Exception as error:  # transformers raises OSError, ValueError, safetensors errors, ...
+        raise PipelineError(
+            f"MODEL={folder}: transformers could not load it as {class_name}: {type(error).__name__}: "
+            f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}",
+            f"give {FOLDER_FORM}",
+        ) from None
+    return ModelSpec(name=folder.name, module=module, example_inputs=derived_example_inputs(module))
+
+
+def _read_config(folder: Path) -> dict:
+    try:
+        config = json.loads((folder / CONFIG_FILE).read_text())
+    except (OSError, ValueError) as error:
+        raise PipelineError(f"{folder / CONFIG_FILE} is not readable JSON: {error}", f"give {FOLDER_FORM}") from None
+    if not isinstance(config, dict):
+        raise PipelineError(f"{folder / CONFIG_FILE} is not a JSON object", f"give {FOLDER_FORM}")
+    return config
+
+
+EXAMPLE_TOKENS = 16
+
+
+def derived_example_inputs(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Examples for a model whose main input says what it is (token ids, or images of the configured size);
+    {} otherwise, so INPUT_SHAPE is required."""
+    main = getattr(module, "main_input_name", None)
+    config = getattr(module, "config", None)
+    parameters = forward_parameters(module) or []
+    generator = torch.Generator().manual_seed(0)
+    if main == "input_ids":
+        vocabulary = int(getattr(config, "vocab_size", 10) or 10)
+        ids = torch.randint(0, min(vocabulary, 10), (2, EXAMPLE_TOKENS), generator=generator)
+        examples = {"input_ids": ids}
+        if "attention_mask" in parameters:
+            examples["attention_mask"] = torch.ones_like(ids)
+        return examples
+    size, channels = getattr(config, "image_size", None), getattr(config, "num_channels", None)
+    if main == "pixel_values" and isinstance(size, int) and isinstance(channels, int):
+        return {"pixel_values": torch.randn(2, channels, size, size, generator=generator)}
+    return {}

@@ -1,0 +1,191 @@
+"""Hugging Face transformers models as users hold them: a loaded model with the tokenizer's dict, or a folder.
+
+Every model is a tiny config built here (nothing is downloaded); the tokenizer is a real BertTokenizer on a
+vocabulary written by the test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import models
+from models.huggingface import SEQUENCE_AXIS, HuggingFaceModule
+from pipeline.errors import PipelineError
+from pipeline.settings import BatchProfile, Settings
+from pipeline.stages import make_engine
+
+transformers = pytest.importorskip("transformers")
+
+VOCABULARY = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "a", "dog"]
+MAX_POSITIONS = 64
+
+
+def _tokenize(vocabulary_file: Path):
+    """A real tokenizer's BatchEncoding (input_ids, token_type_ids, attention_mask: not forward()'s order)."""
+    tokenizer = transformers.BertTokenizer(str(vocabulary_file))
+    return tokenizer(["the cat sat", "a dog sat on the mat"], padding=True, return_tensors="pt")
+
+
+def _vocabulary(tmp: Path) -> Path:
+    path = tmp / "vocab.txt"
+    path.write_text("\n".join(VOCABULARY))
+    return path
+
+
+def tiny_bert(**overrides):
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=len(VOCABULARY),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=MAX_POSITIONS,
+        **overrides,
+    )
+    return transformers.BertModel(config)
+
+
+def tiny_gpt2():
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=len(VOCABULARY), n_embd=32, n_layer=2, n_head=2, n_positions=MAX_POSITIONS
+    )
+    return transformers.GPT2Model(config)
+
+
+# Factories as users write them (MODEL=tests.test_hf_models:<name>); the vocabulary goes in a temporary folder.
+_VOCABULARY_DIR: list[Path] = []
+
+
+def bert_with_tokenizer():
+    return tiny_bert(), _tokenize(_VOCABULARY_DIR[0] / "vocab.txt")
+
+
+def gpt2_with_dict():
+    encoded = _tokenize(_VOCABULARY_DIR[0] / "vocab.txt")
+    return tiny_gpt2(), {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+
+
+def bert_with_lists():
+    encoded = transformers.BertTokenizer(str(_VOCABULARY_DIR[0] / "vocab.txt"))(["the cat"])  # no return_tensors
+    return tiny_bert(), encoded
+
+
+def bert_with_wrong_name():
+    encoded = _tokenize(_VOCABULARY_DIR[0] / "vocab.txt")
+    return tiny_bert(), {"ids": encoded["input_ids"]}
+
+
+@pytest.fixture(autouse=True)
+def vocabulary(tmp_path: Path):
+    _VOCABULARY_DIR[:] = [tmp_path]
+    return _vocabulary(tmp_path)
+
+
+def test_bert_with_the_tokenizers_dict_is_bound_by_keyword_with_named_outputs_and_a_dynamic_sequence():
+    spec = models.load_model("tests.test_hf_models:bert_with_tokenizer")
+    assert isinstance(spec.module, HuggingFaceModule)
+    assert list(spec.example_inputs) == ["input_ids", "attention_mask", "token_type_ids"]  # forward()'s order
+    assert spec.output_names == ["last_hidden_state", "pooler_output"]
+    axes = {name: axes[1] for name, axes in spec.dynamic_axes.items()}
+    assert set(axes) == {"input_ids", "attention_mask", "token_type_ids"}
+    assert {(a.name, a.min, a.opt, a.max) for a in axes.values()} == {(SEQUENCE_AXIS, 1, 8, MAX_POSITIONS)}
+    # The wrapper computes what the model does when called by keyword.
+    inner = spec.module.model.eval()
+    encoded = dict(spec.example_inputs)
+    with torch.no_grad():
+        expected = inner(**encoded).last_hidden_state
+        actual = spec.module(*encoded.values())["last_hidden_state"]
+    torch.testing.assert_close(actual, expected)
+
+
+def test_gpt2_with_a_dict_runs_without_its_cache():
+    spec = models.load_model("tests.test_hf_models:gpt2_with_dict")
+    assert spec.output_names == ["last_hidden_state"]  # past_key_values is off, not an output
+    assert spec.module.extra_arguments == {"use_cache": False}
+
+
+def test_dynamic_replaces_the_default_sequence_axis_and_none_keeps_it_static():
+    static = models.load_model("tests.test_hf_models:bert_with_tokenizer", dynamic="none")
+    assert static.dynamic_axes == {}
+    custom = models.load_model("tests.test_hf_models:bert_with_tokenizer", dynamic="input_ids:1=4:8:16")
+    assert list(custom.dynamic_axes) == ["input_ids"]
+    assert custom.dynamic_axes["input_ids"][1].max == 16
+
+
+def test_tokenizer_output_without_tensors_is_a_clear_error():
+    with pytest.raises(PipelineError) as error:
+        models.load_model("tests.test_hf_models:bert_with_lists")
+    assert "BatchEncoding of list" in error.value.problem
+    assert "return_tensors='pt'" in (error.value.fix or "")
+
+
+def test_an_input_forward_does_not_take_is_refused():
+    with pytest.raises(PipelineError) as error:
+        models.load_model("tests.test_hf_models:bert_with_wrong_name")
+    assert "['ids']" in error.value.problem and "BertModel.forward" in error.value.problem
+
+
+@pytest.mark.slow
+def test_bert_from_the_tokenizers_dict_builds_an_fp16_engine(tmp_path: Path):
+    settings = Settings(
+        model="tests.test_hf_models:bert_with_tokenizer",
+        precision="fp16",
+        batch=BatchProfile(1, 2, 4),
+        out_root=tmp_path / "engines",
+        builder="tensorrt_rtx",
+    )
+    folder = make_engine(settings)
+    from pipeline.manifest import read_manifest
+
+    manifest = read_manifest(folder)
+    assert [i["name"] for i in manifest["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert all(i["shape"] == ["batch", SEQUENCE_AXIS] for i in manifest["inputs"])
+    assert [o["name"] for o in manifest["outputs"]] == ["last_hidden_state", "pooler_output"]
+    assert manifest["axis_ranges"] == {SEQUENCE_AXIS: [1, 8, MAX_POSITIONS]}
+    assert manifest["parity_fp16"]["max_rel"] < 3e-2
+
+
+# ---------------------------------------------------------------- a save_pretrained folder
+
+
+@pytest.mark.parametrize("safe_serialization", [True, False], ids=["safetensors", "bin"])
+def test_a_save_pretrained_folder_loads_with_derived_token_inputs(tmp_path: Path, safe_serialization: bool):
+    folder = tmp_path / "tiny-bert"
+    model = transformers.BertForSequenceClassification(tiny_bert().config)
+    model.save_pretrained(folder, safe_serialization=safe_serialization)
+    spec = models.load_model(str(folder))
+    assert spec.name == "tiny-bert"
+    assert isinstance(spec.module.model, transformers.BertForSequenceClassification)  # config's architectures
+    assert list(spec.example_inputs) == ["input_ids", "attention_mask"]
+    assert spec.output_names == ["logits"]
+    with torch.no_grad():  # eval mode: prepare's job in the pipeline
+        expected = model.eval()(**spec.example_inputs).logits
+        actual = spec.module.eval()(*spec.example_inputs.values())["logits"]
+    torch.testing.assert_close(actual, expected)
+
+
+def test_the_folders_weights_are_in_the_fingerprint(tmp_path: Path):
+    folder = tmp_path / "tiny-bert"
+    tiny_bert().save_pretrained(folder)
+    before = models.load_model(str(folder)).fingerprint
+    torch.manual_seed(1)
+    transformers.BertModel(tiny_bert().config).save_pretrained(folder)
+    assert models.load_model(str(folder)).fingerprint != before
+
+
+def test_a_folder_without_weights_or_config_names_the_form(tmp_path: Path):
+    folder = tmp_path / "no-weights"
+    tiny_bert().config.save_pretrained(folder)
+    with pytest.raises(PipelineError) as error:
+        models.load_model(str(folder))
+    assert "no weights" in error.value.problem and "model.safetensors" in (error.value.fix or "")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(PipelineError) as error:
+        models.load_model(str(empty))
+    assert "without config.json" in error.value.problem and "pytorch_model.bin" in (error.value.fix or "")
