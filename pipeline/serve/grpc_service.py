@@ -74,7 +74,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return pb.ServerReadyResponse(ready=self.service.ready)
 
     async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await self._check_model(request.name, request.version, context)
+        # A model this server does not serve is not ready, not an error: Triton answers ready=false too, and
+        # tritonclient's is_model_ready() then returns False rather than raising (REST says 404, Triton 400).
+        try:
+            check_model(self.service.model, request.name, request.version)
+        except ServeError:
+            return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=self.service.ready)
 
     async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
