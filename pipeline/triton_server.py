@@ -86,6 +86,23 @@ def find_distribution() -> TritonDistribution:
     return found
 
 
+def startup_problem() -> str | None:
+    """Why tritonserver cannot start on this machine, or None: the wheel is missing, or the binary or this
+    Python's stub cannot load its libraries (the wheel targets glibc 2.35+ and links libpython3.X.so)."""
+    try:
+        distribution = find_distribution()
+    except PipelineError as error:
+        return error.problem
+    for program in (distribution.binary, distribution.stub):
+        linked = subprocess.run(
+            ["ldd", str(program)], capture_output=True, text=True, env=_environment(distribution), check=False
+        )
+        missing = [line.strip() for line in linked.stdout.splitlines() if "not found" in line]
+        if linked.returncode != 0 or missing:
+            return f"{program.name} cannot load here: {'; '.join(missing) or linked.stderr.strip()}"
+    return None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as probe:
         probe.bind((host, 0))
