@@ -93,6 +93,8 @@ def startup_problem() -> str | None:
         distribution = find_distribution()
     except PipelineError as error:
         return error.problem
+    if shutil.which("ldd") is None:
+        return None  # nothing to ask: starting it will tell
     for program in (distribution.binary, distribution.stub):
         linked = subprocess.run(
             ["ldd", str(program)], capture_output=True, text=True, env=_environment(distribution), check=False
