@@ -51,6 +51,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[rtx,dev]'
 	$(PY) -m pip install -q --no-deps tensorrt-stubs==10.13.0.35.1
+	$(PY) -m pip install -q --no-deps 'nvidia-pytriton~=0.7'  # the [tritonserver] extra, without its numpy<2 pin
 	$(PY) tools/trt_stubs.py $(VENV)/typings
 	touch $@
 

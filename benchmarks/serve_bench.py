@@ -1,7 +1,10 @@
 """Service benchmark: requests/s and p50/p99 latency of `python -m pipeline serve` at several client counts, for
 each way a request can travel: the inference protocol's REST with JSON tensors (v2-json), REST with Triton's
 binary tensor data (v2-binary), gRPC with raw contents (grpc), and, given a checkout of the service from before
-the protocol (--baseline), its /v1 `.npy` path (npy-before).  Writes <out>.json and <out>.md.
+the protocol (--baseline), its /v1 `.npy` path (npy-before); and, where the nvidia-pytriton wheel's tritonserver
+starts (pipeline/triton_server.py), Triton Inference Server serving the same folder in the scale-out repository
+form (`python -m pipeline triton --backend python`: our runner inside Triton's Python backend), over binary REST
+(triton-binary) and gRPC (triton-grpc).  Writes <out>.json and <out>.md.
 
     .venv/bin/python benchmarks/serve_bench.py engines/<model>-<precision> --out docs/benchmarks/serve-<name>-v2 \\
         [--baseline <dir with the old pipeline/, models/, calibration/>]
@@ -30,6 +33,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -43,11 +47,14 @@ from pipeline.cpu import cpu_instruction_sets, instruction_sets_text
 from pipeline.manifest import read_manifest
 from pipeline.runners import load_runner
 from pipeline.serve.protocol import DATATYPES
-from pipeline.triton import model_name
+from pipeline.triton import model_name, write_repository
+from pipeline.triton_server import running_triton, startup_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
-MODES = ("v2-json", "v2-binary", "grpc", "npy-before")
+MODES = ("v2-json", "v2-binary", "grpc", "npy-before", "triton-binary", "triton-grpc")
+# Triton's modes travel as ours do; only the server differs.
+TRITON_MODES = {"triton-binary": "v2-binary", "triton-grpc": "grpc"}
 DISTINCT_BODIES = 16  # per mode and client count; a JSON body of a 224x224 image is some 3 MB
 
 
@@ -71,6 +78,10 @@ def main() -> int:
     args = parser.parse_args()
     clients = [int(c) for c in args.clients.split(",")]
     modes = [m for m in args.modes.split(",") if m != "npy-before" or args.baseline is not None]
+    problem = startup_problem()
+    if problem is not None and any(mode in TRITON_MODES for mode in modes):
+        print(f"no Triton modes: {problem}", flush=True)
+        modes = [mode for mode in modes if mode not in TRITON_MODES]
     model = describe_model(args.folder, args.backend)
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     load_before = os.getloadavg()
@@ -79,10 +90,14 @@ def main() -> int:
     with contextlib.ExitStack() as running:
         current = running.enter_context(Server(args.folder, options, None))
         old = running.enter_context(Server(args.folder, options, args.baseline)) if args.baseline else None
+        triton = None
+        if any(mode in TRITON_MODES for mode in modes):
+            triton = running.enter_context(TritonTarget(args.folder, args.backend, args.max_wait_ms))
         for count in clients:
             for round_number in range(1, args.rounds + 1):
                 for mode in modes:
                     server = old if mode == "npy-before" and old is not None else current
+                    server = triton if mode in TRITON_MODES and triton is not None else server
                     measured = server.measure(mode, model, count, args)
                     rows.append({"round": round_number, "mode": mode, "clients": count, **measured})
                     print(json.dumps(rows[-1]), flush=True)
@@ -175,13 +190,12 @@ class Server:
         arrays = [np.random.default_rng(n).standard_normal(shape).astype(dtype) for n in range(DISTINCT_BODIES)]
         send = self.sender(mode, model, arrays)
         asyncio.run(drive(send, clients, min(args.requests, 4 * clients)))  # warm-up
-        before = asyncio.run(get(self.port, "/metrics"))[2].decode()
+        calls_before, rows_before = self.batch_counts()
         began = time.perf_counter()
         latencies = asyncio.run(drive(send, clients, args.requests))
         seconds = time.perf_counter() - began
-        after = asyncio.run(get(self.port, "/metrics"))[2].decode()
-        calls = metric(after, "serve_batch_items_count") - metric(before, "serve_batch_items_count")
-        rows = metric(after, "serve_batch_items_sum") - metric(before, "serve_batch_items_sum")
+        calls_after, rows_after = self.batch_counts()
+        calls, rows = calls_after - calls_before, rows_after - rows_before
         ms = np.array(latencies) * 1000
         return {
             "requests_per_s": round(args.requests / seconds, 1),
@@ -192,10 +206,45 @@ class Server:
             "loadavg_1min_after": round(os.getloadavg()[0], 2),
         }
 
+    def batch_counts(self) -> tuple[float, float]:
+        """(runner calls, items run) so far, from the service's /metrics."""
+        text = asyncio.run(get(self.port, "/metrics"))[2].decode()
+        return metric(text, "serve_batch_items_count"), metric(text, "serve_batch_items_sum")
+
     def sender(self, mode: str, model: dict, arrays: list[np.ndarray]) -> Sender:
+        mode = TRITON_MODES.get(mode, mode)
         if mode == "grpc":
             return GrpcSender(f"{HOST}:{self.grpc_port}", model, arrays)
         return HttpSender(self.port, mode, model, arrays)
+
+
+class TritonTarget(Server):
+    """tritonserver serving `folder` in the python repository form (written to a temporary repository), with
+    Triton's dynamic batching at the same window; stopped on exit."""
+
+    def __init__(self, folder: Path, backend: str, max_wait_ms: float):
+        self.scratch = tempfile.TemporaryDirectory(prefix="serve-bench-triton-")
+        repository = Path(self.scratch.name)
+        write_repository(
+            folder, repository, backend="python", runner_backend=backend, max_queue_delay_us=round(max_wait_ms * 1000)
+        )
+        self.running = running_triton(repository)
+
+    def __enter__(self) -> TritonTarget:
+        server = self.running.__enter__()
+        self.port, self.grpc_port, self.metrics_port = (
+            int(a.split(":")[1]) for a in (server.http, server.grpc, server.metrics)
+        )
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.running.__exit__(None, None, None)
+        self.scratch.cleanup()
+
+    def batch_counts(self) -> tuple[float, float]:
+        """(model executions, inferences, i.e. items) so far, from Triton's metrics."""
+        text = asyncio.run(get(self.metrics_port, "/metrics"))[2].decode()
+        return metric(text, "nv_inference_exec_count"), metric(text, "nv_inference_count")
 
 
 # --------------------------------------------------------------------------- clients
@@ -378,7 +427,11 @@ def markdown(report: dict) -> str:
         f"{report['max_wait_ms']} ms window, max {model['max_items']} items per runner call.  ",
         "Modes: `v2-json` REST with JSON tensors in and out; `v2-binary` REST with Triton's binary tensor data in "
         "and out; `grpc` ModelInfer with raw contents; `npy-before` the service before the inference protocol "
-        f"(`{report['baseline']}`), `.npy` in and out of `/v1/models/<name>/infer`.",
+        f"(`{report['baseline']}`), `.npy` in and out of `/v1/models/<name>/infer`; `triton-binary` and "
+        "`triton-grpc` the same requests as `v2-binary` and `grpc` to Triton Inference Server 2.51 (the "
+        "nvidia-pytriton wheel's tritonserver) serving the folder in the python repository form: our runner "
+        "inside Triton's Python backend, Triton's dynamic batcher with the same window (items per runner call "
+        "from its metrics).",
         "",
         "| mode | clients | requests/s | p50 ms | p99 ms | items per runner call | requests/s by round |",
         "|---|---:|---:|---:|---:|---:|---|",

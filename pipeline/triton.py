@@ -1,17 +1,21 @@
 """`python -m pipeline triton engines/<model>-<precision> --repo <dir>`: a Triton Inference Server model repository.
 
-Writes <repo>/<name>/config.pbtxt and <repo>/<name>/1/model.plan (Triton's `tensorrt_plan` platform) or
-<repo>/<name>/1/model.onnx (the `onnxruntime` backend).  The config is built as Triton's own ModelConfig
-protobuf message (tritonclient's model_config_pb2) and written with protobuf's text format, so every field
-name, enum and type is checked by the schema Triton itself parses it with.
+Writes <repo>/<name>/config.pbtxt and <repo>/<name>/1/model.plan (Triton's `tensorrt_plan` platform),
+<repo>/<name>/1/model.onnx (the `onnxruntime` backend), or, with `--backend python`, <repo>/<name>/1/model.py
+(pipeline/triton_python_model.py) with the artifact folder's runtime files in <repo>/<name>/1/artifacts/: our
+runner (pipeline.runners.load_runner) inside Triton's Python backend.  The config is built as Triton's own
+ModelConfig protobuf message (tritonclient's model_config_pb2) and written with protobuf's text format, so
+every field name, enum and type is checked by the schema Triton itself parses it with.
 
 An engine built by TensorRT-RTX is not loadable by Triton's TensorRT backend (which links the full TensorRT,
-and a plan only loads in the TensorRT that built it), so `auto` serves such folders through the ONNX graph.
+and a plan only loads in the TensorRT that built it), so `auto` serves such folders through the ONNX graph;
+the python form serves the RTX engine itself (where it runs), and an int8 folder's ONNX-Runtime CPU graph.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -19,15 +23,21 @@ from typing import Any
 from pipeline.artifacts import write_bytes
 from pipeline.errors import PipelineError
 from pipeline.folder import ArtifactFolder, open_folder
+from pipeline.manifest import MANIFEST
 
 COMMAND = "triton"
 HELP = "write a Triton Inference Server model repository (config.pbtxt + engine or ONNX graph) for an artifact folder"
 
-BACKENDS = ("auto", "tensorrt_plan", "onnxruntime")
+BACKENDS = ("auto", "tensorrt_plan", "onnxruntime", "python")
+# backend -> (platform, Triton backend, file in the version folder)
 PLATFORMS = {
     "tensorrt_plan": ("tensorrt_plan", "tensorrt", "model.plan"),
     "onnxruntime": ("onnxruntime_onnx", "onnxruntime", "model.onnx"),
+    "python": ("", "python", "model.py"),
 }
+# The python form: the runner's files under <version>/ARTIFACTS, its backend choice as load_runner takes it.
+ARTIFACTS = "artifacts"
+RUNNER_BACKENDS = ("auto", "tensorrt", "onnxruntime")
 INSTANCE_KINDS = {"gpu": "KIND_GPU", "cpu": "KIND_CPU"}
 # numpy dtype names -> Triton DataType names (model_config.proto).
 TRITON_DTYPES = {
@@ -54,11 +64,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--backend",
         default="auto",
         choices=BACKENDS,
-        help="auto: the engine (tensorrt_plan) unless TensorRT-RTX built it or there is none, then the ONNX graph",
+        help="auto: the engine (tensorrt_plan) unless TensorRT-RTX built it or there is none, then the ONNX graph; "
+        "python: our runner inside Triton's Python backend (serves TensorRT-RTX engines and the INT8 CPU graph)",
+    )
+    parser.add_argument(
+        "--runner-backend",
+        default="auto",
+        choices=RUNNER_BACKENDS,
+        help="with --backend python: what the runner runs (auto: the engine where it can run, else ONNX Runtime)",
     )
     parser.add_argument("--name", help="model name in the repository (default: <model>-<precision>, as serve names it)")
     parser.add_argument("--instances", type=int, default=1, help="model instances (instance_group count)")
-    parser.add_argument("--instance-kind", default="gpu", choices=tuple(INSTANCE_KINDS), help="cpu: onnxruntime only")
+    parser.add_argument(
+        "--instance-kind",
+        choices=tuple(INSTANCE_KINDS),
+        help="default gpu; cpu for onnxruntime on a machine without a GPU, and the default for python (the runner "
+        "picks its device itself; Triton's KIND_GPU would start one instance per GPU and refuse a machine without)",
+    )
     parser.add_argument(
         "--max-queue-delay-us", type=int, default=2000, help="dynamic batching: longest wait for a fuller batch"
     )
@@ -73,6 +95,7 @@ def main(args: argparse.Namespace) -> int:
         instances=args.instances,
         instance_kind=args.instance_kind,
         max_queue_delay_us=args.max_queue_delay_us,
+        runner_backend=args.runner_backend,
     )
     print(f"triton       {model_dir} ({why})")
     print(f"             launch: tritonserver --model-repository={Path(args.repo).resolve()} (see docs/triton.md)")
@@ -86,14 +109,21 @@ def write_repository(
     backend: str = "auto",
     name: str | None = None,
     instances: int = 1,
-    instance_kind: str = "gpu",
+    instance_kind: str | None = None,
     max_queue_delay_us: int = 2000,
+    runner_backend: str = "auto",
 ) -> tuple[Path, str]:
-    """Write the model into `repo`; returns (the model's folder, why this backend)."""
+    """Write the model into `repo`; returns (the model's folder, why this backend).
+
+    instance_kind: gpu or cpu (None: cpu for the python form, else gpu).  runner_backend: the python form's
+    load_runner backend."""
     opened = open_folder(folder)  # a finished folder only; every file read is checked against its sha256
     manifest = opened.manifest
     name = check_model_name(name or model_name(manifest))
     chosen, why = choose_backend(opened, backend)
+    instance_kind = instance_kind or ("cpu" if chosen == "python" else "gpu")
+    if runner_backend not in RUNNER_BACKENDS:
+        raise PipelineError(f"unknown runner backend {runner_backend!r}", f"use one of {', '.join(RUNNER_BACKENDS)}")
     if instances < 1 or max_queue_delay_us < 0:
         raise PipelineError(
             "instances must be 1 or more and the queue delay 0 or more", "fix --instances / --max-queue-delay-us"
@@ -102,8 +132,14 @@ def write_repository(
         raise PipelineError(
             "a TensorRT plan runs only on a GPU instance", "use --instance-kind gpu, or --backend onnxruntime"
         )
-    model_bytes = opened.read(opened.engine if chosen == "tensorrt_plan" else opened.graph)
-    io = engine_io(manifest) if chosen == "tensorrt_plan" else graph_io(model_bytes)
+    if chosen == "python":
+        files = runner_files(opened)
+        model_bytes = python_model_source()
+        io = graph_io(files[opened.graph])
+    else:
+        files = {}
+        model_bytes = opened.read(opened.engine if chosen == "tensorrt_plan" else opened.graph)
+        io = engine_io(manifest) if chosen == "tensorrt_plan" else graph_io(model_bytes)
     config = model_config(
         name,
         chosen,
@@ -113,9 +149,15 @@ def write_repository(
         instance_kind=instance_kind,
         max_queue_delay_us=max_queue_delay_us,
     )
+    if chosen == "python":
+        add_parameter(config, "runner_backend", runner_backend)
+        # The stub's Python imports `pipeline` from here when it is not installed where Triton runs.
+        add_parameter(config, "pipeline_path", str(Path(__file__).resolve().parents[1]))
     from google.protobuf import text_format
 
     model_dir = Path(repo) / name
+    for file_name, data in files.items():
+        write_bytes(model_dir / "1" / ARTIFACTS / file_name, data)
     write_bytes(model_dir / "1" / PLATFORMS[chosen][2], model_bytes)
     write_bytes(model_dir / "config.pbtxt", text_format.MessageToString(config).encode())
     return model_dir, why
@@ -155,6 +197,8 @@ def choose_backend(opened: ArtifactFolder, backend: str) -> tuple[str, str]:
     builder = opened.manifest.get("build", {}).get("builder", {}).get("module")
     if backend == "onnxruntime":
         return backend, "asked for the ONNX graph"
+    if backend == "python":
+        return backend, "asked for our runner inside Triton's Python backend"
     if builder == "tensorrt_rtx":
         if backend == "tensorrt_plan":
             raise PipelineError(
@@ -170,6 +214,27 @@ def choose_backend(opened: ArtifactFolder, backend: str) -> tuple[str, str]:
             )
         return "onnxruntime", f"auto: {folder} has no engine"
     return "tensorrt_plan", f"{'auto: ' if backend == 'auto' else ''}the engine was built by {builder}"
+
+
+def runner_files(opened: ArtifactFolder) -> dict[str, bytes]:
+    """What load_runner reads from the folder, each checked against its sha256: the manifest, the graph, the
+    engine (if built) and the ONNX-Runtime CPU graphs of an int8 folder.  The other artifacts (the FP32 export,
+    the simplified graph, reference outputs) serve the build, not the runner."""
+    names = [opened.graph, *opened.cpu_graphs.values()]
+    if opened.has(opened.engine):
+        names.append(opened.engine)
+    files = {name: opened.read(name) for name in dict.fromkeys(names)}
+    files[MANIFEST] = json.dumps(opened.manifest, indent=2).encode()  # the record open_folder checked
+    return files
+
+
+def python_model_source() -> bytes:
+    """The Python backend's model.py: pipeline/triton_python_model.py as it is."""
+    return (Path(__file__).parent / "triton_python_model.py").read_bytes()
+
+
+def add_parameter(config: Any, key: str, value: str) -> None:
+    config.parameters[key].string_value = value
 
 
 def engine_io(manifest: dict) -> list[dict]:

@@ -12,9 +12,11 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import httpx
 import numpy as np
 import pytest
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tests.test_serve import IMAGE_MODEL, Server, engines, folder, metric, served  # noqa: F401
 
@@ -149,3 +151,111 @@ def test_a_client_hanging_up_mid_body_is_not_counted_as_a_server_error(guarded: 
     assert metric(guarded, "serve_requests_total", status="499") == before["499"] + 1
     assert metric(guarded, "serve_requests_total", status="500") == before["500"]
     assert httpx.get(f"{guarded.url}/v2/health/live", timeout=DEADLINE_S).status_code == 200
+
+
+# --------------------------------------------------------------------------- what many clients, or gRPC ones, can hold
+
+CROWD = 3  # the crowded server's --max-connections
+CONNECTION_AGE_S = 2.0
+CROWDED_READ_TIMEOUT_S = 2.0
+CROWDED_TIMEOUT_S = 5.0
+
+
+@pytest.fixture(scope="module")
+def crowded(folder: Path) -> Iterator[Server]:  # noqa: F811 (the fixture imported above)
+    """Few connections, short gRPC connection lives, and a batch window that holds a lone call 1.5 s."""
+    options = ["--max-connections", str(CROWD), "--connection-age-s", str(CONNECTION_AGE_S), "--max-wait-ms", "1500"]
+    options += ["--read-timeout-s", str(CROWDED_READ_TIMEOUT_S), "--timeout-s", str(CROWDED_TIMEOUT_S)]
+    with served(folder, *options) as running:
+        yield running
+
+
+def test_rest_connections_past_the_limit_get_503(crowded: Server) -> None:
+    host, port = crowded.http.split(":")
+    held = [socket.create_connection((host, int(port)), timeout=DEADLINE_S) for _ in range(CROWD)]
+    try:
+        time.sleep(0.5)  # the server has accepted them (uvicorn counts a connection from its first moment)
+        refused = httpx.get(f"{crowded.url}/v2/health/live", timeout=DEADLINE_S)
+        assert refused.status_code == 503, refused.text
+    finally:
+        for connection in held:
+            connection.close()
+    deadline = time.monotonic() + DEADLINE_S
+    while httpx.get(f"{crowded.url}/v2/health/live", timeout=DEADLINE_S).status_code != 200:
+        assert time.monotonic() < deadline, "the server still refused after the held connections closed"
+        time.sleep(0.1)
+
+
+def test_grpc_calls_past_the_limit_get_resource_exhausted(crowded: Server) -> None:
+    request = service_pb2.ModelInferRequest(model_name=IMAGE_MODEL)
+    request.inputs.add(name="input", datatype="FP32", shape=[1, 3, 16, 16])
+    request.raw_input_contents.append(np.ones((1, 3, 16, 16), np.float32).tobytes())
+    with grpc.insecure_channel(crowded.grpc) as channel:
+        infer = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer
+        held = [infer.future(request, timeout=DEADLINE_S) for _ in range(CROWD)]  # each waits in the batch window
+        time.sleep(0.5)
+        with pytest.raises(grpc.RpcError) as refused:
+            infer(request, timeout=DEADLINE_S)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert all(len(call.result().raw_output_contents) == 1 for call in held)  # the held calls were served
+
+
+_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    """One HTTP/2 frame (RFC 9113 section 4.1)."""
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+
+def _literal_headers(headers: dict[str, str]) -> bytes:
+    """HPACK literals without indexing, names and values shorter than 127 bytes (RFC 7541 section 6.2.2)."""
+    return b"".join(
+        b"\x00" + bytes([len(name)]) + name.encode() + bytes([len(value)]) + value.encode()
+        for name, value in headers.items()
+    )
+
+
+def _held_grpc_connection(server: Server, trickle: bool) -> float:
+    """Seconds until the server closed a connection that completes the HTTP/2 handshake and then either stays
+    silent or opens a ModelInfer call whose message trickles in a byte every 0.5 s.  Fails past DEADLINE_S."""
+    host, port = server.grpc.split(":")
+    started = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=DEADLINE_S) as connection:
+        connection.sendall(_PREFACE + _frame(4, 0, 0))  # SETTINGS
+        connection.recv(65536)  # the server's SETTINGS
+        connection.sendall(_frame(4, 1, 0))  # SETTINGS ACK: a well-behaved peer, apart from its pace
+        if trickle:
+            headers = {
+                ":method": "POST",
+                ":scheme": "http",
+                ":path": "/inference.GRPCInferenceService/ModelInfer",
+                ":authority": server.grpc,
+                "content-type": "application/grpc",
+                "te": "trailers",
+            }
+            connection.sendall(_frame(1, 4, 1, _literal_headers(headers)))  # HEADERS, END_HEADERS, stream 1
+            connection.sendall(_frame(0, 0, 1, b"\x00" + (1000).to_bytes(4, "big")))  # a 1000-byte message begins
+        connection.settimeout(0.5)
+        while time.monotonic() - started < DEADLINE_S:
+            try:
+                if trickle:
+                    connection.sendall(_frame(0, 0, 1, b"\x00"))
+                while connection.recv(65536):  # GOAWAY, PING...: read until the server closes
+                    pass
+                return time.monotonic() - started
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                return time.monotonic() - started
+    pytest.fail(f"the gRPC server still held the connection after {DEADLINE_S} s")
+
+
+def test_an_idle_grpc_connection_is_closed_after_the_read_timeout(crowded: Server) -> None:
+    assert _held_grpc_connection(crowded, trickle=False) >= CROWDED_READ_TIMEOUT_S * 0.9
+
+
+def test_a_trickled_grpc_call_is_cut_at_the_connection_age(crowded: Server) -> None:
+    """gRPC has no read timeout per message: the connection's age bounds it (age + grace for calls in flight)."""
+    held = _held_grpc_connection(crowded, trickle=True)
+    assert CONNECTION_AGE_S * 0.8 <= held <= DEADLINE_S

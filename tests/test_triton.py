@@ -116,3 +116,27 @@ def test_a_swapped_graph_is_refused(tiny: Path, tmp_path: Path) -> None:
     graph.write_bytes(graph.read_bytes() + b"\0")
     with pytest.raises(PipelineError, match="is not the file this folder's build wrote"):
         write_repository(folder, tmp_path / "repo")
+
+
+def test_the_python_form_runs_our_runner_inside_triton(tiny: Path, tmp_path: Path) -> None:
+    """What `--backend python` writes; tests/test_triton_server.py serves it with a real tritonserver."""
+    model_dir, why = write_repository(tiny, tmp_path, backend="python", runner_backend="onnxruntime")
+    assert "Python backend" in why
+    config = parse((model_dir / "config.pbtxt").read_text())
+    assert (config.backend, config.platform, config.default_model_filename) == ("python", "", "model.py")
+    assert pb.ModelInstanceGroup.Kind.Name(config.instance_group[0].kind) == "KIND_CPU"  # the runner picks the GPU
+    assert config.parameters["runner_backend"].string_value == "onnxruntime"
+    assert Path(config.parameters["pipeline_path"].string_value, "pipeline", "runners").is_dir()
+    assert [list(t.dims) for t in config.input] == [[3, 16, 16]] and config.max_batch_size == 32
+    artifacts = model_dir / "1" / "artifacts"
+    for name in ("model.onnx", "engine.plan"):
+        assert sha256_file(artifacts / name) == sha256_file(tiny / name)
+    assert read_manifest(artifacts) == read_manifest(tiny)
+    source = Path(__file__).resolve().parents[1] / "pipeline" / "triton_python_model.py"
+    assert (model_dir / "1" / "model.py").read_bytes() == source.read_bytes()
+
+
+def test_the_python_form_refuses_an_unknown_runner_backend(tiny: Path, tmp_path: Path) -> None:
+    with pytest.raises(PipelineError, match="unknown runner backend 'torch'"):
+        write_repository(tiny, tmp_path, backend="python", runner_backend="torch")
+    assert not list(tmp_path.iterdir())

@@ -69,6 +69,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--read-timeout-s", type=float, default=defaults.read_timeout_s, help="to receive a request's head, its body"
     )
     parser.add_argument("--workers", type=int, default=defaults.workers, help="runner calls in flight at once")
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=defaults.max_connections,
+        help="REST connections and gRPC calls at once, before 503 / RESOURCE_EXHAUSTED",
+    )
+    parser.add_argument(
+        "--connection-age-s",
+        type=float,
+        default=defaults.connection_age_s,
+        help="longest a gRPC connection lives before the client is asked to reconnect",
+    )
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
 
 
@@ -115,6 +127,8 @@ def main(args: argparse.Namespace) -> int:
         max_json_mib=args.max_json_mib,
         read_timeout_s=args.read_timeout_s,
         workers=args.workers,
+        max_connections=args.max_connections,
+        connection_age_s=args.connection_age_s,
     ).check()
     app = create_app(folder, config, backend=args.backend)
     grpc_port = args.grpc_port or None

@@ -23,6 +23,13 @@ class ServeConfig:
     read_timeout_s: a request's head, and then its body, must each arrive within this time, or the connection is
       closed (head) or answered 408 (body): a client sending a byte now and then cannot hold a connection forever.
     workers: runner calls in flight at once (threads); one suits ONNX Runtime on a CPU, which uses every core.
+    max_connections: REST connections, and gRPC calls, held at once; past it REST answers 503 (uvicorn's
+      limit_concurrency) and gRPC RESOURCE_EXHAUSTED (grpc's maximum_concurrent_rpcs): what many clients, slow or
+      hostile, can hold is bounded, beyond the queue that bounds admitted requests.
+    connection_age_s: the longest a gRPC connection lives; the server then asks the client to reconnect (GOAWAY,
+      which tritonclient and grpc channels do by themselves) and gives the calls on it read_timeout_s + timeout_s
+      to finish before it closes the connection: a call whose message trickles in cannot hold one forever (gRPC
+      has no per-message read timeout).
     """
 
     name: str | None = None
@@ -35,6 +42,8 @@ class ServeConfig:
     max_json_mib: float = 8.0
     read_timeout_s: float = 30.0
     workers: int = 1
+    max_connections: int = 1000
+    connection_age_s: float = 300.0
 
     def check(self) -> ServeConfig:
         """Reject impossible values with the fix; returns self so calls can chain."""
@@ -42,7 +51,11 @@ class ServeConfig:
             raise PipelineError(f"max batch {self.max_batch} is below 1", "give --max-batch 1 or more, or leave it out")
         if self.max_wait_ms < 0:
             raise PipelineError(f"max wait {self.max_wait_ms} ms is negative", "give --max-wait-ms 0 or more")
-        for label, value in (("queue size", self.queue_size), ("workers", self.workers)):
+        for label, value in (
+            ("queue size", self.queue_size),
+            ("workers", self.workers),
+            ("max connections", self.max_connections),
+        ):
             if value < 1:
                 raise PipelineError(f"{label} {value} is below 1", f"give a {label} of 1 or more")
         numbers = (
@@ -50,6 +63,7 @@ class ServeConfig:
             ("max body", self.max_body_mib),
             ("max JSON", self.max_json_mib),
             ("read timeout", self.read_timeout_s),
+            ("connection age", self.connection_age_s),
         )
         for label, number in numbers:
             if number <= 0:

@@ -20,6 +20,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from pipeline.errors import PipelineError
+from pipeline.serve.config import ServeConfig
 from pipeline.serve.protocol import (
     CLIENT_GONE,
     DATATYPES,
@@ -74,7 +75,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return pb.ServerReadyResponse(ready=self.service.ready)
 
     async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await self._check_model(request.name, request.version, context)
+        # A model this server does not serve is not ready, not an error: Triton answers ready=false too, and
+        # tritonclient's is_model_ready() then returns False rather than raising (REST says 404, Triton 400).
+        try:
+            check_model(self.service.model, request.name, request.version)
+        except ServeError:
+            return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=self.service.ready)
 
     async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -177,15 +183,41 @@ def infer_response(service: Service, request: InferRequest, outputs: dict) -> An
     return response
 
 
+# HTTP/2 streams (calls) one connection may hold open at once: the RFC 9113 recommended minimum, far above what
+# one tritonclient channel uses; calls across all connections are bounded by ServeConfig.max_connections.
+MAX_STREAMS_PER_CONNECTION = 100
+# A peer that vanished (no FIN: a crashed host, a dropped route) is found by a ping unanswered in KEEPALIVE_TIMEOUT_S.
+KEEPALIVE_TIME_S = 60
+KEEPALIVE_TIMEOUT_S = 20
+
+
+def server_options(config: ServeConfig) -> list[tuple[str, int]]:
+    """What one gRPC client, slow or hostile, may hold: the message size, the handshake's time, an idle
+    connection, a connection's age (a trickled message included) and the streams of one connection."""
+    read_ms = round(config.read_timeout_s * 1000)
+    return [
+        ("grpc.max_receive_message_length", config.max_body_bytes),
+        ("grpc.max_send_message_length", -1),
+        # gRPC sets SO_REUSEPORT by default, so a second server would share a busy port silently.
+        ("grpc.so_reuseport", 0),
+        # A connection must finish its HTTP/2 handshake as a REST request its head: within the read timeout.
+        ("grpc.server_handshake_timeout_ms", read_ms),
+        # A connection with no call for that long is closed (GOAWAY; a channel reconnects on its next call).
+        ("grpc.max_connection_idle_ms", read_ms),
+        ("grpc.max_connection_age_ms", round(config.connection_age_s * 1000)),
+        ("grpc.max_connection_age_grace_ms", read_ms + round(config.timeout_s * 1000)),
+        ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+        ("grpc.keepalive_time_ms", KEEPALIVE_TIME_S * 1000),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_S * 1000),
+    ]
+
+
 async def start_grpc_server(service: Service, host: str, port: int) -> grpc.aio.Server:
     """The gRPC front end listening on host:port, on the running event loop (the one REST's batcher uses)."""
     server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", service.config.max_body_bytes),
-            ("grpc.max_send_message_length", -1),
-            # gRPC sets SO_REUSEPORT by default, so a second server would share a busy port silently.
-            ("grpc.so_reuseport", 0),
-        ]
+        options=server_options(service.config),
+        # Calls past it are refused at once with RESOURCE_EXHAUSTED (grpc's own answer), as REST answers 503.
+        maximum_concurrent_rpcs=service.config.max_connections,
     )
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(service), server)
     address = f"{host}:{port}"

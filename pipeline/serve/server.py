@@ -90,7 +90,14 @@ async def serve(app: FastAPI, *, host: str, port: int, grpc_port: int | None, lo
         log.info("gRPC (inference.GRPCInferenceService) on %s:%d", host, grpc_port)
     protocol = type("HeadDeadline", (_HeadDeadline,), {"head_timeout_s": service.config.read_timeout_s})
     config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=int(grace_s), http=protocol
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=int(grace_s),
+        http=protocol,
+        # Connections (idle keep-alive ones too) or requests past it are answered 503 at once.
+        limit_concurrency=service.config.max_connections,
     )
     try:
         await _Server(config, grpc_server, grace_s).serve()
