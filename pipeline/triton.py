@@ -182,24 +182,11 @@ def engine_io(manifest: dict) -> list[dict]:
 
 def graph_io(graph: bytes) -> list[dict]:
     """The ONNX graph's I/O in the same form as engine_io (symbolic or unknown dims as -1)."""
-    import onnx
-    from onnx.helper import tensor_dtype_to_np_dtype
+    from pipeline.graph_io import graph_io as read_graph_io
 
-    model = onnx.load_model_from_string(graph)
-    initializers = {tensor.name for tensor in model.graph.initializer}
-
-    def record(value: Any, mode: str) -> dict:
-        tensor = value.type.tensor_type
-        shape = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim]
-        return {
-            "name": value.name,
-            "mode": mode,
-            "dtype": tensor_dtype_to_np_dtype(tensor.elem_type).name,
-            "shape": shape,
-        }
-
-    inputs = [record(v, "input") for v in model.graph.input if v.name not in initializers]
-    return inputs + [record(v, "output") for v in model.graph.output]
+    io = read_graph_io(graph)
+    tensors = [("input", tensor) for tensor in io.inputs] + [("output", tensor) for tensor in io.outputs]
+    return [{"name": t.name, "mode": mode, "dtype": t.dtype, "shape": t.sizes()} for mode, t in tensors]
 
 
 def model_config(
