@@ -38,6 +38,10 @@ class GraphTensor:
         """The shape with every dim that is not a fixed size as DYNAMIC (-1)."""
         return [d if isinstance(d, int) else DYNAMIC for d in self.shape]
 
+    @classmethod
+    def from_record(cls, record: dict) -> GraphTensor:
+        return cls(record["name"], record["dtype"], tuple(record["shape"]))
+
     def as_record(self) -> dict:
         """The manifest's form: {"name", "dtype", "shape": [3, "batch", null, ...]}."""
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}

@@ -19,6 +19,8 @@ from typing import Any
 from pipeline.artifacts import write_bytes
 from pipeline.errors import PipelineError
 from pipeline.folder import ArtifactFolder, open_folder
+from pipeline.manifest import Manifest
+from pipeline.runners.base import max_batch
 
 COMMAND = "triton"
 HELP = "write a Triton Inference Server model repository (config.pbtxt + engine or ONNX graph) for an artifact folder"
@@ -108,7 +110,7 @@ def write_repository(
         name,
         chosen,
         io,
-        max_batch=int(manifest["batch_profile"]["max"]),
+        max_batch=max_batch(manifest),
         instances=instances,
         instance_kind=instance_kind,
         max_queue_delay_us=max_queue_delay_us,
@@ -121,11 +123,11 @@ def write_repository(
     return model_dir, why
 
 
-def model_name(manifest: dict) -> str:
+def model_name(manifest: Manifest) -> str:
     """The model's name here and in `python -m pipeline serve` alike: <model>-<precision>, as `make engine` names
     its folder.  The precision is part of it so that the fp16 and int8 builds of one network sit side by side in a
     repository, and a client moving between Triton and our service changes only the address."""
-    model, precision = manifest.get("model", {}).get("name"), manifest.get("precision")
+    model, precision = manifest.model.name if manifest.model else None, manifest.precision
     if not model or not precision:
         raise PipelineError(
             "the manifest records no model name or precision (the export did not finish)",
@@ -152,7 +154,8 @@ def choose_backend(opened: ArtifactFolder, backend: str) -> tuple[str, str]:
     if backend not in BACKENDS:
         raise PipelineError(f"unknown Triton backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
     folder = opened.path
-    builder = opened.manifest.get("build", {}).get("builder", {}).get("module")
+    build = opened.manifest.build
+    builder = build.builder.module if build is not None and build.builder is not None else None
     if backend == "onnxruntime":
         return backend, "asked for the ONNX graph"
     if builder == "tensorrt_rtx":
@@ -172,9 +175,9 @@ def choose_backend(opened: ArtifactFolder, backend: str) -> tuple[str, str]:
     return "tensorrt_plan", f"{'auto: ' if backend == 'auto' else ''}the engine was built by {builder}"
 
 
-def engine_io(manifest: dict) -> list[dict]:
+def engine_io(manifest: Manifest) -> list[dict]:
     """The engine's I/O as the build stage recorded it: [{name, mode, dtype, shape}] (-1 for dynamic dims)."""
-    records = manifest.get("build", {}).get("io")
+    records = manifest.build.io if manifest.build is not None else None
     if not records:
         raise PipelineError("the manifest records no engine I/O (the build did not finish)", "rebuild: make engine ...")
     return [{"name": r["name"], "mode": r["mode"], "dtype": r["dtype"], "shape": list(r["shape"])} for r in records]
