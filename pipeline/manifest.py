@@ -105,6 +105,31 @@ class BuildRecord:
     io: tuple[dict, ...] = ()  # the engine's tensors: {name, mode, dtype, shape (-1 for dynamic dims)}
     details: dict = field(default_factory=dict)  # the rest of the stage's record (profile, sizes, times)
 
+    def as_json(self) -> dict:
+        """The stage's record as build_engine wrote it ({"status": "skipped", "reason"} where none was built)."""
+        return {
+            **({"status": "skipped", "reason": self.skipped} if self.skipped is not None else {}),
+            **({"builder": _encode(self.builder)} if self.builder is not None else {}),
+            **({"target": self.target} if self.target else {}),
+            **({"io": list(self.io)} if self.io else {}),
+            **self.details,
+        }
+
+    @classmethod
+    def from_json(cls, raw: Any) -> BuildRecord:
+        if not isinstance(raw, dict):
+            raise DamagedManifest(f"its build is {raw!r}, not a record")
+        builder = raw.get("builder")
+        if builder is not None and not (isinstance(builder, dict) and {"module", "version"} <= set(builder)):
+            raise DamagedManifest(f"its build's builder is {builder!r}, not a module and a version")
+        return cls(
+            skipped=str(raw.get("reason")) if raw.get("status") == "skipped" else None,
+            builder=Builder(str(builder["module"]), str(builder["version"])) if builder else None,
+            target=dict(raw.get("target") or {}),
+            io=tuple(raw.get("io") or ()),
+            details={k: v for k, v in raw.items() if k not in ("status", "reason", "builder", "target", "io")},
+        )
+
 
 @dataclass(frozen=True)
 class ParityRecord:
@@ -164,15 +189,6 @@ class Manifest:
             if entry.name == "stages" or value is None:
                 continue
             record[entry.name] = _encode(value)
-        if self.build is not None:
-            build = self.build
-            record["build"] = {
-                **({"status": "skipped", "reason": build.skipped} if build.skipped is not None else {}),
-                **({"builder": _encode(build.builder)} if build.builder is not None else {}),
-                **({"target": build.target} if build.target else {}),
-                **({"io": list(build.io)} if build.io else {}),
-                **build.details,
-            }
         return {**record, **self.stages}
 
     @classmethod
@@ -202,7 +218,7 @@ class Manifest:
             artifacts=_artifacts(raw.get("artifacts", {})),
             parity_batches=tuple(_optional(raw, "parity_batches", list) or ()),
             calibration=_optional(raw, "calibration", dict),
-            build=_build(raw["build"]) if "build" in raw else None,
+            build=BuildRecord.from_json(raw["build"]) if "build" in raw else None,
             timings=dict(_optional(raw, "timings", dict) or {}),
             stages={key: value for key, value in raw.items() if key not in known and isinstance(value, dict)},
         )
@@ -215,6 +231,8 @@ class DamagedManifest(Exception):
 def _encode(value: Any) -> Any:
     if isinstance(value, GraphTensor):
         return value.as_record()
+    if isinstance(value, BuildRecord):
+        return value.as_json()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {entry.name: _encode(getattr(value, entry.name)) for entry in dataclasses.fields(value)}
     if isinstance(value, dict):
@@ -294,21 +312,6 @@ def _artifacts(raw: Any) -> dict[str, Artifact]:
     return artifacts
 
 
-def _build(raw: Any) -> BuildRecord:
-    if not isinstance(raw, dict):
-        raise DamagedManifest(f"its build is {raw!r}, not a record")
-    builder = raw.get("builder")
-    if builder is not None and not (isinstance(builder, dict) and {"module", "version"} <= set(builder)):
-        raise DamagedManifest(f"its build's builder is {builder!r}, not a module and a version")
-    return BuildRecord(
-        skipped=str(raw.get("reason")) if raw.get("status") == "skipped" else None,
-        builder=Builder(str(builder["module"]), str(builder["version"])) if builder else None,
-        target=dict(raw.get("target") or {}),
-        io=tuple(raw.get("io") or ()),
-        details={k: v for k, v in raw.items() if k not in ("status", "reason", "builder", "target", "io")},
-    )
-
-
 # --------------------------------------------------------------------------- reading and writing
 
 
@@ -371,7 +374,7 @@ def record_stage(folder: Path, name: str, record: dict) -> Manifest:
     # A stage run again moves to the end: the last stage listed is the last one that finished.
     timings = {**{stage: seconds for stage, seconds in earlier.items() if stage != name}, name: record["seconds"]}
     if name == "build":
-        return update_manifest(folder, build=_build(record), timings=timings)
+        return update_manifest(folder, build=BuildRecord.from_json(record), timings=timings)
     return update_manifest(folder, stages={**manifest.stages, name: record}, timings=timings)
 
 
