@@ -96,10 +96,11 @@ class OnnxRuntimeRunner(Runner):
                     f"give one of them ({', '.join(graphs)}) or leave graph=None",
                 )
             return requested, "asked for"
-        kind = int8_cpu_kind() if on_cpu else None
-        cpu_graph = self.folder.cpu_graph(kind) if kind is not None else None
-        if kind is not None and cpu_graph is not None:
-            return cpu_graph, f"the {self.folder.precision} graph for ONNX Runtime's CPU kernels, {_KINDS[kind]}"
+        if on_cpu:
+            kind = int8_cpu_kind()
+            cpu_graph = self.folder.cpu_graph(kind)
+            if cpu_graph is not None:
+                return cpu_graph, f"the {self.folder.precision} graph for ONNX Runtime's CPU kernels, {_KINDS[kind]}"
         return self.folder.graph, "the engine's graph"
 
     def _session(self, providers: list[str], intra_op_threads: int | None, allow_spinning: bool) -> Any:
