@@ -44,8 +44,9 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from pipeline.bench.environment import cpu_model
 from pipeline.cpu import cpu_instruction_sets, instruction_sets_text
-from pipeline.manifest import read_manifest
+from pipeline.folder import open_folder
 from pipeline.runners import load_runner
+from pipeline.runners.base import max_batch
 from pipeline.serve.protocol import DATATYPES
 from pipeline.triton import model_name, write_repository
 from pipeline.triton_server import running_triton, startup_problem
@@ -130,16 +131,17 @@ def main() -> int:
 def describe_model(folder: Path, backend: str) -> dict:
     """The model as served: its name, single input and first output, and the runner the server will pick
     (load_runner is the function the server calls, on the same machine)."""
-    manifest = read_manifest(folder)
-    [given] = manifest["inputs"]  # the .npy body of the old service carries one array: single-input models
-    with load_runner(folder, backend) as runner:
+    opened = open_folder(folder)
+    manifest = opened.manifest
+    [given] = manifest.inputs  # the .npy body of the old service carries one array: single-input models
+    with load_runner(opened, backend) as runner:
         description = runner.description
     return {
         "name": model_name(manifest),
-        "old_name": manifest["model"]["name"],  # what the service before the protocol called it
-        "input": {"name": given["name"], "dtype": given["dtype"], "shape": given["shape"]},
-        "output": manifest["outputs"][0]["name"],
-        "max_items": int(manifest["batch_profile"]["max"]),
+        "old_name": opened.model,  # what the service before the protocol called it
+        "input": given.as_record(),
+        "output": manifest.outputs[0].name,
+        "max_items": max_batch(manifest),
         "runner": description,
     }
 

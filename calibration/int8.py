@@ -20,12 +20,12 @@ from calibration.ranges import collect_ranges, method_options
 from calibration.readers import CalibrationSource, graph_inputs, read_calibration_data
 from models.spec import ImagePreprocess
 from pipeline.artifacts import sha256_file
-from pipeline.cpu import NO_VNNI, VNNI
+from pipeline.manifest import cpu_graphs
 
 CACHE_FOLDER = "calibration"  # inside the artifact folder, beside model.int8.onnx
 # The INT8 graphs for ONNX Runtime on the CPU, beside model.int8.onnx, by the kind of CPU they are for
 # (pipeline.cpu.int8_cpu_kind); the runner on a CPU takes the one for its CPU.
-CPU_GRAPHS = {VNNI: "model.int8.ort.onnx", NO_VNNI: "model.int8.ort-u8u8.onnx"}
+CPU_GRAPHS = cpu_graphs("int8")  # from the one precision -> graph table, pipeline.manifest.GRAPHS
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import numpy as np
 from calibration.preprocess import IMAGE_SUFFIXES, image_shape, load_image
 from models.spec import ImagePreprocess
 from pipeline.errors import PipelineError
+from pipeline.graph_io import graph_io
 
 Feed = dict[str, np.ndarray]
 # A callable returns an iterable of batches: {input name: array} or, for a one-input model, an array.
@@ -49,19 +50,7 @@ class CalibrationData:
 
 def graph_inputs(onnx_path: Path) -> list[GraphInput]:
     """The graph's inputs as the ONNX file declares them (weights are not loaded)."""
-    import onnx
-    from onnx import helper
-
-    graph = onnx.load(str(onnx_path), load_external_data=False).graph
-    initializers = {init.name for init in graph.initializer}
-    inputs = []
-    for value in graph.input:
-        if value.name in initializers:  # old exporters list weights as inputs too
-            continue
-        tensor_type = value.type.tensor_type
-        dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor_type.shape.dim)
-        inputs.append(GraphInput(value.name, dims, np.dtype(helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))))
-    return inputs
+    return [GraphInput(t.name, t.shape, t.numpy_dtype) for t in graph_io(onnx_path).inputs]
 
 
 def read_calibration_data(

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline import trt_module
 from pipeline.artifacts import write_bytes
 from pipeline.errors import PipelineError
+from pipeline.graph_io import graph_io
 from pipeline.settings import BatchProfile
 
 if TYPE_CHECKING:
@@ -135,19 +136,9 @@ def _onnx_input_dims(onnx_path: Path) -> dict[str, list[int | str | None]]:
     """Each graph input's dims as the ONNX file names them: an int, a dim_param name, or None.
 
     The TensorRT network shows every dynamic dim as -1, so the names users know (`batch`,
-    `height`) come from the ONNX file; load_external_data=False keeps large weights off the heap.
+    `height`) come from the ONNX file.
     """
-    import onnx
-
-    graph = onnx.load(str(onnx_path), load_external_data=False).graph
-    dims: dict[str, list[int | str | None]] = {}
-    for value in graph.input:
-        shape = value.type.tensor_type.shape
-        dims[value.name] = [
-            d.dim_value if d.HasField("dim_value") else (d.dim_param if d.HasField("dim_param") else None)
-            for d in shape.dim
-        ]
-    return dims
+    return {tensor.name: list(tensor.shape) for tensor in graph_io(onnx_path).inputs}
 
 
 # --------------------------------------------------------------------------- the optimization profile

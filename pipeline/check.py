@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from pipeline.errors import PipelineError
+from pipeline.graph_io import graph_io
 from pipeline.settings import OPSET
 
 
@@ -29,11 +29,11 @@ def check_onnx(onnx_path: Path, reference: Path | None = None) -> dict:
     _refuse_baked_batch(inferred)
     if reference is not None:
         _run_every_case(onnx_path, reference)
-    inputs, outputs = _describe(inferred.graph.input), _describe(inferred.graph.output)
+    io = graph_io(inferred)
     return {
         "summary": f"checker + shape inference passed, opset {OPSET}, batch axis symbolic",
-        "inputs": inputs,
-        "outputs": outputs,
+        "inputs": [tensor.as_record() for tensor in io.inputs],
+        "outputs": [tensor.as_record() for tensor in io.outputs],
         "nodes": len(model.graph.node),
     }
 
@@ -62,26 +62,10 @@ def _run_every_case(onnx_path: Path, reference: Path) -> None:
             ) from None
 
 
-def graph_io(onnx_path: Path) -> tuple[list[dict], list[dict]]:
-    """Inputs and outputs of a graph on disk, without loading its weights."""
-    model = onnx.load(str(onnx_path), load_external_data=False)
-    return _describe(model.graph.input), _describe(model.graph.output)
-
-
 def _require_opset(model: onnx.ModelProto) -> None:
     default = [entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")]
     if default != [OPSET]:
         raise PipelineError(f"the graph imports opset {default}, not {OPSET}", f"export with opset_version={OPSET}")
-
-
-def _describe(values) -> list[dict]:
-    described = []
-    for value in values:
-        tensor = value.type.tensor_type
-        shape = [d.dim_param if d.HasField("dim_param") else d.dim_value for d in tensor.shape.dim]
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)).name
-        described.append({"name": value.name, "dtype": dtype, "shape": shape})
-    return described
 
 
 def _refuse_baked_batch(model: onnx.ModelProto) -> None:

@@ -107,19 +107,18 @@ def main(args: argparse.Namespace) -> int:
 def diagnose_folder(folder: Path) -> dict:
     """Compare the folder's graph with its FP32 graph on reference.npz's first case; write diagnosis.json/.md."""
     from pipeline.export import load_reference
-    from pipeline.manifest import require_manifest
+    from pipeline.manifest import FP32_GRAPH, REFERENCE, engine_graph, require_manifest
     from pipeline.parity import RTOL
-    from pipeline.precision import GRAPH_NAMES
 
     manifest = require_manifest(folder)
-    precision = manifest.get("precision")
+    precision = manifest.precision or "unknown"
     if precision not in ("fp16", "int8"):
         raise PipelineError(
             f"{folder} holds a {precision} graph: there is no lower precision to compare with FP32",
             "diagnose a folder built with PRECISION=fp16 or PRECISION=int8",
         )
-    inputs, _ = load_reference(folder / "reference.npz")[0]
-    errors = compare_layers(folder / GRAPH_NAMES["fp32"], folder / GRAPH_NAMES[precision], inputs, precision)
+    inputs, _ = load_reference(folder / REFERENCE)[0]
+    errors = compare_layers(folder / FP32_GRAPH, folder / engine_graph(precision), inputs, precision)
     first = first_past(errors, RTOL[precision])
     report = {
         "folder": str(folder),

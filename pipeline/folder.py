@@ -20,18 +20,18 @@ from pathlib import Path
 
 from pipeline.artifacts import running_build
 from pipeline.errors import PipelineError
-from pipeline.manifest import ARTIFACT_LAYOUT, rebuild_hint, require_manifest
+from pipeline.manifest import (
+    ARTIFACT_LAYOUT,
+    CPU_TARGETS,
+    ENGINE_TARGET,
+    Artifact,
+    Manifest,
+    rebuild_hint,
+    require_manifest,
+)
 
 # What a finished folder's manifest always holds (make_engine writes them all before `complete`).
-_REQUIRED = ("model", "precision", "settings", "graph", "engine", "artifacts", "inputs", "outputs", "batch_profile")
-
-
-@dataclass(frozen=True)
-class Artifact:
-    """One file of the folder as the build recorded it."""
-
-    sha256: str
-    bytes: int
+_REQUIRED = ("model", "precision", "settings", "graphs", "engine", "artifacts", "inputs", "outputs", "batch_profile")
 
 
 @dataclass(frozen=True)
@@ -39,14 +39,22 @@ class ArtifactFolder:
     """A finished artifact folder, checked by open_folder: what readers look up, by name."""
 
     path: Path
-    manifest: dict = field(repr=False)  # the whole record, for what the fields below do not name
+    manifest: Manifest = field(repr=False)  # the whole record, typed
     model: str  # the model's canonical name (resnet50, toy_models-tiny_cnn)
     precision: str
-    graph: str  # the graph the engine was built from
+    graphs: dict[str, str]  # target -> graph file (pipeline.manifest.GRAPHS)
     engine: str
-    # int8: the graphs ONNX Runtime's CPU provider runs as int8 kernels, by kind of CPU (pipeline.cpu); else empty
-    cpu_graphs: dict[str, str]
     artifacts: dict[str, Artifact]
+
+    @property
+    def graph(self) -> str:
+        """The graph the engine was built from."""
+        return self.graphs[ENGINE_TARGET]
+
+    def cpu_graph(self, kind: str) -> str | None:
+        """The graph written for ONNX Runtime's CPU kernels on this kind of CPU (pipeline.cpu), or None where the
+        precision writes none (then the engine's graph serves the CPU too)."""
+        return self.graphs.get(CPU_TARGETS[kind])
 
     def has(self, name: str) -> bool:
         """Is `name` an artifact of the folder, still on disk (not checked: read() checks)?"""
@@ -90,7 +98,9 @@ def open_folder(path: str | Path, hint: str | None = None) -> ArtifactFolder:
     manifest = require_manifest(path, hint)
     _require_layout(path, manifest)
     _require_complete(path, manifest)
-    missing = [key for key in _REQUIRED if key not in manifest]
+    missing = [key for key in _REQUIRED if not getattr(manifest, key)]
+    if ENGINE_TARGET not in manifest.graphs:
+        missing.append(f"graphs[{ENGINE_TARGET!r}]")
     if missing:
         raise PipelineError(
             f"the manifest of {path} lacks {', '.join(missing)}, which every finished build records",
@@ -99,19 +109,18 @@ def open_folder(path: str | Path, hint: str | None = None) -> ArtifactFolder:
     folder = ArtifactFolder(
         path=path,
         manifest=manifest,
-        model=manifest["model"]["name"],
-        precision=manifest["precision"],
-        graph=manifest["graph"],
-        engine=manifest["engine"],
-        cpu_graphs=dict(manifest.get("onnxruntime_cpu_graphs") or {}),
-        artifacts={name: Artifact(r["sha256"], r["bytes"]) for name, r in manifest["artifacts"].items()},
+        model=manifest.model.name,  # type: ignore[union-attr]  # checked above with the other required fields
+        precision=str(manifest.precision),
+        graphs=manifest.graphs,
+        engine=str(manifest.engine),
+        artifacts=manifest.artifacts,
     )
     _require_named_files(folder)
     return folder
 
 
-def _require_layout(path: Path, manifest: dict) -> None:
-    layout = manifest.get("layout")
+def _require_layout(path: Path, manifest: Manifest) -> None:
+    layout = manifest.layout
     if layout != ARTIFACT_LAYOUT:
         written = f"layout {layout}" if layout is not None else f"a layout before {ARTIFACT_LAYOUT}"
         raise PipelineError(
@@ -121,8 +130,8 @@ def _require_layout(path: Path, manifest: dict) -> None:
         )
 
 
-def _require_complete(path: Path, manifest: dict) -> None:
-    if manifest.get("complete") is True:
+def _require_complete(path: Path, manifest: Manifest) -> None:
+    if manifest.complete:
         return
     pid = running_build(path)
     if pid is not None:
@@ -138,11 +147,10 @@ def _require_complete(path: Path, manifest: dict) -> None:
     )
 
 
-def _why_unfinished(manifest: dict) -> str:
-    build = manifest.get("build") or {}
-    if build.get("status") == "skipped":
-        return f"the engine build was skipped: {build.get('reason')}"
-    stages = list(manifest.get("timings") or {})
+def _why_unfinished(manifest: Manifest) -> str:
+    if manifest.build is not None and manifest.build.skipped is not None:
+        return f"the engine build was skipped: {manifest.build.skipped}"
+    stages = list(manifest.timings)
     if not stages:
         return "it stopped before its first stage finished"
     return f"it stopped after the {stages[-1]} stage: killed, or the next stage failed"
@@ -150,8 +158,8 @@ def _why_unfinished(manifest: dict) -> str:
 
 def _require_named_files(folder: ArtifactFolder) -> None:
     """Every file the manifest names is a plain file name of the folder (never a path out of it) with a sha256."""
-    named = {"graph": folder.graph, "engine": folder.engine}
-    named.update({f"onnxruntime_cpu_graphs[{kind}]": name for kind, name in folder.cpu_graphs.items()})
+    named = {_graph_key(target): name for target, name in folder.graphs.items()}
+    named["engine"] = folder.engine
     for key, name in [*named.items(), *((f"artifacts[{name!r}]", name) for name in folder.artifacts)]:
         if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name:
             raise PipelineError(
@@ -167,3 +175,7 @@ def _require_named_files(folder: ArtifactFolder) -> None:
             "checked",
             f"rebuild the folder: {folder.rebuild_hint()}",
         )
+
+
+def _graph_key(target: str) -> str:
+    return "graph" if target == ENGINE_TARGET else f"graph for {target}"

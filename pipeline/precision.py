@@ -20,8 +20,10 @@ from onnx import TensorProto
 from pipeline.artifacts import atomic_path
 from pipeline.errors import PipelineError
 from pipeline.float16 import KeptNode, TensorStats, fp32_compute_share, overflowing_nodes
+from pipeline.manifest import GRAPHS, engine_graph
 
-GRAPH_NAMES = {"fp32": "model.onnx", "fp16": "model.fp16.onnx", "int8": "model.int8.onnx"}
+# The engine's graph at each precision, from the one precision -> graph table (pipeline.manifest.GRAPHS).
+GRAPH_NAMES = {precision: engine_graph(precision) for precision in GRAPHS}
 
 
 def convert_fp16(

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import models
-from calibration.int8 import CACHE_FOLDER, CPU_GRAPHS, CalibrationConfig, make_int8_graph
+from calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph
 from calibration.readers import graph_inputs, read_calibration_data
 from models.spec import ModelSpec
 from pipeline.artifacts import build_lock, sha256_file
@@ -27,14 +27,23 @@ from pipeline.check import check_onnx
 from pipeline.cpu import int8_cpu_kind
 from pipeline.errors import PipelineError
 from pipeline.export import export_onnx, load_reference, parity_batches, write_reference
+from pipeline.graph_io import GraphTensor
 from pipeline.manifest import (
     ARTIFACT_LAYOUT,
     ENGINE,
+    FP32_GRAPH,
+    GRAPHS,
     REFERENCE,
+    BuildRecord,
+    ModelRecord,
+    artifact_names,
     artifact_problems,
+    cpu_graphs,
     describe_artifacts,
+    engine_graph,
     package_versions,
     read_manifest,
+    record_stage,
     update_manifest,
 )
 from pipeline.onnx_model import (
@@ -46,7 +55,7 @@ from pipeline.onnx_model import (
     write_onnx_reference,
 )
 from pipeline.parity import check_int8_agreement, check_parity
-from pipeline.precision import GRAPH_NAMES, convert_fp16
+from pipeline.precision import convert_fp16
 from pipeline.prepare import prepare
 from pipeline.settings import OPSET, Settings
 from pipeline.simplify import simplify_onnx
@@ -116,7 +125,7 @@ class Run:
         self.timings[name] = round(seconds, 3)
         print(f"{name:<12} {record.get('summary', 'done')} ({seconds:.2f} s)", flush=True)
         record["seconds"] = round(seconds, 3)
-        update_manifest(self.folder, **{name: record}, timings=self.timings)
+        record_stage(self.folder, name, record)
         return record
 
 
@@ -133,15 +142,15 @@ def run_export(run: Run) -> None:
     update_manifest(
         run.folder,
         complete=False,
-        model={"name": spec.name, "source": run.settings.model, "fingerprint": spec.fingerprint, "notes": spec.notes},
+        model=ModelRecord(spec.name, run.settings.model, spec.fingerprint, tuple(spec.notes)),
         settings=run.settings.as_record(),
         opset=OPSET,
         precision=run.settings.precision,
-        batch_profile={"min": run.settings.batch.min, "opt": run.settings.batch.opt, "max": run.settings.batch.max},
+        batch_profile=run.settings.batch,
         axis_ranges=_input_axis_ranges(spec),
         versions=package_versions(VERSIONED_PACKAGES),
     )
-    run.stage("export", export_onnx, spec, run.path(GRAPH_NAMES["fp32"]))
+    run.stage("export", export_onnx, spec, run.path(FP32_GRAPH))
     run.stage("reference", write_reference, spec, run.settings.batch, run.path(REFERENCE))
 
 
@@ -170,25 +179,26 @@ def _import_onnx(run: Run, source: OnnxModel) -> None:
 
 
 def run_check(run: Run) -> None:
-    record = run.stage("check", check_onnx, _require(run, GRAPH_NAMES["fp32"]), _require(run, REFERENCE))
-    update_manifest(run.folder, inputs=record["inputs"], outputs=record["outputs"])
+    record = run.stage("check", check_onnx, _require(run, FP32_GRAPH), _require(run, REFERENCE))
+    inputs, outputs = ([GraphTensor.from_record(r) for r in record[key]] for key in ("inputs", "outputs"))
+    update_manifest(run.folder, inputs=tuple(inputs), outputs=tuple(outputs))
 
 
 def run_simplify(run: Run) -> None:
-    graph = _require(run, GRAPH_NAMES["fp32"])
+    graph = _require(run, FP32_GRAPH)
     run.stage("simplify", simplify_onnx, graph, graph)
 
 
 def run_parity(run: Run) -> None:
     reference = _require(run, REFERENCE)
-    run.stage("parity_fp32", check_parity, _require(run, GRAPH_NAMES["fp32"]), reference, precision="fp32")
+    run.stage("parity_fp32", check_parity, _require(run, FP32_GRAPH), reference, precision="fp32")
 
 
 def run_precision(run: Run) -> None:
     precision = run.settings.precision
     if precision == "fp32":
         return
-    source, target = _require(run, GRAPH_NAMES["fp32"]), run.path(GRAPH_NAMES[precision])
+    source, target = _require(run, FP32_GRAPH), run.path(engine_graph(precision))
     if precision == "fp16":
         # The reference inputs up to batch 8: every intermediate tensor of a run is held at once.
         cases = [inputs for inputs, _ in load_reference(_require(run, REFERENCE)) if _rows(inputs) <= 8]
@@ -214,12 +224,10 @@ def run_precision(run: Run) -> None:
             preprocess=None if run.onnx_model else run.loaded.preprocess,
             config=CalibrationConfig.from_settings(run.settings),
             cache_folder=run.path(CACHE_FOLDER),
-            cpu_out_paths={kind: run.path(name) for kind, name in CPU_GRAPHS.items()},
+            cpu_out_paths={kind: run.path(name) for kind, name in cpu_graphs(precision).items()},
         )
-        # onnxruntime_cpu_graphs: the graphs ONNX Runtime's CPU provider runs in int8, by kind of CPU
-        # (the runner on a CPU takes the one for its kind).
-        update_manifest(run.folder, calibration=record["calibration"], onnxruntime_cpu_graphs=CPU_GRAPHS)
-        for kind, name in CPU_GRAPHS.items():
+        update_manifest(run.folder, calibration=record["calibration"])
+        for kind, name in cpu_graphs(precision).items():
             stage = f"parity_int8_onnxruntime_{kind.replace('-', '_')}"
             run.stage(stage, check_parity, _require(run, name), _require(run, REFERENCE), precision="int8")
         _check_int8_agreement(run, source)
@@ -241,7 +249,7 @@ def _check_int8_agreement(run: Run, fp32: Path) -> None:
         samples=settings.calib_samples,
         batch=settings.calib_batch,
     )
-    graphs = [_require(run, GRAPH_NAMES["int8"]), _require(run, CPU_GRAPHS[int8_cpu_kind()])]
+    graphs = [_require(run, engine_graph("int8")), _require(run, cpu_graphs("int8")[int8_cpu_kind()])]
     run.stage("agreement_int8", check_int8_agreement, fp32, graphs, data.batches)
 
 
@@ -252,16 +260,16 @@ def _rows(inputs: dict) -> int:
 def run_build(run: Run) -> None:
     from pipeline.trt_module import import_trt
 
-    graph = _require(run, GRAPH_NAMES[run.settings.precision])
+    graph = _require(run, engine_graph(run.settings.precision))
     try:
         import_trt(run.settings.builder)
     except PipelineError as error:
-        update_manifest(run.folder, build={"status": "skipped", "reason": error.problem})
+        update_manifest(run.folder, build=BuildRecord(skipped=error.problem))
         raise PipelineError(
             f"the ONNX artifacts are in {run.folder}, but no engine was built: {error.problem}", error.fix
         ) from None
-    axis_ranges = {name: tuple(r) for name, r in read_manifest(run.folder).get("axis_ranges", {}).items()}
-    run.stage("build", _build, run, graph, axis_ranges)
+    manifest = read_manifest(run.folder)
+    run.stage("build", _build, run, graph, manifest.axis_ranges if manifest is not None else {})
 
 
 def _build(run: Run, graph: Path, axis_ranges: dict) -> dict:
@@ -321,21 +329,21 @@ def _make_engine(run: Run) -> Path:
     settings = run.settings
     key = reuse_key(settings, run.fingerprint)
     # RECALIBRATE=1 means fresh ranges, so it never reuses a finished folder.
-    names = artifact_names(settings)
     if not (settings.force or settings.recalibrate) and _up_to_date(run.folder, key):
         print(f"up to date   {run.folder} (same model, weights, settings and versions; FORCE=1 rebuilds)")
         return run.folder
-    update_manifest(run.folder, complete=False, reuse_key=key, layout=ARTIFACT_LAYOUT)
+    # timings restart: the last stage they list is where an unfinished build stopped.
+    update_manifest(run.folder, complete=False, reuse_key=key, timings={})
     for stage in STAGES.values():
         stage(run)
     update_manifest(
         run.folder,
         complete=True,
         reuse_key=key,
-        graph=GRAPH_NAMES[settings.precision],
+        graphs=GRAPHS[settings.precision],
         engine=ENGINE,
-        parity_batches=parity_batches(settings.batch),
-        artifacts=describe_artifacts(run.folder, names),
+        parity_batches=tuple(parity_batches(settings.batch)),
+        artifacts=describe_artifacts(run.folder, artifact_names(settings.precision)),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
     print(f"done         {run.folder} ({sum(run.timings.values()):.1f} s in stages)")
@@ -350,12 +358,6 @@ def _locked(folder: Path) -> Iterator[None]:
             names = ", ".join(str(path.relative_to(folder)) for path in removed)
             print(f"cleaned      {len(removed)} temporary file(s) left by killed runs: {names}", flush=True)
         yield
-
-
-def artifact_names(settings: Settings) -> list[str]:
-    """The files a finished folder lists in its manifest (describe_artifacts skips the ones not written)."""
-    graphs = [GRAPH_NAMES[settings.precision], *(CPU_GRAPHS.values() if settings.precision == "int8" else [])]
-    return list(dict.fromkeys([GRAPH_NAMES["fp32"], REFERENCE, *graphs, ENGINE]))
 
 
 def reuse_key(settings: Settings, fingerprint: str) -> str:
@@ -396,8 +398,9 @@ def _input_axis_ranges(spec: ModelSpec) -> dict[str, list[int]]:
 def _up_to_date(folder: Path, key: str) -> bool:
     manifest = read_manifest(folder)
     return (
-        manifest.get("complete") is True
-        and manifest.get("reuse_key") == key
+        manifest is not None
+        and manifest.complete
+        and manifest.reuse_key == key
         and not artifact_problems(folder, manifest)
     )
 

@@ -23,7 +23,8 @@ from typing import Any
 from pipeline.artifacts import write_bytes
 from pipeline.errors import PipelineError
 from pipeline.folder import ArtifactFolder, open_folder
-from pipeline.manifest import MANIFEST
+from pipeline.manifest import MANIFEST, Manifest
+from pipeline.runners.base import max_batch
 
 COMMAND = "triton"
 HELP = "write a Triton Inference Server model repository (config.pbtxt + engine or ONNX graph) for an artifact folder"
@@ -144,7 +145,7 @@ def write_repository(
         name,
         chosen,
         io,
-        max_batch=int(manifest["batch_profile"]["max"]),
+        max_batch=max_batch(manifest),
         instances=instances,
         instance_kind=instance_kind,
         max_queue_delay_us=max_queue_delay_us,
@@ -163,11 +164,11 @@ def write_repository(
     return model_dir, why
 
 
-def model_name(manifest: dict) -> str:
+def model_name(manifest: Manifest) -> str:
     """The model's name here and in `python -m pipeline serve` alike: <model>-<precision>, as `make engine` names
     its folder.  The precision is part of it so that the fp16 and int8 builds of one network sit side by side in a
     repository, and a client moving between Triton and our service changes only the address."""
-    model, precision = manifest.get("model", {}).get("name"), manifest.get("precision")
+    model, precision = manifest.model.name if manifest.model else None, manifest.precision
     if not model or not precision:
         raise PipelineError(
             "the manifest records no model name or precision (the export did not finish)",
@@ -194,7 +195,8 @@ def choose_backend(opened: ArtifactFolder, backend: str) -> tuple[str, str]:
     if backend not in BACKENDS:
         raise PipelineError(f"unknown Triton backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
     folder = opened.path
-    builder = opened.manifest.get("build", {}).get("builder", {}).get("module")
+    build = opened.manifest.build
+    builder = build.builder.module if build is not None and build.builder is not None else None
     if backend == "onnxruntime":
         return backend, "asked for the ONNX graph"
     if backend == "python":
@@ -220,11 +222,11 @@ def runner_files(opened: ArtifactFolder) -> dict[str, bytes]:
     """What load_runner reads from the folder, each checked against its sha256: the manifest, the graph, the
     engine (if built) and the ONNX-Runtime CPU graphs of an int8 folder.  The other artifacts (the FP32 export,
     the simplified graph, reference outputs) serve the build, not the runner."""
-    names = [opened.graph, *opened.cpu_graphs.values()]
+    names = list(opened.graphs.values())
     if opened.has(opened.engine):
         names.append(opened.engine)
     files = {name: opened.read(name) for name in dict.fromkeys(names)}
-    files[MANIFEST] = json.dumps(opened.manifest, indent=2).encode()  # the record open_folder checked
+    files[MANIFEST] = json.dumps(opened.manifest.as_json(), indent=2).encode()  # the record open_folder checked
     return files
 
 
@@ -237,9 +239,9 @@ def add_parameter(config: Any, key: str, value: str) -> None:
     config.parameters[key].string_value = value
 
 
-def engine_io(manifest: dict) -> list[dict]:
+def engine_io(manifest: Manifest) -> list[dict]:
     """The engine's I/O as the build stage recorded it: [{name, mode, dtype, shape}] (-1 for dynamic dims)."""
-    records = manifest.get("build", {}).get("io")
+    records = manifest.build.io if manifest.build is not None else None
     if not records:
         raise PipelineError("the manifest records no engine I/O (the build did not finish)", "rebuild: make engine ...")
     return [{"name": r["name"], "mode": r["mode"], "dtype": r["dtype"], "shape": list(r["shape"])} for r in records]
@@ -247,24 +249,11 @@ def engine_io(manifest: dict) -> list[dict]:
 
 def graph_io(graph: bytes) -> list[dict]:
     """The ONNX graph's I/O in the same form as engine_io (symbolic or unknown dims as -1)."""
-    import onnx
-    from onnx.helper import tensor_dtype_to_np_dtype
+    from pipeline.graph_io import graph_io as read_graph_io
 
-    model = onnx.load_model_from_string(graph)
-    initializers = {tensor.name for tensor in model.graph.initializer}
-
-    def record(value: Any, mode: str) -> dict:
-        tensor = value.type.tensor_type
-        shape = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim]
-        return {
-            "name": value.name,
-            "mode": mode,
-            "dtype": tensor_dtype_to_np_dtype(tensor.elem_type).name,
-            "shape": shape,
-        }
-
-    inputs = [record(v, "input") for v in model.graph.input if v.name not in initializers]
-    return inputs + [record(v, "output") for v in model.graph.output]
+    io = read_graph_io(graph)
+    tensors = [("input", tensor) for tensor in io.inputs] + [("output", tensor) for tensor in io.outputs]
+    return [{"name": t.name, "mode": mode, "dtype": t.dtype, "shape": t.sizes()} for mode, t in tensors]
 
 
 def model_config(

@@ -25,7 +25,8 @@ from pipeline.bench.harness import make_inputs, stability
 from pipeline.bench.timing import MIN_SAMPLES, Share, measure, round_spread, summarize
 from pipeline.cpu import cpu_instruction_sets, instruction_sets_text, int8_cpu_kind
 from pipeline.errors import PipelineError
-from pipeline.manifest import describe_artifacts, read_manifest, update_manifest
+from pipeline.graph_io import GraphTensor
+from pipeline.manifest import ENGINE_TARGET, Manifest, describe_artifacts, read_manifest, update_manifest
 from pipeline.parity import RTOL
 from pipeline.runners import load_runner
 from pipeline.settings import BatchProfile, Settings
@@ -166,8 +167,10 @@ def test_a_model_changed_since_the_build_is_flagged(folder: Path, tmp_path: Path
 
 def record_int8_graph(folder: Path) -> None:
     """Record model.int8.onnx as the folder's graph, with its sha256, as make engine PRECISION=int8 does."""
-    artifacts = {**read_manifest(folder)["artifacts"], **describe_artifacts(folder, ["model.int8.onnx"])}
-    update_manifest(folder, precision="int8", graph="model.int8.onnx", artifacts=artifacts)
+    manifest = read_manifest(folder)
+    assert manifest is not None
+    artifacts = {**manifest.artifacts, **describe_artifacts(folder, ["model.int8.onnx"])}
+    update_manifest(folder, precision="int8", graphs={ENGINE_TARGET: "model.int8.onnx"}, artifacts=artifacts)
 
 
 def test_int8_graph_is_benchmarked_and_a_broken_backend_does_not_stop_the_others(folder: Path, tmp_path: Path) -> None:
@@ -355,13 +358,10 @@ def test_policy_rounds_share_the_iterations_and_budget() -> None:
 
 
 def test_inputs_follow_the_manifest_shapes_dtypes_and_integer_ranges() -> None:
-    manifest = {
-        "inputs": [
-            {"name": "ids", "dtype": "int64", "shape": ["batch", "seq"]},
-            {"name": "image", "dtype": "float32", "shape": ["batch", 3, 5]},
-        ],
-        "axis_ranges": {"seq": [1, 12, 64]},
-    }
+    manifest = Manifest(
+        inputs=(GraphTensor("ids", "int64", ("batch", "seq")), GraphTensor("image", "float32", ("batch", 3, 5))),
+        axis_ranges={"seq": (1, 12, 64)},
+    )
     feed = make_inputs(manifest, {"ids": (3, 9)}, batch=6, seed=0)
     assert feed["ids"].shape == (6, 12) and feed["ids"].dtype == np.int64
     assert feed["ids"].min() >= 3 and feed["ids"].max() <= 9

@@ -28,6 +28,7 @@ from models.spec import ImagePreprocess
 from pipeline import cli
 from pipeline.cpu import NO_VNNI, VNNI, int8_cpu_kind
 from pipeline.errors import PipelineError
+from pipeline.manifest import GRAPHS
 from pipeline.parity import check_int8_agreement, onnxruntime_session
 from pipeline.settings import Settings
 from pipeline.stages import make_engine
@@ -235,8 +236,9 @@ def test_make_engine_int8_from_an_image_folder(split, tmp_path):
     assert cli.main([*argv, "--out", str(tmp_path / "engines")]) == 0
     folder = tmp_path / "engines" / "digits-int8"
     manifest = json.loads((folder / "manifest.json").read_text())
-    assert manifest["complete"] and manifest["graph"] == "model.int8.onnx"
-    assert manifest["onnxruntime_cpu_graphs"] == CPU_GRAPHS and set(CPU_GRAPHS.values()) <= set(manifest["artifacts"])
+    assert manifest["complete"] and manifest["graphs"] == GRAPHS["int8"]
+    assert manifest["graphs"]["engine"] == "model.int8.onnx"
+    assert set(GRAPHS["int8"].values()) <= set(manifest["artifacts"])
     assert manifest["parity_int8_onnxruntime_vnni"]["max_rel"] < 1.0
     assert manifest["parity_int8_onnxruntime_no_vnni"]["max_rel"] < 1.0
     assert {r["int8_kernels"] for r in manifest["int8"]["qdq_onnxruntime_cpu"].values()} == {5}

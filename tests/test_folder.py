@@ -3,6 +3,7 @@ own files with the sha256 the build recorded; a build holds the folder's lock an
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -15,9 +16,19 @@ import numpy as np
 import pytest
 
 from pipeline.artifacts import LOCK, build_lock, running_build
+from pipeline.cpu import int8_cpu_kind
 from pipeline.errors import PipelineError
 from pipeline.folder import open_folder
-from pipeline.manifest import ARTIFACT_LAYOUT, describe_artifacts
+from pipeline.manifest import (
+    ARTIFACT_LAYOUT,
+    CPU_TARGETS,
+    ENGINE_TARGET,
+    GRAPHS,
+    Manifest,
+    artifact_names,
+    describe_artifacts,
+    read_manifest,
+)
 from pipeline.runners import BACKENDS, load_runner
 from pipeline.settings import BatchProfile, Settings
 from pipeline.stages import make_engine
@@ -105,9 +116,9 @@ def test_a_manifest_graph_outside_the_folder_is_refused(folder, tmp_path, where)
     shutil.copy(folder / "model.onnx", outside)
     name = str(outside) if where == "absolute" else "../elsewhere/model.onnx"
     # Even with a matching sha256 recorded under that name: only the folder's own files are loaded.
-    recorded = describe_artifacts(outside.parent, ["model.onnx"])["model.onnx"]
+    recorded = dataclasses.asdict(describe_artifacts(outside.parent, ["model.onnx"])["model.onnx"])
     artifacts = {**json.loads((folder / "manifest.json").read_text())["artifacts"], name: recorded}
-    edit_manifest(folder, graph=name, artifacts=artifacts)
+    edit_manifest(folder, graphs={ENGINE_TARGET: name}, artifacts=artifacts)
     with pytest.raises(PipelineError, match="which is not a file name inside the folder") as caught:
         load_runner(folder, "onnxruntime")
     assert f"names {name!r} as its graph" in caught.value.problem
@@ -123,6 +134,52 @@ def test_a_folder_of_an_older_layout_is_refused_with_rebuild(folder):
     (folder / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(PipelineError, match=f"a layout before {ARTIFACT_LAYOUT}"):
         open_folder(folder)
+
+
+@pytest.mark.parametrize(
+    ("entry", "value", "says"),
+    [
+        ("inputs", [{"name": "input", "dtype": "float32"}], "its inputs hold"),
+        ("model", "tiny", "its model is 'tiny'"),
+        ("graphs", {ENGINE_TARGET: 3}, "its graphs are"),
+        ("precision", "fp8", "its precision is 'fp8'"),
+        ("artifacts", {"model.onnx": {"bytes": 1}}, "its artifacts hold"),
+    ],
+)
+def test_a_damaged_manifest_entry_is_named_with_the_rebuild(folder, entry, value, says):
+    edit_manifest(folder, **{entry: value})
+    with pytest.raises(PipelineError, match="the manifest .* is damaged") as caught:
+        load_runner(folder, "onnxruntime")
+    assert says in caught.value.problem
+    assert f"rebuild the folder: {REBUILD}" in str(caught.value.fix)
+
+
+def test_the_manifest_is_typed_and_stays_readable_json(built):
+    manifest = read_manifest(built)
+    assert manifest is not None and Manifest.from_json(manifest.as_json()) == manifest
+    raw = json.loads((built / "manifest.json").read_text())
+    assert raw["graphs"] == GRAPHS["fp32"] == {ENGINE_TARGET: "model.onnx"}
+    assert raw["batch_profile"] == {"min": 1, "opt": 2, "max": 4}
+    assert raw["inputs"] == [{"name": "input", "dtype": "float32", "shape": ["batch", 3, 16, 16]}]
+    assert raw["parity_fp32"]["max_rel"] == manifest.parity("parity_fp32").max_rel < 1e-4
+    assert manifest.build is not None and raw["build"]["builder"]["module"] == manifest.builder().module
+    assert list(raw["timings"])[-1] == "build" and set(raw["artifacts"]) == set(artifact_names("fp32"))
+
+
+def test_the_runner_on_a_cpu_takes_the_graph_the_manifest_lists_for_its_kind_of_cpu(folder):
+    # The table, not the precision, decides: an fp32 folder listing a graph for this CPU's target gets it run.
+    shutil.copy(folder / "model.onnx", folder / "model.cpu.onnx")
+    raw = json.loads((folder / "manifest.json").read_text())
+    recorded = {n: dataclasses.asdict(a) for n, a in describe_artifacts(folder, ["model.cpu.onnx"]).items()}
+    target = CPU_TARGETS[int8_cpu_kind()]
+    graphs = {**raw["graphs"], target: "model.cpu.onnx"}
+    edit_manifest(folder, graphs=graphs, artifacts={**raw["artifacts"], **recorded})
+    with load_runner(folder, "onnxruntime") as runner:
+        assert "running model.cpu.onnx (the fp32 graph for ONNX Runtime's CPU kernels" in runner.description
+        assert runner.infer(feed())["logits"].shape == (2, 10)
+    edit_manifest(folder, graphs=raw["graphs"])
+    with load_runner(folder, "onnxruntime") as runner:
+        assert "running model.onnx (the engine's graph)" in runner.description
 
 
 def test_a_finished_folder_opens_and_each_graph_is_read_checked(built):

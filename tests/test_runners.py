@@ -3,6 +3,7 @@ and the engine runner's refusals that happen before any GPU is touched."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -17,7 +18,7 @@ from pipeline.compare import compare_outputs
 from pipeline.cpu import int8_cpu_kind
 from pipeline.errors import PipelineError
 from pipeline.export import load_reference
-from pipeline.manifest import describe_artifacts
+from pipeline.manifest import Manifest, describe_artifacts
 from pipeline.runners import load_runner
 from pipeline.runners.device_memory import available_layers, open_device_memory
 from pipeline.runners.tensorrt import built_for, check_gpu_target
@@ -134,7 +135,9 @@ def test_onnxruntime_runner_runs_the_manifest_graph(folders, tmp_path):
     shutil.copy(folder / "model.onnx", folder / "renamed.onnx")
     (folder / "model.onnx").unlink()
     renamed = describe_artifacts(folder, ["renamed.onnx"])
-    _edit_manifest(folder, lambda m: m.update(graph="renamed.onnx", artifacts={**m["artifacts"], **renamed}))
+    renamed = {name: dataclasses.asdict(artifact) for name, artifact in renamed.items()}
+    graphs = {"engine": "renamed.onnx"}
+    _edit_manifest(folder, lambda m: m.update(graphs=graphs, artifacts={**m["artifacts"], **renamed}))
     with load_runner(folder, "onnxruntime") as runner:
         assert "renamed.onnx" in runner.description
         assert runner.infer(_cnn_batch(2))["logits"].shape == (2, 10)
@@ -142,7 +145,7 @@ def test_onnxruntime_runner_runs_the_manifest_graph(folders, tmp_path):
     with pytest.raises(PipelineError, match="renamed.onnx is missing") as caught:
         load_runner(folder, "onnxruntime")
     assert "make engine MODEL=tests.toy_models:tiny_cnn PRECISION=fp32" in str(caught.value.fix)
-    _edit_manifest(folder, lambda m: m.update(graph="gone.onnx"))
+    _edit_manifest(folder, lambda m: m.update(graphs={"engine": "gone.onnx"}))
     with pytest.raises(PipelineError, match="names gone.onnx as its graph but records no sha256"):
         load_runner(folder, "onnxruntime")
 
@@ -151,7 +154,7 @@ def test_a_graph_onnxruntime_refuses_is_a_clear_error(folders, tmp_path):
     # Bytes that match the recorded sha256 (so the folder layer passes them) but are no ONNX model.
     folder = _copy(folders["tiny_cnn"], tmp_path)
     (folder / "model.onnx").write_bytes(b"not an onnx graph")
-    recorded = describe_artifacts(folder, ["model.onnx"])
+    recorded = {name: dataclasses.asdict(a) for name, a in describe_artifacts(folder, ["model.onnx"]).items()}
     _edit_manifest(folder, lambda m: m.update(artifacts={**m["artifacts"], **recorded}))
     with pytest.raises(PipelineError, match="ONNX Runtime cannot load .*model.onnx: InvalidProtobuf") as caught:
         load_runner(folder, "onnxruntime")
@@ -353,23 +356,23 @@ def test_target_check_refuses_another_gpu_architecture(folders):
     manifest = json.loads((folders["tiny_cnn"] / "manifest.json").read_text())
     # As built here: TensorRT-RTX's documented default targets, "8.0, 8.6, 8.9, 12.0, and later".
     assert built_for(manifest["build"]["target"]) == ["8.0", "8.6", "8.9", "12.0"]
-    check_gpu_target(manifest, {"name": "RTX 4090", "compute_capability": "8.9"})
-    check_gpu_target(manifest, {"name": "RTX PRO 6000", "compute_capability": "12.1"})
+    check_gpu_target(Manifest.from_json(manifest), {"name": "RTX 4090", "compute_capability": "8.9"})
+    check_gpu_target(Manifest.from_json(manifest), {"name": "RTX PRO 6000", "compute_capability": "12.1"})
     # Measured on an H100: TensorRT-RTX's runtime refuses SM 9.0 whatever the plan was built for.
     with pytest.raises(PipelineError, match=r"NVIDIA H100 \(compute capability 9\.0\), does not run TensorRT-RTX") as e:
-        check_gpu_target(manifest, {"name": "NVIDIA H100", "compute_capability": "9.0"})
+        check_gpu_target(Manifest.from_json(manifest), {"name": "NVIDIA H100", "compute_capability": "9.0"})
     assert "backend='onnxruntime'" in str(e.value)
     with pytest.raises(PipelineError, match="built for compute capability 8.0, 8.6, 8.9, 12.0") as caught:
-        check_gpu_target(manifest, {"name": "Tesla T4", "compute_capability": "7.5"})
+        check_gpu_target(Manifest.from_json(manifest), {"name": "Tesla T4", "compute_capability": "7.5"})
     assert "check_target=False" in str(caught.value)
     manifest["build"]["target"].update(compute_capabilities=["SM86"], documented_default=None)
-    check_gpu_target(manifest, {"name": "A40", "compute_capability": "8.6"})
+    check_gpu_target(Manifest.from_json(manifest), {"name": "A40", "compute_capability": "8.6"})
     with pytest.raises(PipelineError, match="built for compute capability 8.6 .* this GPU is L4 .* 8.9"):
-        check_gpu_target(manifest, {"name": "L4", "compute_capability": "8.9"})
+        check_gpu_target(Manifest.from_json(manifest), {"name": "L4", "compute_capability": "8.9"})
     manifest["build"]["builder"]["module"] = "tensorrt"  # the full TensorRT builds for the GPU at hand
     manifest["build"]["target"] = {"kind": "gpu", "gpu": {"name": "A100", "compute_capability": "8.0"}}
     with pytest.raises(PipelineError, match="built for compute capability 8.0 \\(gpu\\)"):
-        check_gpu_target(manifest, {"name": "NVIDIA H100", "compute_capability": "9.0"})
+        check_gpu_target(Manifest.from_json(manifest), {"name": "NVIDIA H100", "compute_capability": "9.0"})
 
 
 def test_a_plan_for_the_gpu_of_its_build_runs_only_there(folders):
@@ -377,9 +380,9 @@ def test_a_plan_for_the_gpu_of_its_build_runs_only_there(folders):
     gpu = {"ordinal": 0, "name": "RTX 4090", "compute_capability": "8.9"}
     manifest["build"]["target"].update(compute_capabilities=["CURRENT"], documented_default=None, gpu=gpu)
     assert built_for(manifest["build"]["target"]) == ["8.9"]
-    check_gpu_target(manifest, gpu)
+    check_gpu_target(Manifest.from_json(manifest), gpu)
     with pytest.raises(PipelineError, match="built for compute capability 8.9"):
-        check_gpu_target(manifest, {"name": "A40", "compute_capability": "8.6"})
+        check_gpu_target(Manifest.from_json(manifest), {"name": "A40", "compute_capability": "8.6"})
 
 
 def test_engine_runner_refuses_unknown_execution_options(folders):

@@ -34,7 +34,7 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from pipeline.cli import main as cli_main
 from pipeline.compare import compare
-from pipeline.manifest import read_manifest
+from pipeline.folder import open_folder
 from pipeline.runners import load_runner
 from pipeline.settings import BatchProfile, Settings
 from pipeline.stages import make_engine
@@ -233,7 +233,7 @@ def test_live_ready_and_metadata(server: Server, folder: Path, protocol: str) ->
             served, model = (json_format.MessageToDict(m, preserving_proto_field_name=True) for m in (served, model))
     assert served["name"] == "trt-pipeline" and "binary_tensor_data" in served["extensions"]
     # One name everywhere: the Triton repository writer names the model the same way.
-    assert model["name"] == IMAGE_MODEL == model_name(read_manifest(folder))
+    assert model["name"] == IMAGE_MODEL == model_name(open_folder(folder).manifest)
     assert model["versions"] == ["1"] and model["platform"] == "onnxruntime_onnx"
     shapes = [int(d) for d in model["inputs"][0]["shape"]]
     assert (model["inputs"][0]["name"], model["inputs"][0]["datatype"], shapes) == ("input", "FP32", [-1, 3, 16, 16])

@@ -12,7 +12,8 @@ from tritonclient.grpc import model_config_pb2 as pb
 from pipeline.artifacts import sha256_file
 from pipeline.cli import main
 from pipeline.errors import PipelineError
-from pipeline.manifest import read_manifest
+from pipeline.folder import open_folder
+from pipeline.manifest import Manifest, ModelRecord
 from pipeline.settings import BatchProfile, Settings
 from pipeline.stages import make_engine
 from pipeline.triton import engine_io, model_config, model_name, write_repository
@@ -42,12 +43,12 @@ def parse(text: str) -> pb.ModelConfig:
 
 
 def test_rtx_engine_is_served_through_the_onnx_backend_by_default(tiny: Path, tmp_path: Path) -> None:
-    assert read_manifest(tiny)["build"]["builder"]["module"] == "tensorrt_rtx"
+    assert open_folder(tiny).manifest.builder().module == "tensorrt_rtx"
     model_dir, why = write_repository(tiny, tmp_path)
     assert "TensorRT-RTX" in why
     config = parse((model_dir / "config.pbtxt").read_text())
     # The name `python -m pipeline serve` gives the model too: <model>-<precision>.
-    assert model_dir.name == config.name == model_name(read_manifest(tiny)) == "toy_models-tiny_cnn-fp32"
+    assert model_dir.name == config.name == model_name(open_folder(tiny).manifest) == "toy_models-tiny_cnn-fp32"
     assert (config.platform, config.backend) == ("onnxruntime_onnx", "onnxruntime")
     assert config.max_batch_size == 32  # the profile's max (1:8:32)
     [given] = config.input
@@ -68,7 +69,7 @@ def test_asking_for_the_plan_of_an_rtx_engine_is_refused(tiny: Path, tmp_path: P
 
 def test_plan_config_from_the_engines_recorded_io(tiny: Path) -> None:
     """The tensorrt_plan config built from the real engine's I/O (as the build stage recorded it)."""
-    io = engine_io(read_manifest(tiny))
+    io = engine_io(open_folder(tiny).manifest)
     text = text_format.MessageToString(model_config("tiny", "tensorrt_plan", io, max_batch=32, instances=2))
     config = parse(text)
     assert (config.platform, config.backend, config.default_model_filename) == (
@@ -99,7 +100,7 @@ def test_the_name_comes_from_the_manifest_not_the_folder(tiny: Path, tmp_path: P
     model_dir, _ = write_repository(renamed, tmp_path / "repo")
     assert model_dir.name == "toy_models-tiny_cnn-fp32"
     with pytest.raises(PipelineError, match="records no model name or precision"):
-        model_name({"model": {"name": "tiny"}})
+        model_name(Manifest(model=ModelRecord("tiny", "tiny", "")))
 
 
 @pytest.mark.parametrize("name", ["../escaped", "a/b", ".hidden", "x" * 129])
@@ -112,7 +113,7 @@ def test_a_name_that_leaves_the_repository_is_refused(tiny: Path, tmp_path: Path
 
 def test_a_swapped_graph_is_refused(tiny: Path, tmp_path: Path) -> None:
     folder = shutil.copytree(tiny, tmp_path / tiny.name)
-    graph = folder / read_manifest(folder)["graph"]
+    graph = folder / open_folder(folder).graph
     graph.write_bytes(graph.read_bytes() + b"\0")
     with pytest.raises(PipelineError, match="is not the file this folder's build wrote"):
         write_repository(folder, tmp_path / "repo")

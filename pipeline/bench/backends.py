@@ -18,8 +18,7 @@ import numpy as np
 from models.spec import call_module
 from pipeline.errors import PipelineError
 from pipeline.folder import ArtifactFolder
-from pipeline.manifest import MANIFEST, make_engine_command
-from pipeline.precision import GRAPH_NAMES
+from pipeline.manifest import FP32_GRAPH, MANIFEST, make_engine_command
 from pipeline.runners import Runner, load_runner
 
 if TYPE_CHECKING:
@@ -246,14 +245,14 @@ def open_served(context: Context) -> Backend:
 
 
 def open_onnxruntime(context: Context) -> Backend:
-    graph = GRAPH_NAMES["fp32"]
+    graph = FP32_GRAPH
     runner = _onnxruntime_runner(context.folder, graph)
     threads = "ORT default: one intra-op thread per physical core"
     return RunnerBackend("onnxruntime", f"ONNX Runtime FP32 (runner) on {graph}", "fp32", runner, threads)
 
 
 def open_onnxruntime_session(context: Context) -> Backend:
-    graph = GRAPH_NAMES["fp32"]
+    graph = FP32_GRAPH
     if not context.folder.has(graph):
         raise Unavailable(f"{context.folder.path / graph} does not exist")
     label = "ONNX Runtime FP32 (bare session)"
@@ -401,7 +400,7 @@ def _int8_folder(folder: ArtifactFolder) -> Path:
         return folder.path
     sibling = folder.path.parent / f"{folder.model}-int8"
     if not (sibling / MANIFEST).is_file():
-        settings = {**folder.manifest["settings"], "calib": "<data>"}
+        settings = {**(folder.manifest.settings or {}), "calib": "<data>"}
         command = make_engine_command(settings["model"], "int8", settings["out_root"], settings)
         raise Unavailable(
             f"no INT8 graph: {folder.path} is built for {folder.precision} and {sibling} does not exist "

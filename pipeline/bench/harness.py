@@ -28,6 +28,7 @@ from pipeline.errors import PipelineError
 from pipeline.export import load_reference, random_inputs
 from pipeline.folder import open_folder
 from pipeline.manifest import REFERENCE as REFERENCE_FILE
+from pipeline.manifest import Manifest
 from pipeline.parity import RTOL
 
 SEED = 0
@@ -35,35 +36,36 @@ SEED = 0
 Progress = Callable[[str], None]
 
 
-def check_batches(batches: list[int] | None, manifest: dict) -> list[int]:
+def check_batches(batches: list[int] | None, manifest: Manifest) -> list[int]:
     """The batch sizes to sweep: the profile's min, opt and max by default; others must lie inside the profile."""
-    profile = manifest["batch_profile"]  # open_folder requires it
-    low, high = int(profile["min"]), int(profile["max"])
+    profile = manifest.batch_profile
+    assert profile is not None  # open_folder requires it
+    low, high = profile.min, profile.max
     if batches is None:
-        return sorted({low, int(profile["opt"]), high})
+        return sorted({low, profile.opt, high})
     outside = [b for b in batches if not low <= b <= high]
     if outside or not batches:
         raise PipelineError(
-            f"batch size(s) {outside or batches} are outside the engine profile "
-            f"{profile['min']}:{profile['opt']}:{profile['max']}",
+            f"batch size(s) {outside or batches} are outside the engine profile {profile}",
             f"choose batches from {low} to {high}, or rebuild with a wider BATCH=min:opt:max (make engine ...)",
         )
     return sorted(set(batches))
 
 
-def integer_ranges(manifest: dict, reference: Path) -> dict[str, tuple[int, int]]:
+def integer_ranges(manifest: Manifest, reference: Path) -> dict[str, tuple[int, int]]:
     """[low, high] of each integer input in the export's reference inputs (token ids must stay in the vocabulary)."""
-    integer_inputs = [r["name"] for r in manifest["inputs"] if np.dtype(r["dtype"]).kind in "iu"]
+    integer_inputs = [t.name for t in manifest.inputs if t.numpy_dtype.kind in "iu"]
     if not integer_inputs:
         return {}
     examples = load_reference(reference)[0][0]
     return {name: (int(examples[name].min()), int(examples[name].max())) for name in integer_inputs}
 
 
-def make_inputs(manifest: dict, ranges: dict[str, tuple[int, int]], batch: int, seed: int) -> dict[str, np.ndarray]:
+def make_inputs(manifest: Manifest, ranges: dict[str, tuple[int, int]], batch: int, seed: int) -> dict[str, np.ndarray]:
     """Random inputs shaped like the manifest's, at `batch` and every other dynamic axis at its opt size."""
-    axis_opt = {name: int(r[1]) for name, r in manifest.get("axis_ranges", {}).items()}
-    return random_inputs(manifest["inputs"], batch, seed, axis_sizes=axis_opt, int_ranges=ranges)
+    axis_opt = {name: r[1] for name, r in manifest.axis_ranges.items()}
+    records = [tensor.as_record() for tensor in manifest.inputs]
+    return random_inputs(records, batch, seed, axis_sizes=axis_opt, int_ranges=ranges)
 
 
 def open_backends(choices: list[Choice], context: Context, progress: Progress) -> tuple[list[Backend], list[dict]]:

@@ -56,7 +56,7 @@ def _choose_backend(folder: ArtifactFolder) -> tuple[str, str]:
         return "onnxruntime", f"auto: {folder.path} has no {folder.engine}"
     if not gpu_present():
         return "onnxruntime", "auto: no NVIDIA GPU/driver present, which the engine needs"
-    builder = manifest.get("build", {}).get("builder", {}).get("module", "auto")
+    builder = manifest.build.builder.module if manifest.build and manifest.build.builder else "auto"
     try:
         import_trt(builder)
     except PipelineError as error:

@@ -15,7 +15,8 @@ import numpy as np
 
 from pipeline.errors import PipelineError
 from pipeline.folder import ArtifactFolder
-from pipeline.manifest import rebuild_hint
+from pipeline.graph_io import GraphTensor
+from pipeline.manifest import Manifest, rebuild_hint
 
 DYNAMIC = -1
 BATCH_AXIS = 0
@@ -39,45 +40,34 @@ class TensorSpec:
         object.__setattr__(self, "fixed", fixed)  # frozen dataclass: set once here
 
     @classmethod
-    def from_manifest(cls, record: dict, axis_ranges: dict) -> TensorSpec:
-        shape = tuple(d if isinstance(d, int) else DYNAMIC for d in record["shape"])
+    def from_manifest(cls, tensor: GraphTensor, axis_ranges: dict[str, tuple[int, int, int]]) -> TensorSpec:
         ranges = tuple(
-            (axis, int(axis_ranges[d][0]), int(axis_ranges[d][2]))
-            for axis, d in enumerate(record["shape"])
+            (axis, axis_ranges[d][0], axis_ranges[d][2])
+            for axis, d in enumerate(tensor.shape)
             if axis != BATCH_AXIS and isinstance(d, str) and d in axis_ranges
         )
-        return cls(record["name"], np.dtype(record["dtype"]), shape, ranges)
+        return cls(tensor.name, tensor.numpy_dtype, tuple(tensor.sizes()), ranges)
 
 
-def tensor_specs(manifest: dict, key: str) -> list[TensorSpec]:
+def tensor_specs(manifest: Manifest, key: str) -> list[TensorSpec]:
     """The manifest's "inputs" or "outputs" as TensorSpecs."""
-    records = manifest.get(key)
+    records = manifest.inputs if key == "inputs" else manifest.outputs
     if not records:
         raise PipelineError(
             f"the manifest lists no {key} (the check stage did not finish)",
             f"rebuild the folder: {rebuild_hint(manifest)}",
         )
-    axis_ranges = manifest.get("axis_ranges", {})
-    return [TensorSpec.from_manifest(record, axis_ranges) for record in records]
+    return [TensorSpec.from_manifest(record, manifest.axis_ranges) for record in records]
 
 
-def max_batch(manifest: dict) -> int:
-    profile = manifest.get("batch_profile")
-    if not profile:
+def max_batch(manifest: Manifest) -> int:
+    """The profile's max batch (read_manifest has refused a profile without a max of 1 or more)."""
+    if manifest.batch_profile is None:
         raise PipelineError(
             "the manifest has no batch_profile (the export stage did not finish)",
             f"rebuild the folder: {rebuild_hint(manifest)}",
         )
-    try:
-        rows = int(profile["max"])
-    except (KeyError, TypeError, ValueError):
-        rows = 0
-    if rows < 1:
-        raise PipelineError(
-            f"the manifest's batch_profile {profile} has no max of 1 row or more (the file was edited or damaged)",
-            f"rebuild the folder: {rebuild_hint(manifest)}",
-        )
-    return rows
+    return manifest.batch_profile.max
 
 
 def _dtype_and_shape(name: str, value: Any) -> tuple[np.dtype, tuple[int, ...]]:

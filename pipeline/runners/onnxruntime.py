@@ -46,10 +46,9 @@ def choose_providers(requested: list[str] | None) -> tuple[list[str], str]:
 class OnnxRuntimeRunner(Runner):
     """ONNX Runtime on one graph of the artifact folder.
 
-    graph: a file name in the folder; by default the manifest's graph (the engine's), except that on the
-    CPU provider an int8 folder's graph shaped for ONNX Runtime's CPU kernels on this kind of CPU (manifest
-    key onnxruntime_cpu_graphs: with VNNI, or without) is preferred: the TensorRT-shaped graph runs no int8
-    kernel there.
+    graph: a file name in the folder; by default the engine's graph, except that on the CPU provider the graph
+    the folder lists for this kind of CPU's target (pipeline.manifest.GRAPHS: int8 writes one for CPUs with
+    VNNI and one for CPUs without) is preferred: the TensorRT-shaped graph runs no int8 kernel there.
     intra_op_threads: None for ORT's default (one per physical core).  allow_spinning: False lets idle
     intra-op threads sleep, which helps many concurrent callers (a service) more than single calls.
     """
@@ -97,10 +96,12 @@ class OnnxRuntimeRunner(Runner):
                     f"give one of them ({', '.join(graphs)}) or leave graph=None",
                 )
             return requested, "asked for"
-        if on_cpu and self.folder.cpu_graphs:
+        if on_cpu:
             kind = int8_cpu_kind()
-            return self.folder.cpu_graphs[kind], f"the int8 graph for ONNX Runtime's CPU kernels, {_KINDS[kind]}"
-        return self.folder.graph, "the manifest's graph"
+            cpu_graph = self.folder.cpu_graph(kind)
+            if cpu_graph is not None:
+                return cpu_graph, f"the {self.folder.precision} graph for ONNX Runtime's CPU kernels, {_KINDS[kind]}"
+        return self.folder.graph, "the engine's graph"
 
     def _session(self, providers: list[str], intra_op_threads: int | None, allow_spinning: bool) -> Any:
         """The session on the chosen graph.  Its bytes match the manifest's sha256 (folder.read checks), so a graph

@@ -35,7 +35,7 @@ import numpy as np
 
 from pipeline.errors import PipelineError
 from pipeline.folder import ArtifactFolder
-from pipeline.manifest import rebuild_hint
+from pipeline.manifest import Builder, Manifest, rebuild_hint
 from pipeline.runners.base import BATCH_AXIS, Runner, check_feed
 from pipeline.runners.device_memory import DeviceMemory, open_device_memory
 from pipeline.trt_module import RTX_RUNTIME_TARGETS, dims, parse_capability, rtx_runs_on
@@ -51,31 +51,32 @@ EXECUTIONS = ("v3", "v2")  # execute_async_v3 (the default) or execute_v2
 # --------------------------------------------------------------------------- checks before the GPU
 
 
-def rebuild_fix(manifest: dict) -> str:
+def rebuild_fix(manifest: Manifest) -> str:
     return f"rebuild it on/for this machine: {rebuild_hint(manifest, force=True)}"
 
 
 def read_plan(folder: ArtifactFolder) -> bytes:
     """engine.plan's bytes, checked against the manifest's sha256 (pipeline.folder), refused when the build was
     skipped."""
-    build = folder.manifest.get("build", {})
-    if build.get("status") == "skipped" or "builder" not in build:
+    build = folder.manifest.build
+    if build is None or build.builder is None:
+        why = build.skipped if build is not None and build.skipped is not None else "no build record"
         raise PipelineError(
-            f"{folder.path} has no engine: the build was skipped ({build.get('reason', 'no build record')})",
+            f"{folder.path} has no engine: the build was skipped ({why})",
             f"use backend='onnxruntime', or install a TensorRT builder and {rebuild_fix(folder.manifest)}",
         )
     return folder.read(folder.engine)
 
 
-def check_builder(manifest: dict, trt: ModuleType) -> None:
+def check_builder(manifest: Manifest, trt: ModuleType) -> None:
     """An engine deserializes only in the TensorRT flavour and version that built it."""
-    built = manifest["build"]["builder"]
-    here = {"module": trt.__name__, "version": str(trt.__version__)}
-    if built["module"] != here["module"] or built["version"] != here["version"]:
+    built = manifest.builder()
+    here = Builder(trt.__name__, str(trt.__version__))
+    if built != here:
         raise PipelineError(
-            f"engine.plan was built with {built['module']} {built['version']}, but this machine runs "
-            f"{here['module']} {here['version']}; engines load only in the exact TensorRT that built them",
-            f"{rebuild_fix(manifest)} (or install {built['module']}=={built['version']})",
+            f"engine.plan was built with {built.module} {built.version}, but this machine runs "
+            f"{here.module} {here.version}; engines load only in the exact TensorRT that built them",
+            f"{rebuild_fix(manifest)} (or install {built.module}=={built.version})",
         )
 
 
@@ -95,18 +96,18 @@ def built_for(target: dict) -> list[str] | None:
     return parsed if len(parsed) == len(names) else None
 
 
-def check_gpu_target(manifest: dict, gpu: dict) -> None:
+def check_gpu_target(manifest: Manifest, gpu: dict) -> None:
     """Refuse an engine that cannot run on `gpu` (describe_gpu's record): built for another architecture,
     or built by TensorRT-RTX for a GPU its runtime does not run on (Hopper, whatever the build targets)."""
     here = gpu["compute_capability"]
-    if manifest["build"]["builder"]["module"] == "tensorrt_rtx" and not rtx_runs_on(here):
+    if manifest.builder().module == "tensorrt_rtx" and not rtx_runs_on(here):
         raise PipelineError(
             f"this GPU, {gpu['name']} (compute capability {here}), does not run TensorRT-RTX engines: its runtime "
             f"runs on {', '.join(RTX_RUNTIME_TARGETS)} and later, and no rebuild with it changes that",
             "serve the folder with load_runner(..., backend='onnxruntime'), or build with the full TensorRT on "
             "this GPU (builder 'tensorrt')",
         )
-    target = manifest["build"].get("target", {})
+    target = manifest.build.target if manifest.build is not None else {}
     targets = built_for(target)
     if targets is None or here in targets:
         return
@@ -157,7 +158,7 @@ class TensorRTRunner(Runner):
         if contexts < 1:
             raise PipelineError(f"contexts={contexts}", "give at least 1 execution context")
         plan = read_plan(folder)
-        trt = import_trt(manifest["build"]["builder"]["module"])
+        trt = import_trt(manifest.builder().module)
         check_builder(manifest, trt)
         _check_execution(trt, execution, cuda_graphs)
         gpu = describe_gpu(device)

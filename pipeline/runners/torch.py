@@ -36,7 +36,7 @@ class TorchRunner(Runner):
         from pipeline.prepare import prepare
 
         super().__init__(folder, split_large_batches=split_large_batches)
-        settings = folder.manifest["settings"]  # open_folder requires it
+        settings = folder.manifest.settings or {}  # open_folder requires it
         spec = models.load_model(
             settings["model"],
             weights=settings.get("weights"),

@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import PipelineError
+from pipeline.graph_io import GraphTensor
+from pipeline.manifest import Manifest
 from pipeline.runners.base import BATCH_AXIS, TensorSpec, check_feed, max_batch, tensor_specs
 from pipeline.triton import TRITON_DTYPES, model_name
 
@@ -69,7 +71,7 @@ class ModelIO:
     vocabularies: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def from_manifest(cls, manifest: dict, name: str | None = None, max_items: int | None = None) -> ModelIO:
+    def from_manifest(cls, manifest: Manifest, name: str | None = None, max_items: int | None = None) -> ModelIO:
         profile_max = max_batch(manifest)
         if max_items is not None and max_items > profile_max:
             raise PipelineError(
@@ -81,7 +83,7 @@ class ModelIO:
             inputs=tensor_specs(manifest, "inputs"),
             outputs=tensor_specs(manifest, "outputs"),
             max_items=max_items or profile_max,
-            shared_axes=_shared_axes(manifest["inputs"]),
+            shared_axes=_shared_axes(manifest.inputs),
         )
         for spec in [*model.inputs, *model.outputs]:
             if spec.dtype.name not in DATATYPES:
@@ -100,12 +102,12 @@ class ModelIO:
         return [spec.name for spec in self.outputs]
 
 
-def _shared_axes(records: list[dict]) -> dict[str, list[tuple[str, int]]]:
+def _shared_axes(tensors: Sequence[GraphTensor]) -> dict[str, list[tuple[str, int]]]:
     uses: dict[str, list[tuple[str, int]]] = {}
-    for record in records:
-        for axis, dim in enumerate(record["shape"]):
+    for tensor in tensors:
+        for axis, dim in enumerate(tensor.shape):
             if axis != BATCH_AXIS and isinstance(dim, str):
-                uses.setdefault(dim, []).append((record["name"], axis))
+                uses.setdefault(dim, []).append((tensor.name, axis))
     return {dim: places for dim, places in uses.items() if len(places) > 1}
 
 

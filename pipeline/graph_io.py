@@ -1,0 +1,83 @@
+"""A graph's inputs and outputs as its ONNX file declares them: the one reader of them in the project.
+
+The check stage records them in the manifest, the build names the profile's dynamic axes from them, the Triton
+writer turns them into a model config and calibration checks its data against them.  Weights are never loaded,
+and onnx is imported on first use only: the manifest (read by runners and the service) holds GraphTensors too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import onnx
+
+# A dim as the file declares it: a fixed size, the name of a symbolic dim ("batch", "seq"), or None for a
+# dynamic dim with no name.
+Dim = int | str | None
+DYNAMIC = -1  # how a dim that is not a fixed size is written where only numbers are allowed
+
+
+@dataclass(frozen=True)
+class GraphTensor:
+    """One graph input or output: its name, numpy dtype name and declared dims."""
+
+    name: str
+    dtype: str
+    shape: tuple[Dim, ...]
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        return np.dtype(self.dtype)
+
+    def sizes(self) -> list[int]:
+        """The shape with every dim that is not a fixed size as DYNAMIC (-1)."""
+        return [d if isinstance(d, int) else DYNAMIC for d in self.shape]
+
+    @classmethod
+    def from_record(cls, record: dict) -> GraphTensor:
+        return cls(record["name"], record["dtype"], tuple(record["shape"]))
+
+    def as_record(self) -> dict:
+        """The manifest's form: {"name", "dtype", "shape": [3, "batch", null, ...]}."""
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True)
+class GraphIO:
+    inputs: tuple[GraphTensor, ...]
+    outputs: tuple[GraphTensor, ...]
+
+
+def graph_io(graph: Path | bytes | onnx.ModelProto) -> GraphIO:
+    """The inputs (weights listed as inputs by old exporters left out) and outputs of a graph: a file, its bytes,
+    or a loaded model (the check stage passes its shape-inferred one)."""
+    import onnx
+
+    if isinstance(graph, onnx.ModelProto):
+        model = graph
+    elif isinstance(graph, bytes):
+        model = onnx.load_model_from_string(graph)
+    else:
+        model = onnx.load(str(graph), load_external_data=False)
+    weights = {tensor.name for tensor in model.graph.initializer}
+    inputs = tuple(_tensor(value) for value in model.graph.input if value.name not in weights)
+    return GraphIO(inputs, tuple(_tensor(value) for value in model.graph.output))
+
+
+def _tensor(value: onnx.ValueInfoProto) -> GraphTensor:
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    tensor = value.type.tensor_type
+    dims = tuple(_dim(d) for d in tensor.shape.dim)
+    return GraphTensor(value.name, np.dtype(tensor_dtype_to_np_dtype(tensor.elem_type)).name, dims)
+
+
+def _dim(dim: onnx.TensorShapeProto.Dimension) -> Dim:
+    if dim.HasField("dim_value"):
+        return int(dim.dim_value)
+    return dim.dim_param or None
