@@ -8,6 +8,7 @@ reach Python as data, never as shell or make code.
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import subprocess
 from pathlib import Path
@@ -69,12 +70,22 @@ def test_a_trusted_pickled_module_loads_and_its_torch_runner_asks_again(tmp_path
         (["--model", "resnet18", "--batch=-1:2:3"], "BATCH='-1:2:3' is not of the form min:opt:max"),
         (["--model", "tests.toy_models:tiny_cnn", "--keep-fp32", "NoSuchOp"], "--keep-fp32 names ['NoSuchOp']"),
         (["--model", "tests.toy_models:tiny_cnn", "--target", "h100"], "unknown build target 'h100'"),
+        (["--model", "tests.toy_models:tiny_cnn", "--batch", "1:1:100000000"], "would take 286 GiB"),
     ],
-    ids=["huge-input-shape", "negative-batch", "unknown-keep-fp32", "unknown-target"],
+    ids=["huge-input-shape", "negative-batch", "unknown-keep-fp32", "unknown-target", "huge-max-batch"],
 )
 def test_bad_settings(argv, expected, tmp_path, capsys):
     err = _cli_error(["all", "--precision", "fp16", *argv, "--out", str(tmp_path / "engines")], capsys)
     assert expected in err
+
+
+@pytest.mark.parametrize("option", ["--out", "--weights", "--calib"])
+def test_an_empty_path_is_refused_not_read_as_the_current_directory(option, capsys):
+    # OUT= with nothing after it wrote the artifact folder into the current directory.
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["all", "--model", "tests.toy_models:tiny_cnn", option, ""])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and f"argument {option}: an empty path" in err and "Traceback" not in err
 
 
 def test_weights_that_are_not_a_torch_file(tmp_path, capsys):
@@ -84,17 +95,52 @@ def test_weights_that_are_not_a_torch_file(tmp_path, capsys):
     assert "is not a file torch.load can read" in err
 
 
-def test_a_factory_that_raises_is_named_with_its_message(tmp_path, capsys, monkeypatch):
-    (tmp_path / "factory_that_raises.py").write_text("def build():\n    raise ValueError('no weights here')\n")
+@pytest.mark.parametrize(
+    ("statement", "raised"),
+    [("raise ValueError('no weights here')", "ValueError: no weights here"), ("sys.exit(0)", "SystemExit: 0")],
+    ids=["raises", "exits-0"],  # sys.exit(0) ended the run with status 0 and no word
+)
+def test_a_factory_that_raises_is_named_with_its_message(statement, raised, tmp_path, capsys, monkeypatch):
+    module = f"factory_{raised.split(':')[0].lower()}"  # one module name per case: imports are cached
+    (tmp_path / f"{module}.py").write_text(f"import sys\ndef build():\n    {statement}\n")
     monkeypatch.chdir(tmp_path)
-    err = _cli_error(["all", "--model", "factory_that_raises:build", "--out", str(tmp_path / "engines")], capsys)
-    assert "the factory raised ValueError: no weights here (at " in err and "factory_that_raises.py:2)" in err
+    err = _cli_error(["all", "--model", f"{module}:build", "--out", str(tmp_path / "engines")], capsys)
+    assert f"the factory raised {raised} (at " in err and f"{module}.py:3)" in err
+
+
+NAN_FACTORY = """import torch
+class Nan(torch.nn.Module):
+    def forward(self, x):
+        return x * float("nan")
+def build():
+    return Nan(), torch.zeros(2, 4)
+"""
+
+
+def test_a_model_whose_output_is_nan_is_not_called_random(tmp_path, capsys, monkeypatch):
+    # NaN != NaN: the determinism check read it as an output that changed between two calls.
+    (tmp_path / "nan_factory.py").write_text(NAN_FACTORY)
+    monkeypatch.chdir(tmp_path)
+    err = _cli_error(["all", "--model", "nan_factory:build", "--out", str(tmp_path / "engines")], capsys)
+    assert "output 0 holds NaN for the example inputs" in err and "randomness" not in err
 
 
 def test_an_out_folder_under_a_file(tmp_path, capsys):
     (tmp_path / "file").write_text("")
     argv = ["all", "--model", "tests.toy_models:tiny_cnn", "--precision", "fp32", "--out", str(tmp_path / "file" / "x")]
     assert "a part of the path is a file, not a folder" in _cli_error(argv, capsys)
+
+
+def test_a_file_size_limit_is_named_with_its_fix(tmp_path, capsys):
+    # Python ignores SIGXFSZ, so a write past RLIMIT_FSIZE fails with EFBIG: it got the generic "check the disk".
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    argv = ["all", "--model", "tests.toy_models:tiny_cnn", "--precision", "fp32", "--out", str(tmp_path)]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
+    try:
+        err = _cli_error(argv, capsys)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert "File too large" in err and "ulimit -f" in err
 
 
 def _make(*assignments: str) -> subprocess.CompletedProcess:
