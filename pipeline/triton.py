@@ -92,7 +92,8 @@ def write_repository(
     """Write the model into `repo`; returns (the model's folder, why this backend)."""
     opened = open_folder(folder)  # a finished folder only; every file read is checked against its sha256
     manifest = opened.manifest
-    name = check_model_name(name or model_name(manifest))
+    # --name "" is checked (and refused), not read as "no name given"
+    name = check_model_name(model_name(manifest) if name is None else name)
     chosen, why = choose_backend(opened, backend)
     if instances < 1 or max_queue_delay_us < 0:
         raise PipelineError(

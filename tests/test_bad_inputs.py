@@ -151,8 +151,9 @@ def _make(*assignments: str) -> subprocess.CompletedProcess:
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 @pytest.mark.parametrize(
     "model",
-    ["x'; touch {marker}; echo '", "$(shell touch {marker})"],  # the shell, then make, would run the touch
-    ids=["shell", "make"],
+    # the shell, then make, would run the touch; a line break split the recipe and broke the shell's quoting
+    ["x'; touch {marker}; echo '", "$(shell touch {marker})", "x\ntouch {marker}"],
+    ids=["shell", "make", "line-break"],
 )
 def test_make_variables_run_no_code(model, tmp_path):
     marker = tmp_path / "INJECTED"
@@ -177,13 +178,67 @@ def test_a_manifest_that_is_not_a_json_object(text, tmp_path):
     assert "rebuild the folder: make engine" in caught.value.fix
 
 
-@pytest.mark.parametrize("profile", [{"min": 1, "opt": 1, "max": 0}, {"min": 1}, {"max": "many"}])
-def test_a_damaged_batch_profile(profile, tmp_path):
-    from pipeline.manifest import update_manifest
+def _built(tmp_path_factory: pytest.TempPathFactory, model: str) -> Path:
     from pipeline.settings import Settings
     from pipeline.stages import make_engine
 
-    folder = make_engine(Settings(model="tests.toy_models:tiny_cnn", precision="fp32", out_root=tmp_path))
-    update_manifest(folder, batch_profile=profile)
+    out = tmp_path_factory.mktemp("engines")
+    return make_engine(Settings(model=f"tests.toy_models:{model}", precision="fp32", out_root=out))
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _built(tmp_path_factory, "tiny_cnn")
+
+
+def _edited(folder: Path, tmp_path: Path, **changes: object) -> Path:
+    from pipeline.manifest import update_manifest
+
+    copy = tmp_path / folder.name
+    shutil.copytree(folder, copy)
+    update_manifest(copy, **changes)
+    return copy
+
+
+@pytest.mark.parametrize("profile", [{"min": 1, "opt": 1, "max": 0}, {"min": 1}, {"max": "many"}])
+def test_a_damaged_batch_profile(profile, tiny_folder, tmp_path):
     with pytest.raises(PipelineError, match="batch_profile .* has no max of 1 row or more"):
-        load_runner(folder, "onnxruntime")
+        load_runner(_edited(tiny_folder, tmp_path, batch_profile=profile), "onnxruntime")
+
+
+@pytest.mark.parametrize(
+    "inputs",
+    ["input", [{"name": "input", "dtype": "nosuch", "shape": ["batch", 3, 16, 16]}], [{"name": "input"}]],
+    ids=["a-string", "unknown-dtype", "no-shape"],
+)
+def test_damaged_input_records_in_the_manifest(inputs, tiny_folder, tmp_path):
+    with pytest.raises(PipelineError, match="the manifest's inputs are damaged") as caught:
+        load_runner(_edited(tiny_folder, tmp_path, inputs=inputs), "onnxruntime")
+    assert "rebuild the folder" in caught.value.fix
+
+
+def test_an_unknown_runner_option_is_named_with_the_known_ones(tiny_folder):
+    with pytest.raises(PipelineError, match="the onnxruntime runner takes no option threads") as caught:
+        load_runner(tiny_folder, "onnxruntime", threads=2)
+    assert "intra_op_threads" in caught.value.fix
+
+
+def test_values_onnx_runtime_refuses_are_a_pipeline_error(tmp_path_factory):
+    # A token id beyond the embedding: names, dtypes and shapes are right, ONNX Runtime's Gather refuses it.
+    with load_runner(_built(tmp_path_factory, "text_classifier"), "onnxruntime") as runner:
+        feed = {"input_ids": np.array([[1, 10**6, 3]], np.int64), "attention_mask": np.ones((1, 3), np.float32)}
+        with pytest.raises(PipelineError, match="ONNX Runtime could not run .* on these inputs") as caught:
+            runner.infer(feed)
+    assert "token ids must lie within" in caught.value.fix
+
+
+def test_an_empty_triton_model_name_is_refused_not_defaulted(tiny_folder, tmp_path, capsys):
+    argv = ["triton", str(tiny_folder), "--repo", str(tmp_path / "repo"), "--name", ""]
+    assert "model name '' cannot be a folder of the repository" in _cli_error(argv, capsys)
+    assert not (tmp_path / "repo").exists()
+
+
+def test_a_serve_host_that_is_no_address_is_refused_before_loading(tiny_folder, capsys):
+    # uvicorn logged it and exited 3 after the model had loaded
+    argv = ["serve", str(tiny_folder), "--host", "not a host", "--port", "8000", "--grpc-port", "0"]
+    assert "--host 'not a host' is not an address" in _cli_error(argv, capsys)

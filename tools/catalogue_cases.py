@@ -941,10 +941,10 @@ def _runner_cases() -> list[Case]:
         py(
             "runner-manifest-bad-dtype",
             "runner",
-            "the manifest's input dtype is float128",
+            "the manifest's input dtype is nosuch",
             load
-            + "f = copy(IMAGE)\nedit_manifest(f, lambda m: m['inputs'][0].update(dtype='float128'))\nload_runner(f, 'onnxruntime')",
-            names=("float128",),
+            + "f = copy(IMAGE)\nedit_manifest(f, lambda m: m['inputs'][0].update(dtype='nosuch'))\nload_runner(f, 'onnxruntime')",
+            names=("nosuch",),
         ),
         py(
             "runner-batch-profile-zero",
@@ -1302,7 +1302,7 @@ def _triton_cases() -> list[Case]:
             "triton-cpu-with-plan",
             "triton --backend tensorrt_plan --instance-kind cpu",
             ["triton", "{image}", "--repo", "{work}/repo", "--backend", "tensorrt_plan", "--instance-kind", "cpu"],
-            names=("cpu",),
+            names=("TensorRT-RTX",),
         ),
         cli(
             "triton-plan-from-rtx",

@@ -58,7 +58,13 @@ def tensor_specs(manifest: dict, key: str) -> list[TensorSpec]:
             f"rebuild the folder: {rebuild_hint(manifest)}",
         )
     axis_ranges = manifest.get("axis_ranges", {})
-    return [TensorSpec.from_manifest(record, axis_ranges) for record in records]
+    try:
+        return [TensorSpec.from_manifest(record, axis_ranges) for record in records]
+    except (TypeError, KeyError, ValueError, IndexError) as error:  # edited by hand, or damaged
+        raise PipelineError(
+            f"the manifest's {key} are damaged ({type(error).__name__}: {error}); each is {{name, dtype, shape}}",
+            f"rebuild the folder: {rebuild_hint(manifest)}",
+        ) from None
 
 
 def max_batch(manifest: dict) -> int:
