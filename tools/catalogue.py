@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from catalogue_cases import Case, Outcome, cases  # noqa: E402
 from catalogue_fixtures import Fixtures  # noqa: E402
 
-VERDICTS = ("clear", "recovered", "traceback", "unclear", "silent", "stall", "crash", "code-ran", "n/a")
+VERDICTS = ("clear", "recovered", "traceback", "unclear", "silent", "stall", "crash", "code-ran", "n/a", "tool-error")
 BAD = ("traceback", "unclear", "silent", "stall", "crash", "code-ran")
 TRACEBACK = "Traceback (most recent call last)"
 # What a Python case's script does around its body: a PipelineError is printed as the command line prints it.
@@ -220,6 +220,8 @@ def _classify_http(case: Case, outcome: Outcome) -> tuple[str, str]:
         return "unclear", f"refused good input: {shown}"
     if status >= 500 and status not in case.statuses:
         return "unclear", shown
+    if case.plain_ok and 400 <= status < 500 and (not case.statuses or status in case.statuses):
+        return "clear", shown  # refused by the HTTP layer before the app: its plain-text 400 is the answer
     missing = [word for word in case.names if word.lower() not in body.lower()]
     if '"error"' not in body or missing:
         return "unclear", shown + (f" (does not name {missing})" if missing else " (no error message)")
@@ -251,10 +253,12 @@ def run_case(case: Case, code: Path, fixtures: Fixtures, work: Path, env: dict[s
         context.forker = forkers.get()
         try:
             outcome = case.run(context)
+            verdict, detail = classify(case, outcome, context.marker)
+            seconds = outcome.seconds
+        except Exception as error:  # the tool's own failure on one case must not lose the others' rows
+            verdict, detail, seconds = "tool-error", f"{type(error).__name__}: {error}", 0.0
         finally:
             forkers.put(context.forker)
-        verdict, detail = classify(case, outcome, context.marker)
-        seconds = outcome.seconds
     print(f"{verdict:10} {case.id:45} {detail[:110]}", flush=True)
     return {
         "id": case.id,
