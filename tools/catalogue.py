@@ -2,6 +2,7 @@
 
     .venv/bin/python tools/catalogue.py --code . --work /tmp/catalogue/after --out /tmp/catalogue/after.json
     .venv/bin/python tools/catalogue.py --compare before.json after.json > table.md
+    .venv/bin/python tools/catalogue.py --merge after.json rerun.json --out after.json   (after a run with --only)
 
 Each case runs in its own subprocess (the command line, `make engine`, a runner or the Triton writer in a short
 Python script) or as a request to one started server, under a time limit, with PYTHONPATH and the working
@@ -311,22 +312,29 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join([*lines, "", f"{len(rows)} cases: {totals}"]) + "\n"
 
 
-def compare(before: list[dict], after: list[dict]) -> str:
-    """The before/after table: one row per case of `after`, its verdict in both runs and what the after run said."""
-    old = {row["id"]: row for row in before}
-    lines = ["| case | what | before | after | after: what happened |", "|---|---|---|---|---|"]
-    for row in after:
-        was = old.get(row["id"], {"verdict": "-"})
-        lines.append(
-            f"| {row['id']} | {_cell(row['what'])} | {was['verdict']} | {row['verdict']} | {_cell(row['detail'])} |"
-        )
-    header = "| verdict | before | after |\n|---|---|---|\n"
-    before_counts, after_counts = counts(before), counts(after)
-    header += "".join(f"| {v} | {before_counts[v]} | {after_counts[v]} |\n" for v in VERDICTS)
-    bad_before = sum(before_counts[v] for v in BAD)
-    bad_after = sum(after_counts[v] for v in BAD)
-    header += f"| **bad (traceback, unclear, silent, stall, crash, code-ran)** | **{bad_before}** | **{bad_after}** |\n"
-    return header + "\n" + "\n".join(lines) + "\n"
+def compare(runs: dict[str, list[dict]]) -> str:
+    """The counts, then one row per case of the last run: its verdict in every run and what the last one said."""
+    names, last = list(runs), list(runs.values())[-1]
+    by_id = {name: {row["id"]: row for row in rows} for name, rows in runs.items()}
+    totals = {name: counts(rows) for name, rows in runs.items()}
+    lines = ["| verdict | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    lines += [f"| {v} | " + " | ".join(str(totals[name][v]) for name in names) + " |" for v in VERDICTS]
+    bad = " | ".join(f"**{sum(totals[name][v] for v in BAD)}**" for name in names)
+    lines += [f"| **bad: {', '.join(BAD)}** | {bad} |", ""]
+    lines += ["| case | what | " + " | ".join(names) + f" | {names[-1]}: what happened |"]
+    lines += ["|---" * (len(names) + 3) + "|"]
+    for row in last:
+        verdicts = " | ".join(by_id[name].get(row["id"], {"verdict": "-"})["verdict"] for name in names)
+        lines.append(f"| {row['id']} | {_cell(row['what'])} | {verdicts} | {_cell(row['detail'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def merge(base: list[dict], patch: list[dict]) -> list[dict]:
+    """`base` with the rows of a partial rerun (--only) put in place of the rows of the same id."""
+    newer = {row["id"]: row for row in patch}
+    return [newer.get(row["id"], row) for row in base] + [
+        row for row in patch if row["id"] not in {r["id"] for r in base}
+    ]
 
 
 def _cell(text: str) -> str:
@@ -341,15 +349,21 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2, help="cases run at once (the server's cases run one by one)")
     parser.add_argument("--only", help="only the cases whose id contains this")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
-    parser.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"), help="print the before/after")
+    parser.add_argument("--compare", nargs="+", type=Path, metavar="RUN", help="print the table of these runs' JSON")
+    parser.add_argument("--merge", nargs=2, type=Path, metavar=("BASE", "PATCH"), help="put PATCH's rows into BASE")
     args = parser.parse_args()
     if args.list:
         for case in cases():
             print(f"{case.id:45} {case.area:8} {case.expect:8} {case.what}")
         return 0
     if args.compare:
-        before, after = (json.loads(path.read_text()) for path in args.compare)
-        print(compare(before, after), end="")
+        print(compare({path.stem: json.loads(path.read_text()) for path in args.compare}), end="")
+        return 0
+    if args.merge:
+        base, patch = (json.loads(path.read_text()) for path in args.merge)
+        rows = merge(base, patch)
+        (args.out or args.merge[0]).write_text(json.dumps(rows, indent=1) + "\n")
+        print(markdown(rows).splitlines()[-1])
         return 0
     rows = run_catalogue(args.code.resolve(), args.work.resolve(), args.jobs, args.only)
     table = markdown(rows)
