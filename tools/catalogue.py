@@ -278,7 +278,8 @@ def run_catalogue(code: Path, work: Path, jobs: int, only: str | None) -> list[d
     env = {**os.environ, "PYTHONPATH": f"{code}{os.pathsep}{work / 'files'}", "CATALOGUE_CODE": str(code)}
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.pop("TRUST_MODEL_FILE", None)
-    selected = [case for case in cases() if only is None or only in case.id]
+    wanted = only.split(",") if only else None
+    selected = [case for case in cases() if wanted is None or any(part in case.id for part in wanted)]
     fixtures = Fixtures.build(code, work, env)
     forkers: queue.Queue[Forker] = queue.Queue()
     try:
@@ -347,7 +348,7 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/catalogue/run"), help="scratch folder (emptied)")
     parser.add_argument("--out", type=Path, help="write the rows as JSON here, and a .md table beside it")
     parser.add_argument("--jobs", type=int, default=2, help="cases run at once (the server's cases run one by one)")
-    parser.add_argument("--only", help="only the cases whose id contains this")
+    parser.add_argument("--only", help="only the cases whose id contains this (or one of these, comma-separated)")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     parser.add_argument("--compare", nargs="+", type=Path, metavar="RUN", help="print the table of these runs' JSON")
     parser.add_argument("--merge", nargs=2, type=Path, metavar=("BASE", "PATCH"), help="put PATCH's rows into BASE")

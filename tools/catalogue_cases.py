@@ -547,6 +547,11 @@ def _cli_cases() -> list[Case]:
             ["--model", f"{f}/crafted_torch.pt"],
         ),
         build(
+            "model-file-crafted-module",
+            "MODEL= a pickle holding a module, then a shell command",
+            ["--model", f"{f}/crafted_module.pt", "--input-shape", "2"],
+        ),
+        build(
             "model-file-script-no-shape",
             "MODEL= a TorchScript file without INPUT_SHAPE",
             ["--model", f"{f}/scripted.pt"],
@@ -1233,6 +1238,13 @@ def _runner_cases() -> list[Case]:
             load
             + "f = copy(IMAGE)\nedit_manifest(f, lambda m: m['settings'].update(model=str(Path(sys.argv[1]).parents[1] / 'files' / 'crafted_torch.pt')))\nr = load_runner(f, 'torch')\nr.infer(image_batch(1))",
         ),
+        py(
+            "torch-runner-untrusted-module",
+            "runner",
+            "backend='torch' on a folder whose manifest names a crafted module file",
+            load
+            + "f = copy(IMAGE)\nedit_manifest(f, lambda m: m['settings'].update(model=str(Path(sys.argv[1]).parents[1] / 'files' / 'crafted_module.pt')))\nr = load_runner(f, 'torch')\nr.infer(image_batch(1))",
+        ),
     ]
 
 
@@ -1577,7 +1589,7 @@ def _service_cases() -> list[Case]:
             "http-body-too-big",
             "a 70 MiB body (limit 64)",
             lambda s: _request("POST", _infer_path(s), b" " * (70 << 20), json_type),
-            names=("MiB",),
+            names=("limit",),
             statuses=(413,),
         ),
         served(
@@ -1604,7 +1616,7 @@ def _service_cases() -> list[Case]:
             "http-content-length-huge",
             "Content-Length: 10**12 with a short body",
             lambda s: _request("POST", _infer_path(s), good, {**json_type, "Content-Length": str(10**12)}),
-            names=("MiB",),
+            names=("limit",),
             statuses=(413, 408),
         ),
         served(

@@ -151,6 +151,9 @@ def _bad_files(files: Path) -> None:
     with (files / "crafted.pt").open("wb") as crafted:
         pickle.dump(_RunsShell(), crafted)
     torch.save(_RunsShell(), files / "crafted_torch.pt")
+    # A module first: weights_only=True refuses its class ("Unsupported global"), the refusal the old loader
+    # answered by unpickling the whole file again with weights_only=False, which then ran the shell command.
+    torch.save([torch.nn.Linear(2, 2), _RunsShell()], files / "crafted_module.pt")
     scripted = torch.jit.script(torch.nn.Linear(4, 2))
     scripted.save(str(files / "scripted.pt"))
     script_bytes = (files / "scripted.pt").read_bytes()
