@@ -4,10 +4,11 @@
     .venv/bin/python tools/catalogue.py --compare before.json after.json > table.md
     .venv/bin/python tools/catalogue.py --merge after.json rerun.json --out after.json   (after a run with --only)
 
-Each case runs in its own subprocess (the command line, `make engine`, a runner or the Triton writer in a short
-Python script) or as a request to one started server, under a time limit, with PYTHONPATH and the working
-directory set to the checkout under test (--code), so an older checkout can be measured with this tool.  The
-cases are in tools/catalogue_cases.py; each outcome is one of:
+Each case runs in its own process under a time limit: the command line and the runner/Triton scripts in a child
+forked from a warm interpreter (tools/catalogue_forker.py: torch is imported once, not per case), `make` as a
+plain subprocess; the service cases are requests to one started server.  PYTHONPATH points at the checkout
+under test (--code), so an older checkout can be measured with this tool; the working directory is the case's
+own scratch folder (make's is the checkout).  The cases are in tools/catalogue_cases.py; each outcome is one of:
 
     clear      exit 2 (or a 4xx) with a message that names the problem and a fix, no traceback
     recovered  a correct success where succeeding is right
