@@ -32,7 +32,14 @@ unexport MODEL PRECISION BATCH OUT WEIGHTS INPUT_SHAPE DYNAMIC CALIB CALIB_METHO
 # Every value reaches Python as one argument, whatever it holds: $(value) stops make from expanding a
 # $(...) inside it, the single quotes stop the shell, and each ' in it becomes '\'' (close, escaped
 # quote, reopen).  --name=value keeps argparse from reading a value such as -1:2:3 as an option.
-arg = '--$(1)=$(subst ','\'',$(value $(2)))'
+# A line break is the one thing quoting cannot carry: make runs each line of a recipe on its own, so a value
+# holding one would reach the shell cut in two.  Such a value stops make before anything runs.
+define newline
+
+
+endef
+one_line = $(if $(findstring $(newline),$(value $(1))),$(error error: $(1) holds a line break; fix: give $(1) on one line))
+arg = $(call one_line,$(2))'--$(1)=$(subst ','\'',$(value $(2)))'
 PIPELINE_ARGS = $(call arg,model,MODEL) $(call arg,precision,PRECISION) $(call arg,batch,BATCH) $(call arg,out,OUT) \
 	$(if $(value WEIGHTS),$(call arg,weights,WEIGHTS)) $(if $(value INPUT_SHAPE),$(call arg,input-shape,INPUT_SHAPE)) \
 	$(if $(value DYNAMIC),$(call arg,dynamic,DYNAMIC)) $(if $(value CALIB),$(call arg,calib,CALIB) $(call arg,calib-method,CALIB_METHOD)) \

@@ -61,7 +61,7 @@ def call_factory(factory: Any, reference: str) -> Any:
     """Call the user's factory; an exception in it is theirs to fix, so it says where, without a traceback."""
     try:
         return factory()
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # sys.exit() in a factory would otherwise end the run with no word
         frame = traceback.extract_tb(exc.__traceback__)[-1]
         raise PipelineError(
             f"MODEL={reference!r}: the factory raised {type(exc).__name__}: {first_line(exc)} "

@@ -37,6 +37,13 @@ STAGE_HELP = {
 }
 
 
+def given_path(text: str) -> Path:
+    """A path option's value; an empty one (OUT= with nothing after it) would mean the current directory."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path (it would mean the current directory); give a path")
+    return Path(text)
+
+
 def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     """The options every build stage shares; each maps to a field of Settings (and a make variable)."""
     defaults = Settings()
@@ -50,7 +57,9 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--batch", type=BatchProfile.parse, default=defaults.batch, help="engine batch profile min:opt:max [BATCH]"
     )
-    parser.add_argument("--weights", type=Path, help="a torchvision-style state_dict for a registry model [WEIGHTS]")
+    parser.add_argument(
+        "--weights", type=given_path, help="a torchvision-style state_dict for a registry model [WEIGHTS]"
+    )
     parser.add_argument(
         "--input-shape",
         help="input dims without the batch: 3x224x224, or name=DIMS[:dtype],... e.g. "
@@ -59,7 +68,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dynamic", help="extra dynamic axes NAME:AXIS[=min:opt:max],... e.g. input_ids:1=1:64:128 [DYNAMIC]"
     )
-    parser.add_argument("--out", type=Path, default=defaults.out_root, help="artifact root folder [OUT]")
+    parser.add_argument("--out", type=given_path, default=defaults.out_root, help="artifact root folder [OUT]")
     parser.add_argument("--workspace-mib", type=int, default=defaults.workspace_mib, help="builder workspace limit")
     parser.add_argument("--builder", default=defaults.builder, choices=BUILDERS, help="TensorRT module to build with")
     parser.add_argument(
@@ -81,7 +90,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="load a whole pickled nn.Module MODEL file: unpickling runs the code it names [TRUST_MODEL_FILE]",
     )
-    parser.add_argument("--calib", type=Path, help="calibration data for int8: image folder or .npy/.npz [CALIB]")
+    parser.add_argument("--calib", type=given_path, help="calibration data for int8: image folder or .npy/.npz [CALIB]")
     parser.add_argument("--calib-method", default=defaults.calib_method, choices=CALIB_METHODS, help="[CALIB_METHOD]")
     parser.add_argument("--calib-samples", type=int, default=defaults.calib_samples, help="calibration samples")
     parser.add_argument("--calib-batch", type=int, default=defaults.calib_batch, help="calibration batch size")
@@ -149,6 +158,7 @@ _FILE_SYSTEM_FIXES = {
     errno.EROFS: "choose a folder on a writable file system (OUT=...)",
     errno.ENOTDIR: "a part of the path is a file, not a folder: choose another path (OUT=...)",
     errno.ENOENT: "check the path; a relative path is taken from the current directory",
+    errno.EFBIG: "a file size limit stopped the write: raise it (ulimit -f) or point OUT= at another file system",
 }
 
 

@@ -159,6 +159,7 @@ def random_inputs(
         shape = tuple(
             batch if axis == 0 else (d if isinstance(d, int) else axis_sizes[d]) for axis, d in enumerate(dims)
         )
+        _refuse_huge_batch(name, shape, dtype)
         if dtype.kind == "f":
             feed[name] = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind == "b":
@@ -167,6 +168,19 @@ def random_inputs(
             low, high = int_ranges[name]
             feed[name] = rng.integers(low, high + 1, shape).astype(dtype)
     return feed
+
+
+# The largest random batch of one input: the reference runs the profile's max batch through PyTorch and ONNX Runtime.
+RANDOM_MAX_BYTES = 1 << 30
+
+
+def _refuse_huge_batch(name: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
+    nbytes = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+    if nbytes > RANDOM_MAX_BYTES:
+        raise PipelineError(
+            f"a batch of {shape[0]} rows of input {name!r} {list(shape)} would take {nbytes / 2**30:.3g} GiB",
+            f"lower the max of BATCH=min:opt:max: a batch may take at most {RANDOM_MAX_BYTES >> 30} GiB per input",
+        )
 
 
 def sample_inputs(spec: ModelSpec, batch: int, seed: int, axis_sizes: dict[str, int] | None = None) -> dict:

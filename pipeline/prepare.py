@@ -78,6 +78,12 @@ def _refuse_batch_statistics(module: torch.nn.Module) -> None:
 
 def _refuse_nondeterminism(first: list[torch.Tensor], second: list[torch.Tensor]) -> None:
     for index, (a, b) in enumerate(zip(first, second, strict=True)):
+        if a.is_floating_point() and bool(a.isnan().any()):  # NaN != NaN: it would read as randomness below
+            raise PipelineError(
+                f"output {index} holds NaN for the example inputs, so nothing after it can be checked",
+                "find the operation that makes NaN (a division by zero, log or sqrt of a negative, an overflow) "
+                "and fix it, or give example inputs it is defined for (INPUT_SHAPE)",
+            )
         if not torch.equal(a, b):
             raise PipelineError(
                 f"output {index} changed between two identical calls in eval mode "

@@ -120,7 +120,8 @@ def write_repository(
     load_runner backend."""
     opened = open_folder(folder)  # a finished folder only; every file read is checked against its sha256
     manifest = opened.manifest
-    name = check_model_name(name or model_name(manifest))
+    # --name "" is checked (and refused), not read as "no name given"
+    name = check_model_name(model_name(manifest) if name is None else name)
     chosen, why = choose_backend(opened, backend)
     instance_kind = instance_kind or ("cpu" if chosen == "python" else "gpu")
     if runner_backend not in RUNNER_BACKENDS:

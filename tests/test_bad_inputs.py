@@ -8,6 +8,7 @@ reach Python as data, never as shell or make code.
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import subprocess
 from pathlib import Path
@@ -69,12 +70,22 @@ def test_a_trusted_pickled_module_loads_and_its_torch_runner_asks_again(tmp_path
         (["--model", "resnet18", "--batch=-1:2:3"], "BATCH='-1:2:3' is not of the form min:opt:max"),
         (["--model", "tests.toy_models:tiny_cnn", "--keep-fp32", "NoSuchOp"], "--keep-fp32 names ['NoSuchOp']"),
         (["--model", "tests.toy_models:tiny_cnn", "--target", "h100"], "unknown build target 'h100'"),
+        (["--model", "tests.toy_models:tiny_cnn", "--batch", "1:1:100000000"], "would take 286 GiB"),
     ],
-    ids=["huge-input-shape", "negative-batch", "unknown-keep-fp32", "unknown-target"],
+    ids=["huge-input-shape", "negative-batch", "unknown-keep-fp32", "unknown-target", "huge-max-batch"],
 )
 def test_bad_settings(argv, expected, tmp_path, capsys):
     err = _cli_error(["all", "--precision", "fp16", *argv, "--out", str(tmp_path / "engines")], capsys)
     assert expected in err
+
+
+@pytest.mark.parametrize("option", ["--out", "--weights", "--calib"])
+def test_an_empty_path_is_refused_not_read_as_the_current_directory(option, capsys):
+    # OUT= with nothing after it wrote the artifact folder into the current directory.
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["all", "--model", "tests.toy_models:tiny_cnn", option, ""])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and f"argument {option}: an empty path" in err and "Traceback" not in err
 
 
 def test_weights_that_are_not_a_torch_file(tmp_path, capsys):
@@ -84,11 +95,34 @@ def test_weights_that_are_not_a_torch_file(tmp_path, capsys):
     assert "is not a file torch.load can read" in err
 
 
-def test_a_factory_that_raises_is_named_with_its_message(tmp_path, capsys, monkeypatch):
-    (tmp_path / "factory_that_raises.py").write_text("def build():\n    raise ValueError('no weights here')\n")
+@pytest.mark.parametrize(
+    ("statement", "raised"),
+    [("raise ValueError('no weights here')", "ValueError: no weights here"), ("sys.exit(0)", "SystemExit: 0")],
+    ids=["raises", "exits-0"],  # sys.exit(0) ended the run with status 0 and no word
+)
+def test_a_factory_that_raises_is_named_with_its_message(statement, raised, tmp_path, capsys, monkeypatch):
+    module = f"factory_{raised.split(':')[0].lower()}"  # one module name per case: imports are cached
+    (tmp_path / f"{module}.py").write_text(f"import sys\ndef build():\n    {statement}\n")
     monkeypatch.chdir(tmp_path)
-    err = _cli_error(["all", "--model", "factory_that_raises:build", "--out", str(tmp_path / "engines")], capsys)
-    assert "the factory raised ValueError: no weights here (at " in err and "factory_that_raises.py:2)" in err
+    err = _cli_error(["all", "--model", f"{module}:build", "--out", str(tmp_path / "engines")], capsys)
+    assert f"the factory raised {raised} (at " in err and f"{module}.py:3)" in err
+
+
+NAN_FACTORY = """import torch
+class Nan(torch.nn.Module):
+    def forward(self, x):
+        return x * float("nan")
+def build():
+    return Nan(), torch.zeros(2, 4)
+"""
+
+
+def test_a_model_whose_output_is_nan_is_not_called_random(tmp_path, capsys, monkeypatch):
+    # NaN != NaN: the determinism check read it as an output that changed between two calls.
+    (tmp_path / "nan_factory.py").write_text(NAN_FACTORY)
+    monkeypatch.chdir(tmp_path)
+    err = _cli_error(["all", "--model", "nan_factory:build", "--out", str(tmp_path / "engines")], capsys)
+    assert "output 0 holds NaN for the example inputs" in err and "randomness" not in err
 
 
 def test_an_out_folder_under_a_file(tmp_path, capsys):
@@ -97,16 +131,30 @@ def test_an_out_folder_under_a_file(tmp_path, capsys):
     assert "a part of the path is a file, not a folder" in _cli_error(argv, capsys)
 
 
+def test_a_file_size_limit_is_named_with_its_fix(tmp_path, capsys):
+    # Python ignores SIGXFSZ, so a write past RLIMIT_FSIZE fails with EFBIG: it got the generic "check the disk".
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    argv = ["all", "--model", "tests.toy_models:tiny_cnn", "--precision", "fp32", "--out", str(tmp_path)]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
+    try:
+        err = _cli_error(argv, capsys)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert "File too large" in err and "ulimit -f" in err
+
+
 def _make(*assignments: str) -> subprocess.CompletedProcess:
-    command = ["make", "-s", "engine", *assignments]
+    # -o: the venv running these tests is taken as set up (a fresh worktree's pyproject.toml is newer than its stamp)
+    command = ["make", "-s", "-o", ".venv/.installed", "engine", *assignments]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 @pytest.mark.parametrize(
     "model",
-    ["x'; touch {marker}; echo '", "$(shell touch {marker})"],  # the shell, then make, would run the touch
-    ids=["shell", "make"],
+    # the shell, then make, would run the touch; a line break split the recipe and broke the shell's quoting
+    ["x'; touch {marker}; echo '", "$(shell touch {marker})", "x\ntouch {marker}"],
+    ids=["shell", "make", "line-break"],
 )
 def test_make_variables_run_no_code(model, tmp_path):
     marker = tmp_path / "INJECTED"
@@ -131,13 +179,67 @@ def test_a_manifest_that_is_not_a_json_object(text, tmp_path):
     assert "rebuild the folder: make engine" in caught.value.fix
 
 
-@pytest.mark.parametrize("profile", [{"min": 1, "opt": 1, "max": 0}, {"min": 1}, {"max": "many"}])
-def test_a_damaged_batch_profile(profile, tmp_path):
-    from pipeline.manifest import update_manifest
+def _built(tmp_path_factory: pytest.TempPathFactory, model: str) -> Path:
     from pipeline.settings import Settings
     from pipeline.stages import make_engine
 
-    folder = make_engine(Settings(model="tests.toy_models:tiny_cnn", precision="fp32", out_root=tmp_path))
-    update_manifest(folder, batch_profile=profile)
+    out = tmp_path_factory.mktemp("engines")
+    return make_engine(Settings(model=f"tests.toy_models:{model}", precision="fp32", out_root=out))
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _built(tmp_path_factory, "tiny_cnn")
+
+
+def _edited(folder: Path, tmp_path: Path, **changes: object) -> Path:
+    from pipeline.manifest import update_manifest
+
+    copy = tmp_path / folder.name
+    shutil.copytree(folder, copy)
+    update_manifest(copy, **changes)
+    return copy
+
+
+@pytest.mark.parametrize("profile", [{"min": 1, "opt": 1, "max": 0}, {"min": 1}, {"max": "many"}])
+def test_a_damaged_batch_profile(profile, tiny_folder, tmp_path):
     with pytest.raises(PipelineError, match="batch_profile .* has no max of 1 row or more"):
-        load_runner(folder, "onnxruntime")
+        load_runner(_edited(tiny_folder, tmp_path, batch_profile=profile), "onnxruntime")
+
+
+@pytest.mark.parametrize(
+    "inputs",
+    ["input", [{"name": "input", "dtype": "nosuch", "shape": ["batch", 3, 16, 16]}], [{"name": "input"}]],
+    ids=["a-string", "unknown-dtype", "no-shape"],
+)
+def test_damaged_input_records_in_the_manifest(inputs, tiny_folder, tmp_path):
+    with pytest.raises(PipelineError, match="the manifest's inputs are damaged") as caught:
+        load_runner(_edited(tiny_folder, tmp_path, inputs=inputs), "onnxruntime")
+    assert "rebuild the folder" in caught.value.fix
+
+
+def test_an_unknown_runner_option_is_named_with_the_known_ones(tiny_folder):
+    with pytest.raises(PipelineError, match="the onnxruntime runner takes no option threads") as caught:
+        load_runner(tiny_folder, "onnxruntime", threads=2)
+    assert "intra_op_threads" in caught.value.fix
+
+
+def test_values_onnx_runtime_refuses_are_a_pipeline_error(tmp_path_factory):
+    # A token id beyond the embedding: names, dtypes and shapes are right, ONNX Runtime's Gather refuses it.
+    with load_runner(_built(tmp_path_factory, "text_classifier"), "onnxruntime") as runner:
+        feed = {"input_ids": np.array([[1, 10**6, 3]], np.int64), "attention_mask": np.ones((1, 3), np.float32)}
+        with pytest.raises(PipelineError, match="ONNX Runtime could not run .* on these inputs") as caught:
+            runner.infer(feed)
+    assert "token ids must lie within" in caught.value.fix
+
+
+def test_an_empty_triton_model_name_is_refused_not_defaulted(tiny_folder, tmp_path, capsys):
+    argv = ["triton", str(tiny_folder), "--repo", str(tmp_path / "repo"), "--name", ""]
+    assert "model name '' cannot be a folder of the repository" in _cli_error(argv, capsys)
+    assert not (tmp_path / "repo").exists()
+
+
+def test_a_serve_host_that_is_no_address_is_refused_before_loading(tiny_folder, capsys):
+    # uvicorn logged it and exited 3 after the model had loaded
+    argv = ["serve", str(tiny_folder), "--host", "not a host", "--port", "8000", "--grpc-port", "0"]
+    assert "--host 'not a host' is not an address" in _cli_error(argv, capsys)

@@ -12,6 +12,7 @@ manifest's is refused with the command that rebuilds it.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from pathlib import Path
 
@@ -40,10 +41,23 @@ def load_runner(path: str | Path | ArtifactFolder, backend: str = "auto", **opti
     why = f"asked for backend={backend!r}"
     if backend == "auto":
         backend, why = _choose_backend(folder)
-    runner = _runner_class(backend)(folder, **options)
+    runner_class = _runner_class(backend)
+    _refuse_unknown_options(runner_class, backend, options)
+    runner = runner_class(folder, **options)
     runner.description = f"{runner.description}; picked because {why}"
     log.info("runner for %s: %s", folder.path, runner.description)
     return runner
+
+
+def _refuse_unknown_options(runner_class: type[Runner], backend: str, options: dict) -> None:
+    parameters = inspect.signature(runner_class).parameters
+    known = [name for name, p in parameters.items() if p.kind is p.KEYWORD_ONLY]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise PipelineError(
+            f"the {backend} runner takes no option {', '.join(unknown)}",
+            f"give only {', '.join(known)} (keywords of load_runner for backend={backend!r})",
+        )
 
 
 def _choose_backend(folder: ArtifactFolder) -> tuple[str, str]:

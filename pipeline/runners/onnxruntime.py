@@ -122,5 +122,12 @@ class OnnxRuntimeRunner(Runner):
 
     def _run(self, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
         # InferenceSession.run is documented as safe to call concurrently on one session, so no lock here.
-        results = self.session.run(self._output_names, feed if isinstance(feed, dict) else dict(feed))
+        try:
+            results = self.session.run(self._output_names, feed if isinstance(feed, dict) else dict(feed))
+        except Exception as error:  # names and shapes were checked: what is left is in the values (ORT's types)
+            raise PipelineError(
+                f"ONNX Runtime could not run {self.graph} on these inputs: {type(error).__name__}: {error}",
+                "check the input values: integer inputs such as token ids must lie within the range the model "
+                "was built for (an embedding's rows)",
+            ) from None
         return dict(zip(self._output_names, results, strict=True))

@@ -8,6 +8,7 @@ level, so the command line's other commands do not pay for them.
 from __future__ import annotations
 
 import argparse
+import socket
 from pathlib import Path
 
 from pipeline.errors import PipelineError
@@ -106,6 +107,12 @@ def check_ports(args: argparse.Namespace) -> None:
         )
     if args.grpc_port == args.port:
         raise PipelineError(f"REST and gRPC both asked for port {args.port}", "give --grpc-port another port (or 0)")
+    try:
+        socket.getaddrinfo(args.host, args.port)
+    except (socket.gaierror, UnicodeError) as error:  # else uvicorn logs it and exits 3 after loading the model
+        raise PipelineError(
+            f"--host {args.host!r} is not an address ({error})", "give e.g. 127.0.0.1 (loopback) or 0.0.0.0 (every one)"
+        ) from None
 
 
 def main(args: argparse.Namespace) -> int:
