@@ -162,6 +162,7 @@ class Manifest:
     engine: str | None = None
     artifacts: dict[str, Artifact] = field(default_factory=dict)
     parity_batches: tuple[int, ...] = ()
+    reference_source: str | None = None  # what reference.npz holds when it is not PyTorch's outputs (an ONNX MODEL)
     calibration: dict | None = None  # int8: the data and ranges the graphs were calibrated with
     build: BuildRecord | None = None
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage, in the order they ran
@@ -217,6 +218,7 @@ class Manifest:
             engine=_optional(raw, "engine", str),
             artifacts=_artifacts(raw.get("artifacts", {})),
             parity_batches=tuple(_optional(raw, "parity_batches", list) or ()),
+            reference_source=_optional(raw, "reference_source", str),
             calibration=_optional(raw, "calibration", dict),
             build=BuildRecord.from_json(raw["build"]) if "build" in raw else None,
             timings=dict(_optional(raw, "timings", dict) or {}),

@@ -159,21 +159,21 @@ def _import_onnx(run: Run, source: OnnxModel) -> None:
     update_manifest(
         run.folder,
         complete=False,
-        model={
-            "name": models.canonical_name(run.settings.model),
-            "source": run.settings.model,
-            "fingerprint": source.fingerprint,
-            "notes": [f"reference: {REFERENCE_SOURCE}"],
-        },
+        model=ModelRecord(
+            models.canonical_name(run.settings.model),
+            run.settings.model,
+            source.fingerprint,
+            (f"reference: {REFERENCE_SOURCE}",),
+        ),
         reference_source=REFERENCE_SOURCE,
         settings=run.settings.as_record(),
         opset=OPSET,
         precision=run.settings.precision,
-        batch_profile={"min": run.settings.batch.min, "opt": run.settings.batch.opt, "max": run.settings.batch.max},
-        axis_ranges={name: list(bounds) for name, bounds in source.axis_ranges.items()},
+        batch_profile=run.settings.batch,
+        axis_ranges={name: tuple(bounds) for name, bounds in source.axis_ranges.items()},
         versions=package_versions(VERSIONED_PACKAGES),
     )
-    graph = run.path(GRAPH_NAMES["fp32"])
+    graph = run.path(FP32_GRAPH)
     run.stage("import", import_onnx, source, graph)
     run.stage("reference", write_onnx_reference, source, graph, run.settings.batch, run.path(REFERENCE))
 

@@ -13,7 +13,7 @@ from pipeline.artifacts import sha256_file
 from pipeline.cli import main
 from pipeline.errors import PipelineError
 from pipeline.folder import open_folder
-from pipeline.manifest import Manifest, ModelRecord
+from pipeline.manifest import Manifest, ModelRecord, read_manifest
 from pipeline.settings import BatchProfile, Settings
 from pipeline.stages import make_engine
 from pipeline.triton import engine_io, model_config, model_name, write_repository
