@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.extras import import_onnxruntime
+
 
 def onnxruntime_session(
     graph: Path | bytes,
@@ -20,8 +22,7 @@ def onnxruntime_session(
     intra_op_threads: None keeps ORT's default (one per physical core).  allow_spinning=False makes idle
     intra-op threads sleep instead of spinning, which frees the cores for other requests' threads.
     """
-    import onnxruntime as ort
-
+    ort = import_onnxruntime()
     options = ort.SessionOptions()
     options.log_severity_level = 3  # errors only: ORT warns about every unused initializer
     if intra_op_threads is not None:
