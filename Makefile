@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Errors then name make variables (CALIB=...) rather than options (--calib); see pipeline/cli.py.
+PIPELINE := TRT_PIPELINE_FRONT_END=make $(PY) -m pipeline
 
 MODEL ?= resnet
 PRECISION ?= fp16
@@ -56,7 +58,10 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[rtx,dev]'
+	@# Both ONNX Runtime wheels own the `onnxruntime` folder: remove either before installing one, so a
+	@# venv that had the other one never ends with a broken import (pip check does not notice).
+	$(PY) -m pip uninstall -q -y onnxruntime onnxruntime-gpu
+	$(PY) -m pip install -q -e '.[all,dev]'
 	$(PY) -m pip install -q --no-deps tensorrt-stubs==10.13.0.35.1
 	$(PY) -m pip install -q --no-deps 'nvidia-pytriton~=0.7'  # the [tritonserver] extra, without its numpy<2 pin
 	$(PY) tools/trt_stubs.py $(VENV)/typings
@@ -65,30 +70,30 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 engine: $(STAMP)
-	$(PY) -m pipeline all $(PIPELINE_ARGS)
+	$(PIPELINE) engine $(PIPELINE_ARGS)
 
 # Latency of engines/<model>-<precision>/ through every backend usable here, the one `serve` runs included
 # (BACKENDS=a,b to choose, BATCHES=1,8,32 within the profile); writes bench.json/.md/.png into that folder,
 # with a stability verdict (python -m pipeline bench --help: iterations, rounds, --agree-within).
 bench: $(STAMP)
-	$(PY) -m pipeline bench $(call arg,model,MODEL) $(call arg,precision,PRECISION) $(call arg,out,OUT) \
+	$(PIPELINE) bench $(call arg,model,MODEL) $(call arg,precision,PRECISION) $(call arg,out,OUT) \
 		$(if $(value BACKENDS),$(call arg,backends,BACKENDS)) $(if $(value BATCHES),$(call arg,batches,BATCHES))
 
 # Triton's protocol (KServe v2) on engines/<MODEL>-<PRECISION>, REST on PORT and gRPC on GRPC_PORT (0: none),
 # loopback unless HOST is set: make serve MODEL=resnet PORT=8000 GRPC_PORT=8001
 serve: $(STAMP)
-	$(PY) -m pipeline serve $(call arg,model,MODEL) $(call arg,precision,PRECISION) $(call arg,out,OUT) \
+	$(PIPELINE) serve $(call arg,model,MODEL) $(call arg,precision,PRECISION) $(call arg,out,OUT) \
 		$(call arg,host,HOST) $(call arg,port,PORT) $(call arg,grpc-port,GRPC_PORT)
 
 # Real photographs shipped inside scikit-image / scikit-learn, as a calibration folder for image models
 # (git-ignored): make engine MODEL=resnet PRECISION=int8 CALIB=calibration/samples
 calibration-images: $(STAMP)
-	$(PY) -m calibration.photos --out calibration/samples
+	$(PIPELINE) calibration-images --out calibration/samples
 
 # Top-1 of FP32, FP16 and INT8 (every calibration method) on MODEL's labelled held-out set (MODEL=digits),
 # or for other models agreement with FP32 on CALIB; writes accuracy.json/.md into engines/<model>-fp32/.
 accuracy: $(STAMP)
-	$(PY) -m pipeline accuracy $(call arg,model,MODEL) $(call arg,out,OUT) $(if $(value WEIGHTS),$(call arg,weights,WEIGHTS)) \
+	$(PIPELINE) accuracy $(call arg,model,MODEL) $(call arg,out,OUT) $(if $(value WEIGHTS),$(call arg,weights,WEIGHTS)) \
 		$(if $(value CALIB),$(call arg,calib,CALIB)) $(if $(value RECALIBRATE),--recalibrate)
 
 lint: $(STAMP)

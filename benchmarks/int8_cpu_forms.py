@@ -10,7 +10,7 @@ with the CPU's model and instruction sets (the result depends on them: without V
 Digits: the trained CNN, calibrated on its training split with each method, top-1 on the held-out split.
 No engine is built (every stage but the build runs), so no TensorRT is needed.
 ResNet-50: randomly initialised (no weights are downloaded), calibrated (percentile) on the 40 photos of
-`python -m calibration.photos`; latency of one session per form at each batch (ONNX Runtime's default
+`python -m pipeline calibration-images`; latency of one session per form at each batch (ONNX Runtime's default
 threads: one per physical core), and agreement with the FP32 graph on those photos.
 """
 

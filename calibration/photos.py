@@ -7,7 +7,7 @@ is also exported as its mirror image and as a mirrored pair of center crops (dif
 the same scene after the model's resize): 40 images.  These are real-world pixel statistics, not
 ImageNet; a deployed model should be calibrated on a few hundred images from its own data.
 
-    python -m calibration.photos [--out calibration/samples]     # `make calibration-images`
+    python -m pipeline calibration-images [--out calibration/samples]     # `make calibration-images`
 """
 
 from __future__ import annotations
@@ -81,14 +81,15 @@ def export_calibration_images(folder: Path) -> list[Path]:
     return written
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m calibration.photos", description=__doc__.splitlines()[0])
+COMMAND = "calibration-images"
+HELP = "write the 40 calibration photographs (10 photos x 4 views) that scikit-image and scikit-learn ship"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_FOLDER, help="folder to write the PNG images to")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
     written = export_calibration_images(args.out)
     print(f"wrote {len(written)} calibration images ({len(PHOTOS)} photographs x 4 views) to {args.out}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

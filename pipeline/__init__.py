@@ -8,6 +8,12 @@ are plain functions from artifact to artifact.  Names load on first use, so
 from __future__ import annotations
 
 import importlib
+from importlib import metadata
+
+try:
+    __version__ = metadata.version("trt-pipeline")
+except metadata.PackageNotFoundError:  # a checkout that was never installed
+    __version__ = "0+unknown"
 
 _API = {
     "PipelineError": "pipeline.errors",
@@ -26,10 +32,17 @@ _API = {
     "load_runner": "pipeline.runners",
 }
 
-__all__ = sorted(_API)
+__all__ = sorted([*_API, "__version__"])
 
 
 def __getattr__(name: str):
     if name not in _API:
         raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
-    return getattr(importlib.import_module(_API[name]), name)
+    value = getattr(importlib.import_module(_API[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    # help() and tab completion list the API, not only what has loaded so far.
+    return sorted({*globals(), *_API})

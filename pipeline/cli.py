@@ -10,11 +10,18 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import os
+import re
 import sys
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.extras import missing_module_error
 from pipeline.settings import BUILDERS, CALIB_METHODS, PRECISIONS, BatchProfile, Settings
+
+PROG = "trt-pipeline"
+# The Makefile sets this, so errors speak make's language (CALIB=...) there and the command line's (--calib) here.
+FRONT_END_VARIABLE = "TRT_PIPELINE_FRONT_END"
 
 # Commands beyond the build stages; each module has COMMAND, HELP, add_arguments(parser), main(args) -> int.
 EXTRA_COMMANDS: tuple[str, ...] = (
@@ -23,10 +30,11 @@ EXTRA_COMMANDS: tuple[str, ...] = (
     "pipeline.accuracy",
     "pipeline.triton",
     "pipeline.diagnose",
+    "calibration.photos",
 )
 
 STAGE_HELP = {
-    "all": "every stage in order; reuses a finished folder whose inputs and settings are unchanged",
+    "engine": "every stage in order (= make engine); reuses a finished folder whose inputs and settings are unchanged",
     "prepare": "load the model, switch it to eval mode and prove it (no dropout, BatchNorm on running stats)",
     "export": "prepare, then export model.onnx (opset 17, dynamic batch) and PyTorch's reference outputs",
     "check": "onnx.checker (full), shape inference, opset 17, batch axis still symbolic",
@@ -126,29 +134,57 @@ def _run_stage(args: argparse.Namespace) -> int:
     from pipeline.stages import make_engine, run_stage
 
     settings = settings_from(args)
-    if args.stage == "all":
+    if args.stage in ("engine", "all"):
         make_engine(settings)
     else:
         run_stage(settings, args.stage)
     return 0
 
 
+class _HelpWithDefaults(argparse.HelpFormatter):
+    """Shows each option's default, except the empty ones (None, False) that would only add noise."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (
+            action.option_strings
+            and action.default not in (None, False, argparse.SUPPRESS)
+            and "%(default)" not in text
+        ):
+            text += " (default: %(default)s)"
+        return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m pipeline",
-        description="Take a PyTorch model to a checked ONNX graph and a serialized TensorRT engine.",
+        prog=PROG,
+        description="Take a PyTorch model to a checked ONNX graph and a serialized TensorRT engine. "
+        "The subcommands mirror the make targets (make engine = trt-pipeline engine).",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="stage", required=True, metavar="<stage|command>")
     for name, help_text in STAGE_HELP.items():
-        stage = commands.add_parser(name, help=help_text, description=help_text)
+        # `all` is the stage's older name, kept so existing scripts still run.
+        aliases = ["all"] if name == "engine" else []
+        stage = commands.add_parser(
+            name, aliases=aliases, help=help_text, description=help_text, formatter_class=_HelpWithDefaults
+        )
         add_settings_arguments(stage)
         stage.set_defaults(handler=_run_stage)
     for module_name in EXTRA_COMMANDS:
         module = importlib.import_module(module_name)
-        command = commands.add_parser(module.COMMAND, help=module.HELP, description=module.HELP)
+        command = commands.add_parser(
+            module.COMMAND, help=module.HELP, description=module.HELP, formatter_class=_HelpWithDefaults
+        )
         module.add_arguments(command)
         command.set_defaults(handler=module.main)
     return parser
+
+
+def _version() -> str:
+    from pipeline import __version__
+
+    return __version__
 
 
 _FILE_SYSTEM_FIXES = {
@@ -166,15 +202,47 @@ def _file_system_fix(error: OSError) -> str:
     return _FILE_SYSTEM_FIXES.get(error.errno or 0, "check the path and the disk, then run again")
 
 
+def _print_error(text: str) -> None:
+    if os.environ.get(FRONT_END_VARIABLE) != "make":
+        text = in_command_line_terms(text)
+    print(f"error: {text}", file=sys.stderr)
+
+
+def in_command_line_terms(text: str) -> str:
+    """A message written in make's terms (`make engine MODEL=x FORCE=1`, `CALIB=...`) in the command line's
+    (`trt-pipeline engine --model x --force`, `--calib ...`): the options' help names their make variable."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_settings_arguments(parser)
+    options = {}
+    for action in parser._actions:
+        variable = re.search(r"\[([A-Z_0-9]+)\]$", action.help or "")
+        if variable:
+            options[variable.group(1)] = (action.option_strings[-1], action.nargs == 0)
+    text = re.sub(r"\bmake (engine|bench|serve|accuracy|calibration-images)\b", rf"{PROG} \1", text)
+
+    def option(match: re.Match[str]) -> str:
+        flag, takes_no_value = options[match.group(1)]
+        return flag if takes_no_value else f"{flag} {match.group(2) or ''}"
+
+    names = "|".join(sorted(options, key=len, reverse=True))
+    return re.sub(rf"\b({names})=(1\b)?", option, text)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return int(args.handler(args) or 0)
     except PipelineError as error:
-        print(f"error: {error}", file=sys.stderr)
+        _print_error(str(error))
+        return 2
+    except ModuleNotFoundError as error:  # an extra that is not installed; any other module is a bug
+        missing = missing_module_error(error)
+        if missing is None:
+            raise
+        _print_error(str(missing))
         return 2
     except OSError as error:  # the file system said no: a full disk, a read-only or missing folder
-        print(f"error: {error}\n  fix: {_file_system_fix(error)}", file=sys.stderr)
+        _print_error(f"{error}\n  fix: {_file_system_fix(error)}")
         return 2
     except KeyboardInterrupt:
         print("interrupted: finished artifacts are intact; nothing half-written was left", file=sys.stderr)

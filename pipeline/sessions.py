@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.extras import import_onnxruntime
 
 # Highest first: the order a crashing graph is retried in.  Names as in onnxruntime.GraphOptimizationLevel.
 OPTIMIZATION_LEVELS = ("ORT_ENABLE_ALL", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_BASIC", "ORT_DISABLE_ALL")
@@ -52,8 +53,7 @@ def _open(
     intra_op_threads: int | None = None,
     allow_spinning: bool = True,
 ):
-    import onnxruntime as ort
-
+    ort = import_onnxruntime()
     options = ort.SessionOptions()
     options.log_severity_level = 3  # errors only: ORT warns about every unused initializer
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)

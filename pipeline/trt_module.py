@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import PipelineError
+from pipeline.extras import install_command
 
 if TYPE_CHECKING:
     # Type stubs only (`tensorrt-stubs`); annotations name these so mypy checks TensorRT calls.
@@ -25,11 +26,17 @@ if TYPE_CHECKING:
 
 CHOICES = ("auto", "tensorrt", "tensorrt_rtx")
 
-INSTALL_RTX = "pip install 'trt-pipeline[rtx]'  (tensorrt-rtx-cu13 from PyPI; builds engines without a GPU)"
-INSTALL_FULL = (
-    "on a machine with an NVIDIA GPU and driver: "
-    "pip install 'trt-pipeline[gpu]' --extra-index-url https://pypi.nvidia.com  (the full TensorRT)"
-)
+
+def _install_rtx() -> str:
+    return f"{install_command('rtx')}  (TensorRT for RTX, from PyPI: builds engines without a GPU)"
+
+
+def _install_full() -> str:
+    return (
+        "on a machine with an NVIDIA GPU and driver: pip install tensorrt --extra-index-url https://pypi.nvidia.com"
+        "  (the full TensorRT; the `tensorrt` extra)"
+    )
+
 
 # TensorRT-RTX builds for these compute capabilities when none are set on the builder config
 # (num_compute_capabilities == 0).  Documented, not queryable: "By default, an engine built by
@@ -163,14 +170,14 @@ def import_trt(choice: str = "auto") -> ModuleType:
         full_why = "the full TensorRT is installed but no NVIDIA GPU/driver is usable, and it builds only on a GPU"
     raise PipelineError(
         f"no TensorRT builder is usable: {full_why}; {rtx_why}",
-        f"{INSTALL_RTX}; or, {INSTALL_FULL}",
+        f"{_install_rtx()}; or, {_install_full()}",
     )
 
 
 def _require_rtx() -> ModuleType:
     module, why = _try_import("tensorrt_rtx")
     if module is None:
-        raise PipelineError(f"builder 'tensorrt_rtx' was asked for but {why}", INSTALL_RTX)
+        raise PipelineError(f"builder 'tensorrt_rtx' was asked for but {why}", _install_rtx())
     return module
 
 
@@ -179,7 +186,7 @@ def _require_full() -> ModuleType:
     if module is None:
         raise PipelineError(
             f"builder 'tensorrt' was asked for but {why}",
-            f"{INSTALL_FULL}; or use builder 'tensorrt_rtx' / 'auto' ({INSTALL_RTX})",
+            f"{_install_full()}; or use builder 'tensorrt_rtx' / 'auto' ({_install_rtx()})",
         )
     if not gpu_present():
         raise PipelineError(

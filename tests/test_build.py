@@ -21,7 +21,7 @@ from pipeline.build import build_engine
 from pipeline.errors import PipelineError
 from pipeline.settings import BatchProfile
 
-rtx = pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX is not installed: pip install 'trt-pipeline[rtx]'")
+rtx = pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX is not installed: pip install tensorrt-rtx-cu13")
 
 BATCH = BatchProfile(1, 2, 4)
 

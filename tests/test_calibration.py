@@ -220,7 +220,7 @@ def test_cpu_ranges_from_symmetric_ones():
 
 
 def test_tensorrt_rtx_builds_the_int8_graph(int8, tmp_path):
-    pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX is not installed: pip install 'trt-pipeline[rtx]'")
+    pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX is not installed: pip install tensorrt-rtx-cu13")
     from pipeline.build import build_engine
     from pipeline.settings import BatchProfile
 

@@ -1,0 +1,123 @@
+"""What gets installed and how it is met: the version, the help, the extras and their errors, the API."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import tomllib
+
+import pipeline
+from pipeline.cli import in_command_line_terms, main
+from pipeline.extras import EXTRA_OF_MODULE, missing_module_error, requirements
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_version_is_the_installed_distribution(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"trt-pipeline {pipeline.__version__}"
+    assert pipeline.__version__ != "0+unknown"
+
+
+def test_help_shows_defaults_and_the_command_name(capsys):
+    with pytest.raises(SystemExit):
+        main(["engine", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines at the terminal's width
+    assert text.startswith("usage: trt-pipeline engine")
+    assert "(default: 1:8:32)" in text and "(default: fp16)" in text
+    assert "(default: None)" not in text and "(default: False)" not in text
+
+
+def test_make_terms_become_options_for_command_line_users():
+    text = "rebuild: make engine MODEL=resnet PRECISION=int8 FORCE=1; add CALIB=<folder> (e.g. CALIB=samples)"
+    assert in_command_line_terms(text) == (
+        "rebuild: trt-pipeline engine --model resnet --precision int8 --force; add --calib <folder> "
+        "(e.g. --calib samples)"
+    )
+
+
+def test_errors_speak_make_under_make_and_options_otherwise(tmp_path):
+    command = [sys.executable, "-m", "pipeline", "engine", "--precision", "int8", "--out", str(tmp_path)]
+    plain = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    under_make = subprocess.run(
+        command, capture_output=True, text=True, cwd=ROOT, timeout=120, env={**_env(), "TRT_PIPELINE_FRONT_END": "make"}
+    )
+    assert plain.returncode == under_make.returncode == 2
+    assert "--calib" in plain.stderr and "CALIB=" not in plain.stderr
+    assert "CALIB=" in under_make.stderr
+
+
+def test_every_extra_named_for_a_module_exists_in_pyproject():
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert set(EXTRA_OF_MODULE.values()) <= set(declared)
+    assert requirements("rtx") == declared["rtx"], "the installed metadata is stale: pip install -e '.[all,dev]'"
+
+
+def test_a_missing_extra_is_one_error_naming_its_install():
+    # The import system's own refusal (a None entry in sys.modules), in a fresh interpreter.
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.modules["skimage"] = None
+        from pipeline.cli import main
+        sys.exit(main(["calibration-images", "--out", sys.argv[1]]))
+        """
+    )
+    out = ROOT / "build" / "never-written"
+    result = subprocess.run([sys.executable, "-c", script, str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "skimage is not installed" in result.stderr and "`demo` extra" in result.stderr
+    assert "scikit-image" in result.stderr  # the requirement itself, read from the installed metadata
+
+
+def test_a_module_of_no_extra_is_left_a_bug():
+    try:
+        import no_such_module_anywhere  # noqa: F401
+    except ModuleNotFoundError as error:
+        assert missing_module_error(error) is None
+
+
+def test_onnxruntime_broken_by_its_two_wheels_is_named(tmp_path):
+    # What removing one of onnxruntime / onnxruntime-gpu leaves: the shared folder without its __init__.py.
+    (tmp_path / "onnxruntime" / "capi").mkdir(parents=True)
+    script = textwrap.dedent(
+        """
+        import sys
+        from pipeline.errors import PipelineError
+        from pipeline.extras import import_onnxruntime
+        try:
+            import_onnxruntime()
+        except PipelineError as error:
+            print(error)
+        """
+    )
+    # -S: no site-packages, so the real onnxruntime cannot win over the broken folder.
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", script],
+        capture_output=True,
+        text=True,
+        env={**_env(), "PYTHONPATH": f"{tmp_path}:{ROOT}"},
+    )
+    assert "cannot be imported whole" in result.stdout, result.stdout + result.stderr
+    assert "pip uninstall -y onnxruntime onnxruntime-gpu" in result.stdout
+
+
+def test_the_api_names_functions_and_help_lists_them():
+    from pipeline import compare, load_runner, prepare
+
+    assert callable(compare) and callable(prepare) and callable(load_runner)
+    assert type(compare).__name__ == "function" and type(prepare).__name__ == "function"
+    assert {"load_runner", "make_engine", "Settings", "__version__"} <= set(dir(pipeline))
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {key: value for key, value in os.environ.items() if key != "TRT_PIPELINE_FRONT_END"}
