@@ -81,10 +81,6 @@ def export_calibration_images(folder: Path) -> list[Path]:
     return written
 
 
-COMMAND = "calibration-images"
-HELP = "write the 40 calibration photographs (10 photos x 4 views) that scikit-image and scikit-learn ship"
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_FOLDER, help="folder to write the PNG images to")
 

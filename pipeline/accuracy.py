@@ -31,8 +31,6 @@ from pipeline.precision import GRAPH_NAMES, convert_fp16
 from pipeline.sessions import onnxruntime_session
 from pipeline.settings import CALIB_METHODS, Settings
 
-COMMAND = "accuracy"
-HELP = "top-1 of the FP32, FP16 and INT8 graphs (each calibration method) through ONNX Runtime"
 EVAL_BATCH = 64
 SUBFOLDER = "accuracy"
 

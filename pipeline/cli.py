@@ -23,15 +23,35 @@ PROG = "trt-pipeline"
 # The Makefile sets this, so errors speak make's language (CALIB=...) there and the command line's (--calib) here.
 FRONT_END_VARIABLE = "TRT_PIPELINE_FRONT_END"
 
-# Commands beyond the build stages; each module has COMMAND, HELP, add_arguments(parser), main(args) -> int.
-EXTRA_COMMANDS: tuple[str, ...] = (
-    "pipeline.bench",
-    "pipeline.serve.cli",
-    "pipeline.accuracy",
-    "pipeline.triton",
-    "pipeline.diagnose",
-    "calibration.photos",
-)
+# Commands beyond the build stages: name -> (module, help).  A module is imported only when its command runs,
+# so `serve` starts without the build (torch) and a slim install runs what it has; each module has
+# add_arguments(parser) and main(args) -> int.
+EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
+    "bench": (
+        "pipeline.bench",
+        "latency of the same inputs through PyTorch, ONNX Runtime and the engine: bench.json/.md/.png",
+    ),
+    "serve": (
+        "pipeline.serve.cli",
+        "serve a folder with the Open Inference Protocol (KServe v2, Triton's): REST and gRPC, dynamic batching",
+    ),
+    "accuracy": (
+        "pipeline.accuracy",
+        "top-1 of the FP32, FP16 and INT8 graphs (each calibration method) through ONNX Runtime",
+    ),
+    "triton": (
+        "pipeline.triton",
+        "write a Triton Inference Server model repository (config.pbtxt + engine or ONNX graph) for an artifact folder",
+    ),
+    "diagnose": (
+        "pipeline.diagnose",
+        "compare a float16 or INT8 graph with the FP32 graph tensor by tensor; name the first node that goes wrong",
+    ),
+    "calibration-images": (
+        "calibration.photos",
+        "write the 40 calibration photographs (10 photos x 4 views) that scikit-image and scikit-learn ship",
+    ),
+}
 
 STAGE_HELP = {
     "engine": "every stage in order (= make engine); reuses a finished folder whose inputs and settings are unchanged",
@@ -155,7 +175,8 @@ class _HelpWithDefaults(argparse.HelpFormatter):
         return text
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; the arguments of an extra command are added (and its module imported) only for `command`."""
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Take a PyTorch model to a checked ONNX graph and a serialized TensorRT engine. "
@@ -171,13 +192,12 @@ def build_parser() -> argparse.ArgumentParser:
         )
         add_settings_arguments(stage)
         stage.set_defaults(handler=_run_stage)
-    for module_name in EXTRA_COMMANDS:
-        module = importlib.import_module(module_name)
-        command = commands.add_parser(
-            module.COMMAND, help=module.HELP, description=module.HELP, formatter_class=_HelpWithDefaults
-        )
-        module.add_arguments(command)
-        command.set_defaults(handler=module.main)
+    for name, (module_name, help_text) in EXTRA_COMMANDS.items():
+        subparser = commands.add_parser(name, help=help_text, description=help_text, formatter_class=_HelpWithDefaults)
+        if name == command:
+            module = importlib.import_module(module_name)
+            module.add_arguments(subparser)
+            subparser.set_defaults(handler=module.main)
     return parser
 
 
@@ -230,7 +250,11 @@ def in_command_line_terms(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        arguments = sys.argv[1:] if argv is None else argv
+        command = next(
+            (word for word in arguments if not word.startswith("-")), None
+        )  # the first word that is no option
+        args = build_parser(command).parse_args(arguments)
         return int(args.handler(args) or 0)
     except PipelineError as error:
         _print_error(str(error))

@@ -21,8 +21,6 @@ from pipeline.artifacts import write_bytes, write_json
 from pipeline.errors import PipelineError
 from pipeline.float16 import faithful_copy, run_exposing_tensors
 
-COMMAND = "diagnose"
-HELP = "compare a float16 or INT8 graph with the FP32 graph tensor by tensor; name the first node that goes wrong"
 WORST = 10
 
 

@@ -26,9 +26,6 @@ from pipeline.folder import ArtifactFolder, open_folder
 from pipeline.manifest import MANIFEST, Manifest
 from pipeline.runners.base import max_batch
 
-COMMAND = "triton"
-HELP = "write a Triton Inference Server model repository (config.pbtxt + engine or ONNX graph) for an artifact folder"
-
 BACKENDS = ("auto", "tensorrt_plan", "onnxruntime", "python")
 # backend -> (platform, Triton backend, file in the version folder)
 PLATFORMS = {

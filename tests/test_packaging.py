@@ -121,3 +121,19 @@ def _env() -> dict[str, str]:
     import os
 
     return {key: value for key, value in os.environ.items() if key != "TRT_PIPELINE_FRONT_END"}
+
+
+def test_a_command_imports_only_its_own_module():
+    # `serve` must start without the build: the command line imports a command's module only when it runs.
+    script = textwrap.dedent(
+        """
+        import sys
+        from pipeline.cli import build_parser
+        build_parser("serve").parse_args(["serve", "engines/x"])
+        build_parser("triton").parse_args(["triton", "engines/x", "--repo", "r"])
+        assert "torch" not in sys.modules, sorted(name for name in sys.modules if name.startswith("torch"))[:5]
+        assert "pipeline.bench" not in sys.modules and "pipeline.accuracy" not in sys.modules
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stderr

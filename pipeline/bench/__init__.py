@@ -24,10 +24,7 @@ from pipeline.errors import PipelineError
 from pipeline.manifest import make_engine_command
 from pipeline.settings import PRECISIONS, Settings
 
-__all__ = ["COMMAND", "HELP", "TimingPolicy", "add_arguments", "main", "run_benchmark", "write_reports"]
-
-COMMAND = "bench"
-HELP = "latency of the same inputs through PyTorch, ONNX Runtime and the engine: bench.json/.md/.png"
+__all__ = ["TimingPolicy", "add_arguments", "main", "run_benchmark", "write_reports"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -16,10 +16,6 @@ from pipeline.runners import BACKENDS
 from pipeline.serve.config import ServeConfig
 from pipeline.settings import PRECISIONS, Settings
 
-COMMAND = "serve"
-HELP = (
-    "serve an artifact folder with the Open Inference Protocol (KServe v2, Triton's): REST and gRPC, dynamic batching"
-)
 # Shown by --help: Triton's own clients call this server unchanged (pip install 'tritonclient[http,grpc]').
 CLIENTS = """\
 clients (tritonclient, as for Triton Inference Server; the model is named <model>-<precision>):
