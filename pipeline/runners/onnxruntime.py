@@ -97,8 +97,8 @@ class OnnxRuntimeRunner(Runner):
                     f"give one of them ({', '.join(graphs)}) or leave graph=None",
                 )
             return requested, "asked for"
-        if on_cpu and self.folder.cpu_graphs:
-            kind = int8_cpu_kind()
+        kind = int8_cpu_kind()
+        if on_cpu and kind in self.folder.cpu_graphs:  # absent where ORT's quantizer could not make it
             return self.folder.cpu_graphs[kind], f"the int8 graph for ONNX Runtime's CPU kernels, {_KINDS[kind]}"
         return self.folder.graph, "the manifest's graph"
 
