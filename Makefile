@@ -94,7 +94,8 @@ calibration-images: $(STAMP)
 # or for other models agreement with FP32 on CALIB; writes accuracy.json/.md into engines/<model>-fp32/.
 accuracy: $(STAMP)
 	$(PIPELINE) accuracy $(call arg,model,MODEL) $(call arg,out,OUT) $(if $(value WEIGHTS),$(call arg,weights,WEIGHTS)) \
-		$(if $(value CALIB),$(call arg,calib,CALIB)) $(if $(value RECALIBRATE),--recalibrate)
+		$(if $(value CALIB),$(call arg,calib,CALIB)) $(if $(value RECALIBRATE),--recalibrate) \
+		$(if $(value ACCURACY_BUDGET),$(call arg,accuracy-budget,ACCURACY_BUDGET))
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -78,3 +78,11 @@ def save_ranges(path: Path, key: str, ranges, record: dict) -> None:
             "ranges": ranges_text,
         },
     )
+
+
+def read_cached_ranges(path: Path):
+    """The ranges of a cache file just written or checked by the INT8 stage (its own key)."""
+    lookup = load_ranges(path, json.loads(path.read_text())["key"])
+    if lookup.ranges is None:
+        raise RuntimeError(f"the calibration cache {path} was just written and is {lookup.status}")
+    return lookup.ranges

@@ -70,10 +70,7 @@ def make_int8_graph(
         collect_seconds = round(time.perf_counter() - started, 3)
         save_ranges(cache_file, key, ranges, {"source": data.description, "samples": data.samples, **options})
     structure = quantize_qdq(fp32_path, out_path, ranges)
-    cpu = {
-        kind: {"graph": path.name, **quantize_for_cpu(fp32_path, path, ranges, weights=WEIGHTS_FOR[kind])}
-        for kind, path in (cpu_out_paths or {}).items()
-    }
+    cpu = {kind: _cpu_graph(fp32_path, path, ranges, kind) for kind, path in (cpu_out_paths or {}).items()}
     calibration = {
         **options,
         "source": data.description,
@@ -93,11 +90,32 @@ def make_int8_graph(
     )
     record: dict = {"calibration": calibration, "qdq": structure}
     for kind, graph in cpu.items():
+        if "failed" in graph:
+            summary += f"; {graph['graph']} ({kind}) not written: {graph['failed']}"
+            continue
         kernels = graph["int8_kernels"] + graph["float_kernels"]
         summary += f"; {graph['graph']} ({kind}): {graph['int8_kernels']} of {kernels} as ONNX Runtime int8 kernels"
     if cpu:
         record["qdq_onnxruntime_cpu"] = cpu
     return {"summary": summary, **record}
+
+
+def _cpu_graph(fp32_path: Path, path: Path, ranges, kind: str) -> dict:
+    """One CPU-shaped graph's record, or {"graph", "failed"} when ONNX Runtime's quantizer cannot make it.
+
+    These graphs are optional (the engine is built from model.int8.onnx; a CPU without its graph runs that one),
+    so their failure is recorded and printed, never raised: it must not lose the TensorRT graph already written.
+    """
+    try:
+        return {"graph": path.name, **quantize_for_cpu(fp32_path, path, ranges, weights=WEIGHTS_FOR[kind])}
+    except Exception as error:  # ORT's quantizer raises ValueError, KeyError, AssertionError, its Fail, ...
+        return {"graph": path.name, "failed": f"{type(error).__name__}: {error}"}
+
+
+def written_cpu_graphs(record: dict) -> dict[str, str]:
+    """{kind of CPU: graph name} of the CPU-shaped graphs an int8 stage record says it wrote."""
+    graphs = record.get("qdq_onnxruntime_cpu") or {}
+    return {kind: graph["graph"] for kind, graph in graphs.items() if "failed" not in graph}
 
 
 def _quantizer_name() -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -36,8 +36,9 @@ QDQ_OPTIONS = {
 }
 
 
-def quantize_qdq(fp32_path: Path, out_path: Path, ranges) -> dict:
-    """Write the Q/DQ graph for `ranges` (ORT TensorsData); return its structure for the manifest."""
+def quantize_qdq(fp32_path: Path, out_path: Path, ranges, *, exclude: Sequence[str] = ()) -> dict:
+    """Write the Q/DQ graph for `ranges` (ORT TensorsData), the nodes named in `exclude` left in float;
+    return its structure for the manifest."""
     from onnxruntime.quantization import QuantType
 
     with atomic_path(out_path) as temporary:
@@ -48,6 +49,7 @@ def quantize_qdq(fp32_path: Path, out_path: Path, ranges) -> dict:
             op_types_to_quantize=list(QUANTIZED_OPS),
             activation_type=QuantType.QInt8,
             extra_options=QDQ_OPTIONS,
+            nodes_to_exclude=list(exclude),
         )
         problems = qdq_problems(model)
         if problems:  # our own quantizer settings are wrong: a bug, not the user's mistake

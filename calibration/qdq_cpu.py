@@ -100,12 +100,15 @@ def quantize_for_cpu(fp32_path: Path, out_path: Path, ranges, *, weights: str) -
     from onnxruntime.quantization import QuantType
 
     weight_type, symmetric, reduce_range = WEIGHT_FORMS[weights]
-    model = onnx.load(str(fp32_path), load_external_data=False)
+    model = onnx.load(str(fp32_path))
+    _constants_as_initializers(model.graph)
     cpu_ranges = asymmetric_ranges(model.graph, ranges)
     unranged = nodes_without_ranges(model.graph, cpu_ranges)
-    with atomic_path(out_path) as temporary:
+    with atomic_path(out_path) as temporary, tempfile.TemporaryDirectory(prefix="cpu-graph.") as scratch:
+        source = Path(scratch) / "model.onnx"
+        onnx.save(model, str(source))
         quantized = quantize_with_ranges(
-            fp32_path,
+            source,
             temporary,
             as_tensors_data(cpu_ranges, ranges.calibration_method),
             op_types_to_quantize=list(CPU_OPS),
@@ -126,6 +129,27 @@ def quantize_for_cpu(fp32_path: Path, out_path: Path, ranges, *, weights: str) -
         "float_outputs": float_outputs,
         **kernels,
     }
+
+
+def _constants_as_initializers(graph: onnx.GraphProto) -> None:
+    """Turn Constant nodes into initializers.  ORT's quantizer takes only initializers as constants: an op that
+    reads a Constant node's output (a transformer's attention-scale Mul) otherwise needs a range for it and
+    fails ("Quantization parameters are not specified for param .../Constant_7_output_0")."""
+    from onnx import numpy_helper
+
+    for node in list(graph.node):
+        value = _constant_value(node) if node.op_type == "Constant" else None
+        if value is not None:
+            graph.initializer.append(numpy_helper.from_array(value, node.output[0]))
+            graph.node.remove(node)
+
+
+def _constant_value(node: onnx.NodeProto) -> np.ndarray | None:
+    """A Constant node's tensor (its `value` attribute); None for the sparse / list forms, left as nodes."""
+    from onnx import numpy_helper
+
+    value = next((a.t for a in node.attribute if a.name == "value"), None)
+    return numpy_helper.to_array(value) if value is not None else None
 
 
 def asymmetric_ranges(graph: onnx.GraphProto, ranges) -> dict[str, tuple[float, float]]:

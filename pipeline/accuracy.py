@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 
 import models
+from calibration.budget import fit_budget
+from calibration.cache import read_cached_ranges
 from calibration.int8 import CACHE_FOLDER, CPU_GRAPHS, CalibrationConfig, make_int8_graph
 from calibration.readers import CalibrationSource, Feed, graph_inputs, read_calibration_data
 from pipeline.artifacts import write_bytes, write_json
@@ -44,6 +46,10 @@ class EvaluationSet:
     description: str
     calibration: CalibrationSource
     calibration_description: str
+    # Calibration-like data the accuracy budget measures sensitivity on (never the evaluation set when
+    # there is a labelled one), with its labels or None.
+    tuning_feeds: list[Feed]
+    tuning_labels: np.ndarray | None
 
 
 def digits_evaluation(settings: Settings) -> EvaluationSet:
@@ -62,6 +68,8 @@ def digits_evaluation(settings: Settings) -> EvaluationSet:
         description=f"sklearn digits held-out split ({len(split.held_out_labels)} images, labelled)",
         calibration=training_batches,
         calibration_description=f"sklearn digits training split ({len(train)} images)",
+        tuning_feeds=_chunks({"input": train}),
+        tuning_labels=split.train_labels,
     )
 
 
@@ -69,8 +77,13 @@ def digits_evaluation(settings: Settings) -> EvaluationSet:
 LABELLED_SETS: dict[str, Callable[[Settings], EvaluationSet]] = {"digits": digits_evaluation}
 
 
-def measure_accuracy(settings: Settings, methods: list[str], eval_source: Path | None = None) -> Path:
-    """Build or reuse the FP32 artifacts, write the FP16/INT8 graphs, evaluate all; returns the folder."""
+def measure_accuracy(
+    settings: Settings, methods: list[str], eval_source: Path | None = None, budget: float | None = None
+) -> Path:
+    """Build or reuse the FP32 artifacts, write the FP16/INT8 graphs, evaluate all; returns the folder.
+
+    With `budget`, the first method's INT8 graph is also written to that budget (calibration/budget.py):
+    top-1 points lost on the labelled tuning data, or 100 x (1 - mean cosine to FP32) without labels."""
     from pipeline.stages import make_engine
 
     name = models.canonical_name(settings.model)
@@ -109,8 +122,18 @@ def measure_accuracy(settings: Settings, methods: list[str], eval_source: Path |
         print(f"int8 {method:<10} {record['summary']}")
         graphs[f"int8-{method}"] = path
         graphs[f"int8-{method}-ort"] = cpu_paths[int8_cpu_kind()]
+        if budget is not None and method == methods[0]:
+            budget_path = folder / SUBFOLDER / f"model.int8.{method}.budget.onnx"
+            ranges = read_cached_ranges(Path(record["calibration"]["cache_file"]))
+            calibration[method]["budget"] = fit_budget(fp32, budget_path, ranges, budget, _loss(fp32, evaluation))
+            print(f"budget     {calibration[method]['budget']['summary']}")
+            graphs[f"int8-{method}-budget"] = budget_path
 
-    outputs = {label: _run(path, evaluation.feeds) for label, path in graphs.items()}
+    # The TensorRT-shaped INT8 graphs run with their Q/DQ simulated (what TensorRT computes); the -ort ones on
+    # ONNX Runtime's own int8 kernels (what the CPU runner serves).
+    outputs = {
+        label: _run(path, evaluation.feeds, simulate_qdq=not label.endswith("-ort")) for label, path in graphs.items()
+    }
     rows = {label: _metrics(outputs[label], outputs["fp32"], evaluation.labels) for label in graphs}
     report = {
         "model": name,
@@ -151,7 +174,24 @@ def _evaluation_set(settings: Settings, name: str, fp32: Path, preprocess, eval_
         description=f"{data.description}, {data.samples} samples{overlap}",
         calibration=settings.calib,
         calibration_description=str(settings.calib),
+        tuning_feeds=data.batches,
+        tuning_labels=None,
     )
+
+
+def _loss(fp32: Path, evaluation: EvaluationSet) -> Callable[[Path], float]:
+    """The budget's loss of a graph on the tuning data: top-1 points below FP32's with labels, else
+    100 x (1 - mean cosine of its outputs to FP32's)."""
+    feeds, labels = evaluation.tuning_feeds, evaluation.tuning_labels
+    reference = _run(fp32, feeds)
+
+    def loss(graph: Path) -> float:
+        row = _metrics(_run(graph, feeds, simulate_qdq=True), reference, labels)
+        if labels is not None:
+            return float(np.mean(reference.argmax(1) == labels) * 100 - row["top1"])
+        return 100 * (1 - row["cosine_mean"])
+
+    return loss
 
 
 def _chunks(arrays: dict[str, np.ndarray]) -> list[Feed]:
@@ -159,9 +199,9 @@ def _chunks(arrays: dict[str, np.ndarray]) -> list[Feed]:
     return [{n: a[start : start + EVAL_BATCH] for n, a in arrays.items()} for start in range(0, count, EVAL_BATCH)]
 
 
-def _run(graph: Path, feeds: list[Feed]) -> np.ndarray:
+def _run(graph: Path, feeds: list[Feed], *, simulate_qdq: bool = False) -> np.ndarray:
     """The graph's first output (the logits, for a classifier) over every batch, as float32."""
-    session = onnxruntime_session(graph)
+    session = onnxruntime_session(graph, simulate_qdq=simulate_qdq)
     output = session.get_outputs()[0].name
     return np.concatenate([session.run([output], feed)[0] for feed in feeds]).astype(np.float32)
 
@@ -221,9 +261,38 @@ def _markdown(report: dict) -> str:
     if best:
         below = f"{best['points_below_fp32']:.2f} points of {best['metric']} below FP32"
         lines += ["", f"Best INT8: {best['graph']}, {below}."]
+    for method, calibration in report["calibration"].items():
+        if "budget" in calibration:
+            lines += _budget_markdown(method, calibration["budget"], report["labelled"])
     seconds = {m: c["collect_seconds"] for m, c in report["calibration"].items()}
     lines += ["", "Range collection (s, 0 = cached): " + ", ".join(f"{m} {s:.1f}" for m, s in seconds.items()), ""]
     return "\n".join(lines)
+
+
+def _budget_markdown(method: str, budget: dict, labelled: bool) -> list[str]:
+    """The accuracy budget's trade-off: each step's layers left in float, loss on the tuning data, graph size."""
+    unit = "top-1 points below FP32 on the tuning data" if labelled else "100 x (1 - mean cosine to FP32)"
+    lines = [
+        "",
+        f"## INT8 ({method}) to an accuracy budget of {budget['budget']:g} ({unit})",
+        "",
+        f"{len(budget['kept_float'])} of {budget['layers']} quantized layers left in float; "
+        + ("within the budget." if budget["within_budget"] else "the budget is not reached even with all in float."),
+        "",
+        "| step | layers in float | last one left in float | loss | graph MB |",
+        "|---|---|---|---|---|",
+    ]
+    for index, step in enumerate(budget["steps"]):
+        last = step["kept_float"][-1] if step["kept_float"] else "(all quantized)"
+        cells = [
+            str(index),
+            str(len(step["kept_float"])),
+            last,
+            f"{step['loss']:.4g}",
+            f"{step['graph_bytes'] / 1e6:.2f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 # --------------------------------------------------------------------------- command line
@@ -242,6 +311,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calib-samples", type=int, default=defaults.calib_samples, help="calibration samples")
     parser.add_argument("--calib-batch", type=int, default=defaults.calib_batch, help="calibration batch size")
     parser.add_argument("--recalibrate", action="store_true", help="ignore the calibration cache")
+    parser.add_argument(
+        "--accuracy-budget",
+        type=float,
+        help="also write the first method's INT8 graph with the most sensitive layers in float until it loses at "
+        "most this many top-1 points (labelled set) or 100 x (1 - cosine to FP32) [ACCURACY_BUDGET]",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -259,5 +334,7 @@ def main(args: argparse.Namespace) -> int:
         calib_batch=args.calib_batch,
         recalibrate=args.recalibrate,
     ).check()
-    measure_accuracy(settings, methods, args.eval)
+    if args.accuracy_budget is not None and not args.accuracy_budget >= 0:
+        raise PipelineError(f"--accuracy-budget {args.accuracy_budget} is not a loss", "give 0 or more, e.g. 0.5")
+    measure_accuracy(settings, methods, args.eval, args.accuracy_budget)
     return 0

@@ -65,9 +65,9 @@ def cpu_graphs(precision: str) -> dict[str, str]:
     return {kind: GRAPHS[precision][target] for kind, target in CPU_TARGETS.items() if target in GRAPHS[precision]}
 
 
-def artifact_names(precision: str) -> list[str]:
-    """The files a finished folder of this precision lists in its manifest, with their sha256."""
-    return list(dict.fromkeys([FP32_GRAPH, REFERENCE, *GRAPHS[precision].values(), ENGINE]))
+def artifact_names(graphs: dict[str, str]) -> list[str]:
+    """The files a finished folder with these graphs (target -> file) lists in its manifest, with their sha256."""
+    return list(dict.fromkeys([FP32_GRAPH, REFERENCE, *graphs.values(), ENGINE]))
 
 
 # --------------------------------------------------------------------------- the records

@@ -34,7 +34,7 @@ def check_parity(onnx_path: Path, reference_path: Path, *, precision: str) -> di
     """
     from pipeline.float16 import faithful_session
 
-    session = faithful_session(onnx_path) if precision == "fp16" else onnxruntime_session(onnx_path)
+    session = faithful_session(onnx_path) if precision == "fp16" else evaluation_session(onnx_path)
     names = [o.name for o in session.get_outputs()]
     rtol = RTOL[precision]
     cases: list[dict[str, Any]] = []
@@ -67,6 +67,15 @@ def check_parity(onnx_path: Path, reference_path: Path, *, precision: str) -> di
     }
 
 
+def evaluation_session(onnx_path: Path):
+    """The session a gate judges a graph with: the TensorRT-shaped INT8 graph (model.int8.onnx) with its Q/DQ
+    simulated as TensorRT computes them; ONNX Runtime's CPU-shaped graphs with ORT's own int8 kernels (what
+    the runner serves); any other graph as is."""
+    from pipeline.precision import GRAPH_NAMES
+
+    return onnxruntime_session(onnx_path, simulate_qdq=onnx_path.name == GRAPH_NAMES["int8"])
+
+
 def check_int8_agreement(fp32_path: Path, int8_paths: list[Path], batches: list[dict[str, np.ndarray]]) -> dict:
     """Each INT8 graph against the FP32 graph on calibration batches (FP32 run once for all of them);
     raise PipelineError past INT8_MAX_ERROR."""
@@ -87,7 +96,7 @@ def check_int8_agreement(fp32_path: Path, int8_paths: list[Path], batches: list[
 def _int8_agreement(
     fp32_path: Path, int8_path: Path, batches: list[dict[str, np.ndarray]], expected: list[dict], count: int
 ) -> dict:
-    quantized = onnxruntime_session(int8_path)
+    quantized = evaluation_session(int8_path)
     names = list(expected[0])
     rows: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {name: [] for name in names}
     for feeds, wanted in zip(batches, expected, strict=True):

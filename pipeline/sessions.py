@@ -34,15 +34,26 @@ def onnxruntime_session(
     *,
     intra_op_threads: int | None = None,
     allow_spinning: bool = True,
+    simulate_qdq: bool = False,
 ):
     """An ONNX Runtime session on a graph file or a graph's bytes; the CPU provider unless told otherwise.
 
     intra_op_threads: None keeps ORT's default (one per physical core).  allow_spinning=False makes idle
     intra-op threads sleep instead of spinning, which frees the cores for other requests' threads.
     A graph file is opened at the highest optimization level that does not crash ONNX Runtime (module doc).
+    simulate_qdq: run every QuantizeLinear/DequantizeLinear as itself, in float, as TensorRT's Q/DQ semantics
+    say, instead of letting ORT fuse DQ -> Conv -> Q into its own int8 kernels (which compute something else:
+    on CPUs without VNNI their u8/s8 products saturate, issue 17).  For judging the TensorRT-shaped INT8 graph.
     """
     level = OPTIMIZATION_LEVELS[0] if isinstance(graph, bytes) else level_that_opens(Path(graph), providers)
-    return _open(graph, providers, level, intra_op_threads=intra_op_threads, allow_spinning=allow_spinning)
+    return _open(
+        graph,
+        providers,
+        level,
+        intra_op_threads=intra_op_threads,
+        allow_spinning=allow_spinning,
+        simulate_qdq=simulate_qdq,
+    )
 
 
 def _open(
@@ -52,6 +63,7 @@ def _open(
     *,
     intra_op_threads: int | None = None,
     allow_spinning: bool = True,
+    simulate_qdq: bool = False,
 ):
     ort = import_onnxruntime()
     options = ort.SessionOptions()
@@ -60,6 +72,8 @@ def _open(
     if intra_op_threads is not None:
         options.intra_op_num_threads = intra_op_threads
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if allow_spinning else "0")
+    if simulate_qdq:
+        options.add_session_config_entry("session.disable_quant_qdq", "1")
     model = graph if isinstance(graph, bytes) else str(graph)
     return ort.InferenceSession(model, options, providers=providers or ["CPUExecutionProvider"])
 

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import models
-from calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph
+from calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph, written_cpu_graphs
 from calibration.readers import graph_inputs, read_calibration_data
 from models.spec import ModelSpec
 from pipeline.artifacts import build_lock, sha256_file
@@ -30,7 +30,9 @@ from pipeline.export import export_onnx, load_reference, parity_batches, write_r
 from pipeline.graph_io import GraphTensor
 from pipeline.manifest import (
     ARTIFACT_LAYOUT,
+    CPU_TARGETS,
     ENGINE,
+    ENGINE_TARGET,
     FP32_GRAPH,
     GRAPHS,
     REFERENCE,
@@ -226,15 +228,19 @@ def run_precision(run: Run) -> None:
             cache_folder=run.path(CACHE_FOLDER),
             cpu_out_paths={kind: run.path(name) for kind, name in cpu_graphs(precision).items()},
         )
-        update_manifest(run.folder, calibration=record["calibration"])
-        for kind, name in cpu_graphs(precision).items():
+        # A CPU graph ORT's quantizer could not make is left out of the folder's graphs (the int8 record says
+        # why); the runner on such a CPU then takes the engine's graph.
+        written = written_cpu_graphs(record)
+        graphs = {ENGINE_TARGET: engine_graph(precision), **{CPU_TARGETS[kind]: name for kind, name in written.items()}}
+        update_manifest(run.folder, calibration=record["calibration"], graphs=graphs)
+        for kind, name in written.items():
             stage = f"parity_int8_onnxruntime_{kind.replace('-', '_')}"
             run.stage(stage, check_parity, _require(run, name), _require(run, REFERENCE), precision="int8")
-        _check_int8_agreement(run, source)
+        _check_int8_agreement(run, source, written)
     run.stage(f"parity_{precision}", check_parity, target, _require(run, REFERENCE), precision=precision)
 
 
-def _check_int8_agreement(run: Run, fp32: Path) -> None:
+def _check_int8_agreement(run: Run, fp32: Path, cpu_graphs: dict[str, str]) -> None:
     """INT8's gate, on the calibration data: the engine's graph, and the CPU graph this CPU's runner serves.
 
     The CPU graph for the other kind of CPU is not judged here: this CPU's kernels do not run it as its
@@ -249,7 +255,8 @@ def _check_int8_agreement(run: Run, fp32: Path) -> None:
         samples=settings.calib_samples,
         batch=settings.calib_batch,
     )
-    graphs = [_require(run, engine_graph("int8")), _require(run, cpu_graphs("int8")[int8_cpu_kind()])]
+    served = cpu_graphs.get(int8_cpu_kind())
+    graphs = [_require(run, engine_graph("int8")), *([_require(run, served)] if served else [])]
     run.stage("agreement_int8", check_int8_agreement, fp32, graphs, data.batches)
 
 
@@ -336,14 +343,17 @@ def _make_engine(run: Run) -> Path:
     update_manifest(run.folder, complete=False, reuse_key=key, timings={})
     for stage in STAGES.values():
         stage(run)
+    # The precision's graphs, less (int8) a CPU graph ONNX Runtime's quantizer could not make (run_precision).
+    manifest = read_manifest(run.folder)
+    graphs = (manifest.graphs if manifest else None) or GRAPHS[settings.precision]
     update_manifest(
         run.folder,
         complete=True,
         reuse_key=key,
-        graphs=GRAPHS[settings.precision],
+        graphs=graphs,
         engine=ENGINE,
         parity_batches=tuple(parity_batches(settings.batch)),
-        artifacts=describe_artifacts(run.folder, artifact_names(settings.precision)),
+        artifacts=describe_artifacts(run.folder, artifact_names(graphs)),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
     print(f"done         {run.folder} ({sum(run.timings.values()):.1f} s in stages)")

@@ -1,0 +1,94 @@
+"""INT8 to an accuracy budget, on the trained digits CNN (real graphs, real ONNX Runtime runs).
+
+The loss here is the one an unlabelled model gets, 100 x (1 - mean cosine to FP32) on the training split,
+because the digits CNN loses no top-1 on it when fully quantized: only a loss above the budget makes the
+search leave layers in float.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from calibration.budget import fit_budget, quantized_layers
+from calibration.cache import read_cached_ranges
+from calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph
+from models.digits import PREPROCESS, load_split
+from pipeline import cli
+from pipeline.parity import onnxruntime_session
+from pipeline.settings import Settings
+from pipeline.stages import make_engine
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory) -> tuple[Path, object, np.ndarray]:
+    """The digits FP32 graph, its max-calibrated ranges (training split) and 256 training inputs."""
+    out = tmp_path_factory.mktemp("budget")
+    fp32 = make_engine(Settings(model="digits", precision="fp32", out_root=out / "engines")) / "model.onnx"
+    train = load_split().train_inputs[:256]
+    np.save(out / "train.npy", train)
+    record = make_int8_graph(
+        fp32,
+        out / "model.int8.onnx",
+        out / "train.npy",
+        preprocess=PREPROCESS,
+        config=CalibrationConfig("max", 256, 64),
+        cache_folder=out / CACHE_FOLDER,
+    )
+    return fp32, read_cached_ranges(Path(record["calibration"]["cache_file"])), train
+
+
+def _cosine_loss(fp32: Path, inputs: np.ndarray):
+    reference = onnxruntime_session(fp32).run(None, {"input": inputs})[0]
+
+    def loss(graph: Path) -> float:
+        actual = onnxruntime_session(graph).run(None, {"input": inputs})[0]
+        cosine = np.sum(actual * reference, 1) / (np.linalg.norm(actual, axis=1) * np.linalg.norm(reference, axis=1))
+        return float(100 * (1 - cosine.mean()))
+
+    return loss
+
+
+def test_budget_keeps_the_most_sensitive_layers_in_float_until_it_holds(digits, tmp_path):
+    fp32, ranges, train = digits
+    loss = _cosine_loss(fp32, train)
+    full = fit_budget(fp32, tmp_path / "full.onnx", ranges, 1e9, loss)
+    assert full["kept_float"] == [] and len(full["steps"]) == 1  # a loose budget quantizes everything
+    budget = full["steps"][0]["loss"] / 3
+    record = fit_budget(fp32, tmp_path / "budget.onnx", ranges, budget, loss)
+    assert record["within_budget"] and 0 < len(record["kept_float"]) < record["layers"]
+    assert record["steps"][-1]["loss"] <= budget < record["steps"][0]["loss"]
+    # the first layer left in float is the one whose exclusion alone helped most
+    sensitivity = record["sensitivity"]
+    assert record["kept_float"][0] == max(sensitivity, key=sensitivity.get)
+    # the written graph is the last step's: those layers read float inputs, the others Q/DQ
+    graph = onnx.load(str(tmp_path / "budget.onnx")).graph
+    producers = {out: node.op_type for node in graph.node for out in node.output}
+    for node in graph.node:
+        if node.name in quantized_layers(fp32):
+            dequantized = producers.get(node.input[0]) == "DequantizeLinear"
+            assert dequantized == (node.name not in record["kept_float"]), node.name
+    assert loss(tmp_path / "budget.onnx") == pytest.approx(record["steps"][-1]["loss"], abs=1e-6)
+
+
+def test_accuracy_budget_from_the_command_line(tmp_path, capsys):
+    code = cli.main(
+        ["accuracy", "--model", "digits", "--methods", "max", "--accuracy-budget", "0.5", "--out", str(tmp_path)]
+    )
+    assert code == 0
+    report = json.loads((tmp_path / "digits-fp32" / "accuracy.json").read_text())
+    budget = report["calibration"]["max"]["budget"]
+    assert budget["budget"] == 0.5 and budget["within_budget"]
+    assert "int8-max-budget" in report["results"]
+    assert report["results"]["fp32"]["top1"] - report["results"]["int8-max-budget"]["top1"] <= 1.0
+    markdown = (tmp_path / "digits-fp32" / "accuracy.md").read_text()
+    assert "accuracy budget of 0.5" in markdown and "| step | layers in float |" in markdown
+
+
+def test_a_negative_budget_is_a_clear_error(tmp_path, capsys):
+    assert cli.main(["accuracy", "--model", "digits", "--accuracy-budget", "-1", "--out", str(tmp_path)]) == 2
+    assert "--accuracy-budget -1" in capsys.readouterr().err
