@@ -1,10 +1,10 @@
-# Thin layer over `python -m pipeline`; every target sets up .venv first if needed.
+# Thin layer over `python -m trt_pipeline`; every target sets up .venv first if needed.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # Errors then name make variables (CALIB=...) rather than options (--calib); see pipeline/cli.py.
-PIPELINE := TRT_PIPELINE_FRONT_END=make $(PY) -m pipeline
+PIPELINE := TRT_PIPELINE_FRONT_END=make $(PY) -m trt_pipeline
 
 MODEL ?= resnet
 PRECISION ?= fp16
@@ -74,7 +74,7 @@ engine: $(STAMP)
 
 # Latency of engines/<model>-<precision>/ through every backend usable here, the one `serve` runs included
 # (BACKENDS=a,b to choose, BATCHES=1,8,32 within the profile); writes bench.json/.md/.png into that folder,
-# with a stability verdict (python -m pipeline bench --help: iterations, rounds, --agree-within).
+# with a stability verdict (python -m trt_pipeline bench --help: iterations, rounds, --agree-within).
 bench: $(STAMP)
 	$(PIPELINE) bench $(call arg,model,MODEL) $(call arg,precision,PRECISION) $(call arg,out,OUT) \
 		$(if $(value BACKENDS),$(call arg,backends,BACKENDS)) $(if $(value BATCHES),$(call arg,batches,BATCHES))
@@ -103,7 +103,7 @@ lint: $(STAMP)
 
 # The code that only runs with the full tensorrt is checked against tensorrt-stubs.
 typecheck: $(STAMP)
-	$(PY) -m mypy pipeline models calibration
+	$(PY) -m mypy trt_pipeline
 
 test: lint typecheck
 	$(PY) -m pytest -q

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.spec import ModelSpec
+from trt_pipeline.models.spec import ModelSpec
 
 BATCH, SEQ = 2, 32
 

@@ -1,6 +1,6 @@
 """Our FP16 conversion (pipeline/precision.py convert_fp16) next to NVIDIA ModelOpt AutoCast, same models.
 
-For each model, `python -m pipeline all --precision fp16` builds model.onnx (FP32), reference.npz and our
+For each model, `python -m trt_pipeline all --precision fp16` builds model.onnx (FP32), reference.npz and our
 model.fp16.onnx; AutoCast then converts the same model.onnx:
 
   - autocast: `convert_to_mixed_precision(model.onnx, low_precision_type="fp16", keep_io_types=True)`,
@@ -37,9 +37,9 @@ from onnx import TensorProto
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.bench.environment import cpu_model  # noqa: E402
-from pipeline.export import load_reference  # noqa: E402
-from pipeline.float16 import TensorStats, faithful_session, fp32_compute_share  # noqa: E402
+from trt_pipeline.pipeline.bench.environment import cpu_model  # noqa: E402
+from trt_pipeline.pipeline.export import load_reference  # noqa: E402
+from trt_pipeline.pipeline.float16 import TensorStats, faithful_session, fp32_compute_share  # noqa: E402
 
 MODELS = {  # label: (--model, --batch)
     "overflow_ffn": ("tests.toy_models:overflow_ffn", "1:8:32"),
@@ -51,7 +51,7 @@ MODELS = {  # label: (--model, --batch)
 
 def build(model: str, batch: str, out_root: Path) -> Path:
     """Our side: the pipeline's folder (model.onnx, reference.npz, model.fp16.onnx, manifest.json)."""
-    command = [sys.executable, "-m", "pipeline", "all", "--model", model, "--precision", "fp16"]
+    command = [sys.executable, "-m", "trt_pipeline", "all", "--model", model, "--precision", "fp16"]
     command += ["--builder", "tensorrt_rtx", "--batch", batch, "--out", str(out_root)]
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if run.returncode != 0:

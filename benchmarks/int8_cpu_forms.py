@@ -10,7 +10,7 @@ with the CPU's model and instruction sets (the result depends on them: without V
 Digits: the trained CNN, calibrated on its training split with each method, top-1 on the held-out split.
 No engine is built (every stage but the build runs), so no TensorRT is needed.
 ResNet-50: randomly initialised (no weights are downloaded), calibrated (percentile) on the 40 photos of
-`python -m pipeline calibration-images`; latency of one session per form at each batch (ONNX Runtime's default
+`python -m trt_pipeline calibration-images`; latency of one session per form at each batch (ONNX Runtime's default
 threads: one per physical core), and agreement with the FP32 graph on those photos.
 """
 
@@ -29,12 +29,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from calibration.cache import load_ranges  # noqa: E402
-from calibration.int8 import CACHE_FOLDER  # noqa: E402
-from calibration.qdq_cpu import WEIGHT_FORMS, quantize_for_cpu  # noqa: E402
-from pipeline.bench.environment import cpu_model  # noqa: E402
-from pipeline.bench.timing import Share, measure, summarize  # noqa: E402
-from pipeline.cpu import cpu_instruction_sets, instruction_sets_text  # noqa: E402
+from trt_pipeline.calibration.cache import load_ranges  # noqa: E402
+from trt_pipeline.calibration.int8 import CACHE_FOLDER  # noqa: E402
+from trt_pipeline.calibration.qdq_cpu import WEIGHT_FORMS, quantize_for_cpu  # noqa: E402
+from trt_pipeline.pipeline.bench.environment import cpu_model  # noqa: E402
+from trt_pipeline.pipeline.bench.timing import Share, measure, summarize  # noqa: E402
+from trt_pipeline.pipeline.cpu import cpu_instruction_sets, instruction_sets_text  # noqa: E402
 
 
 def cached_ranges(folder: Path) -> dict:
@@ -60,8 +60,8 @@ def run(graph_session, inputs: np.ndarray) -> np.ndarray:
 
 
 def digits(scratch: Path) -> dict:
-    from models.digits import load_split
-    from pipeline.settings import Settings
+    from trt_pipeline.models.digits import load_split
+    from trt_pipeline.pipeline.settings import Settings
 
     split = load_split()
     np.save(scratch / "digits-train.npy", split.train_inputs)
@@ -84,7 +84,7 @@ def digits(scratch: Path) -> dict:
 
 def _onnx_artifacts(settings) -> Path:
     """Every stage but the build: ONNX Runtime runs the graphs, so no TensorRT is needed."""
-    from pipeline.stages import run_stage
+    from trt_pipeline.pipeline.stages import run_stage
 
     for stage in ("export", "check", "simplify", "parity", "precision"):
         folder = run_stage(settings, stage)
@@ -92,10 +92,10 @@ def _onnx_artifacts(settings) -> Path:
 
 
 def resnet50(scratch: Path, batches: list[int], budget_s: float) -> dict:
-    from calibration.photos import export_calibration_images
-    from calibration.preprocess import IMAGE_SUFFIXES, load_image
-    from models.spec import ImagePreprocess
-    from pipeline.settings import Settings
+    from trt_pipeline.calibration.photos import export_calibration_images
+    from trt_pipeline.calibration.preprocess import IMAGE_SUFFIXES, load_image
+    from trt_pipeline.models.spec import ImagePreprocess
+    from trt_pipeline.pipeline.settings import Settings
 
     photos = scratch / "photos"
     export_calibration_images(photos)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.spec import DynamicAxis, ModelSpec
+from trt_pipeline.models.spec import DynamicAxis, ModelSpec
 
 SEQ = 32  # tokens per sentence, padded: the calibration .npz needs one shape
 CALIBRATION = 128
@@ -134,7 +134,7 @@ def sentences() -> list[str]:
 
 def cosines(fp32_graph: Path, int8_graph: Path, tokens: dict[str, np.ndarray], *, simulate_qdq: bool) -> np.ndarray:
     """Per-sentence cosine between the two graphs' embeddings (ONNX Runtime, CPU)."""
-    from pipeline.sessions import onnxruntime_session
+    from trt_pipeline.pipeline.sessions import onnxruntime_session
 
     def embed(graph: Path, simulate: bool) -> np.ndarray:
         session = onnxruntime_session(graph, simulate_qdq=simulate)
@@ -146,10 +146,10 @@ def cosines(fp32_graph: Path, int8_graph: Path, tokens: dict[str, np.ndarray], *
 
 
 def main() -> None:
-    from calibration.int8 import CACHE_FOLDER, CPU_GRAPHS, CalibrationConfig, make_int8_graph
-    from pipeline.cpu import int8_cpu_kind
-    from pipeline.settings import Settings
-    from pipeline.stages import make_engine
+    from trt_pipeline.calibration.int8 import CACHE_FOLDER, CPU_GRAPHS, CalibrationConfig, make_int8_graph
+    from trt_pipeline.pipeline.cpu import int8_cpu_kind
+    from trt_pipeline.pipeline.settings import Settings
+    from trt_pipeline.pipeline.stages import make_engine
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("/tmp/int8/encoder"))
@@ -158,7 +158,7 @@ def main() -> None:
     texts = sentences()
     calibration, held_out = texts[:CALIBRATION], texts[CALIBRATION : CALIBRATION + HELD_OUT]
     args.out.mkdir(parents=True, exist_ok=True)
-    calib = args.out / "calibration.npz"
+    calib = args.out / "trt_pipeline.calibration.npz"
     np.savez(calib, **tokenize(calibration))
     model = "benchmarks.int8_encoder:minilm"
     fp32 = make_engine(Settings(model=model, precision="fp32", out_root=args.out / "engines")) / "model.onnx"

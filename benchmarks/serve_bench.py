@@ -1,9 +1,9 @@
-"""Service benchmark: requests/s and p50/p99 latency of `python -m pipeline serve` at several client counts, for
+"""Service benchmark: requests/s and p50/p99 latency of `python -m trt_pipeline serve` at several client counts, for
 each way a request can travel: the inference protocol's REST with JSON tensors (v2-json), REST with Triton's
 binary tensor data (v2-binary), gRPC with raw contents (grpc), and, given a checkout of the service from before
 the protocol (--baseline), its /v1 `.npy` path (npy-before); and, where the nvidia-pytriton wheel's tritonserver
 starts (pipeline/triton_server.py), Triton Inference Server serving the same folder in the scale-out repository
-form (`python -m pipeline triton --backend python`: our runner inside Triton's Python backend), over binary REST
+form (`python -m trt_pipeline triton --backend python`: our runner inside Triton's Python backend), over binary REST
 (triton-binary) and gRPC (triton-grpc).  Writes <out>.json and <out>.md.
 
     .venv/bin/python benchmarks/serve_bench.py engines/<model>-<precision> --out docs/benchmarks/serve-<name>-v2 \\
@@ -42,14 +42,14 @@ import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from pipeline.bench.environment import cpu_model
-from pipeline.cpu import cpu_instruction_sets, instruction_sets_text
-from pipeline.folder import open_folder
-from pipeline.runners import load_runner
-from pipeline.runners.base import max_batch
-from pipeline.serve.protocol import DATATYPES
-from pipeline.triton import model_name, write_repository
-from pipeline.triton_server import running_triton, startup_problem
+from trt_pipeline.pipeline.bench.environment import cpu_model
+from trt_pipeline.pipeline.cpu import cpu_instruction_sets, instruction_sets_text
+from trt_pipeline.pipeline.folder import open_folder
+from trt_pipeline.pipeline.runners import load_runner
+from trt_pipeline.pipeline.runners.base import max_batch
+from trt_pipeline.pipeline.serve.protocol import DATATYPES
+from trt_pipeline.pipeline.triton import model_name, write_repository
+from trt_pipeline.pipeline.triton_server import running_triton, startup_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
@@ -153,13 +153,13 @@ def free_port() -> int:
 
 
 class Server:
-    """A `python -m pipeline serve` process (from `checkout`, else this repository) on free loopback ports;
+    """A `python -m trt_pipeline serve` process (from `checkout`, else this repository) on free loopback ports;
     stopped (SIGTERM, then kill) on exit."""
 
     def __init__(self, folder: Path, options: list[str], checkout: Path | None):
         self.port, self.grpc_port = free_port(), free_port()
         self.ready_path = "/ready" if checkout else "/v2/health/ready"
-        command = [sys.executable, "-m", "pipeline", "serve", str(Path(folder).resolve()), "--host", HOST]
+        command = [sys.executable, "-m", "trt_pipeline", "serve", str(Path(folder).resolve()), "--host", HOST]
         command += ["--port", str(self.port), "--log-level", "warning", *options]
         command += [] if checkout else ["--grpc-port", str(self.grpc_port)]
         # `python -m` puts the working directory first on sys.path, so a checkout's own `pipeline` runs.

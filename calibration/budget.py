@@ -16,8 +16,8 @@ from pathlib import Path
 
 import onnx
 
-from calibration.qdq import quantize_qdq
-from calibration.ranges import QUANTIZED_OPS
+from trt_pipeline.calibration.qdq import quantize_qdq
+from trt_pipeline.calibration.ranges import QUANTIZED_OPS
 
 Loss = Callable[[Path], float]
 

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.artifacts import write_json
+from trt_pipeline.pipeline.artifacts import write_json
 
 CACHE_FORMAT = 1
 

@@ -13,14 +13,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from calibration.cache import cache_key, cache_path, load_ranges, save_ranges
-from calibration.qdq import quantize_qdq
-from calibration.qdq_cpu import WEIGHTS_FOR, quantize_for_cpu
-from calibration.ranges import collect_ranges, method_options
-from calibration.readers import CalibrationSource, graph_inputs, read_calibration_data
-from models.spec import ImagePreprocess
-from pipeline.artifacts import sha256_file
-from pipeline.manifest import cpu_graphs
+from trt_pipeline.calibration.cache import cache_key, cache_path, load_ranges, save_ranges
+from trt_pipeline.calibration.qdq import quantize_qdq
+from trt_pipeline.calibration.qdq_cpu import WEIGHTS_FOR, quantize_for_cpu
+from trt_pipeline.calibration.ranges import collect_ranges, method_options
+from trt_pipeline.calibration.readers import CalibrationSource, graph_inputs, read_calibration_data
+from trt_pipeline.models.spec import ImagePreprocess
+from trt_pipeline.pipeline.artifacts import sha256_file
+from trt_pipeline.pipeline.manifest import cpu_graphs
 
 CACHE_FOLDER = "calibration"  # inside the artifact folder, beside model.int8.onnx
 # The INT8 graphs for ONNX Runtime on the CPU, beside model.int8.onnx, by the kind of CPU they are for

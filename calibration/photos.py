@@ -7,7 +7,7 @@ is also exported as its mirror image and as a mirrored pair of center crops (dif
 the same scene after the model's resize): 40 images.  These are real-world pixel statistics, not
 ImageNet; a deployed model should be calibrated on a few hundred images from its own data.
 
-    python -m pipeline calibration-images [--out calibration/samples]     # `make calibration-images`
+    trt-pipeline calibration-images [--out calibration/samples]     # `make calibration-images`
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def export_calibration_images(folder: Path) -> list[Path]:
     """Write every view of every photo as PNG into `folder`; returns the paths written."""
     from PIL import Image
 
-    from pipeline.artifacts import atomic_path
+    from trt_pipeline.pipeline.artifacts import atomic_path
 
     folder.mkdir(parents=True, exist_ok=True)
     written = []

@@ -25,8 +25,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from calibration.ranges import QUANTIZED_OPS
-from pipeline.artifacts import atomic_path
+from trt_pipeline.calibration.ranges import QUANTIZED_OPS
+from trt_pipeline.pipeline.artifacts import atomic_path
 
 QDQ_OPTIONS = {
     "ActivationSymmetric": True,

@@ -43,9 +43,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from calibration.qdq import qdq_structure, quantize_with_ranges
-from pipeline.artifacts import atomic_path
-from pipeline.cpu import NO_VNNI, VNNI
+from trt_pipeline.calibration.qdq import qdq_structure, quantize_with_ranges
+from trt_pipeline.pipeline.artifacts import atomic_path
+from trt_pipeline.pipeline.cpu import NO_VNNI, VNNI
 
 # The ops whose Q/DQ ONNX Runtime's CPU provider turns into an int8 kernel (QLinearConv, QGemm,
 # QLinearMatMul, QLinearAdd/Mul, QLinearAveragePool/GlobalAveragePool, QLinearConcat), runs on

@@ -15,7 +15,7 @@ import io
 import tempfile
 from pathlib import Path
 
-from calibration.readers import CalibrationData, Feed
+from trt_pipeline.calibration.readers import CalibrationData, Feed
 
 # The ops that get Q/DQ on their inputs: TensorRT runs these in INT8 and fuses the rest around them.
 QUANTIZED_OPS = ("Conv", "Gemm", "MatMul")

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from calibration.preprocess import IMAGE_SUFFIXES, image_shape, load_image
-from models.spec import ImagePreprocess
-from pipeline.errors import PipelineError
-from pipeline.graph_io import graph_io
+from trt_pipeline.calibration.preprocess import IMAGE_SUFFIXES, image_shape, load_image
+from trt_pipeline.models.spec import ImagePreprocess
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.graph_io import graph_io
 
 Feed = dict[str, np.ndarray]
 # A callable returns an iterable of batches: {input name: array} or, for a one-input model, an array.

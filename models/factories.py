@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.inputs import SINGLE_INPUT_NAME
-from models.spec import ModelSpec, first_line, forward_parameters
-from pipeline.errors import PipelineError
+from trt_pipeline.models.inputs import SINGLE_INPUT_NAME
+from trt_pipeline.models.spec import ModelSpec, first_line, forward_parameters
+from trt_pipeline.pipeline.errors import PipelineError
 
 FACTORY_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 

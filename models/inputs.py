@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from models.spec import DynamicAxis, ModelSpec
-from pipeline.errors import PipelineError
+from trt_pipeline.models.spec import DynamicAxis, ModelSpec
+from trt_pipeline.pipeline.errors import PipelineError
 
 EXAMPLE_BATCH = 2  # not 1: exporters can specialise a batch of 1 into a constant
 SINGLE_INPUT_NAME = "input"

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from models import digits, resnet
-from models.spec import ModelSpec
+from trt_pipeline.models import digits, resnet
+from trt_pipeline.models.spec import ModelSpec
 
 REGISTRY: dict[str, Callable[[Path | None], ModelSpec]] = {
     "resnet18": resnet.resnet18_spec,

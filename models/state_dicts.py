@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.spec import first_line
-from pipeline.errors import PipelineError
+from trt_pipeline.models.spec import first_line
+from trt_pipeline.pipeline.errors import PipelineError
 
 # Keys that wrap a state_dict in common training checkpoints ({"state_dict": ..., "epoch": ...}).
 STATE_DICT_WRAPPERS = ("state_dict", "model_state_dict", "model")

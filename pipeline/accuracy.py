@@ -1,4 +1,4 @@
-"""`python -m pipeline accuracy`: what FP16 and INT8 cost in accuracy, measured on the actual graphs.
+"""`trt-pipeline accuracy`: what FP16 and INT8 cost in accuracy, measured on the actual graphs.
 
 The FP32 graph (model.onnx, from the usual stages), its FP16 conversion and two INT8 Q/DQ graphs per
 calibration method (int8-<method>: TensorRT's; int8-<method>-ort: shaped for ONNX Runtime's kernels on
@@ -21,17 +21,17 @@ from pathlib import Path
 
 import numpy as np
 
-import models
-from calibration.budget import fit_budget
-from calibration.cache import read_cached_ranges
-from calibration.int8 import CACHE_FOLDER, CPU_GRAPHS, CalibrationConfig, make_int8_graph
-from calibration.readers import CalibrationSource, Feed, graph_inputs, read_calibration_data
-from pipeline.artifacts import write_bytes, write_json
-from pipeline.cpu import int8_cpu_kind
-from pipeline.errors import PipelineError
-from pipeline.precision import GRAPH_NAMES, convert_fp16
-from pipeline.sessions import onnxruntime_session
-from pipeline.settings import CALIB_METHODS, Settings
+from trt_pipeline import models
+from trt_pipeline.calibration.budget import fit_budget
+from trt_pipeline.calibration.cache import read_cached_ranges
+from trt_pipeline.calibration.int8 import CACHE_FOLDER, CPU_GRAPHS, CalibrationConfig, make_int8_graph
+from trt_pipeline.calibration.readers import CalibrationSource, Feed, graph_inputs, read_calibration_data
+from trt_pipeline.pipeline.artifacts import write_bytes, write_json
+from trt_pipeline.pipeline.cpu import int8_cpu_kind
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.precision import GRAPH_NAMES, convert_fp16
+from trt_pipeline.pipeline.sessions import onnxruntime_session
+from trt_pipeline.pipeline.settings import CALIB_METHODS, Settings
 
 EVAL_BATCH = 64
 SUBFOLDER = "accuracy"
@@ -54,7 +54,7 @@ class EvaluationSet:
 
 def digits_evaluation(settings: Settings) -> EvaluationSet:
     """The digits CNN: calibrate on the training split, evaluate on the held-out split."""
-    from models.digits import load_split
+    from trt_pipeline.models.digits import load_split
 
     split = load_split()
     train = split.train_inputs
@@ -84,7 +84,7 @@ def measure_accuracy(
 
     With `budget`, the first method's INT8 graph is also written to that budget (calibration/budget.py):
     top-1 points lost on the labelled tuning data, or 100 x (1 - mean cosine to FP32) without labels."""
-    from pipeline.stages import make_engine
+    from trt_pipeline.pipeline.stages import make_engine
 
     name = models.canonical_name(settings.model)
     if name not in LABELLED_SETS and settings.calib is None:

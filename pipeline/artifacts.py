@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from trt_pipeline.pipeline.errors import PipelineError
 
 # In the artifact folder; while a build runs it holds that build's pid.
 LOCK = ".build.lock"

@@ -12,11 +12,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from pipeline import trt_module
-from pipeline.artifacts import write_bytes
-from pipeline.errors import PipelineError
-from pipeline.graph_io import graph_io
-from pipeline.settings import BatchProfile
+from trt_pipeline.pipeline import trt_module
+from trt_pipeline.pipeline.artifacts import write_bytes
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.graph_io import graph_io
+from trt_pipeline.pipeline.settings import BatchProfile
 
 if TYPE_CHECKING:
     import tensorrt

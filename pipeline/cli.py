@@ -1,4 +1,4 @@
-"""`python -m pipeline <stage|all|command> ...`: the command line that `make` wraps.
+"""`trt-pipeline <stage|all|command> ...`: the command line that `make` wraps.
 
 Stages run on the artifact folder engines/<model>-<precision>/; `all` runs every
 stage and reuses a finished folder.  User mistakes print one `error:` line with the
@@ -15,9 +15,9 @@ import re
 import sys
 from pathlib import Path
 
-from pipeline.errors import PipelineError
-from pipeline.extras import missing_module_error
-from pipeline.settings import BUILDERS, CALIB_METHODS, PRECISIONS, BatchProfile, Settings
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.extras import missing_module_error
+from trt_pipeline.pipeline.settings import BUILDERS, CALIB_METHODS, PRECISIONS, BatchProfile, Settings
 
 PROG = "trt-pipeline"
 # The Makefile sets this, so errors speak make's language (CALIB=...) there and the command line's (--calib) here.
@@ -28,27 +28,27 @@ FRONT_END_VARIABLE = "TRT_PIPELINE_FRONT_END"
 # add_arguments(parser) and main(args) -> int.
 EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "bench": (
-        "pipeline.bench",
+        "trt_pipeline.pipeline.bench",
         "latency of the same inputs through PyTorch, ONNX Runtime and the engine: bench.json/.md/.png",
     ),
     "serve": (
-        "pipeline.serve.cli",
+        "trt_pipeline.pipeline.serve.cli",
         "serve a folder with the Open Inference Protocol (KServe v2, Triton's): REST and gRPC, dynamic batching",
     ),
     "accuracy": (
-        "pipeline.accuracy",
+        "trt_pipeline.pipeline.accuracy",
         "top-1 of the FP32, FP16 and INT8 graphs (each calibration method) through ONNX Runtime",
     ),
     "triton": (
-        "pipeline.triton",
+        "trt_pipeline.pipeline.triton",
         "write a Triton Inference Server model repository (config.pbtxt + engine or ONNX graph) for an artifact folder",
     ),
     "diagnose": (
-        "pipeline.diagnose",
+        "trt_pipeline.pipeline.diagnose",
         "compare a float16 or INT8 graph with the FP32 graph tensor by tensor; name the first node that goes wrong",
     ),
     "calibration-images": (
-        "calibration.photos",
+        "trt_pipeline.calibration.photos",
         "write the 40 calibration photographs (10 photos x 4 views) that scikit-image and scikit-learn ship",
     ),
 }
@@ -151,7 +151,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 
 def _run_stage(args: argparse.Namespace) -> int:
-    from pipeline.stages import make_engine, run_stage
+    from trt_pipeline.pipeline.stages import make_engine, run_stage
 
     settings = settings_from(args)
     if args.stage in ("engine", "all"):
@@ -202,7 +202,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from pipeline import __version__
+    from trt_pipeline import __version__
 
     return __version__
 

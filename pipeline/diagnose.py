@@ -1,4 +1,4 @@
-"""`python -m pipeline diagnose <folder>`: where a float16 or INT8 graph departs from the FP32 graph, layer by layer.
+"""`trt-pipeline diagnose <folder>`: where a float16 or INT8 graph departs from the FP32 graph, layer by layer.
 
 Both graphs run on the same inputs (the first case of reference.npz) with every intermediate tensor
 exposed; the float16 graph runs as the engine stores it (pipeline/float16.py faithful_copy).  Each
@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from pipeline.artifacts import write_bytes, write_json
-from pipeline.errors import PipelineError
-from pipeline.float16 import faithful_copy, run_exposing_tensors
+from trt_pipeline.pipeline.artifacts import write_bytes, write_json
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.float16 import faithful_copy, run_exposing_tensors
 
 WORST = 10
 
@@ -72,12 +72,12 @@ def first_past(errors: list[LayerError], rtol: float) -> LayerError | None:
 
 def first_bad_node_text(fp32_path: Path, lower_path: Path, inputs: dict[str, np.ndarray], precision: str) -> str:
     """One sentence for a failing gate: the first node past tolerance, or that none is (the error builds up)."""
-    from pipeline.parity import RTOL
+    from trt_pipeline.pipeline.parity import RTOL
 
     errors = compare_layers(fp32_path, lower_path, inputs, precision)
     first = first_past(errors, RTOL[precision])
     if first is None:
-        return "no single node is past the tolerance: the error builds up over many (python -m pipeline diagnose)"
+        return "no single node is past the tolerance: the error builds up over many (trt-pipeline diagnose)"
     return f"the first node past it is {first.node!r} ({first.op}): {_describe(first)}"
 
 
@@ -104,9 +104,9 @@ def main(args: argparse.Namespace) -> int:
 
 def diagnose_folder(folder: Path) -> dict:
     """Compare the folder's graph with its FP32 graph on reference.npz's first case; write diagnosis.json/.md."""
-    from pipeline.export import load_reference
-    from pipeline.manifest import FP32_GRAPH, REFERENCE, engine_graph, require_manifest
-    from pipeline.parity import RTOL
+    from trt_pipeline.pipeline.export import load_reference
+    from trt_pipeline.pipeline.manifest import FP32_GRAPH, REFERENCE, engine_graph, require_manifest
+    from trt_pipeline.pipeline.parity import RTOL
 
     manifest = require_manifest(folder)
     precision = manifest.precision or "unknown"

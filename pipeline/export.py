@@ -16,11 +16,11 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from models.spec import ModelSpec, call_module, needs_keywords
-from pipeline.artifacts import atomic_path
-from pipeline.errors import PipelineError
-from pipeline.prepare import flatten_outputs
-from pipeline.settings import OPSET, BatchProfile
+from trt_pipeline.models.spec import ModelSpec, call_module, needs_keywords
+from trt_pipeline.pipeline.artifacts import atomic_path
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.prepare import flatten_outputs
+from trt_pipeline.pipeline.settings import OPSET, BatchProfile
 
 BATCH_AXIS = "batch"
 SUGGESTED_MAX_SEQUENCE = 512  # the longest sequence a suggested DYNAMIC range covers (BERT's)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 from importlib import metadata
 
-from pipeline.errors import PipelineError
+from trt_pipeline.pipeline.errors import PipelineError
 
 DISTRIBUTION = "trt-pipeline"
 

@@ -94,7 +94,7 @@ def _float32_attributes(node: onnx.NodeProto) -> None:
 
 def faithful_session(fp16_path: Path):
     """An ONNX Runtime session over the faithful copy of the float16 graph at `fp16_path`."""
-    from pipeline.sessions import onnxruntime_session
+    from trt_pipeline.pipeline.sessions import onnxruntime_session
 
     with tempfile.TemporaryDirectory(prefix="faithful-fp16.") as folder:
         copy = Path(folder) / "faithful.onnx"
@@ -107,7 +107,7 @@ def faithful_session(fp16_path: Path):
 
 def run_exposing_tensors(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Every float tensor a graph computes (node outputs, graph inputs), by name, for one run."""
-    from pipeline.sessions import onnxruntime_session
+    from trt_pipeline.pipeline.sessions import onnxruntime_session
 
     exposed = onnx.ModelProto()
     exposed.CopyFrom(model)

@@ -18,9 +18,9 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.artifacts import running_build
-from pipeline.errors import PipelineError
-from pipeline.manifest import (
+from trt_pipeline.pipeline.artifacts import running_build
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.manifest import (
     ARTIFACT_LAYOUT,
     CPU_TARGETS,
     ENGINE_TARGET,

@@ -18,11 +18,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifacts import sha256_file, write_json
-from pipeline.cpu import NO_VNNI, VNNI
-from pipeline.errors import PipelineError
-from pipeline.graph_io import GraphTensor
-from pipeline.settings import PRECISIONS, BatchProfile, Settings
+import numpy as np
+
+from trt_pipeline.pipeline.artifacts import sha256_file, write_json
+from trt_pipeline.pipeline.cpu import NO_VNNI, VNNI
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.graph_io import GraphTensor
+from trt_pipeline.pipeline.settings import PRECISIONS, BatchProfile, Settings
 
 # --------------------------------------------------------------------------- the layout: every file name once
 
@@ -292,10 +294,19 @@ def _tensors(raw: dict, key: str) -> tuple[GraphTensor, ...]:
             or not isinstance(record.get("name"), str)
             or not isinstance(record.get("dtype"), str)
             or not all(d is None or isinstance(d, (int, str)) for d in shape)
+            or not _is_numpy_dtype(record["dtype"])
         ):
             raise DamagedManifest(f"its {key} hold {record!r}, not a tensor's name, dtype and shape")
         tensors.append(GraphTensor.from_record(record))
     return tuple(tensors)
+
+
+def _is_numpy_dtype(name: str) -> bool:
+    try:
+        np.dtype(name)
+    except TypeError:
+        return False
+    return True
 
 
 def _names(raw: dict, key: str) -> dict[str, str]:

@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.compare import compare_outputs
-from pipeline.errors import PipelineError
-from pipeline.export import load_reference
-from pipeline.sessions import onnxruntime_session
+from trt_pipeline.pipeline.compare import compare_outputs
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.export import load_reference
+from trt_pipeline.pipeline.sessions import onnxruntime_session
 
 # Tolerances on max |onnx - torch| relative to the output's largest magnitude.
 # FP32 graphs differ from PyTorch by reassociation only (measured ~1e-6 on ResNet-50);
@@ -32,7 +32,7 @@ def check_parity(onnx_path: Path, reference_path: Path, *, precision: str) -> di
     A float16 graph runs as the engine stores it (every float16 tensor rounded, overflow to inf:
     pipeline/float16.py), not as ONNX Runtime's CPU provider would run it (in float32 throughout).
     """
-    from pipeline.float16 import faithful_session
+    from trt_pipeline.pipeline.float16 import faithful_session
 
     session = faithful_session(onnx_path) if precision == "fp16" else evaluation_session(onnx_path)
     names = [o.name for o in session.get_outputs()]
@@ -71,7 +71,7 @@ def evaluation_session(onnx_path: Path):
     """The session a gate judges a graph with: the TensorRT-shaped INT8 graph (model.int8.onnx) with its Q/DQ
     simulated as TensorRT computes them; ONNX Runtime's CPU-shaped graphs with ORT's own int8 kernels (what
     the runner serves); any other graph as is."""
-    from pipeline.precision import GRAPH_NAMES
+    from trt_pipeline.pipeline.precision import GRAPH_NAMES
 
     return onnxruntime_session(onnx_path, simulate_qdq=onnx_path.name == GRAPH_NAMES["int8"])
 
@@ -114,7 +114,7 @@ def _int8_agreement(
             f"{worst:.3g} of its norm on average over {count} rows (gate {INT8_MAX_ERROR}, cosine "
             f"{records[worst_name]['cosine_mean']:.4f}); {where}",
             "calibrate on more data like the served inputs (CALIB=..., CALIB_METHOD=percentile or entropy); "
-            f"the table: python -m pipeline diagnose {int8_path.parent}",
+            f"the table: trt-pipeline diagnose {int8_path.parent}",
         )
     return {
         "summary": f"{int8_path.name} vs FP32 on {count} calibration rows: off by {worst:.3g} of the output's "
@@ -145,14 +145,14 @@ def _agreement_record(pairs: list[tuple[np.ndarray, np.ndarray]]) -> dict:
 
 
 def _first_bad_node(fp32_path: Path, lower_path: Path, inputs: dict, precision: str) -> str:
-    from pipeline.diagnose import first_bad_node_text  # imported on failure only: it loads the whole graph
+    from trt_pipeline.pipeline.diagnose import first_bad_node_text  # imported on failure only: it loads the whole graph
 
     return first_bad_node_text(fp32_path, lower_path, inputs, precision)
 
 
 def _parity_error(onnx_path: Path, inputs: dict, precision: str, problem: str) -> PipelineError:
     """The error for a failing gate, naming the first node that goes wrong and the option that fixes it."""
-    from pipeline.precision import GRAPH_NAMES
+    from trt_pipeline.pipeline.precision import GRAPH_NAMES
 
     fp32 = onnx_path.parent / GRAPH_NAMES["fp32"]
     if precision == "fp32" or not fp32.is_file():
@@ -165,9 +165,9 @@ def _parity_error(onnx_path: Path, inputs: dict, precision: str, problem: str) -
     if precision == "fp16":
         fix = (
             "keep the node named above in FP32: KEEP_FP32=<node or op type> (--keep-fp32); leave the automatic "
-            "FP32 fallback on (no NO_AUTO_FP32 / --no-auto-fp32); the whole table: python -m pipeline diagnose "
+            "FP32 fallback on (no NO_AUTO_FP32 / --no-auto-fp32); the whole table: trt-pipeline diagnose "
             f"{onnx_path.parent}"
         )
     else:
-        fix = f"calibrate on data like the served inputs (CALIB=...); python -m pipeline diagnose {onnx_path.parent}"
+        fix = f"calibrate on data like the served inputs (CALIB=...); trt-pipeline diagnose {onnx_path.parent}"
     return PipelineError(f"{problem}; {where}", fix)

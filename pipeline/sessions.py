@@ -19,8 +19,8 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from pipeline.errors import PipelineError
-from pipeline.extras import import_onnxruntime
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.extras import import_onnxruntime
 
 # Highest first: the order a crashing graph is retried in.  Names as in onnxruntime.GraphOptimizationLevel.
 OPTIMIZATION_LEVELS = ("ORT_ENABLE_ALL", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_BASIC", "ORT_DISABLE_ALL")

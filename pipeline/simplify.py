@@ -6,9 +6,9 @@ from pathlib import Path
 
 import onnx
 
-from pipeline.artifacts import atomic_path
-from pipeline.check import check_onnx
-from pipeline.errors import PipelineError
+from trt_pipeline.pipeline.artifacts import atomic_path
+from trt_pipeline.pipeline.check import check_onnx
+from trt_pipeline.pipeline.errors import PipelineError
 
 
 def simplify_onnx(onnx_path: Path, out_path: Path) -> dict:

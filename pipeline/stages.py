@@ -18,17 +18,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-import models
-from calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph, written_cpu_graphs
-from calibration.readers import graph_inputs, read_calibration_data
-from models.spec import ModelSpec
-from pipeline.artifacts import build_lock, sha256_file
-from pipeline.check import check_onnx
-from pipeline.cpu import int8_cpu_kind
-from pipeline.errors import PipelineError
-from pipeline.export import export_onnx, load_reference, parity_batches, write_reference
-from pipeline.graph_io import GraphTensor
-from pipeline.manifest import (
+from trt_pipeline import models
+from trt_pipeline.calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph, written_cpu_graphs
+from trt_pipeline.calibration.readers import graph_inputs, read_calibration_data
+from trt_pipeline.models.spec import ModelSpec
+from trt_pipeline.pipeline.artifacts import build_lock, sha256_file
+from trt_pipeline.pipeline.check import check_onnx
+from trt_pipeline.pipeline.cpu import int8_cpu_kind
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.export import export_onnx, load_reference, parity_batches, write_reference
+from trt_pipeline.pipeline.graph_io import GraphTensor
+from trt_pipeline.pipeline.manifest import (
     ARTIFACT_LAYOUT,
     CPU_TARGETS,
     ENGINE,
@@ -48,7 +48,7 @@ from pipeline.manifest import (
     record_stage,
     update_manifest,
 )
-from pipeline.onnx_model import (
+from trt_pipeline.pipeline.onnx_model import (
     REFERENCE_SOURCE,
     OnnxModel,
     import_onnx,
@@ -56,11 +56,11 @@ from pipeline.onnx_model import (
     open_onnx_model,
     write_onnx_reference,
 )
-from pipeline.parity import check_int8_agreement, check_parity
-from pipeline.precision import convert_fp16
-from pipeline.prepare import prepare
-from pipeline.settings import OPSET, Settings
-from pipeline.simplify import simplify_onnx
+from trt_pipeline.pipeline.parity import check_int8_agreement, check_parity
+from trt_pipeline.pipeline.precision import convert_fp16
+from trt_pipeline.pipeline.prepare import prepare
+from trt_pipeline.pipeline.settings import OPSET, Settings
+from trt_pipeline.pipeline.simplify import simplify_onnx
 
 VERSIONED_PACKAGES = ("torch", "onnx", "onnxsim", "onnxruntime-gpu", "onnxruntime", "numpy")
 
@@ -265,7 +265,7 @@ def _rows(inputs: dict) -> int:
 
 
 def run_build(run: Run) -> None:
-    from pipeline.trt_module import import_trt
+    from trt_pipeline.pipeline.trt_module import import_trt
 
     graph = _require(run, engine_graph(run.settings.precision))
     try:
@@ -280,7 +280,7 @@ def run_build(run: Run) -> None:
 
 
 def _build(run: Run, graph: Path, axis_ranges: dict) -> dict:
-    from pipeline.build import build_engine
+    from trt_pipeline.pipeline.build import build_engine
 
     engine = run.path(ENGINE)
     record = build_engine(
@@ -313,7 +313,7 @@ STAGES: dict[str, Callable[[Run], None]] = {
 
 
 def run_stage(settings: Settings, name: str) -> Path:
-    """Run one stage on what is already on disk (the command line's `python -m pipeline <stage>`).
+    """Run one stage on what is already on disk (the command line's `trt-pipeline <stage>`).
 
     The folder is no longer a finished build afterwards (its artifacts may differ from the ones the manifest
     lists), so readers refuse it until make_engine runs all stages again.
@@ -420,7 +420,7 @@ def _require(run: Run, name: str) -> Path:
     if not path.is_file():
         raise PipelineError(
             f"{path} does not exist yet",
-            f"run the earlier stages first: python -m pipeline all --model {run.settings.model} "
+            f"run the earlier stages first: trt-pipeline all --model {run.settings.model} "
             f"--precision {run.settings.precision}",
         )
     return path

@@ -1,4 +1,4 @@
-"""`python -m pipeline triton engines/<model>-<precision> --repo <dir>`: a Triton Inference Server model repository.
+"""`trt-pipeline triton engines/<model>-<precision> --repo <dir>`: a Triton Inference Server model repository.
 
 Writes <repo>/<name>/config.pbtxt and <repo>/<name>/1/model.plan (Triton's `tensorrt_plan` platform),
 <repo>/<name>/1/model.onnx (the `onnxruntime` backend), or, with `--backend python`, <repo>/<name>/1/model.py
@@ -20,11 +20,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifacts import write_bytes
-from pipeline.errors import PipelineError
-from pipeline.folder import ArtifactFolder, open_folder
-from pipeline.manifest import MANIFEST, Manifest
-from pipeline.runners.base import max_batch
+import trt_pipeline
+from trt_pipeline.pipeline.artifacts import write_bytes
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.folder import ArtifactFolder, open_folder
+from trt_pipeline.pipeline.manifest import MANIFEST, Manifest
+from trt_pipeline.pipeline.runners.base import max_batch
 
 BACKENDS = ("auto", "tensorrt_plan", "onnxruntime", "python")
 # backend -> (platform, Triton backend, file in the version folder)
@@ -150,8 +151,8 @@ def write_repository(
     )
     if chosen == "python":
         add_parameter(config, "runner_backend", runner_backend)
-        # The stub's Python imports `pipeline` from here when it is not installed where Triton runs.
-        add_parameter(config, "pipeline_path", str(Path(__file__).resolve().parents[1]))
+        # The stub's Python imports trt_pipeline from here when it is not installed where Triton runs.
+        add_parameter(config, "trt_pipeline_path", str(Path(trt_pipeline.__file__).parent.parent))
     from google.protobuf import text_format
 
     model_dir = Path(repo) / name
@@ -163,7 +164,7 @@ def write_repository(
 
 
 def model_name(manifest: Manifest) -> str:
-    """The model's name here and in `python -m pipeline serve` alike: <model>-<precision>, as `make engine` names
+    """The model's name here and in `trt-pipeline serve` alike: <model>-<precision>, as `make engine` names
     its folder.  The precision is part of it so that the fp16 and int8 builds of one network sit side by side in a
     repository, and a client moving between Triton and our service changes only the address."""
     model, precision = manifest.model.name if manifest.model else None, manifest.precision
@@ -247,7 +248,7 @@ def engine_io(manifest: Manifest) -> list[dict]:
 
 def graph_io(graph: bytes) -> list[dict]:
     """The ONNX graph's I/O in the same form as engine_io (symbolic or unknown dims as -1)."""
-    from pipeline.graph_io import graph_io as read_graph_io
+    from trt_pipeline.pipeline.graph_io import graph_io as read_graph_io
 
     io = read_graph_io(graph)
     tensors = [("input", tensor) for tensor in io.inputs] + [("output", tensor) for tensor in io.outputs]

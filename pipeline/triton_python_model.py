@@ -1,4 +1,4 @@
-"""The model.py of a `python -m pipeline triton --backend python` repository: our runner inside Triton's Python backend.
+"""The model.py of a `trt-pipeline triton --backend python` repository: our runner inside Triton's Python backend.
 
 This file is copied as it is into <repo>/<name>/1/model.py and runs in Triton's Python-backend stub, not
 in this package (it imports `pipeline` only in initialize, after putting the writer's package path on
@@ -37,10 +37,10 @@ class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         config = json.loads(args["model_config"])
         parameters = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
-        package_root = parameters.get("pipeline_path")
+        package_root = parameters.get("trt_pipeline_path")
         if package_root and package_root not in sys.path:
             sys.path.insert(0, package_root)
-        from pipeline.runners import load_runner
+        from trt_pipeline.pipeline.runners import load_runner
 
         sys.unraisablehook = _quiet_capsule_names(sys.unraisablehook)
 

@@ -14,7 +14,7 @@ Triton._prepare_triton_inference_server):
     PATH, so a virtual environment's site-packages are seen there (PYTHONPATH is not passed to the stub).
 
 Used by the tests (Triton as the reference for the protocol, and the scale-out repository end to end) and by
-anyone who wants to try a repository from `python -m pipeline triton` without Docker.
+anyone who wants to try a repository from `trt-pipeline triton` without Docker.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from importlib import util as importlib_util
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from trt_pipeline.pipeline.errors import PipelineError
 
 INSTALL = "pip install --no-deps nvidia-pytriton (it ships tritonserver; --no-deps: it pins numpy<2, unused here)"
 

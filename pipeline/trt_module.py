@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from pipeline.errors import PipelineError
-from pipeline.extras import install_command
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.extras import install_command
 
 if TYPE_CHECKING:
     # Type stubs only (`tensorrt-stubs`); annotations name these so mypy checks TensorRT calls.

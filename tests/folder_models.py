@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from models.spec import ModelSpec
 from tests.toy_models import tiny_cnn
+from trt_pipeline.models.spec import ModelSpec
 
 GATE_TIMEOUT_S = 120  # only a safety net against a test that never opens the gate
 

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline import cli
-from pipeline.errors import PipelineError
-from pipeline.runners import load_runner
 from tests import toy_models
+from trt_pipeline.pipeline import cli
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.runners import load_runner
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +46,7 @@ def test_a_pickled_model_file_runs_no_code_unless_trusted(tmp_path, capsys):
     crafted, marker = tmp_path / "model.pt", tmp_path / "EXECUTED"
     torch.save(_RunsCode(marker), crafted)
     err = _cli_error(["all", "--model", str(crafted), "--out", str(tmp_path / "engines")], capsys)
-    assert "loading it runs code the file contains" in err and "TRUST_MODEL_FILE=1" in err
+    assert "loading it runs code the file contains" in err and "--trust-model-file" in err
     assert not marker.exists()
 
 
@@ -67,7 +67,7 @@ def test_a_trusted_pickled_module_loads_and_its_torch_runner_asks_again(tmp_path
     ("argv", "expected"),
     [
         (["--model", "resnet18", "--input-shape", "3x100000x100000"], "would take 224 GiB"),
-        (["--model", "resnet18", "--batch=-1:2:3"], "BATCH='-1:2:3' is not of the form min:opt:max"),
+        (["--model", "resnet18", "--batch=-1:2:3"], "--batch '-1:2:3' is not of the form min:opt:max"),
         (["--model", "tests.toy_models:tiny_cnn", "--keep-fp32", "NoSuchOp"], "--keep-fp32 names ['NoSuchOp']"),
         (["--model", "tests.toy_models:tiny_cnn", "--target", "h100"], "unknown build target 'h100'"),
         (["--model", "tests.toy_models:tiny_cnn", "--batch", "1:1:100000000"], "would take 286 GiB"),
@@ -180,8 +180,8 @@ def test_a_manifest_that_is_not_a_json_object(text, tmp_path):
 
 
 def _built(tmp_path_factory: pytest.TempPathFactory, model: str) -> Path:
-    from pipeline.settings import Settings
-    from pipeline.stages import make_engine
+    from trt_pipeline.pipeline.settings import Settings
+    from trt_pipeline.pipeline.stages import make_engine
 
     out = tmp_path_factory.mktemp("engines")
     return make_engine(Settings(model=f"tests.toy_models:{model}", precision="fp32", out_root=out))
@@ -193,7 +193,7 @@ def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _edited(folder: Path, tmp_path: Path, **changes: object) -> Path:
-    from pipeline.manifest import update_manifest
+    from trt_pipeline.pipeline.manifest import update_manifest
 
     copy = tmp_path / folder.name
     shutil.copytree(folder, copy)
@@ -213,7 +213,7 @@ def test_a_damaged_batch_profile(profile, tiny_folder, tmp_path):
     ids=["a-string", "unknown-dtype", "no-shape"],
 )
 def test_damaged_input_records_in_the_manifest(inputs, tiny_folder, tmp_path):
-    with pytest.raises(PipelineError, match="the manifest's inputs are damaged") as caught:
+    with pytest.raises(PipelineError, match=r"manifest\.json is damaged: its inputs") as caught:
         load_runner(_edited(tiny_folder, tmp_path, inputs=inputs), "onnxruntime")
     assert "rebuild the folder" in caught.value.fix
 

@@ -17,20 +17,20 @@ import onnx
 import pytest
 import torch
 
-from calibration.int8 import CPU_GRAPHS
-from pipeline import cli
-from pipeline.bench import TimingPolicy, run_benchmark, write_reports
-from pipeline.bench.backends import NAMES
-from pipeline.bench.harness import make_inputs, stability
-from pipeline.bench.timing import MIN_SAMPLES, Share, measure, round_spread, summarize
-from pipeline.cpu import cpu_instruction_sets, instruction_sets_text, int8_cpu_kind
-from pipeline.errors import PipelineError
-from pipeline.graph_io import GraphTensor
-from pipeline.manifest import ENGINE_TARGET, Manifest, describe_artifacts, read_manifest, update_manifest
-from pipeline.parity import RTOL
-from pipeline.runners import load_runner
-from pipeline.settings import BatchProfile, Settings
-from pipeline.stages import make_engine
+from trt_pipeline.calibration.int8 import CPU_GRAPHS
+from trt_pipeline.pipeline import cli
+from trt_pipeline.pipeline.bench import TimingPolicy, run_benchmark, write_reports
+from trt_pipeline.pipeline.bench.backends import NAMES
+from trt_pipeline.pipeline.bench.harness import make_inputs, stability
+from trt_pipeline.pipeline.bench.timing import MIN_SAMPLES, Share, measure, round_spread, summarize
+from trt_pipeline.pipeline.cpu import cpu_instruction_sets, instruction_sets_text, int8_cpu_kind
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.graph_io import GraphTensor
+from trt_pipeline.pipeline.manifest import ENGINE_TARGET, Manifest, describe_artifacts, read_manifest, update_manifest
+from trt_pipeline.pipeline.parity import RTOL
+from trt_pipeline.pipeline.runners import load_runner
+from trt_pipeline.pipeline.settings import BatchProfile, Settings
+from trt_pipeline.pipeline.stages import make_engine
 
 QUICK = TimingPolicy(warmup=2, iterations=20, budget_s=0.5, rounds=2)
 BATCHES = [1, 4]
@@ -300,7 +300,7 @@ def test_missing_folder_names_the_make_engine_that_creates_it(tmp_path: Path, ca
     assert cli.main(["bench", "--model", "resnet", "--out", str(tmp_path)]) == 2
     message = capsys.readouterr().err
     assert "does not exist" in message
-    assert "make engine MODEL=resnet PRECISION=fp16" in message
+    assert "trt-pipeline engine --model resnet --precision fp16" in message
 
 
 def test_bad_batch_list_on_the_command_line(capsys) -> None:

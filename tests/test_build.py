@@ -16,10 +16,10 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline import trt_module
-from pipeline.build import build_engine
-from pipeline.errors import PipelineError
-from pipeline.settings import BatchProfile
+from trt_pipeline.pipeline import trt_module
+from trt_pipeline.pipeline.build import build_engine
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.settings import BatchProfile
 
 rtx = pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX is not installed: pip install tensorrt-rtx-cu13")
 
@@ -115,7 +115,7 @@ def _fixed_reshape_model(path: Path) -> Path:
 
 
 def test_build_for_named_gpus_records_them(models: dict[str, Path], tmp_path: Path) -> None:
-    from pipeline.runners.tensorrt import built_for
+    from trt_pipeline.pipeline.runners.tensorrt import built_for
 
     record = build_engine(
         models["fp32"], tmp_path / "engine.plan", batch=BATCH, builder="tensorrt_rtx", target="sm86,sm89"
@@ -303,7 +303,7 @@ def test_gpu_probe_agrees_with_device_description() -> None:
 
 
 def test_settings_refuse_an_unknown_target() -> None:
-    from pipeline.settings import Settings
+    from trt_pipeline.pipeline.settings import Settings
 
     for target in ("default", "current", "sm86", "sm86,sm120"):
         Settings(target=target).check()

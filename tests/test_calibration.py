@@ -15,23 +15,28 @@ import pytest
 from onnx import numpy_helper
 from PIL import Image
 
-from calibration.cache import load_ranges
-from calibration.int8 import CACHE_FOLDER, CPU_GRAPHS, CalibrationConfig, make_int8_graph
-from calibration.photos import PHOTOS, export_calibration_images
-from calibration.preprocess import load_image
-from calibration.qdq import qdq_problems
-from calibration.qdq_cpu import as_tensors_data, asymmetric_ranges, int8_kernel_counts, nodes_without_ranges
-from calibration.ranges import collect_ranges
-from calibration.readers import graph_inputs, read_calibration_data
-from models.digits import PREPROCESS, load_split
-from models.spec import ImagePreprocess
-from pipeline import cli
-from pipeline.cpu import NO_VNNI, VNNI, int8_cpu_kind
-from pipeline.errors import PipelineError
-from pipeline.manifest import GRAPHS
-from pipeline.parity import check_int8_agreement, onnxruntime_session
-from pipeline.settings import Settings
-from pipeline.stages import make_engine
+from trt_pipeline.calibration.cache import load_ranges
+from trt_pipeline.calibration.int8 import CACHE_FOLDER, CPU_GRAPHS, CalibrationConfig, make_int8_graph
+from trt_pipeline.calibration.photos import PHOTOS, export_calibration_images
+from trt_pipeline.calibration.preprocess import load_image
+from trt_pipeline.calibration.qdq import qdq_problems
+from trt_pipeline.calibration.qdq_cpu import (
+    as_tensors_data,
+    asymmetric_ranges,
+    int8_kernel_counts,
+    nodes_without_ranges,
+)
+from trt_pipeline.calibration.ranges import collect_ranges
+from trt_pipeline.calibration.readers import graph_inputs, read_calibration_data
+from trt_pipeline.models.digits import PREPROCESS, load_split
+from trt_pipeline.models.spec import ImagePreprocess
+from trt_pipeline.pipeline import cli
+from trt_pipeline.pipeline.cpu import NO_VNNI, VNNI, int8_cpu_kind
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.manifest import GRAPHS
+from trt_pipeline.pipeline.parity import check_int8_agreement, onnxruntime_session
+from trt_pipeline.pipeline.settings import Settings
+from trt_pipeline.pipeline.stages import make_engine
 
 SAMPLES, BATCH = 128, 32
 
@@ -221,8 +226,8 @@ def test_cpu_ranges_from_symmetric_ones():
 
 def test_tensorrt_rtx_builds_the_int8_graph(int8, tmp_path):
     pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX is not installed: pip install tensorrt-rtx-cu13")
-    from pipeline.build import build_engine
-    from pipeline.settings import BatchProfile
+    from trt_pipeline.pipeline.build import build_engine
+    from trt_pipeline.pipeline.settings import BatchProfile
 
     record = build_engine(int8[0], tmp_path / "engine.plan", batch=BatchProfile(1, 8, 32), builder="tensorrt_rtx")
     assert record["builder"]["module"] == "tensorrt_rtx"
@@ -413,7 +418,7 @@ def test_calibration_photographs_export_and_preprocess_for_resnet(tmp_path):
 
 @pytest.mark.gpu
 def test_int8_engine_on_the_gpu_agrees_with_onnxruntime(split, train_npy, tmp_path):
-    from pipeline.runners import load_runner
+    from trt_pipeline.pipeline.runners import load_runner
 
     settings = Settings(model="digits", precision="int8", calib=train_npy, out_root=tmp_path)
     folder = make_engine(settings)

@@ -18,10 +18,10 @@ import pytest
 import torch
 from torch import nn
 
-from models.spec import ModelSpec
-from pipeline.errors import PipelineError
-from pipeline.settings import BatchProfile, Settings
 from tests import toy_models
+from trt_pipeline.models.spec import ModelSpec
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.settings import BatchProfile, Settings
 
 transformers = pytest.importorskip("transformers")
 
@@ -180,8 +180,8 @@ FP16_IN_CI = ("bert", "gpt2", "t5_encoder", "wav2vec2", "unet", "lstm", "topk_he
 
 def run_case(case: Case, precision: str, out_root: Path) -> dict:
     """One case through make_engine; its row for the table."""
-    from pipeline.manifest import MANIFEST
-    from pipeline.stages import make_engine
+    from trt_pipeline.pipeline.manifest import MANIFEST
+    from trt_pipeline.pipeline.stages import make_engine
 
     settings = Settings(
         model=f"tests.test_coverage:{case.name}",

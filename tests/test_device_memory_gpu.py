@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from pipeline.runners.device_memory import LAYERS, DeviceMemory, available_layers, open_device_memory
+from trt_pipeline.pipeline.runners.device_memory import LAYERS, DeviceMemory, available_layers, open_device_memory
 
 pytestmark = pytest.mark.gpu
 

@@ -15,13 +15,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.diagnose import diagnose_folder
-from pipeline.errors import PipelineError
-from pipeline.export import load_reference
-from pipeline.float16 import faithful_copy
-from pipeline.parity import onnxruntime_session
-from pipeline.settings import Settings
-from pipeline.stages import make_engine
+from trt_pipeline.pipeline.diagnose import diagnose_folder
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.export import load_reference
+from trt_pipeline.pipeline.float16 import faithful_copy
+from trt_pipeline.pipeline.parity import onnxruntime_session
+from trt_pipeline.pipeline.settings import Settings
+from trt_pipeline.pipeline.stages import make_engine
 
 OVERFLOW = "tests.toy_models:overflow_ffn"
 BLOCK = ["/up/Gemm", "/Relu", "/down/Gemm"]  # the nodes that hold the large values
@@ -60,7 +60,7 @@ def test_overflow_is_caught_without_the_fallback_and_names_the_node(tmp_path):
         _fp16(tmp_path, auto_fp32=False)
     message = str(caught.value)
     assert "max abs error nan" in message and "the first node past it is '/up/Gemm' (Gemm)" in message
-    assert "KEEP_FP32=" in caught.value.fix and "python -m pipeline diagnose" in caught.value.fix
+    assert "KEEP_FP32=" in caught.value.fix and "trt-pipeline diagnose" in caught.value.fix
     # What the old gate saw: the same float16 graph through ONNX Runtime's CPU provider is fine.
     folder = next(tmp_path.glob("*-fp16"))
     inputs, outputs = load_reference(folder / "reference.npz")[0]

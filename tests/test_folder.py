@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.artifacts import LOCK, build_lock, running_build
-from pipeline.cpu import int8_cpu_kind
-from pipeline.errors import PipelineError
-from pipeline.folder import open_folder
-from pipeline.manifest import (
+from trt_pipeline.pipeline.artifacts import LOCK, build_lock, running_build
+from trt_pipeline.pipeline.cpu import int8_cpu_kind
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.folder import open_folder
+from trt_pipeline.pipeline.manifest import (
     ARTIFACT_LAYOUT,
     CPU_TARGETS,
     ENGINE_TARGET,
@@ -29,9 +29,9 @@ from pipeline.manifest import (
     describe_artifacts,
     read_manifest,
 )
-from pipeline.runners import BACKENDS, load_runner
-from pipeline.settings import BatchProfile, Settings
-from pipeline.stages import make_engine
+from trt_pipeline.pipeline.runners import BACKENDS, load_runner
+from trt_pipeline.pipeline.settings import BatchProfile, Settings
+from trt_pipeline.pipeline.stages import make_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = "tests.toy_models:tiny_cnn"
@@ -202,7 +202,7 @@ def test_a_finished_folder_opens_and_each_graph_is_read_checked(built):
 
 def test_a_second_build_into_the_same_folder_refuses_at_once(root, tmp_path):
     ready, go = tmp_path / "ready", tmp_path / "go"
-    command = [sys.executable, "-m", "pipeline", "all", "--model", GATED, "--precision", "fp32"]
+    command = [sys.executable, "-m", "trt_pipeline", "all", "--model", GATED, "--precision", "fp32"]
     command += ["--batch", "1:2:4", "--out", str(root)]
     environment = {**os.environ, "GATE_READY": str(ready), "GATE_GO": str(go)}
     first = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -256,7 +256,7 @@ def test_make_engine_says_what_it_removed(built, capsys):
 
 
 def test_a_stage_run_alone_leaves_the_folder_unfinished(tmp_path):
-    from pipeline.stages import run_stage
+    from trt_pipeline.pipeline.stages import run_stage
 
     folder = make_engine(settings(tmp_path))
     run_stage(settings(tmp_path), "simplify")  # model.onnx rewritten: no longer the file the manifest lists

@@ -1,4 +1,4 @@
-"""`import pipeline` and every module work with no GPU and no TensorRT, pycuda or CUDA bindings; serving an ONNX
+"""`import trt_pipeline` and every module work with no GPU and no TensorRT, pycuda or CUDA bindings; serving an ONNX
 graph imports nothing of the build."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.settings import BatchProfile, Settings
-from pipeline.stages import make_engine
+from trt_pipeline.pipeline.settings import BatchProfile, Settings
+from trt_pipeline.pipeline.stages import make_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,10 +28,11 @@ BARE_IMPORT = textwrap.dedent(
                 raise ImportError(f"{name} is blocked: this test proves it is not needed at import time")
 
     sys.meta_path.insert(0, Blocker())
-    import pipeline
-    assert "torch" not in sys.modules, "import pipeline must stay light (torch loads on first use)"
+    import trt_pipeline
+    from trt_pipeline import pipeline
+    assert "torch" not in sys.modules, "import trt_pipeline must stay light (torch loads on first use)"
     imported = []
-    for package_name in ("pipeline", "models", "calibration"):
+    for package_name in ("trt_pipeline.pipeline", "trt_pipeline.models", "trt_pipeline.calibration"):
         package = importlib.import_module(package_name)
         for module in pkgutil.walk_packages(package.__path__, package_name + "."):
             if module.name.endswith("__main__"):
@@ -54,15 +55,17 @@ RUNTIME = textwrap.dedent(
     """
     import sys
     import numpy as np
-    from pipeline.runners import load_runner
+    from trt_pipeline.pipeline.runners import load_runner
 
     with load_runner(sys.argv[1], backend="onnxruntime") as runner:
         logits = runner.infer({"input": np.zeros((2, 3, 16, 16), np.float32)})["logits"]
     assert logits.shape == (2, 10)
-    BUILD_PACKAGES = ("torch", "onnx", "onnxsim", "models", "calibration")
+    BUILD_PACKAGES = ("torch", "onnx", "onnxsim")
+    BUILD_SUBPACKAGES = ("trt_pipeline.models", "trt_pipeline.calibration")
     STAGES = ("export", "prepare", "stages", "check", "simplify", "precision", "float16", "parity", "build")
-    build = {f"pipeline.{name}" for name in STAGES}
-    print(" ".join(sorted(m for m in sys.modules if m.split(".")[0] in BUILD_PACKAGES or m in build)))
+    build = {f"trt_pipeline.pipeline.{name}" for name in STAGES}
+    loaded = [m for m in sys.modules if m.split(".")[0] in BUILD_PACKAGES or m.startswith(BUILD_SUBPACKAGES)]
+    print(" ".join(sorted([*loaded, *(m for m in sys.modules if m in build)])))
     """
 )
 

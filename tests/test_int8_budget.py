@@ -14,14 +14,14 @@ import numpy as np
 import onnx
 import pytest
 
-from calibration.budget import fit_budget, quantized_layers
-from calibration.cache import read_cached_ranges
-from calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph
-from models.digits import PREPROCESS, load_split
-from pipeline import cli
-from pipeline.parity import onnxruntime_session
-from pipeline.settings import Settings
-from pipeline.stages import make_engine
+from trt_pipeline.calibration.budget import fit_budget, quantized_layers
+from trt_pipeline.calibration.cache import read_cached_ranges
+from trt_pipeline.calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph
+from trt_pipeline.models.digits import PREPROCESS, load_split
+from trt_pipeline.pipeline import cli
+from trt_pipeline.pipeline.parity import onnxruntime_session
+from trt_pipeline.pipeline.settings import Settings
+from trt_pipeline.pipeline.stages import make_engine
 
 
 @pytest.fixture(scope="module")

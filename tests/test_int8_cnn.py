@@ -12,13 +12,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph
-from calibration.photos import export_calibration_images
-from calibration.preprocess import load_image
-from models.spec import ImagePreprocess, ModelSpec
-from pipeline.sessions import onnxruntime_session
-from pipeline.settings import Settings
-from pipeline.stages import make_engine
+from trt_pipeline.calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph
+from trt_pipeline.calibration.photos import export_calibration_images
+from trt_pipeline.calibration.preprocess import load_image
+from trt_pipeline.models.spec import ImagePreprocess, ModelSpec
+from trt_pipeline.pipeline.sessions import onnxruntime_session
+from trt_pipeline.pipeline.settings import Settings
+from trt_pipeline.pipeline.stages import make_engine
 
 pytest.importorskip("efficientnet_lite_pytorch", reason="pip install efficientnet-lite-pytorch (EfficientNet code)")
 pytest.importorskip(

@@ -16,11 +16,17 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from calibration.int8 import CACHE_FOLDER, CPU_GRAPHS, CalibrationConfig, make_int8_graph, written_cpu_graphs
-from models.spec import DynamicAxis, ModelSpec
-from pipeline.manifest import GRAPHS
-from pipeline.settings import Settings
-from pipeline.stages import make_engine
+from trt_pipeline.calibration.int8 import (
+    CACHE_FOLDER,
+    CPU_GRAPHS,
+    CalibrationConfig,
+    make_int8_graph,
+    written_cpu_graphs,
+)
+from trt_pipeline.models.spec import DynamicAxis, ModelSpec
+from trt_pipeline.pipeline.manifest import GRAPHS
+from trt_pipeline.pipeline.settings import Settings
+from trt_pipeline.pipeline.stages import make_engine
 
 pytest.importorskip("transformers")
 

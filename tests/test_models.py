@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from models import canonical_name, known_models, load_model
-from models.inputs import InputShape, parse_dynamic, parse_input_shape
-from models.registry import ALIASES, REGISTRY
-from models.resnet import RANDOM_INIT_NOTE, build_resnet
-from models.spec import DynamicAxis, ImagePreprocess
-from pipeline.errors import PipelineError
 from tests import toy_models
+from trt_pipeline.models import canonical_name, known_models, load_model
+from trt_pipeline.models.inputs import InputShape, parse_dynamic, parse_input_shape
+from trt_pipeline.models.registry import ALIASES, REGISTRY
+from trt_pipeline.models.resnet import RANDOM_INIT_NOTE, build_resnet
+from trt_pipeline.models.spec import DynamicAxis, ImagePreprocess
+from trt_pipeline.pipeline.errors import PipelineError
 
 TOY = "tests.toy_models"
 
@@ -354,7 +354,7 @@ def test_factory_forms_tuple_dict_and_modelspec(user_dir: Path):
         "forms_factory",
         """
         import torch
-        from models.spec import ModelSpec
+        from trt_pipeline.models.spec import ModelSpec
 
         class Add(torch.nn.Module):
             def forward(self, a, b):
@@ -659,8 +659,8 @@ def test_dict_inputs_are_bound_by_name_through_export_and_parity(tmp_path: Path)
     import onnx
     import onnxruntime as ort
 
-    from pipeline.settings import Settings
-    from pipeline.stages import make_engine
+    from trt_pipeline.pipeline.settings import Settings
+    from trt_pipeline.pipeline.stages import make_engine
 
     folder = make_engine(Settings(model=f"{__name__}:optional_inputs_dict", precision="fp32", out_root=tmp_path))
     graph = folder / "model.onnx"
@@ -668,7 +668,7 @@ def test_dict_inputs_are_bound_by_name_through_export_and_parity(tmp_path: Path)
     session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
     x, scale = np.ones((4, 3), np.float32), np.full((4, 3), 3.0, np.float32)
     np.testing.assert_allclose(session.run(None, {"x": x, "scale": scale})[0], x * 2 * scale)
-    from pipeline.runners import load_runner
+    from trt_pipeline.pipeline.runners import load_runner
 
     with load_runner(folder, "torch") as runner:  # the torch runner binds them by name too
         np.testing.assert_allclose(runner.infer({"x": x, "scale": scale})["output"], x * 2 * scale)
@@ -705,16 +705,16 @@ def _export_text_classifier(path: Path, *, opset: int = 17, sequence: str | None
 
 
 def _onnx_settings(model: Path, tmp_path: Path, **overrides):
-    from pipeline.settings import BatchProfile, Settings
+    from trt_pipeline.pipeline.settings import BatchProfile, Settings
 
     defaults = {"precision": "fp16", "batch": BatchProfile(1, 2, 4), "out_root": tmp_path / "engines"}
     return Settings(model=str(model), **{**defaults, "builder": "tensorrt_rtx", **overrides})
 
 
 def test_an_onnx_file_starts_at_check_with_its_own_fp32_outputs_as_the_reference(tmp_path: Path):
-    from pipeline.manifest import MANIFEST
-    from pipeline.onnx_model import REFERENCE_SOURCE
-    from pipeline.stages import make_engine
+    from trt_pipeline.pipeline.manifest import MANIFEST
+    from trt_pipeline.pipeline.onnx_model import REFERENCE_SOURCE
+    from trt_pipeline.pipeline.stages import make_engine
 
     graph = _export_text_classifier(tmp_path / "classifier.onnx", opset=13)  # converted to 17 on the way in
     folder = make_engine(_onnx_settings(graph, tmp_path, dynamic="input_ids:1=1:12:24,attention_mask:1=1:12:24"))
@@ -731,7 +731,7 @@ def test_an_onnx_file_starts_at_check_with_its_own_fp32_outputs_as_the_reference
 def test_an_onnx_files_symbolic_dims_need_a_range_or_a_size(tmp_path: Path):
     import onnx
 
-    from pipeline.stages import make_engine
+    from trt_pipeline.pipeline.stages import make_engine
 
     graph = _export_text_classifier(tmp_path / "classifier.onnx")
     with pytest.raises(PipelineError) as error:
@@ -749,7 +749,7 @@ def test_an_onnx_files_symbolic_dims_need_a_range_or_a_size(tmp_path: Path):
 
 
 def test_an_onnx_file_with_a_fixed_batch_is_refused(tmp_path: Path):
-    from pipeline.stages import make_engine
+    from trt_pipeline.pipeline.stages import make_engine
 
     spec = toy_models.tiny_cnn()
     graph = tmp_path / "fixed.onnx"
@@ -770,7 +770,7 @@ def _segfault() -> None:
 
 
 def _crash_at_full_optimization(path: Path, level: str) -> None:
-    from pipeline.sessions import OPTIMIZATION_LEVELS, _open
+    from trt_pipeline.pipeline.sessions import OPTIMIZATION_LEVELS, _open
 
     if level == OPTIMIZATION_LEVELS[0]:
         _segfault()
@@ -778,7 +778,7 @@ def _crash_at_full_optimization(path: Path, level: str) -> None:
 
 
 def test_a_native_crash_kills_only_the_child():
-    from pipeline.sessions import crash_in_child
+    from trt_pipeline.pipeline.sessions import crash_in_child
 
     assert crash_in_child(_segfault) == "SIGSEGV"
     assert crash_in_child(len, "exits normally") is None
@@ -786,7 +786,7 @@ def test_a_native_crash_kills_only_the_child():
 
 
 def test_a_graph_that_crashes_at_full_optimization_opens_one_level_lower(tmp_path: Path, capsys):
-    from pipeline.sessions import OPTIMIZATION_LEVELS, level_that_opens
+    from trt_pipeline.pipeline.sessions import OPTIMIZATION_LEVELS, level_that_opens
 
     graph = _export_text_classifier(tmp_path / "classifier.onnx")
     assert level_that_opens(graph, opener=_crash_at_full_optimization) == OPTIMIZATION_LEVELS[1]
@@ -802,7 +802,7 @@ def test_a_graph_that_crashes_at_every_level_is_a_clear_error_through_the_comman
     script = textwrap.dedent(
         f"""
         import sys
-        from pipeline import cli, sessions
+        from trt_pipeline.pipeline import cli, sessions
         from tests.test_models import _segfault
         real = sessions.level_that_opens
         sessions.level_that_opens = lambda path, providers=None: real(path, opener=lambda p, level: _segfault())
@@ -814,7 +814,7 @@ def test_a_graph_that_crashes_at_every_level_is_a_clear_error_through_the_comman
         [
             sys.executable,
             "-m",
-            "pipeline",
+            "trt_pipeline",
             "export",
             "--model",
             str(graph),
@@ -836,7 +836,7 @@ def test_a_graph_that_crashes_at_every_level_is_a_clear_error_through_the_comman
 
 
 def test_a_static_token_sequence_is_warned_about_with_the_dynamic_that_fixes_it(tmp_path: Path, capsys):
-    from pipeline.export import export_onnx, static_token_sequences
+    from trt_pipeline.pipeline.export import export_onnx, static_token_sequences
 
     dynamic = load_model("tests.toy_models:text_classifier")
     assert static_token_sequences(dynamic) is None  # its sequence axis is declared

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import tomllib
 
-import pipeline
-from pipeline.cli import in_command_line_terms, main
-from pipeline.extras import EXTRA_OF_MODULE, missing_module_error, requirements
+import trt_pipeline
+from trt_pipeline.pipeline.cli import in_command_line_terms, main
+from trt_pipeline.pipeline.extras import EXTRA_OF_MODULE, missing_module_error, requirements
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,8 +21,8 @@ def test_version_is_the_installed_distribution(capsys):
     with pytest.raises(SystemExit) as exited:
         main(["--version"])
     assert exited.value.code == 0
-    assert capsys.readouterr().out.strip() == f"trt-pipeline {pipeline.__version__}"
-    assert pipeline.__version__ != "0+unknown"
+    assert capsys.readouterr().out.strip() == f"trt-pipeline {trt_pipeline.__version__}"
+    assert trt_pipeline.__version__ != "0+unknown"
 
 
 def test_help_shows_defaults_and_the_command_name(capsys):
@@ -43,7 +43,7 @@ def test_make_terms_become_options_for_command_line_users():
 
 
 def test_errors_speak_make_under_make_and_options_otherwise(tmp_path):
-    command = [sys.executable, "-m", "pipeline", "engine", "--precision", "int8", "--out", str(tmp_path)]
+    command = [sys.executable, "-m", "trt_pipeline", "engine", "--precision", "int8", "--out", str(tmp_path)]
     plain = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=120)
     under_make = subprocess.run(
         command, capture_output=True, text=True, cwd=ROOT, timeout=120, env={**_env(), "TRT_PIPELINE_FRONT_END": "make"}
@@ -65,7 +65,7 @@ def test_a_missing_extra_is_one_error_naming_its_install():
         """
         import sys
         sys.modules["skimage"] = None
-        from pipeline.cli import main
+        from trt_pipeline.pipeline.cli import main
         sys.exit(main(["calibration-images", "--out", sys.argv[1]]))
         """
     )
@@ -90,8 +90,8 @@ def test_onnxruntime_broken_by_its_two_wheels_is_named(tmp_path):
     script = textwrap.dedent(
         """
         import sys
-        from pipeline.errors import PipelineError
-        from pipeline.extras import import_onnxruntime
+        from trt_pipeline.pipeline.errors import PipelineError
+        from trt_pipeline.pipeline.extras import import_onnxruntime
         try:
             import_onnxruntime()
         except PipelineError as error:
@@ -110,11 +110,11 @@ def test_onnxruntime_broken_by_its_two_wheels_is_named(tmp_path):
 
 
 def test_the_api_names_functions_and_help_lists_them():
-    from pipeline import compare, load_runner, prepare
+    from trt_pipeline import compare, load_runner, prepare
 
     assert callable(compare) and callable(prepare) and callable(load_runner)
     assert type(compare).__name__ == "function" and type(prepare).__name__ == "function"
-    assert {"load_runner", "make_engine", "Settings", "__version__"} <= set(dir(pipeline))
+    assert {"load_runner", "make_engine", "Settings", "__version__"} <= set(dir(trt_pipeline))
 
 
 def _env() -> dict[str, str]:
@@ -128,12 +128,47 @@ def test_a_command_imports_only_its_own_module():
     script = textwrap.dedent(
         """
         import sys
-        from pipeline.cli import build_parser
+        from trt_pipeline.pipeline.cli import build_parser
         build_parser("serve").parse_args(["serve", "engines/x"])
         build_parser("triton").parse_args(["triton", "engines/x", "--repo", "r"])
         assert "torch" not in sys.modules, sorted(name for name in sys.modules if name.startswith("torch"))[:5]
-        assert "pipeline.bench" not in sys.modules and "pipeline.accuracy" not in sys.modules
+        assert "trt_pipeline.pipeline.bench" not in sys.modules and "trt_pipeline.pipeline.accuracy" not in sys.modules
         """
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.slow
+def test_a_project_with_its_own_models_pipeline_and_calibration_keeps_them(tmp_path):
+    # A user's project whose package names are ours too: trt_pipeline imports none of them, and
+    # MODEL=models.my_net:build finds the project's own.
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "__init__.py").write_text("")
+    (tmp_path / "models" / "my_net.py").write_text(
+        "import torch\n\n\ndef build():\n    return torch.nn.Sequential(torch.nn.Linear(4, 3)), (torch.zeros(2, 4),)\n"
+    )
+    (tmp_path / "pipeline.py").write_text("OWN = 'the project'\n")
+    (tmp_path / "calibration").mkdir()
+    (tmp_path / "calibration" / "__init__.py").write_text("OWN = 'the project'\n")
+    env = {key: value for key, value in _env().items() if key != "PYTHONPATH"}  # the installed trt_pipeline only
+    command = [sys.executable, "-m", "trt_pipeline", "engine", "--model", "models.my_net:build", "--precision", "fp32"]
+    built = subprocess.run(
+        [*command, "--batch", "1:2:4", "--out", "out"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert built.returncode == 0, built.stderr
+    (folder,) = (tmp_path / "out").iterdir()
+    script = textwrap.dedent(
+        f"""
+        import numpy as np
+        import calibration, pipeline
+        from trt_pipeline import load_runner
+        assert pipeline.OWN == calibration.OWN == "the project"
+        with load_runner({str(folder)!r}) as runner:
+            (output,) = runner.infer({{spec.name: np.ones((2, 4), np.float32) for spec in runner.inputs}}).values()
+            print(output.shape)
+        """
+    )
+    used = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert used.returncode == 0, used.stderr
+    assert used.stdout.strip() == "(2, 3)"

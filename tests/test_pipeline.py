@@ -13,15 +13,15 @@ import onnx
 import pytest
 import torch
 
-from pipeline.artifacts import sha256_file
-from pipeline.check import check_onnx
-from pipeline.cli import main
-from pipeline.errors import PipelineError
-from pipeline.export import load_reference
-from pipeline.manifest import ARTIFACT_LAYOUT
-from pipeline.runners import load_runner
-from pipeline.settings import BatchProfile, Settings
-from pipeline.stages import make_engine
+from trt_pipeline.pipeline.artifacts import sha256_file
+from trt_pipeline.pipeline.check import check_onnx
+from trt_pipeline.pipeline.cli import main
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.export import load_reference
+from trt_pipeline.pipeline.manifest import ARTIFACT_LAYOUT
+from trt_pipeline.pipeline.runners import load_runner
+from trt_pipeline.pipeline.settings import BatchProfile, Settings
+from trt_pipeline.pipeline.stages import make_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = "tests.toy_models:tiny_cnn"
@@ -98,7 +98,7 @@ def test_resnet50_export_check_parity(tmp_path):
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "pipeline", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "trt_pipeline", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
     )
 
 
@@ -146,7 +146,7 @@ def test_missing_builder_still_writes_onnx_and_says_what_to_install(tmp_path, mo
 
 
 def test_an_interrupted_build_leaves_nothing_that_loads(tmp_path):
-    command = [sys.executable, "-m", "pipeline", "all", "--model", "resnet18", "--precision", "fp32"]
+    command = [sys.executable, "-m", "trt_pipeline", "all", "--model", "resnet18", "--precision", "fp32"]
     process = subprocess.Popen(
         [*command, "--batch", "1:2:4", "--out", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True
     )
@@ -206,7 +206,7 @@ def test_torchscript_and_exported_program_files_build(tmp_path, write, file_name
 def test_int8_rerun_notices_changed_calibration_data(tmp_path, capsys):
     import numpy as np
 
-    data = tmp_path / "calibration.npy"
+    data = tmp_path / "trt_pipeline.calibration.npy"
     np.save(data, np.random.default_rng(0).standard_normal((16, 3, 16, 16)).astype(np.float32))
     int8 = settings(tmp_path, precision="int8", calib=data, calib_samples=16, calib_batch=8)
     make_engine(int8)
@@ -219,7 +219,7 @@ def test_int8_rerun_notices_changed_calibration_data(tmp_path, capsys):
 
 
 def test_a_folder_from_an_older_artifact_layout_is_rebuilt(tmp_path, capsys, monkeypatch):
-    from pipeline import stages
+    from trt_pipeline.pipeline import stages
 
     monkeypatch.setattr(stages, "ARTIFACT_LAYOUT", stages.ARTIFACT_LAYOUT - 1)  # as written by an earlier version
     make_engine(settings(tmp_path))

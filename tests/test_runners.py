@@ -13,20 +13,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calibration.int8 import CPU_GRAPHS
-from pipeline.compare import compare_outputs
-from pipeline.cpu import int8_cpu_kind
-from pipeline.errors import PipelineError
-from pipeline.export import load_reference
-from pipeline.manifest import Manifest, describe_artifacts
-from pipeline.runners import load_runner
-from pipeline.runners.device_memory import available_layers, open_device_memory
-from pipeline.runners.tensorrt import built_for, check_gpu_target
-from pipeline.sessions import onnxruntime_session
-from pipeline.settings import Settings
-from pipeline.stages import make_engine
-from pipeline.trt_module import gpu_present
 from tests.concurrency import assert_each_thread_gets_its_own_result
+from trt_pipeline.calibration.int8 import CPU_GRAPHS
+from trt_pipeline.pipeline.compare import compare_outputs
+from trt_pipeline.pipeline.cpu import int8_cpu_kind
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.export import load_reference
+from trt_pipeline.pipeline.manifest import Manifest, describe_artifacts
+from trt_pipeline.pipeline.runners import load_runner
+from trt_pipeline.pipeline.runners.device_memory import available_layers, open_device_memory
+from trt_pipeline.pipeline.runners.tensorrt import built_for, check_gpu_target
+from trt_pipeline.pipeline.sessions import onnxruntime_session
+from trt_pipeline.pipeline.settings import Settings
+from trt_pipeline.pipeline.stages import make_engine
+from trt_pipeline.pipeline.trt_module import gpu_present
 
 FP32_RTOL = 1e-4  # same graph, same inputs: only float reassociation between PyTorch and ONNX Runtime
 BACKENDS = ("onnxruntime", "torch")
@@ -112,7 +112,7 @@ def test_contract_attributes(runners):
 
 
 def test_auto_picks_a_backend_and_says_why(folders, caplog):
-    with caplog.at_level("INFO", logger="pipeline.runners"), load_runner(folders["tiny_cnn"]) as runner:
+    with caplog.at_level("INFO", logger="trt_pipeline.pipeline.runners"), load_runner(folders["tiny_cnn"]) as runner:
         assert "picked because auto:" in runner.description
         assert runner.description in caplog.text
         if not gpu_present():
@@ -413,7 +413,7 @@ def test_runner_modules_import_without_gpu_or_tensorrt():
     import importlib
 
     for name in ("base", "onnxruntime", "torch", "tensorrt", "device_memory"):
-        importlib.import_module(f"pipeline.runners.{name}")
-    import pipeline
+        importlib.import_module(f"trt_pipeline.pipeline.runners.{name}")
+    import trt_pipeline
 
-    assert pipeline.load_runner is load_runner
+    assert trt_pipeline.load_runner is load_runner

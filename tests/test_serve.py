@@ -1,4 +1,4 @@
-"""The service, for real: `python -m pipeline serve` in its own process on 127.0.0.1, the ONNX Runtime runner
+"""The service, for real: `python -m trt_pipeline serve` in its own process on 127.0.0.1, the ONNX Runtime runner
 serving tiny_cnn (one FP32 image input) and text_classifier (INT64 ids + FP32 mask, a dynamic "seq", two
 outputs) built by make_engine, and Triton's own clients, tritonclient.http and tritonclient.grpc, unchanged.
 Raw HTTP (httpx) only where a test sends what tritonclient never would.  Every wait has a timeout, every
@@ -32,13 +32,13 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from pipeline.cli import main as cli_main
-from pipeline.compare import compare
-from pipeline.folder import open_folder
-from pipeline.runners import load_runner
-from pipeline.settings import BatchProfile, Settings
-from pipeline.stages import make_engine
-from pipeline.triton import model_name, write_repository
+from trt_pipeline.pipeline.cli import main as cli_main
+from trt_pipeline.pipeline.compare import compare
+from trt_pipeline.pipeline.folder import open_folder
+from trt_pipeline.pipeline.runners import load_runner
+from trt_pipeline.pipeline.settings import BatchProfile, Settings
+from trt_pipeline.pipeline.stages import make_engine
+from trt_pipeline.pipeline.triton import model_name, write_repository
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"  # loopback only, always
@@ -106,9 +106,9 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def served(folder: Path, *options: str) -> Iterator[Server]:
-    """A `python -m pipeline serve` process on free loopback ports (REST and gRPC), ready; always terminated."""
+    """A `python -m trt_pipeline serve` process on free loopback ports (REST and gRPC), ready; always terminated."""
     port, grpc_port = free_port(), free_port()
-    command = [sys.executable, "-m", "pipeline", "serve", str(folder), "--host", HOST, "--port", str(port)]
+    command = [sys.executable, "-m", "trt_pipeline", "serve", str(folder), "--host", HOST, "--port", str(port)]
     command += ["--grpc-port", str(grpc_port), "--log-level", "warning", *options]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     server = Server(f"{HOST}:{port}", f"{HOST}:{grpc_port}", process)
@@ -733,7 +733,7 @@ def test_a_busy_grpc_port_is_one_error_line(folder: Path) -> None:
         taken.bind((HOST, 0))
         taken.listen()
         port = str(taken.getsockname()[1])
-        command = [sys.executable, "-m", "pipeline", "serve", str(folder), "--host", HOST, "--grpc-port", port]
+        command = [sys.executable, "-m", "trt_pipeline", "serve", str(folder), "--host", HOST, "--grpc-port", port]
         run = subprocess.run(
             [*command, "--port", str(free_port())], cwd=ROOT, capture_output=True, text=True, timeout=60
         )
@@ -745,7 +745,7 @@ def test_an_unfinished_folder_is_refused_before_serving(folder: Path, tmp_path: 
     shutil.copytree(folder, unfinished)
     manifest = json.loads((unfinished / "manifest.json").read_text())
     (unfinished / "manifest.json").write_text(json.dumps({**manifest, "complete": False}))
-    command = [sys.executable, "-m", "pipeline", "serve", str(unfinished), "--host", HOST]
+    command = [sys.executable, "-m", "trt_pipeline", "serve", str(unfinished), "--host", HOST]
     run = subprocess.run(
         [*command, "--port", str(free_port()), "--grpc-port", "0"], cwd=ROOT, capture_output=True, text=True, timeout=60
     )

@@ -9,14 +9,14 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
-from pipeline.artifacts import sha256_file
-from pipeline.cli import main
-from pipeline.errors import PipelineError
-from pipeline.folder import open_folder
-from pipeline.manifest import Manifest, ModelRecord, read_manifest
-from pipeline.settings import BatchProfile, Settings
-from pipeline.stages import make_engine
-from pipeline.triton import engine_io, model_config, model_name, write_repository
+from trt_pipeline.pipeline.artifacts import sha256_file
+from trt_pipeline.pipeline.cli import main
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.folder import open_folder
+from trt_pipeline.pipeline.manifest import Manifest, ModelRecord, read_manifest
+from trt_pipeline.pipeline.settings import BatchProfile, Settings
+from trt_pipeline.pipeline.stages import make_engine
+from trt_pipeline.pipeline.triton import engine_io, model_config, model_name, write_repository
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_rtx_engine_is_served_through_the_onnx_backend_by_default(tiny: Path, tm
     model_dir, why = write_repository(tiny, tmp_path)
     assert "TensorRT-RTX" in why
     config = parse((model_dir / "config.pbtxt").read_text())
-    # The name `python -m pipeline serve` gives the model too: <model>-<precision>.
+    # The name `python -m trt_pipeline serve` gives the model too: <model>-<precision>.
     assert model_dir.name == config.name == model_name(open_folder(tiny).manifest) == "toy_models-tiny_cnn-fp32"
     assert (config.platform, config.backend) == ("onnxruntime_onnx", "onnxruntime")
     assert config.max_batch_size == 32  # the profile's max (1:8:32)
@@ -127,7 +127,7 @@ def test_the_python_form_runs_our_runner_inside_triton(tiny: Path, tmp_path: Pat
     assert (config.backend, config.platform, config.default_model_filename) == ("python", "", "model.py")
     assert pb.ModelInstanceGroup.Kind.Name(config.instance_group[0].kind) == "KIND_CPU"  # the runner picks the GPU
     assert config.parameters["runner_backend"].string_value == "onnxruntime"
-    assert Path(config.parameters["pipeline_path"].string_value, "pipeline", "runners").is_dir()
+    assert Path(config.parameters["trt_pipeline_path"].string_value, "trt_pipeline", "pipeline", "runners").is_dir()
     assert [list(t.dims) for t in config.input] == [[3, 16, 16]] and config.max_batch_size == 32
     artifacts = model_dir / "1" / "artifacts"
     for name in ("model.onnx", "engine.plan"):

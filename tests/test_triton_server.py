@@ -1,12 +1,12 @@
 """A real Triton Inference Server (the nvidia-pytriton wheel's tritonserver, pipeline/triton_server.py), used twice:
 
-1. the scale-out repository form end to end: `python -m pipeline triton --backend python` writes a repository
+1. the scale-out repository form end to end: `python -m trt_pipeline triton --backend python` writes a repository
    whose model runs our runner inside Triton's Python backend, and tritonclient gets the runner's outputs from it;
 2. the reference for the protocol: the same requests go to Triton (serving that repository) and to our service
    (serving the same artifact folder), and the answers are compared status by status, field by field.  Where
    they differ, the difference is listed in ALLOWED with the reason; anything else is our bug.
 
-One tritonserver and one `python -m pipeline serve` per module.  Skipped, with the reason, where the wheel is
+One tritonserver and one `python -m trt_pipeline serve` per module.  Skipped, with the reason, where the wheel is
 not installed or its binary cannot load on this machine (it needs glibc 2.35+ and a shared libpython).
 """
 
@@ -26,9 +26,6 @@ import tritonclient.http as httpclient
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from pipeline.cli import main as cli_main
-from pipeline.triton import ARTIFACTS
-from pipeline.triton_server import TritonServer, running_triton, startup_problem
 from tests.test_serve import (  # noqa: F401 (fixtures)
     FORMS,
     IMAGE_MODEL,
@@ -46,6 +43,9 @@ from tests.test_serve import (  # noqa: F401 (fixtures)
     text_runner,
     tokens,
 )
+from trt_pipeline.pipeline.cli import main as cli_main
+from trt_pipeline.pipeline.triton import ARTIFACTS
+from trt_pipeline.pipeline.triton_server import TritonServer, running_triton, startup_problem
 
 PROBLEM = startup_problem()
 pytestmark = pytest.mark.skipif(PROBLEM is not None, reason=f"tritonserver cannot start here: {PROBLEM}")

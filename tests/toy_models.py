@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from models.spec import DynamicAxis, ModelSpec
+from trt_pipeline.models.spec import DynamicAxis, ModelSpec
 
 EXAMPLE_BATCH = 2  # not 1: exporters can specialise a batch of 1 into a constant
 SEQ = DynamicAxis(name="seq", min=1, opt=12, max=64)

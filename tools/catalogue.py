@@ -53,7 +53,7 @@ PRELUDE = """\
 import json, shutil, sys
 from pathlib import Path
 import numpy as np
-from pipeline.errors import PipelineError
+from trt_pipeline.pipeline.errors import PipelineError
 IMAGE, TEXT, WORK, MARKER = (Path(a) for a in sys.argv[1:5])
 def wrong(why):
     print("WRONG: " + why)
@@ -131,7 +131,7 @@ class Context:
     forker: Forker | None = None
 
     def run(self, argv: list[str], limit: float, fsize: int | None = None) -> Outcome:
-        """Run argv: `python -m pipeline ...` and case scripts in a child of the warm forker, anything else
+        """Run argv: `python -m trt_pipeline ...` and case scripts in a child of the warm forker, anything else
         (make) as a plain subprocess."""
         started = time.monotonic()
         if self.forker is not None and argv[0] == sys.executable:

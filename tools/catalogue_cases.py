@@ -76,7 +76,7 @@ class Case:
 def _cli(argv: list[str], limit: float = CLI_LIMIT_S, fsize: int | None = None) -> Callable[[Any, Case], Outcome]:
     def run(context: Any, case: Case) -> Outcome:
         filled = [context.fill(arg) for arg in argv]
-        return context.run([sys.executable, "-m", "pipeline", *filled], limit, fsize)
+        return context.run([sys.executable, "-m", "trt_pipeline", *filled], limit, fsize)
 
     return run
 
@@ -104,7 +104,7 @@ def cli(id: str, what: str, argv: list[str], expect: str = "error", names: tuple
 
 
 def build(id: str, what: str, options: list[str], expect: str = "error", names: tuple[str, ...] = (), **kw) -> Case:
-    """`python -m pipeline all` with options, into the case's own folder (tiny_cnn unless --model is given)."""
+    """`python -m trt_pipeline all` with options, into the case's own folder (tiny_cnn unless --model is given)."""
     argv = ["all", "--out", "{work}/engines"]
     if "--model" not in options:
         argv += ["--model", "tests.toy_models:tiny_cnn"]

@@ -119,7 +119,7 @@ class Fixtures:
 
 
 def _engine(code: Path, env: dict[str, str], engines: Path, model: str, batch: str) -> Path:
-    argv = [sys.executable, "-m", "pipeline", "all", "--model", model, "--precision", "fp32", "--batch", batch]
+    argv = [sys.executable, "-m", "trt_pipeline", "all", "--model", model, "--precision", "fp32", "--batch", batch]
     subprocess.run([*argv, "--out", str(engines)], cwd=code, env=env, check=True, timeout=BUILD_LIMIT_S)
     return engines / f"toy_models-{model.split(':')[1]}-fp32"
 
@@ -183,7 +183,7 @@ def _calibration_files(files: Path) -> None:
 
 @dataclass
 class Server:
-    """A `python -m pipeline serve` process of the checkout under test, REST only, on a free loopback port."""
+    """A `python -m trt_pipeline serve` process of the checkout under test, REST only, on a free loopback port."""
 
     port: int
     process: subprocess.Popen
@@ -193,7 +193,7 @@ class Server:
     @contextlib.contextmanager
     def start(cls, folder: Path, env: dict[str, str]) -> Iterator[Server]:
         port = _free_port()
-        argv = [sys.executable, "-m", "pipeline", "serve", str(folder), "--port", str(port), "--grpc-port", "0"]
+        argv = [sys.executable, "-m", "trt_pipeline", "serve", str(folder), "--port", str(port), "--grpc-port", "0"]
         argv += ["--log-level", "warning", *_guard_options(env)]
         process = subprocess.Popen(argv, cwd=env["CATALOGUE_CODE"], env=env, stderr=subprocess.DEVNULL)
         server = cls(port, process, folder.name)
@@ -225,7 +225,7 @@ class Server:
 def _guard_options(env: dict[str, str]) -> list[str]:
     """A short read timeout where the checkout has the option (the slow-client case waits for it)."""
     help_text = subprocess.run(
-        [sys.executable, "-m", "pipeline", "serve", "--help"],
+        [sys.executable, "-m", "trt_pipeline", "serve", "--help"],
         cwd=env["CATALOGUE_CODE"],
         env=env,
         capture_output=True,

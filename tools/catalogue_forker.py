@@ -1,4 +1,4 @@
-"""A warm interpreter that runs each catalogue case in a forked child: `python -m pipeline ...` or a case script.
+"""A warm interpreter that runs each catalogue case in a forked child: `python -m trt_pipeline ...` or a case script.
 
 A fresh interpreter spends seconds importing torch before a case can fail in milliseconds; on a shared 2-core
 machine that made the catalogue take an hour.  This process imports torch, numpy, onnx and onnxruntime once

@@ -1,4 +1,4 @@
-"""`python -m pipeline bench` / `make bench MODEL=resnet`: latency of one artifact folder through every backend.
+"""`trt-pipeline bench` / `make bench MODEL=resnet`: latency of one artifact folder through every backend.
 
 The same inputs go through PyTorch eager FP32 (the reference), what `serve` runs on this machine
 (load_runner(folder, backend="auto"): the engine, or ONNX Runtime on the graph it picks), PyTorch
@@ -7,7 +7,7 @@ FP32 graph (through the runner and in a bare session) and on the INT8 graph, and
 engine (GPU), at each batch size, in two stated modes (end to end, device-resident), in rounds
 whose agreement gives the stability verdict.  bench.json, bench.md and bench.png land in the folder.
 
-    from pipeline.bench import run_benchmark, write_reports
+    from trt_pipeline.pipeline.bench import run_benchmark, write_reports
     report = run_benchmark(Path("engines/resnet50-fp16"), batches=[1, 8])
 """
 
@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeline.bench.backends import NAMES
-from pipeline.bench.harness import run_benchmark
-from pipeline.bench.report import DEVICE_RESIDENT, END_TO_END, markdown_table, write_reports
-from pipeline.bench.timing import TimingPolicy
-from pipeline.errors import PipelineError
-from pipeline.manifest import make_engine_command
-from pipeline.settings import PRECISIONS, Settings
+from trt_pipeline.pipeline.bench.backends import NAMES
+from trt_pipeline.pipeline.bench.harness import run_benchmark
+from trt_pipeline.pipeline.bench.report import DEVICE_RESIDENT, END_TO_END, markdown_table, write_reports
+from trt_pipeline.pipeline.bench.timing import TimingPolicy
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.manifest import make_engine_command
+from trt_pipeline.pipeline.settings import PRECISIONS, Settings
 
 __all__ = ["TimingPolicy", "add_arguments", "main", "run_benchmark", "write_reports"]
 
@@ -82,7 +82,7 @@ def main(args: argparse.Namespace) -> int:
 def _folder_and_hint(args: argparse.Namespace) -> tuple[Path, str | None]:
     if args.folder is not None:
         return args.folder, None
-    import models
+    from trt_pipeline import models
 
     settings = Settings(model=args.model, precision=args.precision, out_root=args.out)
     folder = settings.artifact_dir(models.canonical_name(args.model))

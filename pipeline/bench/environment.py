@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.cpu import cpu_instruction_sets
-from pipeline.manifest import package_versions
+from trt_pipeline.pipeline.cpu import cpu_instruction_sets
+from trt_pipeline.pipeline.manifest import package_versions
 
 VERSIONED_PACKAGES = ("torch", "onnxruntime-gpu", "onnxruntime", "numpy", "tensorrt", "tensorrt-rtx-cu13")
 
@@ -48,10 +48,10 @@ def load_average() -> list[float] | None:
 
 
 def command_line() -> str:
-    """The command as typed: `python -m pipeline bench ...` rather than the path of __main__.py."""
+    """The command as typed: `python -m trt_pipeline bench ...` rather than the path of __main__.py."""
     argv = list(sys.argv)
-    if argv and Path(argv[0]).parts[-2:] == ("pipeline", "__main__.py"):
-        return shlex.join(["python", "-m", "pipeline", *argv[1:]])
+    if argv and Path(argv[0]).parts[-2:] == ("trt_pipeline", "__main__.py"):
+        return shlex.join(["python", "-m", "trt_pipeline", *argv[1:]])
     return shlex.join(argv)
 
 

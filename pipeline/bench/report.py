@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.artifacts import atomic_path, write_bytes, write_json
-from pipeline.cpu import instruction_sets_text
+from trt_pipeline.pipeline.artifacts import atomic_path, write_bytes, write_json
+from trt_pipeline.pipeline.cpu import instruction_sets_text
 
 END_TO_END = "end-to-end"
 DEVICE_RESIDENT = "device-resident"

@@ -1,6 +1,6 @@
 """Runners: one interface over the TensorRT engine, ONNX Runtime and PyTorch.
 
-    from pipeline.runners import load_runner
+    from trt_pipeline.pipeline.runners import load_runner
     with load_runner("engines/resnet50-fp16") as runner:      # backend="auto"
         outputs = runner.infer({"input": batch})               # {name: np.ndarray} -> {name: np.ndarray}
 
@@ -16,9 +16,9 @@ import inspect
 import logging
 from pathlib import Path
 
-from pipeline.errors import PipelineError
-from pipeline.folder import ArtifactFolder, open_folder
-from pipeline.runners.base import Runner, TensorSpec
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.folder import ArtifactFolder, open_folder
+from trt_pipeline.pipeline.runners.base import Runner, TensorSpec
 
 BACKENDS = ("auto", "tensorrt", "onnxruntime", "torch")
 
@@ -62,8 +62,8 @@ def _refuse_unknown_options(runner_class: type[Runner], backend: str, options: d
 
 def _choose_backend(folder: ArtifactFolder) -> tuple[str, str]:
     """("tensorrt", why) where the engine can run on this machine, else ("onnxruntime", why not)."""
-    from pipeline.runners.tensorrt import check_gpu_target
-    from pipeline.trt_module import describe_gpu, gpu_present, import_trt
+    from trt_pipeline.pipeline.runners.tensorrt import check_gpu_target
+    from trt_pipeline.pipeline.trt_module import describe_gpu, gpu_present, import_trt
 
     manifest = folder.manifest
     if not folder.has(folder.engine):
@@ -86,13 +86,13 @@ def _choose_backend(folder: ArtifactFolder) -> tuple[str, str]:
 
 def _runner_class(backend: str) -> type[Runner]:
     if backend == "tensorrt":
-        from pipeline.runners.tensorrt import TensorRTRunner
+        from trt_pipeline.pipeline.runners.tensorrt import TensorRTRunner
 
         return TensorRTRunner
     if backend == "torch":
-        from pipeline.runners.torch import TorchRunner
+        from trt_pipeline.pipeline.runners.torch import TorchRunner
 
         return TorchRunner
-    from pipeline.runners.onnxruntime import OnnxRuntimeRunner
+    from trt_pipeline.pipeline.runners.onnxruntime import OnnxRuntimeRunner
 
     return OnnxRuntimeRunner

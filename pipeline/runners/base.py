@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.errors import PipelineError
-from pipeline.folder import ArtifactFolder
-from pipeline.graph_io import GraphTensor
-from pipeline.manifest import Manifest, rebuild_hint
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.folder import ArtifactFolder
+from trt_pipeline.pipeline.graph_io import GraphTensor
+from trt_pipeline.pipeline.manifest import Manifest, rebuild_hint
 
 DYNAMIC = -1
 BATCH_AXIS = 0

@@ -8,12 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.cpu import NO_VNNI, VNNI, int8_cpu_kind
-from pipeline.errors import PipelineError
-from pipeline.folder import ArtifactFolder
-from pipeline.manifest import rebuild_hint
-from pipeline.runners.base import Runner
-from pipeline.sessions import onnxruntime_session
+from trt_pipeline.pipeline.cpu import NO_VNNI, VNNI, int8_cpu_kind
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.folder import ArtifactFolder
+from trt_pipeline.pipeline.manifest import rebuild_hint
+from trt_pipeline.pipeline.runners.base import Runner
+from trt_pipeline.pipeline.sessions import onnxruntime_session
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -32,7 +32,7 @@ def choose_providers(requested: list[str] | None) -> tuple[list[str], str]:
     """
     import onnxruntime as ort
 
-    from pipeline.trt_module import gpu_present
+    from trt_pipeline.pipeline.trt_module import gpu_present
 
     if requested:
         return list(requested), "providers as requested"

@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipeline.errors import PipelineError
-from pipeline.folder import ArtifactFolder
-from pipeline.manifest import Builder, Manifest, rebuild_hint
-from pipeline.runners.base import BATCH_AXIS, Runner, check_feed
-from pipeline.runners.device_memory import DeviceMemory, open_device_memory
-from pipeline.trt_module import RTX_RUNTIME_TARGETS, dims, parse_capability, rtx_runs_on
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.folder import ArtifactFolder
+from trt_pipeline.pipeline.manifest import Builder, Manifest, rebuild_hint
+from trt_pipeline.pipeline.runners.base import BATCH_AXIS, Runner, check_feed
+from trt_pipeline.pipeline.runners.device_memory import DeviceMemory, open_device_memory
+from trt_pipeline.pipeline.trt_module import RTX_RUNTIME_TARGETS, dims, parse_capability, rtx_runs_on
 
 if TYPE_CHECKING:
     # Type stubs only (`tensorrt-stubs`): mypy checks the TensorRT calls below against them.
@@ -151,7 +151,7 @@ class TensorRTRunner(Runner):
         execution: str = "v3",
         cuda_graphs: bool = False,
     ):
-        from pipeline.trt_module import RecordingLogger, describe_gpu, import_trt
+        from trt_pipeline.pipeline.trt_module import RecordingLogger, describe_gpu, import_trt
 
         super().__init__(folder, split_large_batches=split_large_batches)
         manifest = folder.manifest

@@ -32,11 +32,11 @@ from google.protobuf.descriptor import FieldDescriptor
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from pipeline.serve.config import ServeConfig
-from pipeline.serve.protocol import CLIENT_GONE, ModelIO, ServeError, check_model
-from pipeline.serve.rest import HEADER_LENGTH, JSON, encode_response, inflate, parse_infer_request
-from pipeline.serve.schema import error_response, infer_openapi, metadata_schema, server_metadata_schema
-from pipeline.serve.service import InferRequest, Service
+from trt_pipeline.pipeline.serve.config import ServeConfig
+from trt_pipeline.pipeline.serve.protocol import CLIENT_GONE, ModelIO, ServeError, check_model
+from trt_pipeline.pipeline.serve.rest import HEADER_LENGTH, JSON, encode_response, inflate, parse_infer_request
+from trt_pipeline.pipeline.serve.schema import error_response, infer_openapi, metadata_schema, server_metadata_schema
+from trt_pipeline.pipeline.serve.service import InferRequest, Service
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 Responses = dict[int | str, dict[str, Any]]  # FastAPI's `responses=` documentation
@@ -123,7 +123,7 @@ def _model_routes(app: FastAPI, service: Service) -> None:
         return Response() if service.ready else _json_error(service.not_ready())
 
     async def config(request: Request) -> Response:
-        """Triton's model configuration, as `python -m pipeline triton` writes it, with this service's limits."""
+        """Triton's model configuration, as `trt-pipeline triton` writes it, with this service's limits."""
         _check_model(service, request)
         return JSONResponse(model_config_json(service.model_config()))
 

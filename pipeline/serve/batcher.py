@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.serve.metrics import ServiceMetrics
+from trt_pipeline.pipeline.serve.metrics import ServiceMetrics
 
 Infer = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 

@@ -1,4 +1,4 @@
-"""`python -m pipeline serve engines/<model>-<precision>`: the inference protocol over REST and gRPC.
+"""`trt-pipeline serve engines/<model>-<precision>`: the inference protocol over REST and gRPC.
 
 `make serve MODEL=resnet` passes --model/--precision/--out instead of a folder, and the folder is
 found the way `make engine` names it.  The web and gRPC stacks are imported in main(), not at module
@@ -11,10 +11,10 @@ import argparse
 import socket
 from pathlib import Path
 
-from pipeline.errors import PipelineError
-from pipeline.runners import BACKENDS
-from pipeline.serve.config import ServeConfig
-from pipeline.settings import PRECISIONS, Settings
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.runners import BACKENDS
+from trt_pipeline.pipeline.serve.config import ServeConfig
+from trt_pipeline.pipeline.settings import PRECISIONS, Settings
 
 # Shown by --help: Triton's own clients call this server unchanged (pip install 'tritonclient[http,grpc]').
 CLIENTS = """\
@@ -86,12 +86,12 @@ def resolve_folder(args: argparse.Namespace) -> Path:
     if args.folder is not None:
         folder = args.folder
     elif args.model:
-        import models
+        from trt_pipeline import models
 
         settings = Settings(model=args.model, precision=args.precision, out_root=args.out)
         folder = settings.artifact_dir(models.canonical_name(args.model))
     else:
-        raise PipelineError("no artifact folder given", "python -m pipeline serve engines/<model>-<precision>")
+        raise PipelineError("no artifact folder given", "trt-pipeline serve engines/<model>-<precision>")
     return folder
 
 
@@ -114,8 +114,8 @@ def check_ports(args: argparse.Namespace) -> None:
 def main(args: argparse.Namespace) -> int:
     import asyncio
 
-    from pipeline.serve.app import create_app
-    from pipeline.serve.server import serve
+    from trt_pipeline.pipeline.serve.app import create_app
+    from trt_pipeline.pipeline.serve.server import serve
 
     check_ports(args)
     folder = resolve_folder(args)  # opened, and refused with the reason, by create_app

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.errors import PipelineError
+from trt_pipeline.pipeline.errors import PipelineError
 
 
 @dataclass

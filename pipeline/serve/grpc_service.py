@@ -19,9 +19,9 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from pipeline.errors import PipelineError
-from pipeline.serve.config import ServeConfig
-from pipeline.serve.protocol import (
+from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.serve.config import ServeConfig
+from trt_pipeline.pipeline.serve.protocol import (
     CLIENT_GONE,
     DATATYPES,
     VERSION,
@@ -34,7 +34,7 @@ from pipeline.serve.protocol import (
     select_outputs,
     timeout_from_parameters,
 )
-from pipeline.serve.service import InferRequest, Service
+from trt_pipeline.pipeline.serve.service import InferRequest, Service
 
 # HTTP statuses of ServeError -> gRPC codes, as Triton maps its errors to both.
 GRPC_CODES = {

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.serve.protocol import (
+from trt_pipeline.pipeline.serve.protocol import (
     DATATYPES,
     VERSION,
     InputTensor,
@@ -35,7 +35,7 @@ from pipeline.serve.protocol import (
     select_outputs,
     timeout_from_parameters,
 )
-from pipeline.serve.service import InferRequest
+from trt_pipeline.pipeline.serve.service import InferRequest
 
 JSON = "application/json"
 BINARY = "application/octet-stream"

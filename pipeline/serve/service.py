@@ -19,14 +19,21 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.folder import ArtifactFolder, open_folder
-from pipeline.runners import Runner, load_runner
-from pipeline.runners.base import DYNAMIC, TensorSpec
-from pipeline.serve.batcher import Batcher, QueueFull
-from pipeline.serve.config import ServeConfig
-from pipeline.serve.metrics import ServiceMetrics
-from pipeline.serve.protocol import RETRY_AFTER, VERSION, ModelIO, OutputChoice, ServeError, tensor_metadata
-from pipeline.triton import PLATFORMS, model_config
+from trt_pipeline.pipeline.folder import ArtifactFolder, open_folder
+from trt_pipeline.pipeline.runners import Runner, load_runner
+from trt_pipeline.pipeline.runners.base import DYNAMIC, TensorSpec
+from trt_pipeline.pipeline.serve.batcher import Batcher, QueueFull
+from trt_pipeline.pipeline.serve.config import ServeConfig
+from trt_pipeline.pipeline.serve.metrics import ServiceMetrics
+from trt_pipeline.pipeline.serve.protocol import (
+    RETRY_AFTER,
+    VERSION,
+    ModelIO,
+    OutputChoice,
+    ServeError,
+    tensor_metadata,
+)
+from trt_pipeline.pipeline.triton import PLATFORMS, model_config
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +146,7 @@ class Service:
         }
 
     def model_config(self) -> Any:
-        """Triton's ModelConfig message, built as `python -m pipeline triton` builds it for this folder, with the
+        """Triton's ModelConfig message, built as `trt-pipeline triton` builds it for this folder, with the
         service's own limits: max items per runner call, batch window, runner calls in flight."""
         io = [_io_record(spec, "input") for spec in self.model.inputs]
         io += [_io_record(spec, "output") for spec in self.model.outputs]

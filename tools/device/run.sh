@@ -49,7 +49,7 @@ main() {
 	"$PY" tools/device/probe.py .devbundle/b/aot/toy_models-tiny_cnn-fp32 "$OUT" >"$OUT/probe.log" 2>&1
 	echo "probe: exit $?"
 	# The ResNet-50 FP16 engine builds while pycuda finishes and the GPU tests run.
-	("$PY" -m pipeline all --model resnet --precision fp16 --out "$ENGINES" \
+	("$PY" -m trt_pipeline all --model resnet --precision fp16 --out "$ENGINES" \
 		>/tmp/engine-fp16.log 2>&1; echo $? >/tmp/engine-fp16.rc) &
 	while [ ! -f /tmp/pycuda.rc ]; do sleep 2; done
 	echo "pycuda build: exit $(cat /tmp/pycuda.rc)"; tail -c 3000 /tmp/pycuda.log >"$OUT/pycuda-build-tail.log"
@@ -63,7 +63,7 @@ main() {
 bench() {
 	[ -f /tmp/pycuda.rc ] && [ "$(cat /tmp/pycuda.rc)" = 0 ] && export PYTHONPATH="$SITE:/tmp/site-pycuda:$PWD"
 	local backends=torch-amp,torch-compile,onnxruntime,tensorrt,tensorrt-v2,tensorrt-graphs
-	"$PY" -m pipeline bench --folder "$ENGINES/resnet50-fp16" --batches 1,8,32 --backends "$backends" \
+	"$PY" -m trt_pipeline bench --folder "$ENGINES/resnet50-fp16" --batches 1,8,32 --backends "$backends" \
 		--budget-s 2 --report-dir "$OUT/fp16" 2>&1 | tail -40
 }
 
