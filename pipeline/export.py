@@ -229,12 +229,24 @@ def _reference_outputs(spec: ModelSpec, feed: dict[str, torch.Tensor]) -> list[t
         with torch.inference_mode():
             return flatten_outputs(call_module(spec.module, feed))
     except (RuntimeError, ValueError, IndexError) as error:
-        sizes = ", ".join(f"{name} {list(value.shape)}" for name, value in feed.items())
-        raise PipelineError(
-            f"{spec.name} does not run in PyTorch with inputs {sizes}, sizes its profile declares (BATCH / DYNAMIC): "
-            f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}",
+        raise refused_sizes(
+            spec.name,
+            "PyTorch",
+            feed,
+            error,
             "narrow BATCH or the DYNAMIC range to sizes the model takes, or make forward() take those sizes",
         ) from None
+
+
+def refused_sizes(subject: str, runtime: str, feed: dict, error: Exception, fix: str) -> PipelineError:
+    """`subject` cannot run in `runtime` at sizes its profile declares: the sizes, the first line of why, the fix."""
+    sizes = ", ".join(f"{name} {list(value.shape)}" for name, value in feed.items())
+    why = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return PipelineError(
+        f"{subject} does not run in {runtime} with inputs {sizes}, sizes the profile declares (BATCH / DYNAMIC): "
+        f"{type(error).__name__}: {why}",
+        fix,
+    )
 
 
 def load_reference(path: Path) -> list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:

@@ -267,7 +267,7 @@ def reference_cases(source: OnnxModel, batch: BatchProfile) -> list[tuple[int, d
 
 def write_onnx_reference(source: OnnxModel, onnx_path: Path, batch: BatchProfile, path: Path) -> dict:
     """reference.npz from the imported FP32 graph itself, on random inputs at every case's sizes."""
-    from trt_pipeline.pipeline.export import random_inputs
+    from trt_pipeline.pipeline.export import random_inputs, refused_sizes
     from trt_pipeline.pipeline.sessions import onnxruntime_session
 
     records = [
@@ -291,12 +291,8 @@ def write_onnx_reference(source: OnnxModel, onnx_path: Path, batch: BatchProfile
         try:
             result = session.run(outputs, feed)
         except Exception as error:  # ORT's own exception types: the graph does not run at these sizes
-            sizes = ", ".join(f"{name} {list(value.shape)}" for name, value in feed.items())
-            raise PipelineError(
-                f"{source.path.name} does not run in ONNX Runtime with inputs {sizes}, sizes the profile declares "
-                f"(BATCH / DYNAMIC): {str(error).strip().splitlines()[0] if str(error).strip() else error}",
-                "narrow BATCH or the DYNAMIC ranges to sizes the graph takes",
-            ) from None
+            fix = "narrow BATCH or the DYNAMIC ranges to sizes the graph takes"
+            raise refused_sizes(source.path.name, "ONNX Runtime", feed, error, fix) from None
         arrays.update({f"case{index}/in/{name}": value for name, value in feed.items()})
         arrays.update({f"case{index}/out/{name}": value for name, value in zip(outputs, result, strict=True)})
     with atomic_path(path) as temporary, open(temporary, "wb") as handle:

@@ -210,6 +210,12 @@ def infer(body: bytes, headers: dict[str, str] | None = None) -> Callable[[Any],
     )
 
 
+def image_header(shape: list[int], binary_data_size: int) -> dict:
+    """The binary-data header of one FP32 "input" of `shape` whose bytes are said to be `binary_data_size` long."""
+    parameters = {"binary_data_size": binary_data_size}
+    return {"inputs": [{"name": "input", "datatype": "FP32", "shape": shape, "parameters": parameters}]}
+
+
 def binary_infer(header: dict, binary: bytes, header_length: str | None = None) -> Callable[[Any], bytes]:
     text = json.dumps(header).encode()
     length = header_length if header_length is not None else str(len(text))
@@ -1701,16 +1707,7 @@ def _service_cases() -> list[Case]:
             "http-binary-size-mismatch",
             "binary_data_size 100 for a 3072-byte tensor",
             binary_infer(
-                {
-                    "inputs": [
-                        {
-                            "name": "input",
-                            "datatype": "FP32",
-                            "shape": [1, 3, 16, 16],
-                            "parameters": {"binary_data_size": 100},
-                        }
-                    ]
-                },
+                image_header([1, 3, 16, 16], 100),
                 b"\0" * 100,
             ),
             names=("3072",),
@@ -1720,16 +1717,7 @@ def _service_cases() -> list[Case]:
             "http-binary-size-beyond-body",
             "binary_data_size beyond the body",
             binary_infer(
-                {
-                    "inputs": [
-                        {
-                            "name": "input",
-                            "datatype": "FP32",
-                            "shape": [1, 3, 16, 16],
-                            "parameters": {"binary_data_size": 3072},
-                        }
-                    ]
-                },
+                image_header([1, 3, 16, 16], 3072),
                 b"\0" * 10,
             ),
             names=("binary",),
@@ -1739,16 +1727,7 @@ def _service_cases() -> list[Case]:
             "http-binary-size-negative",
             "binary_data_size -3072",
             binary_infer(
-                {
-                    "inputs": [
-                        {
-                            "name": "input",
-                            "datatype": "FP32",
-                            "shape": [1, 3, 16, 16],
-                            "parameters": {"binary_data_size": -3072},
-                        }
-                    ]
-                },
+                image_header([1, 3, 16, 16], -3072),
                 b"\0" * 3072,
             ),
             names=("binary_data_size",),
@@ -1758,16 +1737,7 @@ def _service_cases() -> list[Case]:
             "http-binary-trailing-bytes",
             "binary data longer than the tensors",
             binary_infer(
-                {
-                    "inputs": [
-                        {
-                            "name": "input",
-                            "datatype": "FP32",
-                            "shape": [1, 3, 16, 16],
-                            "parameters": {"binary_data_size": 3072},
-                        }
-                    ]
-                },
+                image_header([1, 3, 16, 16], 3072),
                 b"\0" * 4000,
             ),
             names=("bytes",),
@@ -1777,16 +1747,7 @@ def _service_cases() -> list[Case]:
             "http-binary-huge-shape",
             "binary shape [0, 2**62]",
             binary_infer(
-                {
-                    "inputs": [
-                        {
-                            "name": "input",
-                            "datatype": "FP32",
-                            "shape": [0, 2**62],
-                            "parameters": {"binary_data_size": 0},
-                        }
-                    ]
-                },
+                image_header([0, 2**62], 0),
                 b"",
             ),
             names=("shape",),
@@ -1796,16 +1757,7 @@ def _service_cases() -> list[Case]:
             "http-binary-nan",
             "NaN in binary data (passed as sent)",
             binary_infer(
-                {
-                    "inputs": [
-                        {
-                            "name": "input",
-                            "datatype": "FP32",
-                            "shape": [1, 3, 16, 16],
-                            "parameters": {"binary_data_size": 3072},
-                        }
-                    ]
-                },
+                image_header([1, 3, 16, 16], 3072),
                 b"\x00\x00\xc0\x7f" * 768,
             ),
             expect="success",
