@@ -24,12 +24,19 @@ import numpy as np
 from trt_pipeline import models
 from trt_pipeline.calibration.budget import fit_budget
 from trt_pipeline.calibration.cache import read_cached_ranges
-from trt_pipeline.calibration.int8 import CACHE_FOLDER, CPU_GRAPHS, CalibrationConfig, make_int8_graph
+from trt_pipeline.calibration.int8 import (
+    CACHE_FOLDER,
+    CPU_GRAPHS,
+    CalibrationConfig,
+    make_int8_graph,
+    written_cpu_graphs,
+)
 from trt_pipeline.calibration.readers import CalibrationSource, Feed, graph_inputs, read_calibration_data
 from trt_pipeline.pipeline.artifacts import write_bytes, write_json
 from trt_pipeline.pipeline.cpu import int8_cpu_kind
 from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.precision import GRAPH_NAMES, convert_fp16
+from trt_pipeline.pipeline.manifest import REFERENCE
+from trt_pipeline.pipeline.precision import GRAPH_NAMES
 from trt_pipeline.pipeline.sessions import onnxruntime_session
 from trt_pipeline.pipeline.settings import CALIB_METHODS, Settings
 
@@ -84,7 +91,7 @@ def measure_accuracy(
 
     With `budget`, the first method's INT8 graph is also written to that budget (calibration/budget.py):
     top-1 points lost on the labelled tuning data, or 100 x (1 - mean cosine to FP32) without labels."""
-    from trt_pipeline.pipeline.stages import make_engine
+    from trt_pipeline.pipeline.stages import fp16_graph, make_engine
 
     name = models.canonical_name(settings.model)
     if name not in LABELLED_SETS and settings.calib is None:
@@ -102,7 +109,7 @@ def measure_accuracy(
     evaluation = _evaluation_set(settings, name, fp32, spec_preprocess, eval_source)
 
     graphs: dict[str, Path] = {"fp32": fp32, "fp16": folder / SUBFOLDER / GRAPH_NAMES["fp16"]}
-    convert_fp16(fp32, graphs["fp16"])
+    fp16_graph(fp32, graphs["fp16"], folder / REFERENCE, settings)  # as make engine writes it, FP32 fallback included
     calibration: dict[str, dict] = {}
     for method in methods:
         path = folder / SUBFOLDER / f"model.int8.{method}.onnx"
@@ -121,7 +128,8 @@ def measure_accuracy(
         calibration[method] = {**record["calibration"], "int8_stage_seconds": round(time.perf_counter() - started, 3)}
         print(f"int8 {method:<10} {record['summary']}")
         graphs[f"int8-{method}"] = path
-        graphs[f"int8-{method}-ort"] = cpu_paths[int8_cpu_kind()]
+        if int8_cpu_kind() in written_cpu_graphs(record):  # absent where ONNX Runtime's quantizer could not make it
+            graphs[f"int8-{method}-ort"] = cpu_paths[int8_cpu_kind()]
         if budget is not None and method == methods[0]:
             budget_path = folder / SUBFOLDER / f"model.int8.{method}.budget.onnx"
             ranges = read_cached_ranges(Path(record["calibration"]["cache_file"]))

@@ -202,18 +202,7 @@ def run_precision(run: Run) -> None:
         return
     source, target = _require(run, FP32_GRAPH), run.path(engine_graph(precision))
     if precision == "fp16":
-        # The reference inputs up to batch 8: every intermediate tensor of a run is held at once.
-        cases = [inputs for inputs, _ in load_reference(_require(run, REFERENCE)) if _rows(inputs) <= 8]
-        settings = run.settings
-        run.stage(
-            "fp16",
-            convert_fp16,
-            source,
-            target,
-            cases=cases,
-            keep_fp32=settings.fp32_nodes(),
-            auto_fp32=settings.auto_fp32,
-        )
+        run.stage("fp16", fp16_graph, source, target, _require(run, REFERENCE), run.settings)
     else:
         # Settings.check() has already refused int8 without CALIB.  The model is loaded, not
         # prepared: calibration only needs its declared image preprocessing.
@@ -238,6 +227,13 @@ def run_precision(run: Run) -> None:
             run.stage(stage, check_parity, _require(run, name), _require(run, REFERENCE), precision="int8")
         _check_int8_agreement(run, source, written)
     run.stage(f"parity_{precision}", check_parity, target, _require(run, REFERENCE), precision=precision)
+
+
+def fp16_graph(source: Path, target: Path, reference: Path, settings: Settings) -> dict:
+    """model.fp16.onnx as the pipeline writes it (`make accuracy` too): the FP32 fallback judged on the reference
+    inputs up to batch 8 (every intermediate tensor of a run is held at once), plus the nodes the settings keep."""
+    cases = [inputs for inputs, _ in load_reference(reference) if _rows(inputs) <= 8]
+    return convert_fp16(source, target, cases=cases, keep_fp32=settings.fp32_nodes(), auto_fp32=settings.auto_fp32)
 
 
 def _check_int8_agreement(run: Run, fp32: Path, cpu_graphs: dict[str, str]) -> None:
