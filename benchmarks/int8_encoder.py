@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from trt_pipeline.models.spec import DynamicAxis, ModelSpec
+from trt_pipeline.pipeline.manifest import cpu_graphs
 
 SEQ = 32  # tokens per sentence, padded: the calibration .npz needs one shape
 CALIBRATION = 128
@@ -146,7 +147,7 @@ def cosines(fp32_graph: Path, int8_graph: Path, tokens: dict[str, np.ndarray], *
 
 
 def main() -> None:
-    from trt_pipeline.calibration.int8 import CACHE_FOLDER, CPU_GRAPHS, CalibrationConfig, make_int8_graph
+    from trt_pipeline.calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph
     from trt_pipeline.pipeline.cpu import int8_cpu_kind
     from trt_pipeline.pipeline.settings import Settings
     from trt_pipeline.pipeline.stages import make_engine
@@ -167,7 +168,7 @@ def main() -> None:
     kind = int8_cpu_kind()
     for method in args.methods.split(","):
         folder = args.out / method
-        cpu = folder / CPU_GRAPHS[kind]
+        cpu = folder / cpu_graphs("int8")[kind]
         make_int8_graph(
             fp32,
             folder / "model.int8.onnx",

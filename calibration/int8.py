@@ -1,7 +1,7 @@
 """The INT8 stage: FP32 graph + calibration data -> model.int8.onnx with calibrated Q/DQ pairs.
 
 read data -> ranges (from the cache, or collected on the FP32 graph) -> Q/DQ graph for TensorRT
-(model.int8.onnx) and, from the same ranges, two for ONNX Runtime's CPU kernels (CPU_GRAPHS: one for
+(model.int8.onnx) and, from the same ranges, two for ONNX Runtime's CPU kernels (pipeline.manifest.cpu_graphs: one for
 CPUs with VNNI, one for those without; see calibration/qdq_cpu.py).  The record it returns goes to
 the manifest: method and options, samples, batches, the data's sha256, the cache's verdict and file,
 and each graph's Q/DQ structure.
@@ -20,12 +20,10 @@ from trt_pipeline.calibration.ranges import collect_ranges, method_options
 from trt_pipeline.calibration.readers import CalibrationSource, graph_inputs, read_calibration_data
 from trt_pipeline.models.spec import ImagePreprocess
 from trt_pipeline.pipeline.artifacts import sha256_file
-from trt_pipeline.pipeline.manifest import cpu_graphs
 
 CACHE_FOLDER = "calibration"  # inside the artifact folder, beside model.int8.onnx
 # The INT8 graphs for ONNX Runtime on the CPU, beside model.int8.onnx, by the kind of CPU they are for
 # (pipeline.cpu.int8_cpu_kind); the runner on a CPU takes the one for its CPU.
-CPU_GRAPHS = cpu_graphs("int8")  # from the one precision -> graph table, pipeline.manifest.GRAPHS
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ from trt_pipeline.calibration.budget import fit_budget
 from trt_pipeline.calibration.cache import read_cached_ranges
 from trt_pipeline.calibration.int8 import (
     CACHE_FOLDER,
-    CPU_GRAPHS,
     CalibrationConfig,
     make_int8_graph,
     written_cpu_graphs,
@@ -35,8 +34,7 @@ from trt_pipeline.calibration.readers import CalibrationSource, Feed, graph_inpu
 from trt_pipeline.pipeline.artifacts import write_bytes, write_json
 from trt_pipeline.pipeline.cpu import int8_cpu_kind
 from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.manifest import REFERENCE
-from trt_pipeline.pipeline.precision import GRAPH_NAMES
+from trt_pipeline.pipeline.manifest import FP32_GRAPH, REFERENCE, cpu_graphs, engine_graph
 from trt_pipeline.pipeline.sessions import onnxruntime_session
 from trt_pipeline.pipeline.settings import CALIB_METHODS, Settings
 
@@ -104,17 +102,17 @@ def measure_accuracy(
     folder = make_engine(
         Settings(model=settings.model, precision="fp32", weights=settings.weights, out_root=settings.out_root)
     )
-    fp32 = folder / GRAPH_NAMES["fp32"]
+    fp32 = folder / FP32_GRAPH
     spec_preprocess = models.load_model(settings.model, weights=settings.weights).preprocess
     evaluation = _evaluation_set(settings, name, fp32, spec_preprocess, eval_source)
 
-    graphs: dict[str, Path] = {"fp32": fp32, "fp16": folder / SUBFOLDER / GRAPH_NAMES["fp16"]}
+    graphs: dict[str, Path] = {"fp32": fp32, "fp16": folder / SUBFOLDER / engine_graph("fp16")}
     fp16_graph(fp32, graphs["fp16"], folder / REFERENCE, settings)  # as make engine writes it, FP32 fallback included
     calibration: dict[str, dict] = {}
     for method in methods:
         path = folder / SUBFOLDER / f"model.int8.{method}.onnx"
         # The graphs ONNX Runtime's CPU runs in int8, one per kind of CPU; the row is the one this CPU serves.
-        cpu_paths = {kind: cpu_graph_path(folder, method, kind) for kind in CPU_GRAPHS}
+        cpu_paths = {kind: cpu_graph_path(folder, method, kind) for kind in cpu_graphs("int8")}
         started = time.perf_counter()
         record = make_int8_graph(
             fp32,

@@ -10,6 +10,7 @@ import numpy as np
 from trt_pipeline.pipeline.compare import compare_outputs
 from trt_pipeline.pipeline.errors import PipelineError
 from trt_pipeline.pipeline.export import load_reference
+from trt_pipeline.pipeline.manifest import FP32_GRAPH, engine_graph
 from trt_pipeline.pipeline.sessions import onnxruntime_session
 
 # Tolerances on max |onnx - torch| relative to the output's largest magnitude.
@@ -71,9 +72,7 @@ def evaluation_session(onnx_path: Path):
     """The session a gate judges a graph with: the TensorRT-shaped INT8 graph (model.int8.onnx) with its Q/DQ
     simulated as TensorRT computes them; ONNX Runtime's CPU-shaped graphs with ORT's own int8 kernels (what
     the runner serves); any other graph as is."""
-    from trt_pipeline.pipeline.precision import GRAPH_NAMES
-
-    return onnxruntime_session(onnx_path, simulate_qdq=onnx_path.name == GRAPH_NAMES["int8"])
+    return onnxruntime_session(onnx_path, simulate_qdq=onnx_path.name == engine_graph("int8"))
 
 
 def check_int8_agreement(fp32_path: Path, int8_paths: list[Path], batches: list[dict[str, np.ndarray]]) -> dict:
@@ -152,9 +151,7 @@ def _first_bad_node(fp32_path: Path, lower_path: Path, inputs: dict, precision: 
 
 def _parity_error(onnx_path: Path, inputs: dict, precision: str, problem: str) -> PipelineError:
     """The error for a failing gate, naming the first node that goes wrong and the option that fixes it."""
-    from trt_pipeline.pipeline.precision import GRAPH_NAMES
-
-    fp32 = onnx_path.parent / GRAPH_NAMES["fp32"]
+    fp32 = onnx_path.parent / FP32_GRAPH
     if precision == "fp32" or not fp32.is_file():
         return PipelineError(
             problem,

@@ -20,10 +20,8 @@ from onnx import TensorProto
 from trt_pipeline.pipeline.artifacts import atomic_path
 from trt_pipeline.pipeline.errors import PipelineError
 from trt_pipeline.pipeline.float16 import KeptNode, TensorStats, fp32_compute_share, overflowing_nodes
-from trt_pipeline.pipeline.manifest import GRAPHS, engine_graph
 
 # The engine's graph at each precision, from the one precision -> graph table (pipeline.manifest.GRAPHS).
-GRAPH_NAMES = {precision: engine_graph(precision) for precision in GRAPHS}
 
 
 def convert_fp16(

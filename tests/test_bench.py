@@ -17,7 +17,6 @@ import onnx
 import pytest
 import torch
 
-from trt_pipeline.calibration.int8 import CPU_GRAPHS
 from trt_pipeline.pipeline import cli
 from trt_pipeline.pipeline.bench import TimingPolicy, run_benchmark, write_reports
 from trt_pipeline.pipeline.bench.backends import NAMES
@@ -26,7 +25,14 @@ from trt_pipeline.pipeline.bench.timing import MIN_SAMPLES, Share, measure, roun
 from trt_pipeline.pipeline.cpu import cpu_instruction_sets, instruction_sets_text, int8_cpu_kind
 from trt_pipeline.pipeline.errors import PipelineError
 from trt_pipeline.pipeline.graph_io import GraphTensor
-from trt_pipeline.pipeline.manifest import ENGINE_TARGET, Manifest, describe_artifacts, read_manifest, update_manifest
+from trt_pipeline.pipeline.manifest import (
+    ENGINE_TARGET,
+    Manifest,
+    cpu_graphs,
+    describe_artifacts,
+    read_manifest,
+    update_manifest,
+)
 from trt_pipeline.pipeline.parity import RTOL
 from trt_pipeline.pipeline.runners import load_runner
 from trt_pipeline.pipeline.settings import BatchProfile, Settings
@@ -205,7 +211,7 @@ def test_int8_graph_is_benchmarked_and_a_broken_backend_does_not_stop_the_others
 
 def test_int8_row_runs_the_sibling_folders_graph_shaped_for_onnxruntime(folder: Path, tmp_path: Path) -> None:
     """engines/<model>-fp32 benchmarked beside engines/<model>-int8: the INT8 row runs the graph for this CPU's
-    kind (CPU_GRAPHS), whose Conv and Gemm ONNX Runtime's CPU provider really runs as int8 kernels."""
+    kind (pipeline.manifest.cpu_graphs), whose Conv and Gemm ONNX Runtime's CPU provider really runs as int8 kernels."""
     fp32 = shutil.copytree(folder, tmp_path / folder.name)
     np.save(tmp_path / "calib.npy", np.random.default_rng(1).standard_normal((32, 3, 16, 16), dtype=np.float32))
     settings = Settings(model="tests.toy_models:tiny_cnn", precision="int8", batch=BatchProfile(1, 4, 8))
@@ -219,7 +225,7 @@ def test_int8_row_runs_the_sibling_folders_graph_shaped_for_onnxruntime(folder: 
     records = {b["name"]: b for b in result["backends"]}
     assert records["onnxruntime"]["label"] == "ONNX Runtime FP32 (runner) on model.onnx"
     assert "running model.onnx (asked for)" in records["onnxruntime"]["description"]
-    graph = CPU_GRAPHS[int8_cpu_kind()]
+    graph = cpu_graphs("int8")[int8_cpu_kind()]
     assert records["onnxruntime-int8"]["label"] == f"ONNX Runtime INT8 (runner) on {int8 / graph}"
     # No graph= for this row: the runner itself picks the CPU-shaped graph, as it would in a service.
     assert f"{graph} (the int8 graph for ONNX Runtime's CPU kernels, for " in records["onnxruntime-int8"]["description"]

@@ -16,7 +16,7 @@ from onnx import numpy_helper
 from PIL import Image
 
 from trt_pipeline.calibration.cache import load_ranges
-from trt_pipeline.calibration.int8 import CACHE_FOLDER, CPU_GRAPHS, CalibrationConfig, make_int8_graph
+from trt_pipeline.calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph
 from trt_pipeline.calibration.photos import PHOTOS, export_calibration_images
 from trt_pipeline.calibration.preprocess import load_image
 from trt_pipeline.calibration.qdq import qdq_problems
@@ -33,7 +33,7 @@ from trt_pipeline.models.spec import ImagePreprocess
 from trt_pipeline.pipeline import cli
 from trt_pipeline.pipeline.cpu import NO_VNNI, VNNI, int8_cpu_kind
 from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.manifest import GRAPHS
+from trt_pipeline.pipeline.manifest import GRAPHS, cpu_graphs
 from trt_pipeline.pipeline.parity import check_int8_agreement, onnxruntime_session
 from trt_pipeline.pipeline.settings import Settings
 from trt_pipeline.pipeline.stages import make_engine
@@ -71,7 +71,7 @@ def int8(fp32, train_npy, tmp_path_factory) -> tuple[Path, dict]:
         preprocess=PREPROCESS,
         config=CalibrationConfig("max", SAMPLES, BATCH),
         cache_folder=folder / CACHE_FOLDER,
-        cpu_out_paths={kind: folder / name for kind, name in CPU_GRAPHS.items()},
+        cpu_out_paths={kind: folder / name for kind, name in cpu_graphs("int8").items()},
     )
     return folder / "model.int8.onnx", record
 
@@ -147,7 +147,7 @@ def test_cpu_graph_runs_every_conv_and_gemm_as_an_int8_kernel(int8, tmp_path, ki
     """After ORT's own graph optimizations (the optimized model it saves), no Conv/Gemm is left in float."""
     import onnxruntime as ort
 
-    cpu_graph = int8[0].parent / CPU_GRAPHS[kind]
+    cpu_graph = int8[0].parent / cpu_graphs("int8")[kind]
     options = ort.SessionOptions()
     options.log_severity_level = 3  # ORT warns that an optimized model may be specific to this CPU
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -157,7 +157,7 @@ def test_cpu_graph_runs_every_conv_and_gemm_as_an_int8_kernel(int8, tmp_path, ki
     assert optimized.count("QLinearConv") == 4 and optimized.count("QGemm") == 1
     assert not {"Conv", "FusedConv", "Gemm", "FusedGemm", "Relu"} & set(optimized)
     record = int8[1]["qdq_onnxruntime_cpu"][kind]
-    assert (record["graph"], record["int8_kernels"], record["float_kernels"]) == (CPU_GRAPHS[kind], 5, 0)
+    assert (record["graph"], record["int8_kernels"], record["float_kernels"]) == (cpu_graphs("int8")[kind], 5, 0)
     # The TensorRT-shaped graph from the same ranges runs none of them in int8 (why the CPU graphs exist).
     assert int8_kernel_counts(int8[0]) == {"int8_kernels": 0, "float_kernels": 5}
     model = onnx.load(str(cpu_graph))
@@ -173,7 +173,7 @@ def test_cpu_graph_runs_every_conv_and_gemm_as_an_int8_kernel(int8, tmp_path, ki
 def test_cpu_graph_keeps_the_answers(int8, fp32, split):
     held_out = {"input": split.held_out_inputs}
     reference = onnxruntime_session(fp32).run(None, held_out)[0]
-    quantized = onnxruntime_session(int8[0].parent / CPU_GRAPHS[int8_cpu_kind()]).run(None, held_out)[0]
+    quantized = onnxruntime_session(int8[0].parent / cpu_graphs("int8")[int8_cpu_kind()]).run(None, held_out)[0]
     assert quantized.dtype == np.float32 and quantized.shape == reference.shape
     assert np.mean(quantized.argmax(1) == reference.argmax(1)) >= 0.98
     assert np.mean(quantized.argmax(1) == split.held_out_labels) >= 0.9

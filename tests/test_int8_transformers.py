@@ -18,13 +18,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 from trt_pipeline.calibration.int8 import (
     CACHE_FOLDER,
-    CPU_GRAPHS,
     CalibrationConfig,
     make_int8_graph,
     written_cpu_graphs,
 )
 from trt_pipeline.models.spec import DynamicAxis, ModelSpec
-from trt_pipeline.pipeline.manifest import GRAPHS
+from trt_pipeline.pipeline.manifest import GRAPHS, cpu_graphs
 from trt_pipeline.pipeline.settings import Settings
 from trt_pipeline.pipeline.stages import make_engine
 
@@ -90,7 +89,7 @@ def test_bert_int8_builds_every_graph_and_passes_the_gate(bert_int8):
     manifest = json.loads((bert_int8 / "manifest.json").read_text())
     assert manifest["complete"] is True
     assert manifest["graphs"] == GRAPHS["int8"]  # the CPU graphs are written for transformers too
-    for graph in CPU_GRAPHS.values():
+    for graph in cpu_graphs("int8").values():
         assert (bert_int8 / graph).is_file()
     agreement = manifest["agreement_int8"]
     assert agreement["graphs"]["model.int8.onnx"]["outputs"]["last_hidden_state"]["error_mean"] <= agreement["gate"]
@@ -144,11 +143,11 @@ def test_a_cpu_graph_that_cannot_be_made_is_recorded_and_the_tensorrt_graph_kept
         preprocess=None,
         config=CalibrationConfig("max", 32, 16),
         cache_folder=tmp_path / CACHE_FOLDER,
-        cpu_out_paths={kind: tmp_path / "taken" / name for kind, name in CPU_GRAPHS.items()},
+        cpu_out_paths={kind: tmp_path / "taken" / name for kind, name in cpu_graphs("int8").items()},
     )
     assert (tmp_path / "model.int8.onnx").is_file()
     assert record["qdq"]["quantized_ops"] == 1
     assert written_cpu_graphs(record) == {}
-    for kind, name in CPU_GRAPHS.items():
+    for kind, name in cpu_graphs("int8").items():
         assert record["qdq_onnxruntime_cpu"][kind]["failed"].startswith(("FileExistsError", "NotADirectoryError"))
         assert f"{name} ({kind}) not written" in record["summary"]

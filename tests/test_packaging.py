@@ -78,10 +78,10 @@ def test_a_missing_extra_is_one_error_naming_its_install():
 
 
 def test_a_module_of_no_extra_is_left_a_bug():
-    try:
+    with pytest.raises(ModuleNotFoundError) as raised:
         import no_such_module_anywhere  # noqa: F401
-    except ModuleNotFoundError as error:
-        assert missing_module_error(error) is None
+    assert missing_module_error(raised.value) is None
+    assert "`build` extra" in str(missing_module_error(ModuleNotFoundError(name="torch.nn")))
 
 
 def test_onnxruntime_broken_by_its_two_wheels_is_named(tmp_path):

@@ -14,12 +14,11 @@ import numpy as np
 import pytest
 
 from tests.concurrency import assert_each_thread_gets_its_own_result
-from trt_pipeline.calibration.int8 import CPU_GRAPHS
 from trt_pipeline.pipeline.compare import compare_outputs
 from trt_pipeline.pipeline.cpu import int8_cpu_kind
 from trt_pipeline.pipeline.errors import PipelineError
 from trt_pipeline.pipeline.export import load_reference
-from trt_pipeline.pipeline.manifest import Manifest, describe_artifacts
+from trt_pipeline.pipeline.manifest import Manifest, cpu_graphs, describe_artifacts
 from trt_pipeline.pipeline.runners import load_runner
 from trt_pipeline.pipeline.runners.device_memory import available_layers, open_device_memory
 from trt_pipeline.pipeline.runners.tensorrt import built_for, check_gpu_target
@@ -173,7 +172,7 @@ def int8_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_int8_folder_on_the_cpu_runs_the_graph_shaped_for_it(int8_folder):
     feed = _cnn_batch(4, seed=5)
     with load_runner(int8_folder, "onnxruntime", providers=["CPUExecutionProvider"]) as runner:
-        graph = CPU_GRAPHS[int8_cpu_kind()]  # the one for this kind of CPU: with VNNI, or without
+        graph = cpu_graphs("int8")[int8_cpu_kind()]  # the one for this kind of CPU: with VNNI, or without
         assert runner.graph == graph
         assert f"running {graph} (the int8 graph for ONNX Runtime's CPU kernels, for " in runner.description
         cpu_logits = runner.infer(feed)["logits"]
