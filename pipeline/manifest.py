@@ -24,6 +24,7 @@ from trt_pipeline.pipeline.artifacts import sha256_file, write_json
 from trt_pipeline.pipeline.cpu import NO_VNNI, VNNI
 from trt_pipeline.pipeline.errors import PipelineError
 from trt_pipeline.pipeline.graph_io import GraphTensor
+from trt_pipeline.pipeline.sessions import OPTIMIZATION_LEVELS
 from trt_pipeline.pipeline.settings import PRECISIONS, BatchProfile, Settings
 
 # --------------------------------------------------------------------------- the layout: every file name once
@@ -168,6 +169,9 @@ class Manifest:
     calibration: dict | None = None  # int8: the data and ranges the graphs were calibrated with
     build: BuildRecord | None = None
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage, in the order they ran
+    # Graphs ONNX Runtime crashed on at its highest optimization level during the build, and the level that
+    # worked (pipeline/sessions.py): the runner opens them at that level.
+    onnxruntime_levels: dict[str, str] = field(default_factory=dict)
     stages: dict[str, dict] = field(default_factory=dict)  # the other stages' records, by stage name
 
     def builder(self) -> Builder:
@@ -224,6 +228,7 @@ class Manifest:
             calibration=_optional(raw, "calibration", dict),
             build=BuildRecord.from_json(raw["build"]) if "build" in raw else None,
             timings=dict(_optional(raw, "timings", dict) or {}),
+            onnxruntime_levels=_levels(raw),
             stages={key: value for key, value in raw.items() if key not in known and isinstance(value, dict)},
         )
 
@@ -314,6 +319,14 @@ def _names(raw: dict, key: str) -> dict[str, str]:
     if not all(isinstance(name, str) for name in names.values()):
         raise DamagedManifest(f"its {key} are {names!r}, not file names")
     return dict(names)
+
+
+def _levels(raw: dict) -> dict[str, str]:
+    levels = _names(raw, "onnxruntime_levels")
+    unknown = {graph: level for graph, level in levels.items() if level not in OPTIMIZATION_LEVELS}
+    if unknown:
+        raise DamagedManifest(f"its onnxruntime_levels {unknown} are not ONNX Runtime's {OPTIMIZATION_LEVELS}")
+    return levels
 
 
 def _artifacts(raw: Any) -> dict[str, Artifact]:

@@ -11,7 +11,7 @@ from trt_pipeline.pipeline.compare import compare_outputs
 from trt_pipeline.pipeline.errors import PipelineError
 from trt_pipeline.pipeline.export import load_reference
 from trt_pipeline.pipeline.manifest import FP32_GRAPH, engine_graph
-from trt_pipeline.pipeline.sessions import onnxruntime_session
+from trt_pipeline.pipeline.sessions import onnxruntime_session, probe_level
 
 # Tolerances on max |onnx - torch| relative to the output's largest magnitude.
 # FP32 graphs differ from PyTorch by reassociation only (measured ~1e-6 on ResNet-50);
@@ -35,11 +35,17 @@ def check_parity(onnx_path: Path, reference_path: Path, *, precision: str) -> di
     """
     from trt_pipeline.pipeline.float16 import faithful_session
 
-    session = faithful_session(onnx_path) if precision == "fp16" else evaluation_session(onnx_path)
+    reference = load_reference(reference_path)
+    first_inputs = reference[0][0]
+    if precision == "fp16":
+        probe_level(onnx_path, first_inputs)  # the graph the runner serves; the gate runs a faithful copy of it
+        session = faithful_session(onnx_path)
+    else:
+        session = evaluation_session(onnx_path, probe_feed=first_inputs)
     names = [o.name for o in session.get_outputs()]
     rtol = RTOL[precision]
     cases: list[dict[str, Any]] = []
-    for inputs, expected in load_reference(reference_path):
+    for inputs, expected in reference:
         actual = dict(zip(names, session.run(names, inputs), strict=True))
         results = compare_outputs(expected, actual, rtol=rtol)
         batch = int(next(iter(inputs.values())).shape[0])
@@ -68,11 +74,12 @@ def check_parity(onnx_path: Path, reference_path: Path, *, precision: str) -> di
     }
 
 
-def evaluation_session(onnx_path: Path):
+def evaluation_session(onnx_path: Path, probe_feed: dict[str, np.ndarray] | None = None):
     """The session a gate judges a graph with: the TensorRT-shaped INT8 graph (model.int8.onnx) with its Q/DQ
     simulated as TensorRT computes them; ONNX Runtime's CPU-shaped graphs with ORT's own int8 kernels (what
-    the runner serves); any other graph as is."""
-    return onnxruntime_session(onnx_path, simulate_qdq=onnx_path.name == engine_graph("int8"))
+    the runner serves); any other graph as is.  probe_feed: run once in a child first (pipeline/sessions.py)."""
+    simulate_qdq = onnx_path.name == engine_graph("int8")
+    return onnxruntime_session(onnx_path, simulate_qdq=simulate_qdq, probe_feed=probe_feed)
 
 
 def check_int8_agreement(fp32_path: Path, int8_paths: list[Path], batches: list[dict[str, np.ndarray]]) -> dict:
@@ -95,7 +102,7 @@ def check_int8_agreement(fp32_path: Path, int8_paths: list[Path], batches: list[
 def _int8_agreement(
     fp32_path: Path, int8_path: Path, batches: list[dict[str, np.ndarray]], expected: list[dict], count: int
 ) -> dict:
-    quantized = evaluation_session(int8_path)
+    quantized = evaluation_session(int8_path, probe_feed={name: value[:1] for name, value in batches[0].items()})
     names = list(expected[0])
     rows: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {name: [] for name in names}
     for feeds, wanted in zip(batches, expected, strict=True):

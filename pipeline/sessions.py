@@ -4,11 +4,12 @@ Kept apart from pipeline/parity.py so that serving an ONNX graph imports onnxrun
 
 A crash inside ONNX Runtime (a segfault while it optimizes a graph: seen on a TransformerEncoder's FP16 graph at
 full optimization) would kill the pipeline with no message.  So a graph on disk, which the build stages open, is
-first opened in a forked child: a child killed by a signal means ONNX Runtime crashed on that graph, and the
-session is opened at the next lower optimization level (its results are the same; only its speed differs),
-or, when every level crashes, the stage stops with a PipelineError naming the graph.  A graph given as bytes
-(the runner, on a graph the build already opened) is not probed.  Only session creation is contained, not
-session.run: containing runs would compute every run twice.
+first opened in a forked child, and run there once when the caller gives a feed (the parity stages give their
+first reference case): a child killed by a signal means ONNX Runtime crashed on that graph, and the session is
+opened at the next lower optimization level (its results are the same; only its speed differs), or, when every
+level crashes, the stage stops with a PipelineError naming the graph.  The level each graph of a folder needed
+is recorded in its manifest (pipeline.stages), so the runner opens the graph's bytes at that level without
+probing again.  Only the first run is probed: containing every run would compute each twice.
 """
 
 from __future__ import annotations
@@ -18,46 +19,62 @@ import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from trt_pipeline.pipeline.errors import PipelineError
 from trt_pipeline.pipeline.extras import import_onnxruntime
 
 # Highest first: the order a crashing graph is retried in.  Names as in onnxruntime.GraphOptimizationLevel.
 OPTIMIZATION_LEVELS = ("ORT_ENABLE_ALL", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_BASIC", "ORT_DISABLE_ALL")
-# Graphs already probed in this process, by (path, size, mtime): the level that opened each.
-_PROBED: dict[tuple[str, int, int], str] = {}
+# Graphs already probed in this process, by (path, size, mtime, probed with a run): the level that worked.
+_PROBED: dict[tuple[str, int, int, bool], str] = {}
 
 
 def onnxruntime_session(
-    graph: Path | bytes,
+    graph: Path | str | bytes,
     providers: list[str] | None = None,
     *,
     intra_op_threads: int | None = None,
     allow_spinning: bool = True,
     simulate_qdq: bool = False,
+    level: str | None = None,
+    probe_feed: dict | None = None,
 ):
     """An ONNX Runtime session on a graph file or a graph's bytes; the CPU provider unless told otherwise.
 
     intra_op_threads: None keeps ORT's default (one per physical core).  allow_spinning=False makes idle
     intra-op threads sleep instead of spinning, which frees the cores for other requests' threads.
-    A graph file is opened at the highest optimization level that does not crash ONNX Runtime (module doc).
     simulate_qdq: run every QuantizeLinear/DequantizeLinear as itself, in float, as TensorRT's Q/DQ semantics
     say, instead of letting ORT fuse DQ -> Conv -> Q into its own int8 kernels (which compute something else:
     on CPUs without VNNI their u8/s8 products saturate, issue 17).  For judging the TensorRT-shaped INT8 graph.
+    level: the optimization level to open at (a folder's recorded one); None: the highest, and for a graph
+    file the highest at which opening it (and running `probe_feed` once, when given) does not crash ONNX
+    Runtime (module doc).
     """
-    level = OPTIMIZATION_LEVELS[0] if isinstance(graph, bytes) else level_that_opens(Path(graph), providers)
-    return _open(
-        graph,
-        providers,
-        level,
-        intra_op_threads=intra_op_threads,
-        allow_spinning=allow_spinning,
-        simulate_qdq=simulate_qdq,
-    )
+
+    def open_at(chosen: str):
+        return _open(
+            graph,
+            providers,
+            chosen,
+            intra_op_threads=intra_op_threads,
+            allow_spinning=allow_spinning,
+            simulate_qdq=simulate_qdq,
+        )
+
+    if level is None:
+        level = OPTIMIZATION_LEVELS[0] if isinstance(graph, bytes) else level_that_opens(graph, open_at, probe_feed)
+    return open_at(level)
+
+
+def probe_level(path: Path, feed: dict, *, simulate_qdq: bool = False) -> str:
+    """The level a graph a folder serves can be opened and run at (the runner reads it from the manifest),
+    probed on the CPU provider with one feed, without opening it in this process."""
+    return level_that_opens(path, lambda level: _open(path, None, level, simulate_qdq=simulate_qdq), feed)
 
 
 def _open(
-    graph: Path | bytes,
+    graph: Path | str | bytes,
     providers: list[str] | None,
     level: str,
     *,
@@ -78,40 +95,57 @@ def _open(
     return ort.InferenceSession(model, options, providers=providers or ["CPUExecutionProvider"])
 
 
-def level_that_opens(
-    path: Path, providers: list[str] | None = None, *, opener: Callable[[Path, str], object] | None = None
-) -> str:
-    """The highest optimization level at which opening `path` does not crash ONNX Runtime (probed once per file).
+def level_that_opens(path: Path | str, open_at: Callable[[str], Any], feed: dict | None = None) -> str:
+    """The highest optimization level at which `open_at(level)` (a session on `path`), and its run on `feed`
+    when given, do not crash ONNX Runtime; probed once per file (a probe with a run stands for one without).
 
-    `opener(path, level)` opens the graph in the child (default: an ONNX Runtime session).  A Python exception
-    there is not a crash: the parent opens the graph itself and reports that error as it always does.
+    A Python exception in the child is not a crash: the parent opens the graph itself and reports that error
+    as it always does.
     """
     if not hasattr(os, "fork"):
         return OPTIMIZATION_LEVELS[0]  # no fork (Windows): nothing to contain with
+    path = Path(path)
     stat = path.stat()
-    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
-    if key in _PROBED:
-        return _PROBED[key]
-    open_graph = opener or (lambda graph, level: _open(graph, providers, level))
+    file = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    for probed_run in (True, False) if feed is None else (True,):
+        if (*file, probed_run) in _PROBED:
+            return _PROBED[(*file, probed_run)]
     crashes: list[str] = []
     for level in OPTIMIZATION_LEVELS:
-        crash = crash_in_child(open_graph, path, level)
+        crash = crash_in_child(_open_and_run, open_at, level, feed)
         if crash is None:
             if crashes:
                 print(
-                    f"warning: ONNX Runtime crashed opening {path.name} ({'; '.join(crashes)}); "
-                    f"opened it at {level} instead (same results, slower)",
+                    f"warning: ONNX Runtime crashed on {path.name} ({'; '.join(crashes)}); "
+                    f"opened it at {level} instead (same results, slower; recorded for the runner)",
                     flush=True,
                 )
-            _PROBED[key] = level
+            _PROBED[(*file, feed is not None)] = level
             return level
         crashes.append(f"{crash} at {level}")
+    doing = "opening or running" if feed is not None else "opening"
     raise PipelineError(
-        f"ONNX Runtime crashed opening {path} at every optimization level ({'; '.join(crashes)}): a bug in ONNX "
+        f"ONNX Runtime crashed {doing} {path} at every optimization level ({'; '.join(crashes)}): a bug in ONNX "
         "Runtime on this graph, not in your model",
-        "try another onnxruntime version (pip install -U onnxruntime-gpu), or PRECISION=fp32 if only the FP16 or "
-        "INT8 graph crashes; KEEP_FP32=<op type> keeps the ops around the crash in FP32",
+        "try another onnxruntime version (pip install -U onnxruntime, or onnxruntime-gpu), or PRECISION=fp32 if "
+        "only the FP16 or INT8 graph crashes; KEEP_FP32=<op type> keeps the ops around the crash in FP32",
     )
+
+
+def levels_below_full(folder: Path) -> dict[str, str]:
+    """{graph file: level} for the graphs of `folder` this process had to open below the highest level."""
+    folder = folder.resolve()
+    return {
+        Path(key[0]).name: level
+        for key, level in _PROBED.items()
+        if Path(key[0]).parent == folder and level != OPTIMIZATION_LEVELS[0]
+    }
+
+
+def _open_and_run(open_at: Callable[[str], Any], level: str, feed: dict | None) -> None:
+    session = open_at(level)
+    if feed is not None:
+        session.run(None, feed)
 
 
 def crash_in_child(function: Callable[..., object], *args: object) -> str | None:

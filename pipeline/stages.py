@@ -59,6 +59,7 @@ from trt_pipeline.pipeline.onnx_model import (
 from trt_pipeline.pipeline.parity import check_int8_agreement, check_parity
 from trt_pipeline.pipeline.precision import convert_fp16
 from trt_pipeline.pipeline.prepare import prepare
+from trt_pipeline.pipeline.sessions import levels_below_full
 from trt_pipeline.pipeline.settings import OPSET, Settings
 from trt_pipeline.pipeline.simplify import simplify_onnx
 
@@ -127,7 +128,10 @@ class Run:
         self.timings[name] = round(seconds, 3)
         print(f"{name:<12} {record.get('summary', 'done')} ({seconds:.2f} s)", flush=True)
         record["seconds"] = round(seconds, 3)
-        record_stage(self.folder, name, record)
+        manifest = record_stage(self.folder, name, record)
+        levels = levels_below_full(self.folder)
+        if levels.items() - manifest.onnxruntime_levels.items():
+            update_manifest(self.folder, onnxruntime_levels={**manifest.onnxruntime_levels, **levels})
         return record
 
 
@@ -336,7 +340,7 @@ def _make_engine(run: Run) -> Path:
         print(f"up to date   {run.folder} (same model, weights, settings and versions; FORCE=1 rebuilds)")
         return run.folder
     # timings restart: the last stage they list is where an unfinished build stopped.
-    update_manifest(run.folder, complete=False, reuse_key=key, timings={})
+    update_manifest(run.folder, complete=False, reuse_key=key, timings={}, onnxruntime_levels={})
     for stage in STAGES.values():
         stage(run)
     # The precision's graphs, less (int8) a CPU graph ONNX Runtime's quantizer could not make (run_precision).

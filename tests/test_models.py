@@ -8,6 +8,7 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -769,12 +770,27 @@ def _segfault() -> None:
     ctypes.string_at(0)
 
 
-def _crash_at_full_optimization(path: Path, level: str) -> None:
+def _crash_at_full_optimization(path: Path, level: str):
     from trt_pipeline.pipeline.sessions import OPTIMIZATION_LEVELS, _open
 
     if level == OPTIMIZATION_LEVELS[0]:
         _segfault()
-    _open(path, None, level)
+    return _open(path, None, level)
+
+
+class _CrashingRun:
+    """A real session on the graph whose run segfaults, standing in for an ONNX Runtime kernel crash (none known
+    in ORT 1.31/1.32) at the levels in `crashing`."""
+
+    def __init__(self, path: Path, level: str, crashing: tuple[str, ...]):
+        from trt_pipeline.pipeline.sessions import _open
+
+        self.session, self.crashes = _open(path, None, level), level in crashing
+
+    def run(self, names, feed):
+        if self.crashes:
+            _segfault()
+        return self.session.run(names, feed)
 
 
 def test_a_native_crash_kills_only_the_child():
@@ -789,8 +805,22 @@ def test_a_graph_that_crashes_at_full_optimization_opens_one_level_lower(tmp_pat
     from trt_pipeline.pipeline.sessions import OPTIMIZATION_LEVELS, level_that_opens
 
     graph = _export_text_classifier(tmp_path / "classifier.onnx")
-    assert level_that_opens(graph, opener=_crash_at_full_optimization) == OPTIMIZATION_LEVELS[1]
-    assert "crashed opening classifier.onnx (SIGSEGV at ORT_ENABLE_ALL)" in capsys.readouterr().out
+    assert level_that_opens(graph, lambda level: _crash_at_full_optimization(graph, level)) == OPTIMIZATION_LEVELS[1]
+    assert "crashed on classifier.onnx (SIGSEGV at ORT_ENABLE_ALL)" in capsys.readouterr().out
+
+
+def test_a_graph_whose_first_run_crashes_is_probed_with_the_feed_and_opens_lower(tmp_path: Path, capsys):
+    from trt_pipeline.pipeline.sessions import OPTIMIZATION_LEVELS, level_that_opens
+
+    graph = _export_text_classifier(tmp_path / "classifier.onnx")
+    feed = {"input_ids": np.ones((1, 12), np.int64), "attention_mask": np.ones((1, 12), np.int64)}
+    crashing = OPTIMIZATION_LEVELS[:2]
+    # Opening alone does not crash, so a probe without the feed keeps the highest level...
+    assert level_that_opens(graph, lambda level: _CrashingRun(graph, level, crashing)) == OPTIMIZATION_LEVELS[0]
+    # ...and the run on the feed is what finds the level that works.
+    level = level_that_opens(graph, lambda level: _CrashingRun(graph, level, crashing), feed)
+    assert level == OPTIMIZATION_LEVELS[2]
+    assert "SIGSEGV at ORT_ENABLE_ALL; SIGSEGV at ORT_ENABLE_EXTENDED" in capsys.readouterr().out
 
 
 def test_a_graph_that_crashes_at_every_level_is_a_clear_error_through_the_command_line(tmp_path: Path):
@@ -805,7 +835,7 @@ def test_a_graph_that_crashes_at_every_level_is_a_clear_error_through_the_comman
         from trt_pipeline.pipeline import cli, sessions
         from tests.test_models import _segfault
         real = sessions.level_that_opens
-        sessions.level_that_opens = lambda path, providers=None: real(path, opener=lambda p, level: _segfault())
+        sessions.level_that_opens = lambda path, open_at, feed=None: real(path, lambda level: _segfault(), feed)
         sys.exit(cli.main(["check", "--model", {str(graph)!r}, "--out", {str(tmp_path / "engines")!r},
                            "--dynamic", "input_ids:1=1:12:24,attention_mask:1=1:12:24"]))
         """
@@ -830,6 +860,50 @@ def test_a_graph_that_crashes_at_every_level_is_a_clear_error_through_the_comman
     assert done.returncode == 2, done.stderr
     assert "ONNX Runtime crashed opening" in done.stderr and "model.onnx at every optimization level" in done.stderr
     assert "SIGSEGV at ORT_DISABLE_ALL" in done.stderr and "Traceback" not in done.stderr
+
+
+def _crash_before(open_at, level: str):
+    from trt_pipeline.pipeline.sessions import OPTIMIZATION_LEVELS
+
+    if level == OPTIMIZATION_LEVELS[0]:
+        _segfault()
+    return open_at(level)
+
+
+def test_the_level_a_build_fell_back_to_is_recorded_and_the_runner_opens_at_it(tmp_path: Path):
+    """A build whose graphs crash ONNX Runtime at full optimization (the stand-in as above): the manifest records
+    the level that worked for each graph the folder serves, and the runner opens the graph's bytes at it."""
+    import subprocess
+
+    import onnxruntime
+
+    from trt_pipeline import load_runner
+    from trt_pipeline.pipeline.manifest import read_manifest
+
+    out = tmp_path / "engines"
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from trt_pipeline.pipeline import cli, sessions
+        from tests.test_models import _crash_before
+        real = sessions.level_that_opens
+        sessions.level_that_opens = lambda path, open_at, feed=None: real(
+            path, lambda level: _crash_before(open_at, level), feed
+        )
+        sys.exit(cli.main(["engine", "--model", "tests.toy_models:tiny_cnn", "--precision", "fp32",
+                           "--out", {str(out)!r}, "--batch", "1:2:4"]))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "opened it at ORT_ENABLE_EXTENDED instead" in done.stdout
+    folder = out / "toy_models-tiny_cnn-fp32"
+    manifest = read_manifest(folder)
+    assert manifest is not None and manifest.onnxruntime_levels == {"model.onnx": "ORT_ENABLE_EXTENDED"}
+    with load_runner(folder, "onnxruntime", providers=["CPUExecutionProvider"]) as runner:
+        level = runner.session.get_session_options().graph_optimization_level
+        assert level == onnxruntime.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        assert runner.infer({"input": np.zeros((2, 3, 16, 16), np.float32)})["logits"].shape == (2, 10)
 
 
 # ---------------------------------------------------------------- a static token sequence is worth a warning

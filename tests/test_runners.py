@@ -177,10 +177,14 @@ def test_int8_folder_on_the_cpu_runs_the_graph_shaped_for_it(int8_folder):
         assert f"running {graph} (the int8 graph for ONNX Runtime's CPU kernels, for " in runner.description
         cpu_logits = runner.infer(feed)["logits"]
     with load_runner(int8_folder, "onnxruntime", graph="model.int8.onnx") as runner:
-        assert runner.graph == "model.int8.onnx" and "(asked for)" in runner.description
+        assert runner.graph == "model.int8.onnx"
+        assert "(asked for, its Q/DQ simulated in float as TensorRT computes them" in runner.description
         tensorrt_shaped = runner.infer(feed)["logits"]
     (reference,) = onnxruntime_session(int8_folder / graph).run(["logits"], feed)
     np.testing.assert_array_equal(cpu_logits, reference)
+    # The TensorRT-shaped graph on the CPU computes what the gates judged, not ORT's fused int8 kernels.
+    (simulated,) = onnxruntime_session(int8_folder / "model.int8.onnx", simulate_qdq=True).run(["logits"], feed)
+    np.testing.assert_array_equal(tensorrt_shaped, simulated)
     # Two quantizations of one model from the same ranges: close, not equal (uint8 vs int8 weights, fused kernels).
     assert compare_outputs({"logits": tensorrt_shaped}, {"logits": cpu_logits}, rtol=0.2)["logits"].ok
 

@@ -11,7 +11,7 @@ import numpy as np
 from trt_pipeline.pipeline.cpu import NO_VNNI, VNNI, int8_cpu_kind
 from trt_pipeline.pipeline.errors import PipelineError
 from trt_pipeline.pipeline.folder import ArtifactFolder
-from trt_pipeline.pipeline.manifest import rebuild_hint
+from trt_pipeline.pipeline.manifest import engine_graph, rebuild_hint
 from trt_pipeline.pipeline.runners.base import Runner
 from trt_pipeline.pipeline.sessions import onnxruntime_session
 
@@ -75,7 +75,13 @@ class OnnxRuntimeRunner(Runner):
             )
         chosen, why = choose_providers(providers)
         self.graph, which = self._graph(graph, on_cpu=CUDA not in chosen)
-        self.session = self._session(chosen, intra_op_threads, allow_spinning)
+        # The TensorRT-shaped INT8 graph on the CPU (no graph for this CPU's kernels): its Q/DQ run as TensorRT
+        # computes them, in float; ORT's fused int8 kernels would compute something else (saturating without
+        # VNNI).  The gates judged it the same way (pipeline.parity.evaluation_session).
+        simulate_qdq = CUDA not in chosen and self.graph == engine_graph("int8")
+        if simulate_qdq:
+            which += ", its Q/DQ simulated in float as TensorRT computes them (slower than int8 kernels)"
+        self.session = self._session(chosen, intra_op_threads, allow_spinning, simulate_qdq)
         self._output_names = [spec.name for spec in self.outputs]
         used = self.session.get_providers()
         threads = "default intra-op threads" if intra_op_threads is None else f"{intra_op_threads} intra-op threads"
@@ -103,13 +109,22 @@ class OnnxRuntimeRunner(Runner):
                 return cpu_graph, f"the {self.folder.precision} graph for ONNX Runtime's CPU kernels, {_KINDS[kind]}"
         return self.folder.graph, "the engine's graph"
 
-    def _session(self, providers: list[str], intra_op_threads: int | None, allow_spinning: bool) -> Any:
-        """The session on the chosen graph.  Its bytes match the manifest's sha256 (folder.read checks), so a graph
-        ONNX Runtime refuses was written that way: its error (a pybind exception type per cause) becomes the fix."""
+    def _session(
+        self, providers: list[str], intra_op_threads: int | None, allow_spinning: bool, simulate_qdq: bool
+    ) -> Any:
+        """The session on the chosen graph, at the optimization level the build found ONNX Runtime does not crash
+        at (recorded in the manifest where it was not the highest).  Its bytes match the manifest's sha256
+        (folder.read checks), so a graph ONNX Runtime refuses was written that way: its error (a pybind exception
+        type per cause) becomes the fix."""
         graph = self.folder.read(self.graph)
         try:
             return onnxruntime_session(
-                graph, providers, intra_op_threads=intra_op_threads, allow_spinning=allow_spinning
+                graph,
+                providers,
+                intra_op_threads=intra_op_threads,
+                allow_spinning=allow_spinning,
+                simulate_qdq=simulate_qdq,
+                level=self.manifest.onnxruntime_levels.get(self.graph),
             )
         except Exception as error:  # onnxruntime's Fail, InvalidProtobuf, InvalidGraph, ... share no base but Exception
             raise PipelineError(
