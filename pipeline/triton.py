@@ -27,6 +27,9 @@ from trt_pipeline.pipeline.folder import ArtifactFolder, open_folder
 from trt_pipeline.pipeline.manifest import MANIFEST, Manifest
 from trt_pipeline.pipeline.runners.base import max_batch
 
+# ONNX Runtime's optimization levels as the onnxruntime backend's `optimization { graph { level } }` spells them
+# (its README: -1 basic, 1 basic and extended, 2 none; unset: all).
+TRITON_GRAPH_LEVELS = {"ORT_ENABLE_ALL": 0, "ORT_ENABLE_EXTENDED": 1, "ORT_ENABLE_BASIC": -1, "ORT_DISABLE_ALL": 2}
 BACKENDS = ("auto", "tensorrt_plan", "onnxruntime", "python")
 # backend -> (platform, Triton backend, file in the version folder)
 PLATFORMS = {
@@ -149,6 +152,9 @@ def write_repository(
         instance_kind=instance_kind,
         max_queue_delay_us=max_queue_delay_us,
     )
+    level = manifest.onnxruntime_levels.get(opened.graph)
+    if chosen == "onnxruntime" and level is not None:  # the build found ONNX Runtime crashing above this level
+        config.optimization.graph.level = TRITON_GRAPH_LEVELS[level]
     if chosen == "python":
         add_parameter(config, "runner_backend", runner_backend)
         # The stub's Python imports trt_pipeline from here when it is not installed where Triton runs.

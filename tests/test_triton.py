@@ -13,7 +13,7 @@ from trt_pipeline.pipeline.artifacts import sha256_file
 from trt_pipeline.pipeline.cli import main
 from trt_pipeline.pipeline.errors import PipelineError
 from trt_pipeline.pipeline.folder import open_folder
-from trt_pipeline.pipeline.manifest import Manifest, ModelRecord, read_manifest
+from trt_pipeline.pipeline.manifest import Manifest, ModelRecord, read_manifest, update_manifest
 from trt_pipeline.pipeline.settings import BatchProfile, Settings
 from trt_pipeline.pipeline.stages import make_engine
 from trt_pipeline.pipeline.triton import engine_io, model_config, model_name, write_repository
@@ -109,6 +109,17 @@ def test_a_name_that_leaves_the_repository_is_refused(tiny: Path, tmp_path: Path
     with pytest.raises(PipelineError, match="cannot be a folder of the repository"):
         write_repository(tiny, repo, name=name)
     assert not any(tmp_path.rglob("config.pbtxt"))
+
+
+def test_the_onnxruntime_level_the_build_fell_back_to_reaches_the_config(tiny: Path, tmp_path: Path) -> None:
+    folder = shutil.copytree(tiny, tmp_path / tiny.name)
+    assert (
+        parse((write_repository(folder, tmp_path / "full")[0] / "config.pbtxt").read_text()).optimization.graph.level
+        == 0
+    )
+    update_manifest(folder, onnxruntime_levels={"model.onnx": "ORT_ENABLE_BASIC"})  # as a crash at the build records
+    model_dir, _ = write_repository(folder, tmp_path / "basic")
+    assert parse((model_dir / "config.pbtxt").read_text()).optimization.graph.level == -1  # Triton's BASIC
 
 
 def test_a_swapped_graph_is_refused(tiny: Path, tmp_path: Path) -> None:
