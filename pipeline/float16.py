@@ -193,14 +193,17 @@ class TensorStats:
         return cls(max_abs, shapes, seen, by_case)
 
     def largest_cases(self, labels: list[str], count: int) -> list[str]:
-        """Up to `count` of `labels` whose runs reached the largest magnitude on the most tensors (one vote per
-        tensor, ties to the earlier case): the data where float16 is likeliest to overflow."""
-        votes = dict.fromkeys(labels, 0)
+        """Up to `count` of `labels` whose activations come nearest the largest of them, tensor by tensor (each
+        run's max |x| over the largest run's, summed over the tensors; ties to the earlier case): the data where
+        float16 is likeliest to overflow.  A tensor the inputs do not move (a constant, a shape) does not count."""
+        score = dict.fromkeys(labels, 0.0)
         for name in self.max_abs:
-            reached = [label for label in labels if name in self.by_case[label]]
-            if reached:
-                votes[max(reached, key=lambda label: self.by_case[label][name])] += 1
-        return sorted(labels, key=lambda label: -votes[label])[:count]
+            reached = {label: self.by_case[label][name] for label in labels if name in self.by_case[label]}
+            largest = max(reached.values(), default=0.0)
+            if len(set(reached.values())) > 1 and largest > 0:
+                for label, value in reached.items():
+                    score[label] += value / largest
+        return sorted(labels, key=lambda label: -score[label])[:count]
 
 
 def overflowing_nodes(fp32_model: onnx.ModelProto, stats: TensorStats) -> list[KeptNode]:

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from trt_pipeline.pipeline.diagnose import diagnose_folder
 from trt_pipeline.pipeline.errors import PipelineError
 from trt_pipeline.pipeline.export import load_reference
-from trt_pipeline.pipeline.float16 import faithful_copy, faithful_session
+from trt_pipeline.pipeline.float16 import Case, TensorStats, faithful_copy, faithful_session
 from trt_pipeline.pipeline.parity import onnxruntime_session
 from trt_pipeline.pipeline.settings import Settings
 from trt_pipeline.pipeline.stages import make_engine
@@ -203,3 +203,19 @@ def test_the_faithful_gate_judges_the_calibration_rows_with_the_largest_activati
     message = str(caught.value)
     assert "disagrees with the FP32 graph on calibration rows 40-47" in message and "max abs error nan" in message
     assert "the first node past it is 'up' (MatMul)" in message
+
+
+def test_the_scan_names_where_each_maximum_was_seen_and_ranks_the_runs_by_their_activations():
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "k"], ["y"], name="scale"), helper.make_node("Shape", ["x"], ["s"])],
+        "scale",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
+        initializer=[numpy_helper.from_array(np.array([3.0, -3.0], np.float32), "k")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    sizes = {"rows 0-1": 1.0, "rows 2-3": 5.0, "rows 4-5": 2.0, "rows 6-7": -7.0}
+    cases = [Case("calibration", label, {"x": np.full((2, 2), size, np.float32)}) for label, size in sizes.items()]
+    stats = TensorStats.of_runs(model, cases)
+    assert stats.max_abs == {"x": 7.0, "y": 21.0} and stats.seen == {"x": "rows 6-7", "y": "rows 6-7"}
+    assert stats.largest_cases(list(sizes), 2) == ["rows 6-7", "rows 2-3"]
