@@ -246,7 +246,7 @@ def _fp16_stage(run: Run, source: Path, target: Path) -> list[Case]:
         return []
     update_manifest(run.folder, calibration=record["scanned"]["calibration"])
     largest = set(record["largest_cases"].get("calibration", []))
-    return [case for case in calibration_cases(calibration) if case.label in largest]
+    return [case for case in calibration_cases(calibration, run.settings) if case.label in largest]
 
 
 def fp16_graph(
@@ -261,7 +261,7 @@ def fp16_graph(
         if _rows(inputs) <= SCAN_ROWS
     ]
     if calibration is not None:
-        cases += calibration_cases(calibration)
+        cases += calibration_cases(calibration, settings)
     record = convert_fp16(source, target, cases=cases, keep_fp32=settings.fp32_nodes(), auto_fp32=settings.auto_fp32)
     references = [case.feeds for case in cases if case.source == "reference"]
     record["scanned"] = {
@@ -273,12 +273,13 @@ def fp16_graph(
     return record
 
 
-def calibration_cases(calibration: CalibrationData) -> list[Case]:
-    """The calibration batches as the FP16 scan runs them: SCAN_ROWS rows at a time, labelled by their rows."""
-    cases, start = [], 0
+def calibration_cases(calibration: CalibrationData, settings: Settings) -> list[Case]:
+    """The calibration batches as the FP16 scan runs them, labelled by their rows: SCAN_ROWS rows at a time, or
+    the profile's largest batch where it is smaller (a graph need not run beyond it)."""
+    cases, start, step = [], 0, min(SCAN_ROWS, settings.batch.max)
     for batch in calibration.batches:
-        for offset in range(0, _rows(batch), SCAN_ROWS):
-            feeds = {name: array[offset : offset + SCAN_ROWS] for name, array in batch.items()}
+        for offset in range(0, _rows(batch), step):
+            feeds = {name: array[offset : offset + step] for name, array in batch.items()}
             first = start + offset
             cases.append(Case("calibration", f"calibration rows {first}-{first + _rows(feeds) - 1}", feeds))
         start += _rows(batch)

@@ -15,13 +15,14 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from trt_pipeline.calibration.readers import CalibrationData
 from trt_pipeline.pipeline.diagnose import diagnose_folder
 from trt_pipeline.pipeline.errors import PipelineError
 from trt_pipeline.pipeline.export import load_reference
 from trt_pipeline.pipeline.float16 import Case, TensorStats, faithful_copy, faithful_session
 from trt_pipeline.pipeline.parity import onnxruntime_session
-from trt_pipeline.pipeline.settings import Settings
-from trt_pipeline.pipeline.stages import make_engine
+from trt_pipeline.pipeline.settings import BatchProfile, Settings
+from trt_pipeline.pipeline.stages import calibration_cases, make_engine
 
 OVERFLOW = "tests.toy_models:overflow_ffn"
 BLOCK = ["/up/Gemm", "/Relu", "/down/Gemm"]  # the nodes that hold the large values
@@ -219,3 +220,13 @@ def test_the_scan_names_where_each_maximum_was_seen_and_ranks_the_runs_by_their_
     stats = TensorStats.of_runs(model, cases)
     assert stats.max_abs == {"x": 7.0, "y": 21.0} and stats.seen == {"x": "rows 6-7", "y": "rows 6-7"}
     assert stats.largest_cases(list(sizes), 2) == ["rows 6-7", "rows 2-3"]
+
+
+def test_the_scan_cuts_calibration_batches_to_the_rows_a_run_may_hold():
+    rows = np.arange(40, dtype=np.float32).reshape(20, 2)
+    data = CalibrationData([{"x": rows[:16]}, {"x": rows[16:]}], 20, "sha", "test")
+    labels = [case.label for case in calibration_cases(data, Settings())]
+    assert labels == ["calibration rows 0-7", "calibration rows 8-15", "calibration rows 16-19"]
+    small = calibration_cases(data, Settings(batch=BatchProfile(1, 2, 4)))  # no run beyond the profile's max
+    assert [len(case.feeds["x"]) for case in small] == [4, 4, 4, 4, 4]
+    assert small[-1].label == "calibration rows 16-19" and np.array_equal(small[-1].feeds["x"], rows[16:])
