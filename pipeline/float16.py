@@ -11,12 +11,15 @@ op computes in float32 (as TensorRT's float16 kernels accumulate in float32).
 
 `overflowing_nodes` runs the FP32 graph with every intermediate tensor exposed and names the nodes
 that float16 cannot hold: an output beyond FP16_SAFE, or an internal statistic that overflows
-(the variance of a LayerNormalization, the sum inside a ReduceMean).
+(the variance of a LayerNormalization, the sum inside a ReduceMean).  The runs are labelled cases (the
+reference inputs, then the calibration data when given); only each tensor's running maximum and the case
+that set it are kept, so a scan over many batches holds one run's tensors at a time.
 """
 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,9 +44,26 @@ class KeptNode:
     op_type: str
     reason: str
     max_abs: float
+    seen_in: str | None = None  # the case whose run reached max_abs (Case.label); None for --keep-fp32
 
     def as_record(self) -> dict:
-        return {"node": self.name, "op": self.op_type, "reason": self.reason, "max_abs": self.max_abs}
+        return {
+            "node": self.name,
+            "op": self.op_type,
+            "reason": self.reason,
+            "max_abs": self.max_abs,
+            "seen_in": self.seen_in,
+        }
+
+
+@dataclass(frozen=True)
+class Case:
+    """One run of a graph: its inputs, the data they come from ("reference", "calibration") and a label naming
+    them within it ("reference case 2 (batch 8)", "calibration rows 16-23"), unique over a scan."""
+
+    source: str
+    label: str
+    feeds: dict[str, np.ndarray]
 
 
 # --------------------------------------------------------------------------- the faithful copy
@@ -107,25 +127,35 @@ def faithful_session(fp16_path: Path):
 
 def run_exposing_tensors(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Every float tensor a graph computes (node outputs, graph inputs), by name, for one run."""
-    from trt_pipeline.pipeline.sessions import onnxruntime_session
+    return _ExposingSession(model).run(feeds)
 
-    exposed = onnx.ModelProto()
-    exposed.CopyFrom(model)
-    inferred = onnx.shape_inference.infer_shapes(exposed)
-    known = {value.name: value for value in [*inferred.graph.value_info, *inferred.graph.output]}
-    present = {output.name for output in exposed.graph.output}
-    for node in exposed.graph.node:
-        for name in node.output:
-            value = known.get(name)
-            if value is not None and name not in present and value.type.tensor_type.elem_type == TensorProto.FLOAT:
-                exposed.graph.output.append(value)
-                present.add(name)
-    with tempfile.TemporaryDirectory(prefix="exposed.") as folder:
-        path = Path(folder) / "exposed.onnx"
-        onnx.save(exposed, str(path))
-        session = onnxruntime_session(path)
-    names = [output.name for output in session.get_outputs()]
-    return {**feeds, **dict(zip(names, session.run(names, feeds), strict=True))}
+
+class _ExposingSession:
+    """An ONNX Runtime session over a copy of the graph whose outputs are all its float node outputs; made
+    once for many runs (a session per run costs more than the run on a small graph)."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        from trt_pipeline.pipeline.sessions import onnxruntime_session
+
+        exposed = onnx.ModelProto()
+        exposed.CopyFrom(model)
+        inferred = onnx.shape_inference.infer_shapes(exposed)
+        known = {value.name: value for value in [*inferred.graph.value_info, *inferred.graph.output]}
+        present = {output.name for output in exposed.graph.output}
+        for node in exposed.graph.node:
+            for name in node.output:
+                value = known.get(name)
+                if value is not None and name not in present and value.type.tensor_type.elem_type == TensorProto.FLOAT:
+                    exposed.graph.output.append(value)
+                    present.add(name)
+        with tempfile.TemporaryDirectory(prefix="exposed.") as folder:
+            path = Path(folder) / "exposed.onnx"
+            onnx.save(exposed, str(path))
+            self.session = onnxruntime_session(path)
+        self.names = [output.name for output in self.session.get_outputs()]
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {**feeds, **dict(zip(self.names, self.session.run(self.names, feeds), strict=True))}
 
 
 # --------------------------------------------------------------------------- what float16 cannot hold
@@ -133,21 +163,47 @@ def run_exposing_tensors(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -
 
 @dataclass(frozen=True)
 class TensorStats:
-    """Each float tensor's largest finite magnitude over some runs, and its shape in the first."""
+    """Each float tensor's largest finite magnitude over some runs and the case that reached it, each case's own
+    maxima, and each tensor's shape in the first run."""
 
     max_abs: dict[str, float]
     shapes: dict[str, tuple[int, ...]]
+    seen: dict[str, str]  # tensor name -> label of the case whose run reached max_abs
+    by_case: dict[str, dict[str, float]]  # case label -> {tensor name: its largest magnitude in that run}
 
     @classmethod
-    def of_runs(cls, model: onnx.ModelProto, cases: list[dict[str, np.ndarray]]) -> TensorStats:
-        max_abs: dict[str, float] = {}
+    def of_runs(cls, model: onnx.ModelProto, cases: Iterable[Case | dict[str, np.ndarray]]) -> TensorStats:
+        """Run each case (bare feeds are labelled "case <i>"); only magnitudes are kept between runs."""
+        session = _ExposingSession(model)
         shapes: dict[str, tuple[int, ...]] = {}
-        for feeds in cases:  # one run at a time: only the magnitudes are kept
-            for name, value in run_exposing_tensors(model, feeds).items():
+        by_case: dict[str, dict[str, float]] = {}
+        for index, given in enumerate(cases):
+            case = given if isinstance(given, Case) else Case("", f"case {index}", given)
+            magnitudes = by_case.setdefault(case.label, {})
+            for name, value in session.run(case.feeds).items():
                 shapes.setdefault(name, tuple(value.shape))
                 if value.dtype.kind == "f":  # token ids and indices are never float16
-                    max_abs[name] = max(max_abs.get(name, 0.0), _max_abs(value))
-        return cls(max_abs, shapes)
+                    magnitudes[name] = max(magnitudes.get(name, 0.0), _max_abs(value))
+        max_abs: dict[str, float] = {}
+        seen: dict[str, str] = {}
+        for label, magnitudes in by_case.items():  # in run order: the first case to reach a maximum names it
+            for name, largest in magnitudes.items():
+                if name not in max_abs or largest > max_abs[name]:
+                    max_abs[name], seen[name] = largest, label
+        return cls(max_abs, shapes, seen, by_case)
+
+    def largest_cases(self, labels: list[str], count: int) -> list[str]:
+        """Up to `count` of `labels` whose activations come nearest the largest of them, tensor by tensor (each
+        run's max |x| over the largest run's, summed over the tensors; ties to the earlier case): the data where
+        float16 is likeliest to overflow.  A tensor the inputs do not move (a constant, a shape) does not count."""
+        score = dict.fromkeys(labels, 0.0)
+        for name in self.max_abs:
+            reached = {label: self.by_case[label][name] for label in labels if name in self.by_case[label]}
+            largest = max(reached.values(), default=0.0)
+            if len(set(reached.values())) > 1 and largest > 0:
+                for label, value in reached.items():
+                    score[label] += value / largest
+        return sorted(labels, key=lambda label: -score[label])[:count]
 
 
 def overflowing_nodes(fp32_model: onnx.ModelProto, stats: TensorStats) -> list[KeptNode]:
@@ -156,30 +212,34 @@ def overflowing_nodes(fp32_model: onnx.ModelProto, stats: TensorStats) -> list[K
     for node in fp32_model.graph.node:
         reason = _overflow_reason(node, stats)
         if reason is not None:
-            kept.append(KeptNode(node.name, node.op_type, reason[0], reason[1]))
+            why, magnitude, tensor = reason
+            kept.append(KeptNode(node.name, node.op_type, why, magnitude, stats.seen.get(tensor)))
     return kept
 
 
-def _overflow_reason(node: onnx.NodeProto, stats: TensorStats) -> tuple[str, float] | None:
-    """Why float16 cannot run this node, with the magnitude that says so, or None.
+def _overflow_reason(node: onnx.NodeProto, stats: TensorStats) -> tuple[str, float, str] | None:
+    """Why float16 cannot run this node, with the magnitude that says so and the tensor it was seen on, or None.
 
     A node that reads a value beyond the range stays FP32 too: a float16 node there would cast it to
     inf on the way in.
     """
     for side, names in (("output", node.output), ("input", node.input)):
-        largest = max((stats.max_abs[name] for name in names if name in stats.max_abs), default=0.0)
-        if largest > FP16_SAFE:
-            return f"its {side} reaches {largest:.3g}, beyond {FP16_SAFE:.0f} (float16 max {FP16_MAX:.0f})", largest
+        measured = [name for name in names if name in stats.max_abs]
+        tensor = max(measured, key=stats.max_abs.__getitem__, default=None)
+        largest = stats.max_abs[tensor] if tensor is not None else 0.0
+        if tensor is not None and largest > FP16_SAFE:
+            why = f"its {side} reaches {largest:.3g}, beyond {FP16_SAFE:.0f} (float16 max {FP16_MAX:.0f})"
+            return why, largest, tensor
     if not node.input or node.input[0] not in stats.max_abs or not node.output:
         return None
     source = stats.max_abs[node.input[0]]
     if node.op_type in SQUARING_OPS and source**2 > FP16_SAFE:
-        return f"its input reaches {source:.3g}, whose square overflows inside the op", source
+        return f"its input reaches {source:.3g}, whose square overflows inside the op", source, node.input[0]
     if node.op_type in SUMMING_OPS and node.output[0] in stats.shapes:
         summed = int(np.prod(stats.shapes[node.input[0]])) / max(int(np.prod(stats.shapes[node.output[0]])), 1)
         total = float(stats.max_abs[node.output[0]] * summed)
         if total > FP16_SAFE:
-            return f"the sum inside it reaches {total:.3g}", total
+            return f"the sum inside it reaches {total:.3g}", total, node.output[0]
     return None
 
 

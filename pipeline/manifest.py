@@ -166,7 +166,9 @@ class Manifest:
     artifacts: dict[str, Artifact] = field(default_factory=dict)
     parity_batches: tuple[int, ...] = ()
     reference_source: str | None = None  # what reference.npz holds when it is not PyTorch's outputs (an ONNX MODEL)
-    calibration: dict | None = None  # int8: the data and ranges the graphs were calibrated with
+    # The calibration data (CALIB) the graphs were made from: source, samples, data_sha256.  int8: and the ranges
+    # it gave; fp16: the data the FP32-fallback scan ran besides the reference inputs (stages["fp16"]["scanned"]).
+    calibration: dict | None = None
     build: BuildRecord | None = None
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage, in the order they ran
     # Graphs ONNX Runtime crashed on at its highest optimization level during the build, and the level that

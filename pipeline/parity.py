@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -12,6 +13,9 @@ from trt_pipeline.pipeline.errors import PipelineError
 from trt_pipeline.pipeline.export import load_reference
 from trt_pipeline.pipeline.manifest import FP32_GRAPH, engine_graph
 from trt_pipeline.pipeline.sessions import onnxruntime_session, probe_level
+
+if TYPE_CHECKING:
+    from trt_pipeline.pipeline.float16 import Case
 
 # Tolerances on max |onnx - torch| relative to the output's largest magnitude.
 # FP32 graphs differ from PyTorch by reassociation only (measured ~1e-6 on ResNet-50);
@@ -27,11 +31,13 @@ RTOL = {"fp32": 1e-3, "fp16": 3e-2, "int8": 1.0}
 INT8_MAX_ERROR = 0.2
 
 
-def check_parity(onnx_path: Path, reference_path: Path, *, precision: str) -> dict:
+def check_parity(onnx_path: Path, reference_path: Path, *, precision: str, against_fp32: Sequence[Case] = ()) -> dict:
     """Run every reference case through the graph; raise PipelineError past the tolerance.
 
     A float16 graph runs as the engine stores it (every float16 tensor rounded, overflow to inf:
     pipeline/float16.py), not as ONNX Runtime's CPU provider would run it (in float32 throughout).
+    `against_fp32`: more inputs, which have no PyTorch outputs, judged against the FP32 graph beside the graph
+    (model.onnx) at the same tolerance (fp16: the calibration runs with the largest activations).
     """
     from trt_pipeline.pipeline.float16 import faithful_session
 
@@ -45,26 +51,29 @@ def check_parity(onnx_path: Path, reference_path: Path, *, precision: str) -> di
     names = [o.name for o in session.get_outputs()]
     rtol = RTOL[precision]
     cases: list[dict[str, Any]] = []
-    for inputs, expected in reference:
+    for inputs, expected, label in _judged_cases(onnx_path, reference, against_fp32):
         actual = dict(zip(names, session.run(names, inputs), strict=True))
         results = compare_outputs(expected, actual, rtol=rtol)
         batch = int(next(iter(inputs.values())).shape[0])
-        cases.append({"batch": batch, "outputs": {n: c.as_record() for n, c in results.items()}})
+        cases.append({"batch": batch, "data": label, "outputs": {n: c.as_record() for n, c in results.items()}})
         failed = {n: c for n, c in results.items() if not c.ok}
         if failed:
             name, worst = next(iter(failed.items()))
+            against = f"PyTorch at batch {batch}" if label == "reference" else f"the FP32 graph on {label}"
             problem = (
-                f"{onnx_path.name} disagrees with PyTorch at batch {batch} on output {name!r}: max abs error "
+                f"{onnx_path.name} disagrees with {against} on output {name!r}: max abs error "
                 f"{worst.max_abs:.3g} is {worst.max_rel:.3g} of the output scale {worst.scale:.3g} "
                 f"(tolerance {rtol:g} for {precision})"
             )
             raise _parity_error(onnx_path, inputs, precision, problem)
     worst_rel = max(o["max_rel"] for case in cases for o in case["outputs"].values())
     worst_abs = max(o["max_abs"] for case in cases for o in case["outputs"].values())
-    batches = sorted({case["batch"] for case in cases})
+    batches = sorted({case["batch"] for case in cases if case["data"] == "reference"})
     faithful = " (float16 as the engine stores it)" if precision == "fp16" else ""
+    more = [case["data"] for case in cases if case["data"] != "reference"]
+    also = f" and vs FP32 on {', '.join(more)}" if more else ""
     return {
-        "summary": f"{onnx_path.name}{faithful} vs PyTorch at batch {batches}: max abs {worst_abs:.3g}, "
+        "summary": f"{onnx_path.name}{faithful} vs PyTorch at batch {batches}{also}: max abs {worst_abs:.3g}, "
         f"max rel {worst_rel:.3g} (tolerance {rtol:g})",
         "evaluation": "float16 storage: every float16 tensor rounded as the engine stores it" if faithful else "",
         "rtol": rtol,
@@ -72,6 +81,20 @@ def check_parity(onnx_path: Path, reference_path: Path, *, precision: str) -> di
         "max_rel": worst_rel,
         "cases": cases,
     }
+
+
+def _judged_cases(
+    onnx_path: Path, reference: list[tuple[dict, dict]], against_fp32: Sequence[Case]
+) -> Iterator[tuple[dict[str, np.ndarray], dict[str, np.ndarray], str]]:
+    """(inputs, expected outputs, "reference" or the case's label): PyTorch's reference cases, then each of
+    `against_fp32` with the FP32 graph's outputs (run one case at a time)."""
+    for inputs, expected in reference:
+        yield inputs, expected, "reference"
+    if against_fp32:
+        fp32 = onnxruntime_session(onnx_path.parent / FP32_GRAPH)
+        names = [output.name for output in fp32.get_outputs()]
+        for case in against_fp32:
+            yield case.feeds, dict(zip(names, fp32.run(names, case.feeds), strict=True)), case.label
 
 
 def evaluation_session(onnx_path: Path, probe_feed: dict[str, np.ndarray] | None = None):

@@ -4,8 +4,8 @@ TensorRT 11 (and TensorRT-RTX) build strongly typed networks only: the FP16/INT8
 builder flags no longer choose precisions, so the ONNX graph must carry them.
 FP16 = the graph converted to float16 with float32 inputs and outputs (a service
 keeps feeding float32), except the nodes float16 cannot hold, which stay FP32 behind
-Casts: found from the FP32 graph's own values on the reference inputs (pipeline/float16.py),
-or named by the user (--keep-fp32).  INT8 = explicit Q/DQ from calibration (calibration/).
+Casts: found from the FP32 graph's own values on the reference inputs and the calibration data when
+given (pipeline/float16.py), or named by the user (--keep-fp32).  INT8 = explicit Q/DQ from calibration (calibration/).
 """
 
 from __future__ import annotations
@@ -19,7 +19,11 @@ from onnx import TensorProto
 
 from trt_pipeline.pipeline.artifacts import atomic_path
 from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.float16 import KeptNode, TensorStats, fp32_compute_share, overflowing_nodes
+from trt_pipeline.pipeline.float16 import Case, KeptNode, TensorStats, fp32_compute_share, overflowing_nodes
+
+# The runs of each data source with the largest activations that the scan records (TensorStats.largest_cases):
+# the faithful FP16 gate judges the calibration ones besides the reference inputs (pipeline/stages.py).
+LARGEST_CASES = 2
 
 # The engine's graph at each precision, from the one precision -> graph table (pipeline.manifest.GRAPHS).
 
@@ -28,20 +32,22 @@ def convert_fp16(
     onnx_path: Path,
     out_path: Path,
     *,
-    cases: Sequence[dict[str, np.ndarray]] = (),
+    cases: Sequence[Case | dict[str, np.ndarray]] = (),
     keep_fp32: Sequence[str] = (),
     auto_fp32: bool = True,
 ) -> dict:
     """Write a float16 copy of the graph whose inputs and outputs stay float32.
 
-    With `cases` (batches of model inputs) and `auto_fp32`, the nodes whose values float16 cannot hold
-    on them stay FP32; `keep_fp32` names more, by node name or op type (e.g. "TopK").
+    With `cases` (batches of model inputs, each run alone) and `auto_fp32`, the nodes whose values float16
+    cannot hold on them stay FP32, each recorded with the case that showed it; `keep_fp32` names more, by node
+    name or op type (e.g. "TopK").
     """
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     model = onnx.load(str(onnx_path))
     _name_unnamed_nodes(model.graph)
-    stats = TensorStats.of_runs(model, list(cases)) if cases else None
+    labelled = [case if isinstance(case, Case) else Case("", f"case {i}", case) for i, case in enumerate(cases)]
+    stats = TensorStats.of_runs(model, labelled) if labelled else None
     kept = overflowing_nodes(model, stats) if auto_fp32 and stats else []
     kept += _asked_for(model.graph, keep_fp32, already={node.name for node in kept})
     # keep_io_types inserts Casts at the graph edges; ONNX Runtime's converter keeps ops with
@@ -57,7 +63,7 @@ def convert_fp16(
     if kept:
         summary += (
             f"; {len(kept)} node(s) kept FP32 ({_percent(share)} of the compute): "
-            + ", ".join(f"{node.name} ({node.reason})" for node in kept[:3])
+            + ", ".join(f"{node.name} ({node.reason}{_where(node)})" for node in kept[:3])
             + (" ..." if len(kept) > 3 else "")
         )
     return {
@@ -66,7 +72,21 @@ def convert_fp16(
         "auto_fp32": auto_fp32,
         "kept_fp32": [node.as_record() for node in kept],
         "fp32_compute_share": share,
+        "largest_cases": _largest_cases(stats, labelled) if stats else {},
     }
+
+
+def _largest_cases(stats: TensorStats, cases: list[Case]) -> dict[str, list[str]]:
+    """{data source: the labels of its LARGEST_CASES runs with the largest activations}."""
+    sources = dict.fromkeys(case.source for case in cases)
+    return {
+        source: stats.largest_cases([case.label for case in cases if case.source == source], LARGEST_CASES)
+        for source in sources
+    }
+
+
+def _where(node: KeptNode) -> str:
+    return f", in {node.seen_in}" if node.seen_in else ""
 
 
 def _percent(share: float | None) -> str:

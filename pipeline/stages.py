@@ -20,13 +20,14 @@ from pathlib import Path
 
 from trt_pipeline import models
 from trt_pipeline.calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph, written_cpu_graphs
-from trt_pipeline.calibration.readers import graph_inputs, read_calibration_data
+from trt_pipeline.calibration.readers import CalibrationData, graph_inputs, read_calibration_data
 from trt_pipeline.models.spec import ModelSpec
 from trt_pipeline.pipeline.artifacts import build_lock, sha256_file
 from trt_pipeline.pipeline.check import check_onnx
 from trt_pipeline.pipeline.cpu import int8_cpu_kind
 from trt_pipeline.pipeline.errors import PipelineError
 from trt_pipeline.pipeline.export import export_onnx, load_reference, parity_batches, write_reference
+from trt_pipeline.pipeline.float16 import Case
 from trt_pipeline.pipeline.graph_io import GraphTensor
 from trt_pipeline.pipeline.manifest import (
     ARTIFACT_LAYOUT,
@@ -64,6 +65,9 @@ from trt_pipeline.pipeline.settings import OPSET, Settings
 from trt_pipeline.pipeline.simplify import simplify_onnx
 
 VERSIONED_PACKAGES = ("torch", "onnx", "onnxsim", "onnxruntime-gpu", "onnxruntime", "numpy")
+# Rows per run of the FP16 scan: every intermediate tensor of a run is held at once, so reference cases above
+# it are left out and calibration batches are cut to it.
+SCAN_ROWS = 8
 
 
 @dataclass
@@ -205,8 +209,9 @@ def run_precision(run: Run) -> None:
     if precision == "fp32":
         return
     source, target = _require(run, FP32_GRAPH), run.path(engine_graph(precision))
+    judged: list[Case] = []  # inputs judged against the FP32 graph besides the reference cases
     if precision == "fp16":
-        run.stage("fp16", fp16_graph, source, target, _require(run, REFERENCE), run.settings)
+        judged = _fp16_stage(run, source, target)
     else:
         # Settings.check() has already refused int8 without CALIB.  The model is loaded, not
         # prepared: calibration only needs its declared image preprocessing.
@@ -216,7 +221,7 @@ def run_precision(run: Run) -> None:
             source,
             target,
             run.settings.calib,
-            preprocess=None if run.onnx_model else run.loaded.preprocess,
+            preprocess=_preprocess(run),
             config=CalibrationConfig.from_settings(run.settings),
             cache_folder=run.path(CACHE_FOLDER),
             cpu_out_paths={kind: run.path(name) for kind, name in cpu_graphs(precision).items()},
@@ -230,14 +235,88 @@ def run_precision(run: Run) -> None:
             stage = f"parity_int8_onnxruntime_{kind.replace('-', '_')}"
             run.stage(stage, check_parity, _require(run, name), _require(run, REFERENCE), precision="int8")
         _check_int8_agreement(run, source, written)
-    run.stage(f"parity_{precision}", check_parity, target, _require(run, REFERENCE), precision=precision)
+    reference = _require(run, REFERENCE)
+    run.stage(f"parity_{precision}", check_parity, target, reference, precision=precision, against_fp32=judged)
 
 
-def fp16_graph(source: Path, target: Path, reference: Path, settings: Settings) -> dict:
+def _fp16_stage(run: Run, source: Path, target: Path) -> list[Case]:
+    """model.fp16.onnx; returns what its faithful gate judges besides the reference inputs: with CALIB, the
+    calibration runs where the scan saw the largest activations (against the FP32 graph).  Judged there because
+    real inputs overflow where the reference inputs (often random) do not, and a fallback chosen from them must
+    be seen to hold on them; only a few runs (LARGEST_CASES), so the gate costs about what it did."""
+    calibration = _calibration_data(run, source) if run.settings.calib is not None else None
+    record = run.stage("fp16", fp16_graph, source, target, _require(run, REFERENCE), run.settings, calibration)
+    if calibration is None:
+        return []
+    update_manifest(run.folder, calibration=record["scanned"]["calibration"])
+    largest = set(record["largest_cases"].get("calibration", []))
+    return [case for case in calibration_cases(calibration, run.settings) if case.label in largest]
+
+
+def fp16_graph(
+    source: Path, target: Path, reference: Path, settings: Settings, calibration: CalibrationData | None = None
+) -> dict:
     """model.fp16.onnx as the pipeline writes it (`make accuracy` too): the FP32 fallback judged on the reference
-    inputs up to batch 8 (every intermediate tensor of a run is held at once), plus the nodes the settings keep."""
-    cases = [inputs for inputs, _ in load_reference(reference) if _rows(inputs) <= 8]
-    return convert_fp16(source, target, cases=cases, keep_fp32=settings.fp32_nodes(), auto_fp32=settings.auto_fp32)
+    inputs up to SCAN_ROWS rows and on the calibration data when given (cut into runs of SCAN_ROWS rows, each
+    run alone: only each tensor's running maximum is kept), plus the nodes the settings keep."""
+    cases = [
+        Case("reference", f"reference case {index} (batch {_rows(inputs)})", inputs)
+        for index, (inputs, _) in enumerate(load_reference(reference))
+        if _rows(inputs) <= SCAN_ROWS
+    ]
+    if calibration is not None:
+        cases += calibration_cases(calibration, settings)
+    record = convert_fp16(source, target, cases=cases, keep_fp32=settings.fp32_nodes(), auto_fp32=settings.auto_fp32)
+    references = [case.feeds for case in cases if case.source == "reference"]
+    record["scanned"] = {
+        "reference": {"file": reference.name, "cases": len(references), "rows": sum(map(_rows, references))},
+        "calibration": _calibration_record(calibration, settings) if calibration is not None else None,
+    }
+    if calibration is not None:
+        record["summary"] += f"; scanned {calibration.samples} calibration samples too ({calibration.description})"
+    return record
+
+
+def calibration_cases(calibration: CalibrationData, settings: Settings) -> list[Case]:
+    """The calibration batches as the FP16 scan runs them, labelled by their rows: SCAN_ROWS rows at a time, or
+    the profile's largest batch where it is smaller (a graph need not run beyond it)."""
+    cases, start, step = [], 0, min(SCAN_ROWS, settings.batch.max)
+    for batch in calibration.batches:
+        for offset in range(0, _rows(batch), step):
+            feeds = {name: array[offset : offset + step] for name, array in batch.items()}
+            first = start + offset
+            cases.append(Case("calibration", f"calibration rows {first}-{first + _rows(feeds) - 1}", feeds))
+        start += _rows(batch)
+    return cases
+
+
+def _calibration_record(calibration: CalibrationData, settings: Settings) -> dict:
+    """The calibration data a graph was made from, with the keys the int8 record gives it (calibration/int8.py)."""
+    return {
+        "source": calibration.description,
+        "samples": calibration.samples,
+        "batch": settings.calib_batch,
+        "batches": len(calibration.batches),
+        "data_sha256": calibration.digest,
+    }
+
+
+def _calibration_data(run: Run, fp32: Path) -> CalibrationData:
+    """CALIB as the graphs' stages read it: checked against the FP32 graph's inputs, up to --calib-samples."""
+    settings = run.settings
+    assert settings.calib is not None  # the callers check it
+    return read_calibration_data(
+        settings.calib,
+        graph_inputs(fp32),
+        _preprocess(run),
+        samples=settings.calib_samples,
+        batch=settings.calib_batch,
+    )
+
+
+def _preprocess(run: Run):
+    """The model's declared image preprocessing (None for an ONNX MODEL); the model is loaded, not prepared."""
+    return None if run.onnx_model else run.loaded.preprocess
 
 
 def _check_int8_agreement(run: Run, fp32: Path, cpu_graphs: dict[str, str]) -> None:
@@ -246,15 +325,7 @@ def _check_int8_agreement(run: Run, fp32: Path, cpu_graphs: dict[str, str]) -> N
     The CPU graph for the other kind of CPU is not judged here: this CPU's kernels do not run it as its
     own CPU does (U8S8 saturates without VNNI).
     """
-    settings = run.settings
-    assert settings.calib is not None  # Settings.check() refuses int8 without CALIB
-    data = read_calibration_data(
-        settings.calib,
-        graph_inputs(fp32),
-        None if run.onnx_model else run.loaded.preprocess,
-        samples=settings.calib_samples,
-        batch=settings.calib_batch,
-    )
+    data = _calibration_data(run, fp32)  # Settings.check() refuses int8 without CALIB
     served = cpu_graphs.get(int8_cpu_kind())
     graphs = [_require(run, engine_graph("int8")), *([_require(run, served)] if served else [])]
     run.stage("agreement_int8", check_int8_agreement, fp32, graphs, data.batches)
@@ -377,7 +448,8 @@ def reuse_key(settings: Settings, fingerprint: str) -> str:
         "layout": ARTIFACT_LAYOUT,
         "settings": record,
         "model": fingerprint,
-        "calibration": _calibration_fingerprint(settings) if settings.precision == "int8" else None,
+        # FP16 reads CALIB too (the FP32-fallback scan), so new data invalidates its graph as it does INT8's.
+        "calibration": _calibration_fingerprint(settings) if settings.precision != "fp32" else None,
         "versions": package_versions(VERSIONED_PACKAGES),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()

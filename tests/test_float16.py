@@ -15,13 +15,14 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from trt_pipeline.calibration.readers import CalibrationData
 from trt_pipeline.pipeline.diagnose import diagnose_folder
 from trt_pipeline.pipeline.errors import PipelineError
 from trt_pipeline.pipeline.export import load_reference
-from trt_pipeline.pipeline.float16 import faithful_copy
+from trt_pipeline.pipeline.float16 import Case, TensorStats, faithful_copy, faithful_session
 from trt_pipeline.pipeline.parity import onnxruntime_session
-from trt_pipeline.pipeline.settings import Settings
-from trt_pipeline.pipeline.stages import make_engine
+from trt_pipeline.pipeline.settings import BatchProfile, Settings
+from trt_pipeline.pipeline.stages import calibration_cases, make_engine
 
 OVERFLOW = "tests.toy_models:overflow_ffn"
 BLOCK = ["/up/Gemm", "/Relu", "/down/Gemm"]  # the nodes that hold the large values
@@ -122,3 +123,110 @@ def test_diagnose_refuses_an_fp32_folder(tmp_path):
     folder = make_engine(Settings(model=OVERFLOW, precision="fp32", out_root=tmp_path, builder="tensorrt_rtx"))
     with pytest.raises(PipelineError, match="holds a fp32 graph: there is no lower precision"):
         diagnose_folder(folder)
+
+
+# --------------------------------------------------------------------------- the scan sees the calibration data
+
+LARGE_ROWS = slice(40, 48)  # the calibration rows whose inputs are 30x the reference inputs' size
+SCALED_BLOCK = ["up", "relu", "down"]
+
+
+def _scaled_ffn(folder: Path) -> tuple[Path, Path]:
+    """An ONNX graph y = relu(x @ up) @ down + x @ skip whose hidden values are about 1000 |x|, and its calibration
+    .npz.  The reference inputs (standard normal) reach a few thousand there, fine in float16; calibration rows
+    40-47 are 30x larger and reach about 1e5, beyond float16's 65504, as real inputs can where random ones do not."""
+    rng = np.random.default_rng(0)
+    weights = {
+        "up_w": rng.standard_normal((16, 64)) * 250,
+        "down_w": rng.standard_normal((64, 4)) / 8000,
+        "skip_w": rng.standard_normal((16, 4)) / 4,
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "up_w"], ["hidden"], name="up"),
+        helper.make_node("Relu", ["hidden"], ["active"], name="relu"),
+        helper.make_node("MatMul", ["active", "down_w"], ["block"], name="down"),
+        helper.make_node("MatMul", ["x", "skip_w"], ["direct"], name="skip"),
+        helper.make_node("Add", ["block", "direct"], ["y"], name="add"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "scaled_ffn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[numpy_helper.from_array(value.astype(np.float32), name) for name, value in weights.items()],
+    )
+    model_path, data_path = folder / "scaled_ffn.onnx", folder / "calibration.npz"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), model_path)
+    x = rng.standard_normal((64, 16)).astype(np.float32)
+    x[LARGE_ROWS] *= 30
+    np.savez(data_path, x=x)
+    return model_path, data_path
+
+
+def _scaled_fp16(model: Path, out: Path, **options) -> Path:
+    settings = Settings(model=str(model), precision="fp16", out_root=out, builder="tensorrt_rtx", **options)
+    return make_engine(settings)
+
+
+def test_the_fallback_scan_sees_an_overflow_only_the_calibration_data_shows(tmp_path):
+    model, data = _scaled_ffn(tmp_path)
+    large = {"x": np.load(data)["x"][LARGE_ROWS]}
+    # Without CALIB the reference inputs are all the scan sees: nothing is kept, and the graph overflows on the
+    # calibration data as the engine would compute it.
+    plain = _scaled_fp16(model, tmp_path / "plain")
+    assert _manifest(plain)["fp16"]["kept_fp32"] == []
+    (y,) = faithful_session(plain / "model.fp16.onnx").run(None, large)
+    assert not np.isfinite(y).all()
+    # With it the block is kept, each node with the magnitude and the rows that showed it.
+    folder = _scaled_fp16(model, tmp_path / "calibrated", calib=data, calib_samples=64, calib_batch=16)
+    manifest = _manifest(folder)
+    kept = manifest["fp16"]["kept_fp32"]
+    assert [node["node"] for node in kept] == SCALED_BLOCK
+    assert all(node["max_abs"] > 65504 and node["seen_in"] == "calibration rows 40-47" for node in kept)
+    scanned = manifest["fp16"]["scanned"]
+    assert scanned["reference"]["cases"] >= 2 and scanned["calibration"]["samples"] == 64
+    assert manifest["calibration"]["data_sha256"] == scanned["calibration"]["data_sha256"]
+    (y,) = faithful_session(folder / "model.fp16.onnx").run(None, large)
+    assert np.isfinite(y).all()
+    # The faithful gate judged the rows with the largest activations too, against the FP32 graph.
+    judged = {case["data"]: case for case in manifest["parity_fp16"]["cases"]}
+    assert "calibration rows 40-47" in judged and judged["calibration rows 40-47"]["outputs"]["y"]["max_rel"] < 0.03
+    # New calibration data is a new graph: the folder is not reused.
+    np.savez(data, x=np.load(data)["x"] * 0.5)
+    _scaled_fp16(model, tmp_path / "calibrated", calib=data, calib_samples=64, calib_batch=16)
+    assert _manifest(folder)["calibration"]["data_sha256"] != scanned["calibration"]["data_sha256"]
+
+
+def test_the_faithful_gate_judges_the_calibration_rows_with_the_largest_activations(tmp_path):
+    model, data = _scaled_ffn(tmp_path)
+    with pytest.raises(PipelineError) as caught:
+        _scaled_fp16(model, tmp_path, calib=data, calib_samples=64, calib_batch=16, auto_fp32=False)
+    message = str(caught.value)
+    assert "disagrees with the FP32 graph on calibration rows 40-47" in message and "max abs error nan" in message
+    assert "the first node past it is 'up' (MatMul)" in message
+
+
+def test_the_scan_names_where_each_maximum_was_seen_and_ranks_the_runs_by_their_activations():
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "k"], ["y"], name="scale"), helper.make_node("Shape", ["x"], ["s"])],
+        "scale",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
+        initializer=[numpy_helper.from_array(np.array([3.0, -3.0], np.float32), "k")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    sizes = {"rows 0-1": 1.0, "rows 2-3": 5.0, "rows 4-5": 2.0, "rows 6-7": -7.0}
+    cases = [Case("calibration", label, {"x": np.full((2, 2), size, np.float32)}) for label, size in sizes.items()]
+    stats = TensorStats.of_runs(model, cases)
+    assert stats.max_abs == {"x": 7.0, "y": 21.0} and stats.seen == {"x": "rows 6-7", "y": "rows 6-7"}
+    assert stats.largest_cases(list(sizes), 2) == ["rows 6-7", "rows 2-3"]
+
+
+def test_the_scan_cuts_calibration_batches_to_the_rows_a_run_may_hold():
+    rows = np.arange(40, dtype=np.float32).reshape(20, 2)
+    data = CalibrationData([{"x": rows[:16]}, {"x": rows[16:]}], 20, "sha", "test")
+    labels = [case.label for case in calibration_cases(data, Settings())]
+    assert labels == ["calibration rows 0-7", "calibration rows 8-15", "calibration rows 16-19"]
+    small = calibration_cases(data, Settings(batch=BatchProfile(1, 2, 4)))  # no run beyond the profile's max
+    assert [len(case.feeds["x"]) for case in small] == [4, 4, 4, 4, 4]
+    assert small[-1].label == "calibration rows 16-19" and np.array_equal(small[-1].feeds["x"], rows[16:])
