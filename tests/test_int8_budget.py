@@ -7,6 +7,7 @@ top-1 on it when fully quantized: only a loss above the budget makes the search 
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -17,9 +18,10 @@ import pytest
 from trt_pipeline.calibration.budget import fit_budget, quantized_layers
 from trt_pipeline.calibration.cache import read_cached_ranges
 from trt_pipeline.calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph
+from trt_pipeline.calibration.qdq import quantize_qdq
 from trt_pipeline.models.digits import PREPROCESS, load_split
 from trt_pipeline.pipeline import cli
-from trt_pipeline.pipeline.accuracy import top1_changes
+from trt_pipeline.pipeline.accuracy import budget_loss, top1_changes
 from trt_pipeline.pipeline.parity import onnxruntime_session
 from trt_pipeline.pipeline.settings import Settings
 from trt_pipeline.pipeline.stages import make_engine
@@ -119,3 +121,21 @@ def test_a_flip_is_a_near_tie_only_within_the_error_the_graph_makes():
     # the tolerance is each sample's worst error, capped by the median worst error (0.05 here)
     np.testing.assert_allclose(changes.tolerance, [0.05, 0.05, 0.05, 0.05, 0.04], atol=1e-5)
     assert not changes.changed[3:].any()
+
+
+def test_the_unlabelled_budget_loss_charges_real_flips(digits, tmp_path):
+    """Ranges shrunk tenfold: the graph clips everything and changes most answers; its flips are real, not
+    excused as near-ties, and they (207 of 256 when measured), not the cosine (0.27), set the loss."""
+    from onnxruntime.quantization.calibrate import TensorData
+
+    fp32, ranges, train = digits
+    shrunk = copy.deepcopy(ranges)
+    for name in list(shrunk.keys()):
+        low, high = shrunk[name].range_value
+        shrunk[name] = TensorData(lowest=np.float32(low / 10), highest=np.float32(high / 10))
+    quantize_qdq(fp32, tmp_path / "clipped.onnx", shrunk)
+    record = budget_loss(fp32, [{"input": train}], None)(tmp_path / "clipped.onnx")
+    flipped = 100 * record["real_flips"] / len(train)
+    assert record["real_flips"] > 3 * record["near_tie_flips"]
+    assert record["loss"] == pytest.approx(max(100 * (1 - record["cosine_mean"]), flipped))
+    assert flipped > 100 * (1 - record["cosine_mean"])
