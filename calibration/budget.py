@@ -1,7 +1,9 @@
 """INT8 to an accuracy budget: leave the most sensitive quantized layers in float until the loss fits.
 
-The loss is measured by a caller-given function on calibration-like data (top-1 points lost against the
-FP32 graph's on a labelled set, or 100 x (1 - mean cosine to FP32) otherwise).  Sensitivity is
+The loss is measured by a caller-given function on calibration-like data (pipeline/accuracy.py budget_loss:
+top-1 points lost against the FP32 graph's on a labelled set; otherwise the larger of 100 x (1 - mean cosine to
+FP32) and the percentage of samples whose top-1 really flips, near-ties excused).  It returns a record whose
+"loss" the search reads; the rest (cosine, flips) goes into each step's row of the report.  Sensitivity is
 leave-one-out: the whole graph quantized except one layer, one graph per layer (ranges from the cache, so
 no recalibration); the layers whose exclusion lowers the loss most are left in float first, one more
 each step, until the loss is within the budget or every layer is float.  Every step is recorded (layers
@@ -19,7 +21,8 @@ import onnx
 from trt_pipeline.calibration.qdq import quantize_qdq
 from trt_pipeline.calibration.ranges import QUANTIZED_OPS
 
-Loss = Callable[[Path], float]
+# A graph -> {"loss": float, and whatever else describes it (recorded in the step)}.
+Loss = Callable[[Path], dict]
 
 
 def quantized_layers(fp32_path: Path) -> list[str]:
@@ -35,21 +38,20 @@ def fit_budget(fp32_path: Path, out_path: Path, ranges, budget: float, loss: Los
     with tempfile.TemporaryDirectory(prefix="budget.") as scratch:
         trial = Path(scratch) / "trial.onnx"
 
-        def measure(excluded: list[str]) -> tuple[float, int]:
+        def measure(excluded: list[str]) -> dict:
             quantize_qdq(fp32_path, trial, ranges, exclude=excluded)
-            return loss(trial), trial.stat().st_size
+            return {"kept_float": excluded, **loss(trial), "graph_bytes": trial.stat().st_size}
 
-        full_loss, full_size = measure([])
-        steps: list[dict] = [{"kept_float": [], "loss": full_loss, "graph_bytes": full_size}]
+        steps: list[dict] = [measure([])]
+        full_loss = steps[0]["loss"]
         sensitivity = {}
         if full_loss > budget:
-            sensitivity = {layer: full_loss - measure([layer])[0] for layer in layers}
+            sensitivity = {layer: full_loss - measure([layer])["loss"] for layer in layers}
         order = sorted(sensitivity, key=lambda layer: -sensitivity[layer])
         kept: list[str] = []
         while steps[-1]["loss"] > budget and len(kept) < len(order):
             kept = order[: len(kept) + 1]
-            step_loss, size = measure(kept)
-            steps.append({"kept_float": kept, "loss": step_loss, "graph_bytes": size})
+            steps.append(measure(kept))
     quantize_qdq(fp32_path, out_path, ranges, exclude=kept)
     final = steps[-1]
     return {

@@ -80,9 +80,13 @@ def test_unlabelled_model_is_compared_with_fp32_on_calib(tmp_path, capsys):
     int8 = {"int8-max", "int8-percentile", "int8-max-ort", "int8-percentile-ort"}
     assert not report["labelled"] and set(report["results"]) == {"fp32", "fp16", *int8}
     assert all("top1" not in row for row in report["results"].values())
-    assert report["best_int8"]["metric"] == "top1_agreement"
+    assert report["best_int8"]["metric"] == "top1_agreement_beyond_ties"
     assert "(the calibration data itself: no labelled set)" in report["evaluation"]
-    assert "top-1 agreement with FP32" in capsys.readouterr().out
+    for label, row in report["results"].items():  # a near-tie is a change, never a real flip
+        ties, changed = len(row["near_tie_flips"]), 48 * (100 - row["top1_agreement"]) / 100
+        assert row["real_flips"] + ties == pytest.approx(changed), label
+        assert row["top1_agreement_beyond_ties"] == pytest.approx(100 * (48 - row["real_flips"]) / 48, abs=1e-3)
+    assert "top-1 agreement with FP32 % | agreement beyond near-ties % | near-tie flips" in capsys.readouterr().out
 
 
 def test_unlabelled_model_without_calib_is_a_clear_error(tmp_path, capsys):

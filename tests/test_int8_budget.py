@@ -1,12 +1,13 @@
-"""INT8 to an accuracy budget, on the trained digits CNN (real graphs, real ONNX Runtime runs).
+"""INT8 to an accuracy budget, on the trained digits CNN (real graphs, real ONNX Runtime runs), and the rule that
+tells a real top-1 flip from a near-tie (pipeline.accuracy.top1_changes), on logits built to sit either side of it.
 
-The loss here is the one an unlabelled model gets, 100 x (1 - mean cosine to FP32) on the training split,
-because the digits CNN loses no top-1 on it when fully quantized: only a loss above the budget makes the
-search leave layers in float.
+The budget's loss here is 100 x (1 - mean cosine to FP32) on the training split, because the digits CNN loses no
+top-1 on it when fully quantized: only a loss above the budget makes the search leave layers in float.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -17,8 +18,10 @@ import pytest
 from trt_pipeline.calibration.budget import fit_budget, quantized_layers
 from trt_pipeline.calibration.cache import read_cached_ranges
 from trt_pipeline.calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph
+from trt_pipeline.calibration.qdq import quantize_qdq
 from trt_pipeline.models.digits import PREPROCESS, load_split
 from trt_pipeline.pipeline import cli
+from trt_pipeline.pipeline.accuracy import budget_loss, top1_changes
 from trt_pipeline.pipeline.parity import onnxruntime_session
 from trt_pipeline.pipeline.settings import Settings
 from trt_pipeline.pipeline.stages import make_engine
@@ -45,10 +48,10 @@ def digits(tmp_path_factory) -> tuple[Path, object, np.ndarray]:
 def _cosine_loss(fp32: Path, inputs: np.ndarray):
     reference = onnxruntime_session(fp32).run(None, {"input": inputs})[0]
 
-    def loss(graph: Path) -> float:
+    def loss(graph: Path) -> dict:
         actual = onnxruntime_session(graph).run(None, {"input": inputs})[0]
         cosine = np.sum(actual * reference, 1) / (np.linalg.norm(actual, axis=1) * np.linalg.norm(reference, axis=1))
-        return float(100 * (1 - cosine.mean()))
+        return {"loss": float(100 * (1 - cosine.mean())), "cosine_mean": float(cosine.mean())}
 
     return loss
 
@@ -72,7 +75,8 @@ def test_budget_keeps_the_most_sensitive_layers_in_float_until_it_holds(digits, 
         if node.name in quantized_layers(fp32):
             dequantized = producers.get(node.input[0]) == "DequantizeLinear"
             assert dequantized == (node.name not in record["kept_float"]), node.name
-    assert loss(tmp_path / "budget.onnx") == pytest.approx(record["steps"][-1]["loss"], abs=1e-6)
+    assert loss(tmp_path / "budget.onnx")["loss"] == pytest.approx(record["steps"][-1]["loss"], abs=1e-6)
+    assert all("cosine_mean" in step for step in record["steps"])  # the loss's record lands in each step
 
 
 def test_accuracy_budget_from_the_command_line(tmp_path, capsys):
@@ -92,3 +96,46 @@ def test_accuracy_budget_from_the_command_line(tmp_path, capsys):
 def test_a_negative_budget_is_a_clear_error(tmp_path, capsys):
     assert cli.main(["accuracy", "--model", "digits", "--accuracy-budget", "-1", "--out", str(tmp_path)]) == 2
     assert "--accuracy-budget -1" in capsys.readouterr().err
+
+
+# FP32 logits and lower-precision ones built around the rule: (FP32 row, lower row, what the change is).
+FLIPS = [
+    ([5.00, 4.98, 0.0], [4.95, 5.03, 0.0], "near-tie"),  # margin 0.02 <= the sample's worst error 0.05
+    ([5.00, 3.00, 0.0], [4.90, 5.20, 0.0], "real"),  # margin 2.0 within its own error 2.2, not within the median's
+    ([5.00, 4.85, 0.0], [4.92, 4.93, 0.0], "real"),  # margin 0.15 > 0.08: both logits had to move, apart
+    ([1.00, 0.00, 0.0], [1.05, 0.02, 0.0], "kept"),
+    ([0.00, 2.00, 1.0], [0.03, 1.96, 1.0], "kept"),
+]
+
+
+def test_a_flip_is_a_near_tie_only_within_the_error_the_graph_makes():
+    reference = np.array([row[0] for row in FLIPS], dtype=np.float32)
+    outputs = np.array([row[1] for row in FLIPS], dtype=np.float32)
+    changes = top1_changes(outputs, reference)
+    kinds = [
+        "near-tie" if tie else "real" if real else "kept"
+        for tie, real in zip(changes.near_tie, changes.real, strict=True)
+    ]
+    assert kinds == [row[2] for row in FLIPS]
+    np.testing.assert_allclose(changes.margin[:3], [0.02, 2.0, 0.15], atol=1e-5)
+    # the tolerance is each sample's worst error, capped by the median worst error (0.05 here)
+    np.testing.assert_allclose(changes.tolerance, [0.05, 0.05, 0.05, 0.05, 0.04], atol=1e-5)
+    assert not changes.changed[3:].any()
+
+
+def test_the_unlabelled_budget_loss_charges_real_flips(digits, tmp_path):
+    """Ranges shrunk tenfold: the graph clips everything and changes most answers; its flips are real, not
+    excused as near-ties, and they (207 of 256 when measured), not the cosine (0.27), set the loss."""
+    from onnxruntime.quantization.calibrate import TensorData
+
+    fp32, ranges, train = digits
+    shrunk = copy.deepcopy(ranges)
+    for name in list(shrunk.keys()):
+        low, high = shrunk[name].range_value
+        shrunk[name] = TensorData(lowest=np.float32(low / 10), highest=np.float32(high / 10))
+    quantize_qdq(fp32, tmp_path / "clipped.onnx", shrunk)
+    record = budget_loss(fp32, [{"input": train}], None)(tmp_path / "clipped.onnx")
+    flipped = 100 * record["real_flips"] / len(train)
+    assert record["real_flips"] > 3 * record["near_tie_flips"]
+    assert record["loss"] == pytest.approx(max(100 * (1 - record["cosine_mean"]), flipped))
+    assert flipped > 100 * (1 - record["cosine_mean"])

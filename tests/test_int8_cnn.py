@@ -16,6 +16,7 @@ from trt_pipeline.calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_
 from trt_pipeline.calibration.photos import export_calibration_images
 from trt_pipeline.calibration.preprocess import load_image
 from trt_pipeline.models.spec import ImagePreprocess, ModelSpec
+from trt_pipeline.pipeline.accuracy import top1_changes
 from trt_pipeline.pipeline.sessions import onnxruntime_session
 from trt_pipeline.pipeline.settings import Settings
 from trt_pipeline.pipeline.stages import make_engine
@@ -50,11 +51,15 @@ def efficientnet_lite0() -> ModelSpec:
 
 @pytest.mark.slow
 def test_tensorrt_int8_graph_of_a_trained_depthwise_cnn_keeps_the_known_photos(tmp_path):
-    """Percentile (the default) on the 40 photographs: each known photo keeps its class, cosine >= 0.98 to FP32.
+    """Percentile (the default) on the 40 photographs: cosine >= 0.98 to FP32 on each known photo, and each keeps
+    its class, or else the change is a near-tie by pipeline.accuracy.top1_changes (judged over all 40 photos,
+    whose median error caps the tolerance), never a real flip.
 
-    Judged with the Q/DQ simulated (what TensorRT computes).  ONNX Runtime's default session instead fuses
-    DequantizeLinear -> Conv -> QuantizeLinear into its own int8 kernels, and on a CPU without VNNI those
-    saturate: that is what cost this graph the cat and the cosine (0.72-0.79) before, not the Q/DQ placement.
+    The cat is the near-tie: FP32 gives 282 tiger cat 9.234 and 285 Egyptian cat 9.211 (margin 0.023), while
+    the INT8 graph's logits are off by up to 0.25 on that photo; it lands on 285 (measured: docs/benchmarks/
+    int8-efficientnet.md).  Espresso and missile keep their class with margins of several logits.
+    Judged with the Q/DQ simulated (what TensorRT computes): ONNX Runtime's default session would run its own
+    int8 kernels instead, which saturate on CPUs without VNNI (issue 17).
     """
     photos = tmp_path / "photos"
     export_calibration_images(photos)
@@ -66,11 +71,20 @@ def test_tensorrt_int8_graph_of_a_trained_depthwise_cnn_keeps_the_known_photos(t
     make_int8_graph(
         fp32, int8, photos, preprocess=PREPROCESS, config=CalibrationConfig(), cache_folder=tmp_path / CACHE_FOLDER
     )
-    images = np.stack([load_image(photos / f"{name}.png", PREPROCESS) for name in KNOWN])
+    names = sorted(path.stem for path in photos.glob("*.png"))
+    images = np.stack([load_image(photos / f"{name}.png", PREPROCESS) for name in names])
     expected = onnxruntime_session(fp32).run(None, {"input": images})[0]
     actual = onnxruntime_session(int8, simulate_qdq=True).run(None, {"input": images})[0]
     cosine = np.sum(expected * actual, 1) / (np.linalg.norm(expected, axis=1) * np.linalg.norm(actual, axis=1))
-    for row, (name, classes) in enumerate(KNOWN.items()):
+    changes = top1_changes(actual, expected)
+    for name, classes in KNOWN.items():
+        row = names.index(name)
         assert expected[row].argmax() in classes, f"FP32 misnames {name}: the weights are not the trained ones"
-        assert actual[row].argmax() in classes, f"INT8 misnames {name}"
         assert cosine[row] >= 0.98, f"{name}: cosine {cosine[row]:.4f} to FP32"
+        margin = f"FP32 margin {changes.margin[row]:.3f}, tolerance {changes.tolerance[row]:.3f}"
+        assert not changes.real[row], (
+            f"INT8 moves {name} from {expected[row].argmax()} to {actual[row].argmax()}: {margin}"
+        )
+        if changes.changed[row]:
+            print(f"{name}: near-tie {expected[row].argmax()} -> {actual[row].argmax()} ({margin})")
+            assert actual[row].argmax() in classes, f"{name}: a near-tie, but to a class that does not name it"
