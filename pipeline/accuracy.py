@@ -147,7 +147,17 @@ def measure_accuracy(
     evaluation = _evaluation_set(settings, name, fp32, spec_preprocess, eval_source)
 
     graphs: dict[str, Path] = {"fp32": fp32, "fp16": folder / SUBFOLDER / engine_graph("fp16")}
-    fp16_graph(fp32, graphs["fp16"], folder / REFERENCE, settings)  # as make engine writes it, FP32 fallback included
+    # As make engine writes it: the FP32 fallback scanned on the reference inputs, and on CALIB where given.
+    scanned = None
+    if settings.calib is not None:
+        scanned = read_calibration_data(
+            settings.calib,
+            graph_inputs(fp32),
+            spec_preprocess,
+            samples=settings.calib_samples,
+            batch=settings.calib_batch,
+        )
+    fp16_graph(fp32, graphs["fp16"], folder / REFERENCE, settings, scanned)
     calibration: dict[str, dict] = {}
     for method in methods:
         path = folder / SUBFOLDER / f"model.int8.{method}.onnx"

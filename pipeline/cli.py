@@ -118,7 +118,11 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="load a whole pickled nn.Module MODEL file: unpickling runs the code it names [TRUST_MODEL_FILE]",
     )
-    parser.add_argument("--calib", type=given_path, help="calibration data for int8: image folder or .npy/.npz [CALIB]")
+    parser.add_argument(
+        "--calib",
+        type=given_path,
+        help="inputs like the served ones (int8 calibrates on them, fp16 scans them for overflow): image folder or .npy/.npz [CALIB]",
+    )
     parser.add_argument("--calib-method", default=defaults.calib_method, choices=CALIB_METHODS, help="[CALIB_METHOD]")
     parser.add_argument("--calib-samples", type=int, default=defaults.calib_samples, help="calibration samples")
     parser.add_argument("--calib-batch", type=int, default=defaults.calib_batch, help="calibration batch size")
