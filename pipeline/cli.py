@@ -121,7 +121,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--calib",
         type=given_path,
-        help="inputs like the served ones (int8 calibrates on them, fp16 scans them for overflow): image folder or .npy/.npz [CALIB]",
+        help="inputs like the served ones (int8 calibrates on them, fp16 scans them for overflow): "
+        "image folder or .npy/.npz [CALIB]",
     )
     parser.add_argument("--calib-method", default=defaults.calib_method, choices=CALIB_METHODS, help="[CALIB_METHOD]")
     parser.add_argument("--calib-samples", type=int, default=defaults.calib_samples, help="calibration samples")
