@@ -12,6 +12,10 @@ has flat channels and the weights (per-channel, one scale per output channel) ab
 max|X_j| over the calibration data along X's last axis, max|W_j| over row j of every weight X meets (Q, K and V
 share one X, so one s for the three).  The graph gets one `Mul(X, 1/s)` that feeds those MatMul/Gemm nodes only
 (a residual Add that reads X still reads X); Conv inputs are never smoothed.
+
+TensorRT: that it fuses this per-channel Mul into the QuantizeLinear after it (a pointwise op before a Q) is an
+assumption, not found in its documentation; if it does not, the Mul runs as one more float pointwise kernel, and
+the result is the same.  Measured: docs/benchmarks/int8-encoder.md.
 """
 
 from __future__ import annotations
