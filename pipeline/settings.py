@@ -127,7 +127,7 @@ class Settings:
         if not 0 < alpha <= 1:  # NaN fails too
             raise PipelineError(
                 f"SMOOTH={self.smooth!r} is neither a smoothing alpha nor {SMOOTH_OFF!r}",
-                f"give a number in (0, 1] (SmoothQuant's migration strength, e.g. SMOOTH=0.5) or SMOOTH={SMOOTH_OFF}",
+                f"give a number in (0, 1] (SmoothQuant's migration strength, e.g. SMOOTH=0.9) or SMOOTH={SMOOTH_OFF}",
             )
         return alpha
 

@@ -30,6 +30,7 @@ from trt_pipeline.calibration.qdq import qdq_problems, quantize_qdq
 from trt_pipeline.calibration.smooth import channel_maxima, smooth_graph, smoothable, smoothing_scales
 from trt_pipeline.models.spec import DynamicAxis, ModelSpec
 from trt_pipeline.pipeline.diagnose import compare_layers, first_past
+from trt_pipeline.pipeline.errors import PipelineError
 from trt_pipeline.pipeline.export import export_onnx
 from trt_pipeline.pipeline.manifest import FP32_GRAPH, GRAPHS, cpu_graphs
 from trt_pipeline.pipeline.parity import RTOL
@@ -336,3 +337,12 @@ def test_a_trained_sentence_encoder_in_int8_stays_within_cosine_0_99_on_held_out
     make_int8_graph(folder / FP32_GRAPH, int8, calib, preprocess=None, config=config, cache_folder=tmp_path / "max")
     cosine = encoder.cosines(folder / FP32_GRAPH, int8, held_out, simulate_qdq=True)
     assert cosine.min() >= 0.99, f"max ranges: min {cosine.min():.4f} mean {cosine.mean():.4f}"
+
+
+def test_smooth_setting_is_an_alpha_or_off():
+    assert Settings(smooth="off").smooth_alpha() is None
+    assert Settings(smooth="0.8").smooth_alpha() == 0.8
+    for bad in ("0", "1.5", "nan", "strong"):
+        with pytest.raises(PipelineError, match="SMOOTH=") as raised:
+            Settings(smooth=bad).check()
+        assert raised.value.fix is not None and "SMOOTH=off" in raised.value.fix
