@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from trt_pipeline.calibration.cache import cache_key, cache_path, load_ranges, save_ranges
@@ -80,22 +81,24 @@ def make_int8_graph(
     cache_file = cache_path(cache_folder, config.method, key)
     lookup = load_ranges(cache_file, key, recalibrate=config.recalibrate)
     ranges, scales, collect_seconds = lookup.ranges, lookup.smoothing, 0.0
-    model = onnx.load(str(fp32_path))
     with tempfile.TemporaryDirectory(prefix="int8.") as scratch:
-        calibrated = Path(scratch) / "model.smoothed.onnx"  # the FP32 graph the ranges belong to
         if ranges is None or scales is None:
             if lookup.status.startswith("corrupted"):
                 print(f"note: calibration cache {cache_file} is {lookup.status}; recalibrating")
-            ranges, scales, collect_seconds = _calibrate(model, calibrated, data, config)
+            started = time.perf_counter()
+            scales = _measure_smoothing(fp32_path, data, config.smooth_alpha)
+            calibrated = _smoothed(fp32_path, scales, Path(scratch))
+            ranges = collect_ranges(calibrated, data, config.method)
+            collect_seconds = round(time.perf_counter() - started, 3)
             record = {"source": data.description, "samples": data.samples, **options}
             save_ranges(cache_file, key, ranges, record, scales)
         else:
-            onnx.save(smooth_graph(model, scales), str(calibrated))
+            calibrated = _smoothed(fp32_path, scales, Path(scratch))
         structure = quantize_qdq(calibrated, out_path, ranges)
         cpu = {kind: _cpu_graph(calibrated, path, ranges, kind) for kind, path in (cpu_out_paths or {}).items()}
     calibration = {
         **options,
-        "smoothing": smoothing_record(smoothable(model), scales, config.smooth_alpha) if config.smooth_alpha else None,
+        "smoothing": _smoothing_record(fp32_path, scales, config.smooth_alpha),
         "source": data.description,
         "samples": data.samples,
         "batch": config.batch,
@@ -124,18 +127,29 @@ def make_int8_graph(
     return {"summary": summary, **stage}
 
 
-def _calibrate(model: onnx.ModelProto, calibrated: Path, data: CalibrationData, config: CalibrationConfig):
-    """Measure the smoothing scales (none when config.smooth_alpha is None), write the smoothed graph to
-    `calibrated` and collect its ranges: (ranges, scales, seconds)."""
-    started = time.perf_counter()
-    groups = smoothable(model) if config.smooth_alpha is not None else {}
-    scales = {}
-    if config.smooth_alpha is not None and groups:
-        maxima = channel_maxima(model, list(groups), data.batches)
-        scales = smoothing_scales(model, groups, maxima, config.smooth_alpha)
-    onnx.save(smooth_graph(model, scales), str(calibrated))
-    ranges = collect_ranges(calibrated, data, config.method)
-    return ranges, scales, round(time.perf_counter() - started, 3)
+def _measure_smoothing(fp32_path: Path, data: CalibrationData, alpha: float | None) -> dict[str, np.ndarray]:
+    """The smoothing scales of every activation MatMul/Gemm reads with a constant weight ({} when alpha is None)."""
+    if alpha is None:
+        return {}
+    model = onnx.load(str(fp32_path))
+    groups = smoothable(model)
+    return smoothing_scales(model, groups, channel_maxima(model, list(groups), data.batches), alpha) if groups else {}
+
+
+def _smoothing_record(fp32_path: Path, scales: dict[str, np.ndarray], alpha: float | None) -> dict | None:
+    if alpha is None:
+        return None
+    groups = smoothable(onnx.load(str(fp32_path))) if scales else {}
+    return smoothing_record(groups, scales, alpha)
+
+
+def _smoothed(fp32_path: Path, scales: dict[str, np.ndarray], folder: Path) -> Path:
+    """The FP32 graph the ranges belong to: the graph itself when nothing is smoothed, else its smoothed copy."""
+    if not scales:
+        return fp32_path
+    path = folder / "model.smoothed.onnx"
+    onnx.save(smooth_graph(onnx.load(str(fp32_path)), scales), str(path))
+    return path
 
 
 def calibrated_graph(fp32_path: Path, cache_file: Path, out_path: Path) -> Path:
