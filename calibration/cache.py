@@ -1,9 +1,11 @@
 """The calibration cache: collected ranges kept beside the artifacts so a rebuild skips calibration.
 
 A cache file is named after its key, the sha256 of everything that decides the ranges: the FP32
-graph's bytes, the calibration arrays' bytes, the method and its options, and the onnxruntime
-version.  The file stores the ranges as ORT's own JSON text plus that text's sha256: a truncated
-or edited file fails the check and is recomputed, never trusted.
+graph's bytes, the calibration arrays' bytes, the method and its options (smoothing's alpha among
+them), and the onnxruntime version.  The file stores the ranges as ORT's own JSON text and the
+smoothing scales (calibration/smooth.py: measured on the same data, so they are part of what a hit
+skips) as JSON text, plus the sha256 of both: a truncated or edited file fails the check and is
+recomputed, never trusted.
 """
 
 from __future__ import annotations
@@ -13,17 +15,21 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from trt_pipeline.pipeline.artifacts import write_json
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: the smoothing scales beside the ranges
 
 
 @dataclass(frozen=True)
 class CacheLookup:
-    """The ranges found (None on a miss) and why: "hit", "miss", "recalibrate" or "corrupted: ..."."""
+    """The ranges and smoothing scales found (None on a miss) and why: "hit", "miss", "recalibrate" or
+    "corrupted: ..."."""
 
     ranges: object | None
     status: str
+    smoothing: dict[str, np.ndarray] | None = None
 
 
 def cache_key(graph_sha256: str, data_sha256: str, options: dict) -> str:
@@ -53,31 +59,39 @@ def load_ranges(path: Path, key: str, *, recalibrate: bool = False) -> CacheLook
 
     try:
         stored = json.loads(path.read_text())
-        ranges_text = stored["ranges"]
-        if hashlib.sha256(ranges_text.encode()).hexdigest() != stored["ranges_sha256"]:
+        ranges_text, smoothing_text = stored["ranges"], stored["smoothing"]
+        if _digest(ranges_text, smoothing_text) != stored["sha256"]:
             return CacheLookup(None, "corrupted: the ranges do not match their sha256")
         if stored["key"] != key:
             return CacheLookup(None, "corrupted: the file's key is not the one its name says")
-        return CacheLookup(TensorsData.from_dict(json.loads(ranges_text)), "hit")
+        smoothing = {name: np.asarray(s, dtype=np.float32) for name, s in json.loads(smoothing_text).items()}
+        return CacheLookup(TensorsData.from_dict(json.loads(ranges_text)), "hit", smoothing)
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         # json.JSONDecodeError is a ValueError; a missing field or a mangled structure lands here too.
         return CacheLookup(None, f"corrupted: {type(error).__name__}: {error}")
 
 
-def save_ranges(path: Path, key: str, ranges, record: dict) -> None:
-    """Write the ranges (ORT's JSON form), their sha256, the key and a readable record, atomically."""
+def save_ranges(path: Path, key: str, ranges, record: dict, smoothing: dict[str, np.ndarray] | None = None) -> None:
+    """Write the ranges (ORT's JSON form), the smoothing scales, their sha256, the key and a readable record,
+    atomically."""
     from onnxruntime.quantization.calibrate import CalibrationCacheEncoder
 
     ranges_text = json.dumps(ranges.to_dict(), cls=CalibrationCacheEncoder, sort_keys=True)
+    smoothing_text = json.dumps({name: s.tolist() for name, s in (smoothing or {}).items()}, sort_keys=True)
     write_json(
         path,
         {
             "key": key,
             "record": record,
-            "ranges_sha256": hashlib.sha256(ranges_text.encode()).hexdigest(),
+            "sha256": _digest(ranges_text, smoothing_text),
             "ranges": ranges_text,
+            "smoothing": smoothing_text,
         },
     )
+
+
+def _digest(ranges_text: str, smoothing_text: str) -> str:
+    return hashlib.sha256(f"{ranges_text}\0{smoothing_text}".encode()).hexdigest()
 
 
 def read_cached_ranges(path: Path):
@@ -86,3 +100,11 @@ def read_cached_ranges(path: Path):
     if lookup.ranges is None:
         raise RuntimeError(f"the calibration cache {path} was just written and is {lookup.status}")
     return lookup.ranges
+
+
+def read_cached_smoothing(path: Path) -> dict[str, np.ndarray]:
+    """The smoothing scales of a cache file just written or checked by the INT8 stage ({} when none)."""
+    lookup = load_ranges(path, json.loads(path.read_text())["key"])
+    if lookup.smoothing is None:
+        raise RuntimeError(f"the calibration cache {path} was just written and is {lookup.status}")
+    return lookup.smoothing

@@ -1,23 +1,29 @@
 """The INT8 stage: FP32 graph + calibration data -> model.int8.onnx with calibrated Q/DQ pairs.
 
-read data -> ranges (from the cache, or collected on the FP32 graph) -> Q/DQ graph for TensorRT
+read data -> smoothing scales and ranges (from the cache, or measured on the FP32 graph: calibration/smooth.py,
+then calibration/ranges.py on the smoothed graph) -> Q/DQ graph for TensorRT
 (model.int8.onnx) and, from the same ranges, two for ONNX Runtime's CPU kernels (pipeline.manifest.cpu_graphs: one for
 CPUs with VNNI, one for those without; see calibration/qdq_cpu.py).  The record it returns goes to
-the manifest: method and options, samples, batches, the data's sha256, the cache's verdict and file,
-and each graph's Q/DQ structure.
+the manifest: method and options, what was smoothed, samples, batches, the data's sha256, the cache's verdict
+and file, and each graph's Q/DQ structure.
 """
 
 from __future__ import annotations
 
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
+import onnx
 
 from trt_pipeline.calibration.cache import cache_key, cache_path, load_ranges, save_ranges
 from trt_pipeline.calibration.qdq import quantize_qdq
 from trt_pipeline.calibration.qdq_cpu import WEIGHTS_FOR, quantize_for_cpu
 from trt_pipeline.calibration.ranges import collect_ranges, method_options
-from trt_pipeline.calibration.readers import CalibrationSource, graph_inputs, read_calibration_data
+from trt_pipeline.calibration.readers import CalibrationData, CalibrationSource, graph_inputs, read_calibration_data
+from trt_pipeline.calibration.smooth import channel_maxima, smooth_graph, smoothable, smoothing_record, smoothing_scales
 from trt_pipeline.models.spec import ImagePreprocess
 from trt_pipeline.pipeline.artifacts import sha256_file
 
@@ -28,16 +34,31 @@ CACHE_FOLDER = "calibration"  # inside the artifact folder, beside model.int8.on
 
 @dataclass(frozen=True)
 class CalibrationConfig:
-    """The calibration part of Settings (CALIB_METHOD, --calib-samples, --calib-batch, --recalibrate)."""
+    """The calibration part of Settings (CALIB_METHOD, --calib-samples, --calib-batch, --recalibrate, SMOOTH).
+
+    smooth_alpha: SmoothQuant's alpha for the activations MatMul/Gemm read (calibration/smooth.py), None for none.
+    Off unless asked for here; Settings (SMOOTH) turns it on by default for the pipeline.
+    """
 
     method: str = "percentile"
     samples: int = 256
     batch: int = 16
     recalibrate: bool = False
+    smooth_alpha: float | None = None
 
     @classmethod
     def from_settings(cls, settings) -> CalibrationConfig:
-        return cls(settings.calib_method, settings.calib_samples, settings.calib_batch, settings.recalibrate)
+        return cls(
+            settings.calib_method,
+            settings.calib_samples,
+            settings.calib_batch,
+            settings.recalibrate,
+            settings.smooth_alpha(),
+        )
+
+    def options(self) -> dict:
+        """The calibrator's options and the smoothing: what the manifest records and the cache key covers."""
+        return {**method_options(self.method), "smooth_alpha": self.smooth_alpha}
 
 
 def make_int8_graph(
@@ -55,22 +76,29 @@ def make_int8_graph(
     data = read_calibration_data(
         source, graph_inputs(fp32_path), preprocess, samples=config.samples, batch=config.batch
     )
-    options = method_options(config.method)
+    options = config.options()
     key = cache_key(sha256_file(fp32_path), data.digest, {**options, "samples": data.samples, "batch": config.batch})
     cache_file = cache_path(cache_folder, config.method, key)
     lookup = load_ranges(cache_file, key, recalibrate=config.recalibrate)
-    ranges, collect_seconds = lookup.ranges, 0.0
-    if ranges is None:
-        if lookup.status.startswith("corrupted"):
-            print(f"note: calibration cache {cache_file} is {lookup.status}; recalibrating")
-        started = time.perf_counter()
-        ranges = collect_ranges(fp32_path, data, config.method)
-        collect_seconds = round(time.perf_counter() - started, 3)
-        save_ranges(cache_file, key, ranges, {"source": data.description, "samples": data.samples, **options})
-    structure = quantize_qdq(fp32_path, out_path, ranges)
-    cpu = {kind: _cpu_graph(fp32_path, path, ranges, kind) for kind, path in (cpu_out_paths or {}).items()}
+    ranges, scales, collect_seconds = lookup.ranges, lookup.smoothing, 0.0
+    with tempfile.TemporaryDirectory(prefix="int8.") as scratch:
+        if ranges is None or scales is None:
+            if lookup.status.startswith("corrupted"):
+                print(f"note: calibration cache {cache_file} is {lookup.status}; recalibrating")
+            started = time.perf_counter()
+            scales = _measure_smoothing(fp32_path, data, config.smooth_alpha)
+            calibrated = _smoothed(fp32_path, scales, Path(scratch))
+            ranges = collect_ranges(calibrated, data, config.method)
+            collect_seconds = round(time.perf_counter() - started, 3)
+            record = {"source": data.description, "samples": data.samples, **options}
+            save_ranges(cache_file, key, ranges, record, scales)
+        else:
+            calibrated = _smoothed(fp32_path, scales, Path(scratch))
+        structure = quantize_qdq(calibrated, out_path, ranges)
+        cpu = {kind: _cpu_graph(calibrated, path, ranges, kind) for kind, path in (cpu_out_paths or {}).items()}
     calibration = {
         **options,
+        "smoothing": _smoothing_record(fp32_path, scales, config.smooth_alpha),
         "source": data.description,
         "samples": data.samples,
         "batch": config.batch,
@@ -81,12 +109,13 @@ def make_int8_graph(
         "collect_seconds": collect_seconds,
         "quantizer": _quantizer_name(),
     }
+    smoothed = f", {len(scales)} activations smoothed (alpha {config.smooth_alpha:g})" if config.smooth_alpha else ""
     verdict = "cached ranges" if lookup.status == "hit" else f"calibrated in {collect_seconds:.1f} s ({lookup.status})"
     summary = (
-        f"{out_path.name}: {config.method} on {data.samples} samples, {verdict}; "
+        f"{out_path.name}: {config.method} on {data.samples} samples{smoothed}, {verdict}; "
         f"{structure['quantized_ops']} ops with Q/DQ inputs, {structure['per_channel_weights']} per-channel weights"
     )
-    record: dict = {"calibration": calibration, "qdq": structure}
+    stage: dict = {"calibration": calibration, "qdq": structure}
     for kind, graph in cpu.items():
         if "failed" in graph:
             summary += f"; {graph['graph']} ({kind}) not written: {graph['failed']}"
@@ -94,8 +123,43 @@ def make_int8_graph(
         kernels = graph["int8_kernels"] + graph["float_kernels"]
         summary += f"; {graph['graph']} ({kind}): {graph['int8_kernels']} of {kernels} as ONNX Runtime int8 kernels"
     if cpu:
-        record["qdq_onnxruntime_cpu"] = cpu
-    return {"summary": summary, **record}
+        stage["qdq_onnxruntime_cpu"] = cpu
+    return {"summary": summary, **stage}
+
+
+def _measure_smoothing(fp32_path: Path, data: CalibrationData, alpha: float | None) -> dict[str, np.ndarray]:
+    """The smoothing scales of every activation MatMul/Gemm reads with a constant weight ({} when alpha is None)."""
+    if alpha is None:
+        return {}
+    model = onnx.load(str(fp32_path))
+    groups = smoothable(model)
+    return smoothing_scales(model, groups, channel_maxima(model, list(groups), data.batches), alpha) if groups else {}
+
+
+def _smoothing_record(fp32_path: Path, scales: dict[str, np.ndarray], alpha: float | None) -> dict | None:
+    if alpha is None:
+        return None
+    groups = smoothable(onnx.load(str(fp32_path))) if scales else {}
+    return smoothing_record(groups, scales, alpha)
+
+
+def _smoothed(fp32_path: Path, scales: dict[str, np.ndarray], folder: Path) -> Path:
+    """The FP32 graph the ranges belong to: the graph itself when nothing is smoothed, else its smoothed copy."""
+    if not scales:
+        return fp32_path
+    path = folder / "model.smoothed.onnx"
+    onnx.save(smooth_graph(onnx.load(str(fp32_path)), scales), str(path))
+    return path
+
+
+def calibrated_graph(fp32_path: Path, cache_file: Path, out_path: Path) -> Path:
+    """Write the FP32 graph a calibration cache's ranges belong to (smoothed with its scales, if any) to `out_path`:
+    the graph to quantize again with those ranges (e.g. calibration/budget.py's fit_budget)."""
+    from trt_pipeline.calibration.cache import read_cached_smoothing
+
+    scales = read_cached_smoothing(cache_file)
+    onnx.save(smooth_graph(onnx.load(str(fp32_path)), scales), str(out_path))
+    return out_path
 
 
 def _cpu_graph(fp32_path: Path, path: Path, ranges, kind: str) -> dict:

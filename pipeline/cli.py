@@ -127,6 +127,11 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calib-method", default=defaults.calib_method, choices=CALIB_METHODS, help="[CALIB_METHOD]")
     parser.add_argument("--calib-samples", type=int, default=defaults.calib_samples, help="calibration samples")
     parser.add_argument("--calib-batch", type=int, default=defaults.calib_batch, help="calibration batch size")
+    parser.add_argument(
+        "--smooth",
+        default=defaults.smooth,
+        help="int8: SmoothQuant alpha for the activations MatMul/Gemm read, in (0, 1], or off [SMOOTH]",
+    )
     parser.add_argument("--recalibrate", action="store_true", help="ignore the calibration cache")
     parser.add_argument("--force", action="store_true", help="rebuild even when the folder is up to date [FORCE]")
 
@@ -150,6 +155,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         calib_method=args.calib_method,
         calib_samples=args.calib_samples,
         calib_batch=args.calib_batch,
+        smooth=args.smooth,
         recalibrate=args.recalibrate,
         force=args.force,
     )

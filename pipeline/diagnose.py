@@ -3,7 +3,9 @@
 Both graphs run on the same inputs (the first case of reference.npz) with every intermediate tensor
 exposed; the float16 graph runs as the engine stores it (pipeline/float16.py faithful_copy).  Each
 tensor the two graphs share by name is compared as max |lower - fp32| over the FP32 tensor's
-largest magnitude, in the FP32 graph's order.  The report names the first node past the precision's
+largest magnitude, in the FP32 graph's order, on the elements where FP32 is finite: an inf or NaN
+that FP32 computes too (an attention mask's -inf, the softmax of a fully masked row) is the model's
+own value, not a precision's error.  The report names the first node past the precision's
 tolerance and the 10 worst, and lands in the folder as diagnosis.json / diagnosis.md; a failing
 parity gate quotes its first line.
 """
@@ -33,7 +35,7 @@ class LayerError:
     tensor: str
     max_abs: float
     scale: float
-    rel: float  # max_abs / scale; inf where the lower graph has inf or NaN
+    rel: float  # max_abs / scale; inf where the lower graph has inf or NaN and FP32 a finite value
 
     def as_record(self) -> dict:
         return asdict(self)
@@ -58,11 +60,15 @@ def compare_layers(
 
 
 def _error(node: onnx.NodeProto, name: str, expected: np.ndarray, actual: np.ndarray) -> LayerError:
-    expected64, actual64 = expected.astype(np.float64), actual.astype(np.float64)
-    scale = float(np.max(np.abs(expected64))) if expected.size else 0.0
+    """The error on the elements FP32 computes as finite numbers.  Where FP32 itself holds inf or NaN (a -inf
+    attention-mask constant and every tensor derived from it) there is nothing a precision could get wrong; an
+    inf or NaN in the lower graph where FP32 is finite is overflow, the worst error there is."""
+    finite = np.isfinite(expected)
+    expected64, actual64 = expected[finite].astype(np.float64), actual[finite].astype(np.float64)
+    scale = float(np.max(np.abs(expected64))) if expected64.size else 0.0
     if not np.all(np.isfinite(actual64)):
         return LayerError(node.name, node.op_type, name, float("inf"), scale, float("inf"))
-    max_abs = float(np.max(np.abs(actual64 - expected64))) if expected.size else 0.0
+    max_abs = float(np.max(np.abs(actual64 - expected64))) if expected64.size else 0.0
     return LayerError(node.name, node.op_type, name, max_abs, scale, max_abs / scale if scale > 0 else max_abs)
 
 

@@ -417,6 +417,7 @@ _MAKE_VARIABLES = {
     "keep_fp32": "KEEP_FP32",
     "calib": "CALIB",
     "calib_method": "CALIB_METHOD",
+    "smooth": "SMOOTH",
 }
 # Settings switches whose make variable is set (=1) when the setting has this value.
 _MAKE_SWITCHES = {"auto_fp32": (False, "NO_AUTO_FP32"), "trust_model_file": (True, "TRUST_MODEL_FILE")}

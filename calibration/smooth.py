@@ -1,0 +1,181 @@
+"""SmoothQuant-style per-channel smoothing (Xiao et al. 2022, arXiv 2211.10438), applied to the FP32 graph
+before calibration.
+
+INT8 activations are per-tensor here (TensorRT's rule): one scale for a whole tensor.  A trained transformer's
+LayerNorm outputs carry a few channels tens of times larger than the rest, so that one scale leaves the other
+channels a handful of int8 levels.  Smoothing divides each input channel j of such an activation X by s_j and
+multiplies row j of the weights it meets by s_j: X·W = (X / s)·(s·W) exactly in real arithmetic, while X / s
+has flat channels and the weights (per-channel, one scale per output channel) absorb the spread.
+
+    s_j = max|X_j|^alpha / max|W_j|^(1 - alpha)
+
+max|X_j| over the calibration data along X's last axis, max|W_j| over row j of every weight X meets (Q, K and V
+share one X, so one s for the three).  The graph gets one `Mul(X, 1/s)` that feeds those MatMul/Gemm nodes only
+(a residual Add that reads X still reads X); Conv inputs are never smoothed.
+
+TensorRT: that it fuses this per-channel Mul into the QuantizeLinear after it (a pointwise op before a Q) is an
+assumption, not found in its documentation; if it does not, the Mul runs as one more float pointwise kernel, and
+the result is the same.  Measured: docs/benchmarks/int8-encoder.md.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from trt_pipeline.calibration.readers import Feed
+
+# s is kept within these bounds: a channel that is zero over the whole calibration set (or a weight row of zeros)
+# would otherwise get s = 0 or inf; a spread of 1e4 either way is far beyond what any measured outlier needs.
+SCALE_BOUNDS = (1e-4, 1e4)
+FLOOR = 1e-6  # max|X_j| and max|W_j| below this count as this: dead channels get a finite s
+
+
+@dataclass(frozen=True)
+class Consumer:
+    """A MatMul/Gemm reading X as its first operand with a constant 2-D weight: its place in the node list, its
+    name, and `rows_axis`, the weight's axis indexed by X's channels (0 for MatMul and Gemm, 1 with transB)."""
+
+    index: int
+    node: str
+    weight: str
+    rows_axis: int
+
+
+def smoothable(model: onnx.ModelProto) -> dict[str, list[Consumer]]:
+    """{activation X: the MatMul/Gemm nodes that read it with constant 2-D weights}, in graph order."""
+    weights = {init.name: init for init in model.graph.initializer if len(init.dims) == 2}
+    inputs = {value.name for value in model.graph.input}  # an initializer that is also an input can be fed
+    groups: dict[str, list[Consumer]] = defaultdict(list)
+    for index, node in enumerate(model.graph.node):
+        if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
+            continue
+        activation, weight = node.input[0], node.input[1]
+        if weight not in weights or weight in inputs or activation in weights:
+            continue
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if attributes.get("transA", 0):  # X's channels are then its first axis, not its last
+            continue
+        groups[activation].append(Consumer(index, node.name, weight, 1 if attributes.get("transB", 0) else 0))
+    return dict(groups)
+
+
+def channel_maxima(model: onnx.ModelProto, tensors: list[str], batches: list[Feed]) -> dict[str, np.ndarray]:
+    """max |X_j| over every calibration batch, per channel of each tensor's last axis (ONNX Runtime, CPU)."""
+    from trt_pipeline.pipeline.sessions import onnxruntime_session
+
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    present = {output.name for output in exposed.graph.output}
+    fed = {value.name for value in exposed.graph.input}
+    wanted = [name for name in tensors if name not in fed]
+    exposed.graph.output.extend(
+        helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in wanted if name not in present
+    )
+    with tempfile.TemporaryDirectory(prefix="smooth.") as folder:
+        path = Path(folder) / "exposed.onnx"
+        onnx.save(exposed, str(path))
+        session = onnxruntime_session(path)
+    maxima: dict[str, np.ndarray] = {}
+    for feed in batches:
+        values = {**feed, **dict(zip(wanted, session.run(wanted, feed) if wanted else [], strict=True))}
+        for name in tensors:
+            value = np.abs(np.asarray(values[name], dtype=np.float32))
+            batch_max = value.reshape(-1, value.shape[-1]).max(axis=0)
+            maxima[name] = np.maximum(maxima[name], batch_max) if name in maxima else batch_max
+    return maxima
+
+
+def smoothing_scales(
+    model: onnx.ModelProto, groups: dict[str, list[Consumer]], maxima: dict[str, np.ndarray], alpha: float
+) -> dict[str, np.ndarray]:
+    """s per tensor: max|X_j|^alpha / max|W_j|^(1 - alpha), W_j over every consumer's row j, within SCALE_BOUNDS."""
+    arrays = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
+    scales = {}
+    for tensor, consumers in groups.items():
+        rows = [np.abs(arrays[c.weight]).max(axis=1 - c.rows_axis) for c in consumers]
+        weight_max = np.max(np.stack(rows), axis=0).astype(np.float64)
+        activation_max = maxima[tensor].astype(np.float64)
+        s = np.maximum(activation_max, FLOOR) ** alpha / np.maximum(weight_max, FLOOR) ** (1 - alpha)
+        scales[tensor] = np.clip(s, *SCALE_BOUNDS).astype(np.float32)
+    return scales
+
+
+def smooth_graph(model: onnx.ModelProto, scales: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy of `model` with each tensor X of `scales` divided by s (one Mul feeding its MatMul/Gemm consumers)
+    and those consumers' weight rows multiplied by s.  Equal to `model` in exact arithmetic."""
+    smoothed = onnx.ModelProto()
+    smoothed.CopyFrom(model)
+    graph = smoothed.graph
+    groups = smoothable(smoothed)
+    initializers = {init.name: init for init in graph.initializer}
+    uses: dict[str, int] = defaultdict(int)
+    for node in graph.node:
+        for name in node.input:
+            uses[name] += 1
+    taken = {init.name for init in graph.initializer} | {out for node in graph.node for out in node.output}
+    inserted: dict[int, onnx.NodeProto] = {}  # by the index of the first consumer: each Mul goes just before it
+    for tensor, s in scales.items():
+        consumers = groups[tensor]
+        divided = _unique(f"{tensor}_smoothed", taken)
+        inverse = _unique(f"{tensor}_smooth_inverse", taken)
+        graph.initializer.append(numpy_helper.from_array((1.0 / s).astype(np.float32), inverse))
+        mul = helper.make_node("Mul", [tensor, inverse], [divided], name=_unique(f"{tensor}_smooth", taken))
+        for consumer in consumers:
+            node = graph.node[consumer.index]
+            node.input[0] = divided
+            node.input[1] = _scaled_weight(graph, initializers, uses, consumer, s, taken)
+        inserted[min(c.index for c in consumers)] = mul
+    ordered = []
+    for index, original in enumerate(graph.node):
+        ordered += [inserted[index]] if index in inserted else []
+        ordered.append(onnx.NodeProto())
+        ordered[-1].CopyFrom(original)  # copied: clearing the list below detaches its elements
+    del graph.node[:]
+    graph.node.extend(ordered)
+    return smoothed
+
+
+def smoothing_record(groups: dict[str, list[Consumer]], scales: dict[str, np.ndarray], alpha: float) -> dict:
+    """What the manifest records: alpha and, per smoothed tensor, its consumers and the range of s."""
+    return {
+        "alpha": alpha,
+        "tensors": {
+            tensor: {
+                "consumers": [c.node for c in groups[tensor]],
+                "channels": int(s.size),
+                "scale_min": round(float(s.min()), 6),
+                "scale_max": round(float(s.max()), 6),
+            }
+            for tensor, s in scales.items()
+        },
+    }
+
+
+def _scaled_weight(graph, initializers, uses, consumer: Consumer, s: np.ndarray, taken: set[str]) -> str:
+    """The weight's input rows times s: in place when this node is its only reader, else as a new initializer."""
+    weight = numpy_helper.to_array(initializers[consumer.weight])
+    shape = (-1, 1) if consumer.rows_axis == 0 else (1, -1)
+    scaled = (weight.astype(np.float32) * s.reshape(shape)).astype(weight.dtype)
+    if uses[consumer.weight] == 1:
+        initializers[consumer.weight].CopyFrom(numpy_helper.from_array(scaled, consumer.weight))
+        return consumer.weight
+    name = _unique(f"{consumer.weight}_smoothed", taken)
+    graph.initializer.append(numpy_helper.from_array(scaled, name))
+    uses[consumer.weight] -= 1
+    return name
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    candidate, count = name, 0
+    while candidate in taken:
+        count += 1
+        candidate = f"{name}_{count}"
+    taken.add(candidate)
+    return candidate
