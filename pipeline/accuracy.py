@@ -16,9 +16,10 @@ the graphs in its accuracy/ subfolder.
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ from trt_pipeline.calibration.cache import read_cached_ranges
 from trt_pipeline.calibration.int8 import (
     CACHE_FOLDER,
     CalibrationConfig,
+    calibrated_graph,
     make_int8_graph,
     written_cpu_graphs,
 )
@@ -169,7 +171,7 @@ def measure_accuracy(
             path,
             evaluation.calibration,
             preprocess=spec_preprocess,
-            config=CalibrationConfig(method, settings.calib_samples, settings.calib_batch, settings.recalibrate),
+            config=replace(CalibrationConfig.from_settings(settings), method=method),  # SMOOTH= as make engine
             cache_folder=folder / CACHE_FOLDER,
             cpu_out_paths=cpu_paths,
         )
@@ -180,10 +182,14 @@ def measure_accuracy(
             graphs[f"int8-{method}-ort"] = cpu_paths[int8_cpu_kind()]
         if budget is not None and method == methods[0]:
             budget_path = folder / SUBFOLDER / f"model.int8.{method}.budget.onnx"
-            ranges = read_cached_ranges(Path(record["calibration"]["cache_file"]))
-            calibration[method]["budget"] = fit_budget(
-                fp32, budget_path, ranges, budget, budget_loss(fp32, evaluation.tuning_feeds, evaluation.tuning_labels)
-            )
+            cache_file = Path(record["calibration"]["cache_file"])
+            loss = budget_loss(fp32, evaluation.tuning_feeds, evaluation.tuning_labels)
+            with tempfile.TemporaryDirectory(prefix="budget.") as scratch:
+                # The cached ranges belong to the FP32 graph smoothed with the cached scales (SMOOTH=).
+                calibrated = calibrated_graph(fp32, cache_file, Path(scratch) / "calibrated.onnx")
+                calibration[method]["budget"] = fit_budget(
+                    calibrated, budget_path, read_cached_ranges(cache_file), budget, loss
+                )
             print(f"budget     {calibration[method]['budget']['summary']}")
             graphs[f"int8-{method}-budget"] = budget_path
 

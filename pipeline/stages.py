@@ -64,6 +64,7 @@ from trt_pipeline.pipeline.sessions import levels_below_full
 from trt_pipeline.pipeline.settings import OPSET, Settings
 from trt_pipeline.pipeline.simplify import simplify_onnx
 
+INT8_ONLY_SETTINGS = ("calib_method", "smooth")
 VERSIONED_PACKAGES = ("torch", "onnx", "onnxsim", "onnxruntime-gpu", "onnxruntime", "numpy")
 # Rows per run of the FP16 scan: every intermediate tensor of a run is held at once, so reference cases above
 # it are left out and calibration batches are cut to it.
@@ -443,7 +444,9 @@ def _locked(folder: Path) -> Iterator[None]:
 
 def reuse_key(settings: Settings, fingerprint: str) -> str:
     """Everything that decides the artifacts: settings, model code and weights, calibration data, versions."""
-    record = {k: v for k, v in settings.as_record().items() if k not in ("force", "recalibrate")}
+    # INT8's own settings decide no other precision's artifacts: changing them must not rebuild an FP16 folder.
+    ignored = ("force", "recalibrate") + (() if settings.precision == "int8" else INT8_ONLY_SETTINGS)
+    record = {k: v for k, v in settings.as_record().items() if k not in ignored}
     payload = {
         "layout": ARTIFACT_LAYOUT,
         "settings": record,
