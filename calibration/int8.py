@@ -25,9 +25,13 @@ from trt_pipeline.calibration.ranges import collect_ranges, method_options
 from trt_pipeline.calibration.readers import CalibrationData, CalibrationSource, graph_inputs, read_calibration_data
 from trt_pipeline.calibration.smooth import channel_maxima, smooth_graph, smoothable, smoothing_record, smoothing_scales
 from trt_pipeline.models.spec import ImagePreprocess
-from trt_pipeline.pipeline.artifacts import sha256_file
+from trt_pipeline.pipeline.artifacts import sha256_file, write_npz
 
 CACHE_FOLDER = "calibration"  # inside the artifact folder, beside model.int8.onnx
+# The first rows of the calibration data, model-ready, kept in the cache folder: `trt-pipeline diagnose` compares
+# an INT8 graph with FP32 on them (reference.npz's random inputs are clipped by the input's Q/DQ).
+SAMPLE = "sample.npz"
+SAMPLE_ROWS = 8
 # The INT8 graphs for ONNX Runtime on the CPU, beside model.int8.onnx, by the kind of CPU they are for
 # (pipeline.cpu.int8_cpu_kind); the runner on a CPU takes the one for its CPU.
 
@@ -76,6 +80,7 @@ def make_int8_graph(
     data = read_calibration_data(
         source, graph_inputs(fp32_path), preprocess, samples=config.samples, batch=config.batch
     )
+    write_npz(cache_folder / SAMPLE, {name: array[:SAMPLE_ROWS] for name, array in data.batches[0].items()})
     options = config.options()
     key = cache_key(sha256_file(fp32_path), data.digest, {**options, "samples": data.samples, "batch": config.batch})
     cache_file = cache_path(cache_folder, config.method, key)
@@ -125,6 +130,15 @@ def make_int8_graph(
     if cpu:
         stage["qdq_onnxruntime_cpu"] = cpu
     return {"summary": summary, **stage}
+
+
+def calibration_sample(folder: Path) -> dict[str, np.ndarray] | None:
+    """The calibration rows an int8 folder kept (SAMPLE), or None where it has none."""
+    path = Path(folder) / CACHE_FOLDER / SAMPLE
+    if not path.is_file():
+        return None
+    with np.load(path) as sample:
+        return {name: sample[name] for name in sample.files}
 
 
 def _measure_smoothing(fp32_path: Path, data: CalibrationData, alpha: float | None) -> dict[str, np.ndarray]:

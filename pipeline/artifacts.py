@@ -14,6 +14,9 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
 
 from trt_pipeline.pipeline.errors import PipelineError
 
@@ -119,6 +122,11 @@ def _alive(pid: int) -> bool:
 def write_bytes(final: Path, data: bytes) -> None:
     with atomic_path(final) as temporary:
         temporary.write_bytes(data)
+
+
+def write_npz(final: Path, arrays: dict[str, np.ndarray]) -> None:
+    with atomic_path(final) as temporary, open(temporary, "wb") as handle:
+        np.savez(handle, **cast(dict[str, Any], arrays))  # numpy's stub types **kwds as allow_pickle
 
 
 def write_json(final: Path, record: dict) -> None:

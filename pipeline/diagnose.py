@@ -1,7 +1,8 @@
 """`trt-pipeline diagnose <folder>`: where a float16 or INT8 graph departs from the FP32 graph, layer by layer.
 
-Both graphs run on the same inputs (the first case of reference.npz) with every intermediate tensor
-exposed; the float16 graph runs as the engine stores it (pipeline/float16.py faithful_copy).  Each
+Both graphs run on the same inputs (an INT8 folder's calibration sample, else the first case of reference.npz)
+with every intermediate tensor exposed; the float16 graph runs as the engine stores it (pipeline/float16.py
+faithful_copy), the INT8 graph with its Q/DQ as TensorRT computes them.  Each
 tensor the two graphs share by name is compared as max |lower - fp32| over the FP32 tensor's
 largest magnitude, in the FP32 graph's order, on the elements where FP32 is finite: an inf or NaN
 that FP32 computes too (an attention mask's -inf, the softmax of a fully masked row) is the model's
@@ -50,7 +51,8 @@ def compare_layers(
     if precision == "fp16":
         lower = faithful_copy(lower)
     reference = run_exposing_tensors(fp32, inputs)
-    actual = run_exposing_tensors(lower, inputs)
+    # The TensorRT-shaped INT8 graph as TensorRT computes it, as its gates judge it (pipeline.parity).
+    actual = run_exposing_tensors(lower, inputs, simulate_qdq=precision == "int8")
     errors = []
     for node in fp32.graph.node:
         for name in node.output:
@@ -109,9 +111,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def diagnose_folder(folder: Path) -> dict:
-    """Compare the folder's graph with its FP32 graph on reference.npz's first case; write diagnosis.json/.md."""
-    from trt_pipeline.pipeline.export import load_reference
-    from trt_pipeline.pipeline.manifest import FP32_GRAPH, REFERENCE, engine_graph, require_manifest
+    """Compare the folder's graph with its FP32 graph (on _inputs); write diagnosis.json/.md."""
+    from trt_pipeline.pipeline.manifest import FP32_GRAPH, engine_graph, require_manifest
     from trt_pipeline.pipeline.parity import RTOL
 
     manifest = require_manifest(folder)
@@ -121,13 +122,14 @@ def diagnose_folder(folder: Path) -> dict:
             f"{folder} holds a {precision} graph: there is no lower precision to compare with FP32",
             "diagnose a folder built with PRECISION=fp16 or PRECISION=int8",
         )
-    inputs, _ = load_reference(folder / REFERENCE)[0]
+    inputs, data = _inputs(folder, precision)
     errors = compare_layers(folder / FP32_GRAPH, folder / engine_graph(precision), inputs, precision)
     first = first_past(errors, RTOL[precision])
     report = {
         "folder": str(folder),
         "precision": precision,
         "rtol": RTOL[precision],
+        "data": data,
         "batch": int(next(iter(inputs.values())).shape[0]),
         "compared": len(errors),
         "first_past_tolerance": first.as_record() if first else None,
@@ -138,12 +140,25 @@ def diagnose_folder(folder: Path) -> dict:
     return report
 
 
+def _inputs(folder: Path, precision: str) -> tuple[dict[str, np.ndarray], str]:
+    """(inputs, what they are): an INT8 folder's calibration sample, where it kept one (reference.npz's inputs are
+    random, and the input's Q/DQ clips what lies outside the calibrated range), else the first reference case."""
+    from trt_pipeline.calibration.int8 import calibration_sample
+    from trt_pipeline.pipeline.export import load_reference
+    from trt_pipeline.pipeline.manifest import REFERENCE
+
+    sample = calibration_sample(folder) if precision == "int8" else None
+    if sample is not None:
+        return sample, "the first rows of the calibration data"
+    return load_reference(Path(folder) / REFERENCE)[0][0], "the first reference case"
+
+
 def markdown(report: dict) -> str:
     first = report["first_past_tolerance"]
     lines = [
         f"# Diagnosis: {report['folder']} ({report['precision']} against FP32)",
         "",
-        f"{report['compared']} tensors compared on the first reference case (batch {report['batch']}); "
+        f"{report['compared']} tensors compared on {report['data']} (batch {report['batch']}); "
         f"tolerance {report['rtol']:g} of each tensor's FP32 scale.",
         "",
         f"First node past the tolerance: **{first['node']}** ({first['op']}), {first['rel']:.3g} of its scale."

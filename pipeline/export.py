@@ -11,13 +11,12 @@ import contextlib
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
 
 import numpy as np
 import torch
 
 from trt_pipeline.models.spec import ModelSpec, call_module, needs_keywords
-from trt_pipeline.pipeline.artifacts import atomic_path
+from trt_pipeline.pipeline.artifacts import atomic_path, write_npz
 from trt_pipeline.pipeline.errors import PipelineError
 from trt_pipeline.pipeline.prepare import flatten_outputs
 from trt_pipeline.pipeline.settings import OPSET, BatchProfile
@@ -218,8 +217,7 @@ def write_reference(spec: ModelSpec, batch: BatchProfile, path: Path) -> dict:
         result = _reference_outputs(spec, feed)
         arrays.update({f"case{index}/in/{name}": t.numpy() for name, t in feed.items()})
         arrays.update({f"case{index}/out/{name}": t.numpy() for name, t in zip(outputs, result, strict=True)})
-    with atomic_path(path) as temporary, open(temporary, "wb") as handle:
-        np.savez(handle, **cast(dict[str, Any], arrays))  # numpy's stub types **kwds as allow_pickle
+    write_npz(path, arrays)
     return {"summary": f"{path.name}: PyTorch outputs at batch sizes {parity_batches(batch)}"}
 
 

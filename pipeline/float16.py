@@ -125,16 +125,19 @@ def faithful_session(fp16_path: Path):
 # --------------------------------------------------------------------------- every tensor of a run
 
 
-def run_exposing_tensors(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Every float tensor a graph computes (node outputs, graph inputs), by name, for one run."""
-    return _ExposingSession(model).run(feeds)
+def run_exposing_tensors(
+    model: onnx.ModelProto, feeds: dict[str, np.ndarray], *, simulate_qdq: bool = False
+) -> dict[str, np.ndarray]:
+    """Every float tensor a graph computes (node outputs, graph inputs), by name, for one run.
+    simulate_qdq: Q/DQ run as TensorRT computes them (pipeline.sessions), for the TensorRT-shaped INT8 graph."""
+    return _ExposingSession(model, simulate_qdq=simulate_qdq).run(feeds)
 
 
 class _ExposingSession:
     """An ONNX Runtime session over a copy of the graph whose outputs are all its float node outputs; made
     once for many runs (a session per run costs more than the run on a small graph)."""
 
-    def __init__(self, model: onnx.ModelProto) -> None:
+    def __init__(self, model: onnx.ModelProto, *, simulate_qdq: bool = False) -> None:
         from trt_pipeline.pipeline.sessions import onnxruntime_session
 
         exposed = onnx.ModelProto()
@@ -151,7 +154,7 @@ class _ExposingSession:
         with tempfile.TemporaryDirectory(prefix="exposed.") as folder:
             path = Path(folder) / "exposed.onnx"
             onnx.save(exposed, str(path))
-            self.session = onnxruntime_session(path)
+            self.session = onnxruntime_session(path, simulate_qdq=simulate_qdq)
         self.names = [output.name for output in self.session.get_outputs()]
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -16,12 +16,12 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import onnx
 
-from trt_pipeline.pipeline.artifacts import atomic_path
+from trt_pipeline.pipeline.artifacts import atomic_path, write_npz
 from trt_pipeline.pipeline.errors import PipelineError
 from trt_pipeline.pipeline.settings import OPSET, BatchProfile
 
@@ -295,7 +295,6 @@ def write_onnx_reference(source: OnnxModel, onnx_path: Path, batch: BatchProfile
             raise refused_sizes(source.path.name, "ONNX Runtime", feed, error, fix) from None
         arrays.update({f"case{index}/in/{name}": value for name, value in feed.items()})
         arrays.update({f"case{index}/out/{name}": value for name, value in zip(outputs, result, strict=True)})
-    with atomic_path(path) as temporary, open(temporary, "wb") as handle:
-        np.savez(handle, **cast(dict[str, Any], arrays))
+    write_npz(path, arrays)
     batches = sorted({size for size, _ in cases})
     return {"summary": f"{path.name}: the FP32 graph's own outputs (no PyTorch model) at batch sizes {batches}"}

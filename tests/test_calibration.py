@@ -16,7 +16,7 @@ from onnx import numpy_helper
 from PIL import Image
 
 from trt_pipeline.calibration.cache import load_ranges
-from trt_pipeline.calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph
+from trt_pipeline.calibration.int8 import CACHE_FOLDER, CalibrationConfig, calibration_sample, make_int8_graph
 from trt_pipeline.calibration.photos import PHOTOS, export_calibration_images
 from trt_pipeline.calibration.preprocess import load_image
 from trt_pipeline.calibration.qdq import qdq_problems
@@ -32,6 +32,7 @@ from trt_pipeline.models.digits import PREPROCESS, load_split
 from trt_pipeline.models.spec import ImagePreprocess
 from trt_pipeline.pipeline import cli
 from trt_pipeline.pipeline.cpu import NO_VNNI, VNNI, int8_cpu_kind
+from trt_pipeline.pipeline.diagnose import diagnose_folder
 from trt_pipeline.pipeline.errors import PipelineError
 from trt_pipeline.pipeline.manifest import GRAPHS, cpu_graphs
 from trt_pipeline.pipeline.parity import check_int8_agreement, onnxruntime_session
@@ -254,6 +255,11 @@ def test_make_engine_int8_from_an_image_folder(split, tmp_path):
     assert manifest["parity_int8"]["max_rel"] < 1.0
     assert manifest["build"]["builder"]["module"] == "tensorrt_rtx"
     assert Path(calibration["cache_file"]).parent == folder / CACHE_FOLDER
+    # The diagnosis of an INT8 folder compares on the calibration rows it kept, not on reference.npz's noise.
+    report = diagnose_folder(folder)
+    assert (report["data"], report["batch"]) == ("the first rows of the calibration data", 8)
+    sample = calibration_sample(folder)
+    assert sample is not None and sample["input"].shape == (8, 1, 8, 8) and sample["input"].min() >= -1.0
 
 
 def test_image_preprocessing_matches_the_arrays_inference_sees(split, tmp_path):
