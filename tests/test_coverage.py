@@ -13,6 +13,7 @@ pass/fail, parity numbers, INT8 agreement and Q/DQ counts, seconds); --models an
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -314,7 +315,8 @@ def _manifest(folder: Path) -> dict:
 
 def _last_stage(folder: Path) -> str | None:
     """The last stage that finished before a refusal (the manifest lists timings in order)."""
-    return next(reversed(_manifest(folder).get("timings") or {"": 0}), None) or None
+    stages = list(_manifest(folder).get("timings") or ())
+    return stages[-1] if stages else None
 
 
 def _constants_quantized_as_activations(model: onnx.ModelProto) -> list[str]:
@@ -423,6 +425,23 @@ def test_an_int8_refusal_is_a_row_with_the_gates_message(tmp_path: Path, monkeyp
     assert row["qdq_problems"] == [] and row["qdq"]["quantized_ops"] > 0
     lines = table([row]).splitlines()
     assert "| refused after " in lines[2] and lines[-1].startswith(f"1. unet int8: {row['error']}. Fix: ")
+
+
+@pytest.mark.slow
+def test_calibration_ids_outside_the_vocabulary_are_refused_naming_the_lookup(tmp_path: Path):
+    """Token ids of another vocabulary (BERT's here has 32 rows) are the user's mistake: refused while the data is
+    read, naming the embedding lookup and the ids' range, not ONNX Runtime's "indices element out of data bounds"
+    traceback from the calibration run."""
+
+    def other_vocabulary(rng: np.random.Generator, rows: int) -> dict[str, np.ndarray]:
+        arrays = bert_case.calibration(rng, rows)
+        return {**arrays, "input_ids": arrays["input_ids"] + VOCABULARY}
+
+    bert_case = CASES[NAMES.index("bert")]
+    row = run_case(dataclasses.replace(bert_case, calibration=other_vocabulary), "int8", tmp_path)
+    assert not row["ok"] and row["refused_after"] == "parity_fp32"  # before calibration: nothing half-made
+    assert f"but the graph looks them up in a table of {VOCABULARY} rows" in row["error"]
+    assert "word_embeddings" in row["error"] and f"give ids from 0 to {VOCABULARY - 1}" in row["fix"]
 
 
 # The stages after which an INT8 refusal is a gate's (pipeline/stages.py run_precision): the smoke parity of a CPU
