@@ -11,6 +11,7 @@ import hashlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,6 +19,9 @@ from trt_pipeline.calibration.preprocess import IMAGE_SUFFIXES, image_shape, loa
 from trt_pipeline.models.spec import ImagePreprocess
 from trt_pipeline.pipeline.errors import PipelineError
 from trt_pipeline.pipeline.graph_io import graph_io
+
+if TYPE_CHECKING:
+    import onnx
 
 Feed = dict[str, np.ndarray]
 # A callable returns an iterable of batches: {input name: array} or, for a one-input model, an array.
@@ -51,20 +55,20 @@ class CalibrationData:
 
 
 def graph_inputs(onnx_path: Path) -> list[GraphInput]:
-    """The graph's inputs as the ONNX file declares them (weights are not loaded)."""
-    inputs = graph_io(onnx_path).inputs
+    """The graph's inputs as the ONNX file declares them (external weights are not loaded)."""
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    inputs = graph_io(model).inputs
     integer = {t.name for t in inputs if np.issubdtype(t.numpy_dtype, np.integer)}
-    lookups = _lookup_tables(onnx_path, integer) if integer else {}
+    lookups = _lookup_tables(model.graph, integer) if integer else {}
     return [GraphInput(t.name, t.shape, t.numpy_dtype, lookups.get(t.name)) for t in inputs]
 
 
-def _lookup_tables(onnx_path: Path, names: set[str]) -> dict[str, tuple[str, int]]:
+def _lookup_tables(graph: onnx.GraphProto, names: set[str]) -> dict[str, tuple[str, int]]:
     """{input: (Gather node, rows)} for the inputs in `names` that a Gather uses as indices into a weight table (the
     smallest table where several read one input).  An id outside it is no model input: ONNX Runtime stops the
     calibration run on it with "indices element out of data bounds"."""
-    import onnx
-
-    graph = onnx.load(str(onnx_path), load_external_data=False).graph
     tables = {init.name: init.dims for init in graph.initializer}
     found: dict[str, tuple[str, int]] = {}
     for node in graph.node:
