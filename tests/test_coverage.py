@@ -253,6 +253,7 @@ FP16_IN_CI = ("bert", "gpt2", "t5_encoder", "wav2vec2", "unet", "lstm", "topk_he
 INT8_IN_CI = ("bert", "wav2vec2", "lstm", "unet")
 NAMES = [case.name for case in CASES]
 CALIBRATION_ROWS = 64  # 4 batches of 16: the gate judges these rows too
+HELD_OUT_ROWS = 32  # judged like them, never calibrated on
 
 
 def write_calibration(case: Case, folder: Path) -> Path:
@@ -288,7 +289,7 @@ def run_case(case: Case, precision: str, out_root: Path) -> dict:
         seconds = time.perf_counter() - started
         parity_fp32 = _manifest(folder).get("parity_fp32", {}).get("max_rel")
         return {"model": case.name, "precision": precision, "ok": False, "error": error.problem, "fix": error.fix,
-                "refused_after": _last_stage(folder), "parity_fp32": parity_fp32, **_int8_record(folder),
+                "refused_after": _last_stage(folder), "parity_fp32": parity_fp32, **_int8_record(folder, case),
                 **_gate_numbers(error.problem), "seconds": seconds}  # fmt: skip
     seconds = time.perf_counter() - started
     manifest = _manifest(folder)
@@ -301,7 +302,7 @@ def run_case(case: Case, precision: str, out_root: Path) -> dict:
         "parity_int8": manifest.get("parity_int8", {}).get("max_rel"),
         "kept_fp32": len(manifest.get("fp16", {}).get("kept_fp32", [])),
         "dynamic": manifest.get("axis_ranges", {}),
-        **_int8_record(folder),
+        **_int8_record(folder, case),
         "seconds": seconds,
     }
 
@@ -336,9 +337,10 @@ def _gate_numbers(problem: str) -> dict:
     return {"agreement_error": float(found[1]), "agreement_cosine": float(found[2])} if found else {}
 
 
-def _int8_record(folder: Path) -> dict:
+def _int8_record(folder: Path, case: Case) -> dict:
     """What the INT8 stages left in the folder, refused or not: the Q/DQ counts of model.int8.onnx and its problems
-    for TensorRT, the CPU graphs ORT's quantizer could not make, and the gate's numbers (worst output)."""
+    for TensorRT, the CPU graphs ORT's quantizer could not make, the gate's numbers (worst output) and the same
+    measure on held-out inputs."""
     from trt_pipeline.calibration.qdq import qdq_problems
 
     manifest = _manifest(folder)
@@ -360,7 +362,36 @@ def _int8_record(folder: Path) -> dict:
     if agreement is not None:
         worst = max(agreement["outputs"].values(), key=lambda output: output["error_mean"])
         record.update(agreement_error=worst["error_mean"], agreement_cosine=worst["cosine_mean"])
+    if model is not None:
+        record.update(_held_out_agreement(folder, case))
     return record
+
+
+def _held_out_agreement(folder: Path, case: Case) -> dict:
+    """The gate's measure (pipeline/parity.py) on rows the calibration never saw: in-sample, a calibrated range holds
+    every value it is judged on; here values past it are clipped as served inputs' would be."""
+    from trt_pipeline.pipeline.parity import check_int8_agreement
+
+    arrays = case.calibration(np.random.default_rng(1), HELD_OUT_ROWS)  # seed 0 is the calibration set
+    batches = [
+        {name: array[start : start + 16] for name, array in arrays.items()} for start in range(0, HELD_OUT_ROWS, 16)
+    ]
+    graphs = [folder / "model.onnx", folder / "model.int8.onnx"]
+    try:
+        record = check_int8_agreement(graphs[0], graphs[1:], _graph_feeds(graphs[0], batches))
+    except PipelineError as error:  # past the gate on held-out rows: the numbers are in the message
+        numbers = _gate_numbers(error.problem)
+        return {f"held_out_{key.removeprefix('agreement_')}": value for key, value in numbers.items()}
+    worst = max(record["graphs"]["model.int8.onnx"]["outputs"].values(), key=lambda output: output["error_mean"])
+    return {"held_out_error": worst["error_mean"], "held_out_cosine": worst["cosine_mean"]}
+
+
+def _graph_feeds(fp32: Path, batches: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    """Only the arrays the graph takes (an exporter drops inputs the model ignores), as the calibration reader does."""
+    from trt_pipeline.calibration.readers import graph_inputs
+
+    names = [graph_input.name for graph_input in graph_inputs(fp32)]
+    return [{name: feeds[name] for name in names} for feeds in batches]
 
 
 @pytest.mark.slow
@@ -398,6 +429,7 @@ def test_coverage_int8(case: Case, tmp_path: Path):
     assert row["qdq"]["quantized_ops"] > 0 and row["qdq"]["quantized_weights"] > 0
     assert row["constants_quantized_as_activations"] == []  # Wav2Vec2 had a conv weight in a Constant node
     assert row["qdq"]["per_channel_weights"] == row["qdq"]["quantized_weights"]
+    assert row["held_out_error"] >= 0 and -1 <= row["held_out_cosine"] <= 1  # measured on rows never calibrated on
     if row["ok"]:
         assert row["parity_fp32"] < 1e-3
         assert row["agreement_error"] <= INT8_MAX_ERROR
@@ -454,13 +486,21 @@ def _number(value: float | None) -> str:
     return "" if value is None else f"{value:.3g}"
 
 
+def _pair(row: dict, prefix: str) -> str:
+    """ "error / cosine" of an agreement measure, or nothing where the row has none."""
+    if f"{prefix}_error" not in row:
+        return ""
+    return f"{row[f'{prefix}_error']:.3g} / {row[f'{prefix}_cosine']:.4f}"
+
+
 def table(rows: list[dict]) -> str:
     """Markdown: one line per row, then every refusal's whole message and fix."""
     lines = [
         "| model | precision | result | parity fp32 (max rel) | parity fp16 / int8 (max rel) | "
-        f"int8 vs fp32: error (gate {INT8_MAX_ERROR}) / cosine | quantized ops / Q acts / DQ weights | "
+        f"int8 vs fp32: error (gate {INT8_MAX_ERROR}) / cosine | held out: error / cosine | "
+        "quantized ops / Q acts / DQ weights | "
         "FP32 nodes kept | s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     refusals: list[str] = []
     for row in rows:
@@ -473,9 +513,7 @@ def table(rows: list[dict]) -> str:
                 f"{len(refusals) + 1}. {row['model']} {row['precision']}: {row['error']}. Fix: {row['fix']}"
             )
         lower = row.get("parity_fp16") if row["precision"] == "fp16" else row.get("parity_int8")
-        agreement = ""
-        if "agreement_error" in row:
-            agreement = f"{row['agreement_error']:.3g} / {row['agreement_cosine']:.4f}"
+        agreement, held_out = _pair(row, "agreement"), _pair(row, "held_out")
         qdq = row.get("qdq")
         counts = f"{qdq['quantized_ops']} / {qdq['quantized_activations']} / {qdq['quantized_weights']}" if qdq else ""
         if row.get("cpu_graphs_failed"):
@@ -483,7 +521,7 @@ def table(rows: list[dict]) -> str:
         kept = str(row["kept_fp32"]) if row["precision"] == "fp16" and row["ok"] else ""
         lines.append(
             f"| {row['model']} | {row['precision']} | {result} | {_number(row.get('parity_fp32'))} | "
-            f"{_number(lower)} | {agreement} | {counts} | {kept} | {row['seconds']:.1f} |"
+            f"{_number(lower)} | {agreement} | {held_out} | {counts} | {kept} | {row['seconds']:.1f} |"
         )
     return "\n".join(lines + ([""] if refusals else []) + refusals)
 
