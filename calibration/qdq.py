@@ -41,9 +41,9 @@ def quantize_qdq(fp32_path: Path, out_path: Path, ranges, *, exclude: Sequence[s
     return its structure for the manifest."""
     from onnxruntime.quantization import QuantType
 
-    with atomic_path(out_path) as temporary:
+    with atomic_path(out_path) as temporary, _weights_as_initializers(fp32_path) as source:
         model = quantize_with_ranges(
-            fp32_path,
+            source,
             temporary,
             ranges,
             op_types_to_quantize=list(QUANTIZED_OPS),
@@ -55,6 +55,33 @@ def quantize_qdq(fp32_path: Path, out_path: Path, ranges, *, exclude: Sequence[s
         if problems:  # our own quantizer settings are wrong: a bug, not the user's mistake
             raise RuntimeError("the Q/DQ graph breaks TensorRT's rules:\n  " + "\n  ".join(problems))
     return qdq_structure(model)
+
+
+@contextlib.contextmanager
+def _weights_as_initializers(fp32_path: Path) -> Iterator[Path]:
+    """The FP32 graph with the weights that Constant nodes hold (the TorchScript exporter leaves some there: a conv of
+    Wav2Vec2's feature extractor) moved into initializers, the only constants ORT's quantizer takes for weights.  Left
+    in a node, such a weight is quantized as an activation: one per-tensor scale from its calibrated range (which
+    percentile clips) instead of one exact scale per output channel."""
+    model = onnx.load(str(fp32_path))
+    readers = {name for node in model.graph.node if node.op_type in QUANTIZED_OPS for name in node.input}
+    weights = [
+        node
+        for node in model.graph.node
+        if node.op_type == "Constant" and node.output[0] in readers and node.attribute[0].name == "value"
+    ]
+    if not weights:  # the usual case: quantize the file as it is
+        yield fp32_path
+        return
+    for node in weights:
+        model.graph.initializer.append(
+            numpy_helper.from_array(numpy_helper.to_array(node.attribute[0].t), node.output[0])
+        )
+        model.graph.node.remove(node)
+    with tempfile.TemporaryDirectory(prefix="qdq-source.") as scratch:
+        source = Path(scratch) / fp32_path.name
+        onnx.save(model, str(source))
+        yield source
 
 
 def quantize_with_ranges(

@@ -11,6 +11,7 @@ import hashlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,6 +19,9 @@ from trt_pipeline.calibration.preprocess import IMAGE_SUFFIXES, image_shape, loa
 from trt_pipeline.models.spec import ImagePreprocess
 from trt_pipeline.pipeline.errors import PipelineError
 from trt_pipeline.pipeline.graph_io import graph_io
+
+if TYPE_CHECKING:
+    import onnx
 
 Feed = dict[str, np.ndarray]
 # A callable returns an iterable of batches: {input name: array} or, for a one-input model, an array.
@@ -27,11 +31,13 @@ CalibrationSource = Path | str | BatchSource
 
 @dataclass(frozen=True)
 class GraphInput:
-    """One input of the FP32 graph: dims are ints or symbolic names (None where unnamed)."""
+    """One input of the FP32 graph: dims are ints or symbolic names (None where unnamed); for integer ids that index a
+    table (token ids into an embedding), the Gather that looks them up and the table's rows."""
 
     name: str
     dims: tuple[int | str | None, ...]
     dtype: np.dtype
+    lookup: tuple[str, int] | None = None
 
     def describe(self) -> str:
         dims = ", ".join(str(d) if isinstance(d, int) else "?" for d in self.dims)
@@ -49,8 +55,31 @@ class CalibrationData:
 
 
 def graph_inputs(onnx_path: Path) -> list[GraphInput]:
-    """The graph's inputs as the ONNX file declares them (weights are not loaded)."""
-    return [GraphInput(t.name, t.shape, t.numpy_dtype) for t in graph_io(onnx_path).inputs]
+    """The graph's inputs as the ONNX file declares them (external weights are not loaded)."""
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    inputs = graph_io(model).inputs
+    integer = {t.name for t in inputs if np.issubdtype(t.numpy_dtype, np.integer)}
+    lookups = _lookup_tables(model.graph, integer) if integer else {}
+    return [GraphInput(t.name, t.shape, t.numpy_dtype, lookups.get(t.name)) for t in inputs]
+
+
+def _lookup_tables(graph: onnx.GraphProto, names: set[str]) -> dict[str, tuple[str, int]]:
+    """{input: (Gather node, rows)} for the inputs in `names` that a Gather uses as indices into a weight table (the
+    smallest table where several read one input).  An id outside it is no model input: ONNX Runtime stops the
+    calibration run on it with "indices element out of data bounds"."""
+    tables = {init.name: init.dims for init in graph.initializer}
+    found: dict[str, tuple[str, int]] = {}
+    for node in graph.node:
+        if node.op_type != "Gather" or node.input[1] not in names or node.input[0] not in tables:
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        dims = tables[node.input[0]]
+        rows = int(dims[axis])
+        if node.input[1] not in found or rows < found[node.input[1]][1]:
+            found[node.input[1]] = (node.name, rows)
+    return found
 
 
 def read_calibration_data(
@@ -192,11 +221,26 @@ def _check_arrays(arrays: dict[str, np.ndarray], inputs: list[GraphInput], descr
             )
         if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
             raise PipelineError(f"{description}: input {graph_input.name!r} contains NaN or inf", "clean the data")
+        _check_ids(array, graph_input, description)
         lengths.add(len(array))
     if len(lengths) > 1:
         raise PipelineError(
             f"{description}: inputs have different numbers of samples {sorted(lengths)}",
             "give every input the same number of samples",
+        )
+
+
+def _check_ids(array: np.ndarray, graph_input: GraphInput, description: str) -> None:
+    """Ids must index the table they look up (ONNX's Gather takes -rows..rows-1)."""
+    if graph_input.lookup is None or array.size == 0:
+        return
+    node, rows = graph_input.lookup
+    low, high = int(array.min()), int(array.max())
+    if low < -rows or high >= rows:
+        raise PipelineError(
+            f"{description}: input {graph_input.name!r} holds ids from {low} to {high}, but the graph looks them up "
+            f"in a table of {rows} rows ({node})",
+            f"give ids from 0 to {rows - 1}: the ids the model's own tokenizer (vocabulary) produces",
         )
 
 
