@@ -59,29 +59,34 @@ def quantize_qdq(fp32_path: Path, out_path: Path, ranges, *, exclude: Sequence[s
 
 @contextlib.contextmanager
 def _weights_as_initializers(fp32_path: Path) -> Iterator[Path]:
-    """The FP32 graph with the weights that Constant nodes hold (the TorchScript exporter leaves some there: a conv of
-    Wav2Vec2's feature extractor) moved into initializers, the only constants ORT's quantizer takes for weights.  Left
-    in a node, such a weight is quantized as an activation: one per-tensor scale from its calibrated range (which
-    percentile clips) instead of one exact scale per output channel."""
+    """The FP32 graph with its Constant nodes as initializers (constants_as_initializers), in a scratch file; the
+    file itself where it has none."""
     model = onnx.load(str(fp32_path))
-    readers = {name for node in model.graph.node if node.op_type in QUANTIZED_OPS for name in node.input}
-    weights = [
-        node
-        for node in model.graph.node
-        if node.op_type == "Constant" and node.output[0] in readers and node.attribute[0].name == "value"
-    ]
-    if not weights:  # the usual case: quantize the file as it is
+    if not constants_as_initializers(model.graph):  # the usual case: quantize the file as it is
         yield fp32_path
         return
-    for node in weights:
-        model.graph.initializer.append(
-            numpy_helper.from_array(numpy_helper.to_array(node.attribute[0].t), node.output[0])
-        )
-        model.graph.node.remove(node)
     with tempfile.TemporaryDirectory(prefix="qdq-source.") as scratch:
         source = Path(scratch) / fp32_path.name
         onnx.save(model, str(source))
         yield source
+
+
+def constants_as_initializers(graph: onnx.GraphProto) -> int:
+    """Turn Constant nodes (their `value` form) into initializers; return how many.  ORT's quantizer takes only
+    initializers as constants: a weight the TorchScript exporter left in a Constant node (a conv of Wav2Vec2's
+    feature extractor) is otherwise quantized as an activation (one per-tensor scale from its calibrated range,
+    which percentile clips, instead of one exact scale per output channel), and an op reading a Constant (a
+    transformer's attention-scale Mul, in the CPU graphs) needs a range for it and fails ("Quantization
+    parameters are not specified for param .../Constant_7_output_0")."""
+    constants = [
+        node
+        for node in graph.node
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value"
+    ]
+    for node in constants:
+        graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(node.attribute[0].t), node.output[0]))
+        graph.node.remove(node)
+    return len(constants)
 
 
 def quantize_with_ranges(

@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from trt_pipeline.calibration.qdq import qdq_structure, quantize_with_ranges
+from trt_pipeline.calibration.qdq import constants_as_initializers, qdq_structure, quantize_with_ranges
 from trt_pipeline.pipeline.artifacts import atomic_path
 from trt_pipeline.pipeline.cpu import NO_VNNI, VNNI
 
@@ -101,7 +101,7 @@ def quantize_for_cpu(fp32_path: Path, out_path: Path, ranges, *, weights: str) -
 
     weight_type, symmetric, reduce_range = WEIGHT_FORMS[weights]
     model = onnx.load(str(fp32_path))
-    _constants_as_initializers(model.graph)
+    constants_as_initializers(model.graph)
     cpu_ranges = asymmetric_ranges(model.graph, ranges)
     unranged = nodes_without_ranges(model.graph, cpu_ranges)
     with atomic_path(out_path) as temporary, tempfile.TemporaryDirectory(prefix="cpu-graph.") as scratch:
@@ -129,27 +129,6 @@ def quantize_for_cpu(fp32_path: Path, out_path: Path, ranges, *, weights: str) -
         "float_outputs": float_outputs,
         **kernels,
     }
-
-
-def _constants_as_initializers(graph: onnx.GraphProto) -> None:
-    """Turn Constant nodes into initializers.  ORT's quantizer takes only initializers as constants: an op that
-    reads a Constant node's output (a transformer's attention-scale Mul) otherwise needs a range for it and
-    fails ("Quantization parameters are not specified for param .../Constant_7_output_0")."""
-    from onnx import numpy_helper
-
-    for node in list(graph.node):
-        value = _constant_value(node) if node.op_type == "Constant" else None
-        if value is not None:
-            graph.initializer.append(numpy_helper.from_array(value, node.output[0]))
-            graph.node.remove(node)
-
-
-def _constant_value(node: onnx.NodeProto) -> np.ndarray | None:
-    """A Constant node's tensor (its `value` attribute); None for the sparse / list forms, left as nodes."""
-    from onnx import numpy_helper
-
-    value = next((a.t for a in node.attribute if a.name == "value"), None)
-    return numpy_helper.to_array(value) if value is not None else None
 
 
 def asymmetric_ranges(graph: onnx.GraphProto, ranges) -> dict[str, tuple[float, float]]:

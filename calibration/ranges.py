@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from trt_pipeline.calibration.readers import CalibrationData, Feed
+from trt_pipeline.pipeline.errors import PipelineError
 
 # The ops that get Q/DQ on their inputs: TensorRT runs these in INT8 and fuses the rest around them.
 QUANTIZED_OPS = ("Conv", "Gemm", "MatMul")
@@ -65,9 +66,25 @@ def collect_ranges(fp32_path: Path, data: CalibrationData, method: str):
         # intermediate tensors in memory until the end (gigabytes for ResNet-50).
         # ORT's histogram calibrators print() their progress; our progress bar (stderr) replaces it.
         with contextlib.redirect_stdout(io.StringIO()):
-            for feed in tqdm(data.batches, desc=f"calibrating ({method})", unit="batch", delay=2.0, leave=False):
-                calibrator.collect_data(_OneBatch(feed))
+            batches = tqdm(data.batches, desc=f"calibrating ({method})", unit="batch", delay=2.0, leave=False)
+            for index, feed in enumerate(batches):
+                _collect(calibrator, feed, index, fp32_path)
             return calibrator.compute_data()
+
+
+def _collect(calibrator, feed: Feed, index: int, fp32_path: Path) -> None:
+    """One batch through the calibrator's graph.  The reader checked names, dtypes, shapes and token ids against
+    their lookup tables; what ONNX Runtime still refuses is in the values (its own exception types)."""
+    try:
+        calibrator.collect_data(_OneBatch(feed))
+    except Exception as error:
+        shapes = ", ".join(f"{name} {list(array.shape)} {array.dtype}" for name, array in feed.items())
+        raise PipelineError(
+            f"ONNX Runtime could not run {Path(fp32_path).name} on calibration batch {index} ({shapes}): "
+            f"{type(error).__name__}: {error}",
+            "give calibration data the model accepts as served inputs (CALIB=): the values, e.g. integer ids "
+            "within the range the model looks them up in",
+        ) from None
 
 
 class _OneBatch:

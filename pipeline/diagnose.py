@@ -74,16 +74,23 @@ def _error(node: onnx.NodeProto, name: str, expected: np.ndarray, actual: np.nda
     return LayerError(node.name, node.op_type, name, max_abs, scale, max_abs / scale if scale > 0 else max_abs)
 
 
+def node_tolerance(precision: str) -> float:
+    """How far a node's output may be from FP32's, relative to its scale: FP16's parity tolerance; for INT8 its
+    gate's level on the calibration data (INT8_MAX_ERROR), not the 1.0 of the smoke check on random inputs,
+    under which no node of a refused graph would ever be named."""
+    from trt_pipeline.pipeline.parity import INT8_MAX_ERROR, RTOL
+
+    return INT8_MAX_ERROR if precision == "int8" else RTOL[precision]
+
+
 def first_past(errors: list[LayerError], rtol: float) -> LayerError | None:
     return next((error for error in errors if error.rel > rtol), None)
 
 
 def first_bad_node_text(fp32_path: Path, lower_path: Path, inputs: dict[str, np.ndarray], precision: str) -> str:
     """One sentence for a failing gate: the first node past tolerance, or that none is (the error builds up)."""
-    from trt_pipeline.pipeline.parity import RTOL
-
     errors = compare_layers(fp32_path, lower_path, inputs, precision)
-    first = first_past(errors, RTOL[precision])
+    first = first_past(errors, node_tolerance(precision))
     if first is None:
         return "no single node is past the tolerance: the error builds up over many (trt-pipeline diagnose)"
     return f"the first node past it is {first.node!r} ({first.op}): {_describe(first)}"
@@ -113,7 +120,6 @@ def main(args: argparse.Namespace) -> int:
 def diagnose_folder(folder: Path) -> dict:
     """Compare the folder's graph with its FP32 graph (on _inputs); write diagnosis.json/.md."""
     from trt_pipeline.pipeline.manifest import FP32_GRAPH, engine_graph, require_manifest
-    from trt_pipeline.pipeline.parity import RTOL
 
     manifest = require_manifest(folder)
     precision = manifest.precision or "unknown"
@@ -124,11 +130,11 @@ def diagnose_folder(folder: Path) -> dict:
         )
     inputs, data = _inputs(folder, precision)
     errors = compare_layers(folder / FP32_GRAPH, folder / engine_graph(precision), inputs, precision)
-    first = first_past(errors, RTOL[precision])
+    first = first_past(errors, node_tolerance(precision))
     report = {
         "folder": str(folder),
         "precision": precision,
-        "rtol": RTOL[precision],
+        "rtol": node_tolerance(precision),
         "data": data,
         "batch": int(next(iter(inputs.values())).shape[0]),
         "compared": len(errors),

@@ -451,3 +451,30 @@ def test_int8_gate_passes_the_calibrated_graph_and_fails_a_wrong_scale(int8, fp3
     with pytest.raises(PipelineError, match="departs from FP32 on the calibration data") as caught:
         check_int8_agreement(fp32, [int8[0], tmp_path / "model.int8.onnx"], batches)
     assert "the first node past it is" in str(caught.value) and "diagnose" in caught.value.fix
+
+
+def test_calibration_data_onnx_runtime_cannot_run_is_a_clear_error(tmp_path):
+    """Ids that reach their lookup through a Cast (the reader's id check cannot see it) and lie outside the table:
+    ONNX Runtime refuses the calibration batch; the error names the batch and the fix, not ORT's traceback."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = numpy_helper.from_array(np.ones((10, 3), np.float32), "table")
+    weight = numpy_helper.from_array(np.ones((3, 2), np.float32), "weight")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["x"], ["ids"], to=TensorProto.INT64),
+            helper.make_node("Gather", ["table", "ids"], ["rows"]),
+            helper.make_node("MatMul", ["rows", "weight"], ["y"]),
+        ],
+        "cast_lookup",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, 2])],
+        [table, weight],
+    )
+    fp32 = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(fp32))
+    np.savez(tmp_path / "calib.npz", x=np.full((8, 4), 50.0, np.float32))
+    data = read_calibration_data(tmp_path / "calib.npz", graph_inputs(fp32), None, samples=8, batch=4)
+    with pytest.raises(PipelineError, match="could not run model.onnx on calibration batch 0") as caught:
+        collect_ranges(fp32, data, "max")
+    assert "within the range the model looks them up in" in str(caught.value.fix)

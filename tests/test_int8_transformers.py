@@ -29,11 +29,10 @@ from trt_pipeline.calibration.int8 import (
 from trt_pipeline.calibration.qdq import qdq_problems, quantize_qdq
 from trt_pipeline.calibration.smooth import channel_maxima, smooth_graph, smoothable, smoothing_scales
 from trt_pipeline.models.spec import DynamicAxis, ModelSpec
-from trt_pipeline.pipeline.diagnose import compare_layers, first_past
+from trt_pipeline.pipeline.diagnose import compare_layers, first_past, node_tolerance
 from trt_pipeline.pipeline.errors import PipelineError
 from trt_pipeline.pipeline.export import export_onnx
 from trt_pipeline.pipeline.manifest import FP32_GRAPH, GRAPHS, cpu_graphs
-from trt_pipeline.pipeline.parity import RTOL
 from trt_pipeline.pipeline.sessions import onnxruntime_session
 from trt_pipeline.pipeline.settings import Settings
 from trt_pipeline.pipeline.simplify import simplify_onnx
@@ -303,9 +302,9 @@ def test_diagnosis_does_not_blame_a_minus_inf_attention_mask(tmp_path):
     config = CalibrationConfig("max", 32, 16, smooth_alpha=0.5)
     make_int8_graph(fp32, int8, calib, preprocess=None, config=config, cache_folder=tmp_path / CACHE_FOLDER)
     errors = {error.tensor: error for error in compare_layers(fp32, int8, _attention_inputs(1, seed=2), "int8")}
-    assert errors["mask_bias"].rel == 0 and errors["masked"].rel < RTOL["int8"]
-    assert 0 < errors["y"].rel < RTOL["int8"]  # the quantization error is still measured
-    assert first_past(list(errors.values()), RTOL["int8"]) is None
+    assert errors["mask_bias"].rel == 0 and errors["masked"].rel < node_tolerance("int8")
+    assert 0 < errors["y"].rel < node_tolerance("int8")  # the quantization error is still measured
+    assert first_past(list(errors.values()), node_tolerance("int8")) is None
 
 
 @pytest.mark.slow
