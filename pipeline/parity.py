@@ -105,14 +105,22 @@ def evaluation_session(onnx_path: Path, probe_feed: dict[str, np.ndarray] | None
     return onnxruntime_session(onnx_path, simulate_qdq=simulate_qdq, probe_feed=probe_feed)
 
 
-def check_int8_agreement(fp32_path: Path, int8_paths: list[Path], batches: list[dict[str, np.ndarray]]) -> dict:
+def check_int8_agreement(
+    fp32_path: Path, int8_paths: list[Path], batches: list[dict[str, np.ndarray]], *, optional: Sequence[Path] = ()
+) -> dict:
     """Each INT8 graph against the FP32 graph on calibration batches (FP32 run once for all of them);
-    raise PipelineError past INT8_MAX_ERROR."""
+    raise PipelineError past INT8_MAX_ERROR.  An `optional` graph past it is not an error: its record says
+    "left_out" with the reason, for the caller to drop it (a CPU-shaped graph; the engine's graph stands in)."""
     reference = onnxruntime_session(fp32_path)
     names = [output.name for output in reference.get_outputs()]
     expected = [dict(zip(names, reference.run(names, feeds), strict=True)) for feeds in batches]
     count = int(sum(len(next(iter(feeds.values()))) for feeds in batches))
     graphs = {path.name: _int8_agreement(fp32_path, path, batches, expected, count) for path in int8_paths}
+    for path in optional:
+        try:
+            graphs[path.name] = _int8_agreement(fp32_path, path, batches, expected, count)
+        except PipelineError as refused:
+            graphs[path.name] = {"summary": f"{path.name} left out: {refused.problem}", "left_out": refused.problem}
     return {
         "summary": "; ".join(record.pop("summary") for record in graphs.values()),
         "evaluation": "the calibration data (in-sample): each row's |int8 - fp32| / |fp32| and cosine",

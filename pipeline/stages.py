@@ -235,7 +235,8 @@ def run_precision(run: Run) -> None:
         for kind, name in written.items():
             stage = f"parity_int8_onnxruntime_{kind.replace('-', '_')}"
             run.stage(stage, check_parity, _require(run, name), _require(run, REFERENCE), precision="int8")
-        _check_int8_agreement(run, source, written)
+        for name in _check_int8_agreement(run, source, written):
+            _leave_out_graph(run, name)
     reference = _require(run, REFERENCE)
     run.stage(f"parity_{precision}", check_parity, target, reference, precision=precision, against_fp32=judged)
 
@@ -320,16 +321,41 @@ def _preprocess(run: Run):
     return None if run.onnx_model else run.loaded.preprocess
 
 
-def _check_int8_agreement(run: Run, fp32: Path, cpu_graphs: dict[str, str]) -> None:
-    """INT8's gate, on the calibration data: the engine's graph, and the CPU graph this CPU's runner serves.
+def _check_int8_agreement(run: Run, fp32: Path, cpu_graphs: dict[str, str]) -> list[str]:
+    """INT8's gate, on the calibration data: the engine's graph, and the CPU graph this CPU's runner serves;
+    returns the CPU graphs to leave out.
 
-    The CPU graph for the other kind of CPU is not judged here: this CPU's kernels do not run it as its
-    own CPU does (U8S8 saturates without VNNI).
+    The engine's graph past the gate stops the build.  The CPU graph is optional (int8.py): past the gate it is
+    left out, and the runner on this CPU serves the engine's graph with its Q/DQ simulated instead (slower, as
+    accurate as the engine).  The CPU graph for the other kind of CPU is not judged here: this CPU's kernels do
+    not run it as its own CPU does (U8S8 saturates without VNNI).
     """
     data = _calibration_data(run, fp32)  # Settings.check() refuses int8 without CALIB
     served = cpu_graphs.get(int8_cpu_kind())
-    graphs = [_require(run, engine_graph("int8")), *([_require(run, served)] if served else [])]
-    run.stage("agreement_int8", check_int8_agreement, fp32, graphs, data.batches)
+    optional = [_require(run, served)] if served else []
+    record = run.stage(
+        "agreement_int8",
+        check_int8_agreement,
+        fp32,
+        [_require(run, engine_graph("int8"))],
+        data.batches,
+        optional=optional,
+    )
+    return [name for name, graph in record["graphs"].items() if "left_out" in graph]
+
+
+def _leave_out_graph(run: Run, name: str) -> None:
+    """Drop a CPU graph that failed its gate from the folder's graphs and from disk, and say so."""
+    manifest = read_manifest(run.folder)
+    graphs = {target: graph for target, graph in (manifest.graphs if manifest else {}).items() if graph != name}
+    update_manifest(run.folder, graphs=graphs)
+    run.path(name).unlink(missing_ok=True)
+    print(
+        f"warning: {name} left out of {run.folder.name}: it departs from FP32 on the calibration data "
+        f"(agreement_int8 in the manifest); a runner on this CPU serves {engine_graph('int8')} with its Q/DQ "
+        "simulated instead (as accurate as the engine, slower than ONNX Runtime's int8 kernels)",
+        flush=True,
+    )
 
 
 def _rows(inputs: dict) -> int:

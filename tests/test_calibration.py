@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -451,6 +452,12 @@ def test_int8_gate_passes_the_calibrated_graph_and_fails_a_wrong_scale(int8, fp3
     with pytest.raises(PipelineError, match="departs from FP32 on the calibration data") as caught:
         check_int8_agreement(fp32, [int8[0], tmp_path / "model.int8.onnx"], batches)
     assert "the first node past it is" in str(caught.value) and "diagnose" in caught.value.fix
+    # An optional graph (a CPU-shaped one) past the gate is left out, not an error: the engine's graph stands in.
+    cpu_graph = tmp_path / "model.int8.ort-u8u8.onnx"
+    shutil.copy(tmp_path / "model.int8.onnx", cpu_graph)
+    record = check_int8_agreement(fp32, [int8[0]], batches, optional=[cpu_graph])
+    assert "left_out" not in record["graphs"]["model.int8.onnx"]
+    assert "departs from FP32 on the calibration data" in record["graphs"][cpu_graph.name]["left_out"]
 
 
 def test_calibration_data_onnx_runtime_cannot_run_is_a_clear_error(tmp_path):

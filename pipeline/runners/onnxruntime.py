@@ -80,7 +80,7 @@ class OnnxRuntimeRunner(Runner):
         # VNNI).  The gates judged it the same way (pipeline.parity.evaluation_session).
         simulate_qdq = CUDA not in chosen and self.graph == engine_graph("int8")
         if simulate_qdq:
-            which += ", its Q/DQ simulated in float as TensorRT computes them (slower than int8 kernels)"
+            which += ", its Q/DQ simulated in float as TensorRT computes them: slower than int8 kernels"
         self.session = self._session(chosen, intra_op_threads, allow_spinning, simulate_qdq)
         self._output_names = [spec.name for spec in self.outputs]
         used = self.session.get_providers()
