@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trt_pipeline.pipeline.compare import compare_outputs
+from trt_pipeline.pipeline.compare import Comparison, compare_outputs
 from trt_pipeline.pipeline.errors import PipelineError
 from trt_pipeline.pipeline.export import load_reference
 from trt_pipeline.pipeline.manifest import FP32_GRAPH, engine_graph
@@ -21,8 +22,10 @@ if TYPE_CHECKING:
 # FP32 graphs differ from PyTorch by reassociation only (measured ~1e-6 on ResNet-50);
 # FP16 carries 10-bit mantissas through ~50 layers.  INT8 on the reference inputs is a smoke check
 # only: they are N(0, 1) noise, and noise outside the calibrated input range is clipped by the first
-# QuantizeLinear (the digits model, calibrated on pixels in [-1, 1], measured 0.58 of the output scale);
-# at 1.0 it catches NaN and garbage.  INT8's gate is check_int8_agreement, on the calibration data.
+# QuantizeLinear, so its error there measures the noise, not the graph (digits, calibrated on pixels in
+# [-1, 1]: 0.58 of the output scale; a model whose float mask input gets noise: 0.97, with 0.007 on its
+# calibration data).  So it fails only on inf or NaN; its error is recorded beside 1.0 for reference, and
+# INT8's gate is check_int8_agreement, on the calibration data.
 RTOL = {"fp32": 1e-3, "fp16": 3e-2, "int8": 1.0}
 # INT8's gate, on the calibration data (inputs like the ones served): the mean over rows of
 # |int8 - fp32| / |fp32| (Euclidean norms of each row's output).  It sees what a cosine cannot: a ReLU
@@ -56,7 +59,7 @@ def check_parity(onnx_path: Path, reference_path: Path, *, precision: str, again
         results = compare_outputs(expected, actual, rtol=rtol)
         batch = int(next(iter(inputs.values())).shape[0])
         cases.append({"batch": batch, "data": label, "outputs": {n: c.as_record() for n, c in results.items()}})
-        failed = {n: c for n, c in results.items() if not c.ok}
+        failed = {n: c for n, c in results.items() if not _passes(c, precision)}
         if failed:
             name, worst = next(iter(failed.items()))
             against = f"PyTorch at batch {batch}" if label == "reference" else f"the FP32 graph on {label}"
@@ -74,13 +77,18 @@ def check_parity(onnx_path: Path, reference_path: Path, *, precision: str, again
     also = f" and vs FP32 on {', '.join(more)}" if more else ""
     return {
         "summary": f"{onnx_path.name}{faithful} vs PyTorch at batch {batches}{also}: max abs {worst_abs:.3g}, "
-        f"max rel {worst_rel:.3g} (tolerance {rtol:g})",
+        f"max rel {worst_rel:.3g} ({'smoke: fails on inf/NaN only' if precision == 'int8' else f'tolerance {rtol:g}'})",
         "evaluation": "float16 storage: every float16 tensor rounded as the engine stores it" if faithful else "",
         "rtol": rtol,
         "max_abs": worst_abs,
         "max_rel": worst_rel,
         "cases": cases,
     }
+
+
+def _passes(comparison: Comparison, precision: str) -> bool:
+    """Within tolerance; for INT8 on random inputs, finite (RTOL's comment says why)."""
+    return math.isfinite(comparison.max_abs) if precision == "int8" else comparison.ok
 
 
 def _judged_cases(
