@@ -29,20 +29,22 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from trt_pipeline.calibration.cache import load_ranges  # noqa: E402
-from trt_pipeline.calibration.int8 import CACHE_FOLDER  # noqa: E402
+from trt_pipeline.calibration.cache import read_cache  # noqa: E402
+from trt_pipeline.calibration.int8 import CACHE_FOLDER, calibrated_graph  # noqa: E402
 from trt_pipeline.calibration.qdq_cpu import WEIGHT_FORMS, quantize_for_cpu  # noqa: E402
 from trt_pipeline.pipeline.bench.environment import cpu_model  # noqa: E402
 from trt_pipeline.pipeline.bench.timing import Share, measure, summarize  # noqa: E402
 from trt_pipeline.pipeline.cpu import cpu_instruction_sets, instruction_sets_text  # noqa: E402
 
 
-def cached_ranges(folder: Path) -> dict:
-    """{method: TensorsData} from the folder's calibration cache."""
+def cached_calibrations(folder: Path, scratch: Path) -> dict:
+    """{method: (the graph its ranges belong to, its ranges)} from the folder's calibration cache: the FP32 graph as
+    the INT8 stage calibrated it (calibration.int8.calibrated_graph: smoothed with the cached scales)."""
     found = {}
     for path in sorted((folder / CACHE_FOLDER).glob("*.json")):
-        key = json.loads(path.read_text())["key"]
-        found[path.stem.split("-")[0]] = load_ranges(path, key).ranges
+        method, cached = path.stem.split("-")[0], read_cache(path)
+        graph = calibrated_graph(folder / "model.onnx", cached.smoothing or {}, scratch / f"calibrated-{method}.onnx")
+        found[method] = (graph, cached.ranges)
     return found
 
 
@@ -74,10 +76,10 @@ def digits(scratch: Path) -> dict:
         return float(np.mean(run(session(graph), split.held_out_inputs).argmax(1) == split.held_out_labels))
 
     rows = {"fp32": round(100 * top1(folder / "model.onnx"), 2)}
-    for method, ranges in cached_ranges(folder).items():
+    for method, (calibrated, ranges) in cached_calibrations(folder, scratch).items():
         for form in WEIGHT_FORMS:
             graph = scratch / f"digits-{method}-{form}.onnx"
-            quantize_for_cpu(folder / "model.onnx", graph, ranges, weights=form)
+            quantize_for_cpu(calibrated, graph, ranges, weights=form)
             rows[f"{method} {form}"] = round(100 * top1(graph), 2)
     return rows
 
@@ -105,9 +107,10 @@ def resnet50(scratch: Path, batches: list[int], budget_s: float) -> dict:
     )
     reference = run(session(folder / "model.onnx"), images)
     graphs = {"fp32": folder / "model.onnx"}
+    calibrated, ranges = cached_calibrations(folder, scratch)["percentile"]
     for form in WEIGHT_FORMS:
         graphs[form] = scratch / f"resnet50-{form}.onnx"
-        quantize_for_cpu(folder / "model.onnx", graphs[form], cached_ranges(folder)["percentile"], weights=form)
+        quantize_for_cpu(calibrated, graphs[form], ranges, weights=form)
     rows = {}
     for name, graph in graphs.items():
         graph_session = session(graph)

@@ -94,17 +94,9 @@ def _digest(ranges_text: str, smoothing_text: str) -> str:
     return hashlib.sha256(f"{ranges_text}\0{smoothing_text}".encode()).hexdigest()
 
 
-def read_cached_ranges(path: Path):
-    """The ranges of a cache file just written or checked by the INT8 stage (its own key)."""
+def read_cache(path: Path) -> CacheLookup:
+    """The ranges and smoothing scales of a cache file just written or checked by the INT8 stage (its own key)."""
     lookup = load_ranges(path, json.loads(path.read_text())["key"])
-    if lookup.ranges is None:
+    if lookup.ranges is None or lookup.smoothing is None:
         raise RuntimeError(f"the calibration cache {path} was just written and is {lookup.status}")
-    return lookup.ranges
-
-
-def read_cached_smoothing(path: Path) -> dict[str, np.ndarray]:
-    """The smoothing scales of a cache file just written or checked by the INT8 stage ({} when none)."""
-    lookup = load_ranges(path, json.loads(path.read_text())["key"])
-    if lookup.smoothing is None:
-        raise RuntimeError(f"the calibration cache {path} was just written and is {lookup.status}")
-    return lookup.smoothing
+    return lookup

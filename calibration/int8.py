@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 
 from trt_pipeline.calibration.cache import cache_key, cache_path, load_ranges, save_ranges
-from trt_pipeline.calibration.qdq import quantize_qdq
+from trt_pipeline.calibration.qdq import constants_as_initializers, quantize_qdq
 from trt_pipeline.calibration.qdq_cpu import WEIGHTS_FOR, quantize_for_cpu
 from trt_pipeline.calibration.ranges import collect_ranges, method_options
 from trt_pipeline.calibration.readers import CalibrationData, CalibrationSource, graph_inputs, read_calibration_data
@@ -87,18 +87,19 @@ def make_int8_graph(
     lookup = load_ranges(cache_file, key, recalibrate=config.recalibrate)
     ranges, scales, collect_seconds = lookup.ranges, lookup.smoothing, 0.0
     with tempfile.TemporaryDirectory(prefix="int8.") as scratch:
+        calibrated_path = Path(scratch) / "model.calibrated.onnx"
         if ranges is None or scales is None:
             if lookup.status.startswith("corrupted"):
                 print(f"note: calibration cache {cache_file} is {lookup.status}; recalibrating")
             started = time.perf_counter()
             scales = _measure_smoothing(fp32_path, data, config.smooth_alpha)
-            calibrated = _smoothed(fp32_path, scales, Path(scratch))
+            calibrated = calibrated_graph(fp32_path, scales, calibrated_path)
             ranges = collect_ranges(calibrated, data, config.method)
             collect_seconds = round(time.perf_counter() - started, 3)
             record = {"source": data.description, "samples": data.samples, **options}
             save_ranges(cache_file, key, ranges, record, scales)
         else:
-            calibrated = _smoothed(fp32_path, scales, Path(scratch))
+            calibrated = calibrated_graph(fp32_path, scales, calibrated_path)
         structure = quantize_qdq(calibrated, out_path, ranges)
         cpu = {kind: _cpu_graph(calibrated, path, ranges, kind) for kind, path in (cpu_out_paths or {}).items()}
     calibration = {
@@ -141,11 +142,30 @@ def calibration_sample(folder: Path) -> dict[str, np.ndarray] | None:
         return {name: sample[name] for name in sample.files}
 
 
+def calibrated_graph(fp32_path: Path, scales: dict[str, np.ndarray], out_path: Path) -> Path:
+    """The graph calibration runs on and every quantization starts from (the stage, a budget's trials, from a
+    cache's scales too): the FP32 graph with its Constant nodes as initializers (qdq.constants_as_initializers)
+    and smoothed with `scales` (calibration/smooth.py), written to `out_path`; the FP32 file itself where that
+    changes nothing."""
+    model = onnx.load(str(fp32_path))
+    if not constants_as_initializers(model.graph) and not scales:
+        return fp32_path
+    onnx.save(smooth_graph(model, scales), str(out_path))
+    return out_path
+
+
+def _quantizable_model(fp32_path: Path) -> onnx.ModelProto:
+    """The FP32 graph as calibrated_graph starts it: its weights all initializers, so smoothing finds them all."""
+    model = onnx.load(str(fp32_path))
+    constants_as_initializers(model.graph)
+    return model
+
+
 def _measure_smoothing(fp32_path: Path, data: CalibrationData, alpha: float | None) -> dict[str, np.ndarray]:
     """The smoothing scales of every activation MatMul/Gemm reads with a constant weight ({} when alpha is None)."""
     if alpha is None:
         return {}
-    model = onnx.load(str(fp32_path))
+    model = _quantizable_model(fp32_path)
     groups = smoothable(model)
     return smoothing_scales(model, groups, channel_maxima(model, list(groups), data.batches), alpha) if groups else {}
 
@@ -153,27 +173,8 @@ def _measure_smoothing(fp32_path: Path, data: CalibrationData, alpha: float | No
 def _smoothing_record(fp32_path: Path, scales: dict[str, np.ndarray], alpha: float | None) -> dict | None:
     if alpha is None:
         return None
-    groups = smoothable(onnx.load(str(fp32_path))) if scales else {}
+    groups = smoothable(_quantizable_model(fp32_path)) if scales else {}
     return smoothing_record(groups, scales, alpha)
-
-
-def _smoothed(fp32_path: Path, scales: dict[str, np.ndarray], folder: Path) -> Path:
-    """The FP32 graph the ranges belong to: the graph itself when nothing is smoothed, else its smoothed copy."""
-    if not scales:
-        return fp32_path
-    path = folder / "model.smoothed.onnx"
-    onnx.save(smooth_graph(onnx.load(str(fp32_path)), scales), str(path))
-    return path
-
-
-def calibrated_graph(fp32_path: Path, cache_file: Path, out_path: Path) -> Path:
-    """Write the FP32 graph a calibration cache's ranges belong to (smoothed with its scales, if any) to `out_path`:
-    the graph to quantize again with those ranges (e.g. calibration/budget.py's fit_budget)."""
-    from trt_pipeline.calibration.cache import read_cached_smoothing
-
-    scales = read_cached_smoothing(cache_file)
-    onnx.save(smooth_graph(onnx.load(str(fp32_path)), scales), str(out_path))
-    return out_path
 
 
 def _cpu_graph(fp32_path: Path, path: Path, ranges, kind: str) -> dict:

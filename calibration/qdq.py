@@ -37,13 +37,14 @@ QDQ_OPTIONS = {
 
 
 def quantize_qdq(fp32_path: Path, out_path: Path, ranges, *, exclude: Sequence[str] = ()) -> dict:
-    """Write the Q/DQ graph for `ranges` (ORT TensorsData), the nodes named in `exclude` left in float;
-    return its structure for the manifest."""
+    """Write the Q/DQ graph for `ranges` (ORT TensorsData) of `fp32_path`, a graph whose constants are all
+    initializers (calibration.int8.calibrated_graph), the nodes named in `exclude` left in float; return its
+    structure for the manifest."""
     from onnxruntime.quantization import QuantType
 
-    with atomic_path(out_path) as temporary, _weights_as_initializers(fp32_path) as source:
+    with atomic_path(out_path) as temporary:
         model = quantize_with_ranges(
-            source,
+            fp32_path,
             temporary,
             ranges,
             op_types_to_quantize=list(QUANTIZED_OPS),
@@ -55,20 +56,6 @@ def quantize_qdq(fp32_path: Path, out_path: Path, ranges, *, exclude: Sequence[s
         if problems:  # our own quantizer settings are wrong: a bug, not the user's mistake
             raise RuntimeError("the Q/DQ graph breaks TensorRT's rules:\n  " + "\n  ".join(problems))
     return qdq_structure(model)
-
-
-@contextlib.contextmanager
-def _weights_as_initializers(fp32_path: Path) -> Iterator[Path]:
-    """The FP32 graph with its Constant nodes as initializers (constants_as_initializers), in a scratch file; the
-    file itself where it has none."""
-    model = onnx.load(str(fp32_path))
-    if not constants_as_initializers(model.graph):  # the usual case: quantize the file as it is
-        yield fp32_path
-        return
-    with tempfile.TemporaryDirectory(prefix="qdq-source.") as scratch:
-        source = Path(scratch) / fp32_path.name
-        onnx.save(model, str(source))
-        yield source
 
 
 def constants_as_initializers(graph: onnx.GraphProto) -> int:

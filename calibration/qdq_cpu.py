@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from trt_pipeline.calibration.qdq import constants_as_initializers, qdq_structure, quantize_with_ranges
+from trt_pipeline.calibration.qdq import qdq_structure, quantize_with_ranges
 from trt_pipeline.pipeline.artifacts import atomic_path
 from trt_pipeline.pipeline.cpu import NO_VNNI, VNNI
 
@@ -96,12 +96,12 @@ WEIGHTS_FOR = {VNNI: "u8s8", NO_VNNI: "u8u8"}
 
 
 def quantize_for_cpu(fp32_path: Path, out_path: Path, ranges, *, weights: str) -> dict:
-    """Write the ONNX-Runtime-CPU-shaped graph for `ranges` (ORT TensorsData); return its structure."""
+    """Write the ONNX-Runtime-CPU-shaped graph for `ranges` (ORT TensorsData) of `fp32_path`, a graph whose
+    constants are all initializers (calibration.int8.calibrated_graph); return its structure."""
     from onnxruntime.quantization import QuantType
 
     weight_type, symmetric, reduce_range = WEIGHT_FORMS[weights]
     model = onnx.load(str(fp32_path))
-    constants_as_initializers(model.graph)
     cpu_ranges = asymmetric_ranges(model.graph, ranges)
     unranged = nodes_without_ranges(model.graph, cpu_ranges)
     with atomic_path(out_path) as temporary, tempfile.TemporaryDirectory(prefix="cpu-graph.") as scratch:

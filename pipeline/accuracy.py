@@ -26,7 +26,7 @@ import numpy as np
 
 from trt_pipeline import models
 from trt_pipeline.calibration.budget import fit_budget
-from trt_pipeline.calibration.cache import read_cached_ranges
+from trt_pipeline.calibration.cache import read_cache
 from trt_pipeline.calibration.int8 import (
     CACHE_FOLDER,
     CalibrationConfig,
@@ -182,14 +182,12 @@ def measure_accuracy(
             graphs[f"int8-{method}-ort"] = cpu_paths[int8_cpu_kind()]
         if budget is not None and method == methods[0]:
             budget_path = folder / SUBFOLDER / f"model.int8.{method}.budget.onnx"
-            cache_file = Path(record["calibration"]["cache_file"])
+            cached = read_cache(Path(record["calibration"]["cache_file"]))
             loss = budget_loss(fp32, evaluation.tuning_feeds, evaluation.tuning_labels)
             with tempfile.TemporaryDirectory(prefix="budget.") as scratch:
                 # The cached ranges belong to the FP32 graph smoothed with the cached scales (SMOOTH=).
-                calibrated = calibrated_graph(fp32, cache_file, Path(scratch) / "calibrated.onnx")
-                calibration[method]["budget"] = fit_budget(
-                    calibrated, budget_path, read_cached_ranges(cache_file), budget, loss
-                )
+                calibrated = calibrated_graph(fp32, cached.smoothing or {}, Path(scratch) / "calibrated.onnx")
+                calibration[method]["budget"] = fit_budget(calibrated, budget_path, cached.ranges, budget, loss)
             print(f"budget     {calibration[method]['budget']['summary']}")
             graphs[f"int8-{method}-budget"] = budget_path
 

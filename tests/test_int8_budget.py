@@ -16,7 +16,7 @@ import onnx
 import pytest
 
 from trt_pipeline.calibration.budget import fit_budget, quantized_layers
-from trt_pipeline.calibration.cache import read_cached_ranges
+from trt_pipeline.calibration.cache import read_cache
 from trt_pipeline.calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph
 from trt_pipeline.calibration.qdq import quantize_qdq
 from trt_pipeline.models.digits import PREPROCESS, load_split
@@ -42,7 +42,7 @@ def digits(tmp_path_factory) -> tuple[Path, object, np.ndarray]:
         config=CalibrationConfig("max", 256, 64),
         cache_folder=out / CACHE_FOLDER,
     )
-    return fp32, read_cached_ranges(Path(record["calibration"]["cache_file"])), train
+    return fp32, read_cache(Path(record["calibration"]["cache_file"])).ranges, train
 
 
 def _cosine_loss(fp32: Path, inputs: np.ndarray):

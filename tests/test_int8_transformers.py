@@ -18,7 +18,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from trt_pipeline.calibration.cache import read_cached_ranges
+from trt_pipeline.calibration.cache import read_cache
 from trt_pipeline.calibration.int8 import (
     CACHE_FOLDER,
     CalibrationConfig,
@@ -210,9 +210,11 @@ def test_the_cache_rebuilds_the_graph_its_ranges_belong_to(bert_int8, tmp_path):
     """calibrated_graph (for re-quantizing from the cache, as fit_budget does): the smoothed FP32 graph, which with
     the cached ranges gives model.int8.onnx again."""
     cache_file = Path(json.loads((bert_int8 / "manifest.json").read_text())["calibration"]["cache_file"])
-    graph = calibrated_graph(bert_int8 / FP32_GRAPH, cache_file, tmp_path / "calibrated.onnx")
+    cached = read_cache(cache_file)
+    graph = calibrated_graph(bert_int8 / FP32_GRAPH, cached.smoothing or {}, tmp_path / "calibrated.onnx")
+    assert graph == tmp_path / "calibrated.onnx"  # smoothed: a new graph, not model.onnx
     again = tmp_path / "again.int8.onnx"
-    quantize_qdq(graph, again, read_cached_ranges(cache_file))
+    quantize_qdq(graph, again, cached.ranges)
     rebuilt, written = onnx.load(str(again)).graph, onnx.load(str(bert_int8 / "model.int8.onnx")).graph
     assert list(rebuilt.node) == list(written.node)
     constants = {init.name: numpy_helper.to_array(init) for init in written.initializer}
