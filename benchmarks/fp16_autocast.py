@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from trt_pipeline.pipeline.bench.environment import cpu_model  # noqa: E402
 from trt_pipeline.pipeline.export import load_reference  # noqa: E402
-from trt_pipeline.pipeline.float16 import TensorStats, faithful_session, fp32_compute_share  # noqa: E402
+from trt_pipeline.pipeline.float16 import Case, TensorStats, faithful_session, fp32_compute_share  # noqa: E402
 
 MODELS = {  # label: (--model, --batch)
     "overflow_ffn": ("tests.toy_models:overflow_ffn", "1:8:32"),
@@ -123,7 +123,7 @@ def measure(label: str, model: str, batch: str, out_root: Path, variants: list[s
     fp32_model = onnx.load(str(fp32_path))
     reference = load_reference(folder / "reference.npz")
     cases = [inputs for inputs, _ in reference]
-    stats = TensorStats.of_runs(fp32_model, cases)
+    stats = TensorStats.of_runs(fp32_model, [Case("reference", f"case {i}", feeds) for i, feeds in enumerate(cases)])
     float_nodes = sum(  # nodes with a float output in the FP32 graph: the ones a converter can put in FP16
         any(name in stats.max_abs for name in node.output) for node in fp32_model.graph.node
     )

@@ -175,13 +175,12 @@ class TensorStats:
     by_case: dict[str, dict[str, float]]  # case label -> {tensor name: its largest magnitude in that run}
 
     @classmethod
-    def of_runs(cls, model: onnx.ModelProto, cases: Iterable[Case | dict[str, np.ndarray]]) -> TensorStats:
-        """Run each case (bare feeds are labelled "case <i>"); only magnitudes are kept between runs."""
+    def of_runs(cls, model: onnx.ModelProto, cases: Iterable[Case]) -> TensorStats:
+        """Run each case; only magnitudes are kept between runs."""
         session = _ExposingSession(model)
         shapes: dict[str, tuple[int, ...]] = {}
         by_case: dict[str, dict[str, float]] = {}
-        for index, given in enumerate(cases):
-            case = given if isinstance(given, Case) else Case("", f"case {index}", given)
+        for case in cases:
             magnitudes = by_case.setdefault(case.label, {})
             for name, value in session.run(case.feeds).items():
                 shapes.setdefault(name, tuple(value.shape))

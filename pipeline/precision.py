@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import onnx
 from onnx import TensorProto
 
@@ -32,7 +31,7 @@ def convert_fp16(
     onnx_path: Path,
     out_path: Path,
     *,
-    cases: Sequence[Case | dict[str, np.ndarray]] = (),
+    cases: Sequence[Case] = (),
     keep_fp32: Sequence[str] = (),
     auto_fp32: bool = True,
 ) -> dict:
@@ -46,8 +45,7 @@ def convert_fp16(
 
     model = onnx.load(str(onnx_path))
     _name_unnamed_nodes(model.graph)
-    labelled = [case if isinstance(case, Case) else Case("", f"case {i}", case) for i, case in enumerate(cases)]
-    stats = TensorStats.of_runs(model, labelled) if labelled else None
+    stats = TensorStats.of_runs(model, cases) if cases else None
     kept = overflowing_nodes(model, stats) if auto_fp32 and stats else []
     kept += _asked_for(model.graph, keep_fp32, already={node.name for node in kept})
     # keep_io_types inserts Casts at the graph edges; ONNX Runtime's converter keeps ops with
@@ -72,7 +70,7 @@ def convert_fp16(
         "auto_fp32": auto_fp32,
         "kept_fp32": [node.as_record() for node in kept],
         "fp32_compute_share": share,
-        "largest_cases": _largest_cases(stats, labelled) if stats else {},
+        "largest_cases": _largest_cases(stats, list(cases)) if stats else {},
     }
 
 
