@@ -34,7 +34,7 @@ from trt_pipeline.calibration.int8 import CACHE_FOLDER, calibrated_graph  # noqa
 from trt_pipeline.calibration.qdq_cpu import WEIGHT_FORMS, quantize_for_cpu  # noqa: E402
 from trt_pipeline.pipeline.bench.environment import cpu_model  # noqa: E402
 from trt_pipeline.pipeline.bench.timing import Share, measure, summarize  # noqa: E402
-from trt_pipeline.pipeline.cpu import cpu_instruction_sets, instruction_sets_text  # noqa: E402
+from trt_pipeline.pipeline.core.cpu import cpu_instruction_sets, instruction_sets_text  # noqa: E402
 
 
 def cached_calibrations(folder: Path, scratch: Path) -> dict:
@@ -63,7 +63,7 @@ def run(graph_session, inputs: np.ndarray) -> np.ndarray:
 
 def digits(scratch: Path) -> dict:
     from trt_pipeline.models.digits import load_split
-    from trt_pipeline.pipeline.settings import Settings
+    from trt_pipeline.pipeline.core.settings import Settings
 
     split = load_split()
     np.save(scratch / "digits-train.npy", split.train_inputs)
@@ -86,7 +86,7 @@ def digits(scratch: Path) -> dict:
 
 def _onnx_artifacts(settings) -> Path:
     """Every stage but the build: ONNX Runtime runs the graphs, so no TensorRT is needed."""
-    from trt_pipeline.pipeline.stages import run_stage
+    from trt_pipeline.pipeline.stages.sequence import run_stage
 
     for stage in ("export", "check", "simplify", "parity", "precision"):
         folder = run_stage(settings, stage)
@@ -97,7 +97,7 @@ def resnet50(scratch: Path, batches: list[int], budget_s: float) -> dict:
     from trt_pipeline.calibration.photos import export_calibration_images
     from trt_pipeline.calibration.preprocess import IMAGE_SUFFIXES, load_image
     from trt_pipeline.models.spec import ImagePreprocess
-    from trt_pipeline.pipeline.settings import Settings
+    from trt_pipeline.pipeline.core.settings import Settings
 
     photos = scratch / "photos"
     export_calibration_images(photos)

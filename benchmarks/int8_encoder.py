@@ -12,7 +12,7 @@ builds the FP32 graph of `--model benchmarks.int8_encoder:minilm`, then for each
 smoothing (`--smooth off,0.5,0.8`: SmoothQuant's alpha, calibration/smooth.py) the INT8 graphs from a .npz of the
 calibration sentences' tokens, and prints each INT8 graph's cosine to FP32 on the held-out sentences (min / mean):
 model.int8.onnx with its Q/DQ simulated (what TensorRT computes), the CPU graph on ONNX Runtime's int8 kernels;
-and the pipeline's INT8 gate on model.int8.onnx (pipeline/parity.py check_int8_agreement, on the calibration
+and the pipeline's INT8 gate on model.int8.onnx (pipeline/stages/parity.py check_int8_agreement, on the calibration
 data).  Results: docs/benchmarks/int8-encoder.md.
 """
 
@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from trt_pipeline.models.spec import DynamicAxis, ModelSpec
-from trt_pipeline.pipeline.manifest import cpu_graphs
+from trt_pipeline.pipeline.folder.manifest import cpu_graphs
 
 SEQ = 32  # tokens per sentence, padded: the calibration .npz needs one shape
 CALIBRATION = 128
@@ -137,7 +137,7 @@ def sentences() -> list[str]:
 
 def cosines(fp32_graph: Path, int8_graph: Path, tokens: dict[str, np.ndarray], *, simulate_qdq: bool) -> np.ndarray:
     """Per-sentence cosine between the two graphs' embeddings (ONNX Runtime, CPU)."""
-    from trt_pipeline.pipeline.sessions import onnxruntime_session
+    from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 
     def embed(graph: Path, simulate: bool) -> np.ndarray:
         session = onnxruntime_session(graph, simulate_qdq=simulate)
@@ -150,9 +150,9 @@ def cosines(fp32_graph: Path, int8_graph: Path, tokens: dict[str, np.ndarray], *
 
 def main() -> None:
     from trt_pipeline.calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph
-    from trt_pipeline.pipeline.cpu import int8_cpu_kind
-    from trt_pipeline.pipeline.settings import Settings
-    from trt_pipeline.pipeline.stages import make_engine
+    from trt_pipeline.pipeline.core.cpu import int8_cpu_kind
+    from trt_pipeline.pipeline.core.settings import Settings
+    from trt_pipeline.pipeline.stages.sequence import make_engine
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("/tmp/int8/encoder"))
@@ -195,8 +195,8 @@ def main() -> None:
 def _gate(fp32: Path, int8: Path, calib: Path, record: dict) -> str:
     """The pipeline's INT8 gate on the calibration data: its summary, or the first sentence of its refusal."""
     from trt_pipeline.calibration.readers import graph_inputs, read_calibration_data
-    from trt_pipeline.pipeline.errors import PipelineError
-    from trt_pipeline.pipeline.parity import check_int8_agreement
+    from trt_pipeline.pipeline.core.errors import PipelineError
+    from trt_pipeline.pipeline.stages.parity import check_int8_agreement
 
     data = read_calibration_data(calib, graph_inputs(fp32), None, samples=record["calibration"]["samples"], batch=16)
     try:

@@ -2,7 +2,7 @@
 each way a request can travel: the inference protocol's REST with JSON tensors (v2-json), REST with Triton's
 binary tensor data (v2-binary), gRPC with raw contents (grpc), and, given a checkout of the service from before
 the protocol (--baseline), its /v1 `.npy` path (npy-before); and, where the nvidia-pytriton wheel's tritonserver
-starts (pipeline/triton_server.py), Triton Inference Server serving the same folder in the scale-out repository
+starts (pipeline/triton/server.py), Triton Inference Server serving the same folder in the scale-out repository
 form (`python -m trt_pipeline triton --backend python`: our runner inside Triton's Python backend), over binary REST
 (triton-binary) and gRPC (triton-grpc).  Writes <out>.json and <out>.md.
 
@@ -43,13 +43,13 @@ import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from trt_pipeline.pipeline.bench.environment import cpu_model
-from trt_pipeline.pipeline.cpu import cpu_instruction_sets, instruction_sets_text
-from trt_pipeline.pipeline.folder import open_folder
+from trt_pipeline.pipeline.core.cpu import cpu_instruction_sets, instruction_sets_text
+from trt_pipeline.pipeline.folder.reader import open_folder
 from trt_pipeline.pipeline.runners import load_runner
 from trt_pipeline.pipeline.runners.base import max_batch
 from trt_pipeline.pipeline.serve.protocol import DATATYPES
-from trt_pipeline.pipeline.triton import model_name, write_repository
-from trt_pipeline.pipeline.triton_server import running_triton, startup_problem
+from trt_pipeline.pipeline.triton.repository import model_name, write_repository
+from trt_pipeline.pipeline.triton.server import running_triton, startup_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"

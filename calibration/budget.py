@@ -1,6 +1,6 @@
 """INT8 to an accuracy budget: leave the most sensitive quantized layers in float until the loss fits.
 
-The loss is measured by a caller-given function on calibration-like data (pipeline/accuracy.py budget_loss:
+The loss is measured by a caller-given function on calibration-like data (pipeline/quality/accuracy.py budget_loss:
 top-1 points lost against the FP32 graph's on a labelled set; otherwise the larger of 100 x (1 - mean cosine to
 FP32) and the percentage of samples whose top-1 really flips, near-ties excused).  It returns a record whose
 "loss" the search reads; the rest (cosine, flips) goes into each step's row of the report.  Sensitivity is
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import onnx
 
-from trt_pipeline.calibration.qdq import quantize_qdq
-from trt_pipeline.calibration.ranges import QUANTIZED_OPS
+from .qdq import quantize_qdq
+from .ranges import QUANTIZED_OPS
 
 # A graph -> {"loss": float, and whatever else describes it (recorded in the step)}.
 Loss = Callable[[Path], dict]

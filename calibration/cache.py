@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_pipeline.pipeline.artifacts import write_json
+from ..pipeline.folder.artifacts import write_json
 
 CACHE_FORMAT = 2  # 2: the smoothing scales beside the ranges
 

@@ -1,9 +1,9 @@
 """The INT8 stage: FP32 graph + calibration data -> model.int8.onnx with calibrated Q/DQ pairs.
 
 read data -> smoothing scales and ranges (from the cache, or measured on the FP32 graph: calibration/smooth.py,
-then calibration/ranges.py on the smoothed graph) -> Q/DQ graph for TensorRT
-(model.int8.onnx) and, from the same ranges, two for ONNX Runtime's CPU kernels (pipeline.manifest.cpu_graphs: one for
-CPUs with VNNI, one for those without; see calibration/qdq_cpu.py).  The record it returns goes to
+then calibration/ranges.py on the smoothed graph) -> Q/DQ graph for TensorRT (model.int8.onnx) and, from the same
+ranges, two for ONNX Runtime's CPU kernels (pipeline.folder.manifest.cpu_graphs: one for CPUs with VNNI, one for
+those without; see calibration/qdq_cpu.py).  The record it returns goes to
 the manifest: method and options, what was smoothed, samples, batches, the data's sha256, the cache's verdict
 and file, and each graph's Q/DQ structure.
 """
@@ -18,14 +18,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from trt_pipeline.calibration.cache import cache_key, cache_path, load_ranges, save_ranges
-from trt_pipeline.calibration.qdq import constants_as_initializers, quantize_qdq
-from trt_pipeline.calibration.qdq_cpu import WEIGHTS_FOR, quantize_for_cpu
-from trt_pipeline.calibration.ranges import collect_ranges, method_options
-from trt_pipeline.calibration.readers import CalibrationData, CalibrationSource, graph_inputs, read_calibration_data
-from trt_pipeline.calibration.smooth import channel_maxima, smooth_graph, smoothable, smoothing_record, smoothing_scales
-from trt_pipeline.models.spec import ImagePreprocess
-from trt_pipeline.pipeline.artifacts import sha256_file, write_npz
+from ..models.spec import ImagePreprocess
+from ..pipeline.folder.artifacts import sha256_file, write_npz
+from .cache import cache_key, cache_path, load_ranges, save_ranges
+from .qdq import constants_as_initializers, quantize_qdq
+from .qdq_cpu import WEIGHTS_FOR, quantize_for_cpu
+from .ranges import collect_ranges, method_options
+from .readers import CalibrationData, CalibrationSource, graph_inputs, read_calibration_data
+from .smooth import channel_maxima, smooth_graph, smoothable, smoothing_record, smoothing_scales
 
 CACHE_FOLDER = "calibration"  # inside the artifact folder, beside model.int8.onnx
 # The first rows of the calibration data, model-ready, kept in the cache folder: `trt-pipeline diagnose` compares
@@ -33,7 +33,7 @@ CACHE_FOLDER = "calibration"  # inside the artifact folder, beside model.int8.on
 SAMPLE = "sample.npz"
 SAMPLE_ROWS = 8
 # The INT8 graphs for ONNX Runtime on the CPU, beside model.int8.onnx, by the kind of CPU they are for
-# (pipeline.cpu.int8_cpu_kind); the runner on a CPU takes the one for its CPU.
+# (pipeline.core.cpu.int8_cpu_kind); the runner on a CPU takes the one for its CPU.
 
 
 @dataclass(frozen=True)

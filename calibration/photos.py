@@ -68,7 +68,7 @@ def export_calibration_images(folder: Path) -> list[Path]:
     """Write every view of every photo as PNG into `folder`; returns the paths written."""
     from PIL import Image
 
-    from trt_pipeline.pipeline.artifacts import atomic_path
+    from ..pipeline.folder.artifacts import atomic_path
 
     folder.mkdir(parents=True, exist_ok=True)
     written = []

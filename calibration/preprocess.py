@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_pipeline.models.spec import ImagePreprocess
-from trt_pipeline.pipeline.errors import PipelineError
+from ..models.spec import ImagePreprocess
+from ..pipeline.core.errors import PipelineError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 

@@ -25,8 +25,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from trt_pipeline.calibration.ranges import QUANTIZED_OPS
-from trt_pipeline.pipeline.artifacts import atomic_path
+from ..pipeline.folder.artifacts import atomic_path
+from .ranges import QUANTIZED_OPS
 
 QDQ_OPTIONS = {
     "ActivationSymmetric": True,

@@ -43,9 +43,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from trt_pipeline.calibration.qdq import qdq_structure, quantize_with_ranges
-from trt_pipeline.pipeline.artifacts import atomic_path
-from trt_pipeline.pipeline.cpu import NO_VNNI, VNNI
+from ..pipeline.core.cpu import NO_VNNI, VNNI
+from ..pipeline.folder.artifacts import atomic_path
+from .qdq import qdq_structure, quantize_with_ranges
 
 # The ops whose Q/DQ ONNX Runtime's CPU provider turns into an int8 kernel (QLinearConv, QGemm,
 # QLinearMatMul, QLinearAdd/Mul, QLinearAveragePool/GlobalAveragePool, QLinearConcat), runs on
@@ -91,7 +91,7 @@ WEIGHT_FORMS = {
     "u8u8": ("QUInt8", False, False),
     "u8s8-reduce-range": ("QInt8", True, True),
 }
-# The form written for each kind of CPU (pipeline.cpu.int8_cpu_kind).
+# The form written for each kind of CPU (pipeline.core.cpu.int8_cpu_kind).
 WEIGHTS_FOR = {VNNI: "u8s8", NO_VNNI: "u8u8"}
 
 

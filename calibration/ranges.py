@@ -15,8 +15,8 @@ import io
 import tempfile
 from pathlib import Path
 
-from trt_pipeline.calibration.readers import CalibrationData, Feed
-from trt_pipeline.pipeline.errors import PipelineError
+from ..pipeline.core.errors import PipelineError
+from .readers import CalibrationData, Feed
 
 # The ops that get Q/DQ on their inputs: TensorRT runs these in INT8 and fuses the rest around them.
 QUANTIZED_OPS = ("Conv", "Gemm", "MatMul")

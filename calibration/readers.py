@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from trt_pipeline.calibration.preprocess import IMAGE_SUFFIXES, image_shape, load_image
-from trt_pipeline.models.spec import ImagePreprocess
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.graph_io import graph_io
+from ..models.spec import ImagePreprocess
+from ..pipeline.core.errors import PipelineError
+from ..pipeline.folder.graph_io import graph_io
+from .preprocess import IMAGE_SUFFIXES, image_shape, load_image
 
 if TYPE_CHECKING:
     import onnx

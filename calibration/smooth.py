@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from trt_pipeline.calibration.readers import Feed
+from .readers import Feed
 
 # s is kept within these bounds: a channel that is zero over the whole calibration set (or a weight row of zeros)
 # would otherwise get s = 0 or inf; a spread of 1e4 either way is far beyond what any measured outlier needs.
@@ -68,7 +68,7 @@ def smoothable(model: onnx.ModelProto) -> dict[str, list[Consumer]]:
 
 def channel_maxima(model: onnx.ModelProto, tensors: list[str], batches: list[Feed]) -> dict[str, np.ndarray]:
     """max |X_j| over every calibration batch, per channel of each tensor's last axis (ONNX Runtime, CPU)."""
-    from trt_pipeline.pipeline.sessions import onnxruntime_session
+    from ..pipeline.core.sessions import onnxruntime_session
 
     exposed = onnx.ModelProto()
     exposed.CopyFrom(model)

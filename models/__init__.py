@@ -28,10 +28,10 @@ import inspect
 import re
 from pathlib import Path
 
-from trt_pipeline.models import factories, files, forward_check, huggingface, inputs, state_dicts
-from trt_pipeline.models.registry import ALIASES, REGISTRY
-from trt_pipeline.models.spec import ModelSpec
-from trt_pipeline.pipeline.errors import PipelineError
+from ..pipeline.core.errors import PipelineError
+from . import factories, files, forward_check, huggingface, inputs, state_dicts
+from .registry import ALIASES, REGISTRY
+from .spec import ModelSpec
 
 __all__ = ["canonical_name", "known_models", "load_model"]
 

@@ -21,10 +21,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from trt_pipeline.models.spec import ImagePreprocess, ModelSpec
-from trt_pipeline.models.state_dicts import apply_state_dict, read_state_dict
-from trt_pipeline.pipeline.artifacts import sha256_file
-from trt_pipeline.pipeline.errors import PipelineError
+from ..pipeline.core.errors import PipelineError
+from ..pipeline.folder.artifacts import sha256_file
+from .spec import ImagePreprocess, ModelSpec
+from .state_dicts import apply_state_dict, read_state_dict
 
 WEIGHTS = Path(__file__).with_name("digits.pt")
 PREPROCESS = ImagePreprocess(resize=8, crop=8, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), grayscale=True)
@@ -73,7 +73,7 @@ def load_split() -> DigitsSplit:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
-    from trt_pipeline.calibration.preprocess import normalize
+    from ..calibration.preprocess import normalize
 
     digits = load_digits()
     intensities = (digits.images / PIXEL_MAX).astype(np.float32)[..., np.newaxis]  # N, 8, 8, 1 in 0..1

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from trt_pipeline.models.inputs import SINGLE_INPUT_NAME
-from trt_pipeline.models.spec import ModelSpec, first_line, forward_parameters
-from trt_pipeline.pipeline.errors import PipelineError
+from ..pipeline.core.errors import PipelineError
+from .inputs import SINGLE_INPUT_NAME
+from .spec import ModelSpec, first_line, forward_parameters
 
 FACTORY_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 

@@ -13,11 +13,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from trt_pipeline.models.factories import put_cwd_on_sys_path
-from trt_pipeline.models.inputs import EXAMPLE_BATCH, example_tensor, seeded
-from trt_pipeline.models.spec import ModelSpec, first_line
-from trt_pipeline.models.state_dicts import refused_by_weights_only, refused_global, unreadable, unwrap_state_dict
-from trt_pipeline.pipeline.errors import PipelineError
+from ..pipeline.core.errors import PipelineError
+from .factories import put_cwd_on_sys_path
+from .inputs import EXAMPLE_BATCH, example_tensor, seeded
+from .spec import ModelSpec, first_line
+from .state_dicts import refused_by_weights_only, refused_global, unreadable, unwrap_state_dict
 
 MODEL_FILE_FIX = "give a TorchScript file, a torch.export .pt2 file, or a whole nn.Module saved with torch.save"
 MODEL_FILE_SUFFIXES = (".pt", ".pth", ".pt2", ".ts", ".torchscript", ".jit", ".ckpt", ".bin")

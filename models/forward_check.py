@@ -9,9 +9,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from trt_pipeline.models.inputs import INPUT_SHAPE_FORMS
-from trt_pipeline.models.spec import call_module, first_lines
-from trt_pipeline.pipeline.errors import PipelineError
+from ..pipeline.core.errors import PipelineError
+from .inputs import INPUT_SHAPE_FORMS
+from .spec import call_module, first_lines
 
 
 def run_example_forward(module: nn.Module, example_inputs: dict[str, torch.Tensor], input_shape: str | None) -> Any:

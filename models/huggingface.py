@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from trt_pipeline.models.spec import DynamicAxis, ModelSpec, forward_parameters
-from trt_pipeline.pipeline.errors import PipelineError
+from ..pipeline.core.errors import PipelineError
+from .spec import DynamicAxis, ModelSpec, forward_parameters
 
 SEQUENCE_AXIS = "sequence"
 # When the config names no maximum length (T5's relative positions): a common encoder limit.

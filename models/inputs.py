@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from trt_pipeline.models.spec import DynamicAxis, ModelSpec
-from trt_pipeline.pipeline.errors import PipelineError
+from ..pipeline.core.errors import PipelineError
+from .spec import DynamicAxis, ModelSpec
 
 EXAMPLE_BATCH = 2  # not 1: exporters can specialise a batch of 1 into a constant
 SINGLE_INPUT_NAME = "input"

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from trt_pipeline.models import digits, resnet
-from trt_pipeline.models.spec import ModelSpec
+from . import digits, resnet
+from .spec import ModelSpec
 
 REGISTRY: dict[str, Callable[[Path | None], ModelSpec]] = {
     "resnet18": resnet.resnet18_spec,

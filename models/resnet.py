@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from trt_pipeline.models.inputs import InputShape, example_inputs_from_shapes, seeded
-from trt_pipeline.models.spec import ImagePreprocess, ModelSpec
-from trt_pipeline.models.state_dicts import apply_state_dict, read_state_dict
+from .inputs import InputShape, example_inputs_from_shapes, seeded
+from .spec import ImagePreprocess, ModelSpec
+from .state_dicts import apply_state_dict, read_state_dict
 
 RANDOM_INIT_NOTE = "randomly initialised: no WEIGHTS given; outputs are meaningless but timing and parity are valid"
 IMAGENET_CLASSES = 1000

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from trt_pipeline.models.spec import first_line
-from trt_pipeline.pipeline.errors import PipelineError
+from ..pipeline.core.errors import PipelineError
+from .spec import first_line
 
 # Keys that wrap a state_dict in common training checkpoints ({"state_dict": ..., "epoch": ...}).
 STATE_DICT_WRAPPERS = ("state_dict", "model_state_dict", "model")

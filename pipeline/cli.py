@@ -15,9 +15,9 @@ import re
 import sys
 from pathlib import Path
 
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.extras import missing_module_error
-from trt_pipeline.pipeline.settings import BUILDERS, CALIB_METHODS, PRECISIONS, BatchProfile, Settings
+from .core.errors import PipelineError
+from .core.extras import missing_module_error
+from .core.settings import BUILDERS, CALIB_METHODS, PRECISIONS, BatchProfile, Settings
 
 PROG = "trt-pipeline"
 # The Makefile sets this, so errors speak make's language (CALIB=...) there and the command line's (--calib) here.
@@ -36,15 +36,15 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
         "serve a folder with the Open Inference Protocol (KServe v2, Triton's): REST and gRPC, dynamic batching",
     ),
     "accuracy": (
-        "trt_pipeline.pipeline.accuracy",
+        "trt_pipeline.pipeline.quality.accuracy",
         "top-1 of the FP32, FP16 and INT8 graphs (each calibration method) through ONNX Runtime",
     ),
     "triton": (
-        "trt_pipeline.pipeline.triton",
+        "trt_pipeline.pipeline.triton.repository",
         "write a Triton Inference Server model repository (config.pbtxt + engine or ONNX graph) for an artifact folder",
     ),
     "diagnose": (
-        "trt_pipeline.pipeline.diagnose",
+        "trt_pipeline.pipeline.quality.diagnose",
         "compare a float16 or INT8 graph with the FP32 graph tensor by tensor; name the first node that goes wrong",
     ),
     "calibration-images": (
@@ -162,7 +162,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 
 def _run_stage(args: argparse.Namespace) -> int:
-    from trt_pipeline.pipeline.stages import make_engine, run_stage
+    from .stages.sequence import make_engine, run_stage
 
     settings = settings_from(args)
     if args.stage in ("engine", "all"):
@@ -213,7 +213,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from trt_pipeline import __version__
+    from .. import __version__
 
     return __version__
 

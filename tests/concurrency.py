@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from trt_pipeline.pipeline.compare import compare_outputs
+from trt_pipeline.pipeline.core.compare import compare_outputs
 
 
 def assert_each_thread_gets_its_own_result(runner, feeds: list[dict], calls: int = 20) -> None:

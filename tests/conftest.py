@@ -16,8 +16,8 @@ import pytest
 @functools.cache
 def gpu_skip_reason() -> str | None:
     """None where gpu tests can run here, else why not (shown in pytest's skip summary)."""
+    from trt_pipeline.pipeline.core.trt_module import gpu_present
     from trt_pipeline.pipeline.runners.device_memory import available_layers
-    from trt_pipeline.pipeline.trt_module import gpu_present
 
     if not gpu_present():
         return "no NVIDIA GPU/driver on this machine (libcuda.so.1 missing or cuInit failed)"
@@ -29,8 +29,8 @@ def gpu_skip_reason() -> str | None:
 @functools.cache
 def engine_skip_reason() -> str | None:
     """None where a TensorRT engine can run on this machine's GPU, else why not."""
-    from trt_pipeline.pipeline.errors import PipelineError
-    from trt_pipeline.pipeline.trt_module import RTX_RUNTIME_TARGETS, describe_gpu, import_trt, is_rtx, rtx_runs_on
+    from trt_pipeline.pipeline.core.errors import PipelineError
+    from trt_pipeline.pipeline.core.trt_module import RTX_RUNTIME_TARGETS, describe_gpu, import_trt, is_rtx, rtx_runs_on
 
     reason = gpu_skip_reason()
     if reason is not None:

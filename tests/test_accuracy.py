@@ -18,9 +18,9 @@ import pytest
 from trt_pipeline.calibration.int8 import CACHE_FOLDER
 from trt_pipeline.models.digits import load_split
 from trt_pipeline.pipeline import cli
-from trt_pipeline.pipeline.accuracy import cpu_graph_path, measure_accuracy
-from trt_pipeline.pipeline.cpu import NO_VNNI, VNNI, cpu_instruction_sets, int8_cpu_kind
-from trt_pipeline.pipeline.settings import Settings
+from trt_pipeline.pipeline.core.cpu import NO_VNNI, VNNI, cpu_instruction_sets, int8_cpu_kind
+from trt_pipeline.pipeline.core.settings import Settings
+from trt_pipeline.pipeline.quality.accuracy import cpu_graph_path, measure_accuracy
 
 
 @pytest.fixture(scope="module")

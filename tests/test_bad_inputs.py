@@ -19,7 +19,7 @@ import torch
 
 from tests import toy_models
 from trt_pipeline.pipeline import cli
-from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.runners import load_runner
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,8 +180,8 @@ def test_a_manifest_that_is_not_a_json_object(text, tmp_path):
 
 
 def _built(tmp_path_factory: pytest.TempPathFactory, model: str) -> Path:
-    from trt_pipeline.pipeline.settings import Settings
-    from trt_pipeline.pipeline.stages import make_engine
+    from trt_pipeline.pipeline.core.settings import Settings
+    from trt_pipeline.pipeline.stages.sequence import make_engine
 
     out = tmp_path_factory.mktemp("engines")
     return make_engine(Settings(model=f"tests.toy_models:{model}", precision="fp32", out_root=out))
@@ -193,7 +193,7 @@ def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _edited(folder: Path, tmp_path: Path, **changes: object) -> Path:
-    from trt_pipeline.pipeline.manifest import update_manifest
+    from trt_pipeline.pipeline.folder.manifest import update_manifest
 
     copy = tmp_path / folder.name
     shutil.copytree(folder, copy)

@@ -22,10 +22,11 @@ from trt_pipeline.pipeline.bench import TimingPolicy, run_benchmark, write_repor
 from trt_pipeline.pipeline.bench.backends import NAMES
 from trt_pipeline.pipeline.bench.harness import make_inputs, stability
 from trt_pipeline.pipeline.bench.timing import MIN_SAMPLES, Share, measure, round_spread, summarize
-from trt_pipeline.pipeline.cpu import cpu_instruction_sets, instruction_sets_text, int8_cpu_kind
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.graph_io import GraphTensor
-from trt_pipeline.pipeline.manifest import (
+from trt_pipeline.pipeline.core.cpu import cpu_instruction_sets, instruction_sets_text, int8_cpu_kind
+from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
+from trt_pipeline.pipeline.folder.graph_io import GraphTensor
+from trt_pipeline.pipeline.folder.manifest import (
     ENGINE_TARGET,
     Manifest,
     cpu_graphs,
@@ -33,10 +34,9 @@ from trt_pipeline.pipeline.manifest import (
     read_manifest,
     update_manifest,
 )
-from trt_pipeline.pipeline.parity import RTOL
 from trt_pipeline.pipeline.runners import load_runner
-from trt_pipeline.pipeline.settings import BatchProfile, Settings
-from trt_pipeline.pipeline.stages import make_engine
+from trt_pipeline.pipeline.stages.parity import RTOL
+from trt_pipeline.pipeline.stages.sequence import make_engine
 
 QUICK = TimingPolicy(warmup=2, iterations=20, budget_s=0.5, rounds=2)
 BATCHES = [1, 4]
@@ -211,7 +211,8 @@ def test_int8_graph_is_benchmarked_and_a_broken_backend_does_not_stop_the_others
 
 def test_int8_row_runs_the_sibling_folders_graph_shaped_for_onnxruntime(folder: Path, tmp_path: Path) -> None:
     """engines/<model>-fp32 benchmarked beside engines/<model>-int8: the INT8 row runs the graph for this CPU's
-    kind (pipeline.manifest.cpu_graphs), whose Conv and Gemm ONNX Runtime's CPU provider really runs as int8 kernels."""
+    kind (pipeline.folder.manifest.cpu_graphs), whose Conv and Gemm ONNX Runtime's CPU provider really runs as int8
+    kernels."""
     fp32 = shutil.copytree(folder, tmp_path / folder.name)
     np.save(tmp_path / "calib.npy", np.random.default_rng(1).standard_normal((32, 3, 16, 16), dtype=np.float32))
     settings = Settings(model="tests.toy_models:tiny_cnn", precision="int8", batch=BatchProfile(1, 4, 8))

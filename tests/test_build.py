@@ -16,10 +16,10 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from trt_pipeline.pipeline import trt_module
-from trt_pipeline.pipeline.build import build_engine
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.settings import BatchProfile
+from trt_pipeline.pipeline.core import trt_module
+from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.core.settings import BatchProfile
+from trt_pipeline.pipeline.stages.build import build_engine
 
 rtx = pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX is not installed: pip install tensorrt-rtx-cu13")
 
@@ -303,7 +303,7 @@ def test_gpu_probe_agrees_with_device_description() -> None:
 
 
 def test_settings_refuse_an_unknown_target() -> None:
-    from trt_pipeline.pipeline.settings import Settings
+    from trt_pipeline.pipeline.core.settings import Settings
 
     for target in ("default", "current", "sm86", "sm86,sm120"):
         Settings(target=target).check()

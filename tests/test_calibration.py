@@ -32,14 +32,14 @@ from trt_pipeline.calibration.readers import graph_inputs, read_calibration_data
 from trt_pipeline.models.digits import PREPROCESS, load_split
 from trt_pipeline.models.spec import ImagePreprocess
 from trt_pipeline.pipeline import cli
-from trt_pipeline.pipeline.artifacts import write_npz
-from trt_pipeline.pipeline.cpu import NO_VNNI, VNNI, int8_cpu_kind
-from trt_pipeline.pipeline.diagnose import diagnose_folder
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.manifest import GRAPHS, cpu_graphs
-from trt_pipeline.pipeline.parity import check_int8_agreement, check_parity, onnxruntime_session
-from trt_pipeline.pipeline.settings import Settings
-from trt_pipeline.pipeline.stages import make_engine
+from trt_pipeline.pipeline.core.cpu import NO_VNNI, VNNI, int8_cpu_kind
+from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.core.settings import Settings
+from trt_pipeline.pipeline.folder.artifacts import write_npz
+from trt_pipeline.pipeline.folder.manifest import GRAPHS, cpu_graphs
+from trt_pipeline.pipeline.quality.diagnose import diagnose_folder
+from trt_pipeline.pipeline.stages.parity import check_int8_agreement, check_parity, onnxruntime_session
+from trt_pipeline.pipeline.stages.sequence import make_engine
 
 SAMPLES, BATCH = 128, 32
 
@@ -229,8 +229,8 @@ def test_cpu_ranges_from_symmetric_ones():
 
 def test_tensorrt_rtx_builds_the_int8_graph(int8, tmp_path):
     pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX is not installed: pip install tensorrt-rtx-cu13")
-    from trt_pipeline.pipeline.build import build_engine
-    from trt_pipeline.pipeline.settings import BatchProfile
+    from trt_pipeline.pipeline.core.settings import BatchProfile
+    from trt_pipeline.pipeline.stages.build import build_engine
 
     record = build_engine(int8[0], tmp_path / "engine.plan", batch=BatchProfile(1, 8, 32), builder="tensorrt_rtx")
     assert record["builder"]["module"] == "tensorrt_rtx"

@@ -3,8 +3,8 @@ engine) in FP32, FP16 and INT8, from small configs built in code (nothing is dow
 
 INT8 is calibrated from a .npz of inputs like each model's own (token ids in its vocabulary with padded masks,
 images, audio), written per case and given as CALIB, as a user would.  The weights are random, so an INT8 build
-may be refused by the agreement gate (pipeline/parity.py): a refusal is a result, recorded with the gate's message;
-a crash is a bug.
+may be refused by the agreement gate (pipeline/stages/parity.py): a refusal is a result, recorded with the gate's
+message; a crash is a bug.
 
 The table for a closing note: `.venv/bin/python -m tests.test_coverage [--out coverage.md]` (model x precision:
 pass/fail, parity numbers, INT8 agreement and Q/DQ counts, seconds); --models and --precisions pick a part.
@@ -32,9 +32,9 @@ from torch import nn
 from tests import toy_models
 from trt_pipeline.models import canonical_name
 from trt_pipeline.models.spec import ModelSpec
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.parity import INT8_MAX_ERROR
-from trt_pipeline.pipeline.settings import BatchProfile, Settings
+from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
+from trt_pipeline.pipeline.stages.parity import INT8_MAX_ERROR
 
 transformers = pytest.importorskip("transformers")
 
@@ -269,7 +269,7 @@ def run_case(case: Case, precision: str, out_root: Path) -> dict:
 
     A PipelineError is a result (the row says which stage refused, and why); anything else is a bug and raises.
     """
-    from trt_pipeline.pipeline.stages import make_engine
+    from trt_pipeline.pipeline.stages.sequence import make_engine
 
     settings = Settings(
         model=f"tests.test_coverage:{case.name}",
@@ -308,7 +308,7 @@ def run_case(case: Case, precision: str, out_root: Path) -> dict:
 
 
 def _manifest(folder: Path) -> dict:
-    from trt_pipeline.pipeline.manifest import MANIFEST
+    from trt_pipeline.pipeline.folder.manifest import MANIFEST
 
     path = folder / MANIFEST
     return json.loads(path.read_text()) if path.is_file() else {}  # as written on disk
@@ -368,9 +368,9 @@ def _int8_record(folder: Path, case: Case) -> dict:
 
 
 def _held_out_agreement(folder: Path, case: Case) -> dict:
-    """The gate's measure (pipeline/parity.py) on rows the calibration never saw: in-sample, a calibrated range holds
-    every value it is judged on; here values past it are clipped as served inputs' would be."""
-    from trt_pipeline.pipeline.parity import check_int8_agreement
+    """The gate's measure (pipeline/stages/parity.py) on rows the calibration never saw: in-sample, a calibrated range
+    holds every value it is judged on; here values past it are clipped as served inputs' would be."""
+    from trt_pipeline.pipeline.stages.parity import check_int8_agreement
 
     arrays = case.calibration(np.random.default_rng(1), HELD_OUT_ROWS)  # seed 0 is the calibration set
     batches = [
@@ -444,7 +444,7 @@ def test_an_int8_refusal_is_a_row_with_the_gates_message(tmp_path: Path, monkeyp
     """The refusal path of the table, for real: the UNet (about 0.002 off on its calibration data) against a gate 20
     times stricter than its error is refused after the Q/DQ graph is written; the row carries the gate's number and
     cosine read back from the message, the diagnosis's sentence, the fix, and the graph's Q/DQ counts."""
-    from trt_pipeline.pipeline import parity
+    from trt_pipeline.pipeline.stages import parity
 
     monkeypatch.setattr(parity, "INT8_MAX_ERROR", 1e-4)
     row = run_case(CASES[NAMES.index("unet")], "int8", tmp_path)
@@ -476,8 +476,8 @@ def test_calibration_ids_outside_the_vocabulary_are_refused_naming_the_lookup(tm
     assert "word_embeddings" in row["error"] and f"give ids from 0 to {VOCABULARY - 1}" in row["fix"]
 
 
-# The stages after which an INT8 refusal is a gate's (pipeline/stages.py run_precision): the smoke parity of a CPU
-# graph on the reference inputs follows "int8", the agreement gate follows the last of those, the engine graph's
+# The stages after which an INT8 refusal is a gate's (pipeline/stages/sequence.py run_precision): the smoke parity of a
+# CPU graph on the reference inputs follows "int8", the agreement gate follows the last of those, the engine graph's
 # smoke parity follows the agreement gate.
 GATED_AFTER = ("int8", "parity_int8_onnxruntime_vnni", "parity_int8_onnxruntime_no_vnni", "agreement_int8")
 

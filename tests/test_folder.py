@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trt_pipeline.pipeline.artifacts import LOCK, build_lock, running_build
-from trt_pipeline.pipeline.cpu import int8_cpu_kind
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.folder import open_folder
-from trt_pipeline.pipeline.manifest import (
+from trt_pipeline.pipeline.core.cpu import int8_cpu_kind
+from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
+from trt_pipeline.pipeline.folder.artifacts import LOCK, build_lock, running_build
+from trt_pipeline.pipeline.folder.manifest import (
     ARTIFACT_LAYOUT,
     CPU_TARGETS,
     ENGINE_TARGET,
@@ -29,9 +29,9 @@ from trt_pipeline.pipeline.manifest import (
     describe_artifacts,
     read_manifest,
 )
+from trt_pipeline.pipeline.folder.reader import open_folder
 from trt_pipeline.pipeline.runners import BACKENDS, load_runner
-from trt_pipeline.pipeline.settings import BatchProfile, Settings
-from trt_pipeline.pipeline.stages import make_engine
+from trt_pipeline.pipeline.stages.sequence import make_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = "tests.toy_models:tiny_cnn"
@@ -256,7 +256,7 @@ def test_make_engine_says_what_it_removed(built, capsys):
 
 
 def test_a_stage_run_alone_leaves_the_folder_unfinished(tmp_path):
-    from trt_pipeline.pipeline.stages import run_stage
+    from trt_pipeline.pipeline.stages.sequence import run_stage
 
     folder = make_engine(settings(tmp_path))
     run_stage(settings(tmp_path), "simplify")  # model.onnx rewritten: no longer the file the manifest lists

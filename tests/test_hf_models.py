@@ -14,9 +14,9 @@ import torch
 
 from trt_pipeline import models
 from trt_pipeline.models.huggingface import SEQUENCE_AXIS, HuggingFaceModule
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.settings import BatchProfile, Settings
-from trt_pipeline.pipeline.stages import make_engine
+from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
+from trt_pipeline.pipeline.stages.sequence import make_engine
 
 transformers = pytest.importorskip("transformers")
 
@@ -141,7 +141,7 @@ def test_bert_from_the_tokenizers_dict_builds_an_fp16_engine(tmp_path: Path):
         builder="tensorrt_rtx",
     )
     folder = make_engine(settings)
-    from trt_pipeline.pipeline.manifest import MANIFEST
+    from trt_pipeline.pipeline.folder.manifest import MANIFEST
 
     manifest = json.loads((folder / MANIFEST).read_text())  # as written on disk
     assert [i["name"] for i in manifest["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]

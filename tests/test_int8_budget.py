@@ -1,5 +1,6 @@
 """INT8 to an accuracy budget, on the trained digits CNN (real graphs, real ONNX Runtime runs), and the rule that
-tells a real top-1 flip from a near-tie (pipeline.accuracy.top1_changes), on logits built to sit either side of it.
+tells a real top-1 flip from a near-tie (pipeline.quality.accuracy.top1_changes), on logits built to sit either side of
+it.
 
 The budget's loss here is 100 x (1 - mean cosine to FP32) on the training split, because the digits CNN loses no
 top-1 on it when fully quantized: only a loss above the budget makes the search leave layers in float.
@@ -21,10 +22,10 @@ from trt_pipeline.calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_
 from trt_pipeline.calibration.qdq import quantize_qdq
 from trt_pipeline.models.digits import PREPROCESS, load_split
 from trt_pipeline.pipeline import cli
-from trt_pipeline.pipeline.accuracy import budget_loss, top1_changes
-from trt_pipeline.pipeline.parity import onnxruntime_session
-from trt_pipeline.pipeline.settings import Settings
-from trt_pipeline.pipeline.stages import make_engine
+from trt_pipeline.pipeline.core.settings import Settings
+from trt_pipeline.pipeline.quality.accuracy import budget_loss, top1_changes
+from trt_pipeline.pipeline.stages.parity import onnxruntime_session
+from trt_pipeline.pipeline.stages.sequence import make_engine
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,10 @@ from trt_pipeline.calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_
 from trt_pipeline.calibration.photos import export_calibration_images
 from trt_pipeline.calibration.preprocess import load_image
 from trt_pipeline.models.spec import ImagePreprocess, ModelSpec
-from trt_pipeline.pipeline.accuracy import top1_changes
-from trt_pipeline.pipeline.sessions import onnxruntime_session
-from trt_pipeline.pipeline.settings import Settings
-from trt_pipeline.pipeline.stages import make_engine
+from trt_pipeline.pipeline.core.sessions import onnxruntime_session
+from trt_pipeline.pipeline.core.settings import Settings
+from trt_pipeline.pipeline.quality.accuracy import top1_changes
+from trt_pipeline.pipeline.stages.sequence import make_engine
 
 pytest.importorskip("efficientnet_lite_pytorch", reason="pip install efficientnet-lite-pytorch (EfficientNet code)")
 pytest.importorskip(
@@ -52,7 +52,7 @@ def efficientnet_lite0() -> ModelSpec:
 @pytest.mark.slow
 def test_tensorrt_int8_graph_of_a_trained_depthwise_cnn_keeps_the_known_photos(tmp_path):
     """Percentile (the default) on the 40 photographs: cosine >= 0.98 to FP32 on each known photo, and each keeps
-    its class, or else the change is a near-tie by pipeline.accuracy.top1_changes (judged over all 40 photos,
+    its class, or else the change is a near-tie by pipeline.quality.accuracy.top1_changes (judged over all 40 photos,
     whose median error caps the tolerance), never a real flip.
 
     The cat is the near-tie: FP32 gives 282 tiger cat 9.234 and 285 Egyptian cat 9.211 (margin 0.023), while

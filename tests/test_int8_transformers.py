@@ -29,14 +29,14 @@ from trt_pipeline.calibration.int8 import (
 from trt_pipeline.calibration.qdq import qdq_problems, quantize_qdq
 from trt_pipeline.calibration.smooth import channel_maxima, smooth_graph, smoothable, smoothing_scales
 from trt_pipeline.models.spec import DynamicAxis, ModelSpec
-from trt_pipeline.pipeline.diagnose import compare_layers, first_past, node_tolerance
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.export import export_onnx
-from trt_pipeline.pipeline.manifest import FP32_GRAPH, GRAPHS, cpu_graphs
-from trt_pipeline.pipeline.sessions import onnxruntime_session
-from trt_pipeline.pipeline.settings import Settings
-from trt_pipeline.pipeline.simplify import simplify_onnx
-from trt_pipeline.pipeline.stages import make_engine
+from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.core.sessions import onnxruntime_session
+from trt_pipeline.pipeline.core.settings import Settings
+from trt_pipeline.pipeline.folder.manifest import FP32_GRAPH, GRAPHS, cpu_graphs
+from trt_pipeline.pipeline.quality.diagnose import compare_layers, first_past, node_tolerance
+from trt_pipeline.pipeline.stages.export import export_onnx
+from trt_pipeline.pipeline.stages.sequence import make_engine
+from trt_pipeline.pipeline.stages.simplify import simplify_onnx
 
 pytest.importorskip("transformers")
 

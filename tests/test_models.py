@@ -18,7 +18,7 @@ from trt_pipeline.models.inputs import InputShape, parse_dynamic, parse_input_sh
 from trt_pipeline.models.registry import ALIASES, REGISTRY
 from trt_pipeline.models.resnet import RANDOM_INIT_NOTE, build_resnet
 from trt_pipeline.models.spec import DynamicAxis, ImagePreprocess
-from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.core.errors import PipelineError
 
 TOY = "tests.toy_models"
 
@@ -660,8 +660,8 @@ def test_dict_inputs_are_bound_by_name_through_export_and_parity(tmp_path: Path)
     import onnx
     import onnxruntime as ort
 
-    from trt_pipeline.pipeline.settings import Settings
-    from trt_pipeline.pipeline.stages import make_engine
+    from trt_pipeline.pipeline.core.settings import Settings
+    from trt_pipeline.pipeline.stages.sequence import make_engine
 
     folder = make_engine(Settings(model=f"{__name__}:optional_inputs_dict", precision="fp32", out_root=tmp_path))
     graph = folder / "model.onnx"
@@ -706,16 +706,16 @@ def _export_text_classifier(path: Path, *, opset: int = 17, sequence: str | None
 
 
 def _onnx_settings(model: Path, tmp_path: Path, **overrides):
-    from trt_pipeline.pipeline.settings import BatchProfile, Settings
+    from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
 
     defaults = {"precision": "fp16", "batch": BatchProfile(1, 2, 4), "out_root": tmp_path / "engines"}
     return Settings(model=str(model), **{**defaults, "builder": "tensorrt_rtx", **overrides})
 
 
 def test_an_onnx_file_starts_at_check_with_its_own_fp32_outputs_as_the_reference(tmp_path: Path):
-    from trt_pipeline.pipeline.manifest import MANIFEST
-    from trt_pipeline.pipeline.onnx_model import REFERENCE_SOURCE
-    from trt_pipeline.pipeline.stages import make_engine
+    from trt_pipeline.pipeline.folder.manifest import MANIFEST
+    from trt_pipeline.pipeline.stages.onnx_model import REFERENCE_SOURCE
+    from trt_pipeline.pipeline.stages.sequence import make_engine
 
     graph = _export_text_classifier(tmp_path / "classifier.onnx", opset=13)  # converted to 17 on the way in
     folder = make_engine(_onnx_settings(graph, tmp_path, dynamic="input_ids:1=1:12:24,attention_mask:1=1:12:24"))
@@ -732,7 +732,7 @@ def test_an_onnx_file_starts_at_check_with_its_own_fp32_outputs_as_the_reference
 def test_an_onnx_files_symbolic_dims_need_a_range_or_a_size(tmp_path: Path):
     import onnx
 
-    from trt_pipeline.pipeline.stages import make_engine
+    from trt_pipeline.pipeline.stages.sequence import make_engine
 
     graph = _export_text_classifier(tmp_path / "classifier.onnx")
     with pytest.raises(PipelineError) as error:
@@ -750,7 +750,7 @@ def test_an_onnx_files_symbolic_dims_need_a_range_or_a_size(tmp_path: Path):
 
 
 def test_an_onnx_file_with_a_fixed_batch_is_refused(tmp_path: Path):
-    from trt_pipeline.pipeline.stages import make_engine
+    from trt_pipeline.pipeline.stages.sequence import make_engine
 
     spec = toy_models.tiny_cnn()
     graph = tmp_path / "fixed.onnx"
@@ -771,7 +771,7 @@ def _segfault() -> None:
 
 
 def _crash_at_full_optimization(path: Path, level: str):
-    from trt_pipeline.pipeline.sessions import OPTIMIZATION_LEVELS, _open
+    from trt_pipeline.pipeline.core.sessions import OPTIMIZATION_LEVELS, _open
 
     if level == OPTIMIZATION_LEVELS[0]:
         _segfault()
@@ -783,7 +783,7 @@ class _CrashingRun:
     in ORT 1.31/1.32) at the levels in `crashing`."""
 
     def __init__(self, path: Path, level: str, crashing: tuple[str, ...]):
-        from trt_pipeline.pipeline.sessions import _open
+        from trt_pipeline.pipeline.core.sessions import _open
 
         self.session, self.crashes = _open(path, None, level), level in crashing
 
@@ -794,7 +794,7 @@ class _CrashingRun:
 
 
 def test_a_native_crash_kills_only_the_child():
-    from trt_pipeline.pipeline.sessions import crash_in_child
+    from trt_pipeline.pipeline.core.sessions import crash_in_child
 
     assert crash_in_child(_segfault) == "SIGSEGV"
     assert crash_in_child(len, "exits normally") is None
@@ -802,7 +802,7 @@ def test_a_native_crash_kills_only_the_child():
 
 
 def test_a_graph_that_crashes_at_full_optimization_opens_one_level_lower(tmp_path: Path, capsys):
-    from trt_pipeline.pipeline.sessions import OPTIMIZATION_LEVELS, level_that_opens
+    from trt_pipeline.pipeline.core.sessions import OPTIMIZATION_LEVELS, level_that_opens
 
     graph = _export_text_classifier(tmp_path / "classifier.onnx")
     assert level_that_opens(graph, lambda level: _crash_at_full_optimization(graph, level)) == OPTIMIZATION_LEVELS[1]
@@ -810,7 +810,7 @@ def test_a_graph_that_crashes_at_full_optimization_opens_one_level_lower(tmp_pat
 
 
 def test_a_graph_whose_first_run_crashes_is_probed_with_the_feed_and_opens_lower(tmp_path: Path, capsys):
-    from trt_pipeline.pipeline.sessions import OPTIMIZATION_LEVELS, level_that_opens
+    from trt_pipeline.pipeline.core.sessions import OPTIMIZATION_LEVELS, level_that_opens
 
     graph = _export_text_classifier(tmp_path / "classifier.onnx")
     feed = {"input_ids": np.ones((1, 12), np.int64), "attention_mask": np.ones((1, 12), np.int64)}
@@ -832,7 +832,8 @@ def test_a_graph_that_crashes_at_every_level_is_a_clear_error_through_the_comman
     script = textwrap.dedent(
         f"""
         import sys
-        from trt_pipeline.pipeline import cli, sessions
+        from trt_pipeline.pipeline import cli
+        from trt_pipeline.pipeline.core import sessions
         from tests.test_models import _segfault
         real = sessions.level_that_opens
         sessions.level_that_opens = lambda path, open_at, feed=None: real(path, lambda level: _segfault(), feed)
@@ -863,7 +864,7 @@ def test_a_graph_that_crashes_at_every_level_is_a_clear_error_through_the_comman
 
 
 def _crash_before(open_at, level: str):
-    from trt_pipeline.pipeline.sessions import OPTIMIZATION_LEVELS
+    from trt_pipeline.pipeline.core.sessions import OPTIMIZATION_LEVELS
 
     if level == OPTIMIZATION_LEVELS[0]:
         _segfault()
@@ -878,13 +879,14 @@ def test_the_level_a_build_fell_back_to_is_recorded_and_the_runner_opens_at_it(t
     import onnxruntime
 
     from trt_pipeline import load_runner
-    from trt_pipeline.pipeline.manifest import read_manifest
+    from trt_pipeline.pipeline.folder.manifest import read_manifest
 
     out = tmp_path / "engines"
     script = textwrap.dedent(
         f"""
         import sys
-        from trt_pipeline.pipeline import cli, sessions
+        from trt_pipeline.pipeline import cli
+        from trt_pipeline.pipeline.core import sessions
         from tests.test_models import _crash_before
         real = sessions.level_that_opens
         sessions.level_that_opens = lambda path, open_at, feed=None: real(
@@ -910,7 +912,7 @@ def test_the_level_a_build_fell_back_to_is_recorded_and_the_runner_opens_at_it(t
 
 
 def test_a_static_token_sequence_is_warned_about_with_the_dynamic_that_fixes_it(tmp_path: Path, capsys):
-    from trt_pipeline.pipeline.export import export_onnx, static_token_sequences
+    from trt_pipeline.pipeline.stages.export import export_onnx, static_token_sequences
 
     dynamic = load_model("tests.toy_models:text_classifier")
     assert static_token_sequences(dynamic) is None  # its sequence axis is declared

@@ -12,7 +12,7 @@ import tomllib
 
 import trt_pipeline
 from trt_pipeline.pipeline.cli import in_command_line_terms, main
-from trt_pipeline.pipeline.extras import EXTRA_OF_MODULE, missing_module_error, requirements
+from trt_pipeline.pipeline.core.extras import EXTRA_OF_MODULE, missing_module_error, requirements
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,8 +90,8 @@ def test_onnxruntime_broken_by_its_two_wheels_is_named(tmp_path):
     script = textwrap.dedent(
         """
         import sys
-        from trt_pipeline.pipeline.errors import PipelineError
-        from trt_pipeline.pipeline.extras import import_onnxruntime
+        from trt_pipeline.pipeline.core.errors import PipelineError
+        from trt_pipeline.pipeline.core.extras import import_onnxruntime
         try:
             import_onnxruntime()
         except PipelineError as error:
@@ -132,7 +132,8 @@ def test_a_command_imports_only_its_own_module():
         build_parser("serve").parse_args(["serve", "engines/x"])
         build_parser("triton").parse_args(["triton", "engines/x", "--repo", "r"])
         assert "torch" not in sys.modules, sorted(name for name in sys.modules if name.startswith("torch"))[:5]
-        assert "trt_pipeline.pipeline.bench" not in sys.modules and "trt_pipeline.pipeline.accuracy" not in sys.modules
+        assert "trt_pipeline.pipeline.bench" not in sys.modules
+        assert "trt_pipeline.pipeline.quality.accuracy" not in sys.modules
         """
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)

@@ -13,15 +13,15 @@ import onnx
 import pytest
 import torch
 
-from trt_pipeline.pipeline.artifacts import sha256_file
-from trt_pipeline.pipeline.check import check_onnx
 from trt_pipeline.pipeline.cli import main
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.export import load_reference
-from trt_pipeline.pipeline.manifest import ARTIFACT_LAYOUT
+from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
+from trt_pipeline.pipeline.folder.artifacts import sha256_file
+from trt_pipeline.pipeline.folder.manifest import ARTIFACT_LAYOUT
 from trt_pipeline.pipeline.runners import load_runner
-from trt_pipeline.pipeline.settings import BatchProfile, Settings
-from trt_pipeline.pipeline.stages import make_engine
+from trt_pipeline.pipeline.stages.check import check_onnx
+from trt_pipeline.pipeline.stages.export import load_reference
+from trt_pipeline.pipeline.stages.sequence import make_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = "tests.toy_models:tiny_cnn"
@@ -219,9 +219,9 @@ def test_int8_rerun_notices_changed_calibration_data(tmp_path, capsys):
 
 
 def test_a_folder_from_an_older_artifact_layout_is_rebuilt(tmp_path, capsys, monkeypatch):
-    from trt_pipeline.pipeline import stages
+    from trt_pipeline.pipeline.stages import sequence
 
-    monkeypatch.setattr(stages, "ARTIFACT_LAYOUT", stages.ARTIFACT_LAYOUT - 1)  # as written by an earlier version
+    monkeypatch.setattr(sequence, "ARTIFACT_LAYOUT", sequence.ARTIFACT_LAYOUT - 1)  # as written by an earlier version
     make_engine(settings(tmp_path))
     monkeypatch.undo()
     capsys.readouterr()

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from tests.concurrency import assert_each_thread_gets_its_own_result
-from trt_pipeline.pipeline.compare import compare_outputs
-from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.core.compare import compare_outputs
+from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.core.settings import Settings
+from trt_pipeline.pipeline.core.trt_module import describe_gpu
 from trt_pipeline.pipeline.runners import load_runner
 from trt_pipeline.pipeline.runners.device_memory import LAYERS, available_layers
 from trt_pipeline.pipeline.runners.tensorrt import built_for
-from trt_pipeline.pipeline.settings import Settings
-from trt_pipeline.pipeline.stages import make_engine
-from trt_pipeline.pipeline.trt_module import describe_gpu
+from trt_pipeline.pipeline.stages.sequence import make_engine
 
 pytestmark = [pytest.mark.gpu, pytest.mark.engine]
 

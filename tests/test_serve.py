@@ -33,12 +33,12 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from trt_pipeline.pipeline.cli import main as cli_main
-from trt_pipeline.pipeline.compare import compare
-from trt_pipeline.pipeline.folder import open_folder
+from trt_pipeline.pipeline.core.compare import compare
+from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
+from trt_pipeline.pipeline.folder.reader import open_folder
 from trt_pipeline.pipeline.runners import load_runner
-from trt_pipeline.pipeline.settings import BatchProfile, Settings
-from trt_pipeline.pipeline.stages import make_engine
-from trt_pipeline.pipeline.triton import model_name, write_repository
+from trt_pipeline.pipeline.stages.sequence import make_engine
+from trt_pipeline.pipeline.triton.repository import model_name, write_repository
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"  # loopback only, always

@@ -9,15 +9,15 @@ import torch
 
 from tests import toy_models
 from trt_pipeline.models.spec import ModelSpec
-from trt_pipeline.pipeline.check import check_onnx
-from trt_pipeline.pipeline.compare import compare
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.export import export_onnx, load_reference, parity_batches, write_reference
-from trt_pipeline.pipeline.parity import check_parity
-from trt_pipeline.pipeline.precision import convert_fp16
-from trt_pipeline.pipeline.prepare import prepare
-from trt_pipeline.pipeline.settings import BatchProfile
-from trt_pipeline.pipeline.simplify import simplify_onnx
+from trt_pipeline.pipeline.core.compare import compare
+from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.core.settings import BatchProfile
+from trt_pipeline.pipeline.stages.check import check_onnx
+from trt_pipeline.pipeline.stages.export import export_onnx, load_reference, parity_batches, write_reference
+from trt_pipeline.pipeline.stages.parity import check_parity
+from trt_pipeline.pipeline.stages.precision import convert_fp16
+from trt_pipeline.pipeline.stages.prepare import prepare
+from trt_pipeline.pipeline.stages.simplify import simplify_onnx
 
 PROFILE = BatchProfile(1, 4, 8)
 
@@ -173,8 +173,8 @@ def test_torch_transformer_encoder_exports_with_its_fast_path_off(tmp_path):
 
     import torch
 
-    from trt_pipeline.pipeline.settings import Settings
-    from trt_pipeline.pipeline.stages import make_engine
+    from trt_pipeline.pipeline.core.settings import Settings
+    from trt_pipeline.pipeline.stages.sequence import make_engine
 
     before = torch.backends.mha.get_fastpath_enabled()
     settings = Settings(model="tests.toy_models:transformer_encoder", precision="fp16", out_root=tmp_path)
@@ -184,9 +184,9 @@ def test_torch_transformer_encoder_exports_with_its_fast_path_off(tmp_path):
 
 
 def test_a_sequence_length_baked_into_the_graph_is_named_by_check(tmp_path):
-    from trt_pipeline.pipeline.errors import PipelineError
-    from trt_pipeline.pipeline.settings import Settings
-    from trt_pipeline.pipeline.stages import make_engine
+    from trt_pipeline.pipeline.core.errors import PipelineError
+    from trt_pipeline.pipeline.core.settings import Settings
+    from trt_pipeline.pipeline.stages.sequence import make_engine
 
     settings = Settings(model="tests.toy_models:baked_sequence_model", precision="fp32", out_root=tmp_path)
     with pytest.raises(PipelineError, match=r"does not run with inputs x \[2, 12, 8\]: a size was baked") as caught:

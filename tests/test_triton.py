@@ -9,14 +9,14 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
-from trt_pipeline.pipeline.artifacts import sha256_file
 from trt_pipeline.pipeline.cli import main
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.folder import open_folder
-from trt_pipeline.pipeline.manifest import Manifest, ModelRecord, read_manifest, update_manifest
-from trt_pipeline.pipeline.settings import BatchProfile, Settings
-from trt_pipeline.pipeline.stages import make_engine
-from trt_pipeline.pipeline.triton import engine_io, model_config, model_name, write_repository
+from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
+from trt_pipeline.pipeline.folder.artifacts import sha256_file
+from trt_pipeline.pipeline.folder.manifest import Manifest, ModelRecord, read_manifest, update_manifest
+from trt_pipeline.pipeline.folder.reader import open_folder
+from trt_pipeline.pipeline.stages.sequence import make_engine
+from trt_pipeline.pipeline.triton.repository import engine_io, model_config, model_name, write_repository
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +144,7 @@ def test_the_python_form_runs_our_runner_inside_triton(tiny: Path, tmp_path: Pat
     for name in ("model.onnx", "engine.plan"):
         assert sha256_file(artifacts / name) == sha256_file(tiny / name)
     assert read_manifest(artifacts) == read_manifest(tiny)
-    source = Path(__file__).resolve().parents[1] / "pipeline" / "triton_python_model.py"
+    source = Path(__file__).resolve().parents[1] / "pipeline" / "triton" / "python_model.py"
     assert (model_dir / "1" / "model.py").read_bytes() == source.read_bytes()
 
 

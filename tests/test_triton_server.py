@@ -1,4 +1,4 @@
-"""A real Triton Inference Server (the nvidia-pytriton wheel's tritonserver, pipeline/triton_server.py), used twice:
+"""A real Triton Inference Server (the nvidia-pytriton wheel's tritonserver, pipeline/triton/server.py), used twice:
 
 1. the scale-out repository form end to end: `python -m trt_pipeline triton --backend python` writes a repository
    whose model runs our runner inside Triton's Python backend, and tritonclient gets the runner's outputs from it;
@@ -44,8 +44,8 @@ from tests.test_serve import (  # noqa: F401 (fixtures)
     tokens,
 )
 from trt_pipeline.pipeline.cli import main as cli_main
-from trt_pipeline.pipeline.triton import ARTIFACTS
-from trt_pipeline.pipeline.triton_server import TritonServer, running_triton, startup_problem
+from trt_pipeline.pipeline.triton.repository import ARTIFACTS
+from trt_pipeline.pipeline.triton.server import TritonServer, running_triton, startup_problem
 
 PROBLEM = startup_problem()
 pytestmark = pytest.mark.skipif(PROBLEM is not None, reason=f"tritonserver cannot start here: {PROBLEM}")

@@ -53,7 +53,7 @@ PRELUDE = """\
 import json, shutil, sys
 from pathlib import Path
 import numpy as np
-from trt_pipeline.pipeline.errors import PipelineError
+from trt_pipeline.pipeline.core.errors import PipelineError
 IMAGE, TEXT, WORK, MARKER = (Path(a) for a in sys.argv[1:5])
 def wrong(why):
     print("WRONG: " + why)

@@ -1039,7 +1039,7 @@ def _runner_cases() -> list[Case]:
             "a folder of another artifact layout",
             load + "f = copy(IMAGE)\nedit_manifest(f, lambda m: m.update(layout=1))\nload_runner(f, 'onnxruntime')",
             names=("layout",),
-            needs=("pipeline/folder.py", "layout"),
+            needs=("pipeline/folder/reader.py", "layout"),
         ),
         py(
             "runner-unfinished",
@@ -1048,7 +1048,7 @@ def _runner_cases() -> list[Case]:
             load
             + "f = copy(IMAGE)\nedit_manifest(f, lambda m: m.update(complete=False))\nload_runner(f, 'onnxruntime')",
             names=("unfinished",),
-            needs=("pipeline/folder.py", "complete"),
+            needs=("pipeline/folder/reader.py", "complete"),
         ),
         py("runner-unknown-backend", "runner", "backend='cuda'", load + "load_runner(IMAGE, 'cuda')", names=("cuda",)),
         py(

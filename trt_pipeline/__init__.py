@@ -27,19 +27,19 @@ except metadata.PackageNotFoundError:  # run from a checkout that was never inst
 # The public API: name -> the module that defines it.
 _API = {
     "load_runner": "trt_pipeline.pipeline.runners",
-    "Settings": "trt_pipeline.pipeline.settings",
-    "BatchProfile": "trt_pipeline.pipeline.settings",
-    "PipelineError": "trt_pipeline.pipeline.errors",
-    "make_engine": "trt_pipeline.pipeline.stages",
-    "run_stage": "trt_pipeline.pipeline.stages",
-    "prepare": "trt_pipeline.pipeline.prepare",
-    "export_onnx": "trt_pipeline.pipeline.export",
-    "check_onnx": "trt_pipeline.pipeline.check",
-    "simplify_onnx": "trt_pipeline.pipeline.simplify",
-    "check_parity": "trt_pipeline.pipeline.parity",
-    "convert_fp16": "trt_pipeline.pipeline.precision",
-    "build_engine": "trt_pipeline.pipeline.build",
-    "compare": "trt_pipeline.pipeline.compare",
+    "Settings": "trt_pipeline.pipeline.core.settings",
+    "BatchProfile": "trt_pipeline.pipeline.core.settings",
+    "PipelineError": "trt_pipeline.pipeline.core.errors",
+    "make_engine": "trt_pipeline.pipeline.stages.sequence",
+    "run_stage": "trt_pipeline.pipeline.stages.sequence",
+    "prepare": "trt_pipeline.pipeline.stages.prepare",
+    "export_onnx": "trt_pipeline.pipeline.stages.export",
+    "check_onnx": "trt_pipeline.pipeline.stages.check",
+    "simplify_onnx": "trt_pipeline.pipeline.stages.simplify",
+    "check_parity": "trt_pipeline.pipeline.stages.parity",
+    "convert_fp16": "trt_pipeline.pipeline.stages.precision",
+    "build_engine": "trt_pipeline.pipeline.stages.build",
+    "compare": "trt_pipeline.pipeline.core.compare",
 }
 
 __all__ = sorted([*_API, "__version__"])

@@ -7,7 +7,7 @@ FP32 graph (through the runner and in a bare session) and on the INT8 graph, and
 engine (GPU), at each batch size, in two stated modes (end to end, device-resident), in rounds
 whose agreement gives the stability verdict.  bench.json, bench.md and bench.png land in the folder.
 
-    from trt_pipeline.pipeline.bench import run_benchmark, write_reports
+    from . import run_benchmark, write_reports
     report = run_benchmark(Path("engines/resnet50-fp16"), batches=[1, 8])
 """
 
@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from trt_pipeline.pipeline.bench.backends import NAMES
-from trt_pipeline.pipeline.bench.harness import run_benchmark
-from trt_pipeline.pipeline.bench.report import DEVICE_RESIDENT, END_TO_END, markdown_table, write_reports
-from trt_pipeline.pipeline.bench.timing import TimingPolicy
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.manifest import make_engine_command
-from trt_pipeline.pipeline.settings import PRECISIONS, Settings
+from ..core.errors import PipelineError
+from ..core.settings import PRECISIONS, Settings
+from ..folder.manifest import make_engine_command
+from .backends import NAMES
+from .harness import run_benchmark
+from .report import DEVICE_RESIDENT, END_TO_END, markdown_table, write_reports
+from .timing import TimingPolicy
 
 __all__ = ["TimingPolicy", "add_arguments", "main", "run_benchmark", "write_reports"]
 
@@ -82,7 +82,7 @@ def main(args: argparse.Namespace) -> int:
 def _folder_and_hint(args: argparse.Namespace) -> tuple[Path, str | None]:
     if args.folder is not None:
         return args.folder, None
-    from trt_pipeline import models
+    from ... import models
 
     settings = Settings(model=args.model, precision=args.precision, out_root=args.out)
     folder = settings.artifact_dir(models.canonical_name(args.model))

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trt_pipeline.models.spec import call_module
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.folder import ArtifactFolder
-from trt_pipeline.pipeline.manifest import FP32_GRAPH, MANIFEST, make_engine_command
-from trt_pipeline.pipeline.runners import Runner, load_runner
+from ...models.spec import call_module
+from ..core.errors import PipelineError
+from ..folder.manifest import FP32_GRAPH, MANIFEST, make_engine_command
+from ..folder.reader import ArtifactFolder
+from ..runners import Runner, load_runner
 
 if TYPE_CHECKING:
-    from trt_pipeline.pipeline.runners.torch import TorchRunner
+    from ..runners.torch import TorchRunner
 
 REFERENCE = "torch"  # PyTorch eager FP32: the baseline for speed-ups and the reference for agreement
 SERVED = "served"  # what `serve` runs on this machine: load_runner(folder, backend="auto")
@@ -155,7 +155,7 @@ class SessionBackend(Backend):
     def __init__(self, name: str, label: str, folder: ArtifactFolder, graph: str, threads: int):
         import onnxruntime as ort
 
-        from trt_pipeline.pipeline.runners.onnxruntime import choose_providers
+        from ..runners.onnxruntime import choose_providers
 
         providers, why = choose_providers(None)
         options = ort.SessionOptions()
@@ -287,7 +287,7 @@ def int8_execution_note(graph: Path) -> str:
     float bias) keeps every Conv in FP32 between Q/DQ nodes, and then runs slower than the FP32 graph;
     the CPU-shaped graph (calibration/qdq_cpu.py) is built to fuse.
     """
-    from trt_pipeline.calibration.qdq_cpu import int8_kernel_counts
+    from ...calibration.qdq_cpu import int8_kernel_counts
 
     counts = int8_kernel_counts(graph)
     in_int8, in_float = counts["int8_kernels"], counts["float_kernels"]
@@ -321,7 +321,7 @@ def _tensorrt_opener(name: str, label: str, **options: Any) -> Callable[[Context
     """Open the engine through the runner with `options` (execution=, cuda_graphs=)."""
 
     def open_tensorrt(context: Context) -> Backend:
-        from trt_pipeline.pipeline.trt_module import gpu_present
+        from ..core.trt_module import gpu_present
 
         folder = context.folder
         if not folder.has(folder.engine):

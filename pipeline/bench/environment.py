@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trt_pipeline.pipeline.cpu import cpu_instruction_sets
-from trt_pipeline.pipeline.manifest import package_versions
+from ..core.cpu import cpu_instruction_sets
+from ..folder.manifest import package_versions
 
 VERSIONED_PACKAGES = ("torch", "onnxruntime-gpu", "onnxruntime", "numpy", "tensorrt", "tensorrt-rtx-cu13")
 

@@ -19,17 +19,17 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_pipeline.pipeline.bench.backends import REFERENCE, Backend, Choice, Context, Unavailable, choices_for
-from trt_pipeline.pipeline.bench.environment import describe_environment, load_average, physical_cores
-from trt_pipeline.pipeline.bench.report import DEVICE_RESIDENT, END_TO_END, agreement_text
-from trt_pipeline.pipeline.bench.timing import TimingPolicy, measure, round_spread, summarize
-from trt_pipeline.pipeline.compare import compare_outputs
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.export import load_reference, random_inputs
-from trt_pipeline.pipeline.folder import open_folder
-from trt_pipeline.pipeline.manifest import REFERENCE as REFERENCE_FILE
-from trt_pipeline.pipeline.manifest import Manifest
-from trt_pipeline.pipeline.parity import RTOL
+from ..core.compare import compare_outputs
+from ..core.errors import PipelineError
+from ..folder.manifest import REFERENCE as REFERENCE_FILE
+from ..folder.manifest import Manifest
+from ..folder.reader import open_folder
+from ..stages.export import load_reference, random_inputs
+from ..stages.parity import RTOL
+from .backends import REFERENCE, Backend, Choice, Context, Unavailable, choices_for
+from .environment import describe_environment, load_average, physical_cores
+from .report import DEVICE_RESIDENT, END_TO_END, agreement_text
+from .timing import TimingPolicy, measure, round_spread, summarize
 
 SEED = 0
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trt_pipeline.pipeline.artifacts import atomic_path, write_bytes, write_json
-from trt_pipeline.pipeline.cpu import instruction_sets_text
+from ..core.cpu import instruction_sets_text
+from ..folder.artifacts import atomic_path, write_bytes, write_json
 
 END_TO_END = "end-to-end"
 DEVICE_RESIDENT = "device-resident"
@@ -253,7 +253,7 @@ def _method_lines(report: dict) -> list[str]:
         f"{policy['agree_within']:.0%} of each other, else the report says `unstable: rerun on an idle machine`. "
         "Rounds that ran minutes apart disagree when other work on the machine comes and goes.",
         "- `vs eager (p50)` = p50 of PyTorch eager FP32 / p50 of the row, same batch and mode, same run.",
-        "- Agreement: the first call's outputs against PyTorch eager FP32 on the same inputs (pipeline.compare; "
+        "- Agreement: the first call's outputs against PyTorch eager FP32 on the same inputs (pipeline.core.compare; "
         "max |a - r| relative to the output's largest magnitude), with the parity tolerance of the row's precision. "
         "On random inputs an INT8 row's agreement only catches a broken graph (its inputs fall outside the "
         "calibrated range); INT8 accuracy is judged on real data (`make accuracy`).",

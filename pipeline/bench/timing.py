@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from trt_pipeline.pipeline.errors import PipelineError
+from ..core.errors import PipelineError
 
 # Fewer samples than this make p90 meaningless; the time budget never stops a run earlier.
 MIN_SAMPLES = 5

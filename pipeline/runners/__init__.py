@@ -1,12 +1,12 @@
 """Runners: one interface over the TensorRT engine, ONNX Runtime and PyTorch.
 
-    from trt_pipeline.pipeline.runners import load_runner
+    from . import load_runner
     with load_runner("engines/resnet50-fp16") as runner:      # backend="auto"
         outputs = runner.infer({"input": batch})               # {name: np.ndarray} -> {name: np.ndarray}
 
 Backends load lazily: importing this package needs neither a GPU, TensorRT nor onnxruntime, and loading
 an ONNX Runtime runner imports no build stage (nor torch).  Every runner opens its folder through
-pipeline.folder: an unfinished folder, one of an older layout, or a graph or plan whose sha256 is not the
+pipeline.folder.reader: an unfinished folder, one of an older layout, or a graph or plan whose sha256 is not the
 manifest's is refused with the command that rebuilds it.
 """
 
@@ -16,9 +16,9 @@ import inspect
 import logging
 from pathlib import Path
 
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.folder import ArtifactFolder, open_folder
-from trt_pipeline.pipeline.runners.base import Runner, TensorSpec
+from ..core.errors import PipelineError
+from ..folder.reader import ArtifactFolder, open_folder
+from .base import Runner, TensorSpec
 
 BACKENDS = ("auto", "tensorrt", "onnxruntime", "torch")
 
@@ -28,7 +28,8 @@ __all__ = ["BACKENDS", "Runner", "TensorSpec", "load_runner"]
 
 
 def load_runner(path: str | Path | ArtifactFolder, backend: str = "auto", **options) -> Runner:
-    """A runner for the artifact folder `path` (a path, or a folder already opened by pipeline.folder.open_folder).
+    """A runner for the artifact folder `path` (a path, or a folder already opened by
+    pipeline.folder.reader.open_folder).
 
     backend: "tensorrt" (engine.plan), "onnxruntime" (the graph the engine was built from),
     "torch" (the model itself), or "auto": the engine where it can run here (a GPU, TensorRT and
@@ -62,8 +63,8 @@ def _refuse_unknown_options(runner_class: type[Runner], backend: str, options: d
 
 def _choose_backend(folder: ArtifactFolder) -> tuple[str, str]:
     """("tensorrt", why) where the engine can run on this machine, else ("onnxruntime", why not)."""
-    from trt_pipeline.pipeline.runners.tensorrt import check_gpu_target
-    from trt_pipeline.pipeline.trt_module import describe_gpu, gpu_present, import_trt
+    from ..core.trt_module import describe_gpu, gpu_present, import_trt
+    from .tensorrt import check_gpu_target
 
     manifest = folder.manifest
     if not folder.has(folder.engine):
@@ -86,13 +87,13 @@ def _choose_backend(folder: ArtifactFolder) -> tuple[str, str]:
 
 def _runner_class(backend: str) -> type[Runner]:
     if backend == "tensorrt":
-        from trt_pipeline.pipeline.runners.tensorrt import TensorRTRunner
+        from .tensorrt import TensorRTRunner
 
         return TensorRTRunner
     if backend == "torch":
-        from trt_pipeline.pipeline.runners.torch import TorchRunner
+        from .torch import TorchRunner
 
         return TorchRunner
-    from trt_pipeline.pipeline.runners.onnxruntime import OnnxRuntimeRunner
+    from .onnxruntime import OnnxRuntimeRunner
 
     return OnnxRuntimeRunner

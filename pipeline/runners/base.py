@@ -1,6 +1,6 @@
 """What every runner shares: tensor specs from the manifest, input validation, batch chunking.
 
-A runner reads one artifact folder (engines/<model>-<precision>/, opened by pipeline.folder) and answers
+A runner reads one artifact folder (engines/<model>-<precision>/, opened by pipeline.folder.reader) and answers
 `infer({name: array}) -> {name: array}` the same way whatever runs underneath, so a
 service can swap ONNX Runtime for the engine without changing a line.
 """
@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.folder import ArtifactFolder
-from trt_pipeline.pipeline.graph_io import GraphTensor
-from trt_pipeline.pipeline.manifest import Manifest, rebuild_hint
+from ..core.errors import PipelineError
+from ..folder.graph_io import GraphTensor
+from ..folder.manifest import Manifest, rebuild_hint
+from ..folder.reader import ArtifactFolder
 
 DYNAMIC = -1
 BATCH_AXIS = 0

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from trt_pipeline.pipeline.errors import PipelineError
+from ..core.errors import PipelineError
 
 # Preference order: pycuda is the default; cuda-python serves where pycuda is missing.
 LAYERS = {"pycuda": "pycuda.driver", "cuda-python": "cuda.bindings.driver"}

@@ -8,12 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from trt_pipeline.pipeline.cpu import NO_VNNI, VNNI, int8_cpu_kind
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.folder import ArtifactFolder
-from trt_pipeline.pipeline.manifest import engine_graph, rebuild_hint
-from trt_pipeline.pipeline.runners.base import Runner
-from trt_pipeline.pipeline.sessions import onnxruntime_session
+from ..core.cpu import NO_VNNI, VNNI, int8_cpu_kind
+from ..core.errors import PipelineError
+from ..core.sessions import onnxruntime_session
+from ..folder.manifest import engine_graph, rebuild_hint
+from ..folder.reader import ArtifactFolder
+from .base import Runner
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -32,7 +32,7 @@ def choose_providers(requested: list[str] | None) -> tuple[list[str], str]:
     """
     import onnxruntime as ort
 
-    from trt_pipeline.pipeline.trt_module import gpu_present
+    from ..core.trt_module import gpu_present
 
     if requested:
         return list(requested), "providers as requested"
@@ -47,7 +47,7 @@ class OnnxRuntimeRunner(Runner):
     """ONNX Runtime on one graph of the artifact folder.
 
     graph: a file name in the folder; by default the engine's graph, except that on the CPU provider the graph
-    the folder lists for this kind of CPU's target (pipeline.manifest.GRAPHS: int8 writes one for CPUs with
+    the folder lists for this kind of CPU's target (pipeline.folder.manifest.GRAPHS: int8 writes one for CPUs with
     VNNI and one for CPUs without) is preferred: the TensorRT-shaped graph runs no int8 kernel there.
     intra_op_threads: None for ORT's default (one per physical core).  allow_spinning: False lets idle
     intra-op threads sleep, which helps many concurrent callers (a service) more than single calls.
@@ -77,7 +77,7 @@ class OnnxRuntimeRunner(Runner):
         self.graph, which = self._graph(graph, on_cpu=CUDA not in chosen)
         # The TensorRT-shaped INT8 graph on the CPU (no graph for this CPU's kernels): its Q/DQ run as TensorRT
         # computes them, in float; ORT's fused int8 kernels would compute something else (saturating without
-        # VNNI).  The gates judged it the same way (pipeline.parity.evaluation_session).
+        # VNNI).  The gates judged it the same way (pipeline.stages.parity.evaluation_session).
         simulate_qdq = CUDA not in chosen and self.graph == engine_graph("int8")
         if simulate_qdq:
             which += ", its Q/DQ simulated in float as TensorRT computes them: slower than int8 kernels"

@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.folder import ArtifactFolder
-from trt_pipeline.pipeline.manifest import Builder, Manifest, rebuild_hint
-from trt_pipeline.pipeline.runners.base import BATCH_AXIS, Runner, check_feed
-from trt_pipeline.pipeline.runners.device_memory import DeviceMemory, open_device_memory
-from trt_pipeline.pipeline.trt_module import RTX_RUNTIME_TARGETS, dims, parse_capability, rtx_runs_on
+from ..core.errors import PipelineError
+from ..core.trt_module import RTX_RUNTIME_TARGETS, dims, parse_capability, rtx_runs_on
+from ..folder.manifest import Builder, Manifest, rebuild_hint
+from ..folder.reader import ArtifactFolder
+from .base import BATCH_AXIS, Runner, check_feed
+from .device_memory import DeviceMemory, open_device_memory
 
 if TYPE_CHECKING:
     # Type stubs only (`tensorrt-stubs`): mypy checks the TensorRT calls below against them.
@@ -56,7 +56,7 @@ def rebuild_fix(manifest: Manifest) -> str:
 
 
 def read_plan(folder: ArtifactFolder) -> bytes:
-    """engine.plan's bytes, checked against the manifest's sha256 (pipeline.folder), refused when the build was
+    """engine.plan's bytes, checked against the manifest's sha256 (pipeline.folder.reader), refused when the build was
     skipped."""
     build = folder.manifest.build
     if build is None or build.builder is None:
@@ -151,7 +151,7 @@ class TensorRTRunner(Runner):
         execution: str = "v3",
         cuda_graphs: bool = False,
     ):
-        from trt_pipeline.pipeline.trt_module import RecordingLogger, describe_gpu, import_trt
+        from ..core.trt_module import RecordingLogger, describe_gpu, import_trt
 
         super().__init__(folder, split_large_batches=split_large_batches)
         manifest = folder.manifest

@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.folder import ArtifactFolder
-from trt_pipeline.pipeline.runners.base import Runner
+from ..core.errors import PipelineError
+from ..folder.reader import ArtifactFolder
+from .base import Runner
 
 
 class TorchRunner(Runner):
@@ -32,8 +32,8 @@ class TorchRunner(Runner):
         """
         import torch
 
-        from trt_pipeline import models
-        from trt_pipeline.pipeline.prepare import prepare
+        from ... import models
+        from ..stages.prepare import prepare
 
         super().__init__(folder, split_large_batches=split_large_batches)
         settings = folder.manifest.settings or {}  # open_folder requires it
@@ -61,8 +61,8 @@ class TorchRunner(Runner):
     def _run(self, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
         import torch
 
-        from trt_pipeline.models.spec import call_module
-        from trt_pipeline.pipeline.prepare import flatten_outputs
+        from ...models.spec import call_module
+        from ..stages.prepare import flatten_outputs
 
         tensors = {
             spec.name: torch.from_numpy(np.ascontiguousarray(feed[spec.name])).to(self.device) for spec in self.inputs

@@ -32,11 +32,11 @@ from google.protobuf.descriptor import FieldDescriptor
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from trt_pipeline.pipeline.serve.config import ServeConfig
-from trt_pipeline.pipeline.serve.protocol import CLIENT_GONE, ModelIO, ServeError, check_model
-from trt_pipeline.pipeline.serve.rest import HEADER_LENGTH, JSON, encode_response, inflate, parse_infer_request
-from trt_pipeline.pipeline.serve.schema import error_response, infer_openapi, metadata_schema, server_metadata_schema
-from trt_pipeline.pipeline.serve.service import InferRequest, Service
+from .config import ServeConfig
+from .protocol import CLIENT_GONE, ModelIO, ServeError, check_model
+from .rest import HEADER_LENGTH, JSON, encode_response, inflate, parse_infer_request
+from .schema import error_response, infer_openapi, metadata_schema, server_metadata_schema
+from .service import InferRequest, Service
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 Responses = dict[int | str, dict[str, Any]]  # FastAPI's `responses=` documentation

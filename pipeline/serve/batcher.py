@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trt_pipeline.pipeline.serve.metrics import ServiceMetrics
+from .metrics import ServiceMetrics
 
 Infer = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 

@@ -11,10 +11,10 @@ import argparse
 import socket
 from pathlib import Path
 
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.runners import BACKENDS
-from trt_pipeline.pipeline.serve.config import ServeConfig
-from trt_pipeline.pipeline.settings import PRECISIONS, Settings
+from ..core.errors import PipelineError
+from ..core.settings import PRECISIONS, Settings
+from ..runners import BACKENDS
+from .config import ServeConfig
 
 # Shown by --help: Triton's own clients call this server unchanged (pip install 'tritonclient[http,grpc]').
 CLIENTS = """\
@@ -86,7 +86,7 @@ def resolve_folder(args: argparse.Namespace) -> Path:
     if args.folder is not None:
         folder = args.folder
     elif args.model:
-        from trt_pipeline import models
+        from ... import models
 
         settings = Settings(model=args.model, precision=args.precision, out_root=args.out)
         folder = settings.artifact_dir(models.canonical_name(args.model))
@@ -114,8 +114,8 @@ def check_ports(args: argparse.Namespace) -> None:
 def main(args: argparse.Namespace) -> int:
     import asyncio
 
-    from trt_pipeline.pipeline.serve.app import create_app
-    from trt_pipeline.pipeline.serve.server import serve
+    from .app import create_app
+    from .server import serve
 
     check_ports(args)
     folder = resolve_folder(args)  # opened, and refused with the reason, by create_app

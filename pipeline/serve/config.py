@@ -1,10 +1,10 @@
-"""The service's settings: one dataclass with defaults and a check(), like pipeline.settings.Settings."""
+"""The service's settings: one dataclass with defaults and a check(), like pipeline.core.settings.Settings."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trt_pipeline.pipeline.errors import PipelineError
+from ..core.errors import PipelineError
 
 
 @dataclass

@@ -19,9 +19,9 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.serve.config import ServeConfig
-from trt_pipeline.pipeline.serve.protocol import (
+from ..core.errors import PipelineError
+from .config import ServeConfig
+from .protocol import (
     CLIENT_GONE,
     DATATYPES,
     VERSION,
@@ -34,7 +34,7 @@ from trt_pipeline.pipeline.serve.protocol import (
     select_outputs,
     timeout_from_parameters,
 )
-from trt_pipeline.pipeline.serve.service import InferRequest, Service
+from .service import InferRequest, Service
 
 # HTTP statuses of ServeError -> gRPC codes, as Triton maps its errors to both.
 GRPC_CODES = {

@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.graph_io import GraphTensor
-from trt_pipeline.pipeline.manifest import Manifest
-from trt_pipeline.pipeline.runners.base import BATCH_AXIS, TensorSpec, check_feed, max_batch, tensor_specs
-from trt_pipeline.pipeline.triton import TRITON_DTYPES, model_name
+from ..core.errors import PipelineError
+from ..folder.graph_io import GraphTensor
+from ..folder.manifest import Manifest
+from ..runners.base import BATCH_AXIS, TensorSpec, check_feed, max_batch, tensor_specs
+from ..triton.repository import TRITON_DTYPES, model_name
 
 # numpy dtype name -> the protocol's datatype: Triton's model-config type without its TYPE_ prefix.
 DATATYPES = {numpy: triton.removeprefix("TYPE_") for numpy, triton in TRITON_DTYPES.items()}

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from trt_pipeline.pipeline.serve.protocol import (
+from .protocol import (
     DATATYPES,
     VERSION,
     InputTensor,
@@ -35,7 +35,7 @@ from trt_pipeline.pipeline.serve.protocol import (
     select_outputs,
     timeout_from_parameters,
 )
-from trt_pipeline.pipeline.serve.service import InferRequest
+from .service import InferRequest
 
 JSON = "application/json"
 BINARY = "application/octet-stream"

@@ -15,9 +15,9 @@ import math
 
 import numpy as np
 
-from trt_pipeline.pipeline.runners.base import DYNAMIC, TensorSpec
-from trt_pipeline.pipeline.serve.protocol import VERSION, ModelIO, datatype
-from trt_pipeline.pipeline.serve.rest import BINARY, HEADER_LENGTH, JSON
+from ..runners.base import DYNAMIC, TensorSpec
+from .protocol import VERSION, ModelIO, datatype
+from .rest import BINARY, HEADER_LENGTH, JSON
 
 ERROR = {
     "type": "object",

@@ -17,7 +17,7 @@ import uvicorn
 from fastapi import FastAPI
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from trt_pipeline.pipeline.serve.grpc_service import start_grpc_server
+from .grpc_service import start_grpc_server
 
 log = logging.getLogger(__name__)
 

@@ -19,13 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from trt_pipeline.pipeline.folder import ArtifactFolder, open_folder
-from trt_pipeline.pipeline.runners import Runner, load_runner
-from trt_pipeline.pipeline.runners.base import DYNAMIC, TensorSpec
-from trt_pipeline.pipeline.serve.batcher import Batcher, QueueFull
-from trt_pipeline.pipeline.serve.config import ServeConfig
-from trt_pipeline.pipeline.serve.metrics import ServiceMetrics
-from trt_pipeline.pipeline.serve.protocol import (
+from ..folder.reader import ArtifactFolder, open_folder
+from ..runners import Runner, load_runner
+from ..runners.base import DYNAMIC, TensorSpec
+from ..triton.repository import PLATFORMS, model_config
+from .batcher import Batcher, QueueFull
+from .config import ServeConfig
+from .metrics import ServiceMetrics
+from .protocol import (
     RETRY_AFTER,
     VERSION,
     ModelIO,
@@ -33,7 +34,6 @@ from trt_pipeline.pipeline.serve.protocol import (
     ServeError,
     tensor_metadata,
 )
-from trt_pipeline.pipeline.triton import PLATFORMS, model_config
 
 log = logging.getLogger(__name__)
 

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_pipeline.pipeline.compare import compare_outputs
+from trt_pipeline.pipeline.core.compare import compare_outputs
+from trt_pipeline.pipeline.core.settings import Settings
+from trt_pipeline.pipeline.core.trt_module import RecordingLogger, describe_gpu, import_trt
 from trt_pipeline.pipeline.runners import load_runner
-from trt_pipeline.pipeline.settings import Settings
-from trt_pipeline.pipeline.stages import make_engine
-from trt_pipeline.pipeline.trt_module import RecordingLogger, describe_gpu, import_trt
+from trt_pipeline.pipeline.stages.sequence import make_engine
 
 
 def deserialize(folder: Path) -> dict:

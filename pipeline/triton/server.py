@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from importlib import util as importlib_util
 from pathlib import Path
 
-from trt_pipeline.pipeline.errors import PipelineError
+from ..core.errors import PipelineError
 
 INSTALL = "pip install --no-deps nvidia-pytriton (it ships tritonserver; --no-deps: it pins numpy<2, unused here)"
 

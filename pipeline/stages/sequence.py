@@ -4,7 +4,7 @@ Each stage reads what earlier stages left in engines/<model>-<precision>/, write
 its own artifact under a temporary name, records itself in manifest.json and prints
 one line.  `make_engine` runs them all and reuses a finished folder whose inputs and
 settings are unchanged.  A run holds the folder's build lock from start to end, so two
-runs never write one folder at once; readers open it through pipeline.folder.
+runs never write one folder at once; readers open it through pipeline.folder.reader.
 """
 
 from __future__ import annotations
@@ -18,18 +18,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from trt_pipeline import models
-from trt_pipeline.calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph, written_cpu_graphs
-from trt_pipeline.calibration.readers import CalibrationData, graph_inputs, read_calibration_data
-from trt_pipeline.models.spec import ModelSpec
-from trt_pipeline.pipeline.artifacts import build_lock, sha256_file
-from trt_pipeline.pipeline.check import check_onnx
-from trt_pipeline.pipeline.cpu import int8_cpu_kind
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.export import export_onnx, load_reference, parity_batches, write_reference
-from trt_pipeline.pipeline.float16 import Case
-from trt_pipeline.pipeline.graph_io import GraphTensor
-from trt_pipeline.pipeline.manifest import (
+from ... import models
+from ...calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph, written_cpu_graphs
+from ...calibration.readers import CalibrationData, graph_inputs, read_calibration_data
+from ...models.spec import ModelSpec
+from ..core.cpu import int8_cpu_kind
+from ..core.errors import PipelineError
+from ..core.sessions import levels_below_full
+from ..core.settings import OPSET, Settings
+from ..folder.artifacts import build_lock, sha256_file
+from ..folder.graph_io import GraphTensor
+from ..folder.manifest import (
     ARTIFACT_LAYOUT,
     CPU_TARGETS,
     ENGINE,
@@ -49,7 +48,10 @@ from trt_pipeline.pipeline.manifest import (
     record_stage,
     update_manifest,
 )
-from trt_pipeline.pipeline.onnx_model import (
+from .check import check_onnx
+from .export import export_onnx, load_reference, parity_batches, write_reference
+from .float16 import Case
+from .onnx_model import (
     REFERENCE_SOURCE,
     OnnxModel,
     import_onnx,
@@ -57,12 +59,10 @@ from trt_pipeline.pipeline.onnx_model import (
     open_onnx_model,
     write_onnx_reference,
 )
-from trt_pipeline.pipeline.parity import check_int8_agreement, check_parity
-from trt_pipeline.pipeline.precision import convert_fp16
-from trt_pipeline.pipeline.prepare import prepare
-from trt_pipeline.pipeline.sessions import levels_below_full
-from trt_pipeline.pipeline.settings import OPSET, Settings
-from trt_pipeline.pipeline.simplify import simplify_onnx
+from .parity import check_int8_agreement, check_parity
+from .precision import convert_fp16
+from .prepare import prepare
+from .simplify import simplify_onnx
 
 INT8_ONLY_SETTINGS = ("calib_method", "smooth")
 VERSIONED_PACKAGES = ("torch", "onnx", "onnxsim", "onnxruntime-gpu", "onnxruntime", "numpy")
@@ -104,7 +104,7 @@ class Run:
 
     @property
     def onnx_model(self) -> OnnxModel | None:
-        """MODEL=<file>.onnx, read and its dims resolved (pipeline.onnx_model); None for a PyTorch model."""
+        """MODEL=<file>.onnx, read and its dims resolved (pipeline.stages.onnx_model); None for a PyTorch model."""
         if self._onnx is None and is_onnx_model(self.settings.model):
             settings = self.settings
             self._onnx = open_onnx_model(Path(settings.model), settings.input_shape, settings.dynamic)
@@ -363,7 +363,7 @@ def _rows(inputs: dict) -> int:
 
 
 def run_build(run: Run) -> None:
-    from trt_pipeline.pipeline.trt_module import import_trt
+    from ..core.trt_module import import_trt
 
     graph = _require(run, engine_graph(run.settings.precision))
     try:
@@ -378,7 +378,7 @@ def run_build(run: Run) -> None:
 
 
 def _build(run: Run, graph: Path, axis_ranges: dict) -> dict:
-    from trt_pipeline.pipeline.build import build_engine
+    from .build import build_engine
 
     engine = run.path(ENGINE)
     record = build_engine(
@@ -460,7 +460,8 @@ def _make_engine(run: Run) -> Path:
 
 @contextlib.contextmanager
 def _locked(folder: Path) -> Iterator[None]:
-    """The folder's build lock (pipeline.artifacts.build_lock), saying which killed runs' temporaries it removed."""
+    """The folder's build lock (pipeline.folder.artifacts.build_lock), saying which killed runs' temporaries it
+    removed."""
     with build_lock(folder) as removed:
         if removed:
             names = ", ".join(str(path.relative_to(folder)) for path in removed)

@@ -5,7 +5,8 @@ builder flags no longer choose precisions, so the ONNX graph must carry them.
 FP16 = the graph converted to float16 with float32 inputs and outputs (a service
 keeps feeding float32), except the nodes float16 cannot hold, which stay FP32 behind
 Casts: found from the FP32 graph's own values on the reference inputs and the calibration data when
-given (pipeline/float16.py), or named by the user (--keep-fp32).  INT8 = explicit Q/DQ from calibration (calibration/).
+given (pipeline/stages/float16.py), or named by the user (--keep-fp32).  INT8 = explicit Q/DQ from calibration
+(calibration/).
 """
 
 from __future__ import annotations
@@ -16,15 +17,15 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto
 
-from trt_pipeline.pipeline.artifacts import atomic_path
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.float16 import Case, KeptNode, TensorStats, fp32_compute_share, overflowing_nodes
+from ..core.errors import PipelineError
+from ..folder.artifacts import atomic_path
+from .float16 import Case, KeptNode, TensorStats, fp32_compute_share, overflowing_nodes
 
 # The runs of each data source with the largest activations that the scan records (TensorStats.largest_cases):
-# the faithful FP16 gate judges the calibration ones besides the reference inputs (pipeline/stages.py).
+# the faithful FP16 gate judges the calibration ones besides the reference inputs (pipeline/stages/sequence.py).
 LARGEST_CASES = 2
 
-# The engine's graph at each precision, from the one precision -> graph table (pipeline.manifest.GRAPHS).
+# The engine's graph at each precision, from the one precision -> graph table (pipeline.folder.manifest.GRAPHS).
 
 
 def convert_fp16(

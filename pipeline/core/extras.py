@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 from importlib import metadata
 
-from trt_pipeline.pipeline.errors import PipelineError
+from .errors import PipelineError
 
 DISTRIBUTION = "trt-pipeline"
 

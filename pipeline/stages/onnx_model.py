@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import onnx
 
-from trt_pipeline.pipeline.artifacts import atomic_path, write_npz
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.settings import OPSET, BatchProfile
+from ..core.errors import PipelineError
+from ..core.settings import OPSET, BatchProfile
+from ..folder.artifacts import atomic_path, write_npz
 
 ONNX_SUFFIX = ".onnx"
 REFERENCE_SOURCE = "the given FP32 ONNX graph, run by ONNX Runtime (no PyTorch model: MODEL is an ONNX file)"
@@ -54,7 +54,7 @@ class OnnxModel:
 
 def open_onnx_model(path: Path, input_shape: str | None, dynamic: str | None) -> OnnxModel:
     """Read the file's inputs and resolve every symbolic dim with INPUT_SHAPE / DYNAMIC (see the module doc)."""
-    from trt_pipeline.models.inputs import DTYPES, parse_dynamic, parse_input_shape
+    from ...models.inputs import DTYPES, parse_dynamic, parse_input_shape
 
     if not path.is_file():
         raise PipelineError(f"ONNX file {path} does not exist", "check the path of MODEL=<file>.onnx")
@@ -174,7 +174,7 @@ def _require_every_symbolic_dim(
 
 
 def _fingerprint(path: Path, input_shape: str | None, dynamic: str | None) -> str:
-    from trt_pipeline.pipeline.artifacts import sha256_file
+    from ..folder.artifacts import sha256_file
 
     payload = f"onnx:{sha256_file(path)}\0input_shape:{input_shape or ''}\0dynamic:{dynamic or ''}"
     return hashlib.sha256(payload.encode()).hexdigest()
@@ -256,7 +256,7 @@ def integer_ranges(onnx_path: Path, names: list[str]) -> dict[str, tuple[int, in
 
 def reference_cases(source: OnnxModel, batch: BatchProfile) -> list[tuple[int, dict[str, int]]]:
     """(batch, sizes of the ranged dims): the parity batches at each range's opt, and batch 2 at each max."""
-    from trt_pipeline.pipeline.export import parity_batches
+    from .export import parity_batches
 
     optimal = {name: bounds[1] for name, bounds in source.axis_ranges.items()}
     cases = [(size, optimal) for size in parity_batches(batch)]
@@ -267,8 +267,8 @@ def reference_cases(source: OnnxModel, batch: BatchProfile) -> list[tuple[int, d
 
 def write_onnx_reference(source: OnnxModel, onnx_path: Path, batch: BatchProfile, path: Path) -> dict:
     """reference.npz from the imported FP32 graph itself, on random inputs at every case's sizes."""
-    from trt_pipeline.pipeline.export import random_inputs, refused_sizes
-    from trt_pipeline.pipeline.sessions import onnxruntime_session
+    from ..core.sessions import onnxruntime_session
+    from .export import random_inputs, refused_sizes
 
     records = [
         {

@@ -1,6 +1,6 @@
 """Reading an artifact folder: the one way the runners, the benchmark, the service and the Triton writer open it.
 
-The stages write engines/<model>-<precision>/ (pipeline/stages.py) under a build lock; everything else only
+The stages write engines/<model>-<precision>/ (pipeline/stages/sequence.py) under a build lock; everything else only
 reads it, through `open_folder`, so every reader holds to the same rules:
   - a folder whose last build did not finish (its manifest's `complete` is not true: a rebuild killed halfway,
     a gate that failed, a build running now) is never loaded: its files may be half the old build and half
@@ -18,9 +18,9 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trt_pipeline.pipeline.artifacts import running_build
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.manifest import (
+from ..core.errors import PipelineError
+from .artifacts import running_build
+from .manifest import (
     ARTIFACT_LAYOUT,
     CPU_TARGETS,
     ENGINE_TARGET,
@@ -42,7 +42,7 @@ class ArtifactFolder:
     manifest: Manifest = field(repr=False)  # the whole record, typed
     model: str  # the model's canonical name (resnet50, toy_models-tiny_cnn)
     precision: str
-    graphs: dict[str, str]  # target -> graph file (pipeline.manifest.GRAPHS)
+    graphs: dict[str, str]  # target -> graph file (pipeline.folder.manifest.GRAPHS)
     engine: str
     artifacts: dict[str, Artifact]
 
@@ -52,7 +52,7 @@ class ArtifactFolder:
         return self.graphs[ENGINE_TARGET]
 
     def cpu_graph(self, kind: str) -> str | None:
-        """The graph written for ONNX Runtime's CPU kernels on this kind of CPU (pipeline.cpu), or None where the
+        """The graph written for ONNX Runtime's CPU kernels on this kind of CPU (pipeline.core.cpu), or None where the
         precision writes none (then the engine's graph serves the CPU too)."""
         return self.graphs.get(CPU_TARGETS[kind])
 

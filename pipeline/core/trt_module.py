@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.extras import install_command
+from .errors import PipelineError
+from .extras import install_command
 
 if TYPE_CHECKING:
     # Type stubs only (`tensorrt-stubs`); annotations name these so mypy checks TensorRT calls.
@@ -226,7 +226,7 @@ class RecordingLogger:
     is ignored").  Callers take `mark()` before a step and `since(mark)` after it, which also
     drops noise from earlier steps (TensorRT-RTX logs an INTERNAL_ERROR "Thread context has not
     been set" from some config calls that still succeed).  Everything also goes to Python
-    logging (`pipeline.trt_module`).  Messages of concurrent builds in threads would interleave.
+    logging (`pipeline.core.trt_module`).  Messages of concurrent builds in threads would interleave.
     """
 
     _instances: dict[str, RecordingLogger] = {}

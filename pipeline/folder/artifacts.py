@@ -18,7 +18,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from trt_pipeline.pipeline.errors import PipelineError
+from ..core.errors import PipelineError
 
 # In the artifact folder; while a build runs it holds that build's pid.
 LOCK = ".build.lock"

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import onnx
 
-from trt_pipeline.pipeline.artifacts import atomic_path
-from trt_pipeline.pipeline.check import check_onnx
-from trt_pipeline.pipeline.errors import PipelineError
+from ..core.errors import PipelineError
+from ..folder.artifacts import atomic_path
+from .check import check_onnx
 
 
 def simplify_onnx(onnx_path: Path, out_path: Path) -> dict:

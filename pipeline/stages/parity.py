@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trt_pipeline.pipeline.compare import Comparison, compare_outputs
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.export import load_reference
-from trt_pipeline.pipeline.manifest import FP32_GRAPH, engine_graph
-from trt_pipeline.pipeline.sessions import onnxruntime_session, probe_level
+from ..core.compare import Comparison, compare_outputs
+from ..core.errors import PipelineError
+from ..core.sessions import onnxruntime_session, probe_level
+from ..folder.manifest import FP32_GRAPH, engine_graph
+from .export import load_reference
 
 if TYPE_CHECKING:
-    from trt_pipeline.pipeline.float16 import Case
+    from .float16 import Case
 
 # Tolerances on max |onnx - torch| relative to the output's largest magnitude.
 # FP32 graphs differ from PyTorch by reassociation only (measured ~1e-6 on ResNet-50);
@@ -38,11 +38,11 @@ def check_parity(onnx_path: Path, reference_path: Path, *, precision: str, again
     """Run every reference case through the graph; raise PipelineError past the tolerance.
 
     A float16 graph runs as the engine stores it (every float16 tensor rounded, overflow to inf:
-    pipeline/float16.py), not as ONNX Runtime's CPU provider would run it (in float32 throughout).
+    pipeline/stages/float16.py), not as ONNX Runtime's CPU provider would run it (in float32 throughout).
     `against_fp32`: more inputs, which have no PyTorch outputs, judged against the FP32 graph beside the graph
     (model.onnx) at the same tolerance (fp16: the calibration runs with the largest activations).
     """
-    from trt_pipeline.pipeline.float16 import faithful_session
+    from .float16 import faithful_session
 
     reference = load_reference(reference_path)
     first_inputs = reference[0][0]
@@ -108,7 +108,7 @@ def _judged_cases(
 def evaluation_session(onnx_path: Path, probe_feed: dict[str, np.ndarray] | None = None):
     """The session a gate judges a graph with: the TensorRT-shaped INT8 graph (model.int8.onnx) with its Q/DQ
     simulated as TensorRT computes them; ONNX Runtime's CPU-shaped graphs with ORT's own int8 kernels (what
-    the runner serves); any other graph as is.  probe_feed: run once in a child first (pipeline/sessions.py)."""
+    the runner serves); any other graph as is.  probe_feed: run once in a child first (pipeline/core/sessions.py)."""
     simulate_qdq = onnx_path.name == engine_graph("int8")
     return onnxruntime_session(onnx_path, simulate_qdq=simulate_qdq, probe_feed=probe_feed)
 
@@ -190,7 +190,7 @@ def _agreement_record(pairs: list[tuple[np.ndarray, np.ndarray]]) -> dict:
 
 
 def _first_bad_node(fp32_path: Path, lower_path: Path, inputs: dict, precision: str) -> str:
-    from trt_pipeline.pipeline.diagnose import first_bad_node_text  # imported on failure only: it loads the whole graph
+    from ..quality.diagnose import first_bad_node_text  # imported on failure only: it loads the whole graph
 
     return first_bad_node_text(fp32_path, lower_path, inputs, precision)
 

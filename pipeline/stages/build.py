@@ -12,11 +12,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from trt_pipeline.pipeline import trt_module
-from trt_pipeline.pipeline.artifacts import write_bytes
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.graph_io import graph_io
-from trt_pipeline.pipeline.settings import BatchProfile
+from ..core import trt_module
+from ..core.errors import PipelineError
+from ..core.settings import BatchProfile
+from ..folder.artifacts import write_bytes
+from ..folder.graph_io import graph_io
 
 if TYPE_CHECKING:
     import tensorrt
@@ -40,7 +40,7 @@ def build_engine(
 
     `batch` gives dim 0 of every input its min/opt/max; every other dynamic dim is looked up by
     its ONNX dim_param name in `axis_ranges` (e.g. {"height": (224, 384, 512)}).  `target` is the
-    GPUs a TensorRT-RTX engine is built for (pipeline.settings.TARGETS).
+    GPUs a TensorRT-RTX engine is built for (pipeline.core.settings.TARGETS).
     """
     started = time.perf_counter()
     onnx_path, engine_path = Path(onnx_path), Path(engine_path)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from trt_pipeline.models.spec import ModelSpec, call_module
-from trt_pipeline.pipeline.errors import PipelineError
+from ...models.spec import ModelSpec, call_module
+from ..core.errors import PipelineError
 
 BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
 

@@ -1,7 +1,7 @@
 """`trt-pipeline diagnose <folder>`: where a float16 or INT8 graph departs from the FP32 graph, layer by layer.
 
 Both graphs run on the same inputs (an INT8 folder's calibration sample, else the first case of reference.npz)
-with every intermediate tensor exposed; the float16 graph runs as the engine stores it (pipeline/float16.py
+with every intermediate tensor exposed; the float16 graph runs as the engine stores it (pipeline/stages/float16.py
 faithful_copy), the INT8 graph with its Q/DQ as TensorRT computes them.  Each
 tensor the two graphs share by name is compared as max |lower - fp32| over the FP32 tensor's
 largest magnitude, in the FP32 graph's order, on the elements where FP32 is finite: an inf or NaN
@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from trt_pipeline.pipeline.artifacts import write_bytes, write_json
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.float16 import faithful_copy, run_exposing_tensors
+from ..core.errors import PipelineError
+from ..folder.artifacts import write_bytes, write_json
+from ..stages.float16 import faithful_copy, run_exposing_tensors
 
 WORST = 10
 
@@ -51,7 +51,7 @@ def compare_layers(
     if precision == "fp16":
         lower = faithful_copy(lower)
     reference = run_exposing_tensors(fp32, inputs)
-    # The TensorRT-shaped INT8 graph as TensorRT computes it, as its gates judge it (pipeline.parity).
+    # The TensorRT-shaped INT8 graph as TensorRT computes it, as its gates judge it (pipeline.stages.parity).
     actual = run_exposing_tensors(lower, inputs, simulate_qdq=precision == "int8")
     errors = []
     for node in fp32.graph.node:
@@ -78,7 +78,7 @@ def node_tolerance(precision: str) -> float:
     """How far a node's output may be from FP32's, relative to its scale: FP16's parity tolerance; for INT8 its
     gate's level on the calibration data (INT8_MAX_ERROR), not the 1.0 of the smoke check on random inputs,
     under which no node of a refused graph would ever be named."""
-    from trt_pipeline.pipeline.parity import INT8_MAX_ERROR, RTOL
+    from ..stages.parity import INT8_MAX_ERROR, RTOL
 
     return INT8_MAX_ERROR if precision == "int8" else RTOL[precision]
 
@@ -119,7 +119,7 @@ def main(args: argparse.Namespace) -> int:
 
 def diagnose_folder(folder: Path) -> dict:
     """Compare the folder's graph with its FP32 graph (on _inputs); write diagnosis.json/.md."""
-    from trt_pipeline.pipeline.manifest import FP32_GRAPH, engine_graph, require_manifest
+    from ..folder.manifest import FP32_GRAPH, engine_graph, require_manifest
 
     manifest = require_manifest(folder)
     precision = manifest.precision or "unknown"
@@ -149,9 +149,9 @@ def diagnose_folder(folder: Path) -> dict:
 def _inputs(folder: Path, precision: str) -> tuple[dict[str, np.ndarray], str]:
     """(inputs, what they are): an INT8 folder's calibration sample, where it kept one (reference.npz's inputs are
     random, and the input's Q/DQ clips what lies outside the calibrated range), else the first reference case."""
-    from trt_pipeline.calibration.int8 import calibration_sample
-    from trt_pipeline.pipeline.export import load_reference
-    from trt_pipeline.pipeline.manifest import REFERENCE
+    from ...calibration.int8 import calibration_sample
+    from ..folder.manifest import REFERENCE
+    from ..stages.export import load_reference
 
     sample = calibration_sample(folder) if precision == "int8" else None
     if sample is not None:

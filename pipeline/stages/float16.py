@@ -114,7 +114,7 @@ def _float32_attributes(node: onnx.NodeProto) -> None:
 
 def faithful_session(fp16_path: Path):
     """An ONNX Runtime session over the faithful copy of the float16 graph at `fp16_path`."""
-    from trt_pipeline.pipeline.sessions import onnxruntime_session
+    from ..core.sessions import onnxruntime_session
 
     with tempfile.TemporaryDirectory(prefix="faithful-fp16.") as folder:
         copy = Path(folder) / "faithful.onnx"
@@ -129,7 +129,7 @@ def run_exposing_tensors(
     model: onnx.ModelProto, feeds: dict[str, np.ndarray], *, simulate_qdq: bool = False
 ) -> dict[str, np.ndarray]:
     """Every float tensor a graph computes (node outputs, graph inputs), by name, for one run.
-    simulate_qdq: Q/DQ run as TensorRT computes them (pipeline.sessions), for the TensorRT-shaped INT8 graph."""
+    simulate_qdq: Q/DQ run as TensorRT computes them (pipeline.core.sessions), for the TensorRT-shaped INT8 graph."""
     return _ExposingSession(model, simulate_qdq=simulate_qdq).run(feeds)
 
 
@@ -138,7 +138,7 @@ class _ExposingSession:
     once for many runs (a session per run costs more than the run on a small graph)."""
 
     def __init__(self, model: onnx.ModelProto, *, simulate_qdq: bool = False) -> None:
-        from trt_pipeline.pipeline.sessions import onnxruntime_session
+        from ..core.sessions import onnxruntime_session
 
         exposed = onnx.ModelProto()
         exposed.CopyFrom(model)

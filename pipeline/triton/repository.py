@@ -2,7 +2,7 @@
 
 Writes <repo>/<name>/config.pbtxt and <repo>/<name>/1/model.plan (Triton's `tensorrt_plan` platform),
 <repo>/<name>/1/model.onnx (the `onnxruntime` backend), or, with `--backend python`, <repo>/<name>/1/model.py
-(pipeline/triton_python_model.py) with the artifact folder's runtime files in <repo>/<name>/1/artifacts/: our
+(pipeline/triton/python_model.py) with the artifact folder's runtime files in <repo>/<name>/1/artifacts/: our
 runner (pipeline.runners.load_runner) inside Triton's Python backend.  The config is built as Triton's own
 ModelConfig protobuf message (tritonclient's model_config_pb2) and written with protobuf's text format, so
 every field name, enum and type is checked by the schema Triton itself parses it with.
@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import trt_pipeline
-from trt_pipeline.pipeline.artifacts import write_bytes
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.folder import ArtifactFolder, open_folder
-from trt_pipeline.pipeline.manifest import MANIFEST, Manifest
-from trt_pipeline.pipeline.runners.base import max_batch
+
+from ..core.errors import PipelineError
+from ..folder.artifacts import write_bytes
+from ..folder.manifest import MANIFEST, Manifest
+from ..folder.reader import ArtifactFolder, open_folder
+from ..runners.base import max_batch
 
 # ONNX Runtime's optimization levels as the onnxruntime backend's `optimization { graph { level } }` spells them
 # (its README: -1 basic, 1 basic and extended, 2 none; unset: all).
@@ -236,8 +237,8 @@ def runner_files(opened: ArtifactFolder) -> dict[str, bytes]:
 
 
 def python_model_source() -> bytes:
-    """The Python backend's model.py: pipeline/triton_python_model.py as it is."""
-    return (Path(__file__).parent / "triton_python_model.py").read_bytes()
+    """The Python backend's model.py: pipeline/triton/python_model.py as it is."""
+    return (Path(__file__).parent / "python_model.py").read_bytes()
 
 
 def add_parameter(config: Any, key: str, value: str) -> None:
@@ -254,7 +255,7 @@ def engine_io(manifest: Manifest) -> list[dict]:
 
 def graph_io(graph: bytes) -> list[dict]:
     """The ONNX graph's I/O in the same form as engine_io (symbolic or unknown dims as -1)."""
-    from trt_pipeline.pipeline.graph_io import graph_io as read_graph_io
+    from ..folder.graph_io import graph_io as read_graph_io
 
     io = read_graph_io(graph)
     tensors = [("input", tensor) for tensor in io.inputs] + [("output", tensor) for tensor in io.outputs]

@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trt_pipeline.models.spec import ModelSpec, call_module, needs_keywords
-from trt_pipeline.pipeline.artifacts import atomic_path, write_npz
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.prepare import flatten_outputs
-from trt_pipeline.pipeline.settings import OPSET, BatchProfile
+from ...models.spec import ModelSpec, call_module, needs_keywords
+from ..core.errors import PipelineError
+from ..core.settings import OPSET, BatchProfile
+from ..folder.artifacts import atomic_path, write_npz
+from .prepare import flatten_outputs
 
 BATCH_AXIS = "batch"
 SUGGESTED_MAX_SEQUENCE = 512  # the longest sequence a suggested DYNAMIC range covers (BERT's)

@@ -1,6 +1,6 @@
 """ONNX Runtime sessions with this project's options, shared by the runner (runtime) and the parity stages (build).
 
-Kept apart from pipeline/parity.py so that serving an ONNX graph imports onnxruntime and nothing of the build.
+Kept apart from pipeline/stages/parity.py so that serving an ONNX graph imports onnxruntime and nothing of the build.
 
 A crash inside ONNX Runtime (a segfault while it optimizes a graph: seen on a TransformerEncoder's FP16 graph at
 full optimization) would kill the pipeline with no message.  So a graph on disk, which the build stages open, is
@@ -8,7 +8,7 @@ first opened in a forked child, and run there once when the caller gives a feed 
 first reference case): a child killed by a signal means ONNX Runtime crashed on that graph, and the session is
 opened at the next lower optimization level (its results are the same; only its speed differs), or, when every
 level crashes, the stage stops with a PipelineError naming the graph.  The level each graph of a folder needed
-is recorded in its manifest (pipeline.stages), so the runner opens the graph's bytes at that level without
+is recorded in its manifest (pipeline.stages.sequence), so the runner opens the graph's bytes at that level without
 probing again.  Only the first run is probed: containing every run would compute each twice.
 """
 
@@ -21,8 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.extras import import_onnxruntime
+from .errors import PipelineError
+from .extras import import_onnxruntime
 
 # Highest first: the order a crashing graph is retried in.  Names as in onnxruntime.GraphOptimizationLevel.
 OPTIMIZATION_LEVELS = ("ORT_ENABLE_ALL", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_BASIC", "ORT_DISABLE_ALL")

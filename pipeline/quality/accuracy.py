@@ -24,23 +24,23 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_pipeline import models
-from trt_pipeline.calibration.budget import fit_budget
-from trt_pipeline.calibration.cache import read_cache
-from trt_pipeline.calibration.int8 import (
+from ... import models
+from ...calibration.budget import fit_budget
+from ...calibration.cache import read_cache
+from ...calibration.int8 import (
     CACHE_FOLDER,
     CalibrationConfig,
     calibrated_graph,
     make_int8_graph,
     written_cpu_graphs,
 )
-from trt_pipeline.calibration.readers import CalibrationSource, Feed, graph_inputs, read_calibration_data
-from trt_pipeline.pipeline.artifacts import write_bytes, write_json
-from trt_pipeline.pipeline.cpu import int8_cpu_kind
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.manifest import FP32_GRAPH, REFERENCE, cpu_graphs, engine_graph
-from trt_pipeline.pipeline.sessions import onnxruntime_session
-from trt_pipeline.pipeline.settings import CALIB_METHODS, Settings
+from ...calibration.readers import CalibrationSource, Feed, graph_inputs, read_calibration_data
+from ..core.cpu import int8_cpu_kind
+from ..core.errors import PipelineError
+from ..core.sessions import onnxruntime_session
+from ..core.settings import CALIB_METHODS, Settings
+from ..folder.artifacts import write_bytes, write_json
+from ..folder.manifest import FP32_GRAPH, REFERENCE, cpu_graphs, engine_graph
 
 EVAL_BATCH = 64
 SUBFOLDER = "accuracy"
@@ -101,7 +101,7 @@ class EvaluationSet:
 
 def digits_evaluation(settings: Settings) -> EvaluationSet:
     """The digits CNN: calibrate on the training split, evaluate on the held-out split."""
-    from trt_pipeline.models.digits import load_split
+    from ...models.digits import load_split
 
     split = load_split()
     train = split.train_inputs
@@ -131,7 +131,7 @@ def measure_accuracy(
 
     With `budget`, the first method's INT8 graph is also written to that budget (calibration/budget.py):
     top-1 points lost on the labelled tuning data, or 100 x (1 - mean cosine to FP32) without labels."""
-    from trt_pipeline.pipeline.stages import fp16_graph, make_engine
+    from ..stages.sequence import fp16_graph, make_engine
 
     name = models.canonical_name(settings.model)
     if name not in LABELLED_SETS and settings.calib is None:
@@ -361,7 +361,7 @@ def _markdown(report: dict) -> str:
 
 
 def _near_ties_markdown(results: dict[str, dict]) -> list[str]:
-    """Every graph's near-tie flips: listed apart, not hidden (pipeline.accuracy.top1_changes says which)."""
+    """Every graph's near-tie flips: listed apart, not hidden (pipeline.quality.accuracy.top1_changes says which)."""
     rows = [(label, tie) for label, row in results.items() for tie in row["near_tie_flips"][:NEAR_TIES_LISTED]]
     if not rows:
         return []

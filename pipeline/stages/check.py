@@ -7,9 +7,9 @@ from pathlib import Path
 import onnx
 from onnx import numpy_helper
 
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.graph_io import graph_io
-from trt_pipeline.pipeline.settings import OPSET
+from ..core.errors import PipelineError
+from ..core.settings import OPSET
+from ..folder.graph_io import graph_io
 
 
 def check_onnx(onnx_path: Path, reference: Path | None = None) -> dict:
@@ -44,8 +44,8 @@ def _run_every_case(onnx_path: Path, reference: Path) -> None:
     Here, before simplify, and not left to parity: onnxsim folds such a baked Reshape into a graph that runs
     at the other size with wrong shapes (measured on tests.toy_models:baked_sequence_model).
     """
-    from trt_pipeline.pipeline.export import load_reference
-    from trt_pipeline.pipeline.sessions import onnxruntime_session
+    from ..core.sessions import onnxruntime_session
+    from .export import load_reference
 
     session = onnxruntime_session(onnx_path)
     for inputs, _ in load_reference(reference):

@@ -4,7 +4,7 @@ This module owns the record: its types (Manifest and the records it holds), the 
 (update_manifest, record_stage), its decoding for readers (read_manifest: a damaged entry is a PipelineError
 naming it), the folder's file names and which graph each precision writes for which target (GRAPHS), the layout
 version, and the one "rebuild it" hint every error about a folder ends with.  Readers open a folder through
-pipeline/folder.py, which enforces what a finished folder must be.  It imports no build stage.
+pipeline/folder/reader.py, which enforces what a finished folder must be.  It imports no build stage.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from trt_pipeline.pipeline.artifacts import sha256_file, write_json
-from trt_pipeline.pipeline.cpu import NO_VNNI, VNNI
-from trt_pipeline.pipeline.errors import PipelineError
-from trt_pipeline.pipeline.graph_io import GraphTensor
-from trt_pipeline.pipeline.sessions import OPTIMIZATION_LEVELS
-from trt_pipeline.pipeline.settings import PRECISIONS, BatchProfile, Settings
+from ..core.cpu import NO_VNNI, VNNI
+from ..core.errors import PipelineError
+from ..core.sessions import OPTIMIZATION_LEVELS
+from ..core.settings import PRECISIONS, BatchProfile, Settings
+from .artifacts import sha256_file, write_json
+from .graph_io import GraphTensor
 
 # --------------------------------------------------------------------------- the layout: every file name once
 
@@ -36,7 +36,7 @@ FP32_GRAPH = "model.onnx"  # exported, checked and simplified; every other graph
 
 # The targets a graph is written for.  ENGINE_TARGET: the graph TensorRT builds engine.plan from, which ONNX
 # Runtime runs too (on a GPU, and on a CPU when the folder has no graph for that CPU).  CPU_TARGETS: graphs
-# shaped for ONNX Runtime's CPU kernels on each kind of CPU (pipeline.cpu; U8S8 saturates without VNNI).
+# shaped for ONNX Runtime's CPU kernels on each kind of CPU (pipeline.core.cpu; U8S8 saturates without VNNI).
 ENGINE_TARGET = "engine"
 CPU_TARGETS = {VNNI: "onnxruntime-cpu-vnni", NO_VNNI: "onnxruntime-cpu-no-vnni"}
 # Precision -> {target: graph file}: what the precision stage writes, what the manifest's "graphs" lists and
@@ -104,7 +104,7 @@ class BuildRecord:
 
     skipped: str | None = None  # why no engine was built; None when one was
     builder: Builder | None = None
-    target: dict = field(default_factory=dict)  # pipeline.trt_module.describe_target's record
+    target: dict = field(default_factory=dict)  # pipeline.core.trt_module.describe_target's record
     io: tuple[dict, ...] = ()  # the engine's tensors: {name, mode, dtype, shape (-1 for dynamic dims)}
     details: dict = field(default_factory=dict)  # the rest of the stage's record (profile, sizes, times)
 
@@ -172,7 +172,7 @@ class Manifest:
     build: BuildRecord | None = None
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage, in the order they ran
     # Graphs ONNX Runtime crashed on at its highest optimization level during the build, and the level that
-    # worked (pipeline/sessions.py): the runner opens them at that level.
+    # worked (pipeline/core/sessions.py): the runner opens them at that level.
     onnxruntime_levels: dict[str, str] = field(default_factory=dict)
     stages: dict[str, dict] = field(default_factory=dict)  # the other stages' records, by stage name
 
@@ -371,7 +371,8 @@ def read_manifest(folder: Path) -> Manifest | None:
 
 def require_manifest(folder: Path, hint: str | None = None) -> Manifest:
     """The manifest of an artifact folder, finished or not, or a PipelineError naming the `make engine` (or `hint`)
-    that creates it.  Loading artifacts goes through pipeline.folder.open_folder, which also requires it finished."""
+    that creates it.  Loading artifacts goes through pipeline.folder.reader.open_folder, which also requires it
+    finished."""
     folder = Path(folder)
     hint = hint or rebuild_hint(None, folder)
     if not folder.is_dir():

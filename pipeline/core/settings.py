@@ -6,7 +6,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from trt_pipeline.pipeline.errors import PipelineError
+from .errors import PipelineError
 
 OPSET = 17  # fixed: TensorRT 10/11 and ONNX Runtime all read it; recorded in the manifest
 PRECISIONS = ("fp32", "fp16", "int8")
