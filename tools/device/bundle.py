@@ -6,8 +6,11 @@ downloads the CPython 3.12 manylinux x86-64 wheels and the pycuda sdist from PyP
 TensorRT-RTX's ahead-of-time defaults, so the device can answer whether such a plan runs on it:
 
     python tools/device/bundle.py          # -> .devbundle/a (first call), .devbundle/b (second call)
+    python tools/device/bundle.py ort      # -> .devbundle/ort0 .. ort4: onnxruntime-gpu, one part per call
 
-tools/device/run.sh is what the device runs with each folder (see its header for the calls).
+onnxruntime-gpu (255 MB, a CUDA 13 build) runs our graphs on a GPU whose TensorRT cannot run them; its CUDA
+libraries come from the device's torch venv.  tools/device/run.sh is what the device runs with each folder (see
+its header for the calls).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BUNDLE = ROOT / ".devbundle"
 PART_BYTES = 58 << 20  # a part plus the repository stays under the 64 MiB a device call carries
 RTX = "1.7.1.116"
+ORT_GPU = "onnxruntime-gpu==1.31.1"
 WHEELS = [f"tensorrt-rtx-cu13-libs=={RTX}", f"tensorrt-rtx-cu13-bindings=={RTX}", "onnxsim==0.8.1"]
 # pycuda's own needs that the GPU machine's image lacks (numpy, typing-extensions, markupsafe are there).
 PYCUDA_NEEDS = ["pytools", "platformdirs", "mako", "siphash24"]
@@ -54,13 +58,33 @@ def download_sdist(name: str, into: Path) -> Path:
     return target
 
 
-def split(path: Path, first: Path, second: Path) -> str:
-    """Write `path` as <name>.part0 into `first` and .part1 into `second`; return its sha256."""
+def split(path: Path, folders: list[Path]) -> str:
+    """Write `path` as <name>.part<i> into folders[i], PART_BYTES each (the last takes the rest); return its sha256."""
     data = path.read_bytes()
-    (first / f"{path.name}.part0").write_bytes(data[:PART_BYTES])
-    (second / f"{path.name}.part1").write_bytes(data[PART_BYTES:])
+    if len(data) > PART_BYTES * len(folders):
+        raise SystemExit(f"{path.name} is {len(data) >> 20} MiB: more than {len(folders)} parts of {PART_BYTES >> 20}")
+    for index, folder in enumerate(folders):
+        part = data[index * PART_BYTES : (index + 1) * PART_BYTES if index + 1 < len(folders) else None]
+        (folder / f"{path.name}.part{index}").write_bytes(part)
     path.unlink()
     return hashlib.sha256(data).hexdigest()
+
+
+def bundle_onnxruntime_gpu() -> list[Path]:
+    """onnxruntime-gpu in parts of PART_BYTES, one folder a device call; SHA256SUMS travels with the first part."""
+    scratch = BUNDLE / "scratch-ort"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    (wheel,) = download_wheels([ORT_GPU], scratch)
+    count = -(-wheel.stat().st_size // PART_BYTES)
+    folders = [BUNDLE / f"ort{index}" for index in range(count)]
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+    sha = split(wheel, folders)
+    (folders[0] / "SHA256SUMS").write_text(f"{sha}  {wheel.name}\n")
+    shutil.rmtree(scratch)
+    return folders
 
 
 def build_aot_engine(into: Path) -> None:
@@ -71,12 +95,14 @@ def build_aot_engine(into: Path) -> None:
 
 
 def main() -> int:
+    if sys.argv[1:] == ["ort"]:
+        return report(bundle_onnxruntime_gpu())
     shutil.rmtree(BUNDLE, ignore_errors=True)
     first, second, scratch = BUNDLE / "a", BUNDLE / "b", BUNDLE / "scratch"
     for folder in (first, second, scratch):
         folder.mkdir(parents=True)
     (libs,) = download_wheels(WHEELS[:1], scratch)
-    sha = split(libs, first, second)
+    sha = split(libs, [first, second])
     (second / "SHA256SUMS").write_text(f"{sha}  {libs.name}\n")
     download_wheels(WHEELS[1:], second)
     build_pure_wheel(f"tensorrt-rtx-cu13=={RTX}", second)
@@ -84,7 +110,11 @@ def main() -> int:
     download_sdist("pycuda", first)
     build_aot_engine(second)
     shutil.rmtree(scratch)
-    for folder in (first, second):
+    return report([first, second])
+
+
+def report(folders: list[Path]) -> int:
+    for folder in folders:
         size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
         print(f"{folder.relative_to(ROOT)}: {size / 2**20:.1f} MiB")
     return 0

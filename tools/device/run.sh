@@ -6,6 +6,9 @@
 #     carry .devbundle/a:  bash tools/device/run.sh start   # environment; pycuda starts building (detached)
 #     carry .devbundle/b:  bash tools/device/run.sh main    # install, SM 9.0 probe, pytest -m gpu, ResNet-50 FP16
 #     (no carry):          bash tools/device/run.sh bench   # make bench at batch 1/8/32: torch rows and the engine's
+# onnxruntime-gpu (python tools/device/bundle.py ort), one call a part, then the install, all while warm:
+#     carry .devbundle/ort0: bash tools/device/run.sh ort_part    (likewise ort1 .. ort4)
+#     (no carry):           bash tools/device/run.sh ort_install  # join, sha256 check, install, CUDA provider check
 # Every log and JSON lands in $OUT.
 set -uo pipefail
 PY=/opt/torch/.venv/bin/python3
@@ -15,6 +18,12 @@ export PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1
 export CUDA_ROOT="${CUDA_ROOT:-/usr/local/cuda}" PATH="/usr/local/cuda/bin:$PATH"
 OUT="${OUT:?run through the device tool, which sets OUT}"
 ENGINES=/tmp/engines
+ORT_PARTS=/tmp/bundle/ort
+
+# onnxruntime-gpu's CUDA provider loads cudart/cublas/cudnn 13 by name: the torch cu130 venv's nvidia-* packages
+# hold them.  Every call exports the path, since each call is a new shell.
+cuda_libs=$("$PY" -c 'import glob, site; print(":".join(sorted(glob.glob(site.getsitepackages()[0] + "/nvidia/*/lib"))))' 2>/dev/null)
+export LD_LIBRARY_PATH="${cuda_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 install_wheels() {  # into $SITE, no index, no dependencies (each is named in the bundle)
 	"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$@"
@@ -65,6 +74,29 @@ bench() {
 	local backends=torch-amp,torch-compile,onnxruntime,tensorrt,tensorrt-v2,tensorrt-graphs
 	"$PY" -m trt_pipeline bench --folder "$ENGINES/resnet50-fp16" --batches 1,8,32 --backends "$backends" \
 		--budget-s 2 --report-dir "$OUT/fp16" 2>&1 | tail -40
+}
+
+ort_part() {  # the part(s) this call carried, kept in /tmp while the machine stays warm
+	mkdir -p "$ORT_PARTS" && cp .devbundle/ort*/* "$ORT_PARTS/"
+	ls -l "$ORT_PARTS"
+}
+
+ort_join() {  # the wheel from its parts, checked against the sha256 taken before it was split
+	local wheel
+	wheel=$(awk '{print $2}' "$ORT_PARTS/SHA256SUMS")
+	# shellcheck disable=SC2046  # part names hold no spaces
+	cat $(ls "$ORT_PARTS/$wheel".part* | sort -V) >"$ORT_PARTS/$wheel"
+	(cd "$ORT_PARTS" && sha256sum -c SHA256SUMS) 2>&1 | tee "$OUT/ort-wheel-sha256.txt"
+}
+
+ort_install() {
+	ort_join || return 1
+	"$PY" -m pip show nvidia-cudnn-cu13 nvidia-cublas nvidia-cuda-runtime 2>&1 | grep -E '^(Name|Version)' \
+		>"$OUT/ort-cuda-libs.txt"
+	echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >>"$OUT/ort-cuda-libs.txt"
+	install_wheels "$ORT_PARTS"/onnxruntime_gpu-*.whl
+	"$PY" -c 'import onnxruntime as ort; print(ort.__version__, ort.__file__, ort.get_available_providers())' \
+		2>&1 | tee "$OUT/ort-providers.txt"
 }
 
 "$@"
