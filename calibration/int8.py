@@ -20,11 +20,13 @@ import onnx
 
 from ..models.spec import ImagePreprocess
 from ..pipeline.folder.artifacts import sha256_file, write_npz
+from ..pipeline.folder.manifest import CalibrationSplit
 from .cache import cache_key, cache_path, load_ranges, save_ranges
+from .holdout import split_rows
 from .qdq import constants_as_initializers, quantize_qdq
 from .qdq_cpu import WEIGHTS_FOR, quantize_for_cpu
 from .ranges import collect_ranges, method_options
-from .readers import CalibrationData, CalibrationSource, graph_inputs, read_calibration_data
+from .readers import CalibrationData, CalibrationSource, graph_inputs, read_calibration_data, rows_of
 from .smooth import channel_maxima, smooth_graph, smoothable, smoothing_record, smoothing_scales
 
 CACHE_FOLDER = "calibration"  # inside the artifact folder, beside model.int8.onnx
@@ -81,8 +83,11 @@ def make_int8_graph(
         source, graph_inputs(fp32_path), preprocess, samples=config.samples, batch=config.batch
     )
     write_npz(cache_folder / SAMPLE, {name: array[:SAMPLE_ROWS] for name, array in data.batches[0].items()})
+    parts = split_calibration(data, config.batch)
+    fit, split = parts.fit, parts.split
     options = config.options()
-    key = cache_key(sha256_file(fp32_path), data.digest, {**options, "samples": data.samples, "batch": config.batch})
+    # Keyed on the fit rows' own sha256: ranges fit on all rows (before the split, or another split) never match.
+    key = cache_key(sha256_file(fp32_path), fit.digest, {**options, "samples": fit.samples, "batch": config.batch})
     cache_file = cache_path(cache_folder, config.method, key)
     lookup = load_ranges(cache_file, key, recalibrate=config.recalibrate)
     ranges, scales, collect_seconds = lookup.ranges, lookup.smoothing, 0.0
@@ -92,11 +97,11 @@ def make_int8_graph(
             if lookup.status.startswith("corrupted"):
                 print(f"note: calibration cache {cache_file} is {lookup.status}; recalibrating")
             started = time.perf_counter()
-            scales = _measure_smoothing(fp32_path, data, config.smooth_alpha)
+            scales = _measure_smoothing(fp32_path, fit, config.smooth_alpha)
             calibrated = calibrated_graph(fp32_path, scales, calibrated_path)
-            ranges = collect_ranges(calibrated, data, config.method)
+            ranges = collect_ranges(calibrated, fit, config.method)
             collect_seconds = round(time.perf_counter() - started, 3)
-            record = {"source": data.description, "samples": data.samples, **options}
+            record = {"source": fit.description, "samples": fit.samples, **options}
             save_ranges(cache_file, key, ranges, record, scales)
         else:
             calibrated = calibrated_graph(fp32_path, scales, calibrated_path)
@@ -110,6 +115,8 @@ def make_int8_graph(
         "batch": config.batch,
         "batches": len(data.batches),
         "data_sha256": data.digest,
+        "split": split.as_json(),
+        "fit_sha256": fit.digest,
         "cache": lookup.status,
         "cache_file": str(cache_file),
         "collect_seconds": collect_seconds,
@@ -118,7 +125,8 @@ def make_int8_graph(
     smoothed = f", {len(scales)} activations smoothed (alpha {config.smooth_alpha:g})" if config.smooth_alpha else ""
     verdict = "cached ranges" if lookup.status == "hit" else f"calibrated in {collect_seconds:.1f} s ({lookup.status})"
     summary = (
-        f"{out_path.name}: {config.method} on {data.samples} samples{smoothed}, {verdict}; "
+        f"{out_path.name}: {config.method} on {fit.samples} of {data.samples} samples "
+        f"({len(split.held_out)} held out for the gate){smoothed}, {verdict}; "
         f"{structure['quantized_ops']} ops with Q/DQ inputs, {structure['per_channel_weights']} per-channel weights"
     )
     stage: dict = {"calibration": calibration, "qdq": structure}
@@ -131,6 +139,28 @@ def make_int8_graph(
     if cpu:
         stage["qdq_onnxruntime_cpu"] = cpu
     return {"summary": summary, **stage}
+
+
+@dataclass(frozen=True)
+class CalibrationParts:
+    """The calibration data cut by calibration/holdout.py: the rows ranges and smoothing are fit on, the rows the
+    agreement gate judges them on (None where the set is too small to hold any out), and the split's record."""
+
+    fit: CalibrationData
+    held_out: CalibrationData | None
+    split: CalibrationSplit
+
+
+def split_calibration(data: CalibrationData, batch: int) -> CalibrationParts:
+    """`data` cut into the rows calibration fits on and the rows it never sees (the same rows for every reader
+    of the same data: the split depends on the row count alone)."""
+    split = split_rows(data.samples)
+    record = CalibrationSplit(split.rule, split.rows, tuple(int(row) for row in split.held_out))
+    if not len(split.held_out):
+        return CalibrationParts(data, None, record)
+    fit = rows_of(data, split.fit, batch, f"the {len(split.fit)} rows fit on")
+    held_out = rows_of(data, split.held_out, batch, f"the {len(split.held_out)} held-out rows")
+    return CalibrationParts(fit, held_out, record)
 
 
 def calibration_sample(folder: Path) -> dict[str, np.ndarray] | None:

@@ -253,7 +253,20 @@ def _batched(arrays: dict[str, np.ndarray], samples: int, batch: int, descriptio
             "add more data (a few hundred representative samples is typical), or lower the calibration batch "
             "(--calib-batch) and samples (--calib-samples) so a batch fits",
         )
-    used = {name: np.ascontiguousarray(array[:count]) for name, array in arrays.items()}
+    return _identified({name: array[:count] for name, array in arrays.items()}, batch, description)
+
+
+def rows_of(data: CalibrationData, rows: np.ndarray, batch: int, part: str) -> CalibrationData:
+    """The rows `rows` (indices, in the reader's order) of `data`, in batches of up to `batch`, with the sha256 of
+    exactly those rows (calibration/holdout.py: the rows ranges are fit on key the calibration cache)."""
+    arrays = {name: np.concatenate([feed[name] for feed in data.batches])[rows] for name in data.batches[0]}
+    return _identified(arrays, batch, f"{data.description}, {part}")
+
+
+def _identified(arrays: dict[str, np.ndarray], batch: int, description: str) -> CalibrationData:
+    """The arrays cut into batches, with a sha256 over exactly their bytes, names, dtypes and shapes."""
+    used = {name: np.ascontiguousarray(array) for name, array in arrays.items()}
+    count = len(next(iter(used.values())))
     digest = hashlib.sha256()
     for name in sorted(used):
         digest.update(f"{name}:{used[name].dtype.str}:{used[name].shape}:".encode())

@@ -133,6 +133,12 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
         help="int8: SmoothQuant alpha for the activations MatMul/Gemm read, in (0, 1], or off [SMOOTH]",
     )
     parser.add_argument("--recalibrate", action="store_true", help="ignore the calibration cache")
+    parser.add_argument(
+        "--strict-calib",
+        action="store_true",
+        help="int8: refuse, instead of warning, when INT8 is much worse on the held-out calibration rows than on "
+        "the rows its ranges were fit on, or none could be held out [STRICT_CALIB]",
+    )
     parser.add_argument("--force", action="store_true", help="rebuild even when the folder is up to date [FORCE]")
 
 
@@ -157,6 +163,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         calib_batch=args.calib_batch,
         smooth=args.smooth,
         recalibrate=args.recalibrate,
+        strict_calib=args.strict_calib,
         force=args.force,
     )
 

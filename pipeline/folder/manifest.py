@@ -55,7 +55,8 @@ GRAPHS: dict[str, dict[str, str]] = {
 # different artifacts or manifest entries: a folder of another layout is rebuilt, never reused, and
 # readers refuse it.  4: the manifest records its layout; readers check every graph's sha256.
 # 5: "graphs" ({target: file}) replaces "graph" and "onnxruntime_cpu_graphs".
-ARTIFACT_LAYOUT = 5
+# 6: agreement_int8 holds in-sample and held-out numbers side by side, and the calibration split.
+ARTIFACT_LAYOUT = 6
 
 
 def engine_graph(precision: str) -> str:
@@ -144,6 +145,140 @@ class ParityRecord:
 
 
 @dataclass(frozen=True)
+class CalibrationSplit:
+    """Which calibration rows INT8's ranges were fit on and which its agreement gate judged (calibration/holdout.py):
+    the rule in words, the row count, and the held-out rows (indices in the reader's order; the rest were fit on)."""
+
+    rule: str
+    rows: int
+    held_out: tuple[int, ...] = ()
+
+    def as_json(self) -> dict:
+        counts = {"fit_rows": self.rows - len(self.held_out), "held_out_rows": len(self.held_out)}
+        return {"rule": self.rule, "rows": self.rows, **counts, "held_out": list(self.held_out)}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> CalibrationSplit:
+        held_out = raw.get("held_out") if isinstance(raw, dict) else None
+        if (
+            not isinstance(raw, dict)
+            or not isinstance(raw.get("rule"), str)
+            or not isinstance(raw.get("rows"), int)
+            or not isinstance(held_out, list)
+            or not all(isinstance(row, int) and 0 <= row < raw["rows"] for row in held_out)
+        ):
+            raise DamagedManifest(f"its calibration split {raw!r} is not a rule, a row count and held-out rows")
+        return cls(raw["rule"], raw["rows"], tuple(held_out))
+
+
+@dataclass(frozen=True)
+class RowsAgreement:
+    """One output of an INT8 graph against FP32 on a set of rows: each row's |int8 - fp32| / |fp32| and cosine."""
+
+    rows: int
+    error_mean: float
+    error_max: float
+    cosine_mean: float
+    cosine_min: float
+
+    @classmethod
+    def from_json(cls, raw: Any) -> RowsAgreement:
+        names = [entry.name for entry in dataclasses.fields(cls)]
+        if not isinstance(raw, dict) or not all(isinstance(raw.get(name), (int, float)) for name in names):
+            raise DamagedManifest(f"its INT8 agreement holds {raw!r}, not {', '.join(names)}")
+        return cls(int(raw["rows"]), *(float(raw[name]) for name in names[1:]))
+
+
+@dataclass(frozen=True)
+class GraphAgreement:
+    """One INT8 graph against FP32, by output: in-sample (the rows its ranges were fit on) and held out (rows they
+    never saw; empty where none could be held out) side by side.  The gate judges the held-out rows."""
+
+    in_sample: dict[str, RowsAgreement]
+    held_out: dict[str, RowsAgreement] = field(default_factory=dict)
+    left_out: str | None = None  # why an optional graph past the gate was left out of the folder
+
+    @property
+    def judged_on(self) -> str:
+        return "held_out" if self.held_out else "in_sample"
+
+    def worst(self) -> tuple[str, RowsAgreement]:
+        """The output the gate decides on (the largest mean error on the judged rows) and its numbers there."""
+        judged = self.held_out or self.in_sample
+        name = max(judged, key=lambda output: judged[output].error_mean)
+        return name, judged[name]
+
+    def held_out_ratio(self) -> float | None:
+        """The worst output's held-out error over its in-sample error; None where nothing is held out."""
+        if not self.held_out:
+            return None
+        name, held_out = self.worst()
+        return held_out.error_mean / max(self.in_sample[name].error_mean, 1e-12)
+
+    def as_json(self) -> dict:
+        if not self.in_sample:  # left out before it was measured: its reason stands alone
+            return {"left_out": self.left_out}
+        name, worst = self.worst()
+        ratio = self.held_out_ratio()
+        judged = {"rows": self.judged_on, "output": name, "error_mean": worst.error_mean}
+        judged |= {"cosine_mean": worst.cosine_mean, "held_out_vs_in_sample": ratio}
+        outputs = {output: {"in_sample": _encode(rows)} for output, rows in self.in_sample.items()}
+        for output, rows in self.held_out.items():
+            outputs[output]["held_out"] = _encode(rows)
+        return {"judged": judged, "outputs": outputs, **({"left_out": self.left_out} if self.left_out else {})}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> GraphAgreement:
+        if isinstance(raw, dict) and set(raw) == {"left_out"} and isinstance(raw["left_out"], str):
+            return cls({}, left_out=raw["left_out"])
+        outputs = raw.get("outputs") if isinstance(raw, dict) else None
+        if not isinstance(outputs, dict) or not outputs or not all(isinstance(o, dict) for o in outputs.values()):
+            raise DamagedManifest(f"its INT8 agreement holds {raw!r}, not a record of each output")
+        held_out = {name: o["held_out"] for name, o in outputs.items() if "held_out" in o}
+        if held_out and len(held_out) != len(outputs):
+            raise DamagedManifest(f"its INT8 agreement has held-out numbers for some outputs only: {sorted(held_out)}")
+        return cls(
+            in_sample={name: RowsAgreement.from_json(o.get("in_sample")) for name, o in outputs.items()},
+            held_out={name: RowsAgreement.from_json(record) for name, record in held_out.items()},
+            left_out=_optional(raw, "left_out", str),
+        )
+
+
+@dataclass(frozen=True)
+class Int8Agreement:
+    """The INT8 agreement gate's record (stage agreement_int8, pipeline/parity.py): the split of the calibration
+    data, each graph's in-sample and held-out numbers, the gate and the ratio past which held-out error counts as
+    much worse than in-sample, and the warning the build printed (the set cannot stand for served data)."""
+
+    gate: float
+    much_worse_ratio: float
+    split: CalibrationSplit
+    graphs: dict[str, GraphAgreement]
+    warning: str | None = None
+    details: dict = field(default_factory=dict)  # summary, evaluation, seconds
+
+    def as_json(self) -> dict:
+        record = {"gate": self.gate, "much_worse_ratio": self.much_worse_ratio, "split": self.split.as_json()}
+        record["graphs"] = {name: graph.as_json() for name, graph in self.graphs.items()}
+        return {**self.details, **record, **({"warning": self.warning} if self.warning else {})}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Int8Agreement:
+        graphs = raw.get("graphs") if isinstance(raw, dict) else None
+        if not isinstance(graphs, dict) or not all(isinstance(raw.get(k), float) for k in ("gate", "much_worse_ratio")):
+            raise DamagedManifest(f"its agreement_int8 is {raw!r}, not the INT8 gate's record")
+        known = {"gate", "much_worse_ratio", "split", "graphs", "warning"}
+        return cls(
+            gate=raw["gate"],
+            much_worse_ratio=raw["much_worse_ratio"],
+            split=CalibrationSplit.from_json(raw.get("split")),
+            graphs={name: GraphAgreement.from_json(graph) for name, graph in graphs.items()},
+            warning=_optional(raw, "warning", str),
+            details={key: value for key, value in raw.items() if key not in known},
+        )
+
+
+@dataclass(frozen=True)
 class Manifest:
     """manifest.json, typed.  On disk it is readable JSON with these keys, and each stage's record under the
     stage's name (parity_fp32, fp16, int8, build, ...)."""
@@ -170,6 +305,7 @@ class Manifest:
     # it gave; fp16: the data the FP32-fallback scan ran besides the reference inputs (stages["fp16"]["scanned"]).
     calibration: dict | None = None
     build: BuildRecord | None = None
+    agreement_int8: Int8Agreement | None = None  # INT8's gate, in-sample and held out (stage agreement_int8)
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage, in the order they ran
     # Graphs ONNX Runtime crashed on at its highest optimization level during the build, and the level that
     # worked (pipeline/core/sessions.py): the runner opens them at that level.
@@ -229,6 +365,7 @@ class Manifest:
             reference_source=_optional(raw, "reference_source", str),
             calibration=_optional(raw, "calibration", dict),
             build=BuildRecord.from_json(raw["build"]) if "build" in raw else None,
+            agreement_int8=Int8Agreement.from_json(raw["agreement_int8"]) if "agreement_int8" in raw else None,
             timings=dict(_optional(raw, "timings", dict) or {}),
             onnxruntime_levels=_levels(raw),
             stages={key: value for key, value in raw.items() if key not in known and isinstance(value, dict)},
@@ -242,7 +379,7 @@ class DamagedManifest(Exception):
 def _encode(value: Any) -> Any:
     if isinstance(value, GraphTensor):
         return value.as_record()
-    if isinstance(value, BuildRecord):
+    if isinstance(value, (BuildRecord, Int8Agreement)):
         return value.as_json()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {entry.name: _encode(getattr(value, entry.name)) for entry in dataclasses.fields(value)}
@@ -404,6 +541,8 @@ def record_stage(folder: Path, name: str, record: dict) -> Manifest:
     timings = {**{stage: seconds for stage, seconds in earlier.items() if stage != name}, name: record["seconds"]}
     if name == "build":
         return update_manifest(folder, build=BuildRecord.from_json(record), timings=timings)
+    if name == "agreement_int8":
+        return update_manifest(folder, agreement_int8=Int8Agreement.from_json(record), timings=timings)
     return update_manifest(folder, stages={**manifest.stages, name: record}, timings=timings)
 
 
@@ -421,7 +560,11 @@ _MAKE_VARIABLES = {
     "smooth": "SMOOTH",
 }
 # Settings switches whose make variable is set (=1) when the setting has this value.
-_MAKE_SWITCHES = {"auto_fp32": (False, "NO_AUTO_FP32"), "trust_model_file": (True, "TRUST_MODEL_FILE")}
+_MAKE_SWITCHES = {
+    "auto_fp32": (False, "NO_AUTO_FP32"),
+    "trust_model_file": (True, "TRUST_MODEL_FILE"),
+    "strict_calib": (True, "STRICT_CALIB"),
+}
 
 
 def rebuild_hint(manifest: Manifest | None, folder: Path | None = None, *, force: bool = False) -> str:

@@ -19,7 +19,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ... import models
-from ...calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph, written_cpu_graphs
+from ...calibration.int8 import (
+    CACHE_FOLDER,
+    CalibrationConfig,
+    make_int8_graph,
+    split_calibration,
+    written_cpu_graphs,
+)
 from ...calibration.readers import CalibrationData, graph_inputs, read_calibration_data
 from ...models.spec import ModelSpec
 from ..core.cpu import int8_cpu_kind
@@ -64,7 +70,7 @@ from .precision import convert_fp16
 from .prepare import prepare
 from .simplify import simplify_onnx
 
-INT8_ONLY_SETTINGS = ("calib_method", "smooth")
+INT8_ONLY_SETTINGS = ("calib_method", "smooth", "strict_calib")
 VERSIONED_PACKAGES = ("torch", "onnx", "onnxsim", "onnxruntime-gpu", "onnxruntime", "numpy")
 # Rows per run of the FP16 scan: every intermediate tensor of a run is held at once, so reference cases above
 # it are left out and calibration batches are cut to it.
@@ -322,15 +328,17 @@ def _preprocess(run: Run):
 
 
 def _check_int8_agreement(run: Run, fp32: Path, cpu_graphs: dict[str, str]) -> list[str]:
-    """INT8's gate, on the calibration data: the engine's graph, and the CPU graph this CPU's runner serves;
-    returns the CPU graphs to leave out.
+    """INT8's gate, on the calibration rows held out from the ranges' fit (with the fit rows' numbers beside them):
+    the engine's graph, and the CPU graph this CPU's runner serves; returns the CPU graphs to leave out.  Where
+    the held-out rows are much worse than the fit ones, it warns with the fix (STRICT_CALIB=1: refuses).
 
     The engine's graph past the gate stops the build.  The CPU graph is optional (int8.py): past the gate it is
     left out, and the runner on this CPU serves the engine's graph with its Q/DQ simulated instead (slower, as
     accurate as the engine).  The CPU graph for the other kind of CPU is not judged here: this CPU's kernels do
     not run it as its own CPU does (U8S8 saturates without VNNI).
     """
-    data = _calibration_data(run, fp32)  # Settings.check() refuses int8 without CALIB
+    # Settings.check() refuses int8 without CALIB; the same rows the int8 stage split (calibration/holdout.py).
+    parts = split_calibration(_calibration_data(run, fp32), run.settings.calib_batch)
     served = cpu_graphs.get(int8_cpu_kind())
     optional = [_require(run, served)] if served else []
     record = run.stage(
@@ -338,9 +346,14 @@ def _check_int8_agreement(run: Run, fp32: Path, cpu_graphs: dict[str, str]) -> l
         check_int8_agreement,
         fp32,
         [_require(run, engine_graph("int8"))],
-        data.batches,
+        parts.fit.batches,
+        parts.held_out.batches if parts.held_out else None,
+        split=parts.split,
+        strict=run.settings.strict_calib,
         optional=optional,
     )
+    if "warning" in record:
+        print(f"warning: {record['warning']} (STRICT_CALIB=1 refuses such a build)", flush=True)
     return [name for name, graph in record["graphs"].items() if "left_out" in graph]
 
 
