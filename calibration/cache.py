@@ -1,11 +1,12 @@
 """The calibration cache: collected ranges kept beside the artifacts so a rebuild skips calibration.
 
 A cache file is named after its key, the sha256 of everything that decides the ranges: the FP32
-graph's bytes, the calibration arrays' bytes, the method and its options (smoothing's alpha among
-them), and the onnxruntime version.  The file stores the ranges as ORT's own JSON text and the
-smoothing scales (calibration/smooth.py: measured on the same data, so they are part of what a hit
-skips) as JSON text, plus the sha256 of both: a truncated or edited file fails the check and is
-recomputed, never trusted.
+graph's bytes, the bytes of the calibration rows the ranges are fit on (calibration/holdout.py: not
+the rows held out for the gate, so ranges fit on all rows, or on another split, are never reused),
+the method and its options (smoothing's alpha among them), and the onnxruntime version.  The file
+stores the ranges as ORT's own JSON text and the smoothing scales (calibration/smooth.py: measured on
+the same rows, so they are part of what a hit skips) as JSON text, plus the sha256 of both: a
+truncated or edited file fails the check and is recomputed, never trusted.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """The INT8 stage: FP32 graph + calibration data -> model.int8.onnx with calibrated Q/DQ pairs.
 
-read data -> smoothing scales and ranges (from the cache, or measured on the FP32 graph: calibration/smooth.py,
-then calibration/ranges.py on the smoothed graph) -> Q/DQ graph for TensorRT (model.int8.onnx) and, from the same
+read data -> hold out the rows the agreement gate judges (calibration/holdout.py) -> smoothing scales and ranges
+fit on the other rows (from the cache, or measured on the FP32 graph: calibration/smooth.py, then
+calibration/ranges.py on the smoothed graph) -> Q/DQ graph for TensorRT (model.int8.onnx) and, from the same
 ranges, two for ONNX Runtime's CPU kernels (pipeline.folder.manifest.cpu_graphs: one for CPUs with VNNI, one for
-those without; see calibration/qdq_cpu.py).  The record it returns goes to
-the manifest: method and options, what was smoothed, samples, batches, the data's sha256, the cache's verdict
-and file, and each graph's Q/DQ structure.
+those without; see calibration/qdq_cpu.py).  The record it returns goes to the manifest: method and options, what
+was smoothed, samples, batches, the data's sha256, the split and the fit rows' sha256, the cache's verdict and
+file, and each graph's Q/DQ structure.
 """
 
 from __future__ import annotations

@@ -81,12 +81,24 @@ def test_unlabelled_model_is_compared_with_fp32_on_calib(tmp_path, capsys):
     assert not report["labelled"] and set(report["results"]) == {"fp32", "fp16", *int8}
     assert all("top1" not in row for row in report["results"].values())
     assert report["best_int8"]["metric"] == "top1_agreement_beyond_ties"
-    assert "(the calibration data itself: no labelled set)" in report["evaluation"]
+    assert (
+        "(the calibration data itself, no labelled set: INT8 fit on 38 of its rows, 10 held out)"
+        in (report["evaluation"])
+    )
+    # Each INT8 graph on the rows its ranges were fit on and on the rows held out from them, side by side.
+    held_out = report["held_out"]
+    assert (held_out["split"]["fit_rows"], held_out["split"]["held_out_rows"]) == (38, 10)
+    assert set(held_out["graphs"]) == int8
+    for sides in held_out["graphs"].values():
+        assert (sides["in_sample"]["rows"], sides["held_out"]["rows"]) == (38, 10)
+        assert 0 < sides["held_out"]["cosine_min"] <= sides["held_out"]["cosine_mean"] <= 1 + 1e-6
     for label, row in report["results"].items():  # a near-tie is a change, never a real flip
         ties, changed = len(row["near_tie_flips"]), 48 * (100 - row["top1_agreement"]) / 100
         assert row["real_flips"] + ties == pytest.approx(changed), label
         assert row["top1_agreement_beyond_ties"] == pytest.approx(100 * (48 - row["real_flips"]) / 48, abs=1e-3)
-    assert "top-1 agreement with FP32 % | agreement beyond near-ties % | near-tie flips" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "top-1 agreement with FP32 % | agreement beyond near-ties % | near-tie flips" in out
+    assert "## In-sample vs held out" in out and "| top-1 agreement % in-sample | held out |" in out
 
 
 def test_unlabelled_model_without_calib_is_a_clear_error(tmp_path, capsys):

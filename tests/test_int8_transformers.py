@@ -112,7 +112,9 @@ def test_bert_int8_builds_every_graph_and_passes_the_gate(bert_int8):
     for graph in cpu_graphs("int8").values():
         assert (bert_int8 / graph).is_file()
     agreement = manifest["agreement_int8"]
-    assert agreement["graphs"]["model.int8.onnx"]["outputs"]["last_hidden_state"]["error_mean"] <= agreement["gate"]
+    judged = agreement["graphs"]["model.int8.onnx"]["judged"]
+    assert judged["rows"] == "held_out" and judged["output"] == "last_hidden_state"
+    assert judged["error_mean"] <= agreement["gate"]
 
 
 def test_bert_qdq_sits_where_tensorrt_fuses_it(bert_int8):

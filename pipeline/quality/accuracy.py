@@ -6,7 +6,9 @@ this kind of CPU, with VNNI or without) all run through ONNX Runtime (CPU) on th
   - a model with a labelled held-out set (the digits CNN) reports top-1 on it, calibrating on the
     training split only;
   - any other model is calibrated and evaluated on CALIB (or --eval), and reports how often its
-    top-1 agrees with FP32's and the cosine similarity of its outputs to FP32's.
+    top-1 agrees with FP32's and the cosine similarity of its outputs to FP32's; evaluated on CALIB itself,
+    each INT8 graph also reports both apart on the rows its ranges were fit on (in-sample) and on the rows
+    held out from calibration (calibration/holdout.py), as the build's agreement gate judges them.
 Every graph also reports the max / mean |output - FP32 output|, and its top-1 changes against FP32 split
 into real flips and near-ties (top1_changes: where FP32 itself could not tell the two classes apart by more
 than the error the lower precision makes).  accuracy.json and accuracy.md land in the FP32 artifact folder;
@@ -27,6 +29,7 @@ import numpy as np
 from ... import models
 from ...calibration.budget import fit_budget
 from ...calibration.cache import read_cache
+from ...calibration.holdout import HoldoutSplit, split_rows
 from ...calibration.int8 import (
     CACHE_FOLDER,
     CalibrationConfig,
@@ -97,6 +100,9 @@ class EvaluationSet:
     # there is a labelled one), with its labels or None.
     tuning_feeds: list[Feed]
     tuning_labels: np.ndarray | None
+    # Where the evaluation inputs are the calibration data itself: which of them INT8's ranges were fit on and
+    # which were held out (rows in feed order); None where the evaluation set is apart from calibration.
+    split: HoldoutSplit | None = None
 
 
 def digits_evaluation(settings: Settings) -> EvaluationSet:
@@ -207,10 +213,35 @@ def measure_accuracy(
         "best_int8": _best_int8(rows),
         "calibration": calibration,
     }
+    if evaluation.split is not None:
+        report["held_out"] = held_out_columns(outputs, evaluation.split)
     write_json(folder / "accuracy.json", report)
     write_bytes(folder / "accuracy.md", _markdown(report).encode())
     print(_markdown(report))
     return folder
+
+
+def held_out_columns(outputs: dict[str, np.ndarray], split: HoldoutSplit) -> dict:
+    """Each INT8 graph against FP32 on the calibration rows its ranges were fit on and on the rows held out from
+    them (the build's agreement gate judges the latter): agreement and cosine, side by side."""
+    parts = {"in_sample": split.fit, "held_out": split.held_out}
+    return {
+        "split": {"rule": split.rule, "fit_rows": len(split.fit), "held_out_rows": len(split.held_out)},
+        "graphs": {
+            label: {
+                part: _side_metrics(output[rows], outputs["fp32"][rows]) if len(rows) else None
+                for part, rows in parts.items()
+            }
+            for label, output in outputs.items()
+            if label.startswith("int8-")
+        },
+    }
+
+
+def _side_metrics(logits: np.ndarray, reference: np.ndarray) -> dict:
+    row = _metrics(logits, reference, None)
+    kept = ("top1_agreement", "top1_agreement_beyond_ties", "cosine_mean", "cosine_min")
+    return {"rows": len(logits), **{key: row[key] for key in kept}}
 
 
 def cpu_graph_path(folder: Path, method: str, kind: str) -> Path:
@@ -229,7 +260,13 @@ def _evaluation_set(settings: Settings, name: str, fp32: Path, preprocess, eval_
     data = read_calibration_data(
         source, graph_inputs(fp32), preprocess, samples=settings.calib_samples, batch=settings.calib_batch
     )
-    overlap = "" if eval_source else " (the calibration data itself: no labelled set)"
+    split = None if eval_source else split_rows(data.samples)
+    overlap = (
+        ""
+        if split is None
+        else f" (the calibration data itself, no labelled set: INT8 fit on {len(split.fit)} of its rows, "
+        f"{len(split.held_out)} held out)"
+    )
     return EvaluationSet(
         feeds=data.batches,
         labels=None,
@@ -238,6 +275,7 @@ def _evaluation_set(settings: Settings, name: str, fp32: Path, preprocess, eval_
         calibration_description=str(settings.calib),
         tuning_feeds=data.batches,
         tuning_labels=None,
+        split=split,
     )
 
 
@@ -352,12 +390,37 @@ def _markdown(report: dict) -> str:
         below = f"{best['points_below_fp32']:.2f} points of {best['metric']} below FP32"
         lines += ["", f"Best INT8: {best['graph']}, {below}."]
     lines += _near_ties_markdown(report["results"])
+    if "held_out" in report:
+        lines += _held_out_markdown(report["held_out"])
     for method, calibration in report["calibration"].items():
         if "budget" in calibration:
             lines += _budget_markdown(method, calibration["budget"], report["labelled"])
     seconds = {m: c["collect_seconds"] for m, c in report["calibration"].items()}
     lines += ["", "Range collection (s, 0 = cached): " + ", ".join(f"{m} {s:.1f}" for m, s in seconds.items()), ""]
     return "\n".join(lines)
+
+
+def _held_out_markdown(held_out: dict) -> list[str]:
+    """In-sample vs held-out agreement of each INT8 graph with FP32 (held_out_columns)."""
+    split = held_out["split"]
+    lines = [
+        "",
+        "## In-sample vs held out",
+        "",
+        f"INT8's ranges were fit on {split['fit_rows']} of the calibration rows and never saw the other "
+        f"{split['held_out_rows']} ({split['rule']}); a held-out column much worse than its in-sample one means the "
+        "calibration data cannot stand for inputs it does not contain.",
+        "",
+        "| graph | cosine mean in-sample | held out | cosine min in-sample | held out "
+        "| top-1 agreement % in-sample | held out |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, sides in held_out["graphs"].items():
+        cells = [label]
+        for key, form in (("cosine_mean", "{:.5f}"), ("cosine_min", "{:.5f}"), ("top1_agreement", "{:.2f}")):
+            cells += [form.format(side[key]) if side else "(none held out)" for side in sides.values()]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def _near_ties_markdown(results: dict[str, dict]) -> list[str]:
