@@ -450,7 +450,7 @@ def test_an_int8_refusal_is_a_row_with_the_gates_message(tmp_path: Path, monkeyp
     row = run_case(CASES[NAMES.index("unet")], "int8", tmp_path)
     assert not row["ok"]
     assert row["refused_after"] in GATED_AFTER
-    assert "departs from FP32 on the calibration data" in row["error"] and "(gate 0.0001" in row["error"]
+    assert "departs from FP32 on the held-out calibration rows" in row["error"] and "(gate 0.0001" in row["error"]
     assert 1e-4 < row["agreement_error"] < INT8_MAX_ERROR and 0.99 < row["agreement_cosine"] <= 1.0
     assert "node" in row["error"].rsplit(";", 1)[-1]  # the diagnosis: the first node past it, or that none is
     assert "CALIB" in row["fix"] and "diagnose" in row["fix"]

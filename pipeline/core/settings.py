@@ -83,7 +83,7 @@ class Settings:
     smooth: str = "0.9"  # int8: SmoothQuant alpha in (0, 1] for MatMul/Gemm activations, or "off"
     recalibrate: bool = False
     # int8: refuse (instead of warning) when the held-out calibration rows are much worse than the fit ones, or
-    # none could be held out (pipeline/parity.py MUCH_WORSE_RATIO): the data cannot stand for served inputs.
+    # none could be held out (pipeline/stages/parity.py MUCH_WORSE_RATIO): the data cannot stand for served inputs.
     strict_calib: bool = False
     force: bool = False
 

@@ -246,7 +246,7 @@ class GraphAgreement:
 
 @dataclass(frozen=True)
 class Int8Agreement:
-    """The INT8 agreement gate's record (stage agreement_int8, pipeline/parity.py): the split of the calibration
+    """The INT8 agreement gate's record (stage agreement_int8, pipeline/stages/parity.py): the split of the calibration
     data, each graph's in-sample and held-out numbers, the gate and the ratio past which held-out error counts as
     much worse than in-sample, and the warning the build printed (the set cannot stand for served data)."""
 

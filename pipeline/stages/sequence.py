@@ -353,7 +353,7 @@ def _check_int8_agreement(run: Run, fp32: Path, cpu_graphs: dict[str, str]) -> l
         optional=optional,
     )
     if "warning" in record:
-        print(f"warning: {record['warning']} (STRICT_CALIB=1 refuses such a build)", flush=True)
+        print(f"warning: {record['warning']} (STRICT_CALIB=1, --strict-calib, refuses such a build)", flush=True)
     return [name for name, graph in record["graphs"].items() if "left_out" in graph]
 
 
