@@ -144,6 +144,11 @@ def test_a_folder_of_an_older_layout_is_refused_with_rebuild(folder):
         ("graphs", {ENGINE_TARGET: 3}, "its graphs are"),
         ("precision", "fp8", "its precision is 'fp8'"),
         ("artifacts", {"model.onnx": {"bytes": 1}}, "its artifacts hold"),
+        (
+            "agreement_int8",
+            {"gate": 0.2, "much_worse_ratio": 2.0, "split": {"rule": "r", "rows": 4, "held_out": [9]}, "graphs": {}},
+            "its calibration split",
+        ),
     ],
 )
 def test_a_damaged_manifest_entry_is_named_with_the_rebuild(folder, entry, value, says):

@@ -19,7 +19,7 @@ import pytest
 from trt_pipeline.calibration.holdout import split_rows
 from trt_pipeline.models.digits import load_split
 from trt_pipeline.pipeline import cli
-from trt_pipeline.pipeline.folder.manifest import read_manifest
+from trt_pipeline.pipeline.folder.manifest import Manifest, read_manifest
 from trt_pipeline.pipeline.stages.parity import INT8_MAX_ERROR, MUCH_WORSE_RATIO
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,6 +61,7 @@ def test_split_is_deterministic_spread_and_recorded(digits, tmp_path):
     folder = tmp_path / "engines" / "digits-int8"
     manifest = read_manifest(folder)
     assert manifest is not None and manifest.agreement_int8 is not None
+    assert Manifest.from_json(manifest.as_json()) == manifest  # the typed record reads back what it wrote
     agreement = manifest.agreement_int8
     assert agreement.split.held_out == tuple(split.held_out) and agreement.split.rows == ROWS
     graph = agreement.graphs["model.int8.onnx"]
@@ -109,7 +110,7 @@ def test_strict_calib_refuses_what_the_build_warns_about(digits, tmp_path, capsy
     assert manifest is not None and manifest.agreement_int8 is not None
     ratio = manifest.agreement_int8.graphs["model.int8.onnx"].held_out_ratio()
     assert ratio is not None and ratio > MUCH_WORSE_RATIO
-    assert "warning: INT8 is" in warned.stdout and "STRICT_CALIB=1 refuses" in warned.stdout
+    assert "warning: INT8 is" in warned.stdout and "STRICT_CALIB=1, --strict-calib, refuses" in warned.stdout
     assert (
         manifest.agreement_int8.warning is not None
         and "calibrate on at least 256 rows" in manifest.agreement_int8.warning

@@ -167,7 +167,7 @@ def check_int8_agreement(
         graphs=graphs,
         warning=f"{warning[0]}; fix: {warning[1]}" if warning else None,
         details={
-            "summary": "; ".join(_agreement_summary(name, graph, split) for name, graph in graphs.items()),
+            "summary": "; ".join(_agreement_summary(name, graph) for name, graph in graphs.items()),
             "evaluation": "the calibration data: each row's |int8 - fp32| / |fp32| and cosine, on the rows the ranges "
             "were fit on (in_sample) and on the rows held out from calibration (held_out: the gate's)",
         },
@@ -256,7 +256,7 @@ def _more_data(split: CalibrationSplit) -> str:
     )
 
 
-def _agreement_summary(name: str, graph: GraphAgreement, split: CalibrationSplit) -> str:
+def _agreement_summary(name: str, graph: GraphAgreement) -> str:
     if graph.left_out is not None:
         return f"{name} left out: {graph.left_out}"
     output, worst = graph.worst()
