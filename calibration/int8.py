@@ -31,8 +31,9 @@ from .readers import CalibrationData, CalibrationSource, graph_inputs, read_cali
 from .smooth import channel_maxima, smooth_graph, smoothable, smoothing_record, smoothing_scales
 
 CACHE_FOLDER = "calibration"  # inside the artifact folder, beside model.int8.onnx
-# The first rows of the calibration data, model-ready, kept in the cache folder: `trt-pipeline diagnose` compares
-# an INT8 graph with FP32 on them (reference.npz's random inputs are clipped by the input's Q/DQ).
+# The first rows the agreement gate judges (held out from calibration where the set allows it: where a gate refused,
+# the rows it refused on), model-ready, kept in the cache folder: `trt-pipeline diagnose` compares an INT8 graph
+# with FP32 on them (reference.npz's random inputs are clipped by the input's Q/DQ).
 SAMPLE = "sample.npz"
 SAMPLE_ROWS = 8
 # The INT8 graphs for ONNX Runtime on the CPU, beside model.int8.onnx, by the kind of CPU they are for
@@ -83,8 +84,9 @@ def make_int8_graph(
     data = read_calibration_data(
         source, graph_inputs(fp32_path), preprocess, samples=config.samples, batch=config.batch
     )
-    write_npz(cache_folder / SAMPLE, {name: array[:SAMPLE_ROWS] for name, array in data.batches[0].items()})
     parts = split_calibration(data, config.batch)
+    judged = (parts.held_out or parts.fit).batches[0]
+    write_npz(cache_folder / SAMPLE, {name: array[:SAMPLE_ROWS] for name, array in judged.items()})
     fit, split = parts.fit, parts.split
     options = config.options()
     # Keyed on the fit rows' own sha256: ranges fit on all rows (before the split, or another split) never match.

@@ -259,7 +259,7 @@ def test_make_engine_int8_from_an_image_folder(split, tmp_path):
     assert Path(calibration["cache_file"]).parent == folder / CACHE_FOLDER
     # The diagnosis of an INT8 folder compares on the calibration rows it kept, not on reference.npz's noise.
     report = diagnose_folder(folder)
-    assert (report["data"], report["batch"]) == ("the first rows of the calibration data", 8)
+    assert report["data"].startswith("the first calibration rows the INT8 gate judged") and report["batch"] == 8
     sample = calibration_sample(folder)
     assert sample is not None and sample["input"].shape == (8, 1, 8, 8) and sample["input"].min() >= -1.0
 

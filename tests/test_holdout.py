@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from trt_pipeline.calibration.holdout import split_rows
+from trt_pipeline.calibration.int8 import calibration_sample
 from trt_pipeline.models.digits import load_split
 from trt_pipeline.pipeline import cli
 from trt_pipeline.pipeline.folder.manifest import Manifest, read_manifest
@@ -76,6 +77,9 @@ def test_split_is_deterministic_spread_and_recorded(digits, tmp_path):
     assert calibration["fit_sha256"] != calibration["data_sha256"]
     cache = json.loads(Path(calibration["cache_file"]).read_text())
     assert cache["record"]["samples"] == 32
+    # `trt-pipeline diagnose` compares on the rows the gate judged.
+    sample = calibration_sample(folder)
+    assert sample is not None and np.array_equal(sample["input"], digits[split.held_out])
 
 
 def test_gate_passes_in_sample_and_fails_held_out_on_a_narrow_set(digits, tmp_path, capsys):

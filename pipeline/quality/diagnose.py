@@ -155,7 +155,7 @@ def _inputs(folder: Path, precision: str) -> tuple[dict[str, np.ndarray], str]:
 
     sample = calibration_sample(folder) if precision == "int8" else None
     if sample is not None:
-        return sample, "the first rows of the calibration data"
+        return sample, "the first calibration rows the INT8 gate judged (held out from calibration where it could)"
     return load_reference(Path(folder) / REFERENCE)[0][0], "the first reference case"
 
 
