@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests import toy_models
-from trt_pipeline.models.spec import ModelSpec
+from trt_pipeline.models.spec import DynamicAxis, ModelSpec
 from trt_pipeline.pipeline.core.compare import compare
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.settings import BatchProfile
@@ -105,9 +105,9 @@ def test_prepare_refuses_a_baked_batch():
 def test_check_names_the_reshape_that_baked_the_batch(tmp_path):
     spec = toy_models.baked_batch_cnn()
     spec.module.eval()
-    export_onnx(spec, tmp_path / "model.onnx")
     with pytest.raises(PipelineError, match=r"Reshape node .* constant shape \[2, -1\]"):
-        check_onnx(tmp_path / "model.onnx")
+        export_onnx(spec, tmp_path / "model.onnx", exporter="torchscript")  # export runs check_onnx on its graph
+    assert not (tmp_path / "model.onnx").exists()
 
 
 def test_check_refuses_another_opset(tmp_path):
@@ -192,3 +192,35 @@ def test_a_sequence_length_baked_into_the_graph_is_named_by_check(tmp_path):
     with pytest.raises(PipelineError, match=r"does not run with inputs x \[2, 12, 8\]: a size was baked") as caught:
         make_engine(settings)
     assert "Reshape node" in str(caught.value) and "x.shape[1]" in caught.value.fix
+    # int() bakes the size for both exporters: one error names both failures, and the way round them
+    assert "no exporter made a graph" in caught.value.problem
+    assert "torchscript: model.onnx does not run" in caught.value.problem
+    assert "dynamo: model.onnx does not run" in caught.value.problem
+    assert "MODEL=path/to/model.onnx" in caught.value.fix
+    assert not (tmp_path / "toy_models-baked_sequence_model-fp32" / "model.onnx").exists()
+
+
+def test_a_sequence_axis_torchscript_bakes_inside_multihead_attention_is_exported_by_dynamo(tmp_path):
+    """nn.TransformerEncoder (batch_first) with a dynamic sequence: the TorchScript-based exporter bakes the
+    sequence into MultiheadAttention's Reshape, which no forward() of the user's can change; auto keeps dynamo's
+    graph, which runs at every reference size, and the manifest says which exporter made it."""
+    pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript (the build extra)")
+    from trt_pipeline.pipeline.core.settings import Settings
+    from trt_pipeline.pipeline.folder.reader import open_folder
+    from trt_pipeline.pipeline.stages.sequence import make_engine
+
+    spec = toy_models.transformer_encoder()
+    prepare(spec)
+    spec.dynamic_axes = {"x": {1: DynamicAxis("x_dim1", 1, 8, 16)}}
+    write_reference(spec, PROFILE, tmp_path / "reference.npz")
+    with pytest.raises(PipelineError, match=r"Reshape node\. Name:'/encoder/layers\.0/self_attn/Reshape"):
+        export_onnx(spec, tmp_path / "model.onnx", tmp_path / "reference.npz", exporter="torchscript")
+
+    settings = Settings(
+        model="tests.toy_models:transformer_encoder", precision="fp32", dynamic="x:1=1:8:16", out_root=tmp_path
+    )
+    folder = make_engine(settings)
+    manifest = open_folder(folder).manifest
+    assert manifest.exporter == "dynamo"
+    assert "Reshape" in manifest.stages["export"]["passed_over"]["torchscript"]
+    assert manifest.parity("parity_fp32").max_rel < 1e-3  # at batch 1, 4, 8 and the sequence at 16
