@@ -224,3 +224,29 @@ def test_a_sequence_axis_torchscript_bakes_inside_multihead_attention_is_exporte
     assert manifest.exporter == "dynamo"
     assert "Reshape" in manifest.stages["export"]["passed_over"]["torchscript"]
     assert manifest.parity("parity_fp32").max_rel < 1e-3  # at batch 1, 4, 8 and the sequence at 16
+
+
+def test_nested_outputs_are_flattened_with_their_paths_the_same_in_the_graph_manifest_and_runners(tmp_path):
+    """{"logits": a, "aux": (b, c)} is three tensors named logits, aux.0, aux.1: in model.onnx, the manifest, and
+    what the ONNX Runtime and torch runners return (the service names outputs from the manifest)."""
+    from trt_pipeline.pipeline.settings import Settings
+
+    from trt_pipeline.pipeline.folder import open_folder
+    from trt_pipeline.pipeline.runners import load_runner
+    from trt_pipeline.pipeline.stages import make_engine
+
+    folder = make_engine(Settings(model="tests.toy_models:nested_outputs", precision="fp32", out_root=tmp_path))
+    names = ["logits", "aux.0", "aux.1"]
+    assert [output.name for output in onnx.load(str(folder / "model.onnx")).graph.output] == names
+    assert [output.name for output in open_folder(folder).manifest.outputs] == names
+    feed = {"x": np.random.default_rng(0).standard_normal((3, 6)).astype(np.float32)}
+    with load_runner(folder, "onnxruntime") as graph, load_runner(folder, "torch") as model:
+        ran, expected = graph.infer(feed), model.infer(feed)
+    assert list(ran) == list(expected) == names
+    assert ran["aux.1"].shape == (3, 1) and compare(expected["aux.0"], ran["aux.0"], rtol=1e-4).ok
+
+
+def test_a_data_dependent_output_size_is_refused_saying_what_it_is_and_the_two_fixes():
+    with pytest.raises(PipelineError, match=r"output 0 has a size that depends on the input values") as caught:
+        prepare(toy_models.score_filter())
+    assert "topk" in caught.value.fix and "filtering outside the graph" in caught.value.fix

@@ -210,3 +210,34 @@ def baked_sequence_model() -> ModelSpec:
     example = {"x": torch.zeros(EXAMPLE_BATCH, 6, 8)}
     axes = {"x": {1: DynamicAxis(name="seq", min=1, opt=6, max=12)}}
     return ModelSpec(name="baked_sequence", module=_BakedSequence(), example_inputs=example, dynamic_axes=axes)
+
+
+class _NestedOutputs(nn.Module):
+    """A dict that holds a tuple, as Hugging Face outputs hold hidden states: three tensors, two at one key."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(6, 8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor | tuple[torch.Tensor, ...]]:
+        hidden = torch.relu(self.body(x))
+        return {"logits": self.head(hidden), "aux": (hidden, hidden.sum(-1, keepdim=True))}
+
+
+def nested_outputs() -> ModelSpec:
+    with _seeded():
+        module, example = _NestedOutputs(), {"x": torch.randn(EXAMPLE_BATCH, 6)}
+    return ModelSpec(name="nested_outputs", module=module, example_inputs=example)
+
+
+class _ScoreFilter(nn.Module):
+    """Keeps the scores past a threshold, as a detector's post-processing does: how many depends on the values."""
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        return scores[scores.sigmoid() > 0.5]
+
+
+def score_filter() -> ModelSpec:
+    with _seeded():
+        return ModelSpec(name="score_filter", module=_ScoreFilter(), example_inputs={"scores": torch.randn(2, 16)})

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ...models.spec import ModelSpec, call_module, first_line, needs_keywords
+from ...models.spec import ModelSpec, call_module, first_line, named_outputs, needs_keywords
 from ..core.errors import PipelineError
 from ..core.settings import OPSET, BatchProfile
 from ..folder.artifacts import atomic_path, write_npz
@@ -29,20 +29,18 @@ SUGGESTED_MAX_SEQUENCE = 512  # the longest sequence a suggested DYNAMIC range c
 
 
 def output_names(spec: ModelSpec) -> list[str]:
-    """Declared names, else dict keys, else `output` / `output_0..n`."""
+    """Declared names, else each tensor's path in what forward() returns (prepare.named_outputs)."""
     with torch.inference_mode():
-        outputs = call_module(spec.module, spec.example_inputs)
-    count = len(flatten_outputs(outputs))
-    if spec.output_names is not None:
-        names = list(spec.output_names)
-    elif isinstance(outputs, dict) and all(isinstance(v, torch.Tensor) for v in outputs.values()):
-        names = [str(key) for key in outputs]
-    else:
-        names = ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
-    if len(names) != count:
+        outputs = named_outputs(call_module(spec.module, spec.example_inputs))
+    if spec.output_names is None:
+        return [name for name, _ in outputs]
+    names = list(spec.output_names)
+    if len(names) != len(outputs):
         raise PipelineError(
-            f"the model returns {count} tensors but {len(names)} output names are declared: {names}",
-            "declare one name per returned tensor in ModelSpec.output_names",
+            f"the model returns {len(outputs)} tensors ({', '.join(name for name, _ in outputs)}) but "
+            f"{len(names)} output names are declared: {names}",
+            "declare one name per returned tensor in ModelSpec.output_names, or none: each is then named by its "
+            "place in what forward() returns",
         )
     return names
 
