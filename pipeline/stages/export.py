@@ -100,21 +100,24 @@ def export_onnx(spec: ModelSpec, onnx_path: Path, reference: Path | None = None,
     outputs = output_names(spec)
     axes = dynamic_axes(spec, outputs)
     failures: dict[str, PipelineError] = {}
+    chosen: str | None = None
     with atomic_path(onnx_path) as kept:
         for name in EXPORTERS if exporter == "auto" else (exporter,):
             try:
                 _export_checked(name, spec, outputs, axes, onnx_path.name, reference, kept)
-                break
-            except PipelineError as error:
-                failures[name] = error
-        else:
+            except PipelineError as failure:
+                failures[name] = failure
+                continue
+            chosen = name
+            break
+        if chosen is None:
             raise _no_exporter_passed(spec, failures)
-    for other, error in failures.items():
-        print(f"note: {other} exporter passed over: {error.problem}", flush=True)
+    for other, passed_over in failures.items():
+        print(f"note: {other} exporter passed over: {passed_over.problem}", flush=True)
     return {
-        "summary": f"{onnx_path.name}: {name} exporter, opset {OPSET}, inputs {list(spec.example_inputs)}, "
+        "summary": f"{onnx_path.name}: {chosen} exporter, opset {OPSET}, inputs {list(spec.example_inputs)}, "
         f"outputs {outputs}",
-        "exporter": name,
+        "exporter": chosen,
         "passed_over": {other: f"{error.problem} ({error.fix})" for other, error in failures.items()},
         "inputs": list(spec.example_inputs),
         "outputs": outputs,
@@ -220,7 +223,7 @@ def _no_exporter_passed(spec: ModelSpec, failures: dict[str, PipelineError]) -> 
     if len(failures) == 1:
         return next(iter(failures.values()))
     problems = "; ".join(f"{name}: {error.problem}" for name, error in failures.items())
-    fixes = dict.fromkeys(error.fix for error in failures.values())  # the same check's fix once
+    fixes = dict.fromkeys(error.fix for error in failures.values() if error.fix)  # the same check's fix once
     return PipelineError(
         f"no exporter made a graph of {spec.name} that passes the checks ({problems})",
         "; or ".join(fixes) + "; or export the graph yourself (opset 17, dim 0 named as the batch) and pass it: "
