@@ -53,7 +53,7 @@ def _switch_to_eval(module: nn.Module) -> bool:
 
 
 def output_names_from(outputs: Any) -> list[str]:
-    """Each returned tensor's name, by its place in what forward() returns (pipeline.prepare.named_outputs)."""
+    """Each returned tensor's name, by its place in what forward() returns (spec.named_outputs)."""
     return [name for name, _ in named_outputs(outputs)]
 
 

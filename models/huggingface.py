@@ -84,7 +84,7 @@ def cache_off_arguments(model: nn.Module) -> dict[str, Any]:
 
 def tensor_outputs(result: Any) -> dict[str, torch.Tensor]:
     """The tensors of a ModelOutput by name, a tuple of them (hidden states, attentions) as name.0, name.1, ...
-    (pipeline.prepare.named_outputs); None fields are absent from it, and fields that hold something besides
+    (spec.named_outputs); None fields are absent from it, and fields that hold something besides
     tensors (a cache) are left out.  A tuple's tensors are output_0, output_1, ..."""
     if isinstance(result, torch.Tensor):
         return {"output": result}

@@ -229,11 +229,10 @@ def test_a_sequence_axis_torchscript_bakes_inside_multihead_attention_is_exporte
 def test_nested_outputs_are_flattened_with_their_paths_the_same_in_the_graph_manifest_and_runners(tmp_path):
     """{"logits": a, "aux": (b, c)} is three tensors named logits, aux.0, aux.1: in model.onnx, the manifest, and
     what the ONNX Runtime and torch runners return (the service names outputs from the manifest)."""
-    from trt_pipeline.pipeline.settings import Settings
-
-    from trt_pipeline.pipeline.folder import open_folder
+    from trt_pipeline.pipeline.core.settings import Settings
+    from trt_pipeline.pipeline.folder.reader import open_folder
     from trt_pipeline.pipeline.runners import load_runner
-    from trt_pipeline.pipeline.stages import make_engine
+    from trt_pipeline.pipeline.stages.sequence import make_engine
 
     folder = make_engine(Settings(model="tests.toy_models:nested_outputs", precision="fp32", out_root=tmp_path))
     names = ["logits", "aux.0", "aux.1"]

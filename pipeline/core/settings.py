@@ -14,7 +14,7 @@ BUILDERS = ("auto", "tensorrt", "tensorrt_rtx")
 CALIB_METHODS = ("max", "percentile", "entropy")
 # Who turns the model into ONNX: torch.onnx's TorchScript-based exporter, its torch.export-based one (dynamo), or
 # auto: TorchScript, and dynamo where TorchScript's graph fails the checks (a declared axis baked inside a torch
-# layer such as MultiheadAttention's Reshape); pipeline/export.py.
+# layer such as MultiheadAttention's Reshape); pipeline/stages/export.py.
 EXPORTERS = ("auto", "torchscript", "dynamo")
 # INT8: SmoothQuant-style smoothing of the activations MatMul/Gemm read (calibration/smooth.py), by its alpha, or off.
 # The default alpha, 0.9, is the best measured on a trained sentence encoder (all-MiniLM-L6-v2, held-out cosine to

@@ -155,7 +155,7 @@ class Manifest:
     model: ModelRecord | None = None
     precision: str | None = None
     opset: int | None = None
-    exporter: str | None = None  # who made model.onnx: torchscript or dynamo (pipeline/export.py); None: an ONNX MODEL
+    exporter: str | None = None  # who made model.onnx: torchscript or dynamo (stages/export.py); None: an ONNX MODEL
     settings: dict | None = None  # Settings.as_record(): what a rebuild repeats
     versions: dict[str, str] = field(default_factory=dict)
     batch_profile: BatchProfile | None = None

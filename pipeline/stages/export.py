@@ -29,7 +29,7 @@ SUGGESTED_MAX_SEQUENCE = 512  # the longest sequence a suggested DYNAMIC range c
 
 
 def output_names(spec: ModelSpec) -> list[str]:
-    """Declared names, else each tensor's path in what forward() returns (prepare.named_outputs)."""
+    """Declared names, else each tensor's path in what forward() returns (models.spec.named_outputs)."""
     with torch.inference_mode():
         outputs = named_outputs(call_module(spec.module, spec.example_inputs))
     if spec.output_names is None:
