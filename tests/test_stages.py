@@ -249,3 +249,15 @@ def test_a_data_dependent_output_size_is_refused_saying_what_it_is_and_the_two_f
     with pytest.raises(PipelineError, match=r"output 0 has a size that depends on the input values") as caught:
         prepare(toy_models.score_filter())
     assert "topk" in caught.value.fix and "filtering outside the graph" in caught.value.fix
+
+
+def test_exporter_setting_takes_the_three_choices_and_the_rebuild_hint_repeats_it():
+    from trt_pipeline.pipeline.core.settings import EXPORTERS, Settings
+    from trt_pipeline.pipeline.folder.manifest import make_engine_command
+
+    assert EXPORTERS == ("auto", "torchscript", "dynamo") and Settings().exporter == "auto"
+    with pytest.raises(PipelineError, match="unknown exporter 'onnx'"):
+        Settings(exporter="onnx").check()
+    record = Settings(model="m", exporter="dynamo").as_record()
+    assert "EXPORTER=dynamo" in make_engine_command("m", "fp32", "engines", record)
+    assert "EXPORTER" not in make_engine_command("m", "fp32", "engines", Settings(model="m").as_record())
