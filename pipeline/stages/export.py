@@ -8,6 +8,7 @@ disk, without loading the model again.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 import warnings
@@ -187,19 +188,36 @@ def _dynamo(spec: ModelSpec, path: Path, outputs: list[str], axes: dict[str, dic
         ) from error
     by_name = needs_keywords(spec.module, spec.example_inputs)
     shapes = _dynamic_shapes(spec, axes)
-    torch.onnx.export(
-        spec.module,
-        () if by_name else tuple(spec.example_inputs.values()),
-        str(path),
-        kwargs=dict(spec.example_inputs) if by_name else None,
-        input_names=list(spec.example_inputs),
-        output_names=outputs,
-        dynamic_shapes=shapes if by_name else tuple(shapes.values()),
-        opset_version=OPSET,
-        dynamo=True,
-        external_data=False,
-        verbose=False,
-    )
+    with _quiet_loggers("torch.onnx", "onnxscript"), warnings.catch_warnings():
+        # They warn of what is asked for (opset 18 converted to 17) and of torchvision's ops being absent.
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.onnx.export(
+            spec.module,
+            () if by_name else tuple(spec.example_inputs.values()),
+            str(path),
+            kwargs=dict(spec.example_inputs) if by_name else None,
+            input_names=list(spec.example_inputs),
+            output_names=outputs,
+            dynamic_shapes=shapes if by_name else tuple(shapes.values()),
+            opset_version=OPSET,
+            dynamo=True,
+            external_data=False,
+            verbose=False,
+        )
+
+
+@contextlib.contextmanager
+def _quiet_loggers(*names: str) -> Iterator[None]:
+    """These loggers at ERROR for the block, their levels restored after."""
+    loggers = [logging.getLogger(name) for name in names]
+    before = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, before, strict=True):
+            logger.setLevel(level)
 
 
 def _dynamic_shapes(spec: ModelSpec, axes: dict[str, dict[int, str]]) -> dict[str, dict[int, torch.export.Dim]]:
