@@ -240,6 +240,27 @@ def hubert():
     return transformers.HubertModel(config), {"input_values": torch.randn(2, 800)}
 
 
+def whisper_encoder():
+    """A speech encoder on log-mel features: two convolutions, then attention over a length its positions fix."""
+    torch.manual_seed(0)
+    config = transformers.WhisperConfig(
+        vocab_size=VOCABULARY, d_model=32, encoder_layers=2, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=16, max_source_positions=20,
+        max_target_positions=16, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+    )  # fmt: skip
+    return transformers.WhisperModel(config).get_encoder(), {"input_features": torch.randn(2, 16, 40)}
+
+
+def beit():
+    """A vision transformer with a relative position bias in every attention (not ViT's absolute positions)."""
+    torch.manual_seed(0)
+    config = transformers.BeitConfig(
+        image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        use_relative_position_bias=True,
+    )  # fmt: skip
+    return transformers.BeitModel(config), {"pixel_values": torch.randn(2, 3, 32, 32)}
+
+
 def segformer():
     """A segmentation head: a hierarchical encoder with reduced-sequence attention, an all-MLP decoder."""
     torch.manual_seed(0)
@@ -349,6 +370,8 @@ CASES = [
     Case("swin", _images("pixel_values", 3, 32)),
     Case("hubert", _audio("input_values", 800), dynamic="input_values:1=400:800:1600"),
     Case("segformer", _images("pixel_values", 3, 32)),
+    Case("whisper_encoder", _features("input_features", 16, 40)),  # its length is fixed: an unseen batch only
+    Case("beit", _images("pixel_values", 3, 32)),
 ]
 # FP16 for every case in CI would double the set's time; these cover the families (encoder, decoder, relative
 # attention, speech, CNN, recurrent, integer outputs).  The table runs FP16 for all.
