@@ -261,3 +261,19 @@ def test_exporter_setting_takes_the_three_choices_and_the_rebuild_hint_repeats_i
     record = Settings(model="m", exporter="dynamo").as_record()
     assert "EXPORTER=dynamo" in make_engine_command("m", "fp32", "engines", record)
     assert "EXPORTER" not in make_engine_command("m", "fp32", "engines", Settings(model="m").as_record())
+
+
+def test_an_op_torchscript_cannot_convert_is_exported_by_dynamo_with_its_splits_in_opset_17_form(tmp_path):
+    """SDPA with enable_gqa: the TorchScript-based exporter raises, auto keeps dynamo's graph; its chunk() is opset
+    18's Split(num_outputs), which onnx's 18 -> 17 converter leaves in place and the checker refuses."""
+    pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript (the build extra)")
+    spec = toy_models.grouped_query_attention()
+    prepare(spec)
+    write_reference(spec, PROFILE, tmp_path / "reference.npz")
+    with pytest.raises(PipelineError, match="torchscript.* not implemented if enable_gqa is True"):
+        export_onnx(spec, tmp_path / "model.onnx", tmp_path / "reference.npz", exporter="torchscript")
+    record = export_onnx(spec, tmp_path / "model.onnx", tmp_path / "reference.npz")
+    assert record["exporter"] == "dynamo" and "enable_gqa" in record["passed_over"]["torchscript"]
+    splits = [node for node in onnx.load(str(tmp_path / "model.onnx")).graph.node if node.op_type == "Split"]
+    assert splits and not any(a.name == "num_outputs" for node in splits for a in node.attribute)
+    check_parity(tmp_path / "model.onnx", tmp_path / "reference.npz", precision="fp32")  # the sequence at 16 too

@@ -241,3 +241,27 @@ class _ScoreFilter(nn.Module):
 def score_filter() -> ModelSpec:
     with _seeded():
         return ModelSpec(name="score_filter", module=_ScoreFilter(), example_inputs={"scores": torch.randn(2, 16)})
+
+
+class _GroupedQueryAttention(nn.Module):
+    """Four query heads over two key/value heads through SDPA's enable_gqa, which the TorchScript-based exporter
+    does not convert; keys and values come out of one projection by chunk() (opset 18's Split(num_outputs))."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.query = nn.Linear(16, 16)
+        self.key_value = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, sequence, _ = x.shape
+        query = self.query(x).view(batch, sequence, 4, 4).transpose(1, 2)
+        key, value = self.key_value(x).view(batch, sequence, 2, 8).transpose(1, 2).chunk(2, dim=-1)
+        attended = nn.functional.scaled_dot_product_attention(query, key, value, enable_gqa=True)
+        return attended.transpose(1, 2).reshape(batch, sequence, 16)
+
+
+def grouped_query_attention() -> ModelSpec:
+    with _seeded():
+        module, example = _GroupedQueryAttention(), {"x": torch.randn(EXAMPLE_BATCH, 8, 16)}
+    axes = {"x": {1: DynamicAxis(name="seq", min=1, opt=8, max=16)}}
+    return ModelSpec(name="grouped_query_attention", module=module, example_inputs=example, dynamic_axes=axes)

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import onnx
 import torch
 
 from ...models.spec import ModelSpec, call_module, first_line, named_outputs, needs_keywords
@@ -204,6 +205,26 @@ def _dynamo(spec: ModelSpec, path: Path, outputs: list[str], axes: dict[str, dic
             external_data=False,
             verbose=False,
         )
+    _split_as_opset_17(path)
+
+
+def _split_as_opset_17(path: Path) -> None:
+    """Split nodes in opset 13-17 form.  The dynamo exporter writes opset 18's Split(num_outputs=n) (tensor.chunk)
+    and onnx's version converter keeps the attribute when it converts to 17, which the checker refuses ("Unrecognized
+    attribute: num_outputs").  Without it, opset 13's Split cuts the axis into as many equal parts as it has outputs,
+    as num_outputs does when the size divides; a size that does not divide fails the checks that follow, which name
+    the node."""
+    model = onnx.load(str(path))
+    splits = [node for node in model.graph.node if node.op_type == "Split" and node.domain in ("", "ai.onnx")]
+    changed = False
+    for node in splits:
+        kept = [attribute for attribute in node.attribute if attribute.name != "num_outputs"]
+        if len(kept) != len(node.attribute):
+            del node.attribute[:]
+            node.attribute.extend(kept)
+            changed = True
+    if changed:
+        onnx.save(model, str(path))
 
 
 @contextlib.contextmanager
