@@ -277,3 +277,39 @@ def test_an_op_torchscript_cannot_convert_is_exported_by_dynamo_with_its_splits_
     splits = [node for node in onnx.load(str(tmp_path / "model.onnx")).graph.node if node.op_type == "Split"]
     assert splits and not any(a.name == "num_outputs" for node in splits for a in node.attribute)
     check_parity(tmp_path / "model.onnx", tmp_path / "reference.npz", precision="fp32")  # the sequence at 16 too
+
+
+def test_the_dynamo_graph_is_written_in_opset_17_where_onnxs_converter_has_no_adapter(tmp_path):
+    """Pad, Reduce*, Resize and Split as opset 18 writes them, in their opset 17 form (onnx's converter stops at
+    Pad: "No Adapter To Version $17 for Pad"), checked and run at every reference size, the sides at 32 too."""
+    pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript (the build extra)")
+    spec = toy_models.ops_changed_in_opset_18()
+    prepare(spec)
+    write_reference(spec, PROFILE, tmp_path / "reference.npz")
+    record = export_onnx(spec, tmp_path / "model.onnx", tmp_path / "reference.npz", exporter="dynamo")
+    assert record["exporter"] == "dynamo" and record["opset"] == 17
+    graph = onnx.load(str(tmp_path / "model.onnx"))
+    assert {"Pad", "ReduceMean", "Resize", "Split"} <= {node.op_type for node in graph.graph.node}
+    check_parity(tmp_path / "model.onnx", tmp_path / "reference.npz", precision="fp32")
+
+
+def test_an_opset_18_node_with_no_opset_17_form_is_named():
+    """Pad over chosen axes (opset 18's axes input) has no opset 17 form: refused naming the node, not written
+    as a Pad that would pad every axis."""
+    from trt_pipeline.pipeline.stages.opset17 import convert_to_opset_17
+
+    helper = onnx.helper
+    pads = helper.make_tensor("pads", onnx.TensorProto.INT64, [2], [1, 1])
+    axes = helper.make_tensor("axes", onnx.TensorProto.INT64, [1], [1])
+    node = helper.make_node("Pad", ["x", "pads", "", "axes"], ["y"], name="pad_columns")
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 6])],
+        [pads, axes],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(PipelineError, match="node 'pad_columns': Pad with an axes input") as caught:
+        convert_to_opset_17(model)
+    assert "EXPORTER=torchscript" in caught.value.fix

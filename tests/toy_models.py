@@ -265,3 +265,33 @@ def grouped_query_attention() -> ModelSpec:
         module, example = _GroupedQueryAttention(), {"x": torch.randn(EXAMPLE_BATCH, 8, 16)}
     axes = {"x": {1: DynamicAxis(name="seq", min=1, opt=8, max=16)}}
     return ModelSpec(name="grouped_query_attention", module=module, example_inputs=example, dynamic_axes=axes)
+
+
+class _OpsChangedInOpset18(nn.Module):
+    """Operators opset 18 changed, as a conv net uses them: Pad (F.pad), Reduce* (mean, amax, var), Resize
+    (F.interpolate) and Split (split, chunk)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 5, 3)
+        self.norm = nn.GroupNorm(1, 5)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        y = self.norm(self.conv(nn.functional.pad(image, (1, 1, 1, 1), mode="reflect")))
+        y = y - y.mean(dim=(2, 3), keepdim=True) + y.amax(dim=1, keepdim=True)
+        y = nn.functional.interpolate(y, scale_factor=2.0, mode="bilinear", align_corners=False)
+        first, rest = y.split([1, 4], dim=1)
+        low, high = rest.chunk(2, dim=1)  # along a static axis: chunk() of a dynamic one specializes it
+        return torch.cat([first.softmax(-1), rest.var(dim=-1, keepdim=True).expand_as(rest), high - low], dim=1)
+
+
+def ops_changed_in_opset_18() -> ModelSpec:
+    with _seeded():
+        module, example = _OpsChangedInOpset18(), {"image": torch.randn(EXAMPLE_BATCH, 3, 16, 16)}
+    side = DynamicAxis(name="side", min=8, opt=16, max=32)
+    return ModelSpec(
+        name="ops_changed_in_opset_18",
+        module=module,
+        example_inputs=example,
+        dynamic_axes={"image": {2: side, 3: side}},
+    )

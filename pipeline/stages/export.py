@@ -24,6 +24,8 @@ from ..core.errors import PipelineError
 from ..core.settings import OPSET, BatchProfile
 from ..folder.artifacts import atomic_path, write_npz
 from .check import check_onnx
+from .opset17 import SOURCE as DYNAMO_OPSET
+from .opset17 import convert_to_opset_17
 from .prepare import flatten_outputs
 
 BATCH_AXIS = "batch"
@@ -178,8 +180,9 @@ def _torchscript(spec: ModelSpec, path: Path, outputs: list[str], axes: dict[str
 
 def _dynamo(spec: ModelSpec, path: Path, outputs: list[str], axes: dict[str, dict[int, str]]) -> None:
     """The torch.export-based exporter, from the same declaration as dynamic_shapes.  It traces sizes as
-    symbols where TorchScript records a traced size as a constant (MultiheadAttention's Reshape).  It emits
-    opset 18 and converts to 17 with onnx's version converter, which keeps the names of the declared dims."""
+    symbols where TorchScript records a traced size as a constant (MultiheadAttention's Reshape).  It implements
+    opset 18 and up; opset17.py writes its graph in 17 (torch's own fallback, onnx's version converter, fails on
+    Pad and Split)."""
     try:
         import onnxscript  # noqa: F401  (torch.onnx's dynamo exporter is built on it)
     except ImportError as error:
@@ -190,7 +193,7 @@ def _dynamo(spec: ModelSpec, path: Path, outputs: list[str], axes: dict[str, dic
     by_name = needs_keywords(spec.module, spec.example_inputs)
     shapes = _dynamic_shapes(spec, axes)
     with _quiet_loggers("torch.onnx", "onnxscript"), warnings.catch_warnings():
-        # They warn of what is asked for (opset 18 converted to 17) and of torchvision's ops being absent.
+        # They warn of torchvision's ops being absent, and of deprecations that are torch's own.
         warnings.simplefilter("ignore", FutureWarning)
         torch.onnx.export(
             spec.module,
@@ -200,31 +203,12 @@ def _dynamo(spec: ModelSpec, path: Path, outputs: list[str], axes: dict[str, dic
             input_names=list(spec.example_inputs),
             output_names=outputs,
             dynamic_shapes=shapes if by_name else tuple(shapes.values()),
-            opset_version=OPSET,
+            opset_version=DYNAMO_OPSET,
             dynamo=True,
             external_data=False,
             verbose=False,
         )
-    _split_as_opset_17(path)
-
-
-def _split_as_opset_17(path: Path) -> None:
-    """Split nodes in opset 13-17 form.  The dynamo exporter writes opset 18's Split(num_outputs=n) (tensor.chunk)
-    and onnx's version converter keeps the attribute when it converts to 17, which the checker refuses ("Unrecognized
-    attribute: num_outputs").  Without it, opset 13's Split cuts the axis into as many equal parts as it has outputs,
-    as num_outputs does when the size divides; a size that does not divide fails the checks that follow, which name
-    the node."""
-    model = onnx.load(str(path))
-    splits = [node for node in model.graph.node if node.op_type == "Split" and node.domain in ("", "ai.onnx")]
-    changed = False
-    for node in splits:
-        kept = [attribute for attribute in node.attribute if attribute.name != "num_outputs"]
-        if len(kept) != len(node.attribute):
-            del node.attribute[:]
-            node.attribute.extend(kept)
-            changed = True
-    if changed:
-        onnx.save(model, str(path))
+    onnx.save(convert_to_opset_17(onnx.load(str(path))), str(path))
 
 
 @contextlib.contextmanager
