@@ -13,6 +13,7 @@ OUT ?= engines
 WEIGHTS ?=
 INPUT_SHAPE ?=
 DYNAMIC ?=
+EXPORTER ?=
 CALIB ?=
 CALIB_METHOD ?= percentile
 SMOOTH ?=
@@ -30,8 +31,8 @@ PORT ?= 8000
 GRPC_PORT ?= 8001
 # Not exported: make would expand a command-line variable to put it into every recipe's environment,
 # running a $(shell ...) inside it.  The values reach Python as arguments only (arg, below).
-unexport MODEL PRECISION BATCH OUT WEIGHTS INPUT_SHAPE DYNAMIC CALIB CALIB_METHOD SMOOTH FORCE RECALIBRATE STRICT_CALIB BACKENDS \
-	BATCHES TARGET KEEP_FP32 NO_AUTO_FP32 TRUST_MODEL_FILE HOST PORT GRPC_PORT
+unexport MODEL PRECISION BATCH OUT WEIGHTS INPUT_SHAPE DYNAMIC EXPORTER CALIB CALIB_METHOD SMOOTH FORCE RECALIBRATE STRICT_CALIB \
+	BACKENDS BATCHES TARGET KEEP_FP32 NO_AUTO_FP32 TRUST_MODEL_FILE HOST PORT GRPC_PORT
 
 # Every value reaches Python as one argument, whatever it holds: $(value) stops make from expanding a
 # $(...) inside it, the single quotes stop the shell, and each ' in it becomes '\'' (close, escaped
@@ -46,7 +47,7 @@ one_line = $(if $(findstring $(newline),$(value $(1))),$(error error: $(1) holds
 arg = $(call one_line,$(2))'--$(1)=$(subst ','\'',$(value $(2)))'
 PIPELINE_ARGS = $(call arg,model,MODEL) $(call arg,precision,PRECISION) $(call arg,batch,BATCH) $(call arg,out,OUT) \
 	$(if $(value WEIGHTS),$(call arg,weights,WEIGHTS)) $(if $(value INPUT_SHAPE),$(call arg,input-shape,INPUT_SHAPE)) \
-	$(if $(value DYNAMIC),$(call arg,dynamic,DYNAMIC)) $(if $(value CALIB),$(call arg,calib,CALIB) $(call arg,calib-method,CALIB_METHOD)) \
+	$(if $(value DYNAMIC),$(call arg,dynamic,DYNAMIC)) $(if $(value EXPORTER),$(call arg,exporter,EXPORTER)) $(if $(value CALIB),$(call arg,calib,CALIB) $(call arg,calib-method,CALIB_METHOD)) \
 	$(if $(value SMOOTH),$(call arg,smooth,SMOOTH)) \
 	$(if $(value FORCE),--force) $(if $(value RECALIBRATE),--recalibrate) $(if $(value STRICT_CALIB),--strict-calib) $(if $(value TARGET),$(call arg,target,TARGET)) \
 	$(if $(value KEEP_FP32),$(call arg,keep-fp32,KEEP_FP32)) $(if $(value NO_AUTO_FP32),--no-auto-fp32) \

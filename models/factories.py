@@ -99,7 +99,7 @@ def name_example_inputs(examples: Any, reference: str) -> dict[str, torch.Tensor
     if isinstance(examples, torch.Tensor):
         named = {SINGLE_INPUT_NAME: examples}
     elif isinstance(examples, (tuple, list)):
-        named = {f"input_{i}": tensor for i, tensor in enumerate(examples)}
+        named = dict(zip(tuple_input_names(len(examples)), examples, strict=True))
     elif isinstance(examples, Mapping):
         named = dict(examples.items())
     else:
@@ -119,6 +119,11 @@ def name_example_inputs(examples: Any, reference: str) -> dict[str, torch.Tensor
     return named
 
 
+def tuple_input_names(count: int) -> list[str]:
+    """The names a tuple of example inputs takes until bind_to_forward gives it forward()'s parameter names."""
+    return [f"input_{i}" for i in range(count)]
+
+
 def _describe_examples(examples: Any) -> str:
     if isinstance(examples, Mapping):
         kinds = sorted({type(value).__name__ for value in examples.values()})
@@ -129,18 +134,20 @@ def _describe_examples(examples: Any) -> str:
 def bind_to_forward(module: nn.Module, example_inputs: dict[str, torch.Tensor], model: str) -> dict[str, torch.Tensor]:
     """The example inputs named and ordered as forward()'s parameters, so no input can feed another's parameter.
 
-    Named after parameters: kept, in forward()'s order (the ONNX graph's inputs follow it).  input_0, input_1,
-    ... (from a tuple): renamed to forward()'s first parameters.  One input: bound by position.  Several
+    Named after parameters: kept, in forward()'s order (the ONNX graph's inputs follow it).  A tuple of any
+    length (input_0, input_1, ...): renamed to forward()'s first parameters.  One other input (a bare tensor's
+    "input"): bound by position.  Several
     inputs named otherwise: refused, since binding them by position could feed one into another's parameter.
     """
     names = forward_parameters(module)
-    if names is None or len(example_inputs) == 1 and not set(example_inputs) <= set(names):
+    if names is None:
         return example_inputs
     if set(example_inputs) <= set(names):
         return {name: example_inputs[name] for name in names if name in example_inputs}
-    generated = [f"input_{i}" for i in range(len(example_inputs))]
-    if list(example_inputs) == generated and len(generated) <= len(names):
+    if list(example_inputs) == tuple_input_names(len(example_inputs)) and len(example_inputs) <= len(names):
         return dict(zip(names, example_inputs.values(), strict=False))
+    if len(example_inputs) == 1:
+        return example_inputs
     unknown = [name for name in example_inputs if name not in names]
     raise PipelineError(
         f"MODEL={model!r}: example inputs {unknown} are not parameters of forward({', '.join(names)})",

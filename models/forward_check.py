@@ -11,7 +11,7 @@ from torch import nn
 
 from ..pipeline.core.errors import PipelineError
 from .inputs import INPUT_SHAPE_FORMS
-from .spec import call_module, first_lines
+from .spec import call_module, first_lines, named_outputs
 
 
 def run_example_forward(module: nn.Module, example_inputs: dict[str, torch.Tensor], input_shape: str | None) -> Any:
@@ -52,15 +52,9 @@ def _switch_to_eval(module: nn.Module) -> bool:
     return True
 
 
-def output_names_from(outputs: Any) -> list[str] | None:
-    """Output names export can use: "output" for a tensor, output_0.. for a tuple, the keys of a dict."""
-    if isinstance(outputs, torch.Tensor):
-        return ["output"]
-    if isinstance(outputs, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in outputs):
-        return [f"output_{i}" for i in range(len(outputs))]
-    if isinstance(outputs, dict) and all(isinstance(k, str) for k in outputs):
-        return list(outputs)
-    return None
+def output_names_from(outputs: Any) -> list[str]:
+    """Each returned tensor's name, by its place in what forward() returns (spec.named_outputs)."""
+    return [name for name, _ in named_outputs(outputs)]
 
 
 def describe_inputs(example_inputs: dict[str, torch.Tensor]) -> str:

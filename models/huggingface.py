@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ..pipeline.core.errors import PipelineError
-from .spec import DynamicAxis, ModelSpec, forward_parameters
+from .spec import DynamicAxis, ModelSpec, forward_parameters, named_outputs
 
 SEQUENCE_AXIS = "sequence"
 # When the config names no maximum length (T5's relative positions): a common encoder limit.
@@ -83,15 +83,25 @@ def cache_off_arguments(model: nn.Module) -> dict[str, Any]:
 
 
 def tensor_outputs(result: Any) -> dict[str, torch.Tensor]:
-    """The tensors of a ModelOutput by name (None fields are absent from it; caches and tuples of hidden
-    states are not tensors and are left out); a tuple's tensors as output_0, output_1, ..."""
+    """The tensors of a ModelOutput by name, a tuple of them (hidden states, attentions) as name.0, name.1, ...
+    (spec.named_outputs); None fields are absent from it, and fields that hold something besides
+    tensors (a cache) are left out.  A tuple's tensors are output_0, output_1, ..."""
     if isinstance(result, torch.Tensor):
         return {"output": result}
     if isinstance(result, Mapping):
-        return {str(name): value for name, value in result.items() if isinstance(value, torch.Tensor)}
-    if isinstance(result, (tuple, list)):
-        return {f"output_{i}": value for i, value in enumerate(result) if isinstance(value, torch.Tensor)}
-    return {}
+        fields = {str(key): value for key, value in result.items()}
+    elif isinstance(result, (tuple, list)):
+        fields = {f"output_{i}": value for i, value in enumerate(result)}
+    else:
+        return {}
+    return {name: tensor for key, value in fields.items() for name, tensor in _servable(key, value)}
+
+
+def _servable(key: str, value: Any) -> list[tuple[str, torch.Tensor]]:
+    try:
+        return named_outputs({key: value})
+    except PipelineError:  # not tensors all the way down: nothing a graph returns
+        return []
 
 
 def adapt(spec: ModelSpec, model: str, *, dynamic_given: bool) -> ModelSpec:

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from ..pipeline.core.errors import PipelineError
+
 
 @dataclass(frozen=True)
 class DynamicAxis:
@@ -87,6 +89,42 @@ def needs_keywords(module: torch.nn.Module, inputs: Mapping[str, Any]) -> bool:
 def call_module(module: torch.nn.Module, inputs: Mapping[str, Any]) -> Any:
     """forward() with each input bound to the parameter of its name."""
     return module(**inputs) if needs_keywords(module, inputs) else module(*inputs.values())
+
+
+# ---------------------------------------------------------------- what forward() returns, by name
+
+
+def named_outputs(outputs: object) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) in export order, each named by its path: a dict's keys joined with '.', a tuple's
+    positions (`{"logits": a, "aux": (b, c)}` -> logits, aux.0, aux.1).  At the top a tuple's tensors are
+    output_0, output_1, ... and a lone tensor (or a tuple of one) is `output`."""
+    named = _named(outputs, "")
+    if len(named) == 1 and not isinstance(outputs, dict):
+        return [("output", named[0][1])]
+    return named
+
+
+def _named(outputs: object, path: str) -> list[tuple[str, torch.Tensor]]:
+    if isinstance(outputs, torch.Tensor):
+        return [(path or "output", outputs)]
+    if isinstance(outputs, dict):  # transformers' ModelOutput too: it leaves out the fields that are None
+        return [pair for key, value in outputs.items() for pair in _named(value, _join(path, str(key)))]
+    if isinstance(outputs, (tuple, list)):
+        return [
+            pair
+            for i, value in enumerate(outputs)
+            for pair in _named(value, _join(path, str(i)) if path else f"output_{i}")
+        ]
+    raise PipelineError(
+        f"the model returned a {type(outputs).__name__}"
+        + (f" at {path!r}" if path else "")
+        + ", which cannot be exported",
+        "return tensors from forward(): a tensor, or tuples/lists and dicts of tensors, nested as you like",
+    )
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
 
 
 # ---------------------------------------------------------------- an exception's words for one line of an error

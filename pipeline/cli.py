@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .core.errors import PipelineError
 from .core.extras import missing_module_error
-from .core.settings import BUILDERS, CALIB_METHODS, PRECISIONS, BatchProfile, Settings
+from .core.settings import BUILDERS, CALIB_METHODS, EXPORTERS, PRECISIONS, BatchProfile, Settings
 
 PROG = "trt-pipeline"
 # The Makefile sets this, so errors speak make's language (CALIB=...) there and the command line's (--calib) here.
@@ -100,6 +100,12 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workspace-mib", type=int, default=defaults.workspace_mib, help="builder workspace limit")
     parser.add_argument("--builder", default=defaults.builder, choices=BUILDERS, help="TensorRT module to build with")
     parser.add_argument(
+        "--exporter",
+        default=defaults.exporter,
+        choices=EXPORTERS,
+        help="torch.onnx exporter: torchscript, dynamo, or auto (dynamo where TorchScript's graph fails) [EXPORTER]",
+    )
+    parser.add_argument(
         "--target",
         default=defaults.target,
         help="GPUs a TensorRT-RTX engine runs on: default, current (this machine's GPU) or e.g. sm86,sm89 [TARGET]",
@@ -153,6 +159,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         out_root=args.out,
         workspace_mib=args.workspace_mib,
         builder=args.builder,
+        exporter=args.exporter,
         target=args.target,
         keep_fp32=args.keep_fp32,
         auto_fp32=args.auto_fp32,

@@ -167,6 +167,111 @@ def transformer_encoder() -> ModelSpec:
     return toy_models.transformer_encoder()  # torch's own nn.TransformerEncoder (fast path off at export)
 
 
+def transformer_encoder_dynamic() -> ModelSpec:
+    """The same encoder with a dynamic sequence (Case.dynamic): TorchScript bakes it into MultiheadAttention's
+    Reshape, so auto exports it with dynamo."""
+    return toy_models.transformer_encoder()
+
+
+def nested_output() -> ModelSpec:
+    return toy_models.nested_outputs()  # {"logits": a, "aux": (b, c)}: outputs logits, aux.0, aux.1
+
+
+class _Tokens(nn.Module):
+    """A one-input model given as a one-tuple: its input is named `tokens` after forward(), as longer tuples are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(VOCABULARY, 16)
+        self.mix = nn.Conv1d(16, 16, kernel_size=3, padding=1)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        mixed = torch.relu(self.mix(self.embedding(tokens).transpose(1, 2))).transpose(1, 2)
+        return self.head(mixed)
+
+
+def one_input_tuple():
+    torch.manual_seed(0)
+    return _Tokens(), (torch.randint(0, 10, (2, SEQUENCE)),)
+
+
+def bart():
+    """An encoder-decoder, whole (with its LM head), fed decoder_input_ids of their own length."""
+    torch.manual_seed(0)
+    config = transformers.BartConfig(
+        vocab_size=VOCABULARY, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=2,
+    )  # fmt: skip
+    return transformers.BartForConditionalGeneration(config), _tokens(
+        "input_ids", "attention_mask", "decoder_input_ids"
+    )
+
+
+def llama():
+    """A causal LM with its head: rotary positions, grouped-query attention (2 heads, 1 key/value head), RMSNorm."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCABULARY, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=32, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    return transformers.LlamaForCausalLM(config), _tokens("input_ids", "attention_mask")
+
+
+def swin():
+    """A vision transformer that patches in shifted windows and merges patches between stages."""
+    torch.manual_seed(0)
+    config = transformers.SwinConfig(
+        image_size=32, patch_size=4, num_channels=3, embed_dim=16, depths=[1, 1], num_heads=[1, 2], window_size=4,
+        mlp_ratio=2.0,
+    )  # fmt: skip
+    return transformers.SwinModel(config), {"pixel_values": torch.randn(2, 3, 32, 32)}
+
+
+def hubert():
+    """A speech encoder (convolutional feature extractor, then attention) on raw audio of a dynamic length."""
+    torch.manual_seed(0)
+    config = transformers.HubertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, conv_dim=(16, 16),
+        conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2,
+        vocab_size=VOCABULARY,
+    )  # fmt: skip
+    return transformers.HubertModel(config), {"input_values": torch.randn(2, 800)}
+
+
+def whisper_encoder():
+    """A speech encoder on log-mel features: two convolutions, then attention over a length its positions fix."""
+    torch.manual_seed(0)
+    config = transformers.WhisperConfig(
+        vocab_size=VOCABULARY, d_model=32, encoder_layers=2, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=16, max_source_positions=20,
+        max_target_positions=16, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+    )  # fmt: skip
+    return transformers.WhisperModel(config).get_encoder(), {"input_features": torch.randn(2, 16, 40)}
+
+
+def beit():
+    """A vision transformer with a relative position bias in every attention (not ViT's absolute positions)."""
+    torch.manual_seed(0)
+    config = transformers.BeitConfig(
+        image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        use_relative_position_bias=True,
+    )  # fmt: skip
+    return transformers.BeitModel(config), {"pixel_values": torch.randn(2, 3, 32, 32)}
+
+
+def segformer():
+    """A segmentation head: a hierarchical encoder with reduced-sequence attention, an all-MLP decoder."""
+    torch.manual_seed(0)
+    config = transformers.SegformerConfig(
+        num_channels=3, num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32],
+        patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2], decoder_hidden_size=32,
+        num_labels=4,
+    )  # fmt: skip
+    return transformers.SegformerForSemanticSegmentation(config), {"pixel_values": torch.randn(2, 3, 32, 32)}
+
+
 # --------------------------------------------------------------------------- INT8 calibration data
 # Model-ready inputs like the ones each case serves, keyed by the graph's input names (calibration/readers.py binds
 # a .npz by name and ignores keys the graph dropped).  Same shapes as the example inputs: every case's graph takes
@@ -183,7 +288,13 @@ def _tokens_like(*names: str, vocabulary: int = VOCABULARY, mask_dtype: type = n
         inside = np.arange(SEQUENCE)[None, :] < lengths[:, None]
         ids = np.where(inside, rng.integers(1, vocabulary, (rows, SEQUENCE)), 0)
         segments = (np.arange(SEQUENCE)[None, :] >= lengths[:, None] // 2) & inside
-        arrays = {"input_ids": ids, "attention_mask": inside.astype(mask_dtype), "token_type_ids": segments}
+        arrays = {
+            "input_ids": ids,
+            "attention_mask": inside.astype(mask_dtype),
+            "token_type_ids": segments,
+            "decoder_input_ids": np.where(inside, rng.integers(3, vocabulary, (rows, SEQUENCE)), 0),
+            "tokens": ids,
+        }
         return {name: arrays[name].astype(mask_dtype if name == "attention_mask" else np.int64) for name in names}
 
     return make
@@ -230,6 +341,8 @@ class Case:
     name: str
     calibration: Calibration
     keep_fp32: str | None = None  # FP16: what must stay FP32 beyond the automatic fallback, with the reason
+    dynamic: str | None = None  # DYNAMIC= as a user gives it (transformers' token inputs get a sequence axis anyway)
+    dynamo: bool = False  # exported by the dynamo exporter (EXPORTER=auto picks it), which needs onnxscript
 
 
 CASES = [
@@ -244,13 +357,28 @@ CASES = [
     Case("unet", _images("image", 3, 32)),
     Case("dict_output", _tokens_like("input_ids", "attention_mask", vocabulary=100, mask_dtype=np.float32)),
     Case("topk_head", _features("features", 16)),
+    Case("transformer_encoder_dynamic", _features("x", 8, 16), dynamic="x:1=1:8:16", dynamo=True),
+    Case("nested_output", _features("x", 6)),
+    Case("one_input_tuple", _tokens_like("tokens"), dynamic="tokens:1=1:8:16"),
+    # decoder_input_ids on an axis of their own (another range), as generation feeds them
+    Case(
+        "bart",
+        _tokens_like("input_ids", "attention_mask", "decoder_input_ids"),
+        dynamic="input_ids:1=1:8:16,attention_mask:1=1:8:16,decoder_input_ids:1=1:8:12",
+    ),  # fmt: skip
+    Case("llama", _tokens_like("input_ids", "attention_mask")),
+    Case("swin", _images("pixel_values", 3, 32)),
+    Case("hubert", _audio("input_values", 800), dynamic="input_values:1=400:800:1600"),
+    Case("segformer", _images("pixel_values", 3, 32)),
+    Case("whisper_encoder", _features("input_features", 16, 40)),  # its length is fixed: an unseen batch only
+    Case("beit", _images("pixel_values", 3, 32)),
 ]
 # FP16 for every case in CI would double the set's time; these cover the families (encoder, decoder, relative
 # attention, speech, CNN, recurrent, integer outputs).  The table runs FP16 for all.
-FP16_IN_CI = ("bert", "gpt2", "t5_encoder", "wav2vec2", "unet", "lstm", "topk_head")
+FP16_IN_CI = ("bert", "gpt2", "t5_encoder", "wav2vec2", "unet", "lstm", "topk_head", "transformer_encoder_dynamic")
 # INT8 in CI (about 30 s): a text encoder, a speech encoder (convolutions, one weight in a Constant node), a recurrent
 # net and a CNN with a skip; the others run with COVERAGE_INT8=all and in the table.
-INT8_IN_CI = ("bert", "wav2vec2", "lstm", "unet")
+INT8_IN_CI = ("bert", "wav2vec2", "lstm", "unet", "transformer_encoder_dynamic")  # the last: a dynamo graph
 NAMES = [case.name for case in CASES]
 CALIBRATION_ROWS = 64  # 4 batches of 16: the gate judges these rows too
 HELD_OUT_ROWS = 32  # judged like them, never calibrated on
@@ -278,6 +406,7 @@ def run_case(case: Case, precision: str, out_root: Path) -> dict:
         out_root=out_root,
         builder="tensorrt_rtx",
         keep_fp32=case.keep_fp32 if precision == "fp16" else None,
+        dynamic=case.dynamic,
         calib=write_calibration(case, out_root / "calibration") if precision == "int8" else None,
         calib_samples=CALIBRATION_ROWS,
     )
@@ -297,6 +426,8 @@ def run_case(case: Case, precision: str, out_root: Path) -> dict:
         "model": case.name,
         "precision": precision,
         "ok": True,
+        "exporter": manifest["exporter"],
+        "unseen": _unseen_sizes(folder),
         "parity_fp32": manifest["parity_fp32"]["max_rel"],
         "parity_fp16": manifest.get("parity_fp16", {}).get("max_rel"),
         "parity_int8": manifest.get("parity_int8", {}).get("max_rel"),
@@ -305,6 +436,38 @@ def run_case(case: Case, precision: str, out_root: Path) -> dict:
         **_int8_record(folder, case),
         "seconds": seconds,
     }
+
+
+UNSEEN_BATCH = 3  # the profile is 1:2:4 and the reference runs batches 1, 2 and 4
+
+
+def _unseen_sizes(folder: Path) -> dict:
+    """The graph the runner serves here (ONNX Runtime) against the model itself (the torch runner) at a batch and
+    dynamic-axis sizes no stage ran (the reference runs the example's size and each axis's max), on random inputs
+    drawn as the reference's are (integers in the range of the reference's own)."""
+    from trt_pipeline.pipeline.core.compare import compare
+    from trt_pipeline.pipeline.folder.manifest import REFERENCE
+    from trt_pipeline.pipeline.folder.reader import open_folder
+    from trt_pipeline.pipeline.runners import load_runner
+    from trt_pipeline.pipeline.stages.export import load_reference, random_inputs
+
+    opened = open_folder(folder)
+    manifest = opened.manifest
+    sizes = {name: _unused_size(*bounds) for name, bounds in manifest.axis_ranges.items()}
+    reference_inputs = load_reference(folder / REFERENCE)[0][0]
+    ranges = {name: (int(a.min()), int(a.max())) for name, a in reference_inputs.items() if a.dtype.kind in "iu"}
+    records = [tensor.as_record() for tensor in manifest.inputs]
+    feed = random_inputs(records, UNSEEN_BATCH, seed=7, axis_sizes=sizes, int_ranges=ranges)
+    with load_runner(opened, "onnxruntime") as graph, load_runner(opened, "torch") as model:
+        served, expected = graph.infer(feed), model.infer(feed)
+    errors = {name: compare(expected[name], served[name], rtol=1.0).max_rel for name in expected}
+    return {"batch": UNSEEN_BATCH, "sizes": sizes, "max_rel": max(errors.values())}
+
+
+def _unused_size(low: int, opt: int, high: int) -> int:
+    """A size in the axis's range that the reference did not run: it runs the example's (opt) and the max."""
+    unused = [size for size in ((opt + high) // 2, low, high - 1) if low <= size <= high and size not in (opt, high)]
+    return unused[0] if unused else opt  # a range of one or two sizes: the reference ran them all
 
 
 def _manifest(folder: Path) -> dict:
@@ -401,11 +564,18 @@ def _graph_feeds(fp32: Path, batches: list[dict[str, np.ndarray]]) -> list[dict[
     ids=lambda value: value.name if isinstance(value, Case) else value,
 )
 def test_coverage(case: Case, precision: str, tmp_path: Path):
+    _skip_without_its_exporter(case)
     row = run_case(case, precision, tmp_path)
     assert row["ok"], row.get("error")
     assert row["parity_fp32"] < 1e-3
+    assert row["unseen"]["max_rel"] < (3e-2 if precision == "fp16" else 1e-3)  # at a batch and sizes never built at
     if precision == "fp16":
         assert row["parity_fp16"] < 3e-2
+
+
+def _skip_without_its_exporter(case: Case) -> None:
+    if case.dynamo:
+        pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript (the build extra)")
 
 
 def _int8_params() -> list:
@@ -424,6 +594,7 @@ def test_coverage_int8(case: Case, tmp_path: Path):
     """Each INT8 build passes the agreement gate, or a gate refuses it with a PipelineError that names the fix (the
     command line's exit 2): never a crash.  Either way model.int8.onnx was written in the form TensorRT accepts, with
     Q/DQ on the model's weighted ops."""
+    _skip_without_its_exporter(case)
     row = run_case(case, "int8", tmp_path)
     assert row["qdq_problems"] == []
     assert row["qdq"]["quantized_ops"] > 0 and row["qdq"]["quantized_weights"] > 0
@@ -433,6 +604,9 @@ def test_coverage_int8(case: Case, tmp_path: Path):
     if row["ok"]:
         assert row["parity_fp32"] < 1e-3
         assert row["agreement_error"] <= INT8_MAX_ERROR
+        # Ran at a batch and sizes never built at (a wrong shape raises).  Random inputs, as the smoke parity's: INT8
+        # fails there only on inf or NaN (a float mask's clipped noise is 0.96 of the scale on dict_output).
+        assert np.isfinite(row["unseen"]["max_rel"])
         return
     # refused after the Q/DQ graph was written: by the agreement gate, or the smoke parity on the reference inputs
     assert row["refused_after"] in GATED_AFTER, row["error"]
@@ -493,14 +667,23 @@ def _pair(row: dict, prefix: str) -> str:
     return f"{row[f'{prefix}_error']:.3g} / {row[f'{prefix}_cosine']:.4f}"
 
 
+def _unseen(row: dict) -> str:
+    """ "max rel (axis=size, ...)" of the check at unseen sizes, or nothing where the row has none."""
+    if "unseen" not in row:
+        return ""
+    sizes = ", ".join(f"{axis}={size}" for axis, size in row["unseen"]["sizes"].items())
+    return _number(row["unseen"]["max_rel"]) + (f" ({sizes})" if sizes else "")
+
+
 def table(rows: list[dict]) -> str:
     """Markdown: one line per row, then every refusal's whole message and fix."""
     lines = [
-        "| model | precision | result | parity fp32 (max rel) | parity fp16 / int8 (max rel) | "
+        "| model | precision | result | exporter | parity fp32 (max rel) | parity fp16 / int8 (max rel) | "
+        f"unseen: batch {UNSEEN_BATCH}, other axis sizes (max rel) | "
         f"int8 vs fp32: error (gate {INT8_MAX_ERROR}) / cosine | held out: error / cosine | "
         "quantized ops / Q acts / DQ weights | "
         "FP32 nodes kept | s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     refusals: list[str] = []
     for row in rows:
@@ -520,8 +703,9 @@ def table(rows: list[dict]) -> str:
             counts += f" (CPU graphs not made: {', '.join(row['cpu_graphs_failed'])})"
         kept = str(row["kept_fp32"]) if row["precision"] == "fp16" and row["ok"] else ""
         lines.append(
-            f"| {row['model']} | {row['precision']} | {result} | {_number(row.get('parity_fp32'))} | "
-            f"{_number(lower)} | {agreement} | {held_out} | {counts} | {kept} | {row['seconds']:.1f} |"
+            f"| {row['model']} | {row['precision']} | {result} | {row.get('exporter', '')} | "
+            f"{_number(row.get('parity_fp32'))} | {_number(lower)} | {_unseen(row)} | {agreement} | {held_out} | "
+            f"{counts} | {kept} | {row['seconds']:.1f} |"
         )
     return "\n".join(lines + ([""] if refusals else []) + refusals)
 

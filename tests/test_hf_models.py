@@ -66,6 +66,10 @@ def bert_with_tokenizer():
     return tiny_bert(), _tokenize(_VOCABULARY_DIR[0] / "vocab.txt")
 
 
+def bert_with_hidden_states():
+    return tiny_bert(output_hidden_states=True), _tokenize(_VOCABULARY_DIR[0] / "vocab.txt")
+
+
 def gpt2_with_dict():
     encoded = _tokenize(_VOCABULARY_DIR[0] / "vocab.txt")
     return tiny_gpt2(), {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
@@ -190,3 +194,13 @@ def test_a_folder_without_weights_or_config_names_the_form(tmp_path: Path):
     with pytest.raises(PipelineError) as error:
         models.load_model(str(empty))
     assert "without config.json" in error.value.problem and "pytorch_model.bin" in (error.value.fix or "")
+
+
+def test_hidden_states_a_tuple_in_the_output_are_outputs_named_by_their_place(vocabulary):
+    """ModelOutput.hidden_states is a tuple (embeddings, then each layer): each is an output, hidden_states.<i>."""
+    spec = models.load_model("tests.test_hf_models:bert_with_hidden_states")
+    layers = [f"hidden_states.{i}" for i in range(3)]  # the embeddings and 2 layers
+    assert spec.output_names == ["last_hidden_state", "pooler_output", *layers]
+    with torch.inference_mode():
+        outputs = spec.module(*spec.example_inputs.values())
+    assert list(outputs) == spec.output_names and outputs["hidden_states.2"].shape == outputs["last_hidden_state"].shape

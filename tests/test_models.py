@@ -680,6 +680,16 @@ def test_tuple_inputs_take_forward_parameter_names():
     assert list(spec.example_inputs) == ["x", "mask"]
 
 
+def one_input_tuple():
+    return _OptionalInputs(), (torch.ones(2, 3),)
+
+
+def test_a_one_input_tuple_takes_the_forward_parameter_name_too():
+    """One rule for tuples of any length: (x,) is `x`, so DYNAMIC names it as forward() does (it was input_0)."""
+    spec = load_model(f"{__name__}:one_input_tuple", dynamic="x:1=1:3:6")
+    assert list(spec.example_inputs) == ["x"] and spec.dynamic_axes["x"][1].max == 6
+
+
 def test_several_inputs_not_named_after_forward_are_refused():
     with pytest.raises(PipelineError, match=r"example inputs \['a', 'b'\] are not parameters of forward\(x, mask"):
         load_model(f"{__name__}:optional_inputs_unnamed")

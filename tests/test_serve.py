@@ -792,3 +792,23 @@ def _responses(event: object, operation: str = "") -> Iterator[tuple[str, dict]]
     elif isinstance(event, list):
         for value in event:
             yield from _responses(value, operation)
+
+
+def test_nested_outputs_are_served_by_their_paths(engines: Path) -> None:
+    """{"logits": a, "aux": (b, c)}: the service offers logits, aux.0 and aux.1, over both protocols, one by one or
+    all, equal to the ONNX Runtime runner's."""
+    settings = Settings(model="tests.toy_models:nested_outputs", precision="fp32", out_root=engines)
+    nested = make_engine(settings)
+    batch = np.random.default_rng(4).standard_normal((3, 6), dtype=np.float32)
+    with load_runner(nested, "onnxruntime") as local:
+        expected = local.infer({"x": batch})
+    with served(nested) as server, clients(server) as triton:
+        for protocol in PROTOCOLS:
+            name = model_name(open_folder(nested).manifest)
+            every = triton[protocol].infer(name, [infer_input(protocol, "x", batch)])
+            only = triton[protocol].infer(
+                name, [infer_input(protocol, "x", batch)], outputs=[requested_output(protocol, "aux.1")]
+            )
+            for output in ("logits", "aux.0", "aux.1"):
+                assert compare(expected[output], every.as_numpy(output), rtol=RTOL).ok
+            assert only.as_numpy("logits") is None and only.as_numpy("aux.1").shape == (3, 1)

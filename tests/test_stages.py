@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests import toy_models
-from trt_pipeline.models.spec import ModelSpec
+from trt_pipeline.models.spec import DynamicAxis, ModelSpec
 from trt_pipeline.pipeline.core.compare import compare
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.settings import BatchProfile
@@ -105,9 +105,9 @@ def test_prepare_refuses_a_baked_batch():
 def test_check_names_the_reshape_that_baked_the_batch(tmp_path):
     spec = toy_models.baked_batch_cnn()
     spec.module.eval()
-    export_onnx(spec, tmp_path / "model.onnx")
     with pytest.raises(PipelineError, match=r"Reshape node .* constant shape \[2, -1\]"):
-        check_onnx(tmp_path / "model.onnx")
+        export_onnx(spec, tmp_path / "model.onnx", exporter="torchscript")  # export runs check_onnx on its graph
+    assert not (tmp_path / "model.onnx").exists()
 
 
 def test_check_refuses_another_opset(tmp_path):
@@ -192,3 +192,124 @@ def test_a_sequence_length_baked_into_the_graph_is_named_by_check(tmp_path):
     with pytest.raises(PipelineError, match=r"does not run with inputs x \[2, 12, 8\]: a size was baked") as caught:
         make_engine(settings)
     assert "Reshape node" in str(caught.value) and "x.shape[1]" in caught.value.fix
+    # int() bakes the size for both exporters: one error names both failures, and the way round them
+    assert "no exporter made a graph" in caught.value.problem
+    assert "torchscript: model.onnx does not run" in caught.value.problem
+    assert "dynamo: model.onnx does not run" in caught.value.problem
+    assert "MODEL=path/to/model.onnx" in caught.value.fix
+    assert not (tmp_path / "toy_models-baked_sequence_model-fp32" / "model.onnx").exists()
+
+
+def test_a_sequence_axis_torchscript_bakes_inside_multihead_attention_is_exported_by_dynamo(tmp_path):
+    """nn.TransformerEncoder (batch_first) with a dynamic sequence: the TorchScript-based exporter bakes the
+    sequence into MultiheadAttention's Reshape, which no forward() of the user's can change; auto keeps dynamo's
+    graph, which runs at every reference size, and the manifest says which exporter made it."""
+    pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript (the build extra)")
+    from trt_pipeline.pipeline.core.settings import Settings
+    from trt_pipeline.pipeline.folder.reader import open_folder
+    from trt_pipeline.pipeline.stages.sequence import make_engine
+
+    spec = toy_models.transformer_encoder()
+    prepare(spec)
+    spec.dynamic_axes = {"x": {1: DynamicAxis("x_dim1", 1, 8, 16)}}
+    write_reference(spec, PROFILE, tmp_path / "reference.npz")
+    with pytest.raises(PipelineError, match=r"Reshape node\. Name:'/encoder/layers\.0/self_attn/Reshape"):
+        export_onnx(spec, tmp_path / "model.onnx", tmp_path / "reference.npz", exporter="torchscript")
+
+    settings = Settings(
+        model="tests.toy_models:transformer_encoder", precision="fp32", dynamic="x:1=1:8:16", out_root=tmp_path
+    )
+    folder = make_engine(settings)
+    manifest = open_folder(folder).manifest
+    assert manifest.exporter == "dynamo"
+    assert "Reshape" in manifest.stages["export"]["passed_over"]["torchscript"]
+    assert manifest.parity("parity_fp32").max_rel < 1e-3  # at batch 1, 4, 8 and the sequence at 16
+
+
+def test_nested_outputs_are_flattened_with_their_paths_the_same_in_the_graph_manifest_and_runners(tmp_path):
+    """{"logits": a, "aux": (b, c)} is three tensors named logits, aux.0, aux.1: in model.onnx, the manifest, and
+    what the ONNX Runtime and torch runners return (the service names outputs from the manifest)."""
+    from trt_pipeline.pipeline.core.settings import Settings
+    from trt_pipeline.pipeline.folder.reader import open_folder
+    from trt_pipeline.pipeline.runners import load_runner
+    from trt_pipeline.pipeline.stages.sequence import make_engine
+
+    folder = make_engine(Settings(model="tests.toy_models:nested_outputs", precision="fp32", out_root=tmp_path))
+    names = ["logits", "aux.0", "aux.1"]
+    assert [output.name for output in onnx.load(str(folder / "model.onnx")).graph.output] == names
+    assert [output.name for output in open_folder(folder).manifest.outputs] == names
+    feed = {"x": np.random.default_rng(0).standard_normal((3, 6)).astype(np.float32)}
+    with load_runner(folder, "onnxruntime") as graph, load_runner(folder, "torch") as model:
+        ran, expected = graph.infer(feed), model.infer(feed)
+    assert list(ran) == list(expected) == names
+    assert ran["aux.1"].shape == (3, 1) and compare(expected["aux.0"], ran["aux.0"], rtol=1e-4).ok
+
+
+def test_a_data_dependent_output_size_is_refused_saying_what_it_is_and_the_two_fixes():
+    with pytest.raises(PipelineError, match=r"output 0 has a size that depends on the input values") as caught:
+        prepare(toy_models.score_filter())
+    assert "topk" in caught.value.fix and "filtering outside the graph" in caught.value.fix
+
+
+def test_exporter_setting_takes_the_three_choices_and_the_rebuild_hint_repeats_it():
+    from trt_pipeline.pipeline.core.settings import EXPORTERS, Settings
+    from trt_pipeline.pipeline.folder.manifest import make_engine_command
+
+    assert EXPORTERS == ("auto", "torchscript", "dynamo") and Settings().exporter == "auto"
+    with pytest.raises(PipelineError, match="unknown exporter 'onnx'"):
+        Settings(exporter="onnx").check()
+    record = Settings(model="m", exporter="dynamo").as_record()
+    assert "EXPORTER=dynamo" in make_engine_command("m", "fp32", "engines", record)
+    assert "EXPORTER" not in make_engine_command("m", "fp32", "engines", Settings(model="m").as_record())
+
+
+def test_an_op_torchscript_cannot_convert_is_exported_by_dynamo_with_its_splits_in_opset_17_form(tmp_path):
+    """SDPA with enable_gqa: the TorchScript-based exporter raises, auto keeps dynamo's graph; its chunk() is opset
+    18's Split(num_outputs), which onnx's 18 -> 17 converter leaves in place and the checker refuses."""
+    pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript (the build extra)")
+    spec = toy_models.grouped_query_attention()
+    prepare(spec)
+    write_reference(spec, PROFILE, tmp_path / "reference.npz")
+    with pytest.raises(PipelineError, match="torchscript.* not implemented if enable_gqa is True"):
+        export_onnx(spec, tmp_path / "model.onnx", tmp_path / "reference.npz", exporter="torchscript")
+    record = export_onnx(spec, tmp_path / "model.onnx", tmp_path / "reference.npz")
+    assert record["exporter"] == "dynamo" and "enable_gqa" in record["passed_over"]["torchscript"]
+    splits = [node for node in onnx.load(str(tmp_path / "model.onnx")).graph.node if node.op_type == "Split"]
+    assert splits and not any(a.name == "num_outputs" for node in splits for a in node.attribute)
+    check_parity(tmp_path / "model.onnx", tmp_path / "reference.npz", precision="fp32")  # the sequence at 16 too
+
+
+def test_the_dynamo_graph_is_written_in_opset_17_where_onnxs_converter_has_no_adapter(tmp_path):
+    """Pad, Reduce*, Resize and Split as opset 18 writes them, in their opset 17 form (onnx's converter stops at
+    Pad: "No Adapter To Version $17 for Pad"), checked and run at every reference size, the sides at 32 too."""
+    pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript (the build extra)")
+    spec = toy_models.ops_changed_in_opset_18()
+    prepare(spec)
+    write_reference(spec, PROFILE, tmp_path / "reference.npz")
+    record = export_onnx(spec, tmp_path / "model.onnx", tmp_path / "reference.npz", exporter="dynamo")
+    assert record["exporter"] == "dynamo" and record["opset"] == 17
+    graph = onnx.load(str(tmp_path / "model.onnx"))
+    assert {"Pad", "ReduceMean", "Resize", "Split"} <= {node.op_type for node in graph.graph.node}
+    check_parity(tmp_path / "model.onnx", tmp_path / "reference.npz", precision="fp32")
+
+
+def test_an_opset_18_node_with_no_opset_17_form_is_named():
+    """Pad over chosen axes (opset 18's axes input) has no opset 17 form: refused naming the node, not written
+    as a Pad that would pad every axis."""
+    from trt_pipeline.pipeline.stages.opset17 import convert_to_opset_17
+
+    helper = onnx.helper
+    pads = helper.make_tensor("pads", onnx.TensorProto.INT64, [2], [1, 1])
+    axes = helper.make_tensor("axes", onnx.TensorProto.INT64, [1], [1])
+    node = helper.make_node("Pad", ["x", "pads", "", "axes"], ["y"], name="pad_columns")
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 6])],
+        [pads, axes],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(PipelineError, match="node 'pad_columns': Pad with an axes input") as caught:
+        convert_to_opset_17(model)
+    assert "EXPORTER=torchscript" in caught.value.fix

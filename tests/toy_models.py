@@ -210,3 +210,88 @@ def baked_sequence_model() -> ModelSpec:
     example = {"x": torch.zeros(EXAMPLE_BATCH, 6, 8)}
     axes = {"x": {1: DynamicAxis(name="seq", min=1, opt=6, max=12)}}
     return ModelSpec(name="baked_sequence", module=_BakedSequence(), example_inputs=example, dynamic_axes=axes)
+
+
+class _NestedOutputs(nn.Module):
+    """A dict that holds a tuple, as Hugging Face outputs hold hidden states: three tensors, two at one key."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(6, 8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor | tuple[torch.Tensor, ...]]:
+        hidden = torch.relu(self.body(x))
+        return {"logits": self.head(hidden), "aux": (hidden, hidden.sum(-1, keepdim=True))}
+
+
+def nested_outputs() -> ModelSpec:
+    with _seeded():
+        module, example = _NestedOutputs(), {"x": torch.randn(EXAMPLE_BATCH, 6)}
+    return ModelSpec(name="nested_outputs", module=module, example_inputs=example)
+
+
+class _ScoreFilter(nn.Module):
+    """Keeps the scores past a threshold, as a detector's post-processing does: how many depends on the values."""
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        return scores[scores.sigmoid() > 0.5]
+
+
+def score_filter() -> ModelSpec:
+    with _seeded():
+        return ModelSpec(name="score_filter", module=_ScoreFilter(), example_inputs={"scores": torch.randn(2, 16)})
+
+
+class _GroupedQueryAttention(nn.Module):
+    """Four query heads over two key/value heads through SDPA's enable_gqa, which the TorchScript-based exporter
+    does not convert; keys and values come out of one projection by chunk() (opset 18's Split(num_outputs))."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.query = nn.Linear(16, 16)
+        self.key_value = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, sequence, _ = x.shape
+        query = self.query(x).view(batch, sequence, 4, 4).transpose(1, 2)
+        key, value = self.key_value(x).view(batch, sequence, 2, 8).transpose(1, 2).chunk(2, dim=-1)
+        attended = nn.functional.scaled_dot_product_attention(query, key, value, enable_gqa=True)
+        return attended.transpose(1, 2).reshape(batch, sequence, 16)
+
+
+def grouped_query_attention() -> ModelSpec:
+    with _seeded():
+        module, example = _GroupedQueryAttention(), {"x": torch.randn(EXAMPLE_BATCH, 8, 16)}
+    axes = {"x": {1: DynamicAxis(name="seq", min=1, opt=8, max=16)}}
+    return ModelSpec(name="grouped_query_attention", module=module, example_inputs=example, dynamic_axes=axes)
+
+
+class _OpsChangedInOpset18(nn.Module):
+    """Operators opset 18 changed, as a conv net uses them: Pad (F.pad), Reduce* (mean, amax, var), Resize
+    (F.interpolate) and Split (split, chunk)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 5, 3)
+        self.norm = nn.GroupNorm(1, 5)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        y = self.norm(self.conv(nn.functional.pad(image, (1, 1, 1, 1), mode="reflect")))
+        y = y - y.mean(dim=(2, 3), keepdim=True) + y.amax(dim=1, keepdim=True)
+        y = nn.functional.interpolate(y, scale_factor=2.0, mode="bilinear", align_corners=False)
+        first, rest = y.split([1, 4], dim=1)
+        low, high = rest.chunk(2, dim=1)  # along a static axis: chunk() of a dynamic one specializes it
+        return torch.cat([first.softmax(-1), rest.var(dim=-1, keepdim=True).expand_as(rest), high - low], dim=1)
+
+
+def ops_changed_in_opset_18() -> ModelSpec:
+    with _seeded():
+        module, example = _OpsChangedInOpset18(), {"image": torch.randn(EXAMPLE_BATCH, 3, 16, 16)}
+    side = DynamicAxis(name="side", min=8, opt=16, max=32)
+    return ModelSpec(
+        name="ops_changed_in_opset_18",
+        module=module,
+        example_inputs=example,
+        dynamic_axes={"image": {2: side, 3: side}},
+    )

@@ -380,6 +380,20 @@ def _cli_cases() -> list[Case]:
         build("shape-wrong-rank", "INPUT_SHAPE=16x16 for a conv net (rank 3 input)", ["--input-shape", "16x16"]),
         build("shape-64-dims", "INPUT_SHAPE with 64 dims", ["--input-shape", "x".join(["1"] * 64)]),
         build("shape-channels", "INPUT_SHAPE=4x16x16 for a 3-channel conv", ["--input-shape", "4x16x16"]),
+        # EXPORTER, and what no exporter can make
+        build("exporter-unknown", "EXPORTER=nosuch", ["--exporter", "nosuch"], names=("nosuch",)),
+        build(
+            "export-data-dependent-size",
+            "an output whose size depends on the input values (x[x > 0.5])",
+            ["--model", "tests.toy_models:score_filter"],
+            names=("depends on the input values", "topk"),
+        ),
+        build(
+            "export-both-exporters-bake",
+            "a sequence int() bakes for TorchScript and dynamo alike",
+            ["--model", "tests.toy_models:baked_sequence_model"],
+            names=("torchscript:", "dynamo:"),
+        ),
         # DYNAMIC
         build("dynamic-unknown-input", "DYNAMIC names no input", ["--dynamic", "nosuch:1"], names=("nosuch",)),
         build("dynamic-batch-axis", "DYNAMIC on axis 0 (the batch)", ["--dynamic", "input:0"], names=("0",)),

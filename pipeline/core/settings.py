@@ -12,6 +12,10 @@ OPSET = 17  # fixed: TensorRT 10/11 and ONNX Runtime all read it; recorded in th
 PRECISIONS = ("fp32", "fp16", "int8")
 BUILDERS = ("auto", "tensorrt", "tensorrt_rtx")
 CALIB_METHODS = ("max", "percentile", "entropy")
+# Who turns the model into ONNX: torch.onnx's TorchScript-based exporter, its torch.export-based one (dynamo), or
+# auto: TorchScript, and dynamo where TorchScript's graph fails the checks (a declared axis baked inside a torch
+# layer such as MultiheadAttention's Reshape); pipeline/stages/export.py.
+EXPORTERS = ("auto", "torchscript", "dynamo")
 # INT8: SmoothQuant-style smoothing of the activations MatMul/Gemm read (calibration/smooth.py), by its alpha, or off.
 # The default alpha, 0.9, is the best measured on a trained sentence encoder (all-MiniLM-L6-v2, held-out cosine to
 # FP32, docs/benchmarks/int8-encoder.md: 0.5 does not help it, 0.8 and 0.9 do, 0.9 most); it leaves the digits CNN's
@@ -72,6 +76,7 @@ class Settings:
     out_root: Path = Path("engines")
     workspace_mib: int = 4096
     builder: str = "auto"
+    exporter: str = "auto"
     target: str = "default"
     keep_fp32: str | None = None  # FP16: node names or op types kept in FP32, comma-separated
     auto_fp32: bool = True  # FP16: keep the nodes whose values float16 cannot hold in FP32
@@ -96,6 +101,8 @@ class Settings:
             )
         if self.builder not in BUILDERS:
             raise PipelineError(f"unknown builder {self.builder!r}", f"use one of {', '.join(BUILDERS)}")
+        if self.exporter not in EXPORTERS:
+            raise PipelineError(f"unknown exporter {self.exporter!r}", f"use one of {', '.join(EXPORTERS)}")
         check_target(self.target)
         if self.calib_method not in CALIB_METHODS:
             raise PipelineError(

@@ -290,6 +290,7 @@ class Manifest:
     model: ModelRecord | None = None
     precision: str | None = None
     opset: int | None = None
+    exporter: str | None = None  # who made model.onnx: torchscript or dynamo (stages/export.py); None: an ONNX MODEL
     settings: dict | None = None  # Settings.as_record(): what a rebuild repeats
     versions: dict[str, str] = field(default_factory=dict)
     batch_profile: BatchProfile | None = None
@@ -352,6 +353,7 @@ class Manifest:
             model=_model(raw["model"]) if "model" in raw else None,
             precision=_precision(raw),
             opset=_optional(raw, "opset", int),
+            exporter=_optional(raw, "exporter", str),
             settings=settings,
             versions=dict(_optional(raw, "versions", dict) or {}),
             batch_profile=_batch_profile(raw["batch_profile"]) if "batch_profile" in raw else None,
@@ -553,6 +555,7 @@ _MAKE_VARIABLES = {
     "weights": "WEIGHTS",
     "input_shape": "INPUT_SHAPE",
     "dynamic": "DYNAMIC",
+    "exporter": "EXPORTER",
     "target": "TARGET",
     "keep_fp32": "KEEP_FP32",
     "calib": "CALIB",

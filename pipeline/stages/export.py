@@ -8,17 +8,24 @@ disk, without loading the model again.
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
+import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import onnx
 import torch
 
-from ...models.spec import ModelSpec, call_module, needs_keywords
+from ...models.spec import ModelSpec, call_module, first_line, named_outputs, needs_keywords
 from ..core.errors import PipelineError
 from ..core.settings import OPSET, BatchProfile
 from ..folder.artifacts import atomic_path, write_npz
+from .check import check_onnx
+from .opset17 import SOURCE as DYNAMO_OPSET
+from .opset17 import convert_to_opset_17
 from .prepare import flatten_outputs
 
 BATCH_AXIS = "batch"
@@ -26,20 +33,18 @@ SUGGESTED_MAX_SEQUENCE = 512  # the longest sequence a suggested DYNAMIC range c
 
 
 def output_names(spec: ModelSpec) -> list[str]:
-    """Declared names, else dict keys, else `output` / `output_0..n`."""
+    """Declared names, else each tensor's path in what forward() returns (models.spec.named_outputs)."""
     with torch.inference_mode():
-        outputs = call_module(spec.module, spec.example_inputs)
-    count = len(flatten_outputs(outputs))
-    if spec.output_names is not None:
-        names = list(spec.output_names)
-    elif isinstance(outputs, dict) and all(isinstance(v, torch.Tensor) for v in outputs.values()):
-        names = [str(key) for key in outputs]
-    else:
-        names = ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
-    if len(names) != count:
+        outputs = named_outputs(call_module(spec.module, spec.example_inputs))
+    if spec.output_names is None:
+        return [name for name, _ in outputs]
+    names = list(spec.output_names)
+    if len(names) != len(outputs):
         raise PipelineError(
-            f"the model returns {count} tensors but {len(names)} output names are declared: {names}",
-            "declare one name per returned tensor in ModelSpec.output_names",
+            f"the model returns {len(outputs)} tensors ({', '.join(name for name, _ in outputs)}) but "
+            f"{len(names)} output names are declared: {names}",
+            "declare one name per returned tensor in ModelSpec.output_names, or none: each is then named by its "
+            "place in what forward() returns",
         )
     return names
 
@@ -88,48 +93,165 @@ def static_token_sequences(spec: ModelSpec) -> str | None:
     )
 
 
-def export_onnx(spec: ModelSpec, onnx_path: Path) -> dict:
-    """Export with the TorchScript-based exporter at opset 17; returns the stage record."""
+def export_onnx(spec: ModelSpec, onnx_path: Path, reference: Path | None = None, exporter: str = "auto") -> dict:
+    """Export at opset 17 with the exporter asked for (auto: TorchScript, then dynamo where TorchScript's graph
+    fails the checks) and keep the first graph that passes check_onnx, run on every case of `reference`
+    (reference.npz) when given; returns the stage record, which names the exporter and why an earlier one was
+    passed over."""
     warning = static_token_sequences(spec)
     if warning:
         print(f"warning: {warning}", flush=True)
     outputs = output_names(spec)
     axes = dynamic_axes(spec, outputs)
-    with atomic_path(onnx_path) as temporary, warnings.catch_warnings(), _attention_fast_path_off():
-        # The dynamo exporter emits opset 18 and reaches 17 only through a version-converter
-        # fallback; the TorchScript exporter targets 17 natively, so we keep it (deprecated, not removed).
-        warnings.simplefilter("ignore", DeprecationWarning)
-        try:
-            # By keyword where position would feed an input into another parameter (see needs_keywords).
-            by_name = needs_keywords(spec.module, spec.example_inputs)
-            torch.onnx.export(
-                spec.module,
-                () if by_name else tuple(spec.example_inputs.values()),
-                str(temporary),
-                kwargs=dict(spec.example_inputs) if by_name else None,
-                input_names=list(spec.example_inputs),
-                output_names=outputs,
-                dynamic_axes=axes,
-                opset_version=OPSET,
-                do_constant_folding=True,
-                dynamo=False,
-            )
-        except OSError:
-            raise  # the disk or the folder said no (full, read-only): the command line reports it as such
-        except Exception as error:  # the exporter raises many types; all mean "this model did not export"
-            raise PipelineError(
-                f"torch.onnx.export failed for {spec.name}: {type(error).__name__}: {error}",
-                "make forward() traceable (no data-dependent Python control flow), or export it yourself "
-                "(opset 17, dim 0 named as the batch) and pass the file: MODEL=path/to/model.onnx",
-            ) from error
+    failures: dict[str, PipelineError] = {}
+    chosen: str | None = None
+    with atomic_path(onnx_path) as kept:
+        for name in EXPORTERS if exporter == "auto" else (exporter,):
+            try:
+                _export_checked(name, spec, outputs, axes, onnx_path.name, reference, kept)
+            except PipelineError as failure:
+                failures[name] = failure
+                continue
+            chosen = name
+            break
+        if chosen is None:
+            raise _no_exporter_passed(spec, failures)
+    for other, passed_over in failures.items():
+        print(f"note: {other} exporter passed over: {passed_over.problem}", flush=True)
     return {
-        "summary": f"{onnx_path.name}: opset {OPSET}, inputs {list(spec.example_inputs)}, outputs {outputs}",
+        "summary": f"{onnx_path.name}: {chosen} exporter, opset {OPSET}, inputs {list(spec.example_inputs)}, "
+        f"outputs {outputs}",
+        "exporter": chosen,
+        "passed_over": {other: f"{error.problem} ({error.fix})" for other, error in failures.items()},
         "inputs": list(spec.example_inputs),
         "outputs": outputs,
         "dynamic_axes": {name: {str(k): v for k, v in a.items()} for name, a in axes.items()},
         "opset": OPSET,
         "warnings": [warning] if warning else [],
     }
+
+
+def _export_checked(
+    exporter: str,
+    spec: ModelSpec,
+    outputs: list[str],
+    axes: dict[str, dict[int, str]],
+    file_name: str,
+    reference: Path | None,
+    kept: Path,
+) -> None:
+    """One exporter's graph, checked at every reference case, moved to `kept` once it passes.  Written under the
+    final file name in a private folder, so the checks' messages name model.onnx."""
+    with tempfile.TemporaryDirectory(dir=kept.parent, prefix=".export.") as folder:
+        candidate = Path(folder) / file_name
+        with warnings.catch_warnings(), _attention_fast_path_off():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            try:
+                EXPORT[exporter](spec, candidate, outputs, axes)
+            except (OSError, PipelineError):
+                raise  # the disk said no (the command line reports it as such), or a message already made
+            except Exception as error:  # the exporters raise many types; all mean "this model did not export"
+                raise PipelineError(
+                    f"torch.onnx.export ({exporter}) failed for {spec.name}: {type(error).__name__}: "
+                    f"{first_line(error)}",
+                    "make forward() traceable (no data-dependent Python control flow), or export it yourself "
+                    "(opset 17, dim 0 named as the batch) and pass the file: MODEL=path/to/model.onnx",
+                ) from error
+        check_onnx(candidate, reference)
+        os.replace(candidate, kept)
+
+
+def _torchscript(spec: ModelSpec, path: Path, outputs: list[str], axes: dict[str, dict[int, str]]) -> None:
+    """The TorchScript-based exporter, which targets opset 17 natively (deprecated in torch 2.9, not removed)."""
+    by_name = needs_keywords(spec.module, spec.example_inputs)  # see needs_keywords
+    torch.onnx.export(
+        spec.module,
+        () if by_name else tuple(spec.example_inputs.values()),
+        str(path),
+        kwargs=dict(spec.example_inputs) if by_name else None,
+        input_names=list(spec.example_inputs),
+        output_names=outputs,
+        dynamic_axes=axes,
+        opset_version=OPSET,
+        do_constant_folding=True,
+        dynamo=False,
+    )
+
+
+def _dynamo(spec: ModelSpec, path: Path, outputs: list[str], axes: dict[str, dict[int, str]]) -> None:
+    """The torch.export-based exporter, from the same declaration as dynamic_shapes.  It traces sizes as
+    symbols where TorchScript records a traced size as a constant (MultiheadAttention's Reshape).  It implements
+    opset 18 and up; opset17.py writes its graph in 17 (torch's own fallback, onnx's version converter, fails on
+    Pad and Split)."""
+    try:
+        import onnxscript  # noqa: F401  (torch.onnx's dynamo exporter is built on it)
+    except ImportError as error:
+        raise PipelineError(
+            "the dynamo exporter needs onnxscript, which is not installed",
+            "pip install 'trt_pipeline[build]' (or onnxscript), or EXPORTER=torchscript",
+        ) from error
+    by_name = needs_keywords(spec.module, spec.example_inputs)
+    shapes = _dynamic_shapes(spec, axes)
+    with _quiet_loggers("torch.onnx", "onnxscript"), warnings.catch_warnings():
+        # They warn of torchvision's ops being absent, and of deprecations that are torch's own.
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.onnx.export(
+            spec.module,
+            () if by_name else tuple(spec.example_inputs.values()),
+            str(path),
+            kwargs=dict(spec.example_inputs) if by_name else None,
+            input_names=list(spec.example_inputs),
+            output_names=outputs,
+            dynamic_shapes=shapes if by_name else tuple(shapes.values()),
+            opset_version=DYNAMO_OPSET,
+            dynamo=True,
+            external_data=False,
+            verbose=False,
+        )
+    onnx.save(convert_to_opset_17(onnx.load(str(path))), str(path))
+
+
+@contextlib.contextmanager
+def _quiet_loggers(*names: str) -> Iterator[None]:
+    """These loggers at ERROR for the block, their levels restored after."""
+    loggers = [logging.getLogger(name) for name in names]
+    before = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, before, strict=True):
+            logger.setLevel(level)
+
+
+def _dynamic_shapes(spec: ModelSpec, axes: dict[str, dict[int, str]]) -> dict[str, dict[int, torch.export.Dim]]:
+    """torch.export's Dims of the inputs' dynamic axes: one Dim per axis name, so inputs that share an axis
+    share it; a declared axis keeps its range (the batch's is the engine profile's business)."""
+    ranges = {d.name: (d.min, d.max) for declared in spec.dynamic_axes.values() for d in declared.values()}
+    dims: dict[str, torch.export.Dim] = {}
+    for name in {axis for tensor in spec.example_inputs for axis in axes[tensor].values()}:
+        low, high = ranges.get(name, (1, None))
+        dims[name] = torch.export.Dim(name, min=low, max=high) if high else torch.export.Dim(name, min=low)
+    return {tensor: {axis: dims[name] for axis, name in axes[tensor].items()} for tensor in spec.example_inputs}
+
+
+EXPORT = {"torchscript": _torchscript, "dynamo": _dynamo}
+EXPORTERS = tuple(EXPORT)  # in the order auto tries them
+
+
+def _no_exporter_passed(spec: ModelSpec, failures: dict[str, PipelineError]) -> PipelineError:
+    """One error for every exporter tried: each one's failure and fix, and the way round both that is always the
+    user's (a size baked inside a library's layer is not theirs to change in forward())."""
+    if len(failures) == 1:
+        return next(iter(failures.values()))
+    problems = "; ".join(f"{name}: {error.problem}" for name, error in failures.items())
+    fixes = dict.fromkeys(error.fix for error in failures.values() if error.fix)  # the same check's fix once
+    return PipelineError(
+        f"no exporter made a graph of {spec.name} that passes the checks ({problems})",
+        "; or ".join(fixes) + "; or export the graph yourself (opset 17, dim 0 named as the batch) and pass it: "
+        "MODEL=path/to/model.onnx",
+    )
 
 
 def parity_batches(batch: BatchProfile) -> list[int]:

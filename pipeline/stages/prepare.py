@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ...models.spec import ModelSpec, call_module
+from ...models.spec import ModelSpec, call_module, named_outputs
 from ..core.errors import PipelineError
 
 BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
@@ -24,6 +24,7 @@ def prepare(spec: ModelSpec) -> dict:
     _refuse_batch_statistics(module)
     first, second = _forward(spec, spec.example_inputs), _forward(spec, spec.example_inputs)
     _refuse_nondeterminism(first, second)
+    _refuse_data_dependent_sizes(spec, first)
     _refuse_batch_dependence(spec, first)
     dropouts = sum(isinstance(m, torch.nn.modules.dropout._DropoutNd) for m in module.modules())
     batch_norms = sum(isinstance(m, BATCH_NORMS) for m in module.modules())
@@ -36,17 +37,8 @@ def prepare(spec: ModelSpec) -> dict:
 
 
 def flatten_outputs(outputs: object) -> list[torch.Tensor]:
-    """A model's outputs in export order: a tensor, a tuple/list, or a dict (in key order)."""
-    if isinstance(outputs, torch.Tensor):
-        return [outputs]
-    if isinstance(outputs, dict):
-        return [t for value in outputs.values() for t in flatten_outputs(value)]
-    if isinstance(outputs, (tuple, list)):
-        return [t for value in outputs for t in flatten_outputs(value)]
-    raise PipelineError(
-        f"the model returned a {type(outputs).__name__}, which cannot be exported",
-        "return a tensor, a tuple/list of tensors or a dict of tensors from forward()",
-    )
+    """A model's outputs in export order: a tensor, tuples/lists and dicts (in key order), nested to any depth."""
+    return [tensor for _, tensor in named_outputs(outputs)]  # models/spec.py names them
 
 
 def _forward(spec: ModelSpec, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
@@ -91,6 +83,37 @@ def _refuse_nondeterminism(first: list[torch.Tensor], second: list[torch.Tensor]
                 "look for randomness in forward(), e.g. F.dropout(x, training=True) or torch.rand; "
                 "use self.training to gate it",
             )
+
+
+def _refuse_data_dependent_sizes(spec: ModelSpec, first: list[torch.Tensor]) -> None:
+    """Every output's size must follow the inputs' sizes, not their values: a graph has one shape per output
+    (x[x > 0.5], nonzero(), a detector's score filtering give a size only the values decide)."""
+    try:
+        other = _forward(spec, _other_values(spec.example_inputs))
+    except (RuntimeError, ValueError, IndexError):
+        return  # a model that takes only values like its examples (token ids, a range check): nothing to compare
+    for index, (example, changed) in enumerate(zip(first, other, strict=True)):
+        if example.shape != changed.shape:
+            raise PipelineError(
+                f"output {index} has a size that depends on the input values, not only on their sizes "
+                f"({list(example.shape)} for the example inputs, {list(changed.shape)} for other values of the same "
+                "shape), as x[x > 0.5], nonzero() or a detector's filtering make: an ONNX graph and an engine "
+                "give each output one shape for given input sizes",
+                "return fixed-size outputs (e.g. the top k with padding: scores.topk(k), with a mask or count of the "
+                "ones past the threshold), or do the filtering outside the graph, on the served outputs",
+            )
+
+
+def _other_values(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The float inputs with other values of the same scale (seeded); integer and bool inputs (token ids,
+    masks) as they are, since other values may be out of the model's range."""
+    generator = torch.Generator().manual_seed(1)
+    return {
+        name: torch.randn(x.shape, generator=generator).to(x.dtype) * x.float().std().to(x.dtype) + x.mean()
+        if x.is_floating_point() and x.numel() > 1
+        else x
+        for name, x in inputs.items()
+    }
 
 
 def _refuse_batch_dependence(spec: ModelSpec, batched: list[torch.Tensor]) -> None:

@@ -167,8 +167,10 @@ def run_export(run: Run) -> None:
         axis_ranges=_input_axis_ranges(spec),
         versions=package_versions(VERSIONED_PACKAGES),
     )
-    run.stage("export", export_onnx, spec, run.path(FP32_GRAPH))
+    # The reference first: the export stage checks each exporter's graph on its cases (auto keeps the one that runs).
     run.stage("reference", write_reference, spec, run.settings.batch, run.path(REFERENCE))
+    record = run.stage("export", export_onnx, spec, run.path(FP32_GRAPH), run.path(REFERENCE), run.settings.exporter)
+    update_manifest(run.folder, exporter=record["exporter"])
 
 
 def _import_onnx(run: Run, source: OnnxModel) -> None:
