@@ -56,3 +56,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if reason is not None:
             for item in marked:
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+# Fixtures that several test files share, defined once.
+pytest_plugins = ["tests.model_fixtures", "tests.serve_fixtures"]

@@ -1,5 +1,5 @@
 """The service against clients that cost it more than their requests: a body of 60 MB of JSON, clients that send
-a byte every 2 s, clients that hang up mid-body.  Servers on 127.0.0.1 (tests.test_serve.served); every client
+a byte every 2 s, clients that hang up mid-body.  Servers on 127.0.0.1 (tests.serve_fixtures.served); every client
 loop is bounded by a deadline, and nothing asserts on speed."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from tests.test_serve import IMAGE_MODEL, Server, engines, folder, metric, served  # noqa: F401
+from tests.serve_fixtures import IMAGE_MODEL, Server, metric, served
 
 READ_TIMEOUT_S = 3  # the guarded server's: a client trickling a byte every 2 s is cut off after it
 PAUSE_S = 2.0

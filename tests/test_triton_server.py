@@ -26,21 +26,16 @@ import tritonclient.http as httpclient
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from tests.test_serve import (  # noqa: F401 (fixtures)
+from tests.serve_fixtures import (
     FORMS,
     IMAGE_MODEL,
     RTOL,
     TEXT_MODEL,
     Server,
-    engines,
-    folder,
     infer_input,
     items,
     requested_output,
-    runner,
     served,
-    text_folder,
-    text_runner,
     tokens,
 )
 from trt_pipeline.pipeline.cli import main as cli_main
