@@ -18,8 +18,8 @@ from onnx import TensorProto, helper, numpy_helper
 from trt_pipeline.calibration.readers import CalibrationData
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
+from trt_pipeline.pipeline.folder.graph_io import load_reference
 from trt_pipeline.pipeline.quality.diagnose import diagnose_folder
-from trt_pipeline.pipeline.stages.export import load_reference
 from trt_pipeline.pipeline.stages.float16 import Case, TensorStats, faithful_copy, faithful_session
 from trt_pipeline.pipeline.stages.parity import onnxruntime_session
 from trt_pipeline.pipeline.stages.sequence import calibration_cases, make_engine

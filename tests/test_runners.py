@@ -20,11 +20,11 @@ from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.settings import Settings
 from trt_pipeline.pipeline.core.trt_module import gpu_present
+from trt_pipeline.pipeline.folder.graph_io import load_reference
 from trt_pipeline.pipeline.folder.manifest import Manifest, cpu_graphs, describe_artifacts
 from trt_pipeline.pipeline.runners import load_runner
 from trt_pipeline.pipeline.runners.device_memory import available_layers, open_device_memory
 from trt_pipeline.pipeline.runners.tensorrt import built_for, check_gpu_target
-from trt_pipeline.pipeline.stages.export import load_reference
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
 FP32_RTOL = 1e-4  # same graph, same inputs: only float reassociation between PyTorch and ONNX Runtime

@@ -21,10 +21,11 @@ import numpy as np
 
 from ..core.compare import compare_outputs
 from ..core.errors import PipelineError
+from ..folder.graph_io import load_reference
 from ..folder.manifest import REFERENCE as REFERENCE_FILE
 from ..folder.manifest import Manifest
 from ..folder.reader import open_folder
-from ..stages.export import load_reference, random_inputs
+from ..stages.export import random_inputs
 from ..stages.parity import RTOL
 from .backends import REFERENCE, Backend, Choice, Context, Unavailable, choices_for
 from .environment import describe_environment, load_average, physical_cores

@@ -7,11 +7,14 @@ and onnx is imported on first use only: the manifest (read by runners and the se
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from ..core.errors import PipelineError
 
 if TYPE_CHECKING:
     import onnx
@@ -81,3 +84,17 @@ def _dim(dim: onnx.TensorShapeProto.Dimension) -> Dim:
     if dim.HasField("dim_value"):
         return int(dim.dim_value)
     return dim.dim_param or None
+
+
+def load_reference(source: Path | str | bytes) -> list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:
+    """The (inputs, outputs) cases the export wrote to reference.npz (stages/export.write_reference), in order; from
+    its path, or from its bytes as ArtifactFolder.read checked them (the runner reads it without the build stages)."""
+    if not isinstance(source, bytes) and not Path(source).is_file():
+        raise PipelineError(f"no PyTorch reference at {source}", "run the export stage first (make engine ...)")
+    cases: dict[int, tuple[dict, dict]] = {}
+    with np.load(io.BytesIO(source) if isinstance(source, bytes) else source) as data:
+        for key in data.files:
+            case, kind, name = key.split("/", 2)
+            inputs, outputs = cases.setdefault(int(case.removeprefix("case")), ({}, {}))
+            (inputs if kind == "in" else outputs)[name] = data[key]
+    return [cases[i] for i in sorted(cases)]

@@ -150,8 +150,8 @@ def _inputs(folder: Path, precision: str) -> tuple[dict[str, np.ndarray], str]:
     """(inputs, what they are): an INT8 folder's calibration sample, where it kept one (reference.npz's inputs are
     random, and the input's Q/DQ clips what lies outside the calibrated range), else the first reference case."""
     from ...calibration.int8 import calibration_sample
+    from ..folder.graph_io import load_reference
     from ..folder.manifest import REFERENCE
-    from ..stages.export import load_reference
 
     sample = calibration_sample(folder) if precision == "int8" else None
     if sample is not None:

@@ -45,7 +45,7 @@ def _run_every_case(onnx_path: Path, reference: Path) -> None:
     at the other size with wrong shapes (measured on tests.toy_models:baked_sequence_model).
     """
     from ..core.sessions import onnxruntime_session
-    from .export import load_reference
+    from ..folder.graph_io import load_reference
 
     session = onnxruntime_session(onnx_path)
     for inputs, _ in load_reference(reference):

@@ -367,16 +367,3 @@ def refused_sizes(subject: str, runtime: str, feed: dict, error: Exception, fix:
         f"{type(error).__name__}: {why}",
         fix,
     )
-
-
-def load_reference(path: Path) -> list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:
-    """The (inputs, outputs) cases written by `write_reference`, in order."""
-    if not Path(path).is_file():
-        raise PipelineError(f"no PyTorch reference at {path}", "run the export stage first (make engine ...)")
-    cases: dict[int, tuple[dict, dict]] = {}
-    with np.load(path) as data:
-        for key in data.files:
-            case, kind, name = key.split("/", 2)
-            inputs, outputs = cases.setdefault(int(case.removeprefix("case")), ({}, {}))
-            (inputs if kind == "in" else outputs)[name] = data[key]
-    return [cases[i] for i in sorted(cases)]

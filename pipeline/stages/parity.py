@@ -12,8 +12,8 @@ import numpy as np
 from ..core.compare import Comparison, compare_outputs
 from ..core.errors import PipelineError
 from ..core.sessions import onnxruntime_session, probe_level
+from ..folder.graph_io import load_reference
 from ..folder.manifest import FP32_GRAPH, CalibrationSplit, GraphAgreement, Int8Agreement, RowsAgreement, engine_graph
-from .export import load_reference
 
 if TYPE_CHECKING:
     from .float16 import Case

@@ -33,7 +33,7 @@ from ..core.errors import PipelineError
 from ..core.sessions import levels_below_full
 from ..core.settings import OPSET, Settings
 from ..folder.artifacts import build_lock, sha256_file
-from ..folder.graph_io import GraphTensor
+from ..folder.graph_io import GraphTensor, load_reference
 from ..folder.manifest import (
     ARTIFACT_LAYOUT,
     CPU_TARGETS,
@@ -55,7 +55,7 @@ from ..folder.manifest import (
     update_manifest,
 )
 from .check import check_onnx
-from .export import export_onnx, load_reference, parity_batches, write_reference
+from .export import export_onnx, parity_batches, write_reference
 from .float16 import Case
 from .onnx_model import (
     REFERENCE_SOURCE,
