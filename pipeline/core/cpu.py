@@ -7,6 +7,7 @@ INT8 graph for a CPU without VNNI stores uint8 weights instead (U8U8), see calib
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 
 # Linux /proc/cpuinfo flag names.
@@ -26,6 +27,16 @@ def cpu_instruction_sets() -> dict[str, bool] | None:
             flags = set(line.partition(":")[2].split())
             return {flag: flag in flags for flag in ISA_FLAGS}
     return None  # no x86 flags line (e.g. an Arm CPU)
+
+
+def cpu_model() -> str:
+    """This CPU's model name as /proc/cpuinfo gives it, else what the platform module says."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return platform.processor() or platform.machine()
 
 
 def instruction_sets_text(isa: dict[str, bool] | None) -> str:

@@ -33,6 +33,9 @@ MANIFEST = "manifest.json"
 REFERENCE = "reference.npz"  # PyTorch's outputs on the reference inputs, written by export
 ENGINE = "engine.plan"
 FP32_GRAPH = "model.onnx"  # exported, checked and simplified; every other graph is made from it
+# Which graph load_runner(backend="auto") measured fastest on a host, keyed by the host (runners/fastest.py).
+# Written by readers, not by the build: a cache, never an artifact (no sha256 in the manifest).
+SERVED_CHOICE = "served.json"
 
 # The targets a graph is written for.  ENGINE_TARGET: the graph TensorRT builds engine.plan from, which ONNX
 # Runtime runs too (on a GPU, and on a CPU when the folder has no graph for that CPU).  CPU_TARGETS: graphs
@@ -67,6 +70,18 @@ def engine_graph(precision: str) -> str:
 def cpu_graphs(precision: str) -> dict[str, str]:
     """{kind of CPU: graph file} of the graphs this precision writes for ONNX Runtime's CPU kernels (int8 only)."""
     return {kind: GRAPHS[precision][target] for kind, target in CPU_TARGETS.items() if target in GRAPHS[precision]}
+
+
+def graph_precision(name: str) -> str:
+    """The precision a graph file of GRAPHS computes in (model.onnx: fp32; every INT8 form: int8)."""
+    return next(precision for precision, graphs in GRAPHS.items() if name in graphs.values())
+
+
+def parity_stage(name: str) -> str:
+    """The parity stage whose record says the graph `name` passed its gate against PyTorch's reference outputs."""
+    precision = graph_precision(name)
+    kind = next((kind for kind, graph in cpu_graphs(precision).items() if graph == name), None)
+    return f"parity_{precision}" if kind is None else f"parity_int8_onnxruntime_{kind.replace('-', '_')}"
 
 
 def artifact_names(graphs: dict[str, str]) -> list[str]:

@@ -19,13 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.errors import PipelineError
+from ..core.settings import PRECISIONS
 from .artifacts import running_build
 from .manifest import (
     ARTIFACT_LAYOUT,
     CPU_TARGETS,
     ENGINE_TARGET,
+    FP32_GRAPH,
     Artifact,
     Manifest,
+    graph_precision,
+    parity_stage,
     rebuild_hint,
     require_manifest,
 )
@@ -55,6 +59,25 @@ class ArtifactFolder:
         """The graph written for ONNX Runtime's CPU kernels on this kind of CPU (pipeline.core.cpu), or None where the
         precision writes none (then the engine's graph serves the CPU too)."""
         return self.graphs.get(CPU_TARGETS[kind])
+
+    def gate_failure(self, name: str) -> str | None:
+        """Why the graph `name` may not be served, or None where its gates passed: its parity stage must have
+        recorded a pass, and an INT8 graph the agreement gate judged must not have been left out by it."""
+        stage = parity_stage(name)
+        if self.manifest.parity(stage) is None:
+            return f"no pass of its gate ({stage}) in the manifest"
+        agreement = self.manifest.agreement_int8
+        judged = agreement.graphs.get(name) if agreement is not None else None
+        if judged is not None and judged.left_out is not None:
+            return f"it failed the INT8 agreement gate ({judged.left_out})"
+        return None
+
+    def servable_graphs(self) -> list[str]:
+        """The graphs of the folder as accurate as its precision promises (an int8 folder may serve its FP32 graph;
+        an fp32 folder never serves INT8), FP32 first."""
+        allowed = PRECISIONS[: PRECISIONS.index(self.precision) + 1]  # most accurate first
+        names = dict.fromkeys([FP32_GRAPH, *self.graphs.values()])
+        return [name for name in names if graph_precision(name) in allowed]
 
     def has(self, name: str) -> bool:
         """Is `name` an artifact of the folder, still on disk (not checked: read() checks)?"""

@@ -33,18 +33,26 @@ def load_runner(path: str | Path | ArtifactFolder, backend: str = "auto", **opti
 
     backend: "tensorrt" (engine.plan), "onnxruntime" (the graph the engine was built from),
     "torch" (the model itself), or "auto": the engine where it can run here (a GPU, TensorRT and
-    engine.plan), else ONNX Runtime.  `options` go to the runner (e.g. split_large_batches=False,
+    engine.plan), else the folder's graph ONNX Runtime runs fastest on this host, measured and cached in the
+    folder (pipeline.runners.fastest; an explicit graph= or providers= skips measuring).  `options` go to the runner (e.g. split_large_batches=False,
     providers=[...] for ONNX Runtime, amp=True for torch, contexts=2 for the engine).
     """
     if backend not in BACKENDS:
         raise PipelineError(f"unknown runner backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
     folder = path if isinstance(path, ArtifactFolder) else open_folder(path)
     why = f"asked for backend={backend!r}"
+    measure = backend == "auto" and not {"graph", "providers"} & set(options)  # explicit choices win
     if backend == "auto":
         backend, why = _choose_backend(folder)
     runner_class = _runner_class(backend)
     _refuse_unknown_options(runner_class, backend, options)
-    runner = runner_class(folder, **options)
+    if measure and backend == "onnxruntime":
+        from .fastest import fastest_onnxruntime_runner
+
+        runner, measured = fastest_onnxruntime_runner(folder, options)
+        why = f"{why}; {measured}"
+    else:
+        runner = runner_class(folder, **options)
     runner.description = f"{runner.description}; picked because {why}"
     log.info("runner for %s: %s", folder.path, runner.description)
     return runner

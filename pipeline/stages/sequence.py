@@ -50,6 +50,7 @@ from ..folder.manifest import (
     describe_artifacts,
     engine_graph,
     package_versions,
+    parity_stage,
     read_manifest,
     record_stage,
     update_manifest,
@@ -240,9 +241,8 @@ def run_precision(run: Run) -> None:
         written = written_cpu_graphs(record)
         graphs = {ENGINE_TARGET: engine_graph(precision), **{CPU_TARGETS[kind]: name for kind, name in written.items()}}
         update_manifest(run.folder, calibration=record["calibration"], graphs=graphs)
-        for kind, name in written.items():
-            stage = f"parity_int8_onnxruntime_{kind.replace('-', '_')}"
-            run.stage(stage, check_parity, _require(run, name), _require(run, REFERENCE), precision="int8")
+        for name in written.values():
+            run.stage(parity_stage(name), check_parity, _require(run, name), _require(run, REFERENCE), precision="int8")
         for name in _check_int8_agreement(run, source, written):
             _leave_out_graph(run, name)
     reference = _require(run, REFERENCE)

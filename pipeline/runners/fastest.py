@@ -1,0 +1,202 @@
+"""backend="auto" where no engine runs here: the fastest of the folder's graphs ONNX Runtime serves on this host,
+chosen by measuring them, not by rule.
+
+No rule holds on every host: ONNX Runtime's CPU provider has almost no float16 kernels and runs an FP16 graph
+through casts (0.6x of its own FP32 graph on a Xeon, issue 26), while an INT8 graph shaped for this CPU's kernels
+runs 3x faster than FP32 there.  So each candidate (a graph the folder promises the accuracy of, whose gate passed,
+on each provider present) is timed briefly at the profile's opt batch, in alternating rounds (so that a slow
+moment of a shared host hits all alike), and the median decides.  The choice is cached in the folder
+(SERVED_CHOICE) keyed by all that decides the speed: the CPU and its instruction sets, the GPU, the onnxruntime
+version, the thread count and the candidates' sha256.  A different key measures again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..core.cpu import cpu_instruction_sets, cpu_model, int8_cpu_kind
+from ..core.errors import PipelineError
+from ..folder.artifacts import write_json
+from ..folder.graph_io import load_reference
+from ..folder.manifest import REFERENCE, SERVED_CHOICE, cpu_graphs, engine_graph, graph_precision, rebuild_hint
+from ..folder.reader import ArtifactFolder
+from .onnxruntime import CPU, CUDA, OnnxRuntimeRunner, choose_providers
+
+# Alternating rounds: at least MIN_ROUNDS (a median of fewer says little), then more while within BUDGET_S.
+MIN_ROUNDS, MAX_ROUNDS = 3, 9
+BUDGET_S = 1.5
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One graph of the folder on one ONNX Runtime provider (the CPU provider is always the last fallback)."""
+
+    graph: str
+    providers: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        return f"{self.graph} on {self.providers[0].removesuffix('ExecutionProvider')}"
+
+
+def fastest_onnxruntime_runner(folder: ArtifactFolder, options: dict[str, Any]) -> tuple[OnnxRuntimeRunner, str]:
+    """(the runner on the fastest candidate, why it won: what was measured, or that the cache said so)."""
+    candidates, refused = find_candidates(folder)
+    key = host_key(folder, candidates, options.get("intra_op_threads"))
+    cached = _cached_choice(folder, key, candidates)
+    if cached is not None:
+        winner, ms, batch = cached
+        runner = OnnxRuntimeRunner(folder, **_runner_options(winner, options))
+        return runner, _why(
+            winner, ms, batch, f"measured earlier with this host's key, cached in {SERVED_CHOICE}", refused
+        )
+    runners = _open_all(folder, candidates, options)
+    batch = folder.manifest.batch_profile.opt  # type: ignore[union-attr]  # open_folder requires a batch_profile
+    ms, rounds = measure(runners, timing_feed(folder, batch))
+    winner = min(ms, key=lambda candidate: ms[candidate])
+    for candidate, runner in runners.items():
+        if candidate != winner:
+            runner.close()
+    cached_note = _save_choice(folder, key, winner, ms, batch)
+    labelled = {candidate.label: t for candidate, t in ms.items()}
+    return runners[winner], _why(winner, labelled, batch, f"measured now, median of {rounds} rounds; {cached_note}", refused)
+
+
+def find_candidates(folder: ArtifactFolder) -> tuple[list[Candidate], list[str]]:
+    """(what may serve the folder here, why each other graph may not).  The graphs: those as accurate as the folder
+    promises whose gates passed; on the CPU provider an INT8 folder's graph for this kind of CPU's kernels stands for
+    the TensorRT-shaped INT8 graph (which runs there only with its Q/DQ simulated in float); the CUDA provider runs
+    the TensorRT-shaped graphs, not the CPU's."""
+    refused: list[str] = []
+    passed: list[str] = []
+    for name in folder.servable_graphs():
+        failure = folder.gate_failure(name)
+        if failure is None:
+            passed.append(name)
+        else:
+            refused.append(f"{name}: {failure}")
+    cpu_form = cpu_graphs("int8").get(int8_cpu_kind())
+    other_cpu_forms = set(cpu_graphs("int8").values()) - {cpu_form}
+    on_cpu = [name for name in passed if name not in other_cpu_forms]
+    if cpu_form in passed:
+        on_cpu.remove(engine_graph("int8"))  # an int8 folder's graphs: the engine's is always there (open_folder)
+    candidates = [Candidate(name, (CPU,)) for name in on_cpu]
+    providers, _ = choose_providers(None)
+    if CUDA in providers:
+        on_gpu = [name for name in passed if name not in cpu_graphs("int8").values()]
+        candidates = [Candidate(name, (CUDA, CPU)) for name in on_gpu] + candidates
+    if not candidates:
+        raise PipelineError(
+            f"no graph of {folder.path} may be served: {'; '.join(refused)}",
+            f"rebuild the folder: {rebuild_hint(folder.manifest, folder.path)}",
+        )
+    return candidates, refused
+
+
+def host_key(folder: ArtifactFolder, candidates: list[Candidate], threads: int | None) -> dict[str, Any]:
+    """All that decides which candidate is fastest; a cached choice under another key is measured again."""
+    import onnxruntime as ort
+
+    from ..core.trt_module import describe_gpu
+
+    gpu = describe_gpu(0)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "cpu": cpu_model(),
+        "instruction_sets": cpu_instruction_sets(),
+        "gpu": gpu["name"] if gpu else None,
+        "onnxruntime": ort.__version__,
+        "intra_op_threads": threads if threads is not None else f"default, {cores} cores",
+        "graphs": {c.graph: folder.artifacts[c.graph].sha256 for c in candidates},
+        "candidates": [c.label for c in candidates],
+    }
+
+
+def timing_feed(folder: ArtifactFolder, batch: int) -> dict[str, np.ndarray]:
+    """The first reference case's inputs (real sizes and token ids in range), its rows repeated to `batch`."""
+    inputs, _ = load_reference(folder.read(REFERENCE))[0]
+    return {name: np.take(array, np.arange(batch) % len(array), axis=0) for name, array in inputs.items()}
+
+
+def measure(
+    runners: dict[Candidate, OnnxRuntimeRunner], feed: dict[str, np.ndarray]
+) -> tuple[dict[Candidate, float], int]:
+    """({candidate: median ms per call}, rounds): one warm-up call each, then alternating rounds (every other round
+    in reverse order, so no candidate always runs right after the same one) until the budget is spent."""
+    for runner in runners.values():
+        runner.infer(feed)
+    order = list(runners)
+    times: dict[Candidate, list[float]] = {candidate: [] for candidate in order}
+    start, rounds = time.perf_counter(), 0
+    while rounds < MIN_ROUNDS or (rounds < MAX_ROUNDS and time.perf_counter() - start < BUDGET_S):
+        for candidate in order if rounds % 2 == 0 else reversed(order):
+            begin = time.perf_counter()
+            runners[candidate].infer(feed)
+            times[candidate].append((time.perf_counter() - begin) * 1e3)
+        rounds += 1
+    return {candidate: statistics.median(ms) for candidate, ms in times.items()}, rounds
+
+
+def _open_all(
+    folder: ArtifactFolder, candidates: list[Candidate], options: dict[str, Any]
+) -> dict[Candidate, OnnxRuntimeRunner]:
+    runners: dict[Candidate, OnnxRuntimeRunner] = {}
+    try:
+        for candidate in candidates:
+            runners[candidate] = OnnxRuntimeRunner(folder, **_runner_options(candidate, options))
+    except BaseException:
+        for runner in runners.values():
+            runner.close()
+        raise
+    return runners
+
+
+def _runner_options(candidate: Candidate, options: dict[str, Any]) -> dict[str, Any]:
+    return {**options, "graph": candidate.graph, "providers": list(candidate.providers)}
+
+
+def _cached_choice(
+    folder: ArtifactFolder, key: dict[str, Any], candidates: list[Candidate]
+) -> tuple[Candidate, dict[str, float], int] | None:
+    """(winner, ms by label, batch) from SERVED_CHOICE where it was measured under this key, else None.  A cache
+    file that cannot be read or holds something else is measured again and overwritten."""
+    try:
+        record = json.loads((folder.path / SERVED_CHOICE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("key") != key:
+        return None
+    by_label = {candidate.label: candidate for candidate in candidates}
+    winner = by_label.get(record.get("served"))
+    if winner is None or not isinstance(record.get("ms"), dict) or not isinstance(record.get("batch"), int):
+        return None
+    return winner, record["ms"], record["batch"]
+
+
+def _save_choice(
+    folder: ArtifactFolder, key: dict[str, Any], winner: Candidate, ms: dict[Candidate, float], batch: int
+) -> str:
+    """Write the choice to SERVED_CHOICE; what happened, for the description (a read-only folder is served
+    anyway, measured at every load)."""
+    record = {"key": key, "batch": batch, "ms": {c.label: round(t, 3) for c, t in ms.items()}, "served": winner.label}
+    try:
+        write_json(folder.path / SERVED_CHOICE, record)
+    except OSError as error:
+        return f"not cached: {folder.path} is not writable ({error.strerror}), so every load measures again"
+    return f"cached in {SERVED_CHOICE}"
+
+
+def _why(winner: Candidate, ms: dict[str, float], batch: int, how: str, refused: list[str]) -> str:
+    """What was measured (ms per call by candidate) and why the winner won, for runner.description."""
+    timed = ", ".join(f"{label} {t:.2f} ms" for label, t in sorted(ms.items(), key=lambda item: item[1]))
+    text = f"{winner.label} ({graph_precision(winner.graph)}) was the fastest at batch {batch} ({how}): {timed}"
+    if refused:
+        text += f"; not candidates: {'; '.join(refused)}"
+    return text
