@@ -21,7 +21,7 @@ from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.settings import Settings
 from trt_pipeline.pipeline.core.trt_module import gpu_present
 from trt_pipeline.pipeline.folder.graph_io import load_reference
-from trt_pipeline.pipeline.folder.manifest import Manifest, cpu_graphs, describe_artifacts
+from trt_pipeline.pipeline.folder.manifest import SERVED_CHOICE, Manifest, cpu_graphs, describe_artifacts
 from trt_pipeline.pipeline.runners import load_runner
 from trt_pipeline.pipeline.runners.device_memory import available_layers, open_device_memory
 from trt_pipeline.pipeline.runners.tensorrt import built_for, check_gpu_target
@@ -187,6 +187,83 @@ def test_int8_folder_on_the_cpu_runs_the_graph_shaped_for_it(int8_folder):
     np.testing.assert_array_equal(tensorrt_shaped, simulated)
     # Two quantizations of one model from the same ranges: close, not equal (uint8 vs int8 weights, fused kernels).
     assert compare_outputs({"logits": tensorrt_shaped}, {"logits": cpu_logits}, rtol=0.2)["logits"].ok
+
+
+@pytest.fixture(scope="session")
+def fp16_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny_cnn in FP16: model.fp16.onnx beside model.onnx, both past their gates."""
+    root = tmp_path_factory.mktemp("fp16")
+    return make_engine(Settings(model=MODELS["tiny_cnn"], precision="fp16", out_root=root, builder="tensorrt_rtx"))
+
+
+def _served_record(folder: Path) -> dict:
+    return json.loads((folder / SERVED_CHOICE).read_text())
+
+
+def _assert_serves_the_fastest_measured(runner, record: dict) -> None:
+    """The served graph is the argmin of the recorded medians, and the description shows every measurement."""
+    fastest = min(record["ms"], key=record["ms"].get)
+    assert record["served"] == fastest == f"{runner.graph} on CPU"
+    for label in record["ms"]:
+        assert f"{label} " in runner.description and " ms" in runner.description
+
+
+@pytest.mark.parametrize(
+    ("precision", "graphs"),
+    [("fp32", {"model.onnx"}), ("fp16", {"model.onnx", "model.fp16.onnx"}), ("int8", {"model.onnx", "int8-cpu"})],
+)
+def test_auto_serves_the_fastest_graph_the_folder_promises_the_accuracy_of(
+    folders, fp16_folder, int8_folder, tmp_path, precision, graphs
+):
+    folder = _copy({"fp32": folders["tiny_cnn"], "fp16": fp16_folder, "int8": int8_folder}[precision], tmp_path)
+    expected = {cpu_graphs("int8")[int8_cpu_kind()] if name == "int8-cpu" else name for name in graphs}
+    with load_runner(folder) as runner:
+        record = _served_record(folder)
+        # Never a graph less accurate than the folder's precision (an fp32 folder never serves INT8), and the
+        # TensorRT-shaped INT8 graph is not timed on the CPU where the graph for its kernels exists.
+        assert set(record["key"]["graphs"]) == expected
+        _assert_serves_the_fastest_measured(runner, record)
+        assert runner.infer(_cnn_batch(2))["logits"].shape == (2, 10)
+
+
+def test_auto_never_serves_a_graph_whose_gate_failed(int8_folder, tmp_path):
+    folder = _copy(int8_folder, tmp_path)
+    cpu_graph = cpu_graphs("int8")[int8_cpu_kind()]
+    _edit_manifest(folder, lambda m: m["agreement_int8"]["graphs"].update({cpu_graph: {"left_out": "too far off"}}))
+    with load_runner(folder) as runner:
+        assert f"not candidates: {cpu_graph}: it failed the INT8 agreement gate (too far off)" in runner.description
+        record = _served_record(folder)
+        # The TensorRT-shaped INT8 graph (its Q/DQ simulated in float) stands in for the CPU graph left out.
+        assert set(record["key"]["graphs"]) == {"model.onnx", "model.int8.onnx"}
+        _assert_serves_the_fastest_measured(runner, record)
+
+
+def test_auto_reuses_its_measurement_under_the_same_key_and_measures_again_under_another(fp16_folder, tmp_path):
+    folder = _copy(fp16_folder, tmp_path)
+    with load_runner(folder):
+        record = _served_record(folder)
+    # The cache is what decides under the same key: make it name the slower graph, and that one is served.
+    slower = max(record["ms"], key=record["ms"].get)
+    (folder / SERVED_CHOICE).write_text(json.dumps({**record, "served": slower}))
+    with load_runner(folder) as runner:
+        assert f"{runner.graph} on CPU" == slower
+        assert f"cached in {SERVED_CHOICE}" in runner.description
+    # Another onnxruntime version recorded: the key differs, so the graphs are timed again and the cache rewritten.
+    (folder / SERVED_CHOICE).write_text(json.dumps({**record, "key": {**record["key"], "onnxruntime": "0.0.0"}}))
+    with load_runner(folder) as runner:
+        assert "measured now" in runner.description
+        again = _served_record(folder)
+        assert again["key"] == record["key"]
+        _assert_serves_the_fastest_measured(runner, again)
+
+
+def test_explicit_graph_or_backend_skips_the_measurement(fp16_folder, tmp_path):
+    folder = _copy(fp16_folder, tmp_path)
+    with load_runner(folder, graph="model.fp16.onnx") as runner:
+        assert runner.graph == "model.fp16.onnx"
+    with load_runner(folder, "onnxruntime") as runner:
+        assert runner.graph == "model.fp16.onnx"  # the engine's graph, as asked: no measuring
+    assert not (folder / SERVED_CHOICE).exists()
 
 
 def test_graph_option_picks_a_file_of_the_folder_and_refuses_others(folders):
