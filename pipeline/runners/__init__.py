@@ -34,8 +34,9 @@ def load_runner(path: str | Path | ArtifactFolder, backend: str = "auto", **opti
     backend: "tensorrt" (engine.plan), "onnxruntime" (the graph the engine was built from),
     "torch" (the model itself), or "auto": the engine where it can run here (a GPU, TensorRT and
     engine.plan), else the folder's graph ONNX Runtime runs fastest on this host, measured and cached in the
-    folder (pipeline.runners.fastest; an explicit graph= or providers= skips measuring).  `options` go to the runner (e.g. split_large_batches=False,
-    providers=[...] for ONNX Runtime, amp=True for torch, contexts=2 for the engine).
+    folder (pipeline.runners.fastest; an explicit graph= or providers= skips measuring).  `options` go to the
+    runner (e.g. split_large_batches=False, providers=[...] for ONNX Runtime, amp=True for torch, contexts=2 for
+    the engine).
     """
     if backend not in BACKENDS:
         raise PipelineError(f"unknown runner backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
@@ -46,6 +47,7 @@ def load_runner(path: str | Path | ArtifactFolder, backend: str = "auto", **opti
         backend, why = _choose_backend(folder)
     runner_class = _runner_class(backend)
     _refuse_unknown_options(runner_class, backend, options)
+    runner: Runner
     if measure and backend == "onnxruntime":
         from .fastest import fastest_onnxruntime_runner
 

@@ -54,19 +54,28 @@ def fastest_onnxruntime_runner(folder: ArtifactFolder, options: dict[str, Any]) 
     if cached is not None:
         winner, ms, batch = cached
         runner = OnnxRuntimeRunner(folder, **_runner_options(winner, options))
-        return runner, _why(
-            winner, ms, batch, f"measured earlier with this host's key, cached in {SERVED_CHOICE}", refused
-        )
+        how = f"measured earlier with this host's key, cached in {SERVED_CHOICE}"
+        return runner, _why(winner, ms, batch, how, refused)
+    return _measure_and_serve(folder, candidates, key, options, refused)
+
+
+def _measure_and_serve(
+    folder: ArtifactFolder,
+    candidates: list[Candidate],
+    key: dict[str, Any],
+    options: dict[str, Any],
+    refused: list[str],
+) -> tuple[OnnxRuntimeRunner, str]:
     runners = _open_all(folder, candidates, options)
     batch = folder.manifest.batch_profile.opt  # type: ignore[union-attr]  # open_folder requires a batch_profile
-    ms, rounds = measure(runners, timing_feed(folder, batch))
-    winner = min(ms, key=lambda candidate: ms[candidate])
+    medians, rounds = measure(runners, timing_feed(folder, batch))
+    winner = min(medians, key=lambda candidate: medians[candidate])
     for candidate, runner in runners.items():
         if candidate != winner:
             runner.close()
+    ms = {candidate.label: t for candidate, t in medians.items()}
     cached_note = _save_choice(folder, key, winner, ms, batch)
-    labelled = {candidate.label: t for candidate, t in ms.items()}
-    return runners[winner], _why(winner, labelled, batch, f"measured now, median of {rounds} rounds; {cached_note}", refused)
+    return runners[winner], _why(winner, ms, batch, f"measured now, median of {rounds} rounds; {cached_note}", refused)
 
 
 def find_candidates(folder: ArtifactFolder) -> tuple[list[Candidate], list[str]]:
@@ -174,18 +183,18 @@ def _cached_choice(
     if not isinstance(record, dict) or record.get("key") != key:
         return None
     by_label = {candidate.label: candidate for candidate in candidates}
-    winner = by_label.get(record.get("served"))
+    winner = by_label.get(str(record.get("served")))
     if winner is None or not isinstance(record.get("ms"), dict) or not isinstance(record.get("batch"), int):
         return None
     return winner, record["ms"], record["batch"]
 
 
 def _save_choice(
-    folder: ArtifactFolder, key: dict[str, Any], winner: Candidate, ms: dict[Candidate, float], batch: int
+    folder: ArtifactFolder, key: dict[str, Any], winner: Candidate, ms: dict[str, float], batch: int
 ) -> str:
     """Write the choice to SERVED_CHOICE; what happened, for the description (a read-only folder is served
     anyway, measured at every load)."""
-    record = {"key": key, "batch": batch, "ms": {c.label: round(t, 3) for c, t in ms.items()}, "served": winner.label}
+    record = {"key": key, "batch": batch, "ms": {label: round(t, 3) for label, t in ms.items()}, "served": winner.label}
     try:
         write_json(folder.path / SERVED_CHOICE, record)
     except OSError as error:
