@@ -17,7 +17,7 @@ import numpy as np
 
 from ...models.spec import call_module
 from ..core.errors import PipelineError
-from ..folder.manifest import FP32_GRAPH, MANIFEST, make_engine_command
+from ..folder.manifest import FP32_GRAPH, MANIFEST, graph_precision, make_engine_command
 from ..folder.reader import ArtifactFolder
 from ..runners import Runner, load_runner
 
@@ -241,7 +241,8 @@ def open_served(context: Context) -> Backend:
     graph = context.folder.path / runner.graph
     label = f"served here: ONNX Runtime (runner) on {graph}"
     threads = "ORT default: one intra-op thread per physical core"
-    return _onnxruntime_backend(SERVED, label, precision, runner, graph, threads)
+    # auto may serve a graph more accurate than the folder's precision (FP32 where it runs faster): report that one.
+    return _onnxruntime_backend(SERVED, label, graph_precision(runner.graph), runner, graph, threads)
 
 
 def open_onnxruntime(context: Context) -> Backend:
