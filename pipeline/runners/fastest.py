@@ -95,7 +95,7 @@ def find_candidates(folder: ArtifactFolder) -> tuple[list[Candidate], list[str]]
     other_cpu_forms = set(cpu_graphs("int8").values()) - {cpu_form}
     on_cpu = [name for name in passed if name not in other_cpu_forms]
     if cpu_form in passed:
-        on_cpu.remove(engine_graph("int8"))  # an int8 folder's graphs: the engine's is always there (open_folder)
+        on_cpu = [name for name in on_cpu if name != engine_graph("int8")]
     candidates = [Candidate(name, (CPU,)) for name in on_cpu]
     providers, _ = choose_providers(None)
     if CUDA in providers:
