@@ -9,9 +9,16 @@
 # onnxruntime-gpu (python tools/device/bundle.py ort), one call a part, then the install, all while warm:
 #     carry .devbundle/ort0: bash tools/device/run.sh ort_part    (likewise ort1 .. ort4)
 #     (no carry):           bash tools/device/run.sh ort_install  # join, sha256 check, install, CUDA provider check
+# Issue 23 (our graphs on ONNX Runtime's CUDA provider, tools/device/ort_cuda.py), one chain while warm:
+#     carry .devbundle/a:                  bash tools/device/run.sh start_bare
+#     carry .devbundle/b + .devbundle/ort4: bash tools/device/run.sh ort_builds   # RTX probe; folders build detached
+#     carry .devbundle/ort0 .. ort3:       bash tools/device/run.sh ort_part     (one call each)
+#     (no carry):                          bash tools/device/run.sh ort_install
+#     (no carry):                          bash tools/device/run.sh ort_measure  # detached; then, until it says done:
+#     (no carry):                          bash tools/device/run.sh ort_collect  # waits, then results.tar.gz in $OUT
 # Every log and JSON lands in $OUT.
 set -uo pipefail
-PY=/opt/torch/.venv/bin/python3
+PY=${PY:-/opt/torch/.venv/bin/python3}
 [ -x "$PY" ] || PY=python3
 SITE=/tmp/site
 export PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1
@@ -19,6 +26,8 @@ export CUDA_ROOT="${CUDA_ROOT:-/usr/local/cuda}" PATH="/usr/local/cuda/bin:$PATH
 OUT="${OUT:?run through the device tool, which sets OUT}"
 ENGINES=/tmp/engines
 ORT_PARTS=/tmp/bundle/ort
+ORT_SITE=/tmp/site-ort  # apart from $SITE: builds running detached keep the venv's onnxruntime
+RESULTS=/tmp/results
 
 # onnxruntime-gpu's CUDA provider loads cudart/cublas/cudnn 13 by name: the torch cu130 venv's nvidia-* packages
 # hold them.  Every call exports the path, since each call is a new shell.
@@ -29,7 +38,7 @@ install_wheels() {  # into $SITE, no index, no dependencies (each is named in th
 	"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$@"
 }
 
-start() {
+machine_env() {
 	{
 		nvidia-smi
 		"$PY" --version
@@ -38,8 +47,13 @@ start() {
 		if [ -f "$include/Python.h" ]; then echo "Python headers: present ($include)"; else echo "Python headers: MISSING ($include)"; fi
 		nvcc --version | tail -2
 		grep -m1 'model name' /proc/cpuinfo
+		"$PY" -m pip show nvidia-cudnn-cu13 nvidia-cublas nvidia-cuda-runtime 2>&1 | grep -E '^(Name|Version)'
 	} >"$OUT/env.txt" 2>&1
 	mkdir -p /tmp/bundle && cp -r .devbundle/a /tmp/bundle/
+}
+
+start() {
+	machine_env
 	install_wheels /tmp/bundle/a/*.whl
 	# Detached (setsid), so the build goes on after this call returns; `main` waits for it.
 	setsid bash -c "\"$PY\" -m pip install -v --no-index --no-deps --no-build-isolation --no-cache-dir \
@@ -48,7 +62,7 @@ start() {
 	cat "$OUT/env.txt"
 }
 
-main() {
+rtx_install() {  # TensorRT-RTX (its libs wheel joined from a/ and b/) and onnxsim; then the SM 9.0 probe
 	cp -r .devbundle/b /tmp/bundle/
 	local wheel
 	wheel=$(awk '{print $2}' /tmp/bundle/b/SHA256SUMS)
@@ -57,6 +71,10 @@ main() {
 	install_wheels "/tmp/bundle/$wheel" /tmp/bundle/b/*.whl
 	"$PY" tools/device/probe.py .devbundle/b/aot/toy_models-tiny_cnn-fp32 "$OUT" >"$OUT/probe.log" 2>&1
 	echo "probe: exit $?"
+}
+
+main() {
+	rtx_install
 	# The ResNet-50 FP16 engine builds while pycuda finishes and the GPU tests run.
 	("$PY" -m trt_pipeline all --model resnet --precision fp16 --out "$ENGINES" \
 		>/tmp/engine-fp16.log 2>&1; echo $? >/tmp/engine-fp16.rc) &
@@ -74,6 +92,33 @@ bench() {
 	local backends=torch-amp,torch-compile,onnxruntime,tensorrt,tensorrt-v2,tensorrt-graphs
 	"$PY" -m trt_pipeline bench --folder "$ENGINES/resnet50-fp16" --batches 1,8,32 --backends "$backends" \
 		--budget-s 2 --report-dir "$OUT/fp16" 2>&1 | tail -40
+}
+
+start_bare() {  # the environment, and the first half of the TensorRT-RTX libs wheel (no pycuda: not needed)
+	machine_env
+	cat "$OUT/env.txt"
+}
+
+ort_builds() {
+	ort_part
+	rtx_install
+	mkdir -p "$RESULTS"
+	setsid bash -c "\"$PY\" tools/device/ort_cuda.py build /tmp/engines /tmp/bundle/b/photos >$RESULTS/build.log 2>&1; \
+		echo \$? >/tmp/build.rc" </dev/null >/dev/null 2>&1 &
+}
+
+ort_measure() {  # after the builds: speed, then the FP16 and INT8 checks, detached (a call lasts 10 minutes at most)
+	setsid bash -c "while [ ! -f /tmp/build.rc ]; do sleep 2; done; export PYTHONPATH=$ORT_SITE:$PYTHONPATH; \
+		for step in speed fp16 int8; do \"$PY\" tools/device/ort_cuda.py \$step /tmp/engines $RESULTS \
+		>$RESULTS/\$step.log 2>&1; done; echo done >/tmp/measure.done" </dev/null >/dev/null 2>&1 &
+}
+
+ort_collect() {  # wait (up to 9 minutes) for the measurements, then bring back what there is
+	local waited=0
+	while [ ! -f /tmp/measure.done ] && [ $waited -lt 540 ]; do sleep 5; waited=$((waited + 5)); done
+	[ -f /tmp/measure.done ] && echo "measurements: done" || echo "measurements: still running"
+	tail -n 5 "$RESULTS"/*.log
+	tar -czf "$OUT/results.tar.gz" -C "$RESULTS" .
 }
 
 ort_part() {  # the part(s) this call carried, kept in /tmp while the machine stays warm
@@ -94,9 +139,13 @@ ort_install() {
 	"$PY" -m pip show nvidia-cudnn-cu13 nvidia-cublas nvidia-cuda-runtime 2>&1 | grep -E '^(Name|Version)' \
 		>"$OUT/ort-cuda-libs.txt"
 	echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >>"$OUT/ort-cuda-libs.txt"
-	install_wheels "$ORT_PARTS"/onnxruntime_gpu-*.whl
-	"$PY" -c 'import onnxruntime as ort; print(ort.__version__, ort.__file__, ort.get_available_providers())' \
+	"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$ORT_SITE" \
+		"$ORT_PARTS"/onnxruntime_gpu-*.whl
+	PYTHONPATH="$ORT_SITE:$PYTHONPATH" "$PY" -c 'import onnxruntime as ort; print(ort.__version__, ort.__file__, ort.get_available_providers())' \
 		2>&1 | tee "$OUT/ort-providers.txt"
+	# A session that must place every node on CUDA: the provider's libraries load (or their error shows here).
+	PYTHONPATH="$ORT_SITE:$PYTHONPATH" ORT_CUDA_SMOKE=1 "$PY" -c 'from tools.device.ort_cuda import smoke; smoke()' \
+		2>&1 | tee -a "$OUT/ort-providers.txt"
 }
 
 "$@"

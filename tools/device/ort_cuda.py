@@ -1,0 +1,383 @@
+"""On the GPU machine: our graphs on ONNX Runtime's CUDA provider (onnxruntime-gpu), for issue 23.
+
+    python tools/device/ort_cuda.py build ENGINES CALIB    # ResNet-50 FP16 + INT8, an encoder, the FP16 overflow toy
+    python tools/device/ort_cuda.py speed ENGINES OUT      # bench rows: torch eager/AMP/compile, served, ORT CUDA
+    python tools/device/ort_cuda.py fp16 ENGINES OUT       # the faithful FP16 check (CPU) vs real float16 (GPU)
+    python tools/device/ort_cuda.py int8 ENGINES OUT       # the Q/DQ graph on the CUDA provider vs its CPU simulation
+
+The ONNX Runtime CUDA rows are a bare InferenceSession per graph (end to end: numpy in, numpy out) and the same
+session through IO binding on torch CUDA tensors (device-resident), with and without a captured CUDA graph (one
+session per input shape, as ONNX Runtime captures one graph per session).  FP32 sessions run with use_tf32=0, so
+FP32 stays FP32.  Every row is timed by the bench harness (pipeline/bench), alternating rounds, in one process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from trt_pipeline.calibration.int8 import calibration_sample
+from trt_pipeline.models.spec import ModelSpec
+from trt_pipeline.pipeline.bench.backends import CHOICES, Backend, Choice, Context, Unavailable
+from trt_pipeline.pipeline.bench.environment import describe_environment, load_average
+from trt_pipeline.pipeline.bench.harness import (
+    SEED,
+    check_reference_model,
+    integer_ranges,
+    make_inputs,
+    open_backends,
+    run_sweep,
+    stability,
+)
+from trt_pipeline.pipeline.bench.report import write_reports
+from trt_pipeline.pipeline.bench.timing import TimingPolicy
+from trt_pipeline.pipeline.core.compare import compare
+from trt_pipeline.pipeline.core.sessions import onnxruntime_session
+from trt_pipeline.pipeline.core.settings import Settings
+from trt_pipeline.pipeline.folder.graph_io import load_reference
+from trt_pipeline.pipeline.folder.manifest import FP32_GRAPH, graph_precision
+from trt_pipeline.pipeline.folder.reader import open_folder
+from trt_pipeline.pipeline.stages.float16 import faithful_session
+from trt_pipeline.pipeline.stages.precision import convert_fp16
+from trt_pipeline.pipeline.stages.sequence import make_engine
+
+# ORT_CUDA_DRY_RUN=1 runs every step here on the CPU provider, to check the script without a GPU.
+CUDA = "CPUExecutionProvider" if os.environ.get("ORT_CUDA_DRY_RUN") else "CUDAExecutionProvider"
+DEVICE = "cpu" if os.environ.get("ORT_CUDA_DRY_RUN") else "cuda"
+ENCODER = "tools.device.ort_cuda:encoder"
+FOLDERS = {
+    "resnet50-fp16": dict(model="resnet50", precision="fp16"),
+    "resnet50-int8": dict(model="resnet50", precision="int8"),
+    "encoder-fp16": dict(model=ENCODER, precision="fp16"),
+    "overflow_ffn-fp16": dict(model="tests.toy_models:overflow_ffn", precision="fp16"),
+    "resnet18-int8": dict(model="resnet18", precision="int8"),  # the dry run's INT8 folder
+}
+TORCH_TYPES = {"tensor(float)": torch.float32, "tensor(float16)": torch.float16, "tensor(int64)": torch.int64}
+
+
+class _Encoder(nn.Module):
+    """MiniLM-sized (6 layers, width 384, 12 heads), randomly initialised: token ids in, hidden states out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(30522, 384)
+        layer = nn.TransformerEncoderLayer(d_model=384, nhead=12, dim_feedforward=1536, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, num_layers=6)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.encoder(self.embed(input_ids))
+
+
+def encoder() -> ModelSpec:
+    torch.manual_seed(0)
+    example = {"input_ids": torch.randint(0, 30522, (2, 128))}
+    return ModelSpec(name="encoder", module=_Encoder(), example_inputs=example, output_names=["last_hidden_state"])
+
+
+def named(engines: Path, name: str) -> Path:
+    """The folder built for FOLDERS[name], by that name (the build links it there)."""
+    return engines / "named" / name
+
+
+def build(engines: Path, calib: Path, names: list[str]) -> None:
+    for name in names or FOLDERS:
+        options = FOLDERS[name]
+        started = time.perf_counter()
+        extra = {"calib": calib} if options["precision"] == "int8" else {}
+        try:
+            folder = make_engine(Settings(**options, out_root=engines, builder="tensorrt_rtx", **extra))
+            named(engines, name).parent.mkdir(exist_ok=True)
+            named(engines, name).unlink(missing_ok=True)
+            named(engines, name).symlink_to(folder.resolve())
+            print(f"BUILT {name}: {folder} in {time.perf_counter() - started:.1f} s", flush=True)
+        except BaseException as error:  # one folder's failure must not stop the others
+            print(f"FAILED {name}: {type(error).__name__}: {error}", flush=True)
+            traceback.print_exc()
+
+
+# --------------------------------------------------------------------------- ONNX Runtime CUDA sessions
+
+
+def cuda_session(path: Path, *, cuda_graph: bool = False, cuda_only: bool = False) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if cuda_only and DEVICE == "cuda":  # refuse to place any node on the CPU: says whether the whole graph has CUDA kernels
+        options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    provider = {"device_id": "0", "use_tf32": "0", "enable_cuda_graph": "1" if cuda_graph else "0"}
+    if DEVICE == "cpu":
+        provider = {}
+    fallback = [] if cuda_only or CUDA == "CPUExecutionProvider" else ["CPUExecutionProvider"]
+    session = ort.InferenceSession(str(path), options, providers=[(CUDA, provider), *fallback])
+    if session.get_providers()[0] != CUDA:
+        raise RuntimeError(f"the CUDA provider did not load: {session.get_providers()}")
+    return session
+
+
+def smoke() -> None:
+    """One Relu on the CUDA provider with no CPU fallback: the provider and its CUDA libraries load."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "smoke",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+    )
+    path = Path("/tmp/smoke.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    session = cuda_session(path, cuda_only=True)
+    print("smoke:", session.get_providers(), session.run(None, {"x": np.array([-1, 0, 1, 2], np.float32)})[0])
+
+
+class Bound:
+    """A session with its inputs and outputs bound to torch CUDA tensors of one shape (fixed addresses)."""
+
+    def __init__(self, session: Any, feed: dict[str, np.ndarray]):
+        self.session = session
+        self.inputs = {k: torch.from_numpy(v).to(DEVICE) for k, v in feed.items()}
+        shapes = [value.shape for value in session.run(None, feed)]
+        types = [TORCH_TYPES[output.type] for output in session.get_outputs()]
+        names = [output.name for output in session.get_outputs()]
+        self.outputs = {n: torch.empty(s, dtype=t, device=DEVICE) for n, s, t in zip(names, shapes, types, strict=True)}
+        self.binding = session.io_binding()
+        for name, tensor in self.inputs.items():
+            self._bind(self.binding.bind_input, name, tensor)
+        for name, tensor in self.outputs.items():
+            self._bind(self.binding.bind_output, name, tensor)
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+
+    @staticmethod
+    def _bind(bind: Any, name: str, tensor: torch.Tensor) -> None:
+        dtype = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64}[tensor.dtype]
+        bind(name, DEVICE, 0, dtype, list(tensor.shape), tensor.data_ptr())
+
+    def run(self) -> None:
+        self.session.run_with_iobinding(self.binding)
+
+
+class OrtCuda(Backend):
+    """One graph of the folder on ORT's CUDA provider: bare session end to end, IO binding device-resident."""
+
+    def __init__(self, name: str, path: Path, cuda_graph: bool):
+        precision = graph_precision(path.name)
+        how = "IO binding + captured CUDA graph" if cuda_graph else "bare session; IO binding device-resident"
+        super().__init__(name, f"ONNX Runtime CUDA on {path.name} ({how})", precision, how, "n/a (GPU)")
+        self.device_note = ""
+        self.memory_note = "n/a: ONNX Runtime's arena is not counted"
+        self.path, self.cuda_graph = path, cuda_graph
+        self.session = None if cuda_graph else cuda_session(path)
+        self.bound: dict[tuple, Bound] = {}
+
+    def _bound(self, feed: dict[str, np.ndarray]) -> Bound:
+        key = tuple((k, v.shape) for k, v in sorted(feed.items()))
+        if key not in self.bound:  # a captured CUDA graph holds one shape: one session per shape
+            session = cuda_session(self.path, cuda_graph=True) if self.cuda_graph else self.session
+            self.bound[key] = Bound(session, feed)
+        return self.bound[key]
+
+    def infer(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if not self.cuda_graph:
+            assert self.session is not None
+            names = [output.name for output in self.session.get_outputs()]
+            return dict(zip(names, self.session.run(None, feed), strict=True))
+        bound = self._bound(feed)
+        for name, value in feed.items():
+            bound.inputs[name].copy_(torch.from_numpy(value))
+        bound.run()
+        return {name: tensor.cpu().numpy() for name, tensor in bound.outputs.items()}
+
+    def stage(self, feed: dict[str, np.ndarray]):
+        return self._bound(feed).run
+
+    def sync(self) -> None:
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+
+    def close(self) -> None:
+        self.bound.clear()
+        self.session = None
+
+
+def ort_cuda_choice(name: str, graph: str, cuda_graph: bool) -> Choice:
+    def open_it(context: Context) -> Backend:
+        if not context.folder.has(graph):
+            raise Unavailable(f"{context.folder.path} has no {graph}")
+        return OrtCuda(name, context.folder.path / graph, cuda_graph)
+
+    return Choice(name, f"ONNX Runtime CUDA on {graph}", open_it)
+
+
+def speed_choices(folder_name: str) -> list[Choice]:
+    builtin = {choice.name: choice for choice in CHOICES}
+    int8 = folder_name.endswith("-int8")
+    names = ["torch", "served"] + ([] if int8 else ["torch-amp", "torch-compile"])
+    graphs = {"fp32": FP32_GRAPH, "fp16": "model.fp16.onnx", "int8": "model.int8.onnx"}
+    wanted = ["int8"] if int8 else ["fp32", "fp16"]
+    ours = [ort_cuda_choice(f"ort-cuda-{k}{'-graph' * g}", graphs[k], g) for k in wanted for g in (False, True)]
+    return [builtin[name] for name in names] + ours
+
+
+def speed(engines: Path, out: Path, folder_name: str, budget_s: float) -> None:
+    folder = open_folder(named(engines, folder_name))
+    manifest = folder.manifest
+    policy = TimingPolicy(budget_s=budget_s, iterations=200, rounds=5).check()
+    ranges = integer_ranges(manifest, folder.path / "reference.npz")
+    inputs = {b: make_inputs(manifest, ranges, b, SEED) for b in (1, 8, 32)}
+    load_before = load_average()
+    context = Context(folder=folder, threads=16, cuda=DEVICE == "cuda")
+    opened, records = open_backends(speed_choices(folder_name), context, print)
+    try:
+        reference_check = check_reference_model(opened, folder.path / "reference.npz")
+        results = run_sweep(opened, inputs, policy, print)
+    finally:
+        for backend in opened:
+            backend.close()
+    environment = describe_environment(16)
+    environment["load_average"] = {"before": load_before, "after": load_average()}
+    verdict = stability(results, policy, environment["load_average"])
+    report = {
+        "schema": 2,
+        "model": folder.model,
+        "folder": str(folder.path),
+        "precision": folder.precision,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "command": " ".join(sys.argv),
+        "batches": [1, 8, 32],
+        "policy": policy.as_record(),
+        "inputs": {"seed": SEED, "note": "random inputs shaped like the manifest's, the same for every backend"},
+        "environment": environment,
+        "reference_check": reference_check,
+        "stability": verdict,
+        "backends": records,
+        "results": results,
+    }
+    write_reports(report, out / f"speed-{folder_name}")
+
+
+# --------------------------------------------------------------------------- accuracy checks
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return float("nan")
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30))
+
+
+def _versus(reference: np.ndarray, actual: np.ndarray) -> dict:
+    result = compare(reference, actual, rtol=1.0)
+    return {
+        "max_abs": result.max_abs,
+        "max_rel": result.max_rel,
+        "cosine": _cosine(reference, actual),
+        "nonfinite": int((~np.isfinite(actual)).sum()),
+    }
+
+
+def _run(session: Any, feed: dict[str, np.ndarray]) -> np.ndarray:
+    return session.run(None, feed)[0]
+
+
+def fp16_check(engines: Path, out: Path, *names: str) -> dict:
+    """Each FP16 graph (as built, and converted with no FP32 fallback) on the folder's reference inputs: the
+    faithful CPU copy (what the build's gate ran) and the CUDA provider in real float16, each against FP32."""
+    report: dict = {}
+    for name in names or ("resnet50-fp16", "encoder-fp16", "overflow_ffn-fp16"):
+        folder = open_folder(named(engines, name))
+        path = folder.path
+        no_fallback = engines / f"{name}-no-fallback.fp16.onnx"
+        convert_fp16(path / FP32_GRAPH, no_fallback, auto_fp32=False)
+        fp32_gpu, fp32_cpu = cuda_session(path / FP32_GRAPH), onnxruntime_session(path / FP32_GRAPH)
+        rows = []
+        for variant, graph in (("as built", path / "model.fp16.onnx"), ("no FP32 fallback", no_fallback)):
+            faithful, real = faithful_session(graph), cuda_session(graph)
+            for index, (feed, _) in enumerate(load_reference(path / "reference.npz")):
+                reference = _run(fp32_gpu, feed)
+                rows.append(
+                    {
+                        "graph": variant,
+                        "case": index,
+                        "batch": int(next(iter(feed.values())).shape[0]),
+                        "fp32_gpu_vs_cpu_max_rel": compare(_run(fp32_cpu, feed), reference, rtol=1).max_rel,
+                        "faithful_cpu": _versus(reference, _run(faithful, feed)),
+                        "real_gpu": _versus(reference, _run(real, feed)),
+                        "faithful_vs_real_max_rel": compare(_run(real, feed), _run(faithful, feed), rtol=1).max_rel,
+                    }
+                )
+        manifest = json.loads((path / "manifest.json").read_text())
+        report[name] = {"manifest": {k: manifest.get(k) for k in ("parity_fp16", "fp16")}, "rows": rows}
+    return report
+
+
+def int8_check(engines: Path, out: Path, name: str = "resnet50-int8") -> dict:
+    """model.int8.onnx on the CUDA provider vs the CPU simulation of its Q/DQ (the build's gate), each vs FP32, on
+    the reference inputs and the held-out calibration rows (sample.npz)."""
+    path = named(engines, name)
+    graph = path / "model.int8.onnx"
+    result: dict = {}
+    try:
+        cuda_session(graph, cuda_only=True)
+        result["all_nodes_on_cuda"] = True
+    except Exception as error:
+        result["all_nodes_on_cuda"] = f"no: {type(error).__name__}: {str(error)[:600]}"
+    gpu, simulated = cuda_session(graph), onnxruntime_session(graph, simulate_qdq=True)
+    fp32 = cuda_session(path / FP32_GRAPH)
+    feeds = [feed for feed, _ in load_reference(path / "reference.npz")]
+    sample = calibration_sample(path)
+    if sample is not None:
+        feeds.append(sample)
+    rows = []
+    for index, feed in enumerate(feeds):
+        reference, on_gpu, on_cpu = _run(fp32, feed), _run(gpu, feed), _run(simulated, feed)
+        rows.append(
+            {
+                "inputs": "held-out calibration rows (sample.npz)" if sample is feed else f"reference case {index}",
+                "batch": int(next(iter(feed.values())).shape[0]),
+                "gpu_vs_fp32": _versus(reference, on_gpu),
+                "simulated_cpu_vs_fp32": _versus(reference, on_cpu),
+                "gpu_vs_simulated": _versus(on_cpu, on_gpu),
+                "top1_gpu_vs_simulated": float((on_gpu.argmax(-1) == on_cpu.argmax(-1)).mean()),
+            }
+        )
+    manifest = json.loads((path / "manifest.json").read_text())
+    result.update({"manifest_agreement_int8": manifest.get("agreement_int8"), "rows": rows})
+    return result
+
+
+def main(argv: list[str]) -> None:
+    command, engines = argv[0], Path(argv[1])
+    if command == "build":
+        build(engines, Path(argv[2]), argv[3:])
+        return
+    out = Path(argv[2])
+    out.mkdir(parents=True, exist_ok=True)
+    if command == "speed":
+        for name in argv[3:] or ("resnet50-fp16", "encoder-fp16", "resnet50-int8"):
+            try:
+                speed(engines, out, name, budget_s=float(os.environ.get("BUDGET_S", "1.5")))
+            except Exception:
+                traceback.print_exc()
+    elif command in ("fp16", "int8"):
+        checks = {"fp16": fp16_check, "int8": int8_check}
+        report = checks[command](engines, out, *argv[3:])
+        (out / f"{command}-check.json").write_text(json.dumps(report, indent=1, default=str))
+        print(json.dumps(report, default=str)[:6000])
+    else:
+        raise SystemExit(__doc__)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
