@@ -37,6 +37,7 @@ from trt_pipeline.pipeline.bench.harness import (
     open_backends,
     run_sweep,
     stability,
+    torch_settings,
 )
 from trt_pipeline.pipeline.bench.report import write_reports
 from trt_pipeline.pipeline.bench.timing import TimingPolicy
@@ -107,12 +108,12 @@ def build(engines: Path, calib: Path, names: list[str]) -> None:
 # --------------------------------------------------------------------------- ONNX Runtime CUDA sessions
 
 
-def cuda_session(path: Path, *, cuda_graph: bool = False, cuda_only: bool = False) -> Any:
+def cuda_session(path: Path, *, cuda_graph: bool = False, cuda_only: bool = False, verbose: bool = False) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.log_severity_level = 3
-    if cuda_only and DEVICE == "cuda":  # refuse to place any node on the CPU: says whether the whole graph has CUDA kernels
+    options.log_severity_level = 0 if verbose else 3  # verbose: the log names each node placed on the CPU
+    if cuda_only and DEVICE == "cuda":  # no node may fall back to the CPU: does the whole graph have CUDA kernels?
         options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     provider = {"device_id": "0", "use_tf32": "0", "enable_cuda_graph": "1" if cuda_graph else "0"}
     if DEVICE == "cpu":
@@ -238,13 +239,14 @@ def speed(engines: Path, out: Path, folder_name: str, budget_s: float) -> None:
     inputs = {b: make_inputs(manifest, ranges, b, SEED) for b in (1, 8, 32)}
     load_before = load_average()
     context = Context(folder=folder, threads=16, cuda=DEVICE == "cuda")
-    opened, records = open_backends(speed_choices(folder_name), context, print)
-    try:
-        reference_check = check_reference_model(opened, folder.path / "reference.npz")
-        results = run_sweep(opened, inputs, policy, print)
-    finally:
-        for backend in opened:
-            backend.close()
+    with torch_settings(16):  # TF32 off, as `trt-pipeline bench` runs torch: its FP32 rows are FP32
+        opened, records = open_backends(speed_choices(folder_name), context, print)
+        try:
+            reference_check = check_reference_model(opened, folder.path / "reference.npz")
+            results = run_sweep(opened, inputs, policy, print)
+        finally:
+            for backend in opened:
+                backend.close()
     environment = describe_environment(16)
     environment["load_average"] = {"before": load_before, "after": load_average()}
     verdict = stability(results, policy, environment["load_average"])
@@ -333,7 +335,7 @@ def int8_check(engines: Path, out: Path, name: str = "resnet50-int8") -> dict:
         result["all_nodes_on_cuda"] = True
     except Exception as error:
         result["all_nodes_on_cuda"] = f"no: {type(error).__name__}: {str(error)[:600]}"
-    gpu, simulated = cuda_session(graph), onnxruntime_session(graph, simulate_qdq=True)
+    gpu, simulated = cuda_session(graph, verbose=True), onnxruntime_session(graph, simulate_qdq=True)
     fp32 = cuda_session(path / FP32_GRAPH)
     feeds = [feed for feed, _ in load_reference(path / "reference.npz")]
     sample = calibration_sample(path)
@@ -367,7 +369,7 @@ def main(argv: list[str]) -> None:
     if command == "speed":
         for name in argv[3:] or ("resnet50-fp16", "encoder-fp16", "resnet50-int8"):
             try:
-                speed(engines, out, name, budget_s=float(os.environ.get("BUDGET_S", "1.5")))
+                speed(engines, out, name, budget_s=float(os.environ.get("BUDGET_S", "3")))
             except Exception:
                 traceback.print_exc()
     elif command in ("fp16", "int8"):
