@@ -108,14 +108,21 @@ def build(engines: Path, calib: Path, names: list[str]) -> None:
 # --------------------------------------------------------------------------- ONNX Runtime CUDA sessions
 
 
-def cuda_session(path: Path, *, cuda_graph: bool = False, cuda_only: bool = False, verbose: bool = False) -> Any:
+def cuda_session(
+    path: Path, *, cuda_graph: bool = False, nhwc: bool = False, cuda_only: bool = False, verbose: bool = False
+) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 0 if verbose else 3  # verbose: the log names each node placed on the CPU
     if cuda_only and DEVICE == "cuda":  # no node may fall back to the CPU: does the whole graph have CUDA kernels?
         options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-    provider = {"device_id": "0", "use_tf32": "0", "enable_cuda_graph": "1" if cuda_graph else "0"}
+    provider = {
+        "device_id": "0",
+        "use_tf32": "0",
+        "enable_cuda_graph": str(int(cuda_graph)),
+        "prefer_nhwc": str(int(nhwc)),
+    }
     if DEVICE == "cpu":
         provider = {}
     fallback = [] if cuda_only or CUDA == "CPUExecutionProvider" else ["CPUExecutionProvider"]
@@ -172,20 +179,21 @@ class Bound:
 class OrtCuda(Backend):
     """One graph of the folder on ORT's CUDA provider: bare session end to end, IO binding device-resident."""
 
-    def __init__(self, name: str, path: Path, cuda_graph: bool):
+    def __init__(self, name: str, path: Path, cuda_graph: bool, nhwc: bool = False):
         precision = graph_precision(path.name)
         how = "IO binding + captured CUDA graph" if cuda_graph else "bare session; IO binding device-resident"
+        how += "; prefer_nhwc=1 (convolutions in NHWC)" if nhwc else ""
         super().__init__(name, f"ONNX Runtime CUDA on {path.name} ({how})", precision, how, "n/a (GPU)")
         self.device_note = ""
         self.memory_note = "n/a: ONNX Runtime's arena is not counted"
-        self.path, self.cuda_graph = path, cuda_graph
-        self.session = None if cuda_graph else cuda_session(path)
+        self.path, self.cuda_graph, self.nhwc = path, cuda_graph, nhwc
+        self.session = None if cuda_graph else cuda_session(path, nhwc=nhwc)
         self.bound: dict[tuple, Bound] = {}
 
     def _bound(self, feed: dict[str, np.ndarray]) -> Bound:
         key = tuple((k, v.shape) for k, v in sorted(feed.items()))
         if key not in self.bound:  # a captured CUDA graph holds one shape: one session per shape
-            session = cuda_session(self.path, cuda_graph=True) if self.cuda_graph else self.session
+            session = cuda_session(self.path, cuda_graph=True, nhwc=self.nhwc) if self.cuda_graph else self.session
             self.bound[key] = Bound(session, feed)
         return self.bound[key]
 
@@ -212,11 +220,11 @@ class OrtCuda(Backend):
         self.session = None
 
 
-def ort_cuda_choice(name: str, graph: str, cuda_graph: bool) -> Choice:
+def ort_cuda_choice(name: str, graph: str, cuda_graph: bool, nhwc: bool = False) -> Choice:
     def open_it(context: Context) -> Backend:
         if not context.folder.has(graph):
             raise Unavailable(f"{context.folder.path} has no {graph}")
-        return OrtCuda(name, context.folder.path / graph, cuda_graph)
+        return OrtCuda(name, context.folder.path / graph, cuda_graph, nhwc)
 
     return Choice(name, f"ONNX Runtime CUDA on {graph}", open_it)
 
@@ -228,6 +236,10 @@ def speed_choices(folder_name: str) -> list[Choice]:
     graphs = {"fp32": FP32_GRAPH, "fp16": "model.fp16.onnx", "int8": "model.int8.onnx"}
     wanted = ["int8"] if int8 else ["fp32", "fp16"]
     ours = [ort_cuda_choice(f"ort-cuda-{k}{'-graph' * g}", graphs[k], g) for k in wanted for g in (False, True)]
+    if folder_name.startswith("resnet") and not int8:  # convolutions: does NHWC help the float16 graph?
+        ours += [
+            ort_cuda_choice(f"ort-cuda-fp16-nhwc{'-graph' * g}", graphs["fp16"], g, nhwc=True) for g in (False, True)
+        ]
     return [builtin[name] for name in names] + ours
 
 
