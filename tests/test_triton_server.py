@@ -81,11 +81,12 @@ def triton_client(address: TritonServer, protocol: str):
 def test_the_repository_holds_the_runners_files_and_model_py(repository: Path) -> None:
     version = repository / IMAGE_MODEL / "1"
     assert (version / "model.py").is_file()
-    # What load_runner reads; the build's other files (FP32 export, simplified graph, reference outputs) stay out.
+    # What load_runner reads: auto times the servable graphs on the reference inputs; the simplified graph stays out.
     assert sorted(path.name for path in (version / ARTIFACTS).iterdir()) == [
         "engine.plan",
         "manifest.json",
         "model.onnx",
+        "reference.npz",
     ]
 
 

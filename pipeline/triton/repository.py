@@ -24,7 +24,7 @@ import trt_pipeline
 
 from ..core.errors import PipelineError
 from ..folder.artifacts import write_bytes
-from ..folder.manifest import MANIFEST, Manifest
+from ..folder.manifest import MANIFEST, REFERENCE, Manifest
 from ..folder.reader import ArtifactFolder, open_folder
 from ..runners.base import max_batch
 
@@ -225,10 +225,11 @@ def choose_backend(opened: ArtifactFolder, backend: str) -> tuple[str, str]:
 
 
 def runner_files(opened: ArtifactFolder) -> dict[str, bytes]:
-    """What load_runner reads from the folder, each checked against its sha256: the manifest, the graph, the
-    engine (if built) and the ONNX-Runtime CPU graphs of an int8 folder.  The other artifacts (the FP32 export,
-    the simplified graph, reference outputs) serve the build, not the runner."""
-    names = list(opened.graphs.values())
+    """What load_runner reads from the folder, each checked against its sha256: the manifest, the engine (if
+    built), every graph auto may serve (the FP32 graph too: auto times them on the host and serves the fastest
+    as accurate as the folder promises) and the reference inputs it times them on.  The simplified graph and the
+    calibration files serve the build, not the runner."""
+    names = [*opened.servable_graphs(), REFERENCE]
     if opened.has(opened.engine):
         names.append(opened.engine)
     files = {name: opened.read(name) for name in dict.fromkeys(names)}
