@@ -5,7 +5,7 @@ downloads the CPython 3.12 manylinux x86-64 wheels and the pycuda sdist from PyP
 95 MB tensorrt-rtx libs wheel across the two call folders, and builds a small engine here with
 TensorRT-RTX's ahead-of-time defaults, so the device can answer whether such a plan runs on it:
 
-    python tools/device/bundle.py          # -> .devbundle/a (first call), .devbundle/b (second call)
+    python tools/device/bundle.py          # -> .devbundle/a (first call), .devbundle/b (second call, + photos)
     python tools/device/bundle.py ort      # -> .devbundle/ort0 .. ort4: onnxruntime-gpu, one part per call
 
 onnxruntime-gpu (255 MB, a CUDA 13 build) runs our graphs on a GPU whose TensorRT cannot run them; its CUDA
@@ -97,9 +97,9 @@ def build_aot_engine(into: Path) -> None:
 def main() -> int:
     if sys.argv[1:] == ["ort"]:
         return report(bundle_onnxruntime_gpu())
-    shutil.rmtree(BUNDLE, ignore_errors=True)
     first, second, scratch = BUNDLE / "a", BUNDLE / "b", BUNDLE / "scratch"
-    for folder in (first, second, scratch):
+    for folder in (first, second, scratch):  # the onnxruntime-gpu parts (ort*) stay: they take their own command
+        shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
     (libs,) = download_wheels(WHEELS[:1], scratch)
     sha = split(libs, [first, second])
@@ -109,8 +109,21 @@ def main() -> int:
     download_wheels(PYCUDA_NEEDS, first)
     download_sdist("pycuda", first)
     build_aot_engine(second)
+    calibration_photos(scratch, second / "photos")
     shutil.rmtree(scratch)
     return report([first, second])
+
+
+def calibration_photos(scratch: Path, into: Path) -> None:
+    """`trt-pipeline calibration-images` as JPEG (4 MB instead of 17 MB of PNG, so they travel beside the rest):
+    the INT8 folder the device builds (tools/device/ort_cuda.py) calibrates on them."""
+    from PIL import Image
+
+    pngs = scratch / "photos"
+    subprocess.run([sys.executable, "-m", "trt_pipeline", "calibration-images", "--out", str(pngs)], check=True)
+    into.mkdir(parents=True)
+    for png in sorted(pngs.glob("*.png")):
+        Image.open(png).convert("RGB").save(into / f"{png.stem}.jpg", quality=95)
 
 
 def report(folders: list[Path]) -> int:
