@@ -172,7 +172,7 @@ def main() -> None:
     kind = int8_cpu_kind()
     for method in args.methods.split(","):
         for smooth in args.smooth.split(","):
-            alpha = Settings(smooth=smooth).smooth_alpha()
+            (alpha,) = Settings(smooth=smooth).smooth_alphas()
             folder = args.out / f"{method}-smooth-{smooth}"
             cpu = folder / cpu_graphs("int8")[kind]
             record = make_int8_graph(
@@ -180,7 +180,7 @@ def main() -> None:
                 folder / "model.int8.onnx",
                 calib,
                 preprocess=None,
-                config=CalibrationConfig(method, 256, 16, smooth_alpha=alpha),
+                config=CalibrationConfig(method, 256, 16, smooth_alphas=(alpha,)),
                 cache_folder=folder / CACHE_FOLDER,
                 cpu_out_paths={} if args.no_cpu else {kind: cpu},
             )

@@ -11,8 +11,10 @@ file, and each graph's Q/DQ structure.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,9 +22,9 @@ import numpy as np
 import onnx
 
 from ..models.spec import ImagePreprocess
-from ..pipeline.folder.artifacts import sha256_file, write_npz
-from ..pipeline.folder.manifest import CalibrationSplit
-from .cache import cache_key, cache_path, load_ranges, save_ranges
+from ..pipeline.folder.artifacts import atomic_path, sha256_file, write_npz
+from ..pipeline.folder.manifest import CalibrationSplit, RowsAgreement, engine_graph
+from .cache import CacheLookup, cache_key, cache_path, load_ranges, save_ranges
 from .holdout import split_rows
 from .qdq import constants_as_initializers, quantize_qdq
 from .qdq_cpu import WEIGHTS_FOR, quantize_for_cpu
@@ -44,15 +46,16 @@ SAMPLE_ROWS = 8
 class CalibrationConfig:
     """The calibration part of Settings (CALIB_METHOD, --calib-samples, --calib-batch, --recalibrate, SMOOTH).
 
-    smooth_alpha: SmoothQuant's alpha for the activations MatMul/Gemm read (calibration/smooth.py), None for none.
-    Off unless asked for here; Settings (SMOOTH) turns it on by default for the pipeline.
+    smooth_alphas: SmoothQuant's alphas for the activations MatMul/Gemm read (calibration/smooth.py; None: not
+    smoothed), each a candidate graph; with a judge and held-out rows the one with the lower held-out error is kept,
+    else the first.  Off unless asked for here; Settings (SMOOTH=auto) tries 0.9 and off for the pipeline.
     """
 
     method: str = "percentile"
     samples: int = 256
     batch: int = 16
     recalibrate: bool = False
-    smooth_alpha: float | None = None
+    smooth_alphas: tuple[float | None, ...] = (None,)
 
     @classmethod
     def from_settings(cls, settings) -> CalibrationConfig:
@@ -61,12 +64,39 @@ class CalibrationConfig:
             settings.calib_samples,
             settings.calib_batch,
             settings.recalibrate,
-            settings.smooth_alpha(),
+            settings.smooth_alphas(),
         )
 
-    def options(self) -> dict:
-        """The calibrator's options and the smoothing: what the manifest records and the cache key covers."""
-        return {**method_options(self.method), "smooth_alpha": self.smooth_alpha}
+    def options(self, alpha: float | None) -> dict:
+        """The calibrator's options and one candidate's smoothing: what the manifest records and the cache key
+        covers."""
+        return {**method_options(self.method), "smooth_alpha": alpha}
+
+
+# Judges a candidate INT8 graph on rows it never saw: (graph, batches) -> its worst output's agreement with FP32.
+# The stage passes the agreement gate's own evaluation (pipeline/stages/parity.py), so the pick and the gate agree.
+Judge = Callable[[Path, list[dict[str, np.ndarray]]], RowsAgreement]
+
+
+@dataclass
+class Candidate:
+    """One way of quantizing the graph (a smoothing alpha): its calibrated FP32 graph, ranges and Q/DQ graph."""
+
+    alpha: float | None
+    calibrated: Path
+    ranges: object
+    scales: dict[str, np.ndarray]
+    lookup: CacheLookup
+    cache_file: Path
+    collect_seconds: float
+    qdq: Path
+    structure: dict
+    held_out: RowsAgreement | None = None
+
+    def as_record(self) -> dict:
+        judged = self.held_out
+        numbers = {"error_mean": judged.error_mean, "cosine_min": judged.cosine_min} if judged else {}
+        return {"smooth_alpha": self.alpha, **{f"held_out_{k}": float(f"{v:.6g}") for k, v in numbers.items()}}
 
 
 def make_int8_graph(
@@ -78,9 +108,11 @@ def make_int8_graph(
     config: CalibrationConfig,
     cache_folder: Path,
     cpu_out_paths: dict[str, Path] | None = None,
+    judge: Judge | None = None,
 ) -> dict:
     """Calibrate (or reuse cached ranges) and write the Q/DQ graph (and the CPU-shaped ones to `cpu_out_paths`,
-    by kind of CPU, when given); return the stage record."""
+    by kind of CPU, when given); return the stage record.  Several smoothing candidates (config.smooth_alphas),
+    a `judge` and held-out rows: each candidate is built and judged on the held-out rows, the better kept."""
     data = read_calibration_data(
         source, graph_inputs(fp32_path), preprocess, samples=config.samples, batch=config.batch
     )
@@ -88,31 +120,25 @@ def make_int8_graph(
     judged = (parts.held_out or parts.fit).batches[0]
     write_npz(cache_folder / SAMPLE, {name: array[:SAMPLE_ROWS] for name, array in judged.items()})
     fit, split = parts.fit, parts.split
-    options = config.options()
-    # Keyed on the fit rows' own sha256: ranges fit on all rows (before the split, or another split) never match.
-    key = cache_key(sha256_file(fp32_path), fit.digest, {**options, "samples": fit.samples, "batch": config.batch})
-    cache_file = cache_path(cache_folder, config.method, key)
-    lookup = load_ranges(cache_file, key, recalibrate=config.recalibrate)
-    ranges, scales, collect_seconds = lookup.ranges, lookup.smoothing, 0.0
+    alphas = _smoothing_candidates(fp32_path, config.smooth_alphas, judged=judge is not None and bool(parts.held_out))
     with tempfile.TemporaryDirectory(prefix="int8.") as scratch:
-        calibrated_path = Path(scratch) / "model.calibrated.onnx"
-        if ranges is None or scales is None:
-            if lookup.status.startswith("corrupted"):
-                print(f"note: calibration cache {cache_file} is {lookup.status}; recalibrating")
-            started = time.perf_counter()
-            scales = _measure_smoothing(fp32_path, fit, config.smooth_alpha)
-            calibrated = calibrated_graph(fp32_path, scales, calibrated_path)
-            ranges = collect_ranges(calibrated, fit, config.method)
-            collect_seconds = round(time.perf_counter() - started, 3)
-            record = {"source": fit.description, "samples": fit.samples, **options}
-            save_ranges(cache_file, key, ranges, record, scales)
-        else:
-            calibrated = calibrated_graph(fp32_path, scales, calibrated_path)
-        structure = quantize_qdq(calibrated, out_path, ranges)
-        cpu = {kind: _cpu_graph(calibrated, path, ranges, kind) for kind, path in (cpu_out_paths or {}).items()}
+        tried = [
+            _candidate(fp32_path, fit, config, alpha, cache_folder, Path(scratch) / str(index))
+            for index, alpha in enumerate(alphas)
+        ]
+        if len(tried) > 1 and judge is not None and parts.held_out is not None:
+            for candidate in tried:
+                candidate.held_out = judge(candidate.qdq, parts.held_out.batches)
+        chosen = min(tried, key=lambda c: c.held_out.error_mean if c.held_out else 0.0)  # the first on ties
+        with atomic_path(out_path) as temporary:
+            shutil.copyfile(chosen.qdq, temporary)
+        cpu_paths = (cpu_out_paths or {}).items()
+        cpu = {kind: _cpu_graph(chosen.calibrated, path, chosen.ranges, kind) for kind, path in cpu_paths}
+    options, scales, lookup, structure = config.options(chosen.alpha), chosen.scales, chosen.lookup, chosen.structure
+    cache_file, collect_seconds = chosen.cache_file, sum(c.collect_seconds for c in tried)
     calibration = {
         **options,
-        "smoothing": _smoothing_record(fp32_path, scales, config.smooth_alpha),
+        "smoothing": _smoothing_record(fp32_path, scales, chosen.alpha),
         "source": data.description,
         "samples": data.samples,
         "batch": config.batch,
@@ -125,7 +151,18 @@ def make_int8_graph(
         "collect_seconds": collect_seconds,
         "quantizer": _quantizer_name(),
     }
-    smoothed = f", {len(scales)} activations smoothed (alpha {config.smooth_alpha:g})" if config.smooth_alpha else ""
+    if len(tried) > 1:
+        calibration["smoothing_search"] = {
+            "candidates": [candidate.as_record() for candidate in tried],
+            "kept": chosen.alpha,
+            "chosen_on": f"the {parts.held_out.samples if parts.held_out else 0} held-out calibration rows (the gate "
+            f"then judges the kept graph on the same rows: a pick of {len(tried)}, not an independent test)",
+        }
+    smoothed = f", {len(scales)} activations smoothed (alpha {chosen.alpha:g})" if chosen.alpha else ""
+    if len(tried) > 1:
+        kept = "smoothed" if chosen.alpha else "not smoothed"
+        errors = ", ".join(f"{_alpha_text(c.alpha)} {c.held_out.error_mean:.3g}" for c in tried if c.held_out)
+        smoothed += f" ({kept}: held-out error {errors})"
     verdict = "cached ranges" if lookup.status == "hit" else f"calibrated in {collect_seconds:.1f} s ({lookup.status})"
     summary = (
         f"{out_path.name}: {config.method} on {fit.samples} of {data.samples} samples "
@@ -142,6 +179,53 @@ def make_int8_graph(
     if cpu:
         stage["qdq_onnxruntime_cpu"] = cpu
     return {"summary": summary, **stage}
+
+
+def _smoothing_candidates(
+    fp32_path: Path, alphas: tuple[float | None, ...], *, judged: bool
+) -> tuple[float | None, ...]:
+    """The alphas worth a graph each: all where they can be judged and the graph has something to smooth."""
+    if len(alphas) == 1 or not judged or not smoothable(_quantizable_model(fp32_path)):
+        return alphas[:1]
+    return alphas
+
+
+def _candidate(
+    fp32_path: Path,
+    fit: CalibrationData,
+    config: CalibrationConfig,
+    alpha: float | None,
+    cache_folder: Path,
+    scratch: Path,
+) -> Candidate:
+    """One smoothing alpha's graph: scales and ranges fit on `fit` (or from the cache), its Q/DQ graph in
+    `scratch` under the engine graph's own name (the gate's evaluation simulates Q/DQ by that name)."""
+    scratch.mkdir(parents=True)
+    options = config.options(alpha)
+    # Keyed on the fit rows' own sha256: ranges fit on all rows (before the split, or another split) never match.
+    key = cache_key(sha256_file(fp32_path), fit.digest, {**options, "samples": fit.samples, "batch": config.batch})
+    cache_file = cache_path(cache_folder, config.method, key)
+    lookup = load_ranges(cache_file, key, recalibrate=config.recalibrate)
+    ranges, scales, collect_seconds = lookup.ranges, lookup.smoothing, 0.0
+    calibrated_path = scratch / "model.calibrated.onnx"
+    if ranges is None or scales is None:
+        if lookup.status.startswith("corrupted"):
+            print(f"note: calibration cache {cache_file} is {lookup.status}; recalibrating")
+        started = time.perf_counter()
+        scales = _measure_smoothing(fp32_path, fit, alpha)
+        calibrated = calibrated_graph(fp32_path, scales, calibrated_path)
+        ranges = collect_ranges(calibrated, fit, config.method)
+        collect_seconds = round(time.perf_counter() - started, 3)
+        save_ranges(cache_file, key, ranges, {"source": fit.description, "samples": fit.samples, **options}, scales)
+    else:
+        calibrated = calibrated_graph(fp32_path, scales, calibrated_path)
+    qdq = scratch / engine_graph("int8")
+    structure = quantize_qdq(calibrated, qdq, ranges)
+    return Candidate(alpha, calibrated, ranges, scales, lookup, cache_file, collect_seconds, qdq, structure)
+
+
+def _alpha_text(alpha: float | None) -> str:
+    return f"alpha {alpha:g}" if alpha else "off"
 
 
 @dataclass(frozen=True)

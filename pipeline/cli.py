@@ -136,7 +136,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--smooth",
         default=defaults.smooth,
-        help="int8: SmoothQuant alpha for the activations MatMul/Gemm read, in (0, 1], or off [SMOOTH]",
+        help="int8: SmoothQuant alpha for the activations MatMul/Gemm read, in (0, 1], off, or auto (0.9 and off "
+        "both built, the better on the held-out calibration rows kept) [SMOOTH]",
     )
     parser.add_argument("--recalibrate", action="store_true", help="ignore the calibration cache")
     parser.add_argument(

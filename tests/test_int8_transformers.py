@@ -31,7 +31,7 @@ from trt_pipeline.calibration.smooth import channel_maxima, smooth_graph, smooth
 from trt_pipeline.models.spec import DynamicAxis, ModelSpec
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
-from trt_pipeline.pipeline.core.settings import Settings
+from trt_pipeline.pipeline.core.settings import DEFAULT_SMOOTH_ALPHA, Settings
 from trt_pipeline.pipeline.folder.manifest import FP32_GRAPH, GRAPHS, cpu_graphs
 from trt_pipeline.pipeline.quality.diagnose import compare_layers, first_past, node_tolerance
 from trt_pipeline.pipeline.stages.export import export_onnx
@@ -95,12 +95,18 @@ def _tokens(rows: int, seed: int) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def bert_int8(tmp_path_factory) -> Path:
-    """The finished int8 folder of tiny_bert, calibrated (max) on 64 rows of tokens from a .npz."""
+    """The finished int8 folder of tiny_bert, calibrated (max, smoothed with the default alpha) on 64 rows of
+    tokens from a .npz."""
     root = tmp_path_factory.mktemp("bert")
     calib = root / "tokens.npz"
     np.savez(calib, **_tokens(64, seed=2))
     settings = Settings(
-        model=f"{__name__}:tiny_bert", precision="int8", calib=calib, calib_method="max", out_root=root / "engines"
+        model=f"{__name__}:tiny_bert",
+        precision="int8",
+        calib=calib,
+        calib_method="max",
+        smooth=str(DEFAULT_SMOOTH_ALPHA),
+        out_root=root / "engines",
     )
     return make_engine(settings)
 
@@ -195,12 +201,12 @@ def test_smoothing_is_exact_in_float(bert_int8):
 
 
 def test_smoothed_qdq_graph_keeps_tensorrts_rules_and_records_what_it_smoothed(bert_int8):
-    """The pipeline smooths by default: every smoothing Mul feeds only QuantizeLinear (then the MatMul/Gemm), the
-    graph passes qdq_problems, and the manifest names the smoothed tensors and alpha."""
+    """A smoothed graph: every smoothing Mul feeds only QuantizeLinear (then the MatMul/Gemm), the graph passes
+    qdq_problems, and the manifest names the smoothed tensors and alpha."""
     model = onnx.load(str(bert_int8 / "model.int8.onnx"))
     assert qdq_problems(model) == []
     smoothing = json.loads((bert_int8 / "manifest.json").read_text())["calibration"]["smoothing"]
-    assert smoothing["alpha"] == Settings().smooth_alpha()
+    assert smoothing["alpha"] == DEFAULT_SMOOTH_ALPHA
     muls = {node.output[0]: node for node in model.graph.node if node.name.endswith("_smooth")}
     assert {node.input[0] for node in muls.values()} == set(smoothing["tensors"])
     for name in muls:
@@ -240,12 +246,12 @@ def test_smoothing_keeps_int8_close_on_outlier_channels(tmp_path):
 
     def error(alpha: float | None) -> float:
         int8 = tmp_path / f"model.int8.{alpha}.onnx"
-        config = CalibrationConfig("max", 64, 16, smooth_alpha=alpha)
+        config = CalibrationConfig("max", 64, 16, smooth_alphas=(alpha,))
         make_int8_graph(fp32, int8, calib, preprocess=None, config=config, cache_folder=tmp_path / CACHE_FOLDER)
         actual = onnxruntime_session(int8, simulate_qdq=True).run(None, held_out)[0].reshape(-1, 64)
         return float(np.mean(np.linalg.norm(actual - expected, axis=1) / np.linalg.norm(expected, axis=1)))
 
-    plain, smoothed = error(None), error(Settings().smooth_alpha())
+    plain, smoothed = error(None), error(DEFAULT_SMOOTH_ALPHA)
     assert smoothed < plain / 3, (plain, smoothed)
 
 
@@ -303,7 +309,7 @@ def test_diagnosis_does_not_blame_a_minus_inf_attention_mask(tmp_path):
     calib = tmp_path / "calibration.npz"
     np.savez(calib, **_attention_inputs(32, seed=1))
     int8 = tmp_path / "model.int8.onnx"
-    config = CalibrationConfig("max", 32, 16, smooth_alpha=0.5)
+    config = CalibrationConfig("max", 32, 16, smooth_alphas=(0.5,))
     make_int8_graph(fp32, int8, calib, preprocess=None, config=config, cache_folder=tmp_path / CACHE_FOLDER)
     errors = {error.tensor: error for error in compare_layers(fp32, int8, _attention_inputs(1, seed=2), "int8")}
     assert errors["mask_bias"].rel == 0 and errors["masked"].rel < node_tolerance("int8")
@@ -336,15 +342,33 @@ def test_a_trained_sentence_encoder_in_int8_stays_within_cosine_0_99_on_held_out
     assert cosine.mean() >= 0.99 and cosine.min() >= 0.98, f"min {cosine.min():.4f} mean {cosine.mean():.4f}"
 
     int8 = tmp_path / "model.int8.max.onnx"
-    config = CalibrationConfig("max", smooth_alpha=Settings().smooth_alpha())
+    config = CalibrationConfig("max", smooth_alphas=(DEFAULT_SMOOTH_ALPHA,))
     make_int8_graph(folder / FP32_GRAPH, int8, calib, preprocess=None, config=config, cache_folder=tmp_path / "max")
     cosine = encoder.cosines(folder / FP32_GRAPH, int8, held_out, simulate_qdq=True)
     assert cosine.min() >= 0.99, f"max ranges: min {cosine.min():.4f} mean {cosine.mean():.4f}"
 
 
+def test_smooth_auto_builds_both_and_keeps_the_lower_held_out_error(tmp_path):
+    """SMOOTH=auto (the default): the graph smoothed with the default alpha and the graph not smoothed are both
+    judged on the held-out calibration rows; the kept one has the lower error, and it is the graph the agreement
+    gate then judges (the same evaluation: the same number)."""
+    calib = tmp_path / "tokens.npz"
+    np.savez(calib, **_tokens(64, seed=2))
+    settings = Settings(model=f"{__name__}:tiny_bert", precision="int8", calib=calib, out_root=tmp_path / "engines")
+    manifest = json.loads((make_engine(settings) / "manifest.json").read_text())
+    search = manifest["calibration"]["smoothing_search"]
+    errors = {candidate["smooth_alpha"]: candidate["held_out_error_mean"] for candidate in search["candidates"]}
+    assert set(errors) == {DEFAULT_SMOOTH_ALPHA, None}
+    assert search["kept"] == min(errors, key=lambda alpha: errors[alpha])
+    assert manifest["calibration"]["smooth_alpha"] == search["kept"]
+    judged = manifest["agreement_int8"]["graphs"]["model.int8.onnx"]["judged"]
+    assert judged["rows"] == "held_out" and judged["error_mean"] == pytest.approx(errors[search["kept"]], rel=1e-5)
+
+
 def test_smooth_setting_is_an_alpha_or_off():
-    assert Settings(smooth="off").smooth_alpha() is None
-    assert Settings(smooth="0.8").smooth_alpha() == 0.8
+    assert Settings().smooth_alphas() == (DEFAULT_SMOOTH_ALPHA, None)  # auto
+    assert Settings(smooth="off").smooth_alphas() == (None,)
+    assert Settings(smooth="0.8").smooth_alphas() == (0.8,)
     for bad in ("0", "1.5", "nan", "strong"):
         with pytest.raises(PipelineError, match="SMOOTH=") as raised:
             Settings(smooth=bad).check()

@@ -16,11 +16,14 @@ CALIB_METHODS = ("max", "percentile", "entropy")
 # auto: TorchScript, and dynamo where TorchScript's graph fails the checks (a declared axis baked inside a torch
 # layer such as MultiheadAttention's Reshape); pipeline/stages/export.py.
 EXPORTERS = ("auto", "torchscript", "dynamo")
-# INT8: SmoothQuant-style smoothing of the activations MatMul/Gemm read (calibration/smooth.py), by its alpha, or off.
-# The default alpha, 0.9, is the best measured on a trained sentence encoder (all-MiniLM-L6-v2, held-out cosine to
-# FP32, docs/benchmarks/int8-encoder.md: 0.5 does not help it, 0.8 and 0.9 do, 0.9 most); it leaves the digits CNN's
-# INT8 as it was (its one Gemm is the only smoothed input; Conv inputs are never smoothed).
+# INT8: SmoothQuant-style smoothing of the activations MatMul/Gemm read (calibration/smooth.py), by its alpha, or off,
+# or auto: the INT8 stage builds both (DEFAULT_SMOOTH_ALPHA and off) and keeps the one with the lower error on the
+# held-out calibration rows.  Neither wins everywhere: alpha 0.9 is the best measured on a trained sentence encoder
+# (all-MiniLM-L6-v2, docs/benchmarks/int8-encoder.md: 0.5 does not help it, 0.8 and 0.9 do, 0.9 most), while on a
+# trained CNN smoothing its classifier Gemm costs 0.055 of mean cosine (docs/benchmarks/int8-vs-modelopt.md).
 SMOOTH_OFF = "off"
+SMOOTH_AUTO = "auto"
+DEFAULT_SMOOTH_ALPHA = 0.9
 # The GPUs an engine is built for.  default: TensorRT-RTX's documented ahead-of-time set (the full
 # TensorRT always builds for the GPU it runs on); current: the GPU present at build time; or a
 # comma-separated list of TensorRT-RTX compute capabilities, e.g. sm86,sm89.
@@ -85,7 +88,7 @@ class Settings:
     calib_method: str = "percentile"
     calib_samples: int = 256
     calib_batch: int = 16
-    smooth: str = "0.9"  # int8: SmoothQuant alpha in (0, 1] for MatMul/Gemm activations, or "off"
+    smooth: str = SMOOTH_AUTO  # int8: SmoothQuant alpha in (0, 1] for MatMul/Gemm activations, "off" or "auto"
     recalibrate: bool = False
     # int8: refuse (instead of warning) when the held-out calibration rows are much worse than the fit ones, or
     # none could be held out (pipeline/stages/parity.py MUCH_WORSE_RATIO): the data cannot stand for served inputs.
@@ -109,7 +112,7 @@ class Settings:
                 f"unknown calibration method {self.calib_method!r}",
                 f"use one of {', '.join(CALIB_METHODS)}",
             )
-        self.smooth_alpha()
+        self.smooth_alphas()
         self.batch.check()
         if self.workspace_mib < 16:
             raise PipelineError(f"workspace of {self.workspace_mib} MiB is too small", "give at least 16 MiB")
@@ -125,21 +128,25 @@ class Settings:
             raise PipelineError("calibration samples and batch must be at least 1", "give positive numbers")
         return self
 
-    def smooth_alpha(self) -> float | None:
-        """SMOOTH as SmoothQuant's alpha, None when off; a PipelineError for anything else."""
+    def smooth_alphas(self) -> tuple[float | None, ...]:
+        """SMOOTH as the SmoothQuant alphas the INT8 stage tries (None: off), first the one it keeps without
+        held-out rows to choose by; a PipelineError for anything else."""
         text = str(self.smooth).strip().lower()
+        if text == SMOOTH_AUTO:
+            return (DEFAULT_SMOOTH_ALPHA, None)
         if text == SMOOTH_OFF:
-            return None
+            return (None,)
         try:
             alpha = float(text)
         except ValueError:
             alpha = float("nan")
         if not 0 < alpha <= 1:  # NaN fails too
             raise PipelineError(
-                f"SMOOTH={self.smooth!r} is neither a smoothing alpha nor {SMOOTH_OFF!r}",
-                f"give a number in (0, 1] (SmoothQuant's migration strength, e.g. SMOOTH=0.9) or SMOOTH={SMOOTH_OFF}",
+                f"SMOOTH={self.smooth!r} is neither a smoothing alpha, {SMOOTH_OFF!r} nor {SMOOTH_AUTO!r}",
+                f"give a number in (0, 1] (SmoothQuant's migration strength, e.g. SMOOTH=0.9), SMOOTH={SMOOTH_OFF} "
+                f"or SMOOTH={SMOOTH_AUTO} (both, the better on held-out rows kept)",
             )
-        return alpha
+        return (alpha,)
 
     def fp32_nodes(self) -> list[str]:
         """--keep-fp32 as a list of node names or op types."""

@@ -44,6 +44,7 @@ from ..core.sessions import onnxruntime_session
 from ..core.settings import CALIB_METHODS, Settings
 from ..folder.artifacts import write_bytes, write_json
 from ..folder.manifest import FP32_GRAPH, REFERENCE, cpu_graphs, engine_graph
+from ..stages.parity import int8_judge
 
 EVAL_BATCH = 64
 SUBFOLDER = "accuracy"
@@ -180,6 +181,7 @@ def measure_accuracy(
             config=replace(CalibrationConfig.from_settings(settings), method=method),  # SMOOTH= as make engine
             cache_folder=folder / CACHE_FOLDER,
             cpu_out_paths=cpu_paths,
+            judge=int8_judge(fp32),  # SMOOTH=auto picks as make engine does
         )
         calibration[method] = {**record["calibration"], "int8_stage_seconds": round(time.perf_counter() - started, 3)}
         print(f"int8 {method:<10} {record['summary']}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -172,6 +172,23 @@ def check_int8_agreement(
             "were fit on (in_sample) and on the rows held out from calibration (held_out: the gate's)",
         },
     ).as_json()
+
+
+def int8_judge(fp32_path: Path) -> Callable[[Path, list[dict[str, np.ndarray]]], RowsAgreement]:
+    """The gate's evaluation as a judge of candidate INT8 graphs (calibration/int8.py keeps the best on the
+    held-out rows): (graph, batches) -> the worst output's agreement with the FP32 graph on those batches."""
+    reference = onnxruntime_session(fp32_path)
+    names = [output.name for output in reference.get_outputs()]
+    expected: dict[int, list[dict]] = {}  # FP32 outputs, once per list of batches
+
+    def judge(int8_path: Path, batches: list[dict[str, np.ndarray]]) -> RowsAgreement:
+        wanted = expected.setdefault(
+            id(batches), [dict(zip(names, reference.run(names, feeds), strict=True)) for feeds in batches]
+        )
+        records = _part_agreement(evaluation_session(int8_path), batches, wanted)
+        return max(records.values(), key=lambda record: record.error_mean)
+
+    return judge
 
 
 def _count(batches: Sequence[dict[str, np.ndarray]]) -> int:

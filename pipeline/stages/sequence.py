@@ -66,7 +66,7 @@ from .onnx_model import (
     open_onnx_model,
     write_onnx_reference,
 )
-from .parity import check_int8_agreement, check_parity
+from .parity import check_int8_agreement, check_parity, int8_judge
 from .precision import convert_fp16
 from .prepare import prepare
 from .simplify import simplify_onnx
@@ -235,6 +235,7 @@ def run_precision(run: Run) -> None:
             config=CalibrationConfig.from_settings(run.settings),
             cache_folder=run.path(CACHE_FOLDER),
             cpu_out_paths={kind: run.path(name) for kind, name in cpu_graphs(precision).items()},
+            judge=int8_judge(source),
         )
         # A CPU graph ORT's quantizer could not make is left out of the folder's graphs (the int8 record says
         # why); the runner on such a CPU then takes the engine's graph.
