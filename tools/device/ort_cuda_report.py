@@ -1,8 +1,9 @@
 """docs/benchmarks/resnet50-h100-cuda.md (+ .json) from what tools/device/ort_cuda.py wrote on the GPU machine.
 
-    python tools/device/ort_cuda_report.py RESULTS PROBE_JSON ENV_TXT docs/benchmarks/resnet50-h100-cuda
+    python tools/device/ort_cuda_report.py RESULTS PROBE_JSON ENV_TXT docs/benchmarks/resnet50-h100-cuda [READING]
 
-RESULTS is the unpacked results.tar.gz of `run.sh ort_collect` (speed-*/bench.json, fp16-check.json, int8-check.json).
+RESULTS is the unpacked results.tar.gz of `run.sh ort_collect` (speed-*/bench.json, fp16-check.json, int8-check.json);
+READING, a hand-written markdown section on what the numbers say, goes after the introduction.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def rtx_section(probe: dict) -> list[str]:
     ]
 
 
-def main(results: Path, probe_path: Path, env_path: Path, out: Path) -> None:
+def main(results: Path, probe_path: Path, env_path: Path, out: Path, reading: Path | None = None) -> None:
     probe = json.loads(probe_path.read_text())
     fp16 = json.loads((results / "fp16-check.json").read_text())
     int8 = json.loads((results / "int8-check.json").read_text())
@@ -137,8 +138,9 @@ def main(results: Path, probe_path: Path, env_path: Path, out: Path) -> None:
         "sequence 128; `tools/device/ort_cuda.py:encoder`), seeded random inputs, every row in one process, "
         "alternating rounds (the bench harness). `ort-cuda-*` rows are bare sessions (end to end: numpy in and "
         "out) and the same session through IO binding on torch CUDA tensors (device-resident); `-graph` adds a "
-        "captured CUDA graph. torch rows run with TF32 off; `torch-amp` and `torch-compile` are AMP FP16.",
+        "captured CUDA graph. `torch-amp` and `torch-compile` are AMP FP16.",
         "",
+        *([reading.read_text(), ""] if reading else []),
         "Commands: `python tools/device/bundle.py` and `python tools/device/bundle.py ort` here; on the device the "
         "chain in tools/device/run.sh's header (start_bare, ort_builds, ort_part x5, ort_install, ort_measure, "
         "ort_collect); then `python tools/device/ort_cuda_report.py RESULTS probe.json env.txt "
@@ -166,6 +168,6 @@ def main(results: Path, probe_path: Path, env_path: Path, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 5:
+    if len(sys.argv) not in (5, 6):
         raise SystemExit(__doc__)
     main(*(Path(arg) for arg in sys.argv[1:]))
