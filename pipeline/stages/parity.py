@@ -218,7 +218,8 @@ def _int8_agreement(
             f"{int8_path.name} departs from FP32 on the {rows}: output {name!r} is off by "
             f"{worst.error_mean:.3g} of its norm on average over {worst.rows} rows (gate {INT8_MAX_ERROR}, cosine "
             f"{worst.cosine_mean:.4f}){_in_sample_beside(graph, name)}{why}; {where}",
-            f"{_more_data(split)}, or CALIB_METHOD=percentile or entropy; the table: trt-pipeline diagnose "
+            f"{_more_data(split)}, or another CALIB_METHOD than the manifest's calibration.method (max, percentile, "
+            f"entropy); the table: trt-pipeline diagnose "
             f"{int8_path.parent}",
         )
     return graph
