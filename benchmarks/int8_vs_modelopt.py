@@ -1,16 +1,21 @@
-"""Our INT8 stage vs ONNX Runtime quantize_static on the trained EfficientNet-Lite0 (issue 25, part 3; partial).
+"""Our INT8 vs NVIDIA ModelOpt (max, entropy) vs ONNX Runtime quantize_static, on two trained models (issue 25, part 3).
 
-Both quantize the same FP32 model.onnx, fit on the same calibration rows (calibration/holdout.py split_rows(40).fit
-of the 40 calibration photos) and are judged on the split's held-out rows, which neither saw, with Q/DQ simulated
-as TensorRT computes it (ONNX Runtime, graph optimizations off: onnxruntime_session(simulate_qdq=True)).
-ModelOpt runs from its own folder, never the shared venv (installed `--no-deps` with what it imports):
+Each model (the trained EfficientNet-Lite0 and the trained all-MiniLM-L6-v2 sentence encoder) is quantized from
+the same FP32 model.onnx by every method, with each of two calibration sets, a narrow one and a varied one, handed
+whole to every method as a user would hand it.  Every row is judged on the model's one judge set, which no
+calibration set contains (no method fits on it, and our pipeline's held-out gate never sees it either), against
+FP32, with the Q/DQ simulated as TensorRT computes it (ONNX Runtime, graph optimizations off).
+
+Ours is whatever `trt_pipeline` is on PYTHONPATH: `make_engine(PRECISION=int8, CALIB=<the set>)` with the
+pipeline's defaults (its own fit / held-out split of the set inside), its model.int8.onnx judged whether or not its
+held-out gate then refuses the build.  ModelOpt runs from its own folder, never the shared venv (installed
+`--no-deps` with what it imports); it runs in a child process (modelopt_quantize says why), with the dev venv's tensorrt-stubs hidden there:
 
     .venv/bin/pip install --no-deps --target /tmp/modelopt-site nvidia-modelopt onnx-graphsurgeon nvidia-ml-py \
         onnxslim lief
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/int8_vs_modelopt.py --out /tmp/ivm [--docs docs/benchmarks]
 
-The encoder and a varied calibration set are not in this version (see docs/benchmarks/int8-vs-modelopt.md).
-
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/int8_vs_modelopt.py --out /tmp/int8-vs-modelopt
+writes int8-vs-modelopt.json and .md into --out (and --docs).  Results: docs/benchmarks/int8-vs-modelopt.md.
 """
 
 from __future__ import annotations
@@ -18,76 +23,281 @@ from __future__ import annotations
 import argparse
 import importlib.abc
 import json
+import os
+import platform
+import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
 
-from tests.test_int8_cnn import PREPROCESS
-from trt_pipeline.calibration.holdout import split_rows
-from trt_pipeline.calibration.int8 import CalibrationConfig, make_int8_graph
-from trt_pipeline.calibration.photos import export_calibration_images
+from trt_pipeline import models
+from trt_pipeline.calibration.photos import PHOTOS, views
 from trt_pipeline.calibration.preprocess import load_image
+from trt_pipeline.pipeline.core.cpu import cpu_instruction_sets, cpu_model, instruction_sets_text
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.settings import Settings
+from trt_pipeline.pipeline.folder.manifest import package_versions, read_manifest
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
-MODEL = "tests.test_int8_cnn:efficientnet_lite0"
 MODELOPT_SITE = "/tmp/modelopt-site"
 COMPUTE_OPS = ("Conv", "Gemm", "MatMul")
+# Ops TensorRT moves a Q/DQ across (a quantized weight is often DQ -> Transpose/Reshape -> MatMul).
+SHAPE_OPS = ("Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze")
+VERSIONS = ("onnxruntime", "onnx", "torch", "numpy", "nvidia-modelopt", "onnx-graphsurgeon", "onnxslim")
+
+# ------------------------------------------------------------------------------------------------ the CNN's data
+# The CNN is judged on three colour photographs that no calibration set contains (4 views each, calibration/
+# photos.views): two of `make calibration-images` and matplotlib's sample photograph.
+CNN_JUDGED = ("flower", "rocket", "grace_hopper")
+# Real greyscale photographs scikit-image ships (a camera operator, coins, the moon, a scanned page, a street sign,
+# gravel, grass, bricks, a cell, a clock, a retina close-up): the scenes the varied set adds.
+GREY_PHOTOS = (
+    "camera",
+    "coins",
+    "moon",
+    "page",
+    "text",
+    "gravel",
+    "grass",
+    "brick",
+    "cell",
+    "clock",
+    "microaneurysms",
+)
+FACES = 5  # faces of scikit-image's LFW subset (25 x 25 pixels, greyscale), spread over its 200
 
 
-def macs_by_op(fp32: Path) -> dict[str, int]:
-    """Multiply-accumulates of each Conv/Gemm (batch 1) from its weight shape and output size, by node name."""
-    model = onnx.shape_inference.infer_shapes(onnx.load(fp32))
-    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.value_info}
-    shapes.update({v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.output})
-    weights = {t.name: list(t.dims) for t in model.graph.initializer}
+def _grace_hopper() -> np.ndarray:
+    import matplotlib.cbook
+
+    with matplotlib.cbook.get_sample_data("grace_hopper.jpg") as handle:
+        from PIL import Image
+
+        return np.asarray(Image.open(handle).convert("RGB"))
+
+
+def _grey(name: str) -> np.ndarray:
+    from skimage import data
+
+    return np.asarray(getattr(data, name)())
+
+
+def _faces() -> list[np.ndarray]:
+    from skimage import data
+
+    faces = data.lfw_subset()
+    picks = np.linspace(0, len(faces) - 1, FACES).round().astype(int)
+    return [(faces[i] * 255).round().astype(np.uint8) for i in picks]
+
+
+def _write_png(path: Path, pixels: np.ndarray) -> None:
+    from PIL import Image
+
+    rgb = pixels if pixels.ndim == 3 else np.repeat(pixels[..., None], 3, axis=2)
+    Image.fromarray(np.ascontiguousarray(rgb[..., :3])).save(path, format="PNG")
+
+
+def cnn_sets(out: Path) -> tuple[dict[str, Path], Path]:
+    """The CNN's calibration folders (narrow, varied) and its judge folder, written under `out`.
+
+    narrow: `make calibration-images` less the judged photos: 8 colour photos x 4 views = 32 rows.
+    varied: the same 8 photos' full view and center crop, 11 greyscale photographs, 5 LFW faces = 32 rows of 24
+    scenes (every real photograph this machine has; the greyscale ones are photos too, but colourless).
+    """
+    colour = {name: np.asarray(load())[..., :3] for name, load in PHOTOS.items()}
+    colour["grace_hopper"] = _grace_hopper()
+    narrow, varied, judged = out / "cnn-narrow", out / "cnn-varied", out / "cnn-judged"
+    for folder in (narrow, varied, judged):
+        folder.mkdir(parents=True, exist_ok=True)
+    for name, image in colour.items():
+        for view, pixels in views(image).items():
+            if name in CNN_JUDGED:
+                _write_png(judged / f"{name}-{view}.png", pixels)
+                continue
+            _write_png(narrow / f"{name}-{view}.png", pixels)
+            if view in ("full", "crop"):
+                _write_png(varied / f"{name}-{view}.png", pixels)
+    for name in GREY_PHOTOS:
+        _write_png(varied / f"grey-{name}.png", _grey(name))
+    for index, face in enumerate(_faces()):
+        _write_png(varied / f"lfw-face-{index}.png", face)
+    return {"narrow": narrow, "varied": varied}, judged
+
+
+# -------------------------------------------------------------------------------------------- the encoder's data
+# Narrow: one shape of sentence, a handful of words in each slot (the templated sentences of issue 25).
+TEMPLATES = (
+    "The {thing} in the {place} is {quality}.",
+    "Please move the {quality} {thing} to the {place}.",
+    "Is the {thing} near the {place} still {quality}?",
+    "We found a {quality} {thing} behind the {place}.",
+)
+THINGS = ("book", "chair", "lamp", "cup")
+PLACES = ("kitchen", "garden", "office", "hall")
+QUALITIES = ("old", "red", "broken", "clean")
+ENCODER_ROWS = 64  # sentences per calibration set
+ENCODER_JUDGED = 128
+
+
+def templated_sentences() -> list[str]:
+    """ENCODER_ROWS sentences from TEMPLATES, every template in turn, the slot words cycling."""
+    sentences = []
+    for row in range(ENCODER_ROWS):
+        template = TEMPLATES[row % len(TEMPLATES)]
+        words = row // len(TEMPLATES)
+        sentences.append(
+            template.format(
+                thing=THINGS[words % 4], place=PLACES[(words // 4) % 4], quality=QUALITIES[(words + row) % 4]
+            )
+        )
+    return sentences
+
+
+def encoder_sets(out: Path) -> tuple[dict[str, Path], dict[str, np.ndarray], dict]:
+    """The encoder's calibration .npz files (narrow, varied), its judge tokens and what each holds.
+
+    varied: ENCODER_ROWS standard-library docstring sentences spread over the first half of the list
+    (benchmarks/int8_encoder.sentences); judged: ENCODER_JUDGED spread over its second half (later modules)."""
+    from benchmarks.int8_encoder import sentences, tokenize
+
+    prose = sentences()
+    half = len(prose) // 2
+    varied = [prose[i] for i in np.linspace(0, half - 1, ENCODER_ROWS).round().astype(int)]
+    judged = [prose[i] for i in np.linspace(half, len(prose) - 1, ENCODER_JUDGED).round().astype(int)]
+    paths = {"narrow": out / "encoder-narrow.npz", "varied": out / "encoder-varied.npz"}
+    out.mkdir(parents=True, exist_ok=True)
+    for (name, path), texts in zip(paths.items(), (templated_sentences(), varied), strict=True):
+        np.savez(path, **tokenize(texts))
+    examples = {"narrow": templated_sentences()[:2], "varied": varied[:2], "judged": judged[:2]}
+    return paths, tokenize(judged), examples
+
+
+# ------------------------------------------------------------------------------------------ the INT8 compute share
+def concrete_shapes(fp32: Path, inputs: dict[str, list[int]]) -> onnx.ModelProto:
+    """The graph with its inputs fixed to `inputs`' shapes and every tensor's shape inferred from them."""
+    model = onnx.load(fp32)
+    for value in model.graph.input:
+        if value.name in inputs:
+            for dim, size in zip(value.type.tensor_type.shape.dim, inputs[value.name], strict=True):
+                dim.Clear()
+                dim.dim_value = size
+    return onnx.shape_inference.infer_shapes(model, data_prop=True)
+
+
+def macs_by_op(model: onnx.ModelProto) -> dict[str, int]:
+    """Multiply-accumulates of each Conv/Gemm/MatMul, by node name, from its inferred output shape: output
+    elements x the reduced length (Conv: input channels per group x kernel; Gemm/MatMul: the inner dimension).
+    Activation x activation MatMuls (attention) count too."""
+    shapes = {
+        value.name: [dim.dim_value for dim in value.type.tensor_type.shape.dim]
+        for value in [*model.graph.input, *model.graph.value_info, *model.graph.output]
+    }
+    shapes.update({tensor.name: list(tensor.dims) for tensor in model.graph.initializer})
     macs = {}
     for node in model.graph.node:
-        if node.op_type not in COMPUTE_OPS or node.input[1] not in weights:
-            continue
-        weight = weights[node.input[1]]
-        out = shapes.get(node.output[0], [])
-        spatial = int(np.prod(out[2:])) if node.op_type == "Conv" and len(out) > 2 else 1
-        macs[node.name] = int(np.prod(weight)) * spatial
+        if node.op_type in COMPUTE_OPS:
+            out, first, second = shapes[node.output[0]], shapes[node.input[0]], shapes[node.input[1]]
+            if node.op_type == "Conv":
+                reduced = int(np.prod(second[1:]))
+            elif node.op_type == "Gemm" and any(a.name == "transA" and a.i for a in node.attribute):
+                reduced = first[0]
+            else:
+                reduced = first[-1]
+            macs[node.name] = int(np.prod(out)) * reduced
     return macs
 
 
-def quantized_ops(graph: Path, names: set[str]) -> set[str]:
-    """The compute ops (by the FP32 graph's node names) whose activation input comes from a DequantizeLinear."""
+def int8_ops(graph: Path, names: set[str]) -> set[str]:
+    """The compute ops (named as in the FP32 graph) both of whose inputs come from a DequantizeLinear, directly
+    or through SHAPE_OPS: the ops TensorRT runs in INT8."""
     model = onnx.load(graph)
-    dequantized = {o for n in model.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
-    return {n.name for n in model.graph.node if n.name in names and n.input[0] in dequantized}
+    producer = {output: node for node in model.graph.node for output in node.output}
 
+    def dequantized(tensor: str) -> bool:
+        node = producer.get(tensor)
+        while node is not None and node.op_type in SHAPE_OPS:
+            node = producer.get(node.input[0])
+        return node is not None and node.op_type == "DequantizeLinear"
 
-def judge(fp32: Path, graph: Path, images: np.ndarray, macs: dict[str, int]) -> dict:
-    expected = onnxruntime_session(fp32).run(None, {"input": images})[0]
-    actual = onnxruntime_session(graph, simulate_qdq=True).run(None, {"input": images})[0]
-    cos = np.sum(expected * actual, 1) / (np.linalg.norm(expected, axis=1) * np.linalg.norm(actual, axis=1))
-    quantized = quantized_ops(graph, set(macs))
     return {
-        "cosine_min": float(cos.min()),
-        "cosine_mean": float(cos.mean()),
-        "top1_agreement": float(np.mean(expected.argmax(1) == actual.argmax(1))),
-        "ops_quantized": f"{len(quantized)}/{len(macs)}",
-        "int8_compute_share": sum(macs[n] for n in quantized) / sum(macs.values()),
+        node.name
+        for node in model.graph.node
+        if node.name in names and dequantized(node.input[0]) and dequantized(node.input[1])
     }
 
 
-def ort_quantize_static(fp32: Path, out: Path, rows: np.ndarray) -> None:
+def int8_share(graph: Path, macs: dict[str, int]) -> dict:
+    quantized = int8_ops(graph, set(macs))
+    return {
+        "ops_quantized": f"{len(quantized)}/{len(macs)}",
+        "int8_compute_share": sum(macs[name] for name in quantized) / sum(macs.values()),
+    }
+
+
+# ------------------------------------------------------------------------------------------------------ judging
+def run_graph(graph: Path, feeds: dict[str, np.ndarray], *, simulate_qdq: bool) -> np.ndarray:
+    session = onnxruntime_session(graph, simulate_qdq=simulate_qdq)
+    rows = len(next(iter(feeds.values())))
+    batches = [session.run(None, {k: v[i : i + 16] for k, v in feeds.items()})[0] for i in range(0, rows, 16)]
+    return np.concatenate(batches)
+
+
+def classes(logits: np.ndarray) -> np.ndarray:
+    """The CNN's top-1 class of each row."""
+    return logits.argmax(1)
+
+
+def nearest_neighbours(embeddings: np.ndarray) -> np.ndarray:
+    """The encoder's top-1: for each judged sentence, the other judged sentence nearest to it (cosine)."""
+    unit = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
+    similarity = unit @ unit.T
+    np.fill_diagonal(similarity, -np.inf)
+    return similarity.argmax(1)
+
+
+def agreement(expected: np.ndarray, actual: np.ndarray, top1: Callable[[np.ndarray], np.ndarray]) -> dict:
+    cosine = np.sum(expected * actual, 1) / (np.linalg.norm(expected, axis=1) * np.linalg.norm(actual, axis=1))
+    return {
+        "cosine_min": float(cosine.min()),
+        "cosine_mean": float(cosine.mean()),
+        "top1_agreement": float(np.mean(top1(expected) == top1(actual))),
+    }
+
+
+# ------------------------------------------------------------------------------------------------------ methods
+def ours(model: str, calib: Path, out: Path) -> tuple[Path, float, str]:
+    """`make engine PRECISION=int8 CALIB=calib` with the pipeline's defaults: its model.int8.onnx (written before
+    the held-out gate judges it), the int8 stage's seconds from the manifest, and the gate's verdict."""
+    settings = Settings(model=model, precision="int8", calib=calib, out_root=out)
+    folder = settings.artifact_dir(models.canonical_name(model))
+    try:
+        make_engine(settings)
+        verdict = "built: passed its held-out gate"
+    except PipelineError as refused:
+        verdict = f"refused at its held-out gate: {refused.problem}"
+    manifest = read_manifest(folder)
+    seconds = manifest.timings["int8"] if manifest else float("nan")
+    return folder / "model.int8.onnx", seconds, verdict
+
+
+def ort_quantize_static(fp32: Path, out: Path, rows: dict[str, np.ndarray]) -> None:
+    """ONNX Runtime's quantize_static: QDQ, per-channel weights, symmetric INT8 (TensorRT's form), one row a batch."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    count = len(next(iter(rows.values())))
 
     class Rows(CalibrationDataReader):
         def __init__(self) -> None:
-            self.rows = iter(rows[i : i + 1] for i in range(len(rows)))
+            self.feeds = iter({k: v[i : i + 1] for k, v in rows.items()} for i in range(count))
 
         def get_next(self):
-            row = next(self.rows, None)
-            return None if row is None else {"input": row}
+            return next(self.feeds, None)
 
     quantize_static(
         str(fp32),
@@ -101,23 +311,9 @@ def ort_quantize_static(fp32: Path, out: Path, rows: np.ndarray) -> None:
     )
 
 
-def our_int8(fp32: Path, photos: Path, out: Path) -> tuple[Path, float, str]:
-    """Our INT8 graph: the stage function `make engine PRECISION=int8 CALIB=photos` runs, with its defaults and
-    split (timed alone, as ORT's quantize_static is), and what `make_engine` itself says (its held-out gate)."""
-    graph = out / "ours.int8.onnx"
-    start = time.perf_counter()
-    make_int8_graph(fp32, graph, photos, preprocess=PREPROCESS, config=CalibrationConfig(), cache_folder=out / "cache")
-    seconds = time.perf_counter() - start
-    try:
-        make_engine(Settings(model=MODEL, precision="int8", calib=photos, out_root=out / "int8"))
-        return graph, seconds, "passed its held-out gate"
-    except PipelineError as refused:
-        return graph, seconds, f"refused by the held-out gate: {refused.problem}"
-
-
 class _HideTensorrt(importlib.abc.MetaPathFinder):
-    """Refuses `tensorrt`: the venv's tensorrt-stubs leave an empty `tensorrt` namespace package, and ModelOpt's
-    probe, finding it, calls `tensorrt.Logger` and crashes; refused, ModelOpt takes its no-TensorRT path."""
+    """Refuses `tensorrt`: the venv's tensorrt-stubs leave an empty `tensorrt` namespace package, and ModelOpt,
+    finding it, calls `tensorrt.Logger` and crashes; refused, ModelOpt takes its no-TensorRT path."""
 
     def find_spec(self, name, path, target=None):
         if name == "tensorrt" or name.startswith("tensorrt."):
@@ -125,71 +321,182 @@ class _HideTensorrt(importlib.abc.MetaPathFinder):
         return None
 
 
-def modelopt_quantize(fp32: Path, out: Path, rows: np.ndarray, method: str) -> None:
-    """ModelOpt's ONNX PTQ, INT8, calibrated on the CPU provider (importable only from MODELOPT_SITE)."""
-    if MODELOPT_SITE not in sys.path:
-        # make_engine has imported the stubs by now: a module already loaded is never looked up again
-        for name in [name for name in sys.modules if name == "tensorrt" or name.startswith("tensorrt.")]:
-            del sys.modules[name]
-        sys.meta_path.insert(0, _HideTensorrt())
-        sys.path.insert(0, MODELOPT_SITE)
+def modelopt_quantize(fp32: Path, out: Path, rows: dict[str, np.ndarray], method: str) -> float:
+    """ModelOpt's ONNX PTQ, INT8, calibrated on the CPU provider, in a child process; returns its seconds.
+
+    A child because importing ModelOpt's quantizer patches ONNX Runtime's calibrators and quantizer in place
+    (modelopt/onnx/quantization/ort_patching.py patch_ort_modules: create_calibrator, MinMaxCalibrater, ...), for
+    good: in this process ONNX Runtime's quantize_static and our stage, which calibrates through ONNX Runtime's
+    calibrators, would run ModelOpt's code after the first ModelOpt row (ours then fails with a TypeError)."""
+    feeds = out.with_suffix(".rows.npz")
+    np.savez(feeds, **rows)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([MODELOPT_SITE, os.environ.get("PYTHONPATH", "")])}
+    child = [sys.executable, __file__, "--modelopt-child", str(fp32), str(feeds), method, str(out)]
+    result = subprocess.run(child, env=env, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"ModelOpt {method} failed on {fp32}:\n{result.stderr[-3000:]}")
+    return float(result.stdout.strip().splitlines()[-1])
+
+
+def modelopt_child(fp32: str, feeds: str, method: str, out: str) -> None:
+    """The child's side of modelopt_quantize: tensorrt hidden, quantize, print the seconds quantize took."""
+    sys.meta_path.insert(0, _HideTensorrt())
     from modelopt.onnx.quantization import quantize
 
+    with np.load(feeds) as rows:
+        data = {name: rows[name] for name in rows.files}
+    start = time.perf_counter()
     quantize(
-        str(fp32),
+        fp32,
         quantize_mode="int8",
         calibration_method=method,
-        calibration_data={"input": rows},
+        calibration_data=data,
         calibration_eps=["cpu"],
-        output_path=str(out),
+        output_path=out,
+    )
+    print(time.perf_counter() - start)
+
+
+# ----------------------------------------------------------------------------------------------------- the runs
+@dataclass(frozen=True)
+class Bench:
+    """One model: its pipeline name, its calibration sets (what make_engine reads), the rows each set holds (what
+    the other methods read), the judged rows, its top-1, and the input shapes its compute share is counted at."""
+
+    name: str
+    model: str
+    sets: dict[str, Path]
+    rows: dict[str, dict[str, np.ndarray]]
+    judged: dict[str, np.ndarray]
+    top1: Callable[[np.ndarray], np.ndarray]
+    share_shapes: dict[str, list[int]]
+    data: dict
+
+
+def cnn_bench(out: Path) -> Bench:
+    from tests.test_int8_cnn import PREPROCESS
+
+    sets, judged = cnn_sets(out / "data")
+
+    def images(folder: Path) -> dict[str, np.ndarray]:
+        return {"input": np.stack([load_image(p, PREPROCESS) for p in sorted(folder.glob("*.png"))])}
+
+    rows = {name: images(folder) for name, folder in sets.items()}
+    data = {name: sorted(p.stem for p in folder.glob("*.png")) for name, folder in {**sets, "judged": judged}.items()}
+    return Bench(
+        "EfficientNet-Lite0",
+        "tests.test_int8_cnn:efficientnet_lite0",
+        sets,
+        rows,
+        images(judged),
+        classes,
+        {"input": [1, 3, 224, 224]},
+        data,
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    photos = args.out / "photos"
-    export_calibration_images(photos)
-    paths = sorted(photos.glob("*.png"))
-    images = np.stack([load_image(p, PREPROCESS) for p in paths]).astype(np.float32)
-    split = split_rows(len(images))
-    fp32 = make_engine(Settings(model=MODEL, precision="fp32", out_root=args.out / "fp32")) / "model.onnx"
-    macs = macs_by_op(fp32)
-    results = {}
-    ours_graph, seconds, gate = our_int8(fp32, photos, args.out)
-    results["ours"] = {**judge(fp32, ours_graph, images[split.held_out], macs), "seconds": seconds, "make_engine": gate}
+def encoder_bench(out: Path) -> Bench:
+    from benchmarks.int8_encoder import SEQ
+
+    sets, judged, examples = encoder_sets(out / "data")
+    rows = {name: dict(np.load(path)) for name, path in sets.items()}
+    return Bench(
+        "all-MiniLM-L6-v2",
+        "benchmarks.int8_encoder:minilm",
+        sets,
+        rows,
+        judged,
+        nearest_neighbours,
+        {"input_ids": [1, SEQ], "attention_mask": [1, SEQ]},
+        {"examples": examples},
+    )
+
+
+def quantize_all(bench: Bench, fp32: Path, set_name: str, out: Path) -> dict[str, tuple[Path, float, str]]:
+    """Every method's INT8 graph of `fp32` from calibration set `set_name`: (graph, seconds, note)."""
+    rows, graphs = bench.rows[set_name], {}
+    graph, seconds, verdict = ours(bench.model, bench.sets[set_name], out / "ours")
+    graphs["ours"] = (graph, seconds, f"int8 stage time; make_engine {verdict}")
     start = time.perf_counter()
-    ort_graph = args.out / "ort.int8.onnx"
-    ort_quantize_static(fp32, ort_graph, images[split.fit])
-    results["ort_quantize_static"] = {
-        **judge(fp32, ort_graph, images[split.held_out], macs),
-        "seconds": time.perf_counter() - start,
-    }
+    ort_quantize_static(fp32, out / "ort.int8.onnx", rows)
+    graphs["ort_quantize_static"] = (out / "ort.int8.onnx", time.perf_counter() - start, "")
     for method in ("max", "entropy"):
-        graph = args.out / f"modelopt-{method}.int8.onnx"
-        start = time.perf_counter()
-        modelopt_quantize(fp32, graph, images[split.fit], method)
-        seconds = time.perf_counter() - start
-        results[f"modelopt_{method}"] = {**judge(fp32, graph, images[split.held_out], macs), "seconds": seconds}
-    record = {"split": split.rule, "held_out_rows": len(split.held_out), "results": results}
-    (args.out / "int8-vs-modelopt.json").write_text(json.dumps(record, indent=2))
-    (args.out / "int8-vs-modelopt.md").write_text(table(record))
-    print(table(record))
+        graph = out / f"modelopt-{method}.int8.onnx"
+        graphs[f"modelopt_{method}"] = (graph, modelopt_quantize(fp32, graph, rows, method), "in a child process")
+    return graphs
+
+
+def run_bench(bench: Bench, out: Path) -> dict:
+    fp32 = make_engine(Settings(model=bench.model, precision="fp32", out_root=out / "fp32")) / "model.onnx"
+    macs = macs_by_op(concrete_shapes(fp32, bench.share_shapes))
+    expected = run_graph(fp32, bench.judged, simulate_qdq=False)
+    judged_rows = len(expected)
+    results = []
+    for set_name in bench.sets:
+        for method, (graph, seconds, note) in quantize_all(bench, fp32, set_name, out / set_name).items():
+            actual = run_graph(graph, bench.judged, simulate_qdq=True)
+            results.append(
+                {
+                    "model": bench.name,
+                    "calibration": f"{set_name} ({len(next(iter(bench.rows[set_name].values())))} rows)",
+                    "quantizer": method,
+                    **agreement(expected, actual, bench.top1),
+                    **int8_share(graph, macs),
+                    "seconds": round(seconds, 2),
+                    "note": note,
+                }
+            )
+            print(json.dumps(results[-1]), flush=True)
+    return {"judged_rows": judged_rows, "compute_share_at": bench.share_shapes, "data": bench.data, "rows": results}
+
+
+def environment() -> dict:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
+    isa = cpu_instruction_sets()
+    return {
+        "cpu": cpu_model(),
+        "instruction_sets": instruction_sets_text(isa),
+        "cores": os.cpu_count(),
+        "load_average": [round(load, 2) for load in os.getloadavg()],
+        "python": platform.python_version(),
+        "versions": package_versions(VERSIONS),
+        "commit": commit.stdout.strip() or "unknown",
+    }
 
 
 def table(record: dict) -> str:
     """The results as the doc's Markdown table."""
     lines = [
-        "| quantizer | cosine min | cosine mean | top-1 agreement | ops quantized | INT8 compute share | time (s) |",
-        "|---|---|---|---|---|---|---|",
+        "| model | calibration | quantizer | cosine min | cosine mean | top-1 agreement | ops INT8 | INT8 compute share "
+        "| time (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for name, row in record["results"].items():
-        lines.append(
-            f"| {name} | {row['cosine_min']:.4f} | {row['cosine_mean']:.4f} | {row['top1_agreement']:.3f} | "
-            f"{row['ops_quantized']} | {row['int8_compute_share']:.4f} | {row['seconds']:.1f} |"
-        )
-    return "\n".join(lines) + f"\n\nHeld out: {record['split']}.\n"
+    for bench in record["models"].values():
+        for row in bench["rows"]:
+            lines.append(
+                f"| {row['model']} | {row['calibration']} | {row['quantizer']} | {row['cosine_min']:.4f} | "
+                f"{row['cosine_mean']:.4f} | {row['top1_agreement']:.3f} | {row['ops_quantized']} | "
+                f"{row['int8_compute_share']:.4f} | {row['seconds']:.1f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--modelopt-child"]:
+        modelopt_child(*sys.argv[2:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="working folder (engines, data, graphs, results)")
+    parser.add_argument("--docs", type=Path, help="also write int8-vs-modelopt.json/.md here (docs/benchmarks)")
+    parser.add_argument("--models", default="cnn,encoder", help="which of cnn, encoder (comma-separated)")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    benches = {"cnn": cnn_bench, "encoder": encoder_bench}
+    models = {name: run_bench(benches[name](args.out / name), args.out / name) for name in args.models.split(",")}
+    record = {"environment": environment(), "seconds": round(time.perf_counter() - started, 1), "models": models}
+    for folder in [args.out, *([args.docs] if args.docs else [])]:
+        (folder / "int8-vs-modelopt.json").write_text(json.dumps(record, indent=2) + "\n")
+    print(table(record))
 
 
 if __name__ == "__main__":
