@@ -9,7 +9,8 @@ FP32, with the Q/DQ simulated as TensorRT computes it (ONNX Runtime, graph optim
 Ours is whatever `trt_pipeline` is on PYTHONPATH: `make_engine(PRECISION=int8, CALIB=<the set>)` with the
 pipeline's defaults (its own fit / held-out split of the set inside), its model.int8.onnx judged whether or not its
 held-out gate then refuses the build.  ModelOpt runs from its own folder, never the shared venv (installed
-`--no-deps` with what it imports); it runs in a child process (modelopt_quantize says why), with the dev venv's tensorrt-stubs hidden there:
+`--no-deps` with what it imports), in a child process (modelopt_quantize says why) that hides the dev venv's
+tensorrt-stubs from it (_HideTensorrt):
 
     .venv/bin/pip install --no-deps --target /tmp/modelopt-site nvidia-modelopt onnx-graphsurgeon nvidia-ml-py \
         onnxslim lief
@@ -172,33 +173,39 @@ def encoder_sets(out: Path) -> tuple[dict[str, Path], dict[str, np.ndarray], dic
     judged = [prose[i] for i in np.linspace(half, len(prose) - 1, ENCODER_JUDGED).round().astype(int)]
     paths = {"narrow": out / "encoder-narrow.npz", "varied": out / "encoder-varied.npz"}
     out.mkdir(parents=True, exist_ok=True)
-    for (name, path), texts in zip(paths.items(), (templated_sentences(), varied), strict=True):
+    for path, texts in zip(paths.values(), (templated_sentences(), varied), strict=True):
         np.savez(path, **tokenize(texts))
     examples = {"narrow": templated_sentences()[:2], "varied": varied[:2], "judged": judged[:2]}
     return paths, tokenize(judged), examples
 
 
 # ------------------------------------------------------------------------------------------ the INT8 compute share
-def concrete_shapes(fp32: Path, inputs: dict[str, list[int]]) -> onnx.ModelProto:
-    """The graph with its inputs fixed to `inputs`' shapes and every tensor's shape inferred from them."""
+def compute_shapes(fp32: Path, feeds: dict[str, np.ndarray]) -> tuple[onnx.ModelProto, dict[str, list[int]]]:
+    """The FP32 graph, and the shapes of its Conv/Gemm/MatMul inputs and outputs when it runs on `feeds`: measured
+    by running it (ONNX's shape inference leaves the encoder's shapes symbolic after its Shape/Reshape arithmetic)."""
     model = onnx.load(fp32)
-    for value in model.graph.input:
-        if value.name in inputs:
-            for dim, size in zip(value.type.tensor_type.shape.dim, inputs[value.name], strict=True):
-                dim.Clear()
-                dim.dim_value = size
-    return onnx.shape_inference.infer_shapes(model, data_prop=True)
-
-
-def macs_by_op(model: onnx.ModelProto) -> dict[str, int]:
-    """Multiply-accumulates of each Conv/Gemm/MatMul, by node name, from its inferred output shape: output
-    elements x the reduced length (Conv: input channels per group x kernel; Gemm/MatMul: the inner dimension).
-    Activation x activation MatMuls (attention) count too."""
-    shapes = {
-        value.name: [dim.dim_value for dim in value.type.tensor_type.shape.dim]
-        for value in [*model.graph.input, *model.graph.value_info, *model.graph.output]
+    weights = {tensor.name: list(tensor.dims) for tensor in model.graph.initializer}
+    wanted = {
+        name
+        for node in model.graph.node
+        if node.op_type in COMPUTE_OPS
+        for name in (node.input[0], node.input[1], node.output[0])
+        if name not in weights
     }
-    shapes.update({tensor.name: list(tensor.dims) for tensor in model.graph.initializer})
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    outputs = {value.name for value in probe.graph.output}
+    probe.graph.output.extend(onnx.ValueInfoProto(name=name) for name in sorted(wanted - outputs))
+    session = onnxruntime_session(probe.SerializeToString())
+    names = [output.name for output in session.get_outputs()]
+    shapes = {name: list(value.shape) for name, value in zip(names, session.run(names, feeds), strict=True)}
+    return model, {**weights, **shapes}
+
+
+def macs_by_op(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> dict[str, int]:
+    """Multiply-accumulates of each Conv/Gemm/MatMul, by node name: output elements x the reduced length (Conv:
+    input channels per group x kernel; Gemm/MatMul: the inner dimension).  Activation x activation MatMuls
+    (attention) count too."""
     macs = {}
     for node in model.graph.node:
         if node.op_type in COMPUTE_OPS:
@@ -286,8 +293,9 @@ def ours(model: str, calib: Path, out: Path) -> tuple[Path, float, str]:
     return folder / "model.int8.onnx", seconds, verdict
 
 
-def ort_quantize_static(fp32: Path, out: Path, rows: dict[str, np.ndarray]) -> None:
-    """ONNX Runtime's quantize_static: QDQ, per-channel weights, symmetric INT8 (TensorRT's form), one row a batch."""
+def ort_quantize_static(fp32: Path, out: Path, rows: dict[str, np.ndarray], op_types: list[str] | None) -> None:
+    """ONNX Runtime's quantize_static: QDQ, per-channel weights, symmetric INT8 (TensorRT's form), one row a batch,
+    the ops of `op_types` only (None: every op type it can quantize, its default)."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     count = len(next(iter(rows.values())))
@@ -304,6 +312,7 @@ def ort_quantize_static(fp32: Path, out: Path, rows: dict[str, np.ndarray]) -> N
         str(out),
         Rows(),
         quant_format=QuantFormat.QDQ,
+        op_types_to_quantize=op_types,
         per_channel=True,
         activation_type=QuantType.QInt8,
         weight_type=QuantType.QInt8,
@@ -361,7 +370,8 @@ def modelopt_child(fp32: str, feeds: str, method: str, out: str) -> None:
 @dataclass(frozen=True)
 class Bench:
     """One model: its pipeline name, its calibration sets (what make_engine reads), the rows each set holds (what
-    the other methods read), the judged rows, its top-1, and the input shapes its compute share is counted at."""
+    the other methods read), the judged rows (the first also counts the compute share), its top-1, what the data
+    is."""
 
     name: str
     model: str
@@ -369,7 +379,6 @@ class Bench:
     rows: dict[str, dict[str, np.ndarray]]
     judged: dict[str, np.ndarray]
     top1: Callable[[np.ndarray], np.ndarray]
-    share_shapes: dict[str, list[int]]
     data: dict
 
 
@@ -390,14 +399,11 @@ def cnn_bench(out: Path) -> Bench:
         rows,
         images(judged),
         classes,
-        {"input": [1, 3, 224, 224]},
         data,
     )
 
 
 def encoder_bench(out: Path) -> Bench:
-    from benchmarks.int8_encoder import SEQ
-
     sets, judged, examples = encoder_sets(out / "data")
     rows = {name: dict(np.load(path)) for name, path in sets.items()}
     return Bench(
@@ -407,18 +413,19 @@ def encoder_bench(out: Path) -> Bench:
         rows,
         judged,
         nearest_neighbours,
-        {"input_ids": [1, SEQ], "attention_mask": [1, SEQ]},
         {"examples": examples},
     )
 
 
-def quantize_all(bench: Bench, fp32: Path, set_name: str, out: Path) -> dict[str, tuple[Path, float, str]]:
+def quantize_all(
+    bench: Bench, fp32: Path, set_name: str, out: Path, ort_op_types: list[str] | None
+) -> dict[str, tuple[Path, float, str]]:
     """Every method's INT8 graph of `fp32` from calibration set `set_name`: (graph, seconds, note)."""
     rows, graphs = bench.rows[set_name], {}
     graph, seconds, verdict = ours(bench.model, bench.sets[set_name], out / "ours")
     graphs["ours"] = (graph, seconds, f"int8 stage time; make_engine {verdict}")
     start = time.perf_counter()
-    ort_quantize_static(fp32, out / "ort.int8.onnx", rows)
+    ort_quantize_static(fp32, out / "ort.int8.onnx", rows, ort_op_types)
     graphs["ort_quantize_static"] = (out / "ort.int8.onnx", time.perf_counter() - start, "")
     for method in ("max", "entropy"):
         graph = out / f"modelopt-{method}.int8.onnx"
@@ -426,14 +433,15 @@ def quantize_all(bench: Bench, fp32: Path, set_name: str, out: Path) -> dict[str
     return graphs
 
 
-def run_bench(bench: Bench, out: Path) -> dict:
+def run_bench(bench: Bench, out: Path, ort_op_types: list[str] | None) -> dict:
     fp32 = make_engine(Settings(model=bench.model, precision="fp32", out_root=out / "fp32")) / "model.onnx"
-    macs = macs_by_op(concrete_shapes(fp32, bench.share_shapes))
+    first_row = {name: rows[:1] for name, rows in bench.judged.items()}
+    macs = macs_by_op(*compute_shapes(fp32, first_row))
     expected = run_graph(fp32, bench.judged, simulate_qdq=False)
     judged_rows = len(expected)
     results = []
     for set_name in bench.sets:
-        for method, (graph, seconds, note) in quantize_all(bench, fp32, set_name, out / set_name).items():
+        for method, (graph, seconds, note) in quantize_all(bench, fp32, set_name, out / set_name, ort_op_types).items():
             actual = run_graph(graph, bench.judged, simulate_qdq=True)
             results.append(
                 {
@@ -447,7 +455,12 @@ def run_bench(bench: Bench, out: Path) -> dict:
                 }
             )
             print(json.dumps(results[-1]), flush=True)
-    return {"judged_rows": judged_rows, "compute_share_at": bench.share_shapes, "data": bench.data, "rows": results}
+    return {
+        "judged_rows": judged_rows,
+        "compute_share_at": {name: list(rows.shape) for name, rows in first_row.items()},
+        "data": bench.data,
+        "rows": results,
+    }
 
 
 def environment() -> dict:
@@ -467,8 +480,8 @@ def environment() -> dict:
 def table(record: dict) -> str:
     """The results as the doc's Markdown table."""
     lines = [
-        "| model | calibration | quantizer | cosine min | cosine mean | top-1 agreement | ops INT8 | INT8 compute share "
-        "| time (s) |",
+        "| model | calibration | quantizer | cosine min | cosine mean | top-1 agreement | ops INT8 "
+        "| INT8 compute share | time (s) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for bench in record["models"].values():
@@ -481,6 +494,118 @@ def table(record: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+READING = "## Reading"
+METHODS_TEXT = """
+Every method quantizes the same FP32 `model.onnx` (the FP32 folder's graph) from the same calibration set, handed
+whole to each. Ours: `make_engine(PRECISION=int8, CALIB=the set)` with the pipeline's defaults, which fits its ranges
+on its own split of the set (`calibration/holdout.py`) and judges its gate on the rest; its `model.int8.onnx` is
+judged here whether or not that gate refuses the build; its time is the int8 stage's (calibration, the Q/DQ graph
+and the two CPU-shaped graphs). ORT: `quantize_static`, QDQ, per-channel, symmetric INT8 activations and weights,
+one row a calibration batch, op types: {ort_op_types} (its default, every op type it can quantize, also takes the
+encoder's Softmax, LayerNormalization, mean pooling and attention mask: `--ort-all-ops` measures that). ModelOpt:
+`modelopt.onnx.quantization.quantize(..., quantize_mode='int8', calibration_method='max' | 'entropy',
+calibration_eps=['cpu'])` with its defaults otherwise, in a child process: importing it patches ONNX Runtime's
+calibrators and quantizer in place (`ort_patching.patch_ort_modules`), which would change every later ORT and ours
+row in the same process. The venv's `tensorrt-stubs` (an empty `tensorrt` namespace package, on which ModelOpt's
+probe calls `tensorrt.Logger` and crashes) are hidden in that child by a meta-path finder; the venv is untouched.
+"""
+MEASURES_TEXT = """
+Top-1 agreement: the CNN's class; the encoder's nearest other judged sentence (by cosine of the embeddings), the
+same under INT8 as under FP32. Ops INT8: Conv/Gemm/MatMul both of whose inputs come from a DequantizeLinear (through
+Transpose/Reshape/Flatten/Squeeze/Unsqueeze); INT8 compute share: their multiply-accumulates over all
+Conv/Gemm/MatMul MACs (attention's activation x activation MatMuls included), at the input shapes {shapes}. The
+count is this benchmark's own (`macs_by_op`, `int8_ops`) until the pipeline has one owner for it. Time: the
+quantizer's call (ModelOpt's in its child, its import excluded), one run, on shared cores.
+"""
+
+
+def _prose(text: str) -> str:
+    """A paragraph kept wrapped in the source, as one line in the Markdown."""
+    return " ".join(text.split())  # the hand-written section below this heading survives a regeneration
+
+
+def markdown(record: dict, reading: str) -> str:
+    """docs/benchmarks/int8-vs-modelopt.md from the record: what was measured how, the table, ours' gate verdicts,
+    then `reading` (the doc's hand-written section, kept as it was)."""
+    env = record["environment"]
+    versions = ", ".join(f"{name} {version}" for name, version in env["versions"].items())
+    gates = [
+        f"- {row['model']}, {row['calibration']}: {row['note']}"
+        for bench in record["models"].values()
+        for row in bench["rows"]
+        if row["quantizer"] == "ours"
+    ]
+    data = [f"- {name}: {judged_on(name, bench)}" for name, bench in record["models"].items()]
+    shapes = ", ".join(f"{name} {bench['compute_share_at']}" for name, bench in record["models"].items())
+    return "\n".join(
+        [
+            "# INT8: ours vs NVIDIA ModelOpt vs ONNX Runtime quantize_static (issue 25, part 3)",
+            "",
+            f"Generated by `benchmarks/int8_vs_modelopt.py` (with int8-vs-modelopt.json) at commit {env['commit']}, "
+            f"in {record['seconds']:.0f} s: {env['cpu']}, {env['cores']} cores shared with other jobs (load "
+            f"{env['load_average']}), {env['instruction_sets']}; CPU only, no GPU, TensorRT absent (ModelOpt "
+            f"calibrates on ONNX Runtime's CPU provider). Python {env['python']}, {versions}.",
+            "",
+            "    .venv/bin/pip install --no-deps --target /tmp/modelopt-site nvidia-modelopt onnx-graphsurgeon \\",
+            "        nvidia-ml-py onnxslim lief",
+            "    PYTHONPATH=$PWD .venv/bin/python benchmarks/int8_vs_modelopt.py --out /tmp/ivm --docs docs/benchmarks",
+            "",
+            _prose(METHODS_TEXT.format(ort_op_types=record["ort_op_types"])),
+            "",
+            "Judged: every row of a model on the same judge set, which no calibration set contains, against FP32, "
+            "each Q/DQ graph on ONNX Runtime with graph optimizations off (`onnxruntime_session(simulate_qdq=True)`, "
+            "Q/DQ as TensorRT computes it):",
+            "",
+            *data,
+            "",
+            _prose(MEASURES_TEXT.format(shapes=shapes)),
+            "",
+            table(record),
+            "Ours, what `make_engine` said:",
+            "",
+            *gates,
+            "",
+            reading.strip(),
+            "",
+        ]
+    )
+
+
+def judged_on(name: str, bench: dict) -> str:
+    """One line saying what the model's calibration sets and judge set hold."""
+    data = bench["data"]
+    if name == "cnn":
+        return (
+            f"EfficientNet-Lite0 (trained, ImageNet), judged on {bench['judged_rows']} images: "
+            f"{', '.join(data['judged'])}. Narrow set: `make calibration-images` less the judged photos "
+            f"({len(data['narrow'])} images: 8 photos x 4 views). Varied set ({len(data['varied'])} images of 24 "
+            "scenes): those 8 photos' full view and center crop, 11 greyscale photographs scikit-image ships, 5 "
+            "faces of its LFW subset (25 x 25 pixels, upscaled by the preprocessing). These are all the real "
+            "photographs this machine has (scikit-image, scikit-learn, matplotlib); no other photos exist here, so "
+            "the varied set is varied in scenes, not in colour photos"
+        )
+    examples = data["examples"]
+    return (
+        f"all-MiniLM-L6-v2 (trained sentence encoder; the graph's output is the mean-pooled, L2-normalised "
+        f"embedding, `benchmarks/int8_encoder.MeanPooledEncoder`), 32 tokens a sentence, judged on "
+        f"{bench['judged_rows']} standard-library docstring sentences from the second half of "
+        f"`benchmarks/int8_encoder.sentences()` (e.g. {examples['judged'][0]!r}). Narrow set: {ENCODER_ROWS} "
+        f"templated sentences ({len(TEMPLATES)} templates x 4 words a slot, e.g. {examples['narrow'][0]!r}). "
+        f"Varied set: {ENCODER_ROWS} docstring sentences spread over the list's first half (e.g. "
+        f"{examples['varied'][0]!r})"
+    )
+
+
+def write_results(record: dict, folder: Path) -> None:
+    """int8-vs-modelopt.json and .md into `folder`, the .md keeping the hand-written reading already there."""
+    folder.mkdir(parents=True, exist_ok=True)
+    doc = folder / "int8-vs-modelopt.md"
+    old = doc.read_text() if doc.is_file() else ""
+    reading = old[old.index(READING) :] if READING in old else f"{READING}\n\n(not written yet)"
+    (folder / "int8-vs-modelopt.json").write_text(json.dumps(record, indent=2) + "\n")
+    doc.write_text(markdown(record, reading))
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--modelopt-child"]:
         modelopt_child(*sys.argv[2:])
@@ -489,13 +614,27 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="working folder (engines, data, graphs, results)")
     parser.add_argument("--docs", type=Path, help="also write int8-vs-modelopt.json/.md here (docs/benchmarks)")
     parser.add_argument("--models", default="cnn,encoder", help="which of cnn, encoder (comma-separated)")
+    parser.add_argument(
+        "--ort-all-ops",
+        action="store_true",
+        help="quantize_static's default op types (every one it can) instead of Conv/Gemm/MatMul",
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     benches = {"cnn": cnn_bench, "encoder": encoder_bench}
-    models = {name: run_bench(benches[name](args.out / name), args.out / name) for name in args.models.split(",")}
-    record = {"environment": environment(), "seconds": round(time.perf_counter() - started, 1), "models": models}
+    ort_op_types = None if args.ort_all_ops else list(COMPUTE_OPS)
+    models = {
+        name: run_bench(benches[name](args.out / name), args.out / name, ort_op_types)
+        for name in args.models.split(",")
+    }
+    record = {
+        "environment": environment(),
+        "seconds": round(time.perf_counter() - started, 1),
+        "ort_op_types": ort_op_types or "all (ONNX Runtime's default)",
+        "models": models,
+    }
     for folder in [args.out, *([args.docs] if args.docs else [])]:
-        (folder / "int8-vs-modelopt.json").write_text(json.dumps(record, indent=2) + "\n")
+        write_results(record, folder)
     print(table(record))
 
 
