@@ -48,6 +48,12 @@ from trt_pipeline.pipeline.stages.sequence import make_engine
 
 MODELOPT_SITE = "/tmp/modelopt-site"
 COMPUTE_OPS = ("Conv", "Gemm", "MatMul")
+# quantize_static's op_types_to_quantize, by the row's label: its default (None: every op type it can quantize),
+# and the compute ops alone.
+# Ours by the row's label: the pipeline's defaults, and without SMOOTH (SmoothQuant on MatMul/Gemm inputs; on the
+# CNN that is its classifier Gemm alone), a Settings option a user sets as make engine SMOOTH=off.
+OURS: dict[str, dict[str, str]] = {"ours": {}, "ours (SMOOTH=off)": {"smooth": "off"}}
+ORT_OP_TYPES: dict[str, list[str] | None] = {"all ops": None, "Conv/Gemm/MatMul": list(COMPUTE_OPS)}
 # Ops TensorRT moves a Q/DQ across (a quantized weight is often DQ -> Transpose/Reshape -> MatMul).
 SHAPE_OPS = ("Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze")
 VERSIONS = ("onnxruntime", "onnx", "torch", "numpy", "nvidia-modelopt", "onnx-graphsurgeon", "onnxslim")
@@ -278,17 +284,21 @@ def agreement(expected: np.ndarray, actual: np.ndarray, top1: Callable[[np.ndarr
 
 
 # ------------------------------------------------------------------------------------------------------ methods
-def ours(model: str, calib: Path, out: Path) -> tuple[Path, float, str]:
-    """`make engine PRECISION=int8 CALIB=calib` with the pipeline's defaults: its model.int8.onnx (written before
-    the held-out gate judges it), the int8 stage's seconds from the manifest, and the gate's verdict."""
-    settings = Settings(model=model, precision="int8", calib=calib, out_root=out)
+def ours(model: str, calib: Path, out: Path, options: dict[str, str]) -> tuple[Path, float, str]:
+    """`make engine PRECISION=int8 CALIB=calib` with the pipeline's defaults but `options`: its model.int8.onnx
+    (written before the held-out gate judges it), the int8 stage's seconds from the manifest, and what the gate
+    said."""
+    settings = Settings(model=model, precision="int8", calib=calib, out_root=out, **options)
     folder = settings.artifact_dir(models.canonical_name(model))
     try:
         make_engine(settings)
-        verdict = "built: passed its held-out gate"
+        verdict = "built"
     except PipelineError as refused:
-        verdict = f"refused at its held-out gate: {refused.problem}"
+        verdict = f"refused: {refused.problem}"
     manifest = read_manifest(folder)
+    gate = manifest.agreement_int8 if manifest else None
+    if gate is not None:  # the gate's record exists only where it passed
+        verdict += f"; its gate: {gate.details.get('summary')}" + (f"; warning: {gate.warning}" if gate.warning else "")
     seconds = manifest.timings["int8"] if manifest else float("nan")
     return folder / "model.int8.onnx", seconds, verdict
 
@@ -417,23 +427,25 @@ def encoder_bench(out: Path) -> Bench:
     )
 
 
-def quantize_all(
-    bench: Bench, fp32: Path, set_name: str, out: Path, ort_op_types: list[str] | None
-) -> dict[str, tuple[Path, float, str]]:
+def quantize_all(bench: Bench, fp32: Path, set_name: str, out: Path) -> dict[str, tuple[Path, float, str]]:
     """Every method's INT8 graph of `fp32` from calibration set `set_name`: (graph, seconds, note)."""
     rows, graphs = bench.rows[set_name], {}
-    graph, seconds, verdict = ours(bench.model, bench.sets[set_name], out / "ours")
-    graphs["ours"] = (graph, seconds, f"int8 stage time; make_engine {verdict}")
-    start = time.perf_counter()
-    ort_quantize_static(fp32, out / "ort.int8.onnx", rows, ort_op_types)
-    graphs["ort_quantize_static"] = (out / "ort.int8.onnx", time.perf_counter() - start, "")
+    for label, options in OURS.items():
+        folder = out / "-".join(["ours", *(f"{k}-{v}" for k, v in options.items())])
+        graph, seconds, verdict = ours(bench.model, bench.sets[set_name], folder, options)
+        graphs[label] = (graph, seconds, f"make_engine {verdict}")
+    for label, op_types in ORT_OP_TYPES.items():
+        graph = out / f"ort-{len(op_types or ())}-op-types.int8.onnx"
+        start = time.perf_counter()
+        ort_quantize_static(fp32, graph, rows, op_types)
+        graphs[f"ort_quantize_static ({label})"] = (graph, time.perf_counter() - start, "")
     for method in ("max", "entropy"):
         graph = out / f"modelopt-{method}.int8.onnx"
         graphs[f"modelopt_{method}"] = (graph, modelopt_quantize(fp32, graph, rows, method), "in a child process")
     return graphs
 
 
-def run_bench(bench: Bench, out: Path, ort_op_types: list[str] | None) -> dict:
+def run_bench(bench: Bench, out: Path) -> dict:
     fp32 = make_engine(Settings(model=bench.model, precision="fp32", out_root=out / "fp32")) / "model.onnx"
     first_row = {name: rows[:1] for name, rows in bench.judged.items()}
     macs = macs_by_op(*compute_shapes(fp32, first_row))
@@ -441,7 +453,7 @@ def run_bench(bench: Bench, out: Path, ort_op_types: list[str] | None) -> dict:
     judged_rows = len(expected)
     results = []
     for set_name in bench.sets:
-        for method, (graph, seconds, note) in quantize_all(bench, fp32, set_name, out / set_name, ort_op_types).items():
+        for method, (graph, seconds, note) in quantize_all(bench, fp32, set_name, out / set_name).items():
             actual = run_graph(graph, bench.judged, simulate_qdq=True)
             results.append(
                 {
@@ -497,12 +509,13 @@ def table(record: dict) -> str:
 READING = "## Reading"
 METHODS_TEXT = """
 Every method quantizes the same FP32 `model.onnx` (the FP32 folder's graph) from the same calibration set, handed
-whole to each. Ours: `make_engine(PRECISION=int8, CALIB=the set)` with the pipeline's defaults, which fits its ranges
-on its own split of the set (`calibration/holdout.py`) and judges its gate on the rest; its `model.int8.onnx` is
-judged here whether or not that gate refuses the build; its time is the int8 stage's (calibration, the Q/DQ graph
-and the two CPU-shaped graphs). ORT: `quantize_static`, QDQ, per-channel, symmetric INT8 activations and weights,
-one row a calibration batch, op types: {ort_op_types} (its default, every op type it can quantize, also takes the
-encoder's Softmax, LayerNormalization, mean pooling and attention mask: `--ort-all-ops` measures that). ModelOpt:
+whole to each. Ours: `make_engine(PRECISION=int8, CALIB=the set)` with the pipeline's defaults (and again with
+SMOOTH=off: no SmoothQuant on MatMul/Gemm inputs), which fits its ranges on its own split of the set
+(`calibration/holdout.py`) and judges its gate on the rest; its `model.int8.onnx` is judged here whether or not that
+gate refuses the build; its time is the int8 stage's (calibration, the Q/DQ graph and the two CPU-shaped graphs).
+ORT: `quantize_static`, QDQ, per-channel, symmetric INT8 activations and weights, one row a calibration batch,
+twice: with its default op types (every one it can quantize: on the encoder also Softmax, LayerNormalization, the
+mean pooling and the attention mask) and with Conv/Gemm/MatMul only. ModelOpt:
 `modelopt.onnx.quantization.quantize(..., quantize_mode='int8', calibration_method='max' | 'entropy',
 calibration_eps=['cpu'])` with its defaults otherwise, in a child process: importing it patches ONNX Runtime's
 calibrators and quantizer in place (`ort_patching.patch_ort_modules`), which would change every later ORT and ours
@@ -533,7 +546,7 @@ def markdown(record: dict, reading: str) -> str:
         f"- {row['model']}, {row['calibration']}: {row['note']}"
         for bench in record["models"].values()
         for row in bench["rows"]
-        if row["quantizer"] == "ours"
+        if row["quantizer"] in OURS
     ]
     data = [f"- {name}: {judged_on(name, bench)}" for name, bench in record["models"].items()]
     shapes = ", ".join(f"{name} {bench['compute_share_at']}" for name, bench in record["models"].items())
@@ -550,7 +563,7 @@ def markdown(record: dict, reading: str) -> str:
             "        nvidia-ml-py onnxslim lief",
             "    PYTHONPATH=$PWD .venv/bin/python benchmarks/int8_vs_modelopt.py --out /tmp/ivm --docs docs/benchmarks",
             "",
-            _prose(METHODS_TEXT.format(ort_op_types=record["ort_op_types"])),
+            _prose(METHODS_TEXT),
             "",
             "Judged: every row of a model on the same judge set, which no calibration set contains, against FP32, "
             "each Q/DQ graph on ONNX Runtime with graph optimizations off (`onnxruntime_session(simulate_qdq=True)`, "
@@ -614,25 +627,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="working folder (engines, data, graphs, results)")
     parser.add_argument("--docs", type=Path, help="also write int8-vs-modelopt.json/.md here (docs/benchmarks)")
     parser.add_argument("--models", default="cnn,encoder", help="which of cnn, encoder (comma-separated)")
-    parser.add_argument(
-        "--ort-all-ops",
-        action="store_true",
-        help="quantize_static's default op types (every one it can) instead of Conv/Gemm/MatMul",
-    )
     args = parser.parse_args()
     started = time.perf_counter()
     benches = {"cnn": cnn_bench, "encoder": encoder_bench}
-    ort_op_types = None if args.ort_all_ops else list(COMPUTE_OPS)
-    models = {
-        name: run_bench(benches[name](args.out / name), args.out / name, ort_op_types)
-        for name in args.models.split(",")
-    }
-    record = {
-        "environment": environment(),
-        "seconds": round(time.perf_counter() - started, 1),
-        "ort_op_types": ort_op_types or "all (ONNX Runtime's default)",
-        "models": models,
-    }
+    models = {name: run_bench(benches[name](args.out / name), args.out / name) for name in args.models.split(",")}
+    record = {"environment": environment(), "seconds": round(time.perf_counter() - started, 1), "models": models}
     for folder in [args.out, *([args.docs] if args.docs else [])]:
         write_results(record, folder)
     print(table(record))
