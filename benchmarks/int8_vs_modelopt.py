@@ -53,6 +53,7 @@ COMPUTE_OPS = ("Conv", "Gemm", "MatMul")
 # Ours by the row's label: the pipeline's defaults, and without SMOOTH (SmoothQuant on MatMul/Gemm inputs; on the
 # CNN that is its classifier Gemm alone), a Settings option a user sets as make engine SMOOTH=off.
 OURS: dict[str, dict[str, str]] = {"ours": {}, "ours (SMOOTH=off)": {"smooth": "off"}}
+MODELOPT_METHODS = ("max", "entropy")
 ORT_OP_TYPES: dict[str, list[str] | None] = {"all ops": None, "Conv/Gemm/MatMul": list(COMPUTE_OPS)}
 # Ops TensorRT moves a Q/DQ across (a quantized weight is often DQ -> Transpose/Reshape -> MatMul).
 SHAPE_OPS = ("Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze")
@@ -340,40 +341,45 @@ class _HideTensorrt(importlib.abc.MetaPathFinder):
         return None
 
 
-def modelopt_quantize(fp32: Path, out: Path, rows: dict[str, np.ndarray], method: str) -> float:
-    """ModelOpt's ONNX PTQ, INT8, calibrated on the CPU provider, in a child process; returns its seconds.
+def modelopt_quantize(fp32: Path, out: Path, rows: dict[str, np.ndarray]) -> dict[str, tuple[Path, float]]:
+    """ModelOpt's ONNX PTQ, INT8, calibrated on the CPU provider, with each of MODELOPT_METHODS, in one child
+    process: {method: (its graph in `out`, the seconds its quantize call took)}.
 
     A child because importing ModelOpt's quantizer patches ONNX Runtime's calibrators and quantizer in place
     (modelopt/onnx/quantization/ort_patching.py patch_ort_modules: create_calibrator, MinMaxCalibrater, ...), for
     good: in this process ONNX Runtime's quantize_static and our stage, which calibrates through ONNX Runtime's
     calibrators, would run ModelOpt's code after the first ModelOpt row (ours then fails with a TypeError)."""
-    feeds = out.with_suffix(".rows.npz")
+    feeds = out / "modelopt.rows.npz"
     np.savez(feeds, **rows)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([MODELOPT_SITE, os.environ.get("PYTHONPATH", "")])}
-    child = [sys.executable, __file__, "--modelopt-child", str(fp32), str(feeds), method, str(out)]
+    child = [sys.executable, __file__, "--modelopt-child", str(fp32), str(feeds), str(out)]
     result = subprocess.run(child, env=env, capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        raise RuntimeError(f"ModelOpt {method} failed on {fp32}:\n{result.stderr[-3000:]}")
-    return float(result.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"ModelOpt failed on {fp32}:\n{result.stderr[-3000:]}")
+    seconds = json.loads(result.stdout.strip().splitlines()[-1])
+    return {method: (out / f"modelopt-{method}.int8.onnx", seconds[method]) for method in MODELOPT_METHODS}
 
 
-def modelopt_child(fp32: str, feeds: str, method: str, out: str) -> None:
-    """The child's side of modelopt_quantize: tensorrt hidden, quantize, print the seconds quantize took."""
+def modelopt_child(fp32: str, feeds: str, out: str) -> None:
+    """The child's side of modelopt_quantize: tensorrt hidden, quantize with each method, print the seconds."""
     sys.meta_path.insert(0, _HideTensorrt())
     from modelopt.onnx.quantization import quantize
 
     with np.load(feeds) as rows:
         data = {name: rows[name] for name in rows.files}
-    start = time.perf_counter()
-    quantize(
-        fp32,
-        quantize_mode="int8",
-        calibration_method=method,
-        calibration_data=data,
-        calibration_eps=["cpu"],
-        output_path=out,
-    )
-    print(time.perf_counter() - start)
+    seconds = {}
+    for method in MODELOPT_METHODS:
+        start = time.perf_counter()
+        quantize(
+            fp32,
+            quantize_mode="int8",
+            calibration_method=method,
+            calibration_data=data,
+            calibration_eps=["cpu"],
+            output_path=str(Path(out) / f"modelopt-{method}.int8.onnx"),
+        )
+        seconds[method] = time.perf_counter() - start
+    print(json.dumps(seconds))
 
 
 # ----------------------------------------------------------------------------------------------------- the runs
@@ -439,9 +445,8 @@ def quantize_all(bench: Bench, fp32: Path, set_name: str, out: Path) -> dict[str
         start = time.perf_counter()
         ort_quantize_static(fp32, graph, rows, op_types)
         graphs[f"ort_quantize_static ({label})"] = (graph, time.perf_counter() - start, "")
-    for method in ("max", "entropy"):
-        graph = out / f"modelopt-{method}.int8.onnx"
-        graphs[f"modelopt_{method}"] = (graph, modelopt_quantize(fp32, graph, rows, method), "in a child process")
+    for method, (graph, seconds) in modelopt_quantize(fp32, out, rows).items():
+        graphs[f"modelopt_{method}"] = (graph, seconds, "")
     return graphs
 
 
