@@ -16,7 +16,9 @@ tensorrt-stubs from it (_HideTensorrt):
         onnxslim lief
     PYTHONPATH=$PWD .venv/bin/python benchmarks/int8_vs_modelopt.py --out /tmp/ivm [--docs docs/benchmarks]
 
-writes int8-vs-modelopt.json and .md into --out (and --docs).  Results: docs/benchmarks/int8-vs-modelopt.md.
+writes int8-vs-modelopt.json and .md into --out (and --docs); `--render --docs docs/benchmarks` rewrites the .md
+from the .json there (after a change to the doc's wording), measuring nothing.
+Results: docs/benchmarks/int8-vs-modelopt.md.
 """
 
 from __future__ import annotations
@@ -47,12 +49,12 @@ from trt_pipeline.pipeline.stages.sequence import make_engine
 
 MODELOPT_SITE = "/tmp/modelopt-site"
 COMPUTE_OPS = ("Conv", "Gemm", "MatMul")
-# quantize_static's op_types_to_quantize, by the row's label: its default (None: every op type it can quantize),
-# and the compute ops alone.
 # Ours by the row's label: the pipeline's defaults, and without SMOOTH (SmoothQuant on MatMul/Gemm inputs; on the
 # CNN that is its classifier Gemm alone), a Settings option a user sets as make engine SMOOTH=off.
 OURS: dict[str, dict[str, str]] = {"ours": {}, "ours (SMOOTH=off)": {"smooth": "off"}}
 MODELOPT_METHODS = ("max", "entropy")
+# quantize_static's op_types_to_quantize, by the row's label: its default (None: every op type it can quantize),
+# and the compute ops alone.
 ORT_OP_TYPES: dict[str, list[str] | None] = {"all ops": None, "Conv/Gemm/MatMul": list(COMPUTE_OPS)}
 # Ops TensorRT moves a Q/DQ across (a quantized weight is often DQ -> Transpose/Reshape -> MatMul).
 SHAPE_OPS = ("Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze")
@@ -62,8 +64,8 @@ VERSIONS = ("onnxruntime", "onnx", "torch", "numpy")
 # The CNN is judged on three colour photographs that no calibration set contains (4 views each, calibration/
 # photos.views): two of `make calibration-images` and matplotlib's sample photograph.
 CNN_JUDGED = ("flower", "rocket", "grace_hopper")
-# Real greyscale photographs scikit-image ships (a camera operator, coins, the moon, a scanned page, a street sign,
-# gravel, grass, bricks, a cell, a clock, a retina close-up): the scenes the varied set adds.
+# Greyscale images scikit-image ships, photographs but for the cell (a phase image from a hologram): a camera
+# operator, coins, the moon, a scanned page, handwriting on paper, gravel, grass, bricks, a clock, a retina close-up.
 GREY_PHOTOS = (
     "camera",
     "coins",
@@ -114,8 +116,8 @@ def cnn_sets(out: Path) -> tuple[dict[str, Path], Path]:
     """The CNN's calibration folders (narrow, varied) and its judge folder, written under `out`.
 
     narrow: `make calibration-images` less the judged photos: 8 colour photos x 4 views = 32 rows.
-    varied: the same 8 photos' full view and center crop, 11 greyscale photographs, 5 LFW faces = 32 rows of 24
-    scenes (every real photograph this machine has; the greyscale ones are photos too, but colourless).
+    varied: the same 8 photos' full view and center crop, 11 greyscale images, 5 LFW faces = 32 rows of 24
+    scenes (every real photograph this machine has; the greyscale ones are colourless).
     """
     colour = {name: np.asarray(load())[..., :3] for name, load in PHOTOS.items()}
     colour["grace_hopper"] = _grace_hopper()
@@ -602,7 +604,8 @@ def judged_on(name: str, bench: dict) -> str:
             f"EfficientNet-Lite0 (trained, ImageNet), judged on {bench['judged_rows']} images: "
             f"{', '.join(data['judged'])}. Narrow set: `make calibration-images` less the judged photos "
             f"({len(data['narrow'])} images: 8 photos x 4 views). Varied set ({len(data['varied'])} images of 24 "
-            "scenes): those 8 photos' full view and center crop, 11 greyscale photographs scikit-image ships, 5 "
+            "scenes): those 8 photos' full view and center crop, 11 greyscale images scikit-image ships (GREY_PHOTOS: "
+            "10 photographs and a cell's phase image), 5 "
             "faces of its LFW subset (25 x 25 pixels, upscaled by the preprocessing). These are all the real "
             "photographs this machine has (scikit-image, scikit-learn, matplotlib); no other photos exist here, so "
             "the varied set is varied in scenes, not in colour photos"
@@ -634,10 +637,16 @@ def main() -> None:
         modelopt_child(*sys.argv[2:])
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="working folder (engines, data, graphs, results)")
+    parser.add_argument("--out", type=Path, help="working folder (engines, data, graphs, results)")
     parser.add_argument("--docs", type=Path, help="also write int8-vs-modelopt.json/.md here (docs/benchmarks)")
     parser.add_argument("--models", default="cnn,encoder", help="which of cnn, encoder (comma-separated)")
+    parser.add_argument("--render", action="store_true", help="measure nothing: rewrite --docs' .md from its .json")
     args = parser.parse_args()
+    if args.render and args.docs:
+        write_results(json.loads((args.docs / "int8-vs-modelopt.json").read_text()), args.docs)
+        return
+    if args.out is None:
+        parser.error("--out is required (or --render with --docs)")
     started = time.perf_counter()
     benches = {"cnn": cnn_bench, "encoder": encoder_bench}
     models = {name: run_bench(benches[name](args.out / name), args.out / name) for name in args.models.split(",")}
