@@ -1,0 +1,660 @@
+"""Our INT8 vs NVIDIA ModelOpt (max, entropy) vs ONNX Runtime quantize_static, on two trained models (issue 25, part 3).
+
+Each model (the trained EfficientNet-Lite0 and the trained all-MiniLM-L6-v2 sentence encoder) is quantized from
+the same FP32 model.onnx by every method, with each of two calibration sets, a narrow one and a varied one, handed
+whole to every method as a user would hand it.  Every row is judged on the model's one judge set, which no
+calibration set contains (no method fits on it, and our pipeline's held-out gate never sees it either), against
+FP32, with the Q/DQ simulated as TensorRT computes it (ONNX Runtime, graph optimizations off).
+
+Ours is whatever `trt_pipeline` is on PYTHONPATH: `make_engine(PRECISION=int8, CALIB=<the set>)` with the
+pipeline's defaults (its own fit / held-out split of the set inside), its model.int8.onnx judged whether or not its
+held-out gate then refuses the build.  ModelOpt runs from its own folder, never the shared venv (installed
+`--no-deps` with what it imports), in a child process (modelopt_quantize says why) that hides the dev venv's
+tensorrt-stubs from it (_HideTensorrt):
+
+    .venv/bin/pip install --no-deps --target /tmp/modelopt-site nvidia-modelopt onnx-graphsurgeon nvidia-ml-py \
+        onnxslim lief
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/int8_vs_modelopt.py --out /tmp/ivm [--docs docs/benchmarks]
+
+writes int8-vs-modelopt.json and .md into --out (and --docs); `--render --docs docs/benchmarks` rewrites the .md
+from the .json there (after a change to the doc's wording), measuring nothing.
+Results: docs/benchmarks/int8-vs-modelopt.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.abc
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from trt_pipeline import models
+from trt_pipeline.calibration.photos import PHOTOS, views
+from trt_pipeline.calibration.preprocess import load_image
+from trt_pipeline.pipeline.core.cpu import cpu_instruction_sets, cpu_model, instruction_sets_text
+from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.core.sessions import onnxruntime_session
+from trt_pipeline.pipeline.core.settings import Settings
+from trt_pipeline.pipeline.folder.manifest import package_versions, read_manifest
+from trt_pipeline.pipeline.stages.sequence import make_engine
+
+MODELOPT_SITE = "/tmp/modelopt-site"
+COMPUTE_OPS = ("Conv", "Gemm", "MatMul")
+# Ours by the row's label: the pipeline's defaults, and without SMOOTH (SmoothQuant on MatMul/Gemm inputs; on the
+# CNN that is its classifier Gemm alone), a Settings option a user sets as make engine SMOOTH=off.
+OURS: dict[str, dict[str, str]] = {"ours": {}, "ours (SMOOTH=off)": {"smooth": "off"}}
+MODELOPT_METHODS = ("max", "entropy")
+# quantize_static's op_types_to_quantize, by the row's label: its default (None: every op type it can quantize),
+# and the compute ops alone.
+ORT_OP_TYPES: dict[str, list[str] | None] = {"all ops": None, "Conv/Gemm/MatMul": list(COMPUTE_OPS)}
+# Ops TensorRT moves a Q/DQ across (a quantized weight is often DQ -> Transpose/Reshape -> MatMul).
+SHAPE_OPS = ("Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze")
+VERSIONS = ("onnxruntime", "onnx", "torch", "numpy")
+
+# ------------------------------------------------------------------------------------------------ the CNN's data
+# The CNN is judged on three colour photographs that no calibration set contains (4 views each, calibration/
+# photos.views): two of `make calibration-images` and matplotlib's sample photograph.
+CNN_JUDGED = ("flower", "rocket", "grace_hopper")
+# Greyscale images scikit-image ships, photographs but for the cell (a phase image from a hologram): a camera
+# operator, coins, the moon, a scanned page, handwriting on paper, gravel, grass, bricks, a clock, a retina close-up.
+GREY_PHOTOS = (
+    "camera",
+    "coins",
+    "moon",
+    "page",
+    "text",
+    "gravel",
+    "grass",
+    "brick",
+    "cell",
+    "clock",
+    "microaneurysms",
+)
+FACES = 5  # faces of scikit-image's LFW subset (25 x 25 pixels, greyscale), spread over its 200
+
+
+def _grace_hopper() -> np.ndarray:
+    import matplotlib.cbook
+
+    with matplotlib.cbook.get_sample_data("grace_hopper.jpg") as handle:
+        from PIL import Image
+
+        return np.asarray(Image.open(handle).convert("RGB"))
+
+
+def _grey(name: str) -> np.ndarray:
+    from skimage import data
+
+    return np.asarray(getattr(data, name)())
+
+
+def _faces() -> list[np.ndarray]:
+    from skimage import data
+
+    faces = data.lfw_subset()
+    picks = np.linspace(0, len(faces) - 1, FACES).round().astype(int)
+    return [(faces[i] * 255).round().astype(np.uint8) for i in picks]
+
+
+def _write_png(path: Path, pixels: np.ndarray) -> None:
+    from PIL import Image
+
+    rgb = pixels if pixels.ndim == 3 else np.repeat(pixels[..., None], 3, axis=2)
+    Image.fromarray(np.ascontiguousarray(rgb[..., :3])).save(path, format="PNG")
+
+
+def cnn_sets(out: Path) -> tuple[dict[str, Path], Path]:
+    """The CNN's calibration folders (narrow, varied) and its judge folder, written under `out`.
+
+    narrow: `make calibration-images` less the judged photos: 8 colour photos x 4 views = 32 rows.
+    varied: the same 8 photos' full view and center crop, 11 greyscale images, 5 LFW faces = 32 rows of 24
+    scenes (every real photograph this machine has; the greyscale ones are colourless).
+    """
+    colour = {name: np.asarray(load())[..., :3] for name, load in PHOTOS.items()}
+    colour["grace_hopper"] = _grace_hopper()
+    narrow, varied, judged = out / "cnn-narrow", out / "cnn-varied", out / "cnn-judged"
+    for folder in (narrow, varied, judged):
+        folder.mkdir(parents=True, exist_ok=True)
+    for name, image in colour.items():
+        for view, pixels in views(image).items():
+            if name in CNN_JUDGED:
+                _write_png(judged / f"{name}-{view}.png", pixels)
+                continue
+            _write_png(narrow / f"{name}-{view}.png", pixels)
+            if view in ("full", "crop"):
+                _write_png(varied / f"{name}-{view}.png", pixels)
+    for name in GREY_PHOTOS:
+        _write_png(varied / f"grey-{name}.png", _grey(name))
+    for index, face in enumerate(_faces()):
+        _write_png(varied / f"lfw-face-{index}.png", face)
+    return {"narrow": narrow, "varied": varied}, judged
+
+
+# -------------------------------------------------------------------------------------------- the encoder's data
+# Narrow: one shape of sentence, a handful of words in each slot (the templated sentences of issue 25).
+TEMPLATES = (
+    "The {thing} in the {place} is {quality}.",
+    "Please move the {quality} {thing} to the {place}.",
+    "Is the {thing} near the {place} still {quality}?",
+    "We found a {quality} {thing} behind the {place}.",
+)
+THINGS = ("book", "chair", "lamp", "cup")
+PLACES = ("kitchen", "garden", "office", "hall")
+QUALITIES = ("old", "red", "broken", "clean")
+ENCODER_ROWS = 64  # sentences per calibration set
+ENCODER_JUDGED = 128
+
+
+def templated_sentences() -> list[str]:
+    """ENCODER_ROWS sentences from TEMPLATES, every template in turn, the slot words cycling."""
+    sentences = []
+    for row in range(ENCODER_ROWS):
+        template = TEMPLATES[row % len(TEMPLATES)]
+        words = row // len(TEMPLATES)
+        sentences.append(
+            template.format(
+                thing=THINGS[words % 4], place=PLACES[(words // 4) % 4], quality=QUALITIES[(words + row) % 4]
+            )
+        )
+    return sentences
+
+
+def encoder_sets(out: Path) -> tuple[dict[str, Path], dict[str, np.ndarray], dict]:
+    """The encoder's calibration .npz files (narrow, varied), its judge tokens and what each holds.
+
+    varied: ENCODER_ROWS standard-library docstring sentences spread over the first half of the list
+    (benchmarks/int8_encoder.sentences); judged: ENCODER_JUDGED spread over its second half (later modules)."""
+    from benchmarks.int8_encoder import sentences, tokenize
+
+    prose = sentences()
+    half = len(prose) // 2
+    varied = [prose[i] for i in np.linspace(0, half - 1, ENCODER_ROWS).round().astype(int)]
+    judged = [prose[i] for i in np.linspace(half, len(prose) - 1, ENCODER_JUDGED).round().astype(int)]
+    paths = {"narrow": out / "encoder-narrow.npz", "varied": out / "encoder-varied.npz"}
+    out.mkdir(parents=True, exist_ok=True)
+    for path, texts in zip(paths.values(), (templated_sentences(), varied), strict=True):
+        np.savez(path, **tokenize(texts))
+    examples = {"narrow": templated_sentences()[:2], "varied": varied[:2], "judged": judged[:2]}
+    return paths, tokenize(judged), examples
+
+
+# ------------------------------------------------------------------------------------------ the INT8 compute share
+def compute_shapes(fp32: Path, feeds: dict[str, np.ndarray]) -> tuple[onnx.ModelProto, dict[str, list[int]]]:
+    """The FP32 graph, and the shapes of its Conv/Gemm/MatMul inputs and outputs when it runs on `feeds`: measured
+    by running it (ONNX's shape inference leaves the encoder's shapes symbolic after its Shape/Reshape arithmetic)."""
+    model = onnx.load(fp32)
+    weights = {tensor.name: list(tensor.dims) for tensor in model.graph.initializer}
+    wanted = {
+        name
+        for node in model.graph.node
+        if node.op_type in COMPUTE_OPS
+        for name in (node.input[0], node.input[1], node.output[0])
+        if name not in weights
+    }
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    outputs = {value.name for value in probe.graph.output}
+    probe.graph.output.extend(onnx.ValueInfoProto(name=name) for name in sorted(wanted - outputs))
+    session = onnxruntime_session(probe.SerializeToString())
+    names = [output.name for output in session.get_outputs()]
+    shapes = {name: list(value.shape) for name, value in zip(names, session.run(names, feeds), strict=True)}
+    return model, {**weights, **shapes}
+
+
+def macs_by_op(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> dict[str, int]:
+    """Multiply-accumulates of each Conv/Gemm/MatMul, by node name: output elements x the reduced length (Conv:
+    input channels per group x kernel; Gemm/MatMul: the inner dimension).  Activation x activation MatMuls
+    (attention) count too."""
+    macs = {}
+    for node in model.graph.node:
+        if node.op_type in COMPUTE_OPS:
+            out, first, second = shapes[node.output[0]], shapes[node.input[0]], shapes[node.input[1]]
+            if node.op_type == "Conv":
+                reduced = int(np.prod(second[1:]))
+            elif node.op_type == "Gemm" and any(a.name == "transA" and a.i for a in node.attribute):
+                reduced = first[0]
+            else:
+                reduced = first[-1]
+            macs[node.name] = int(np.prod(out)) * reduced
+    return macs
+
+
+def int8_ops(graph: Path, names: set[str]) -> set[str]:
+    """The compute ops (named as in the FP32 graph) both of whose inputs come from a DequantizeLinear, directly
+    or through SHAPE_OPS: the ops TensorRT runs in INT8."""
+    model = onnx.load(graph)
+    producer = {output: node for node in model.graph.node for output in node.output}
+
+    def dequantized(tensor: str) -> bool:
+        node = producer.get(tensor)
+        while node is not None and node.op_type in SHAPE_OPS:
+            node = producer.get(node.input[0])
+        return node is not None and node.op_type == "DequantizeLinear"
+
+    return {
+        node.name
+        for node in model.graph.node
+        if node.name in names and dequantized(node.input[0]) and dequantized(node.input[1])
+    }
+
+
+def int8_share(graph: Path, macs: dict[str, int]) -> dict:
+    quantized = int8_ops(graph, set(macs))
+    return {
+        "ops_quantized": f"{len(quantized)}/{len(macs)}",
+        "int8_compute_share": sum(macs[name] for name in quantized) / sum(macs.values()),
+    }
+
+
+# ------------------------------------------------------------------------------------------------------ judging
+def run_graph(graph: Path, feeds: dict[str, np.ndarray], *, simulate_qdq: bool) -> np.ndarray:
+    session = onnxruntime_session(graph, simulate_qdq=simulate_qdq)
+    rows = len(next(iter(feeds.values())))
+    batches = [session.run(None, {k: v[i : i + 16] for k, v in feeds.items()})[0] for i in range(0, rows, 16)]
+    return np.concatenate(batches)
+
+
+def classes(logits: np.ndarray) -> np.ndarray:
+    """The CNN's top-1 class of each row."""
+    return logits.argmax(1)
+
+
+def nearest_neighbours(embeddings: np.ndarray) -> np.ndarray:
+    """The encoder's top-1: for each judged sentence, the other judged sentence nearest to it (cosine)."""
+    unit = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
+    similarity = unit @ unit.T
+    np.fill_diagonal(similarity, -np.inf)
+    return similarity.argmax(1)
+
+
+def agreement(expected: np.ndarray, actual: np.ndarray, top1: Callable[[np.ndarray], np.ndarray]) -> dict:
+    cosine = np.sum(expected * actual, 1) / (np.linalg.norm(expected, axis=1) * np.linalg.norm(actual, axis=1))
+    return {
+        "cosine_min": float(cosine.min()),
+        "cosine_mean": float(cosine.mean()),
+        "top1_agreement": float(np.mean(top1(expected) == top1(actual))),
+    }
+
+
+# ------------------------------------------------------------------------------------------------------ methods
+def ours(model: str, calib: Path, out: Path, options: dict[str, str]) -> tuple[Path, float, str]:
+    """`make engine PRECISION=int8 CALIB=calib` with the pipeline's defaults but `options`: its model.int8.onnx
+    (written before the held-out gate judges it), the int8 stage's seconds from the manifest, and what the gate
+    said."""
+    settings = Settings(model=model, precision="int8", calib=calib, out_root=out, **options)
+    folder = settings.artifact_dir(models.canonical_name(model))
+    try:
+        make_engine(settings)
+        verdict = "built"
+    except PipelineError as refused:
+        verdict = f"refused: {refused.problem}"
+    manifest = read_manifest(folder)
+    gate = manifest.agreement_int8 if manifest else None
+    if gate is not None:  # the gate's record exists only where it passed
+        verdict += f"; its gate: {gate.details.get('summary')}" + (f"; warning: {gate.warning}" if gate.warning else "")
+    seconds = manifest.timings["int8"] if manifest else float("nan")
+    return folder / "model.int8.onnx", seconds, verdict
+
+
+def ort_quantize_static(fp32: Path, out: Path, rows: dict[str, np.ndarray], op_types: list[str] | None) -> None:
+    """ONNX Runtime's quantize_static: QDQ, per-channel weights, symmetric INT8 (TensorRT's form), one row a batch,
+    the ops of `op_types` only (None: every op type it can quantize, its default)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    count = len(next(iter(rows.values())))
+
+    class Rows(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.feeds = iter({k: v[i : i + 1] for k, v in rows.items()} for i in range(count))
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    quantize_static(
+        str(fp32),
+        str(out),
+        Rows(),
+        quant_format=QuantFormat.QDQ,
+        op_types_to_quantize=op_types,
+        per_channel=True,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+        extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
+    )
+
+
+class _HideTensorrt(importlib.abc.MetaPathFinder):
+    """Refuses `tensorrt`: the venv's tensorrt-stubs leave an empty `tensorrt` namespace package, and ModelOpt,
+    finding it, calls `tensorrt.Logger` and crashes; refused, ModelOpt takes its no-TensorRT path."""
+
+    def find_spec(self, name, path, target=None):
+        if name == "tensorrt" or name.startswith("tensorrt."):
+            raise ModuleNotFoundError(name)
+        return None
+
+
+def modelopt_quantize(fp32: Path, out: Path, rows: dict[str, np.ndarray]) -> dict[str, tuple[Path, float]]:
+    """ModelOpt's ONNX PTQ, INT8, calibrated on the CPU provider, with each of MODELOPT_METHODS, in one child
+    process: {method: (its graph in `out`, the seconds its quantize call took)}.
+
+    A child because importing ModelOpt's quantizer patches ONNX Runtime's calibrators and quantizer in place
+    (modelopt/onnx/quantization/ort_patching.py patch_ort_modules: create_calibrator, MinMaxCalibrater, ...), for
+    good: in this process ONNX Runtime's quantize_static and our stage, which calibrates through ONNX Runtime's
+    calibrators, would run ModelOpt's code after the first ModelOpt row (ours then fails with a TypeError)."""
+    feeds = out / "modelopt.rows.npz"
+    np.savez(feeds, **rows)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([MODELOPT_SITE, os.environ.get("PYTHONPATH", "")])}
+    child = [sys.executable, __file__, "--modelopt-child", str(fp32), str(feeds), str(out)]
+    result = subprocess.run(child, env=env, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"ModelOpt failed on {fp32}:\n{result.stderr[-3000:]}")
+    seconds = json.loads(result.stdout.strip().splitlines()[-1])
+    return {method: (out / f"modelopt-{method}.int8.onnx", seconds[method]) for method in MODELOPT_METHODS}
+
+
+def modelopt_child(fp32: str, feeds: str, out: str) -> None:
+    """The child's side of modelopt_quantize: tensorrt hidden, quantize with each method, print the seconds."""
+    sys.meta_path.insert(0, _HideTensorrt())
+    from modelopt.onnx.quantization import quantize
+
+    with np.load(feeds) as rows:
+        data = {name: rows[name] for name in rows.files}
+    seconds = {}
+    for method in MODELOPT_METHODS:
+        start = time.perf_counter()
+        quantize(
+            fp32,
+            quantize_mode="int8",
+            calibration_method=method,
+            calibration_data=data,
+            calibration_eps=["cpu"],
+            output_path=str(Path(out) / f"modelopt-{method}.int8.onnx"),
+        )
+        seconds[method] = time.perf_counter() - start
+    print(json.dumps(seconds))
+
+
+# ----------------------------------------------------------------------------------------------------- the runs
+@dataclass(frozen=True)
+class Bench:
+    """One model: its pipeline name, its calibration sets (what make_engine reads), the rows each set holds (what
+    the other methods read), the judged rows (the first also counts the compute share), its top-1, what the data
+    is."""
+
+    name: str
+    model: str
+    sets: dict[str, Path]
+    rows: dict[str, dict[str, np.ndarray]]
+    judged: dict[str, np.ndarray]
+    top1: Callable[[np.ndarray], np.ndarray]
+    data: dict
+
+
+def cnn_bench(out: Path) -> Bench:
+    from tests.test_int8_cnn import PREPROCESS
+
+    sets, judged = cnn_sets(out / "data")
+
+    def images(folder: Path) -> dict[str, np.ndarray]:
+        return {"input": np.stack([load_image(p, PREPROCESS) for p in sorted(folder.glob("*.png"))])}
+
+    rows = {name: images(folder) for name, folder in sets.items()}
+    data = {name: sorted(p.stem for p in folder.glob("*.png")) for name, folder in {**sets, "judged": judged}.items()}
+    return Bench(
+        "EfficientNet-Lite0",
+        "tests.test_int8_cnn:efficientnet_lite0",
+        sets,
+        rows,
+        images(judged),
+        classes,
+        data,
+    )
+
+
+def encoder_bench(out: Path) -> Bench:
+    sets, judged, examples = encoder_sets(out / "data")
+    rows = {name: dict(np.load(path)) for name, path in sets.items()}
+    return Bench(
+        "all-MiniLM-L6-v2",
+        "benchmarks.int8_encoder:minilm",
+        sets,
+        rows,
+        judged,
+        nearest_neighbours,
+        {"examples": examples},
+    )
+
+
+def quantize_all(bench: Bench, fp32: Path, set_name: str, out: Path) -> dict[str, tuple[Path, float, str]]:
+    """Every method's INT8 graph of `fp32` from calibration set `set_name`: (graph, seconds, note)."""
+    rows, graphs = bench.rows[set_name], {}
+    for label, options in OURS.items():
+        folder = out / "-".join(["ours", *(f"{k}-{v}" for k, v in options.items())])
+        graph, seconds, verdict = ours(bench.model, bench.sets[set_name], folder, options)
+        graphs[label] = (graph, seconds, f"make_engine {verdict}")
+    for label, op_types in ORT_OP_TYPES.items():
+        graph = out / f"ort-{len(op_types or ())}-op-types.int8.onnx"
+        start = time.perf_counter()
+        ort_quantize_static(fp32, graph, rows, op_types)
+        graphs[f"ort_quantize_static ({label})"] = (graph, time.perf_counter() - start, "")
+    for method, (graph, seconds) in modelopt_quantize(fp32, out, rows).items():
+        graphs[f"modelopt_{method}"] = (graph, seconds, "")
+    return graphs
+
+
+def run_bench(bench: Bench, out: Path) -> dict:
+    fp32 = make_engine(Settings(model=bench.model, precision="fp32", out_root=out / "fp32")) / "model.onnx"
+    first_row = {name: rows[:1] for name, rows in bench.judged.items()}
+    macs = macs_by_op(*compute_shapes(fp32, first_row))
+    expected = run_graph(fp32, bench.judged, simulate_qdq=False)
+    judged_rows = len(expected)
+    results = []
+    for set_name in bench.sets:
+        for method, (graph, seconds, note) in quantize_all(bench, fp32, set_name, out / set_name).items():
+            actual = run_graph(graph, bench.judged, simulate_qdq=True)
+            results.append(
+                {
+                    "model": bench.name,
+                    "calibration": f"{set_name} ({len(next(iter(bench.rows[set_name].values())))} rows)",
+                    "quantizer": method,
+                    **agreement(expected, actual, bench.top1),
+                    **int8_share(graph, macs),
+                    "seconds": round(seconds, 2),
+                    "note": note,
+                }
+            )
+            print(json.dumps(results[-1]), flush=True)
+    return {
+        "judged_rows": judged_rows,
+        "compute_share_at": {name: list(rows.shape) for name, rows in first_row.items()},
+        "data": bench.data,
+        "rows": results,
+    }
+
+
+def modelopt_versions() -> dict[str, str]:
+    """The packages installed in MODELOPT_SITE (ModelOpt and what it imports), by name."""
+    from importlib.metadata import distributions
+
+    return {dist.metadata["Name"]: dist.version for dist in distributions(path=[MODELOPT_SITE])}
+
+
+def environment() -> dict:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
+    isa = cpu_instruction_sets()
+    return {
+        "cpu": cpu_model(),
+        "instruction_sets": instruction_sets_text(isa),
+        "cores": os.cpu_count(),
+        "load_average": [round(load, 2) for load in os.getloadavg()],
+        "versions": {**package_versions(VERSIONS), **modelopt_versions()},
+        "commit": commit.stdout.strip() or "unknown",
+    }
+
+
+def table(record: dict) -> str:
+    """The results as the doc's Markdown table."""
+    lines = [
+        "| model | calibration | quantizer | cosine min | cosine mean | top-1 agreement | ops INT8 "
+        "| INT8 compute share | time (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for bench in record["models"].values():
+        for row in bench["rows"]:
+            lines.append(
+                f"| {row['model']} | {row['calibration']} | {row['quantizer']} | {row['cosine_min']:.4f} | "
+                f"{row['cosine_mean']:.4f} | {row['top1_agreement']:.3f} | {row['ops_quantized']} | "
+                f"{row['int8_compute_share']:.4f} | {row['seconds']:.1f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+READING = "## Reading"
+METHODS_TEXT = """
+Every method quantizes the same FP32 `model.onnx` (the FP32 folder's graph) from the same calibration set, handed
+whole to each. Ours: `make_engine(PRECISION=int8, CALIB=the set)` with the pipeline's defaults (and again with
+SMOOTH=off: no SmoothQuant on MatMul/Gemm inputs), which fits its ranges on its own split of the set
+(`calibration/holdout.py`) and judges its gate on the rest; its `model.int8.onnx` is judged here whether or not that
+gate refuses the build; its time is the int8 stage's (calibration, the Q/DQ graph and the two CPU-shaped graphs).
+ORT: `quantize_static`, QDQ, per-channel, symmetric INT8 activations and weights, one row a calibration batch,
+twice: with its default op types (every one it can quantize: on the encoder also Softmax, LayerNormalization, the
+mean pooling and the attention mask) and with Conv/Gemm/MatMul only. ModelOpt:
+`modelopt.onnx.quantization.quantize(..., quantize_mode='int8', calibration_method='max' | 'entropy',
+calibration_eps=['cpu'])` with its defaults otherwise, in a child process: importing it patches ONNX Runtime's
+calibrators and quantizer in place (`ort_patching.patch_ort_modules`), which would change every later ORT and ours
+row in the same process. The venv's `tensorrt-stubs` (an empty `tensorrt` namespace package, on which ModelOpt's
+probe calls `tensorrt.Logger` and crashes) are hidden in that child by a meta-path finder; the venv is untouched.
+"""
+MEASURES_TEXT = """
+Top-1 agreement: the CNN's class; the encoder's nearest other judged sentence (by cosine of the embeddings), the
+same under INT8 as under FP32. Ops INT8: Conv/Gemm/MatMul both of whose inputs come from a DequantizeLinear (through
+Transpose/Reshape/Flatten/Squeeze/Unsqueeze); INT8 compute share: their multiply-accumulates over all
+Conv/Gemm/MatMul MACs (attention's activation x activation MatMuls included), at the input shapes {shapes}. The
+count is this benchmark's own (`macs_by_op`, `int8_ops`) until the pipeline has one owner for it. Time: the
+quantizer's call (ModelOpt's in its child, its import excluded), one run, on shared cores.
+"""
+
+
+def _prose(text: str) -> str:
+    """A paragraph kept wrapped in the source, as one line in the Markdown."""
+    return " ".join(text.split())  # the hand-written section below this heading survives a regeneration
+
+
+def markdown(record: dict, reading: str) -> str:
+    """docs/benchmarks/int8-vs-modelopt.md from the record: what was measured how, the table, ours' gate verdicts,
+    then `reading` (the doc's hand-written section, kept as it was)."""
+    env = record["environment"]
+    versions = ", ".join(f"{name} {version}" for name, version in env["versions"].items())
+    gates = [
+        f"- {row['model']}, {row['calibration']}, {row['quantizer']}: {row['note']}"
+        for bench in record["models"].values()
+        for row in bench["rows"]
+        if row["quantizer"] in OURS
+    ]
+    data = [f"- {name}: {judged_on(name, bench)}" for name, bench in record["models"].items()]
+    shapes = ", ".join(f"{name} {bench['compute_share_at']}" for name, bench in record["models"].items())
+    return "\n".join(
+        [
+            "# INT8: ours vs NVIDIA ModelOpt vs ONNX Runtime quantize_static (issue 25, part 3)",
+            "",
+            f"Generated by `benchmarks/int8_vs_modelopt.py` (with int8-vs-modelopt.json) at commit {env['commit']}, "
+            f"in {record['seconds']:.0f} s: {env['cpu']}, {env['cores']} cores shared with other jobs (load "
+            f"{env['load_average']}), {env['instruction_sets']}; CPU only, no GPU, TensorRT absent (ModelOpt "
+            f"calibrates on ONNX Runtime's CPU provider). Versions: {versions}.",
+            "",
+            "    .venv/bin/pip install --no-deps --target /tmp/modelopt-site nvidia-modelopt onnx-graphsurgeon \\",
+            "        nvidia-ml-py onnxslim lief",
+            "    PYTHONPATH=$PWD .venv/bin/python benchmarks/int8_vs_modelopt.py --out /tmp/ivm --docs docs/benchmarks",
+            "",
+            _prose(METHODS_TEXT),
+            "",
+            "Judged: every row of a model on the same judge set, which no calibration set contains, against FP32, "
+            "each Q/DQ graph on ONNX Runtime with graph optimizations off (`onnxruntime_session(simulate_qdq=True)`, "
+            "Q/DQ as TensorRT computes it):",
+            "",
+            *data,
+            "",
+            _prose(MEASURES_TEXT.format(shapes=shapes)),
+            "",
+            table(record),
+            "Ours, what `make_engine` said:",
+            "",
+            *gates,
+            "",
+            reading.strip(),
+            "",
+        ]
+    )
+
+
+def judged_on(name: str, bench: dict) -> str:
+    """One line saying what the model's calibration sets and judge set hold."""
+    data = bench["data"]
+    if name == "cnn":
+        return (
+            f"EfficientNet-Lite0 (trained, ImageNet), judged on {bench['judged_rows']} images: "
+            f"{', '.join(data['judged'])}. Narrow set: `make calibration-images` less the judged photos "
+            f"({len(data['narrow'])} images: 8 photos x 4 views). Varied set ({len(data['varied'])} images of 24 "
+            "scenes): those 8 photos' full view and center crop, 11 greyscale images scikit-image ships (GREY_PHOTOS: "
+            "10 photographs and a cell's phase image), 5 "
+            "faces of its LFW subset (25 x 25 pixels, upscaled by the preprocessing). These are all the real "
+            "photographs this machine has (scikit-image, scikit-learn, matplotlib); no other photos exist here, so "
+            "the varied set is varied in scenes, not in colour photos"
+        )
+    examples = data["examples"]
+    return (
+        f"all-MiniLM-L6-v2 (trained sentence encoder; the graph's output is the mean-pooled, L2-normalised "
+        f"embedding, `benchmarks/int8_encoder.MeanPooledEncoder`), 32 tokens a sentence, judged on "
+        f"{bench['judged_rows']} standard-library docstring sentences from the second half of "
+        f"`benchmarks/int8_encoder.sentences()` (e.g. {examples['judged'][0]!r}). Narrow set: {ENCODER_ROWS} "
+        f"templated sentences ({len(TEMPLATES)} templates x 4 words a slot, e.g. {examples['narrow'][0]!r}). "
+        f"Varied set: {ENCODER_ROWS} docstring sentences spread over the list's first half (e.g. "
+        f"{examples['varied'][0]!r})"
+    )
+
+
+def write_results(record: dict, folder: Path) -> None:
+    """int8-vs-modelopt.json and .md into `folder`, the .md keeping the hand-written reading already there."""
+    folder.mkdir(parents=True, exist_ok=True)
+    doc = folder / "int8-vs-modelopt.md"
+    old = doc.read_text() if doc.is_file() else ""
+    reading = old[old.index(READING) :] if READING in old else f"{READING}\n\n(not written yet)"
+    (folder / "int8-vs-modelopt.json").write_text(json.dumps(record, indent=2) + "\n")
+    doc.write_text(markdown(record, reading))
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--modelopt-child"]:
+        modelopt_child(*sys.argv[2:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="working folder (engines, data, graphs, results)")
+    parser.add_argument("--docs", type=Path, help="also write int8-vs-modelopt.json/.md here (docs/benchmarks)")
+    parser.add_argument("--models", default="cnn,encoder", help="which of cnn, encoder (comma-separated)")
+    parser.add_argument("--render", action="store_true", help="measure nothing: rewrite --docs' .md from its .json")
+    args = parser.parse_args()
+    if args.render and args.docs:
+        write_results(json.loads((args.docs / "int8-vs-modelopt.json").read_text()), args.docs)
+        return
+    if args.out is None:
+        parser.error("--out is required (or --render with --docs)")
+    started = time.perf_counter()
+    benches = {"cnn": cnn_bench, "encoder": encoder_bench}
+    models = {name: run_bench(benches[name](args.out / name), args.out / name) for name in args.models.split(",")}
+    record = {"environment": environment(), "seconds": round(time.perf_counter() - started, 1), "models": models}
+    for folder in [args.out, *([args.docs] if args.docs else [])]:
+        write_results(record, folder)
+    print(table(record))
+
+
+if __name__ == "__main__":
+    main()
