@@ -4,8 +4,11 @@ chosen by measuring them, not by rule.
 No rule holds on every host: ONNX Runtime's CPU provider has almost no float16 kernels and runs an FP16 graph
 through casts (0.6x of its own FP32 graph on a Xeon, issue 26), while an INT8 graph shaped for this CPU's kernels
 runs 3x faster than FP32 there.  So each candidate (a graph the folder promises the accuracy of, whose gate passed,
-on each provider present) is timed briefly at the profile's opt batch, in alternating rounds (so that a slow
-moment of a shared host hits all alike), and the median decides.  The choice is cached in the folder
+on each provider present) is timed briefly in alternating rounds (so that a slow moment of a shared host hits all
+alike), at the profile's opt batch and, while the time budget lasts, at its max and min batches too: one batch is a
+rule of its own (on an H100, ResNet-50's FP32 graph led at batch 8 and trailed its FP16 graph by 26% at 32,
+docs/benchmarks/resnet50-h100-cuda.md).  The candidate served is the one whose time, relative to the fastest at
+each measured batch, is worst least (pick()).  The choice is cached in the folder
 (SERVED_CHOICE) keyed by all that decides the speed: the CPU and its instruction sets, the GPU, the onnxruntime
 version, the thread count and the candidates' sha256.  A different key measures again.
 """
@@ -52,10 +55,10 @@ def fastest_onnxruntime_runner(folder: ArtifactFolder, options: dict[str, Any]) 
     key = host_key(folder, candidates, options.get("intra_op_threads"))
     cached = _cached_choice(folder, key, candidates)
     if cached is not None:
-        winner, ms, batch = cached
+        winner, ms = cached
         runner = OnnxRuntimeRunner(folder, **_runner_options(winner, options))
         how = f"measured earlier with this host's key, cached in {SERVED_CHOICE}"
-        return runner, _why(winner, ms, batch, how, refused)
+        return runner, _why(winner, ms, how, refused)
     return _measure_and_serve(folder, candidates, key, options, refused)
 
 
@@ -67,15 +70,47 @@ def _measure_and_serve(
     refused: list[str],
 ) -> tuple[OnnxRuntimeRunner, str]:
     runners = _open_all(folder, candidates, options)
-    batch = folder.manifest.batch_profile.opt  # type: ignore[union-attr]  # open_folder requires a batch_profile
-    medians, rounds = measure(runners, timing_feed(folder, batch))
-    winner = min(medians, key=lambda candidate: medians[candidate])
+    by_batch, rounds = measure_batches(runners, folder)
+    winner = pick(by_batch)
     for candidate, runner in runners.items():
         if candidate != winner:
             runner.close()
-    ms = {candidate.label: t for candidate, t in medians.items()}
-    cached_note = _save_choice(folder, key, winner, ms, batch)
-    return runners[winner], _why(winner, ms, batch, f"measured now, median of {rounds} rounds; {cached_note}", refused)
+    ms = {batch: {candidate.label: t for candidate, t in medians.items()} for batch, medians in by_batch.items()}
+    cached_note = _save_choice(folder, key, winner, ms)
+    return runners[winner], _why(winner, ms, f"measured now, medians of {rounds} rounds; {cached_note}", refused)
+
+
+def profile_batches(folder: ArtifactFolder) -> list[int]:
+    """The batches timed, in order while the budget lasts: the profile's opt, then its max, then its min."""
+    profile = folder.manifest.batch_profile  # open_folder requires one
+    assert profile is not None
+    return list(dict.fromkeys([profile.opt, profile.max, profile.min]))
+
+
+def measure_batches(
+    runners: dict[Candidate, OnnxRuntimeRunner], folder: ArtifactFolder
+) -> tuple[dict[int, dict[Candidate, float]], int]:
+    """({batch: {candidate: median ms}}, rounds at the first batch): the opt batch always, the next ones only
+    while the whole measurement is within BUDGET_S (on a GPU all three; on a CPU a large model's opt batch alone)."""
+    start = time.perf_counter()
+    by_batch: dict[int, dict[Candidate, float]] = {}
+    first_rounds = 0
+    for batch in profile_batches(folder):
+        if by_batch and time.perf_counter() - start > BUDGET_S:
+            break
+        by_batch[batch], rounds = measure(runners, timing_feed(folder, batch))
+        first_rounds = first_rounds or rounds
+    return by_batch, first_rounds
+
+
+def pick(by_batch: dict[int, dict[Candidate, float]]) -> Candidate:
+    """The candidate whose worst ratio to the fastest at each measured batch is least (ties: the first)."""
+    candidates = list(next(iter(by_batch.values())))
+
+    def worst_ratio(candidate: Candidate) -> float:
+        return max(medians[candidate] / min(medians.values()) for medians in by_batch.values())
+
+    return min(candidates, key=worst_ratio)
 
 
 def find_candidates(folder: ArtifactFolder) -> tuple[list[Candidate], list[str]]:
@@ -173,8 +208,8 @@ def _runner_options(candidate: Candidate, options: dict[str, Any]) -> dict[str, 
 
 def _cached_choice(
     folder: ArtifactFolder, key: dict[str, Any], candidates: list[Candidate]
-) -> tuple[Candidate, dict[str, float], int] | None:
-    """(winner, ms by label, batch) from SERVED_CHOICE where it was measured under this key, else None.  A cache
+) -> tuple[Candidate, dict[int, dict[str, float]]] | None:
+    """(winner, {batch: ms by label}) from SERVED_CHOICE where it was measured under this key, else None.  A cache
     file that cannot be read or holds something else is measured again and overwritten."""
     try:
         record = json.loads((folder.path / SERVED_CHOICE).read_text())
@@ -184,17 +219,22 @@ def _cached_choice(
         return None
     by_label = {candidate.label: candidate for candidate in candidates}
     winner = by_label.get(str(record.get("served")))
-    if winner is None or not isinstance(record.get("ms"), dict) or not isinstance(record.get("batch"), int):
+    ms = record.get("ms")
+    if winner is None or not isinstance(ms, dict) or not all(isinstance(v, dict) for v in ms.values()):
         return None
-    return winner, record["ms"], record["batch"]
+    try:
+        return winner, {int(batch): medians for batch, medians in ms.items()}
+    except ValueError:
+        return None
 
 
 def _save_choice(
-    folder: ArtifactFolder, key: dict[str, Any], winner: Candidate, ms: dict[str, float], batch: int
+    folder: ArtifactFolder, key: dict[str, Any], winner: Candidate, ms: dict[int, dict[str, float]]
 ) -> str:
-    """Write the choice to SERVED_CHOICE; what happened, for the description (a read-only folder is served
-    anyway, measured at every load)."""
-    record = {"key": key, "batch": batch, "ms": {label: round(t, 3) for label, t in ms.items()}, "served": winner.label}
+    """Write the choice to SERVED_CHOICE ({batch: ms by label}, the batches in the order measured); what
+    happened, for the description (a read-only folder is served anyway, measured at every load)."""
+    rounded = {str(batch): {label: round(t, 3) for label, t in medians.items()} for batch, medians in ms.items()}
+    record = {"key": key, "ms": rounded, "served": winner.label}
     try:
         write_json(folder.path / SERVED_CHOICE, record)
     except OSError as error:
@@ -202,10 +242,22 @@ def _save_choice(
     return f"cached in {SERVED_CHOICE}"
 
 
-def _why(winner: Candidate, ms: dict[str, float], batch: int, how: str, refused: list[str]) -> str:
-    """What was measured (ms per call by candidate) and why the winner won, for runner.description."""
-    timed = ", ".join(f"{label} {t:.2f} ms" for label, t in sorted(ms.items(), key=lambda item: item[1]))
-    text = f"{winner.label} ({graph_precision(winner.graph)}) was the fastest at batch {batch} ({how}): {timed}"
+def _fastest_first(medians: dict[str, float]) -> str:
+    return ", ".join(f"{label} {t:.2f} ms" for label, t in sorted(medians.items(), key=lambda item: item[1]))
+
+
+def _why(winner: Candidate, ms: dict[int, dict[str, float]], how: str, refused: list[str]) -> str:
+    """What was measured (ms per call by candidate, by batch) and why the winner won, for runner.description."""
+    timed = "; ".join(
+        f"batch {batch}: "
+        + ", ".join(f"{label} {t:.2f} ms" for label, t in sorted(medians.items(), key=lambda i: i[1]))
+        for batch, medians in ms.items()
+    )
+    batches = ", ".join(str(batch) for batch in ms)
+    text = (
+        f"{winner.label} ({graph_precision(winner.graph)}) was the fastest over batch {batches} ({how}; the least "
+        f"worst ratio to the fastest at each): {timed}"
+    )
     if refused:
         text += f"; not candidates: {'; '.join(refused)}"
     return text
