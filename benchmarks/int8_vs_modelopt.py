@@ -35,11 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import onnx
 
 from trt_pipeline import models
 from trt_pipeline.calibration.photos import PHOTOS, views
 from trt_pipeline.calibration.preprocess import load_image
+from trt_pipeline.calibration.share import compute_shapes, int8_share, macs_by_op
+from trt_pipeline.pipeline.core.compute import COMPUTE_OPS
 from trt_pipeline.pipeline.core.cpu import cpu_instruction_sets, cpu_model, instruction_sets_text
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
@@ -48,16 +49,14 @@ from trt_pipeline.pipeline.folder.manifest import package_versions, read_manifes
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
 MODELOPT_SITE = "/tmp/modelopt-site"
-COMPUTE_OPS = ("Conv", "Gemm", "MatMul")
-# Ours by the row's label: the pipeline's defaults, and without SMOOTH (SmoothQuant on MatMul/Gemm inputs; on the
-# CNN that is its classifier Gemm alone), a Settings option a user sets as make engine SMOOTH=off.
-OURS: dict[str, dict[str, str]] = {"ours": {}, "ours (SMOOTH=off)": {"smooth": "off"}}
+# Ours by the row's label: the pipeline's defaults (SMOOTH=auto: smoothed with alpha 0.9 or not, whichever its
+# held-out rows prefer), and always smoothed (SMOOTH=0.9, the default before auto; SmoothQuant on MatMul/Gemm
+# inputs, on the CNN its classifier Gemm alone), a Settings option a user sets as make engine SMOOTH=0.9.
+OURS: dict[str, dict[str, str]] = {"ours": {}, "ours (SMOOTH=0.9)": {"smooth": "0.9"}}
 MODELOPT_METHODS = ("max", "entropy")
 # quantize_static's op_types_to_quantize, by the row's label: its default (None: every op type it can quantize),
 # and the compute ops alone.
 ORT_OP_TYPES: dict[str, list[str] | None] = {"all ops": None, "Conv/Gemm/MatMul": list(COMPUTE_OPS)}
-# Ops TensorRT moves a Q/DQ across (a quantized weight is often DQ -> Transpose/Reshape -> MatMul).
-SHAPE_OPS = ("Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze")
 VERSIONS = ("onnxruntime", "onnx", "torch", "numpy")
 
 # ------------------------------------------------------------------------------------------------ the CNN's data
@@ -185,74 +184,6 @@ def encoder_sets(out: Path) -> tuple[dict[str, Path], dict[str, np.ndarray], dic
         np.savez(path, **tokenize(texts))
     examples = {"narrow": templated_sentences()[:2], "varied": varied[:2], "judged": judged[:2]}
     return paths, tokenize(judged), examples
-
-
-# ------------------------------------------------------------------------------------------ the INT8 compute share
-def compute_shapes(fp32: Path, feeds: dict[str, np.ndarray]) -> tuple[onnx.ModelProto, dict[str, list[int]]]:
-    """The FP32 graph, and the shapes of its Conv/Gemm/MatMul inputs and outputs when it runs on `feeds`: measured
-    by running it (ONNX's shape inference leaves the encoder's shapes symbolic after its Shape/Reshape arithmetic)."""
-    model = onnx.load(fp32)
-    weights = {tensor.name: list(tensor.dims) for tensor in model.graph.initializer}
-    wanted = {
-        name
-        for node in model.graph.node
-        if node.op_type in COMPUTE_OPS
-        for name in (node.input[0], node.input[1], node.output[0])
-        if name not in weights
-    }
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    outputs = {value.name for value in probe.graph.output}
-    probe.graph.output.extend(onnx.ValueInfoProto(name=name) for name in sorted(wanted - outputs))
-    session = onnxruntime_session(probe.SerializeToString())
-    names = [output.name for output in session.get_outputs()]
-    shapes = {name: list(value.shape) for name, value in zip(names, session.run(names, feeds), strict=True)}
-    return model, {**weights, **shapes}
-
-
-def macs_by_op(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> dict[str, int]:
-    """Multiply-accumulates of each Conv/Gemm/MatMul, by node name: output elements x the reduced length (Conv:
-    input channels per group x kernel; Gemm/MatMul: the inner dimension).  Activation x activation MatMuls
-    (attention) count too."""
-    macs = {}
-    for node in model.graph.node:
-        if node.op_type in COMPUTE_OPS:
-            out, first, second = shapes[node.output[0]], shapes[node.input[0]], shapes[node.input[1]]
-            if node.op_type == "Conv":
-                reduced = int(np.prod(second[1:]))
-            elif node.op_type == "Gemm" and any(a.name == "transA" and a.i for a in node.attribute):
-                reduced = first[0]
-            else:
-                reduced = first[-1]
-            macs[node.name] = int(np.prod(out)) * reduced
-    return macs
-
-
-def int8_ops(graph: Path, names: set[str]) -> set[str]:
-    """The compute ops (named as in the FP32 graph) both of whose inputs come from a DequantizeLinear, directly
-    or through SHAPE_OPS: the ops TensorRT runs in INT8."""
-    model = onnx.load(graph)
-    producer = {output: node for node in model.graph.node for output in node.output}
-
-    def dequantized(tensor: str) -> bool:
-        node = producer.get(tensor)
-        while node is not None and node.op_type in SHAPE_OPS:
-            node = producer.get(node.input[0])
-        return node is not None and node.op_type == "DequantizeLinear"
-
-    return {
-        node.name
-        for node in model.graph.node
-        if node.name in names and dequantized(node.input[0]) and dequantized(node.input[1])
-    }
-
-
-def int8_share(graph: Path, macs: dict[str, int]) -> dict:
-    quantized = int8_ops(graph, set(macs))
-    return {
-        "ops_quantized": f"{len(quantized)}/{len(macs)}",
-        "int8_compute_share": sum(macs[name] for name in quantized) / sum(macs.values()),
-    }
 
 
 # ------------------------------------------------------------------------------------------------------ judging
@@ -521,8 +452,9 @@ def table(record: dict) -> str:
 READING = "## Reading"
 METHODS_TEXT = """
 Every method quantizes the same FP32 `model.onnx` (the FP32 folder's graph) from the same calibration set, handed
-whole to each. Ours: `make_engine(PRECISION=int8, CALIB=the set)` with the pipeline's defaults (and again with
-SMOOTH=off: no SmoothQuant on MatMul/Gemm inputs), which fits its ranges on its own split of the set
+whole to each. Ours: `make_engine(PRECISION=int8, CALIB=the set)` with the pipeline's defaults (SMOOTH=auto: the
+graph smoothed with alpha 0.9 and the graph not smoothed, the one with the lower error on its held-out rows kept;
+and again with SMOOTH=0.9, always smoothed, the default before auto), which fits its ranges on its own split of the set
 (`calibration/holdout.py`) and judges its gate on the rest; its `model.int8.onnx` is judged here whether or not that
 gate refuses the build; its time is the int8 stage's (calibration, the Q/DQ graph and the two CPU-shaped graphs).
 ORT: `quantize_static`, QDQ, per-channel, symmetric INT8 activations and weights, one row a calibration batch,
@@ -539,7 +471,7 @@ Top-1 agreement: the CNN's class; the encoder's nearest other judged sentence (b
 same under INT8 as under FP32. Ops INT8: Conv/Gemm/MatMul both of whose inputs come from a DequantizeLinear (through
 Transpose/Reshape/Flatten/Squeeze/Unsqueeze); INT8 compute share: their multiply-accumulates over all
 Conv/Gemm/MatMul MACs (attention's activation x activation MatMuls included), at the input shapes {shapes}. The
-count is this benchmark's own (`macs_by_op`, `int8_ops`) until the pipeline has one owner for it. Time: the
+count is calibration/share.py's (the pipeline's one owner: the INT8 stage records it too). Time: the
 quantizer's call (ModelOpt's in its child, its import excluded), one run, on shared cores.
 """
 

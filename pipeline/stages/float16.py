@@ -27,6 +27,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..core.compute import multiply_adds
+
 FP16_MAX = 65504.0
 # Kept in FP32 above a quarter of float16's range: two bits of headroom for inputs larger than the
 # reference data (ModelOpt AutoCast keeps anything beyond 512, which leaves most of a graph in FP32).
@@ -254,20 +256,6 @@ def fp32_compute_share(fp32_model: onnx.ModelProto, stats: TensorStats, kept: se
     """The share of the graph's multiply-adds (Conv, MatMul, Gemm; one per output element elsewhere) in `kept`."""
     weights = {init.name: tuple(init.dims) for init in fp32_model.graph.initializer}
     shapes = {**stats.shapes, **weights}
-    costs = {node.name: _multiply_adds(node, shapes) for node in fp32_model.graph.node}
+    costs = {node.name: multiply_adds(node, shapes) for node in fp32_model.graph.node}
     total = sum(costs.values())
     return sum(cost for name, cost in costs.items() if name in kept) / total if total else 0.0
-
-
-def _multiply_adds(node: onnx.NodeProto, shapes: dict[str, tuple]) -> int:
-    output = shapes.get(node.output[0]) if node.output else None
-    if output is None:
-        return 0
-    size = int(np.prod(output))
-    if node.op_type == "Conv" and len(node.input) > 1:
-        return size * int(np.prod(shapes.get(node.input[1], (1, 1))[1:]))
-    if node.op_type in ("MatMul", "Gemm") and len(node.input) > 1:
-        left = shapes.get(node.input[0], (1,))
-        transposed = any(a.name == "transA" and a.i for a in node.attribute)
-        return size * int(left[-2] if transposed and len(left) >= 2 else left[-1])
-    return size

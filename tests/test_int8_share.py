@@ -1,4 +1,4 @@
-"""benchmarks/int8_vs_modelopt.py's INT8 compute share on a graph small enough to count by hand.
+"""The INT8 compute share (calibration/share.py) on a graph small enough to count by hand.
 
 A Conv whose input and weight are dequantized (weight through a Transpose, as quantizers often leave it), a MatMul
 of two activations (attention's kind, both dequantized) and a float MatMul; the shapes are measured by running the
@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from benchmarks.int8_vs_modelopt import compute_shapes, int8_share, macs_by_op
+from trt_pipeline.calibration.share import compute_shapes, int8_share, macs_by_op
 
 CONV_MACS = 4 * 8 * 8 * (3 * 3 * 3)  # output elements x (input channels x kernel)
 ATTENTION_MACS = 4 * 8 * 8 * 8  # [1, 4, 8, 8] @ [1, 4, 8, 8]: output elements x inner length
