@@ -15,13 +15,14 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import onnx
 
 from ..models.spec import ImagePreprocess
+from ..pipeline.core.compute import COMPUTE_OPS
 from ..pipeline.folder.artifacts import atomic_path, sha256_file, write_npz
 from ..pipeline.folder.manifest import CalibrationSplit, RowsAgreement, engine_graph
 from .cache import CacheLookup, cache_key, cache_path, load_ranges, save_ranges
@@ -30,6 +31,7 @@ from .qdq import constants_as_initializers, quantize_qdq
 from .qdq_cpu import WEIGHTS_FOR, quantize_for_cpu
 from .ranges import collect_ranges, method_options
 from .readers import CalibrationData, CalibrationSource, graph_inputs, read_calibration_data, rows_of
+from .share import compute_shapes, int8_share, macs_by_op
 from .smooth import channel_maxima, smooth_graph, smoothable, smoothing_record, smoothing_scales
 
 CACHE_FOLDER = "calibration"  # inside the artifact folder, beside model.int8.onnx
@@ -38,6 +40,14 @@ CACHE_FOLDER = "calibration"  # inside the artifact folder, beside model.int8.on
 # with FP32 on them (reference.npz's random inputs are clipped by the input's Q/DQ).
 SAMPLE = "sample.npz"
 SAMPLE_ROWS = 8
+# After the smoothing pick, the quantized op where the held-out error starts (the first node past the gate's level,
+# traced back to its Conv/Gemm/MatMul) is tried in float, up to FLOAT_OPS_TRIED times: kept in float when that cuts
+# the held-out error by FLOAT_KEEP_GAIN or more while INT8 still computes MIN_INT8_SHARE of the multiply-adds
+# (ModelOpt leaves 0.33% of EfficientNet-Lite0 in float, its classifier).  On EfficientNet-Lite0 that is the first
+# block's depthwise conv (docs/benchmarks/int8-vs-modelopt.md).
+FLOAT_OPS_TRIED = 2
+FLOAT_KEEP_GAIN = 0.25
+MIN_INT8_SHARE = 0.99
 # The INT8 graphs for ONNX Runtime on the CPU, beside model.int8.onnx, by the kind of CPU they are for
 # (pipeline.core.cpu.int8_cpu_kind); the runner on a CPU takes the one for its CPU.
 
@@ -92,6 +102,7 @@ class Candidate:
     qdq: Path
     structure: dict
     held_out: RowsAgreement | None = None
+    float_ops: tuple[str, ...] = ()
 
     def as_record(self) -> dict:
         judged = self.held_out
@@ -130,10 +141,17 @@ def make_int8_graph(
             for candidate in tried:
                 candidate.held_out = judge(candidate.qdq, parts.held_out.batches)
         chosen = min(tried, key=lambda c: c.held_out.error_mean if c.held_out else 0.0)  # the first on ties
+        macs = macs_by_op(*compute_shapes(chosen.calibrated, {k: v[:1] for k, v in fit.batches[0].items()}))
+        float_search: dict | None = None
+        if judge is not None and parts.held_out is not None:
+            chosen, float_search = _keep_float(chosen, parts.held_out.batches, judge, macs, Path(scratch) / "float")
         with atomic_path(out_path) as temporary:
             shutil.copyfile(chosen.qdq, temporary)
         cpu_paths = (cpu_out_paths or {}).items()
+        # The CPU graphs quantize every op: ONNX Runtime's quantizer, told to leave EfficientNet-Lite0's first
+        # depthwise conv in float, wrote a graph whose stem Clip was off by 12x its scale under ORT's int8 kernels.
         cpu = {kind: _cpu_graph(chosen.calibrated, path, chosen.ranges, kind) for kind, path in cpu_paths}
+        share = int8_share(chosen.qdq, macs)
     options, scales, lookup, structure = config.options(chosen.alpha), chosen.scales, chosen.lookup, chosen.structure
     cache_file, collect_seconds = chosen.cache_file, sum(c.collect_seconds for c in tried)
     calibration = {
@@ -151,6 +169,9 @@ def make_int8_graph(
         "collect_seconds": collect_seconds,
         "quantizer": _quantizer_name(),
     }
+    calibration["int8_share"] = {**share, "float_ops": list(chosen.float_ops)}
+    if float_search is not None:
+        calibration["float_search"] = float_search
     if len(tried) > 1:
         calibration["smoothing_search"] = {
             "candidates": [candidate.as_record() for candidate in tried],
@@ -163,6 +184,10 @@ def make_int8_graph(
         kept = "smoothed" if chosen.alpha else "not smoothed"
         errors = ", ".join(f"{_alpha_text(c.alpha)} {c.held_out.error_mean:.3g}" for c in tried if c.held_out)
         smoothed += f" ({kept}: held-out error {errors})"
+    if chosen.float_ops:
+        smoothed += (
+            f", {', '.join(chosen.float_ops)} left in float ({share['int8_compute_share']:.2%} of the compute INT8)"
+        )
     verdict = "cached ranges" if lookup.status == "hit" else f"calibrated in {collect_seconds:.1f} s ({lookup.status})"
     summary = (
         f"{out_path.name}: {config.method} on {fit.samples} of {data.samples} samples "
@@ -222,6 +247,61 @@ def _candidate(
     qdq = scratch / engine_graph("int8")
     structure = quantize_qdq(calibrated, qdq, ranges)
     return Candidate(alpha, calibrated, ranges, scales, lookup, cache_file, collect_seconds, qdq, structure)
+
+
+def _keep_float(
+    chosen: Candidate, held_out: list[dict[str, np.ndarray]], judge: Judge, macs: dict[str, int], scratch: Path
+) -> tuple[Candidate, dict]:
+    """(the candidate with the ops kept in float that earned it, the record of every op tried): see FLOAT_OPS_TRIED."""
+    current = chosen if chosen.held_out is not None else replace(chosen, held_out=judge(chosen.qdq, held_out))
+    tried: list[dict] = []
+    for attempt in range(FLOAT_OPS_TRIED):
+        op = _where_error_starts(current, held_out[0])
+        if op is None or op in current.float_ops:
+            break
+        float_ops = (*current.float_ops, op)
+        path = scratch / str(attempt) / engine_graph("int8")
+        path.parent.mkdir(parents=True)
+        structure = quantize_qdq(current.calibrated, path, current.ranges, exclude=float_ops)
+        share = int8_share(path, macs)["int8_compute_share"]
+        agreement = judge(path, held_out)
+        assert current.held_out is not None
+        gain = 1 - agreement.error_mean / current.held_out.error_mean if current.held_out.error_mean else 0.0
+        kept = gain >= FLOAT_KEEP_GAIN and share >= MIN_INT8_SHARE
+        tried.append(
+            {
+                "op": op,
+                "held_out_error_mean": float(f"{agreement.error_mean:.6g}"),
+                "held_out_cosine_min": float(f"{agreement.cosine_min:.6g}"),
+                "int8_compute_share": float(f"{share:.6g}"),
+                "kept_in_float": kept,
+            }
+        )
+        if not kept:
+            break
+        current = replace(current, qdq=path, structure=structure, held_out=agreement, float_ops=float_ops)
+    rule = (
+        f"the quantized op where the held-out error starts, kept in float when that cuts it by {FLOAT_KEEP_GAIN:.0%} "
+        f"with {MIN_INT8_SHARE:.0%} of the multiply-adds still INT8; up to {FLOAT_OPS_TRIED}, judged on the held-out "
+        "rows"
+    )
+    return current, {"rule": rule, "tried": tried}
+
+
+def _where_error_starts(candidate: Candidate, inputs: dict[str, np.ndarray]) -> str | None:
+    """The Conv/Gemm/MatMul feeding the first node past the gate's level on these rows (trt-pipeline diagnose's
+    first node), traced back through the ops between them; None where no node is past it."""
+    from ..pipeline.quality.diagnose import compare_layers, first_past, node_tolerance
+
+    first = first_past(compare_layers(candidate.calibrated, candidate.qdq, inputs, "int8"), node_tolerance("int8"))
+    if first is None:
+        return None
+    model = onnx.load(str(candidate.calibrated))
+    producer = {output: node for node in model.graph.node for output in node.output}
+    node = next(node for node in model.graph.node if node.name == first.node)
+    while node is not None and node.op_type not in COMPUTE_OPS:
+        node = producer.get(node.input[0]) if node.input else None
+    return node.name if node is not None else None
 
 
 def _alpha_text(alpha: float | None) -> str:
