@@ -46,6 +46,7 @@ SAMPLE_ROWS = 8
 # (ModelOpt leaves 0.33% of EfficientNet-Lite0 in float, its classifier).  On EfficientNet-Lite0 that is the first
 # block's depthwise conv (docs/benchmarks/int8-vs-modelopt.md).
 FLOAT_OPS_TRIED = 2
+FLOAT_SEARCH_FROM = 0.05  # held-out error (of the output's norm) under which none is tried (ResNet-50 on photos: 0.025)
 FLOAT_KEEP_GAIN = 0.25
 MIN_INT8_SHARE = 0.99
 # The INT8 graphs for ONNX Runtime on the CPU, beside model.int8.onnx, by the kind of CPU they are for
@@ -253,8 +254,11 @@ def _keep_float(
     chosen: Candidate, held_out: list[dict[str, np.ndarray]], judge: Judge, macs: dict[str, int], scratch: Path
 ) -> tuple[Candidate, dict]:
     """(the candidate with the ops kept in float that earned it, the record of every op tried): see FLOAT_OPS_TRIED."""
-    current = chosen if chosen.held_out is not None else replace(chosen, held_out=judge(chosen.qdq, held_out))
+    judged = chosen.held_out or judge(chosen.qdq, held_out)
+    current, error = replace(chosen, held_out=judged), judged.error_mean
     tried: list[dict] = []
+    if error < FLOAT_SEARCH_FROM:
+        return current, {"rule": f"not tried: held-out error {error:.3g} < {FLOAT_SEARCH_FROM}"}
     for attempt in range(FLOAT_OPS_TRIED):
         op = _where_error_starts(current, held_out[0])
         if op is None or op in current.float_ops:
@@ -265,8 +269,7 @@ def _keep_float(
         structure = quantize_qdq(current.calibrated, path, current.ranges, exclude=float_ops)
         share = int8_share(path, macs)["int8_compute_share"]
         agreement = judge(path, held_out)
-        assert current.held_out is not None
-        gain = 1 - agreement.error_mean / current.held_out.error_mean if current.held_out.error_mean else 0.0
+        gain = 1 - agreement.error_mean / error
         kept = gain >= FLOAT_KEEP_GAIN and share >= MIN_INT8_SHARE
         tried.append(
             {
@@ -280,6 +283,7 @@ def _keep_float(
         if not kept:
             break
         current = replace(current, qdq=path, structure=structure, held_out=agreement, float_ops=float_ops)
+        error = agreement.error_mean
     rule = (
         f"the quantized op where the held-out error starts, kept in float when that cuts it by {FLOAT_KEEP_GAIN:.0%} "
         f"with {MIN_INT8_SHARE:.0%} of the multiply-adds still INT8; up to {FLOAT_OPS_TRIED}, judged on the held-out "
