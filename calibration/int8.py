@@ -41,13 +41,15 @@ CACHE_FOLDER = "calibration"  # inside the artifact folder, beside model.int8.on
 SAMPLE = "sample.npz"
 SAMPLE_ROWS = 8
 # After the smoothing pick, the quantized op where the held-out error starts (the first node past the gate's level,
-# traced back to its Conv/Gemm/MatMul) is tried in float, up to FLOAT_OPS_TRIED times: kept in float when that cuts
-# the held-out error by FLOAT_KEEP_GAIN or more while INT8 still computes MIN_INT8_SHARE of the multiply-adds
-# (ModelOpt leaves 0.33% of EfficientNet-Lite0 in float, its classifier).  On EfficientNet-Lite0 that is the first
-# block's depthwise conv (docs/benchmarks/int8-vs-modelopt.md).
+# traced back to its Conv/Gemm/MatMul) is tried in float, up to FLOAT_OPS_TRIED times.  It stays in float when the
+# held-out error falls by FLOAT_MIN_GAIN or more and by at least FLOAT_GAIN_PER_SHARE times the share of the
+# multiply-adds it takes out of INT8 (accuracy bought per compute given up), while INT8 still computes
+# MIN_INT8_SHARE of them (ModelOpt leaves 0.33% of EfficientNet-Lite0 in float, its classifier).  On
+# EfficientNet-Lite0 that is the first block's depthwise conv: 0.94% of the compute, a quarter of the error.
 FLOAT_OPS_TRIED = 2
 FLOAT_SEARCH_FROM = 0.05  # held-out error (of the output's norm) under which none is tried (ResNet-50 on photos: 0.025)
-FLOAT_KEEP_GAIN = 0.25
+FLOAT_MIN_GAIN = 0.1
+FLOAT_GAIN_PER_SHARE = 10.0
 MIN_INT8_SHARE = 0.99
 # The INT8 graphs for ONNX Runtime on the CPU, beside model.int8.onnx, by the kind of CPU they are for
 # (pipeline.core.cpu.int8_cpu_kind); the runner on a CPU takes the one for its CPU.
@@ -270,7 +272,8 @@ def _keep_float(
         share = int8_share(path, macs)["int8_compute_share"]
         agreement = judge(path, held_out)
         gain = 1 - agreement.error_mean / error
-        kept = gain >= FLOAT_KEEP_GAIN and share >= MIN_INT8_SHARE
+        given_up = int8_share(current.qdq, macs)["int8_compute_share"] - share
+        kept = gain >= max(FLOAT_MIN_GAIN, FLOAT_GAIN_PER_SHARE * given_up) and share >= MIN_INT8_SHARE
         tried.append(
             {
                 "op": op,
@@ -285,9 +288,9 @@ def _keep_float(
         current = replace(current, qdq=path, structure=structure, held_out=agreement, float_ops=float_ops)
         error = agreement.error_mean
     rule = (
-        f"the quantized op where the held-out error starts, kept in float when that cuts it by {FLOAT_KEEP_GAIN:.0%} "
-        f"with {MIN_INT8_SHARE:.0%} of the multiply-adds still INT8; up to {FLOAT_OPS_TRIED}, judged on the held-out "
-        "rows"
+        f"the quantized op where the held-out error starts, kept in float when that cuts it by {FLOAT_MIN_GAIN:.0%} "
+        f"and by {FLOAT_GAIN_PER_SHARE:g}x the share of the compute it leaves in float, with {MIN_INT8_SHARE:.0%} of "
+        f"the multiply-adds still INT8; up to {FLOAT_OPS_TRIED}, judged on the held-out rows"
     )
     return current, {"rule": rule, "tried": tried}
 
