@@ -37,7 +37,7 @@ from onnx import TensorProto
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from trt_pipeline.pipeline.bench.environment import cpu_model  # noqa: E402
+from trt_pipeline.pipeline.core.cpu import cpu_model  # noqa: E402
 from trt_pipeline.pipeline.folder.graph_io import load_reference  # noqa: E402
 from trt_pipeline.pipeline.stages.float16 import Case, TensorStats, faithful_session, fp32_compute_share  # noqa: E402
 

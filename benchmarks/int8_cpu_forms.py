@@ -32,9 +32,12 @@ sys.path.insert(0, str(ROOT))
 from trt_pipeline.calibration.cache import read_cache  # noqa: E402
 from trt_pipeline.calibration.int8 import CACHE_FOLDER, calibrated_graph  # noqa: E402
 from trt_pipeline.calibration.qdq_cpu import WEIGHT_FORMS, quantize_for_cpu  # noqa: E402
-from trt_pipeline.pipeline.bench.environment import cpu_model  # noqa: E402
 from trt_pipeline.pipeline.bench.timing import Share, measure, summarize  # noqa: E402
-from trt_pipeline.pipeline.core.cpu import cpu_instruction_sets, instruction_sets_text  # noqa: E402
+from trt_pipeline.pipeline.core.cpu import (  # noqa: E402
+    cpu_instruction_sets,
+    cpu_model,  # noqa: E402
+    instruction_sets_text,
+)
 
 
 def cached_calibrations(folder: Path, scratch: Path) -> dict:

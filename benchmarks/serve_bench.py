@@ -42,8 +42,7 @@ import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from trt_pipeline.pipeline.bench.environment import cpu_model
-from trt_pipeline.pipeline.core.cpu import cpu_instruction_sets, instruction_sets_text
+from trt_pipeline.pipeline.core.cpu import cpu_instruction_sets, cpu_model, instruction_sets_text
 from trt_pipeline.pipeline.folder.reader import open_folder
 from trt_pipeline.pipeline.runners import load_runner
 from trt_pipeline.pipeline.runners.base import max_batch

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..core.cpu import cpu_instruction_sets
+from ..core.cpu import cpu_instruction_sets, cpu_model
 from ..folder.manifest import package_versions
 
 VERSIONED_PACKAGES = ("torch", "onnxruntime-gpu", "onnxruntime", "numpy", "tensorrt", "tensorrt-rtx-cu13")
@@ -31,15 +31,6 @@ def physical_cores() -> int:
         elif key == "core id":
             cores.add((physical_id, value))
     return max(1, min(usable, len(cores) or usable))
-
-
-def cpu_model() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    return platform.processor() or platform.machine()
 
 
 def load_average() -> list[float] | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -314,14 +314,17 @@ def run_benchmark(
     threads: int | None = None,
     make_hint: str | None = None,
     progress: Progress = print,
+    extra: Sequence[Choice] = (),
 ) -> dict:
-    """Benchmark the artifact folder; returns the report (see pipeline.bench.report for the files)."""
+    """Benchmark the artifact folder; returns the report (see pipeline.bench.report for the files).  `extra`:
+    backends a tool defines beside the bench's own (tools/device/ort_cuda.py's ONNX Runtime CUDA rows), timed
+    in the same alternating rounds."""
     import torch
 
     opened_folder = open_folder(folder, make_hint)
     folder, manifest = opened_folder.path, opened_folder.manifest
     policy = (policy or TimingPolicy()).check()
-    chosen = choices_for(backends)
+    chosen = [*choices_for(backends), *extra]
     sizes = check_batches(batches, manifest)
     threads = threads or physical_cores()
     if threads < 1:

@@ -27,18 +27,8 @@ from torch import nn
 
 from trt_pipeline.calibration.int8 import calibration_sample
 from trt_pipeline.models.spec import ModelSpec
-from trt_pipeline.pipeline.bench.backends import CHOICES, Backend, Choice, Context, Unavailable
-from trt_pipeline.pipeline.bench.environment import describe_environment, load_average
-from trt_pipeline.pipeline.bench.harness import (
-    SEED,
-    check_reference_model,
-    integer_ranges,
-    make_inputs,
-    open_backends,
-    run_sweep,
-    stability,
-    torch_settings,
-)
+from trt_pipeline.pipeline.bench.backends import Backend, Choice, Context, Unavailable
+from trt_pipeline.pipeline.bench.harness import run_benchmark
 from trt_pipeline.pipeline.bench.report import write_reports
 from trt_pipeline.pipeline.bench.timing import TimingPolicy
 from trt_pipeline.pipeline.core.compare import compare
@@ -229,10 +219,10 @@ def ort_cuda_choice(name: str, graph: str, cuda_graph: bool, nhwc: bool = False)
     return Choice(name, f"ONNX Runtime CUDA on {graph}", open_it)
 
 
-def speed_choices(folder_name: str) -> list[Choice]:
-    builtin = {choice.name: choice for choice in CHOICES}
+def speed(engines: Path, out: Path, folder_name: str, budget_s: float) -> None:
+    """The bench's torch rows and `served`, and ONNX Runtime CUDA on the folder's graphs, in one run_benchmark."""
     int8 = folder_name.endswith("-int8")
-    names = ["torch", "served"] + ([] if int8 else ["torch-amp", "torch-compile"])
+    names = ["served"] + ([] if int8 else ["torch-amp", "torch-compile"])
     graphs = {"fp32": FP32_GRAPH, "fp16": "model.fp16.onnx", "int8": "model.int8.onnx"}
     wanted = ["int8"] if int8 else ["fp32", "fp16"]
     ours = [ort_cuda_choice(f"ort-cuda-{k}{'-graph' * g}", graphs[k], g) for k in wanted for g in (False, True)]
@@ -240,44 +230,10 @@ def speed_choices(folder_name: str) -> list[Choice]:
         ours += [
             ort_cuda_choice(f"ort-cuda-fp16-nhwc{'-graph' * g}", graphs["fp16"], g, nhwc=True) for g in (False, True)
         ]
-    return [builtin[name] for name in names] + ours
-
-
-def speed(engines: Path, out: Path, folder_name: str, budget_s: float) -> None:
-    folder = open_folder(named(engines, folder_name))
-    manifest = folder.manifest
-    policy = TimingPolicy(budget_s=budget_s, iterations=200, rounds=5).check()
-    ranges = integer_ranges(manifest, folder.path / "reference.npz")
-    inputs = {b: make_inputs(manifest, ranges, b, SEED) for b in (1, 8, 32)}
-    load_before = load_average()
-    context = Context(folder=folder, threads=16, cuda=DEVICE == "cuda")
-    with torch_settings(16):  # TF32 off, as `trt-pipeline bench` runs torch: its FP32 rows are FP32
-        opened, records = open_backends(speed_choices(folder_name), context, print)
-        try:
-            reference_check = check_reference_model(opened, folder.path / "reference.npz")
-            results = run_sweep(opened, inputs, policy, print)
-        finally:
-            for backend in opened:
-                backend.close()
-    environment = describe_environment(16)
-    environment["load_average"] = {"before": load_before, "after": load_average()}
-    verdict = stability(results, policy, environment["load_average"])
-    report = {
-        "schema": 2,
-        "model": folder.model,
-        "folder": str(folder.path),
-        "precision": folder.precision,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "command": " ".join(sys.argv),
-        "batches": [1, 8, 32],
-        "policy": policy.as_record(),
-        "inputs": {"seed": SEED, "note": "random inputs shaped like the manifest's, the same for every backend"},
-        "environment": environment,
-        "reference_check": reference_check,
-        "stability": verdict,
-        "backends": records,
-        "results": results,
-    }
+    policy = TimingPolicy(budget_s=budget_s, iterations=200, rounds=5)
+    report = run_benchmark(
+        named(engines, folder_name), backends=names, batches=[1, 8, 32], policy=policy, threads=16, extra=ours
+    )
     write_reports(report, out / f"speed-{folder_name}")
 
 
