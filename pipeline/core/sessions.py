@@ -32,7 +32,7 @@ _PROBED: dict[tuple[str, int, int, bool], str] = {}
 
 def onnxruntime_session(
     graph: Path | str | bytes,
-    providers: list[str] | None = None,
+    providers: list[Any] | None = None,
     *,
     intra_op_threads: int | None = None,
     allow_spinning: bool = True,
@@ -40,7 +40,8 @@ def onnxruntime_session(
     level: str | None = None,
     probe_feed: dict | None = None,
 ):
-    """An ONNX Runtime session on a graph file or a graph's bytes; the CPU provider unless told otherwise.
+    """An ONNX Runtime session on a graph file or a graph's bytes; the CPU provider unless told otherwise (providers:
+    names, or (name, provider options) pairs, as InferenceSession takes them).
 
     intra_op_threads: None keeps ORT's default (one per physical core).  allow_spinning=False makes idle
     intra-op threads sleep instead of spinning, which frees the cores for other requests' threads.
@@ -75,7 +76,7 @@ def probe_level(path: Path, feed: dict, *, simulate_qdq: bool = False) -> str:
 
 def _open(
     graph: Path | str | bytes,
-    providers: list[str] | None,
+    providers: list[Any] | None,
     level: str,
     *,
     intra_op_threads: int | None = None,

@@ -43,6 +43,41 @@ def choose_providers(requested: list[str] | None) -> tuple[list[str], str]:
     return [CUDA, CPU], "a GPU is present"
 
 
+def choose_graph(folder: ArtifactFolder, requested: str | None, *, on_cpu: bool) -> tuple[str, str]:
+    """(name, why this graph) for the graph= option, the CPU graph of an int8 folder, or the manifest's graph."""
+    if requested is not None:
+        graphs = sorted(name for name in folder.artifacts if name.endswith(".onnx"))
+        if requested not in graphs:
+            raise PipelineError(
+                f"graph={requested!r} is not one of the graphs of {folder.path}",
+                f"give one of them ({', '.join(graphs)}) or leave graph=None",
+            )
+        return requested, "asked for"
+    if on_cpu:
+        kind = int8_cpu_kind()
+        cpu_graph = folder.cpu_graph(kind)
+        if cpu_graph is not None:
+            return cpu_graph, f"the {folder.precision} graph for ONNX Runtime's CPU kernels, {_KINDS[kind]}"
+    return folder.graph, "the engine's graph"
+
+
+def load_session(folder: ArtifactFolder, graph: str, providers: list[Any], **options: Any) -> Any:
+    """A session on the folder's `graph` with `providers` (names, or (name, provider options) pairs), at the
+    optimization level the build found ONNX Runtime does not crash at (recorded in the manifest where it was not the
+    highest); `options` go to pipeline.core.sessions.onnxruntime_session.  Its bytes match the manifest's sha256
+    (folder.read checks), so a graph ONNX Runtime refuses was written that way: its error (a pybind exception type per
+    cause) becomes the fix."""
+    try:
+        return onnxruntime_session(
+            folder.read(graph), providers, level=folder.manifest.onnxruntime_levels.get(graph), **options
+        )
+    except Exception as error:  # onnxruntime's Fail, InvalidProtobuf, InvalidGraph, ... share no base but Exception
+        raise PipelineError(
+            f"ONNX Runtime cannot load {folder.path / graph}: {type(error).__name__}: {error}",
+            f"the build wrote it this way (its sha256 matches): rebuild the folder: {rebuild_hint(folder.manifest)}",
+        ) from None
+
+
 class OnnxRuntimeRunner(Runner):
     """ONNX Runtime on one graph of the artifact folder.
 
@@ -74,14 +109,21 @@ class OnnxRuntimeRunner(Runner):
                 "give 1 or more, or None for ONNX Runtime's default (one per physical core)",
             )
         chosen, why = choose_providers(providers)
-        self.graph, which = self._graph(graph, on_cpu=CUDA not in chosen)
+        self.graph, which = choose_graph(folder, graph, on_cpu=CUDA not in chosen)
         # The TensorRT-shaped INT8 graph on the CPU (no graph for this CPU's kernels): its Q/DQ run as TensorRT
         # computes them, in float; ORT's fused int8 kernels would compute something else (saturating without
         # VNNI).  The gates judged it the same way (pipeline.stages.parity.evaluation_session).
         simulate_qdq = CUDA not in chosen and self.graph == engine_graph("int8")
         if simulate_qdq:
             which += ", its Q/DQ simulated in float as TensorRT computes them: slower than int8 kernels"
-        self.session = self._session(chosen, intra_op_threads, allow_spinning, simulate_qdq)
+        self.session = load_session(
+            folder,
+            self.graph,
+            chosen,
+            intra_op_threads=intra_op_threads,
+            allow_spinning=allow_spinning,
+            simulate_qdq=simulate_qdq,
+        )
         self._output_names = [spec.name for spec in self.outputs]
         used = self.session.get_providers()
         threads = "default intra-op threads" if intra_op_threads is None else f"{intra_op_threads} intra-op threads"
@@ -91,46 +133,6 @@ class OnnxRuntimeRunner(Runner):
             f"onnxruntime {ort.__version__} running {self.graph} ({which}) on {', '.join(used)} ({why}), "
             f"{threads}, {spinning}"
         )
-
-    def _graph(self, requested: str | None, *, on_cpu: bool) -> tuple[str, str]:
-        """(name, why this graph) for the graph= option, the CPU graph of an int8 folder, or the manifest's graph."""
-        if requested is not None:
-            graphs = sorted(name for name in self.folder.artifacts if name.endswith(".onnx"))
-            if requested not in graphs:
-                raise PipelineError(
-                    f"graph={requested!r} is not one of the graphs of {self.folder.path}",
-                    f"give one of them ({', '.join(graphs)}) or leave graph=None",
-                )
-            return requested, "asked for"
-        if on_cpu:
-            kind = int8_cpu_kind()
-            cpu_graph = self.folder.cpu_graph(kind)
-            if cpu_graph is not None:
-                return cpu_graph, f"the {self.folder.precision} graph for ONNX Runtime's CPU kernels, {_KINDS[kind]}"
-        return self.folder.graph, "the engine's graph"
-
-    def _session(
-        self, providers: list[str], intra_op_threads: int | None, allow_spinning: bool, simulate_qdq: bool
-    ) -> Any:
-        """The session on the chosen graph, at the optimization level the build found ONNX Runtime does not crash
-        at (recorded in the manifest where it was not the highest).  Its bytes match the manifest's sha256
-        (folder.read checks), so a graph ONNX Runtime refuses was written that way: its error (a pybind exception
-        type per cause) becomes the fix."""
-        graph = self.folder.read(self.graph)
-        try:
-            return onnxruntime_session(
-                graph,
-                providers,
-                intra_op_threads=intra_op_threads,
-                allow_spinning=allow_spinning,
-                simulate_qdq=simulate_qdq,
-                level=self.manifest.onnxruntime_levels.get(self.graph),
-            )
-        except Exception as error:  # onnxruntime's Fail, InvalidProtobuf, InvalidGraph, ... share no base but Exception
-            raise PipelineError(
-                f"ONNX Runtime cannot load {self.folder.path / self.graph}: {type(error).__name__}: {error}",
-                f"the build wrote it this way (its sha256 matches): rebuild the folder: {rebuild_hint(self.manifest)}",
-            ) from None
 
     def _free(self) -> None:
         del self.session  # the session holds the graph's weights and ORT's arenas
