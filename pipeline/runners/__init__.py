@@ -20,7 +20,7 @@ from ..core.errors import PipelineError
 from ..folder.reader import ArtifactFolder, open_folder
 from .base import Runner, TensorSpec
 
-BACKENDS = ("auto", "tensorrt", "onnxruntime", "torch")
+BACKENDS = ("auto", "tensorrt", "onnxruntime", "onnxruntime-cuda", "torch")
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,8 @@ def load_runner(path: str | Path | ArtifactFolder, backend: str = "auto", **opti
     pipeline.folder.reader.open_folder).
 
     backend: "tensorrt" (engine.plan), "onnxruntime" (the graph the engine was built from),
-    "torch" (the model itself), or "auto": the engine where it can run here (a GPU, TensorRT and
+    "onnxruntime-cuda" (that graph on ONNX Runtime's CUDA provider with IO binding and optional CUDA graphs; refused,
+    with the fix, where the provider or a GPU is missing), "torch" (the model itself), or "auto": the engine where it can run here (a GPU, TensorRT and
     engine.plan), else the folder's graph ONNX Runtime runs fastest on this host, measured and cached in the
     folder (pipeline.runners.fastest; an explicit graph= or providers= skips measuring).  `options` go to the
     runner (e.g. split_large_batches=False, providers=[...] for ONNX Runtime, amp=True for torch, contexts=2 for
@@ -104,6 +105,10 @@ def _runner_class(backend: str) -> type[Runner]:
         from .torch import TorchRunner
 
         return TorchRunner
+    if backend == "onnxruntime-cuda":
+        from .onnxruntime_cuda import OnnxRuntimeCudaRunner
+
+        return OnnxRuntimeCudaRunner
     from .onnxruntime import OnnxRuntimeRunner
 
     return OnnxRuntimeRunner
