@@ -33,11 +33,12 @@ def load_runner(path: str | Path | ArtifactFolder, backend: str = "auto", **opti
 
     backend: "tensorrt" (engine.plan), "onnxruntime" (the graph the engine was built from),
     "onnxruntime-cuda" (that graph on ONNX Runtime's CUDA provider with IO binding and optional CUDA graphs; refused,
-    with the fix, where the provider or a GPU is missing), "torch" (the model itself), or "auto": the engine where it can run here (a GPU, TensorRT and
-    engine.plan), else the folder's graph ONNX Runtime runs fastest on this host, measured and cached in the
-    folder (pipeline.runners.fastest; an explicit graph= or providers= skips measuring).  `options` go to the
-    runner (e.g. split_large_batches=False, providers=[...] for ONNX Runtime, amp=True for torch, contexts=2 for
-    the engine).
+    with the fix, where the provider or a GPU is missing), "torch" (the model itself), or "auto": the engine where it
+    can run here (a GPU, TensorRT and engine.plan), else the folder's graph ONNX Runtime runs fastest on this host,
+    on its CUDA provider (the onnxruntime-cuda runner) or its CPU one, measured and cached in the folder
+    (pipeline.runners.fastest; an explicit graph= or providers= skips measuring).  `options` go to the runner (e.g.
+    split_large_batches=False, providers=[...] for ONNX Runtime, amp=True for torch, contexts=2 for the engine,
+    cuda_graph=True for onnxruntime-cuda).
     """
     if backend not in BACKENDS:
         raise PipelineError(f"unknown runner backend {backend!r}", f"use one of {', '.join(BACKENDS)}")

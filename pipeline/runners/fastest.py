@@ -30,7 +30,9 @@ from ..folder.artifacts import write_json
 from ..folder.graph_io import load_reference
 from ..folder.manifest import REFERENCE, SERVED_CHOICE, cpu_graphs, engine_graph, graph_precision, rebuild_hint
 from ..folder.reader import ArtifactFolder
+from .base import Runner
 from .onnxruntime import CPU, CUDA, OnnxRuntimeRunner, choose_providers
+from .onnxruntime_cuda import OnnxRuntimeCudaRunner
 
 # Alternating rounds: at least MIN_ROUNDS (a median of fewer says little), then more while within BUDGET_S.
 MIN_ROUNDS, MAX_ROUNDS = 3, 9
@@ -39,7 +41,8 @@ BUDGET_S = 1.5
 
 @dataclass(frozen=True)
 class Candidate:
-    """One graph of the folder on one ONNX Runtime provider (the CPU provider is always the last fallback)."""
+    """One graph of the folder on one ONNX Runtime provider (the CPU provider is always the last fallback).  On the
+    CUDA provider the candidate is the onnxruntime-cuda runner (IO binding to buffers on the GPU), which serves it."""
 
     graph: str
     providers: tuple[str, ...]
@@ -48,15 +51,26 @@ class Candidate:
     def label(self) -> str:
         return f"{self.graph} on {self.providers[0].removesuffix('ExecutionProvider')}"
 
+    @property
+    def on_cuda(self) -> bool:
+        return self.providers[0] == CUDA
 
-def fastest_onnxruntime_runner(folder: ArtifactFolder, options: dict[str, Any]) -> tuple[OnnxRuntimeRunner, str]:
+    def open(self, folder: ArtifactFolder, options: dict[str, Any]) -> Runner:
+        """Its runner; the CUDA runner takes only the options both runners share (the CPU's threads do not apply)."""
+        if self.on_cuda:
+            shared = {name: value for name, value in options.items() if name == "split_large_batches"}
+            return OnnxRuntimeCudaRunner(folder, graph=self.graph, **shared)
+        return OnnxRuntimeRunner(folder, **{**options, "graph": self.graph, "providers": list(self.providers)})
+
+
+def fastest_onnxruntime_runner(folder: ArtifactFolder, options: dict[str, Any]) -> tuple[Runner, str]:
     """(the runner on the fastest candidate, why it won: what was measured, or that the cache said so)."""
-    candidates, refused = find_candidates(folder)
+    candidates, refused = find_candidates(folder, usable_providers())
     key = host_key(folder, candidates, options.get("intra_op_threads"))
     cached = _cached_choice(folder, key, candidates)
     if cached is not None:
         winner, ms = cached
-        runner = OnnxRuntimeRunner(folder, **_runner_options(winner, options))
+        runner = winner.open(folder, options)
         how = f"measured earlier with this host's key, cached in {SERVED_CHOICE}"
         return runner, _why(winner, ms, how, refused)
     return _measure_and_serve(folder, candidates, key, options, refused)
@@ -68,7 +82,7 @@ def _measure_and_serve(
     key: dict[str, Any],
     options: dict[str, Any],
     refused: list[str],
-) -> tuple[OnnxRuntimeRunner, str]:
+) -> tuple[Runner, str]:
     runners = _open_all(folder, candidates, options)
     by_batch, rounds = measure_batches(runners, folder)
     winner = pick(by_batch)
@@ -80,6 +94,13 @@ def _measure_and_serve(
     return runners[winner], _why(winner, ms, f"measured now, medians of {rounds} rounds; {cached_note}", refused)
 
 
+def usable_providers() -> list[str]:
+    """The ONNX Runtime providers that can run here: CUDA where onnxruntime-gpu and a GPU are both present (the
+    engine could not run, or auto would have served it), and the CPU."""
+    providers, _ = choose_providers(None)
+    return providers
+
+
 def profile_batches(folder: ArtifactFolder) -> list[int]:
     """The batches timed, in order while the budget lasts: the profile's opt, then its max, then its min."""
     profile = folder.manifest.batch_profile  # open_folder requires one
@@ -88,7 +109,7 @@ def profile_batches(folder: ArtifactFolder) -> list[int]:
 
 
 def measure_batches(
-    runners: dict[Candidate, OnnxRuntimeRunner], folder: ArtifactFolder
+    runners: dict[Candidate, Runner], folder: ArtifactFolder
 ) -> tuple[dict[int, dict[Candidate, float]], int]:
     """({batch: {candidate: median ms}}, rounds at the first batch): the opt batch always, the next ones only
     while the whole measurement is within BUDGET_S (on a GPU all three; on a CPU a large model's opt batch alone)."""
@@ -113,11 +134,12 @@ def pick(by_batch: dict[int, dict[Candidate, float]]) -> Candidate:
     return min(candidates, key=worst_ratio)
 
 
-def find_candidates(folder: ArtifactFolder) -> tuple[list[Candidate], list[str]]:
-    """(what may serve the folder here, why each other graph may not).  The graphs: those as accurate as the folder
-    promises whose gates passed; on the CPU provider an INT8 folder's graph for this kind of CPU's kernels stands for
-    the TensorRT-shaped INT8 graph (which runs there only with its Q/DQ simulated in float); the CUDA provider runs
-    the TensorRT-shaped graphs, not the CPU's."""
+def find_candidates(folder: ArtifactFolder, providers: list[str]) -> tuple[list[Candidate], list[str]]:
+    """(what may serve the folder here, why each other graph may not), on `providers`: those ONNX Runtime can run
+    here (usable_providers()).  The graphs: those as accurate as the folder promises whose gates passed; on the CPU
+    provider an INT8 folder's graph for this kind of CPU's kernels stands for the TensorRT-shaped INT8 graph (which
+    runs there only with its Q/DQ simulated in float); the CUDA provider runs the TensorRT-shaped graphs, not the
+    CPU's."""
     refused: list[str] = []
     passed: list[str] = []
     for name in folder.servable_graphs():
@@ -132,7 +154,6 @@ def find_candidates(folder: ArtifactFolder) -> tuple[list[Candidate], list[str]]
     if cpu_form in passed:
         on_cpu = [name for name in on_cpu if name != engine_graph("int8")]
     candidates = [Candidate(name, (CPU,)) for name in on_cpu]
-    providers, _ = choose_providers(None)
     if CUDA in providers:
         on_gpu = [name for name in passed if name not in cpu_graphs("int8").values()]
         candidates = [Candidate(name, (CUDA, CPU)) for name in on_gpu] + candidates
@@ -169,9 +190,7 @@ def timing_feed(folder: ArtifactFolder, batch: int) -> dict[str, np.ndarray]:
     return {name: np.take(array, np.arange(batch) % len(array), axis=0) for name, array in inputs.items()}
 
 
-def measure(
-    runners: dict[Candidate, OnnxRuntimeRunner], feed: dict[str, np.ndarray]
-) -> tuple[dict[Candidate, float], int]:
+def measure(runners: dict[Candidate, Runner], feed: dict[str, np.ndarray]) -> tuple[dict[Candidate, float], int]:
     """({candidate: median ms per call}, rounds): one warm-up call each, then alternating rounds (every other round
     in reverse order, so no candidate always runs right after the same one) until the budget is spent."""
     for runner in runners.values():
@@ -188,22 +207,16 @@ def measure(
     return {candidate: statistics.median(ms) for candidate, ms in times.items()}, rounds
 
 
-def _open_all(
-    folder: ArtifactFolder, candidates: list[Candidate], options: dict[str, Any]
-) -> dict[Candidate, OnnxRuntimeRunner]:
-    runners: dict[Candidate, OnnxRuntimeRunner] = {}
+def _open_all(folder: ArtifactFolder, candidates: list[Candidate], options: dict[str, Any]) -> dict[Candidate, Runner]:
+    runners: dict[Candidate, Runner] = {}
     try:
         for candidate in candidates:
-            runners[candidate] = OnnxRuntimeRunner(folder, **_runner_options(candidate, options))
+            runners[candidate] = candidate.open(folder, options)
     except BaseException:
         for runner in runners.values():
             runner.close()
         raise
     return runners
-
-
-def _runner_options(candidate: Candidate, options: dict[str, Any]) -> dict[str, Any]:
-    return {**options, "graph": candidate.graph, "providers": list(candidate.providers)}
 
 
 def _cached_choice(

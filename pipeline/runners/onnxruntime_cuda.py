@@ -23,7 +23,7 @@ ONNX Runtime's CPU provider (numpy buffers), which is how they are tested on mac
 from __future__ import annotations
 
 import queue
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -208,9 +208,10 @@ class OnnxRuntimeCudaRunner(Runner):
             self._idle.put(slot)
         used = self._slots[0].session.get_providers()
         graphs = ", a CUDA graph captured per input shape" if cuda_graph else ""
+        tf32 = ", TF32 off (float32 ops stay float32)" if on_cuda else ""
         self.description = (
             f"onnxruntime {ort.__version__} running {self.graph} ({which}) on {', '.join(used)} with IO binding to "
-            f"buffers pre-allocated on {device} at the max shapes{graphs}, FP32 without TF32, {sessions} session(s)"
+            f"buffers pre-allocated on {device} at the max shapes{graphs}{tf32}, {sessions} session(s)"
         )
 
     # ------------------------------------------------------------------ loading
@@ -372,7 +373,7 @@ class OnnxRuntimeCudaRunner(Runner):
         self._slots.clear()
 
 
-def _dim_sources(inputs: list[GraphTensor], outputs: list[GraphTensor]) -> dict[str, tuple[str, int]]:
+def _dim_sources(inputs: Sequence[GraphTensor], outputs: Sequence[GraphTensor]) -> dict[str, tuple[str, int]]:
     """Named dim -> (input name, axis) where its size is read at each call (the first input that has it).  An output
     dim no input names has a data-dependent size: its buffer could not be bound ahead, so it is refused at load."""
     sources: dict[str, tuple[str, int]] = {}
