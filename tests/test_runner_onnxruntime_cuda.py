@@ -1,0 +1,142 @@
+"""backend="onnxruntime-cuda" without a GPU: its IO binding, pool and checks run here on ONNX Runtime's CPU provider
+(device="cpu": the same code, the placement a parameter), a host without the CUDA provider is refused with the fix,
+and auto lists CUDA candidates only where the provider runs.  On a GPU: tests/test_runner_onnxruntime_cuda_gpu.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from tests.concurrency import assert_each_thread_gets_its_own_result
+from tests.test_runners import _cnn_batch, _text_batch
+from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.folder.reader import open_folder
+from trt_pipeline.pipeline.runners import load_runner
+from trt_pipeline.pipeline.runners.fastest import find_candidates, usable_providers
+from trt_pipeline.pipeline.runners.onnxruntime import CPU, CUDA
+from trt_pipeline.pipeline.runners.onnxruntime_cuda import OnnxRuntimeCudaRunner
+
+# `folders` (fp32 tiny_cnn and text_classifier), `fp16_folder` and `int8_folder` come from tests/test_runners.py.
+pytest_plugins = ["tests.test_runners"]
+
+
+@pytest.fixture(scope="module")
+def bound(folders):
+    """The binding runner on the CPU provider, two sessions, and the plain ONNX Runtime runner beside it."""
+    made = {
+        name: (load_runner(folder, "onnxruntime-cuda", device="cpu"), load_runner(folder, "onnxruntime"))
+        for name, folder in folders.items()
+    }
+    yield made
+    for pair in made.values():
+        for runner in pair:
+            runner.close()
+
+
+def _feeds(model: str) -> list[dict[str, np.ndarray]]:
+    if model == "tiny_cnn":
+        return [_cnn_batch(1), _cnn_batch(32, seed=2), _cnn_batch(70, seed=3)]  # 70: chunked into 32 + 32 + 6
+    return [_text_batch(1, seq=1), _text_batch(5, seq=64, seed=4), _text_batch(40, seq=7, seed=5)]
+
+
+@pytest.mark.parametrize("model", ["tiny_cnn", "text_classifier"])
+def test_io_binding_computes_what_the_session_computes(bound, model):
+    runner, plain = bound[model]
+    assert runner.backend == "onnxruntime-cuda"
+    assert "on CPUExecutionProvider with IO binding to buffers pre-allocated on cpu" in runner.description
+    for feed in _feeds(model):
+        got, expected = runner.infer(feed), plain.infer(feed)
+        assert {name: value.shape for name, value in got.items()} == {n: v.shape for n, v in expected.items()}
+        for name in expected:  # the same graph, the same provider: bit for bit, only the rows each call sent
+            np.testing.assert_array_equal(got[name], expected[name])
+
+
+def test_a_strided_input_is_copied_into_the_buffer(bound):
+    runner, plain = bound["tiny_cnn"]
+    strided = np.random.default_rng(6).standard_normal((4, 3, 16, 16), dtype=np.float32).transpose(0, 1, 3, 2)
+    got = runner.infer({"input": strided})
+    np.testing.assert_array_equal(got["logits"], plain.infer({"input": np.ascontiguousarray(strided)})["logits"])
+
+
+def test_infer_on_device_binds_the_callers_arrays_in_place(bound):
+    runner, plain = bound["text_classifier"]
+    feed = _text_batch(6, seq=9, seed=7)
+    outputs = {"logits": np.full((6, 4), np.nan, np.float32), "tokens": np.full((6, 9, 8), np.nan, np.float32)}
+    returned = runner.infer_on_device(feed, outputs)
+    assert returned is outputs
+    expected = plain.infer(feed)
+    for name in expected:
+        np.testing.assert_array_equal(outputs[name], expected[name])
+    with pytest.raises(PipelineError, match=r"output tensor 'tokens' is float32 \(6, 8, 8\), this call writes"):
+        runner.infer_on_device(feed, {**outputs, "tokens": np.empty((6, 8, 8), np.float32)})
+    with pytest.raises(PipelineError, match="more than the profile's max batch 32"):
+        runner.infer_on_device(_text_batch(33, seq=2), outputs)
+
+
+def test_the_pool_gives_each_thread_its_own_result(bound):
+    runner, _ = bound["text_classifier"]
+    feeds = [_text_batch(1 + t % 7, seq=3 + t, seed=t) for t in range(8)]
+    assert_each_thread_gets_its_own_result(runner, feeds, calls=10)
+
+
+def test_inputs_are_checked_and_a_closed_runner_refuses(folders):
+    runner = load_runner(folders["tiny_cnn"], "onnxruntime-cuda", device="cpu", sessions=1)
+    with pytest.raises(PipelineError, match="input 'input' has dtype float64, expected float32"):
+        runner.infer({"input": np.zeros((2, 3, 16, 16))})
+    with pytest.raises(PipelineError, match="input 'input' has shape"):
+        runner.infer({"input": np.zeros((2, 3, 16, 15), np.float32)})
+    runner.close()
+    with pytest.raises(PipelineError, match="this runner was closed"):
+        runner.infer(_cnn_batch(1))
+
+
+def test_bad_options_are_refused(folders):
+    folder = folders["tiny_cnn"]
+    with pytest.raises(PipelineError, match="cuda_graph=True captures CUDA graphs, which need device='cuda'"):
+        load_runner(folder, "onnxruntime-cuda", device="cpu", cuda_graph=True)
+    with pytest.raises(PipelineError, match="device='tpu:0'"):
+        load_runner(folder, "onnxruntime-cuda", device="tpu:0")
+    with pytest.raises(PipelineError, match="sessions=0"):
+        load_runner(folder, "onnxruntime-cuda", device="cpu", sessions=0)
+    with pytest.raises(PipelineError, match="the onnxruntime-cuda runner takes no option intra_op_threads"):
+        load_runner(folder, "onnxruntime-cuda", intra_op_threads=2)
+
+
+@pytest.mark.skipif(CUDA in ort.get_available_providers(), reason="this onnxruntime has the CUDA provider")
+def test_a_host_without_the_cuda_provider_is_refused_with_the_fix(folders):
+    with pytest.raises(PipelineError) as caught:
+        load_runner(folders["tiny_cnn"], "onnxruntime-cuda")
+    assert f"returned {ort.get_available_providers()}" in caught.value.problem
+    assert "'trt-pipeline[gpu]'" in caught.value.fix and "onnxruntime-gpu" in caught.value.fix
+
+
+def test_auto_lists_cuda_candidates_only_where_the_provider_runs(fp16_folder, int8_folder):
+    here = usable_providers()
+    for path in (fp16_folder, int8_folder):
+        folder = open_folder(path)
+        candidates, _ = find_candidates(folder, here)
+        assert any(c.on_cuda for c in candidates) == (CUDA in here)
+    # With what onnxruntime-gpu and a GPU give: the TensorRT-shaped graphs on CUDA, served by the binding runner,
+    # besides the CPU's; never the INT8 graphs shaped for the CPU's kernels.
+    folder = open_folder(int8_folder)
+    candidates, _ = find_candidates(folder, [CUDA, CPU])
+    on_cuda = [c.graph for c in candidates if c.on_cuda]
+    assert on_cuda == ["model.onnx", "model.int8.onnx"]
+    assert [c.label for c in candidates if c.on_cuda] == ["model.onnx on CUDA", "model.int8.onnx on CUDA"]
+    assert {c.graph for c in candidates if not c.on_cuda} == {c.graph for c in find_candidates(folder, [CPU])[0]}
+
+
+def test_a_cuda_candidate_opens_the_binding_runner(folders):
+    """What auto opens for a CUDA candidate is the onnxruntime-cuda runner; here its CUDA check refuses it, naming
+    the gpu extra, where the provider is missing."""
+    from trt_pipeline.pipeline.runners.fastest import Candidate
+
+    candidate = Candidate("model.onnx", (CUDA, CPU))
+    folder = open_folder(folders["tiny_cnn"])
+    if CUDA in usable_providers():
+        with candidate.open(folder, {"intra_op_threads": 2}) as runner:
+            assert isinstance(runner, OnnxRuntimeCudaRunner)
+    else:
+        with pytest.raises(PipelineError, match="backend='onnxruntime-cuda'"):
+            candidate.open(folder, {"intra_op_threads": 2})
