@@ -1,0 +1,120 @@
+"""backend="onnxruntime-cuda" on a real GPU: FP32 and FP16 folders against the CPU provider within each graph's own
+gate tolerance, torch CUDA tensors in and out, CUDA graphs on and off, threads, and auto listing CUDA candidates.
+Skipped with the reason (tests/conftest.py) where no GPU is present, or where onnxruntime has no CUDA provider."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from tests.concurrency import assert_each_thread_gets_its_own_result
+from trt_pipeline.pipeline.core.compare import compare_outputs
+from trt_pipeline.pipeline.core.settings import Settings
+from trt_pipeline.pipeline.folder.graph_io import load_reference
+from trt_pipeline.pipeline.folder.manifest import parity_stage
+from trt_pipeline.pipeline.folder.reader import open_folder
+from trt_pipeline.pipeline.runners import load_runner
+from trt_pipeline.pipeline.runners.onnxruntime import CPU, CUDA
+from trt_pipeline.pipeline.stages.sequence import make_engine
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        CUDA not in ort.get_available_providers(),
+        reason=f"onnxruntime {ort.__version__} has no {CUDA} (install the gpu extra: onnxruntime-gpu)",
+    ),
+]
+
+MODELS = {"tiny_cnn": "tests.toy_models:tiny_cnn", "text_classifier": "tests.toy_models:text_classifier"}
+CASES = [(model, precision) for model in MODELS for precision in ("fp32", "fp16")]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
+    root = tmp_path_factory.mktemp("ort-cuda")
+    return {
+        (model, precision): make_engine(Settings(model=MODELS[model], precision=precision, out_root=root))
+        for model, precision in CASES
+    }
+
+
+def _cnn_batch(rows: int, seed: int = 0) -> dict[str, np.ndarray]:
+    return {"input": np.random.default_rng(seed).standard_normal((rows, 3, 16, 16), dtype=np.float32)}
+
+
+def _text_batch(rows: int, seq: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    mask = (rng.random((rows, seq)) > 0.2).astype(np.float32)
+    return {"input_ids": rng.integers(0, 100, (rows, seq), dtype=np.int64), "attention_mask": mask}
+
+
+def _assert_close(expected: dict, actual: dict, rtol: float) -> None:
+    results = compare_outputs(expected, actual, rtol=rtol)
+    assert all(c.ok for c in results.values()), {n: c.as_record() for n, c in results.items()}
+
+
+@pytest.mark.parametrize(("model", "precision"), CASES)
+def test_cuda_matches_the_cpu_provider_within_the_graphs_gate(folders, model, precision):
+    folder = folders[model, precision]
+    with load_runner(folder, "onnxruntime-cuda") as runner:
+        # ORT falls back to the CPU silently when the CUDA provider fails to load; the description says what it uses.
+        assert f"on {CUDA}, {CPU} with IO binding" in runner.description
+        assert runner.graph == ("model.fp16.onnx" if precision == "fp16" else "model.onnx")
+        assert "TF32 off" in runner.description
+        with load_runner(folder, "onnxruntime", providers=[CPU], graph=runner.graph) as cpu:
+            record = open_folder(folder).manifest.parity(parity_stage(runner.graph))
+            assert record is not None
+            for inputs, _ in load_reference(folder / "reference.npz"):
+                _assert_close(cpu.infer(inputs), runner.infer(inputs), rtol=record.rtol)
+
+
+def test_device_resident_inference_writes_the_callers_tensors(folders):
+    import torch
+
+    with load_runner(folders["text_classifier", "fp16"], "onnxruntime-cuda") as runner:
+        feed = _text_batch(8, seq=12, seed=1)
+        expected = runner.infer(feed)
+        inputs = {name: torch.from_numpy(value).cuda() for name, value in feed.items()}
+        outputs = {
+            name: torch.empty(value.shape, dtype=torch.float32, device="cuda") for name, value in expected.items()
+        }
+        assert runner.infer_on_device(inputs, outputs) is outputs
+        _assert_close(expected, {name: tensor.cpu().numpy() for name, tensor in outputs.items()}, rtol=1e-6)
+        # torch CUDA inputs through infer(): bound in place, host arrays out.
+        _assert_close(expected, runner.infer(inputs), rtol=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_cuda_graphs_on_and_off_give_the_same_outputs(folders, precision):
+    import torch
+
+    folder = folders["tiny_cnn", precision]
+    with (
+        load_runner(folder, "onnxruntime-cuda") as plain,
+        load_runner(folder, "onnxruntime-cuda", cuda_graph=True) as graphs,
+    ):
+        assert "a CUDA graph captured per input shape" in graphs.description
+        for rows in (1, 8, 1, 8, 32, 8):  # repeated shapes replay their captured graph
+            feed = _cnn_batch(rows, seed=rows)
+            _assert_close(plain.infer(feed), graphs.infer(feed), rtol=1e-5)
+        feed = _cnn_batch(4, seed=9)
+        outputs = {"logits": torch.empty((4, 10), dtype=torch.float32, device="cuda")}
+        graphs.infer_on_device({"input": torch.from_numpy(feed["input"]).cuda()}, outputs)
+        _assert_close(plain.infer(feed), {"logits": outputs["logits"].cpu().numpy()}, rtol=1e-5)
+
+
+def test_concurrent_calls_from_other_threads(folders):
+    with load_runner(folders["text_classifier", "fp32"], "onnxruntime-cuda", sessions=3) as runner:
+        feeds = [_text_batch(1 + t % 7, seq=3 + t, seed=t) for t in range(12)]
+        assert_each_thread_gets_its_own_result(runner, feeds)
+
+
+def test_auto_times_the_cuda_candidates_where_no_engine_runs(folders):
+    folder = folders["tiny_cnn", "fp16"]
+    with load_runner(folder) as runner:
+        if runner.backend == "tensorrt":
+            pytest.skip("the engine runs on this GPU, so auto serves it without timing ONNX Runtime")
+        assert "model.fp16.onnx on CUDA" in runner.description and "model.onnx on CUDA" in runner.description
