@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime
 import pytest
 import torch
 
@@ -143,6 +144,11 @@ def test_skipped_backends_carry_a_reason(report: tuple[dict, dict[str, Path]]) -
             assert records[name]["status"] == "skipped"
         assert "CUDA" in records["torch-amp"]["reason"]
     assert "INT8" in records["onnxruntime-int8"]["reason"]  # this folder has no INT8 graph
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        for name in ("onnxruntime-cuda", "onnxruntime-cuda-graphs"):  # the runner's refusal, with the fix
+            assert records[name]["status"] == "skipped"
+            assert "get_available_providers() returned" in records[name]["reason"]
+            assert "trt-pipeline[gpu]" in records[name]["reason"]
 
 
 def test_agreement_with_pytorch_is_computed(report: tuple[dict, dict[str, Path]]) -> None:

@@ -237,8 +237,11 @@ def open_served(context: Context) -> Backend:
     precision = context.folder.precision
     if runner.backend == "tensorrt":
         label = f"served here: the TensorRT engine {context.folder.engine}"
-        return TensorRTBackend(SERVED, label, precision, runner)
+        return DeviceRunnerBackend(SERVED, label, precision, runner)
     graph = context.folder.path / runner.graph
+    if runner.backend == "onnxruntime-cuda":
+        label = f"served here: ONNX Runtime CUDA (IO binding runner) on {graph}"
+        return DeviceRunnerBackend(SERVED, label, graph_precision(runner.graph), runner)
     label = f"served here: ONNX Runtime (runner) on {graph}"
     threads = "ORT default: one intra-op thread per physical core"
     # auto may serve a graph more accurate than the folder's precision (FP32 where it runs faster): report that one.
@@ -298,18 +301,19 @@ def int8_execution_note(graph: Path) -> str:
     )
 
 
-class TensorRTBackend(RunnerBackend):
-    """The engine runner; device-resident through infer_on_device (torch CUDA tensors in and out)."""
+class DeviceRunnerBackend(RunnerBackend):
+    """A GPU runner with infer_on_device (the engine's, onnxruntime-cuda's); device-resident through it (torch CUDA
+    tensors in and out)."""
 
     def __init__(self, name: str, label: str, precision: str, runner: Any):
         super().__init__(name, label, precision, runner, "n/a (GPU)")
         self.device_note = ""
-        self.memory_note = "n/a: the TensorRT runner does not report its device allocations"
+        self.memory_note = f"n/a: the {runner.backend} runner does not report its device allocations"
 
     def stage(self, feed: dict[str, np.ndarray]) -> Callable[[], object] | None:
         import torch
 
-        runner: Any = self.runner  # a TensorRTRunner
+        runner: Any = self.runner  # a TensorRTRunner or an OnnxRuntimeCudaRunner
         inputs = {name: torch.from_numpy(value).cuda() for name, value in feed.items()}
         # One call on the host path gives the output shapes; the timed calls then write into these tensors.
         shapes = {name: value.shape for name, value in runner.infer(feed).items()}
@@ -333,9 +337,23 @@ def _tensorrt_opener(name: str, label: str, **options: Any) -> Callable[[Context
             runner = load_runner(folder, backend="tensorrt", **options)
         except PipelineError as error:
             raise Unavailable(f"{error.problem} ({error.fix})") from None
-        return TensorRTBackend(name, label, folder.precision, runner)
+        return DeviceRunnerBackend(name, label, folder.precision, runner)
 
     return open_tensorrt
+
+
+def _onnxruntime_cuda_opener(name: str, label: str, **options: Any) -> Callable[[Context], Backend]:
+    """Open the folder's graph on ONNX Runtime's CUDA provider through the onnxruntime-cuda runner with `options`
+    (cuda_graph=): end to end through infer, device-resident through infer_on_device."""
+
+    def open_onnxruntime_cuda(context: Context) -> Backend:
+        try:
+            runner: Any = load_runner(context.folder, backend="onnxruntime-cuda", **options)
+        except PipelineError as error:  # no CUDA provider or GPU here, or a graph the CUDA graph cannot capture
+            raise Unavailable(f"{error.problem} ({error.fix})") from None
+        return DeviceRunnerBackend(name, f"{label} on {runner.graph}", graph_precision(runner.graph), runner)
+
+    return open_onnxruntime_cuda
 
 
 @dataclass(frozen=True)
@@ -361,6 +379,18 @@ CHOICES = (
         "onnxruntime-int8",
         "ONNX Runtime on the INT8 graph shaped for its CPU kernels (here or in <model>-int8/)",
         open_onnxruntime_int8,
+    ),
+    Choice(
+        "onnxruntime-cuda",
+        "the engine's graph on ONNX Runtime's CUDA provider, IO binding (GPU; end to end and device-resident)",
+        _onnxruntime_cuda_opener("onnxruntime-cuda", "ONNX Runtime CUDA, IO binding (runner)"),
+    ),
+    Choice(
+        "onnxruntime-cuda-graphs",
+        "the same with a CUDA graph captured per input shape (GPU)",
+        _onnxruntime_cuda_opener(
+            "onnxruntime-cuda-graphs", "ONNX Runtime CUDA, IO binding + CUDA graphs (runner)", cuda_graph=True
+        ),
     ),
     Choice(
         "tensorrt",
