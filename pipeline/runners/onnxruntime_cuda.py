@@ -245,18 +245,19 @@ class OnnxRuntimeCudaRunner(Runner):
             "use_tf32": "0",
             "enable_cuda_graph": "1" if self.cuda_graph else "0",
         }
-        # The CPU provider stays listed for the shape ops ONNX Runtime keeps on the host (not with a CUDA graph).
-        return [(CUDA, options)] if self.cuda_graph else [(CUDA, options), CPU]
+        # The CPU provider serves the nodes the CUDA one has no kernel for; with a CUDA graph none may (_slot).
+        return [(CUDA, options), CPU]
 
     def _slot(self) -> _Slot:
         try:
-            session = load_session(self.folder, self.graph, self._provider())
+            session = load_session(self.folder, self.graph, self._provider(), no_cpu_fallback=self.cuda_graph)
         except PipelineError as error:
-            if self.cuda_graph and "graph" in error.problem.lower() and "cuda" in error.problem.lower():
+            # With the CPU fallback disabled, a node without a CUDA kernel fails the load; ORT's own message stays in.
+            if self.cuda_graph:
                 raise PipelineError(
                     f"cuda_graph=True: ONNX Runtime captures a CUDA graph only where every node of {self.graph} runs "
-                    f"on {CUDA}, and some do not here ({error.problem})",
-                    "load without cuda_graph (the nodes left on the CPU run between the CUDA kernels)",
+                    f"on {CUDA}, and here some would fall back to the CPU ({error.problem})",
+                    "load without cuda_graph (the nodes left on the CPU then run between the CUDA kernels)",
                 ) from None
             raise
         buffers = {
