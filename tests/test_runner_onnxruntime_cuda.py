@@ -72,6 +72,9 @@ def test_infer_on_device_binds_the_callers_arrays_in_place(bound):
         runner.infer_on_device(feed, {**outputs, "tokens": np.empty((6, 8, 8), np.float32)})
     with pytest.raises(PipelineError, match="more than the profile's max batch 32"):
         runner.infer_on_device(_text_batch(33, seq=2), outputs)
+    # Bound in place, so a strided array would be read as if contiguous: refused (infer() copies it instead).
+    with pytest.raises(PipelineError, match="tensor 'input_ids' is not contiguous"):
+        runner.infer_on_device({**feed, "input_ids": np.asfortranarray(feed["input_ids"])}, outputs)
 
 
 def test_the_pool_gives_each_thread_its_own_result(bound):

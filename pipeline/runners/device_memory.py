@@ -81,6 +81,9 @@ class DeviceMemory:
     def d2h_async(self, host: np.ndarray, address: int, nbytes: int, stream: Any) -> None:
         raise NotImplementedError
 
+    def d2d_async(self, destination: int, source: int, nbytes: int, stream: Any) -> None:
+        raise NotImplementedError
+
     def sync(self, stream: Any) -> None:
         raise NotImplementedError
 
@@ -136,6 +139,9 @@ class PycudaMemory(DeviceMemory):
 
     def d2h_async(self, host: np.ndarray, address: int, nbytes: int, stream: Any) -> None:
         self._cuda.memcpy_dtoh_async(host[:nbytes], address, stream)
+
+    def d2d_async(self, destination: int, source: int, nbytes: int, stream: Any) -> None:
+        self._cuda.memcpy_dtod_async(destination, source, nbytes, stream)
 
     def sync(self, stream: Any) -> None:
         stream.synchronize()
@@ -198,6 +204,9 @@ class CudaPythonMemory(DeviceMemory):
 
     def d2h_async(self, host: np.ndarray, address: int, nbytes: int, stream: Any) -> None:
         self._check("cuMemcpyDtoHAsync", self._driver.cuMemcpyDtoHAsync(host.ctypes.data, address, nbytes, stream))
+
+    def d2d_async(self, destination: int, source: int, nbytes: int, stream: Any) -> None:
+        self._check("cuMemcpyDtoDAsync", self._driver.cuMemcpyDtoDAsync(destination, source, nbytes, stream))
 
     def sync(self, stream: Any) -> None:
         self._check("cuStreamSynchronize", self._driver.cuStreamSynchronize(stream))

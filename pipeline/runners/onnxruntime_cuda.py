@@ -33,7 +33,8 @@ from ..core.errors import PipelineError
 from ..folder.graph_io import GraphTensor
 from ..folder.manifest import rebuild_hint
 from ..folder.reader import ArtifactFolder
-from .base import BATCH_AXIS, Runner, TensorSpec, check_feed
+from .base import BATCH_AXIS, Runner, TensorSpec, _dtype_and_shape, check_feed
+from .device_memory import DeviceMemory
 from .onnxruntime import CPU, CUDA, choose_graph, load_session
 
 DEFAULT_SESSIONS = 2
@@ -76,84 +77,162 @@ class Placement:
         raise PipelineError(f"device={device!r}", "give 'cuda', 'cuda:<ordinal>', or 'cpu' (the CPU provider)")
 
 
+def _nbytes(dtype: np.dtype, shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+
+
 class HostBuffers:
-    """Buffers in host memory for the CPU provider; "on the device" values are numpy arrays."""
+    """Buffers in host memory for the CPU provider; values "on the device" are contiguous numpy arrays.
+
+    The interface the runner binds through, whatever the placement: a slot's stream, buffers at fixed addresses,
+    copies into and out of them, and the waits that order those copies around ONNX Runtime's run.
+    """
 
     def __init__(self, placement: Placement):
         self.placement = placement
 
-    def alloc(self, nbytes: int) -> np.ndarray:
+    def enter(self) -> None:
+        """Make the device current on the calling thread (a host has nothing to make current)."""
+
+    def leave(self) -> None:
+        """Undo enter()."""
+
+    def stream(self) -> Any:
+        return None
+
+    def alloc(self, nbytes: int) -> Any:
         return np.empty(nbytes, dtype=np.uint8)
 
-    def address(self, buffer: Any) -> int:
-        return int(buffer.ctypes.data)
+    def address(self, value: Any) -> int:
+        return int(value.ctypes.data)
 
     def describe(self, name: str, value: Any) -> tuple[np.dtype, tuple[int, ...]]:
-        if not isinstance(value, np.ndarray):
-            raise PipelineError(f"tensor {name!r} is a {type(value).__name__}", "pass a numpy array on device='cpu'")
+        """(dtype, shape) of an input to infer() that is not exactly an np.ndarray (check_feed)."""
+        return _dtype_and_shape(name, value)
+
+    def on_device(self, name: str, value: Any) -> tuple[np.dtype, tuple[int, ...]]:
+        """(dtype, shape) of a value infer_on_device binds in place: a contiguous numpy array here."""
+        dtype, shape = _dtype_and_shape(name, value)
         if not value.flags.c_contiguous:
             raise PipelineError(f"tensor {name!r} is not contiguous", f"pass np.ascontiguousarray({name})")
-        return value.dtype, value.shape
+        return dtype, shape
 
-    def write(self, buffer: np.ndarray, value: np.ndarray) -> None:
+    def write(self, buffer: Any, value: Any, stream: Any) -> None:
         """The rows of `value` into the start of `buffer` (a strided array made contiguous on the way)."""
         np.copyto(buffer[: value.nbytes].view(value.dtype).reshape(value.shape), value)
 
-    def read(self, buffer: np.ndarray, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        return buffer[:nbytes].view(dtype).reshape(shape).copy()  # the buffer is reused by the next call
+    def copy_out(self, value: Any, buffer: Any, stream: Any) -> None:
+        """The start of `buffer` into the caller's `value` (as large as the rows this call wrote)."""
+        np.copyto(value, buffer[: value.nbytes].view(value.dtype).reshape(value.shape))
 
-    def view(self, buffer: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        return buffer[:nbytes].view(dtype).reshape(shape)
+    def read(self, buffer: Any, dtype: np.dtype, shape: tuple[int, ...], stream: Any) -> np.ndarray:
+        return buffer[: _nbytes(dtype, shape)].view(dtype).reshape(shape).copy()  # the next call reuses the buffer
 
-    def wait(self) -> None:
-        """Nothing is queued on a host."""
+    def ready(self, stream: Any, values: list[Any]) -> None:
+        """What was queued for the run (copies in, the caller's own writes) has landed: nothing is queued here."""
+
+    def finish(self, stream: Any) -> None:
+        """The copies queued on `stream` have landed: nothing is queued here."""
+
+    def close(self) -> None:
+        """Free what was allocated (numpy's buffers go with the slots)."""
 
 
-class TorchCudaBuffers(HostBuffers):
-    """Buffers in GPU memory as torch uint8 tensors (PyTorch shares the device's primary context with ONNX Runtime);
-    "on the device" values are contiguous torch CUDA tensors on this GPU, bound in place."""
+class DeviceBuffers(HostBuffers):
+    """Buffers in GPU memory through the engine runner's device-memory layer (pycuda or cuda-python: the gpu extra),
+    each with a page-locked twin for asynchronous copies on its slot's stream.  Values "on the device" are
+    contiguous torch CUDA tensors on this GPU, used in place (torch works on the same primary context)."""
 
-    def __init__(self, placement: Placement):
-        import torch
+    def __init__(self, placement: Placement, layer: str = "auto"):
+        from .device_memory import open_device_memory
 
         super().__init__(placement)
-        self._torch = torch
-        self.device = torch.device("cuda", placement.device_id)
+        self.memory: DeviceMemory = open_device_memory(layer, placement.device_id)
+        self._buffers: list[_DeviceBuffer] = []
+        self._streams: list[Any] = []
+
+    def enter(self) -> None:
+        self.memory.push()
+
+    def leave(self) -> None:
+        self.memory.pop()
+
+    def stream(self) -> Any:
+        self._streams.append(self.memory.stream())
+        return self._streams[-1]
 
     def alloc(self, nbytes: int) -> Any:
-        return self._torch.empty(nbytes, dtype=self._torch.uint8, device=self.device)
+        buffer = _DeviceBuffer(self.memory.alloc(nbytes), self.memory.pinned(nbytes))
+        self._buffers.append(buffer)
+        return buffer
 
-    def address(self, buffer: Any) -> int:
-        return int(buffer.data_ptr())
+    def address(self, value: Any) -> int:
+        return value.address if isinstance(value, _DeviceBuffer) else int(value.data_ptr())
 
     def describe(self, name: str, value: Any) -> tuple[np.dtype, tuple[int, ...]]:
         from .tensorrt import _numpy_or_torch_cuda
 
         dtype, shape = _numpy_or_torch_cuda(name, value)
-        if not isinstance(value, np.ndarray) and value.device != self.device:
+        if not isinstance(value, np.ndarray) and value.device.index != self.placement.device_id:
             raise PipelineError(
-                f"tensor {name!r} is on {value.device}, the runner on {self.device}",
-                f"move it first: {name}.to('{self.device}')",
+                f"tensor {name!r} is on cuda:{value.device.index}, the runner on cuda:{self.placement.device_id}",
+                f"move it first: {name}.to('cuda:{self.placement.device_id}')",
             )
         return dtype, shape
 
-    def write(self, buffer: Any, value: Any) -> None:
-        """A host array or a CUDA tensor into the start of `buffer`; ordered before the run by wait()."""
-        source = self._torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) else value
-        self.view(buffer, np.dtype(value.dtype), tuple(value.shape)).copy_(source)
+    def on_device(self, name: str, value: Any) -> tuple[np.dtype, tuple[int, ...]]:
+        if isinstance(value, np.ndarray):
+            raise PipelineError("infer_on_device takes torch CUDA tensors only", "use infer() for numpy arrays")
+        return self.describe(name, value)
 
-    def read(self, buffer: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-        return self.view(buffer, dtype, shape).cpu().numpy()  # a copy: .cpu() of a CUDA tensor
+    def write(self, buffer: Any, value: Any, stream: Any) -> None:
+        if isinstance(
+            value, np.ndarray
+        ):  # through the page-locked twin: np.copyto also makes a strided input contiguous
+            np.copyto(buffer.host[: value.nbytes].view(value.dtype).reshape(value.shape), value)
+            self.memory.h2d_async(buffer.address, buffer.host, value.nbytes, stream)
+        else:
+            self.memory.d2d_async(buffer.address, int(value.data_ptr()), value.numel() * value.element_size(), stream)
 
-    def view(self, buffer: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        return buffer[:nbytes].view(getattr(self._torch, dtype.name)).view(shape)
+    def copy_out(self, value: Any, buffer: Any, stream: Any) -> None:
+        self.memory.d2d_async(int(value.data_ptr()), buffer.address, value.numel() * value.element_size(), stream)
 
-    def wait(self) -> None:
-        """ONNX Runtime runs on its own stream: what torch queued (copies, the caller's writes) must land first."""
-        self._torch.cuda.current_stream(self.device).synchronize()
+    def read(self, buffer: Any, dtype: np.dtype, shape: tuple[int, ...], stream: Any) -> np.ndarray:
+        nbytes = _nbytes(dtype, shape)
+        self.memory.d2h_async(buffer.host, buffer.address, nbytes, stream)
+        self.memory.sync(stream)
+        return buffer.host[:nbytes].view(dtype).reshape(shape).copy()  # the next call reuses the twin
+
+    def ready(self, stream: Any, values: list[Any]) -> None:
+        """ONNX Runtime runs on a stream of its own: the copies in must have landed, and a torch tensor may still be
+        being written on torch's stream (as in the engine runner)."""
+        self.memory.sync(stream)
+        tensors = [value for value in values if not isinstance(value, (np.ndarray, _DeviceBuffer))]
+        if tensors:
+            import torch
+
+            torch.cuda.current_stream(tensors[0].device).synchronize()
+
+    def finish(self, stream: Any) -> None:
+        self.memory.sync(stream)
+
+    def close(self) -> None:
+        self.memory.push()
+        try:
+            for buffer in self._buffers:
+                self.memory.free(buffer.address)
+                self.memory.free_pinned(buffer.host)
+            for stream in self._streams:
+                self.memory.destroy_stream(stream)
+        finally:
+            self.memory.pop()
+        self.memory.close()
+
+
+@dataclass(frozen=True)
+class _DeviceBuffer:
+    address: int  # device memory, sized for the tensor's max shape
+    host: np.ndarray  # its page-locked twin, the same size
 
 
 @dataclass
@@ -163,6 +242,7 @@ class _Slot:
     session: Any
     binding: Any
     buffers: dict[str, Any]  # tensor name -> buffer
+    stream: Any  # the copies into and out of the buffers (None on a host)
     graph_ids: dict[tuple[tuple[int, ...], ...], int] = field(default_factory=dict)  # input shapes -> gpu_graph_id
 
 
@@ -171,7 +251,8 @@ class OnnxRuntimeCudaRunner(Runner):
 
     graph: a file name of the folder; by default the engine's graph (model.fp16.onnx for an FP16 folder, computed in
     float16).  device: "cuda", "cuda:<n>", or "cpu" (the same binding on the CPU provider).  sessions: the pool's
-    size.  cuda_graph: capture and replay one CUDA graph per input shape.
+    size.  cuda_graph: capture and replay one CUDA graph per input shape.  device_memory: the device-memory layer
+    of the GPU buffers ("auto", "pycuda", "cuda-python"; pipeline.runners.device_memory).
     """
 
     backend = "onnxruntime-cuda"
@@ -184,6 +265,7 @@ class OnnxRuntimeCudaRunner(Runner):
         device: str = "cuda",
         sessions: int = DEFAULT_SESSIONS,
         cuda_graph: bool = False,
+        device_memory: str = "auto",
         split_large_batches: bool = True,
     ):
         import onnxruntime as ort
@@ -201,9 +283,19 @@ class OnnxRuntimeCudaRunner(Runner):
         self.cuda_graph = cuda_graph
         self._dims = _dim_sources(self.manifest.inputs, self.manifest.outputs)
         self._max_shapes = {spec.name: self._max_shape(spec) for spec in (*self.inputs, *self.outputs)}
-        self._memory = TorchCudaBuffers(self.placement) if on_cuda else HostBuffers(self.placement)
-        self._slots = [self._slot() for _ in range(sessions)]
+        self._memory = DeviceBuffers(self.placement, device_memory) if on_cuda else HostBuffers(self.placement)
+        self._slots: list[_Slot] = []
         self._idle: queue.Queue[_Slot] = queue.Queue()
+        loaded = False
+        self._memory.enter()
+        try:
+            for _ in range(sessions):
+                self._slots.append(self._slot())
+            loaded = True
+        finally:
+            self._memory.leave()
+            if not loaded:  # nothing half-allocated stays behind a failed load
+                self._release()
         for slot in self._slots:
             self._idle.put(slot)
         used = self._slots[0].session.get_providers()
@@ -212,6 +304,7 @@ class OnnxRuntimeCudaRunner(Runner):
         self.description = (
             f"onnxruntime {ort.__version__} running {self.graph} ({which}) on {', '.join(used)} with IO binding to "
             f"buffers pre-allocated on {device} at the max shapes{graphs}{tf32}, {sessions} session(s)"
+            + (f", device memory via {self._memory.memory.name}" if isinstance(self._memory, DeviceBuffers) else "")
         )
 
     # ------------------------------------------------------------------ loading
@@ -261,10 +354,10 @@ class OnnxRuntimeCudaRunner(Runner):
                 ) from None
             raise
         buffers = {
-            spec.name: self._memory.alloc(int(np.prod(self._max_shapes[spec.name])) * spec.dtype.itemsize)
+            spec.name: self._memory.alloc(_nbytes(spec.dtype, self._max_shapes[spec.name]))
             for spec in (*self.inputs, *self.outputs)
         }
-        return _Slot(session, session.io_binding(), buffers)
+        return _Slot(session, session.io_binding(), buffers, self._memory.stream())
 
     # ------------------------------------------------------------------ inference
 
@@ -273,23 +366,28 @@ class OnnxRuntimeCudaRunner(Runner):
 
     def _run(self, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
         slot = self._idle.get()  # blocks while every session is busy
+        self._memory.enter()  # this thread's current context, whichever thread created the runner
         try:
-            for spec in self.inputs:
-                self._memory.write(slot.buffers[spec.name], feed[spec.name])
+            self._stage_inputs(slot, feed)
             shapes = self._execute(slot, feed, {})
             return {
-                spec.name: self._memory.read(slot.buffers[spec.name], spec.dtype, shapes[spec.name])
+                spec.name: self._memory.read(slot.buffers[spec.name], spec.dtype, shapes[spec.name], slot.stream)
                 for spec in self.outputs
             }
         finally:
+            self._memory.leave()
             self._idle.put(slot)
+
+    def _stage_inputs(self, slot: _Slot, feed: Mapping[str, Any]) -> None:
+        for spec in self.inputs:
+            self._memory.write(slot.buffers[spec.name], feed[spec.name], slot.stream)
 
     def infer_on_device(self, feed: Mapping[str, Any], outputs: Mapping[str, Any]) -> Mapping[str, Any]:
         """Device-resident inference, as the engine runner's: inputs already on the device (torch CUDA tensors; numpy
         arrays on device='cpu'), results written into the caller's `outputs` (contiguous, of the output's dtype and
         exact shape), no host copy, at most max_batch rows.  Returns `outputs` once written.  The caller's tensors
-        are bound in place; with a CUDA graph, whose addresses are fixed, they are copied to and from its buffers on
-        the device."""
+        are bound in place; with a CUDA graph, whose addresses are fixed, they are copied into and out of its
+        buffers on the device."""
         self._refuse_if_closed()
         batch = self._check(feed)
         if batch > self.max_batch:
@@ -297,28 +395,31 @@ class OnnxRuntimeCudaRunner(Runner):
                 f"infer_on_device got {batch} rows, more than the profile's max batch {self.max_batch}",
                 f"send at most {self.max_batch} rows per call",
             )
+        for spec in self.inputs:
+            self._memory.on_device(spec.name, feed[spec.name])
         shapes = self._output_shapes(feed)
         for spec in self.outputs:
             self._check_output(spec, shapes[spec.name], outputs)
         slot = self._idle.get()
+        self._memory.enter()
         try:
             if not self.cuda_graph:
                 self._execute(slot, feed, {**feed, **outputs})
                 return outputs
-            for spec in self.inputs:
-                self._memory.write(slot.buffers[spec.name], feed[spec.name])
+            self._stage_inputs(slot, feed)
             self._execute(slot, feed, {})
             for spec in self.outputs:
-                outputs[spec.name].copy_(self._memory.view(slot.buffers[spec.name], spec.dtype, shapes[spec.name]))
-            self._memory.wait()  # the copies out, queued on torch's stream
+                self._memory.copy_out(outputs[spec.name], slot.buffers[spec.name], slot.stream)
+            self._memory.finish(slot.stream)
             return outputs
         finally:
+            self._memory.leave()
             self._idle.put(slot)
 
     def _check_output(self, spec: TensorSpec, shape: tuple[int, ...], outputs: Mapping[str, Any]) -> None:
         if spec.name not in outputs:
             raise PipelineError(f"no tensor given for output {spec.name!r}", f"pass outputs={{{spec.name!r}: tensor}}")
-        dtype, given = self._memory.describe(spec.name, outputs[spec.name])
+        dtype, given = self._memory.on_device(spec.name, outputs[spec.name])
         if dtype != spec.dtype or tuple(given) != shape:
             raise PipelineError(
                 f"output tensor {spec.name!r} is {dtype} {tuple(given)}, this call writes {spec.dtype} {shape}",
@@ -346,7 +447,7 @@ class OnnxRuntimeCudaRunner(Runner):
             slot.binding.bind_input(spec.name, *where, spec.dtype.type, bound[spec.name], addresses[spec.name])
         for spec in self.outputs:
             slot.binding.bind_output(spec.name, *where, spec.dtype.type, bound[spec.name], addresses[spec.name])
-        self._memory.wait()
+        self._memory.ready(slot.stream, [*feed.values(), *in_place.values()])
         options = ort.RunOptions()
         if self.cuda_graph:
             key = tuple(bound[spec.name] for spec in self.inputs)
@@ -365,13 +466,19 @@ class OnnxRuntimeCudaRunner(Runner):
     # ------------------------------------------------------------------ lifetime
 
     def close(self) -> None:
-        """Wait for in-flight calls, then drop every session and buffer."""
+        """Wait for in-flight calls, then drop every session and free every buffer and stream."""
         if self._closed:
             return
         self._closed = True
         for _ in self._slots:
             self._idle.get()  # each slot comes back when its call finishes
+        self._release()
+
+    def _release(self) -> None:
+        """Sessions first (they hold ONNX Runtime's own device memory), then the buffers and streams, then the
+        context; also used when loading fails halfway."""
         self._slots.clear()
+        self._memory.close()
 
 
 def _dim_sources(inputs: Sequence[GraphTensor], outputs: Sequence[GraphTensor]) -> dict[str, tuple[str, int]]:
