@@ -204,7 +204,8 @@ def measure(runners: dict[Candidate, Runner], feed: dict[str, np.ndarray]) -> tu
             runners[candidate].infer(feed)
             times[candidate].append((time.perf_counter() - begin) * 1e3)
         rounds += 1
-    return {candidate: statistics.median(ms) for candidate, ms in times.items()}, rounds
+    # Rounded to the microsecond the cache stores: the pick, the description and served.json say the same numbers.
+    return {candidate: round(statistics.median(ms), 3) for candidate, ms in times.items()}, rounds
 
 
 def _open_all(folder: ArtifactFolder, candidates: list[Candidate], options: dict[str, Any]) -> dict[Candidate, Runner]:
@@ -246,8 +247,7 @@ def _save_choice(
 ) -> str:
     """Write the choice to SERVED_CHOICE ({batch: ms by label}, the batches in the order measured); what
     happened, for the description (a read-only folder is served anyway, measured at every load)."""
-    rounded = {str(batch): {label: round(t, 3) for label, t in medians.items()} for batch, medians in ms.items()}
-    record = {"key": key, "ms": rounded, "served": winner.label}
+    record = {"key": key, "ms": {str(batch): medians for batch, medians in ms.items()}, "served": winner.label}
     try:
         write_json(folder.path / SERVED_CHOICE, record)
     except OSError as error:
