@@ -13,7 +13,7 @@ from tests.test_runners import _cnn_batch, _text_batch
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.folder.reader import open_folder
 from trt_pipeline.pipeline.runners import load_runner
-from trt_pipeline.pipeline.runners.fastest import find_candidates, usable_providers
+from trt_pipeline.pipeline.runners.fastest import Candidate, find_candidates, usable_providers
 from trt_pipeline.pipeline.runners.onnxruntime import CPU, CUDA
 from trt_pipeline.pipeline.runners.onnxruntime_cuda import OnnxRuntimeCudaRunner
 
@@ -133,8 +133,6 @@ def test_auto_lists_cuda_candidates_only_where_the_provider_runs(fp16_folder, in
 def test_a_cuda_candidate_opens_the_binding_runner(folders):
     """What auto opens for a CUDA candidate is the onnxruntime-cuda runner; here its CUDA check refuses it, naming
     the gpu extra, where the provider is missing."""
-    from trt_pipeline.pipeline.runners.fastest import Candidate
-
     candidate = Candidate("model.onnx", (CUDA, CPU))
     folder = open_folder(folders["tiny_cnn"])
     if CUDA in usable_providers():
