@@ -95,10 +95,13 @@ def _measure_and_serve(
 
 
 def usable_providers() -> list[str]:
-    """The ONNX Runtime providers that can run here: CUDA where onnxruntime-gpu and a GPU are both present (the
-    engine could not run, or auto would have served it), and the CPU."""
+    """The ONNX Runtime providers that can serve here: CUDA where onnxruntime-gpu, a GPU and a device-memory layer
+    (pycuda or cuda-python, for the onnxruntime-cuda runner's buffers) are all present (the engine could not run, or
+    auto would have served it), and the CPU."""
+    from .device_memory import available_layers
+
     providers, _ = choose_providers(None)
-    return providers
+    return providers if CUDA not in providers or available_layers() else [CPU]
 
 
 def profile_batches(folder: ArtifactFolder) -> list[int]:

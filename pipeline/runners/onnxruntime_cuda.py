@@ -128,8 +128,11 @@ class HostBuffers:
     def read(self, buffer: Any, dtype: np.dtype, shape: tuple[int, ...], stream: Any) -> np.ndarray:
         return buffer[: _nbytes(dtype, shape)].view(dtype).reshape(shape).copy()  # the next call reuses the buffer
 
-    def ready(self, stream: Any, values: list[Any]) -> None:
-        """What was queued for the run (copies in, the caller's own writes) has landed: nothing is queued here."""
+    def written(self, values: list[Any]) -> None:
+        """The caller's own writes to `values` have landed: nothing is queued on a host."""
+
+    def ready(self, stream: Any) -> None:
+        """The copies queued on `stream` for the run have landed: nothing is queued here."""
 
     def finish(self, stream: Any) -> None:
         """The copies queued on `stream` have landed: nothing is queued here."""
@@ -203,15 +206,18 @@ class DeviceBuffers(HostBuffers):
         self.memory.sync(stream)
         return buffer.host[:nbytes].view(dtype).reshape(shape).copy()  # the next call reuses the twin
 
-    def ready(self, stream: Any, values: list[Any]) -> None:
-        """ONNX Runtime runs on a stream of its own: the copies in must have landed, and a torch tensor may still be
-        being written on torch's stream (as in the engine runner)."""
-        self.memory.sync(stream)
+    def written(self, values: list[Any]) -> None:
+        """A torch tensor may still be being written on torch's stream (as in the engine runner): wait for it before
+        a copy or ONNX Runtime, on streams of their own, read it."""
         tensors = [value for value in values if not isinstance(value, (np.ndarray, _DeviceBuffer))]
         if tensors:
             import torch
 
             torch.cuda.current_stream(tensors[0].device).synchronize()
+
+    def ready(self, stream: Any) -> None:
+        """ONNX Runtime runs on a stream of its own: the copies in must have landed."""
+        self.memory.sync(stream)
 
     def finish(self, stream: Any) -> None:
         self.memory.sync(stream)
@@ -379,6 +385,7 @@ class OnnxRuntimeCudaRunner(Runner):
             self._idle.put(slot)
 
     def _stage_inputs(self, slot: _Slot, feed: Mapping[str, Any]) -> None:
+        self._memory.written(list(feed.values()))
         for spec in self.inputs:
             self._memory.write(slot.buffers[spec.name], feed[spec.name], slot.stream)
 
@@ -447,7 +454,8 @@ class OnnxRuntimeCudaRunner(Runner):
             slot.binding.bind_input(spec.name, *where, spec.dtype.type, bound[spec.name], addresses[spec.name])
         for spec in self.outputs:
             slot.binding.bind_output(spec.name, *where, spec.dtype.type, bound[spec.name], addresses[spec.name])
-        self._memory.ready(slot.stream, [*feed.values(), *in_place.values()])
+        self._memory.written(list(in_place.values()))
+        self._memory.ready(slot.stream)
         options = ort.RunOptions()
         if self.cuda_graph:
             key = tuple(bound[spec.name] for spec in self.inputs)
