@@ -37,7 +37,6 @@ def onnxruntime_session(
     intra_op_threads: int | None = None,
     allow_spinning: bool = True,
     simulate_qdq: bool = False,
-    no_cpu_fallback: bool = False,
     level: str | None = None,
     probe_feed: dict | None = None,
 ):
@@ -49,8 +48,6 @@ def onnxruntime_session(
     simulate_qdq: run every QuantizeLinear/DequantizeLinear as itself, in float, as TensorRT's Q/DQ semantics
     say, instead of letting ORT fuse DQ -> Conv -> Q into its own int8 kernels (which compute something else:
     on CPUs without VNNI their u8/s8 products saturate, issue 17).  For judging the TensorRT-shaped INT8 graph.
-    no_cpu_fallback: refuse to open where a node would fall back to the CPU provider (a CUDA graph captures only a
-    session whose every node runs on CUDA).
     level: the optimization level to open at (a folder's recorded one); None: the highest, and for a graph
     file the highest at which opening it (and running `probe_feed` once, when given) does not crash ONNX
     Runtime (module doc).
@@ -64,7 +61,6 @@ def onnxruntime_session(
             intra_op_threads=intra_op_threads,
             allow_spinning=allow_spinning,
             simulate_qdq=simulate_qdq,
-            no_cpu_fallback=no_cpu_fallback,
         )
 
     if level is None:
@@ -86,7 +82,6 @@ def _open(
     intra_op_threads: int | None = None,
     allow_spinning: bool = True,
     simulate_qdq: bool = False,
-    no_cpu_fallback: bool = False,
 ):
     ort = import_onnxruntime()
     options = ort.SessionOptions()
@@ -97,8 +92,6 @@ def _open(
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if allow_spinning else "0")
     if simulate_qdq:
         options.add_session_config_entry("session.disable_quant_qdq", "1")
-    if no_cpu_fallback:
-        options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     model = graph if isinstance(graph, bytes) else str(graph)
     return ort.InferenceSession(model, options, providers=providers or ["CPUExecutionProvider"])
 
