@@ -222,7 +222,7 @@ def ort_cuda_choice(name: str, graph: str, cuda_graph: bool, nhwc: bool = False)
 def speed(engines: Path, out: Path, folder_name: str, budget_s: float) -> None:
     """The bench's torch rows and `served`, and ONNX Runtime CUDA on the folder's graphs, in one run_benchmark."""
     int8 = folder_name.endswith("-int8")
-    names = ["served"] + ([] if int8 else ["torch-amp", "torch-compile"])
+    names = ["served", "onnxruntime-cuda", "onnxruntime-cuda-graphs"] + ([] if int8 else ["torch-amp", "torch-compile"])
     graphs = {"fp32": FP32_GRAPH, "fp16": "model.fp16.onnx", "int8": "model.int8.onnx"}
     wanted = ["int8"] if int8 else ["fp32", "fp16"]
     ours = [ort_cuda_choice(f"ort-cuda-{k}{'-graph' * g}", graphs[k], g) for k in wanted for g in (False, True)]

@@ -107,8 +107,11 @@ ort_builds() {
 		echo \$? >/tmp/build.rc" </dev/null >/dev/null 2>&1 &
 }
 
-ort_measure() {  # after the builds: speed, then the FP16 and INT8 checks, detached (a call lasts 10 minutes at most)
+ort_measure() {  # after the builds: the onnxruntime-cuda runner's GPU tests, speed, then the FP16 and INT8 checks,
+	# detached (a call lasts 10 minutes at most)
 	setsid bash -c "while [ ! -f /tmp/build.rc ]; do sleep 2; done; export PYTHONPATH=$ORT_SITE:$PYTHONPATH; \
+		\"$PY\" -m pytest -m gpu -v -rs -p no:cacheprovider tests/test_runner_onnxruntime_cuda_gpu.py \
+		>$RESULTS/pytest-gpu.log 2>&1; \
 		for step in speed fp16 int8; do \"$PY\" tools/device/ort_cuda.py \$step /tmp/engines $RESULTS \
 		>$RESULTS/\$step.log 2>&1; done; echo done >/tmp/measure.done" </dev/null >/dev/null 2>&1 &
 }
