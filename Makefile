@@ -25,6 +25,7 @@ BATCHES ?=
 TARGET ?=
 KEEP_FP32 ?=
 NO_AUTO_FP32 ?=
+NO_FLOAT_SEARCH ?=
 TRUST_MODEL_FILE ?=
 HOST ?= 127.0.0.1
 PORT ?= 8000
@@ -32,7 +33,7 @@ GRPC_PORT ?= 8001
 # Not exported: make would expand a command-line variable to put it into every recipe's environment,
 # running a $(shell ...) inside it.  The values reach Python as arguments only (arg, below).
 unexport MODEL PRECISION BATCH OUT WEIGHTS INPUT_SHAPE DYNAMIC EXPORTER CALIB CALIB_METHOD SMOOTH FORCE RECALIBRATE STRICT_CALIB \
-	BACKENDS BATCHES TARGET KEEP_FP32 NO_AUTO_FP32 TRUST_MODEL_FILE HOST PORT GRPC_PORT
+	BACKENDS BATCHES TARGET KEEP_FP32 NO_AUTO_FP32 NO_FLOAT_SEARCH TRUST_MODEL_FILE HOST PORT GRPC_PORT
 
 # Every value reaches Python as one argument, whatever it holds: $(value) stops make from expanding a
 # $(...) inside it, the single quotes stop the shell, and each ' in it becomes '\'' (close, escaped
@@ -48,7 +49,7 @@ arg = $(call one_line,$(2))'--$(1)=$(subst ','\'',$(value $(2)))'
 PIPELINE_ARGS = $(call arg,model,MODEL) $(call arg,precision,PRECISION) $(call arg,batch,BATCH) $(call arg,out,OUT) \
 	$(if $(value WEIGHTS),$(call arg,weights,WEIGHTS)) $(if $(value INPUT_SHAPE),$(call arg,input-shape,INPUT_SHAPE)) \
 	$(if $(value DYNAMIC),$(call arg,dynamic,DYNAMIC)) $(if $(value EXPORTER),$(call arg,exporter,EXPORTER)) $(if $(value CALIB),$(call arg,calib,CALIB) $(call arg,calib-method,CALIB_METHOD)) \
-	$(if $(value SMOOTH),$(call arg,smooth,SMOOTH)) \
+	$(if $(value SMOOTH),$(call arg,smooth,SMOOTH)) $(if $(value NO_FLOAT_SEARCH),--no-float-search) \
 	$(if $(value FORCE),--force) $(if $(value RECALIBRATE),--recalibrate) $(if $(value STRICT_CALIB),--strict-calib) $(if $(value TARGET),$(call arg,target,TARGET)) \
 	$(if $(value KEEP_FP32),$(call arg,keep-fp32,KEEP_FP32)) $(if $(value NO_AUTO_FP32),--no-auto-fp32) \
 	$(if $(value TRUST_MODEL_FILE),--trust-model-file)

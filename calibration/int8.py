@@ -62,6 +62,8 @@ class CalibrationConfig:
     smooth_alphas: SmoothQuant's alphas for the activations MatMul/Gemm read (calibration/smooth.py; None: not
     smoothed), each a candidate graph; with a judge and held-out rows the one with the lower held-out error is kept,
     else the first.  Off unless asked for here; Settings (SMOOTH=auto) tries 0.9 and off for the pipeline.
+    float_search: with a judge and held-out rows, try leaving the op where the held-out error starts in float
+    (FLOAT_OPS_TRIED); on for the pipeline unless NO_FLOAT_SEARCH.
     """
 
     method: str = "percentile"
@@ -69,6 +71,7 @@ class CalibrationConfig:
     batch: int = 16
     recalibrate: bool = False
     smooth_alphas: tuple[float | None, ...] = (None,)
+    float_search: bool = False
 
     @classmethod
     def from_settings(cls, settings) -> CalibrationConfig:
@@ -78,6 +81,7 @@ class CalibrationConfig:
             settings.calib_batch,
             settings.recalibrate,
             settings.smooth_alphas(),
+            settings.float_search,
         )
 
     def options(self, alpha: float | None) -> dict:
@@ -146,7 +150,7 @@ def make_int8_graph(
         chosen = min(tried, key=lambda c: c.held_out.error_mean if c.held_out else 0.0)  # the first on ties
         macs = macs_by_op(*compute_shapes(chosen.calibrated, {k: v[:1] for k, v in fit.batches[0].items()}))
         float_search: dict | None = None
-        if judge is not None and parts.held_out is not None:
+        if config.float_search and judge is not None and parts.held_out is not None:
             chosen, float_search = _keep_float(chosen, parts.held_out.batches, judge, macs, Path(scratch) / "float")
         with atomic_path(out_path) as temporary:
             shutil.copyfile(chosen.qdq, temporary)

@@ -114,6 +114,13 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
         "--keep-fp32", help="fp16: node names or op types to keep in FP32, comma-separated (e.g. TopK) [KEEP_FP32]"
     )
     parser.add_argument(
+        "--no-float-search",
+        dest="float_search",
+        action="store_false",
+        help="int8: do not try leaving the op where the held-out error starts in float: every op INT8 "
+        "[NO_FLOAT_SEARCH]",
+    )
+    parser.add_argument(
         "--no-auto-fp32",
         dest="auto_fp32",
         action="store_false",
@@ -164,6 +171,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         target=args.target,
         keep_fp32=args.keep_fp32,
         auto_fp32=args.auto_fp32,
+        float_search=args.float_search,
         trust_model_file=args.trust_model_file,
         calib=args.calib,
         calib_method=args.calib_method,

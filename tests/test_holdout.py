@@ -83,12 +83,14 @@ def test_split_is_deterministic_spread_and_recorded(digits, tmp_path):
 
 
 def test_gate_passes_in_sample_and_fails_held_out_on_a_narrow_set(digits, tmp_path, capsys):
-    """Near-copies of one digit and four other digits, the classifier's input smoothed (SMOOTH=0.9): the ranges
-    and scales fit on the copies clip the other digits.  On the rows it was fit on the graph is within 0.01 of
-    FP32; on the held-out rows it is past the gate, and says why.  SMOOTH=auto (the default) judges the unsmoothed
-    graph on the same held-out rows too, keeps it, and passes: the held-out rows chose."""
+    """Near-copies of one digit and four other digits, the classifier's input smoothed (SMOOTH=0.9) and every op
+    INT8 (NO_FLOAT_SEARCH=1): the ranges and scales fit on the copies clip the other digits.  On the rows it was
+    fit on the graph is within 0.01 of FP32; on the held-out rows it is past the gate, and says why.  The defaults
+    (SMOOTH=auto, the float search) judge the unsmoothed graph on the same held-out rows too, keep it, and pass:
+    the held-out rows chose."""
     calib = _narrow(digits, 1, tmp_path / "narrow.npy")
-    assert cli.main(_build(calib, tmp_path / "engines", "--calib-batch", "8", "--smooth", "0.9")) == 2
+    pinned = ("--calib-batch", "8", "--smooth", "0.9", "--no-float-search")
+    assert cli.main(_build(calib, tmp_path / "engines", *pinned)) == 2
     err = capsys.readouterr().err
     assert "model.int8.onnx departs from FP32 on the held-out calibration rows" in err
     in_sample = float(err.split("rows its ranges were fit on: ")[1].split(";")[0])
@@ -105,12 +107,13 @@ def test_gate_passes_in_sample_and_fails_held_out_on_a_narrow_set(digits, tmp_pa
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_strict_calib_refuses_what_the_build_warns_about(digits, tmp_path, capsys):
-    """Near-copies of three digits and a varied tail (smoothed, SMOOTH=0.9): within the gate held out, but many
+    """Near-copies of three digits and a varied tail (smoothed, SMOOTH=0.9; every op INT8, NO_FLOAT_SEARCH=1):
+    within the gate held out, but many
     times worse than in-sample.  The build warns with the fix; STRICT_CALIB=1 refuses it (exit 2, the reason and the
     fix); and a set too small to hold any rows out is refused under it too."""
     calib = _narrow(digits, 3, tmp_path / "narrow.npy")
     command = ["make", "-s", "-o", ".venv/.installed", "engine", "MODEL=digits", "PRECISION=int8", f"CALIB={calib}"]
-    command.append("SMOOTH=0.9")
+    command += ["SMOOTH=0.9", "NO_FLOAT_SEARCH=1"]
     environment = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's code, as `make` runs it
 
     def make(*assignments: str) -> subprocess.CompletedProcess:

@@ -93,6 +93,8 @@ class Settings:
     # int8: refuse (instead of warning) when the held-out calibration rows are much worse than the fit ones, or
     # none could be held out (pipeline/stages/parity.py MUCH_WORSE_RATIO): the data cannot stand for served inputs.
     strict_calib: bool = False
+    # int8: try leaving the op where the held-out error starts in float (calibration/int8.py); False: every op INT8.
+    float_search: bool = True
     force: bool = False
 
     def check(self) -> Settings:

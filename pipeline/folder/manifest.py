@@ -580,6 +580,7 @@ _MAKE_VARIABLES = {
 # Settings switches whose make variable is set (=1) when the setting has this value.
 _MAKE_SWITCHES = {
     "auto_fp32": (False, "NO_AUTO_FP32"),
+    "float_search": (False, "NO_FLOAT_SEARCH"),
     "trust_model_file": (True, "TRUST_MODEL_FILE"),
     "strict_calib": (True, "STRICT_CALIB"),
 }
