@@ -142,9 +142,14 @@ class OnnxRuntimeRunner(Runner):
         try:
             results = self.session.run(self._output_names, feed if isinstance(feed, dict) else dict(feed))
         except Exception as error:  # names and shapes were checked: what is left is in the values (ORT's types)
-            raise PipelineError(
-                f"ONNX Runtime could not run {self.graph} on these inputs: {type(error).__name__}: {error}",
-                "check the input values: integer inputs such as token ids must lie within the range the model "
-                "was built for (an embedding's rows)",
-            ) from None
+            raise run_error(self.graph, error) from None
         return dict(zip(self._output_names, results, strict=True))
+
+
+def run_error(graph: str, error: Exception) -> PipelineError:
+    """ONNX Runtime failed on inputs whose names and shapes were checked: what is left is in the values."""
+    return PipelineError(
+        f"ONNX Runtime could not run {graph} on these inputs: {type(error).__name__}: {error}",
+        "check the input values: integer inputs such as token ids must lie within the range the model "
+        "was built for (an embedding's rows)",
+    )

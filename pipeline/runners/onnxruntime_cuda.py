@@ -35,7 +35,7 @@ from ..folder.manifest import rebuild_hint
 from ..folder.reader import ArtifactFolder
 from .base import BATCH_AXIS, Runner, TensorSpec, _dtype_and_shape, check_feed
 from .device_memory import DeviceMemory
-from .onnxruntime import CPU, CUDA, choose_graph, load_session
+from .onnxruntime import CPU, CUDA, choose_graph, load_session, run_error
 
 DEFAULT_SESSIONS = 2
 
@@ -466,11 +466,7 @@ class OnnxRuntimeCudaRunner(Runner):
         try:
             slot.session.run_with_iobinding(slot.binding, options)
         except Exception as error:  # names and shapes were checked: what is left is in the values (ORT's types)
-            raise PipelineError(
-                f"ONNX Runtime could not run {self.graph} on these inputs: {type(error).__name__}: {error}",
-                "check the input values: integer inputs such as token ids must lie within the range the model "
-                "was built for (an embedding's rows)",
-            ) from None
+            raise run_error(self.graph, error) from None
         return shapes
 
     # ------------------------------------------------------------------ lifetime
