@@ -25,10 +25,11 @@ from ..models.spec import ImagePreprocess
 from ..pipeline.core.compute import COMPUTE_OPS
 from ..pipeline.folder.artifacts import atomic_path, sha256_file, write_npz
 from ..pipeline.folder.manifest import CalibrationSplit, RowsAgreement, engine_graph
+from .bias import correct_biases, weight_input_means
 from .cache import CacheLookup, cache_key, cache_path, load_ranges, save_ranges
 from .holdout import split_rows
 from .qdq import constants_as_initializers, quantize_qdq
-from .qdq_cpu import WEIGHTS_FOR, quantize_for_cpu
+from .qdq_cpu import WEIGHT_FORMS, WEIGHTS_FOR, quantize_for_cpu
 from .ranges import collect_ranges, method_options
 from .readers import CalibrationData, CalibrationSource, graph_inputs, read_calibration_data, rows_of
 from .share import compute_shapes, int8_share, macs_by_op
@@ -51,6 +52,7 @@ FLOAT_SEARCH_FROM = 0.05  # held-out error (of the output's norm) under which no
 FLOAT_MIN_GAIN = 0.1
 FLOAT_GAIN_PER_SHARE = 10.0
 MIN_INT8_SHARE = 0.99
+TENSORRT_WEIGHTS = ("QInt8", True, False)  # qdq.quantize_qdq's weights as a qdq_cpu.WEIGHT_FORMS entry
 # The INT8 graphs for ONNX Runtime on the CPU, beside model.int8.onnx, by the kind of CPU they are for
 # (pipeline.core.cpu.int8_cpu_kind); the runner on a CPU takes the one for its CPU.
 
@@ -110,6 +112,9 @@ class Candidate:
     structure: dict
     held_out: RowsAgreement | None = None
     float_ops: tuple[str, ...] = ()
+    # Where `calibrated` has every Conv/Gemm bias corrected (calibration/bias.py; the CPU graphs, which quantize
+    # every op, are made from it): the graph before, FP32's equal, from which ops kept in float are quantized.
+    uncorrected: Path | None = None
 
     def as_record(self) -> dict:
         judged = self.held_out
@@ -150,14 +155,19 @@ def make_int8_graph(
         chosen = min(tried, key=lambda c: c.held_out.error_mean if c.held_out else 0.0)  # the first on ties
         macs = macs_by_op(*compute_shapes(chosen.calibrated, {k: v[:1] for k, v in fit.batches[0].items()}))
         float_search: dict | None = None
-        if config.float_search and judge is not None and parts.held_out is not None:
-            chosen, float_search = _keep_float(chosen, parts.held_out.batches, judge, macs, Path(scratch) / "float")
+        bias_search: dict | None = None
+        means: dict[str, np.ndarray] | None = None
+        if judge is not None and parts.held_out is not None:
+            held_out, means = parts.held_out.batches, weight_input_means(chosen.calibrated, fit)
+            chosen, bias_search = _correct_biases(chosen, means, held_out, judge, Path(scratch) / "bias")
+            if config.float_search:
+                chosen, float_search = _keep_float(chosen, means, held_out, judge, macs, Path(scratch) / "float")
         with atomic_path(out_path) as temporary:
             shutil.copyfile(chosen.qdq, temporary)
         cpu_paths = (cpu_out_paths or {}).items()
         # The CPU graphs quantize every op: ONNX Runtime's quantizer, told to leave EfficientNet-Lite0's first
         # depthwise conv in float, wrote a graph whose stem Clip was off by 12x its scale under ORT's int8 kernels.
-        cpu = {kind: _cpu_graph(chosen.calibrated, path, chosen.ranges, kind) for kind, path in cpu_paths}
+        cpu = {kind: _cpu_graph(chosen, path, kind, means, Path(scratch) / kind) for kind, path in cpu_paths}
         share = int8_share(chosen.qdq, macs)
     options, scales, lookup, structure = config.options(chosen.alpha), chosen.scales, chosen.lookup, chosen.structure
     cache_file, collect_seconds = chosen.cache_file, sum(c.collect_seconds for c in tried)
@@ -177,6 +187,8 @@ def make_int8_graph(
         "quantizer": _quantizer_name(),
     }
     calibration["int8_share"] = {**share, "float_ops": list(chosen.float_ops)}
+    if bias_search is not None:
+        calibration["bias_correction"] = bias_search
     if float_search is not None:
         calibration["float_search"] = float_search
     if len(tried) > 1:
@@ -191,6 +203,8 @@ def make_int8_graph(
         kept = "smoothed" if chosen.alpha else "not smoothed"
         errors = ", ".join(f"{_alpha_text(c.alpha)} {c.held_out.error_mean:.3g}" for c in tried if c.held_out)
         smoothed += f" ({kept}: held-out error {errors})"
+    if chosen.uncorrected is not None:
+        smoothed += f", biases corrected for weight rounding ({bias_search['ops']} ops)" if bias_search else ""
     if chosen.float_ops:
         smoothed += (
             f", {', '.join(chosen.float_ops)} left in float ({share['int8_compute_share']:.2%} of the compute INT8)"
@@ -256,8 +270,60 @@ def _candidate(
     return Candidate(alpha, calibrated, ranges, scales, lookup, cache_file, collect_seconds, qdq, structure)
 
 
+def _correct_biases(
+    chosen: Candidate, means: dict[str, np.ndarray], held_out: list[dict[str, np.ndarray]], judge: Judge, scratch: Path
+) -> tuple[Candidate, dict]:
+    """(the candidate with its Conv/Gemm/MatMul biases corrected for the rounding of their weights where that
+    lowers the held-out error, else as it was; the record of both errors): calibration/bias.py, same ranges, same
+    weights."""
+    judged = chosen.held_out or judge(chosen.qdq, held_out)
+    chosen = replace(chosen, held_out=judged)
+    corrected, qdq, structure, correction = _quantized(chosen, (), means, scratch)
+    agreement = judge(qdq, held_out)
+    kept = agreement.error_mean < judged.error_mean
+    record = {
+        **(correction or {}),
+        "held_out_error_mean": {"before": _number(judged.error_mean), "corrected": _number(agreement.error_mean)},
+        "held_out_cosine_min": {"before": _number(judged.cosine_min), "corrected": _number(agreement.cosine_min)},
+        "kept": kept,
+        "chosen_on": "the held-out calibration rows, as the smoothing pick",
+    }
+    if not kept:
+        return chosen, record
+    corrected_candidate = replace(
+        chosen, calibrated=corrected, qdq=qdq, structure=structure, held_out=agreement, uncorrected=chosen.calibrated
+    )
+    return corrected_candidate, record
+
+
+def _quantized(
+    candidate: Candidate, exclude: tuple[str, ...], means: dict[str, np.ndarray] | None, scratch: Path
+) -> tuple[Path, Path, dict, dict | None]:
+    """(FP32 graph, Q/DQ graph, its structure, the bias correction's record) for the candidate's FP32 graph (before
+    any correction) with the ops in `exclude` left in float, written in `scratch`; with `means`
+    (bias.weight_input_means), its biases corrected for the rounding of the weights it quantizes, which are the
+    candidate's Q/DQ graph's (the same weights, the same ranges)."""
+    scratch.mkdir(parents=True)
+    calibrated, qdq = candidate.uncorrected or candidate.calibrated, scratch / engine_graph("int8")
+    correction = None
+    if means is not None:
+        corrected = scratch / "model.calibrated.onnx"
+        correction = correct_biases(calibrated, candidate.qdq, means, corrected, skip=exclude)
+        calibrated = corrected
+    return calibrated, qdq, quantize_qdq(calibrated, qdq, candidate.ranges, exclude=exclude), correction
+
+
+def _number(value: float) -> float:
+    return float(f"{value:.6g}")
+
+
 def _keep_float(
-    chosen: Candidate, held_out: list[dict[str, np.ndarray]], judge: Judge, macs: dict[str, int], scratch: Path
+    chosen: Candidate,
+    means: dict[str, np.ndarray],
+    held_out: list[dict[str, np.ndarray]],
+    judge: Judge,
+    macs: dict[str, int],
+    scratch: Path,
 ) -> tuple[Candidate, dict]:
     """(the candidate with the ops kept in float that earned it, the record of every op tried): see FLOAT_OPS_TRIED."""
     judged = chosen.held_out or judge(chosen.qdq, held_out)
@@ -270,9 +336,8 @@ def _keep_float(
         if op is None or op in current.float_ops:
             break
         float_ops = (*current.float_ops, op)
-        path = scratch / str(attempt) / engine_graph("int8")
-        path.parent.mkdir(parents=True)
-        structure = quantize_qdq(current.calibrated, path, current.ranges, exclude=float_ops)
+        correct = means if current.uncorrected else None
+        _, path, structure, _ = _quantized(current, float_ops, correct, scratch / str(attempt))
         share = int8_share(path, macs)["int8_compute_share"]
         agreement = judge(path, held_out)
         gain = 1 - agreement.error_mean / error
@@ -304,7 +369,8 @@ def _where_error_starts(candidate: Candidate, inputs: dict[str, np.ndarray]) -> 
     first node), traced back through the ops between them; None where no node is past it."""
     from ..pipeline.quality.diagnose import compare_layers, first_past, node_tolerance
 
-    first = first_past(compare_layers(candidate.calibrated, candidate.qdq, inputs, "int8"), node_tolerance("int8"))
+    fp32 = candidate.uncorrected or candidate.calibrated  # FP32's equal: corrected biases are no reference
+    first = first_past(compare_layers(fp32, candidate.qdq, inputs, "int8"), node_tolerance("int8"))
     if first is None:
         return None
     model = onnx.load(str(candidate.calibrated))
@@ -385,14 +451,25 @@ def _smoothing_record(fp32_path: Path, scales: dict[str, np.ndarray], alpha: flo
     return smoothing_record(groups, scales, alpha)
 
 
-def _cpu_graph(fp32_path: Path, path: Path, ranges, kind: str) -> dict:
-    """One CPU-shaped graph's record, or {"graph", "failed"} when ONNX Runtime's quantizer cannot make it.
+def _cpu_graph(chosen: Candidate, path: Path, kind: str, means: dict[str, np.ndarray] | None, scratch: Path) -> dict:
+    """One CPU-shaped graph's record, or {"graph", "failed"} when ONNX Runtime's quantizer cannot make it; where
+    the engine's graph has its biases corrected, this one has them corrected for its own weights' rounding (uint8
+    weights round otherwise than int8), every op's: it quantizes them all.
 
     These graphs are optional (the engine is built from model.int8.onnx; a CPU without its graph runs that one),
     so their failure is recorded and printed, never raised: it must not lose the TensorRT graph already written.
     """
+    weights = WEIGHTS_FOR[kind]
     try:
-        return {"graph": path.name, **quantize_for_cpu(fp32_path, path, ranges, weights=WEIGHTS_FOR[kind])}
+        if chosen.uncorrected is None or means is None or WEIGHT_FORMS[weights] == TENSORRT_WEIGHTS:
+            # No correction, or one for the very weights this graph rounds: chosen.calibrated's biases fit it.
+            return {"graph": path.name, **quantize_for_cpu(chosen.calibrated, path, chosen.ranges, weights=weights)}
+        scratch.mkdir(parents=True)
+        quantize_for_cpu(chosen.uncorrected, scratch / path.name, chosen.ranges, weights=weights)
+        corrected = scratch / "model.calibrated.onnx"
+        correction = correct_biases(chosen.uncorrected, scratch / path.name, means, corrected)
+        record = quantize_for_cpu(corrected, path, chosen.ranges, weights=weights)
+        return {"graph": path.name, **record, "bias_correction": correction}
     except Exception as error:  # ORT's quantizer raises ValueError, KeyError, AssertionError, its Fail, ...
         return {"graph": path.name, "failed": f"{type(error).__name__}: {error}"}
 

@@ -227,6 +227,37 @@ def test_cpu_ranges_from_symmetric_ones():
     assert as_tensors_data(ranges, symmetric.calibration_method)["c1"].range_value == (0.0, 5.0)
 
 
+def test_cpu_ranges_of_a_relu6_are_non_negative():
+    """EfficientNet-Lite's ReLU6 (Clip 0..6): its output, and its input where only it reads that, get [0, high] as
+    a Relu's do; max calibration's symmetric (-6, 6) there gave that model's CPU graphs cosine 0.04 to FP32."""
+    from onnx import helper
+    from onnxruntime.quantization import CalibrationMethod
+    from onnxruntime.quantization.calibrate import TensorData, TensorsData
+
+    weights = [
+        numpy_helper.from_array(np.ones((4, 4, 1, 1), np.float32), "w"),
+        numpy_helper.from_array(np.array(0, np.float32), "low"),
+        numpy_helper.from_array(np.array(6, np.float32), "high"),
+        numpy_helper.from_array(np.array(-1, np.float32), "minus_one"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c1"], name="conv1"),
+        helper.make_node("Clip", ["c1", "low", "high"], ["r1"], name="relu6"),
+        helper.make_node("Conv", ["r1", "w"], ["c2"], name="conv2"),
+        helper.make_node("Clip", ["c2", "minus_one", "high"], ["r2"], name="not_a_relu"),
+        helper.make_node("Conv", ["r2", "w"], ["y"], name="conv3"),
+    ]
+    graph = helper.make_graph(nodes, "g", [], [], weights)
+    bounds = {"x": (-2, 2), "c1": (-80, 80), "r1": (-6, 6), "c2": (-7, 7), "r2": (-6, 6), "y": (-9, 9)}
+    symmetric = TensorsData(
+        CalibrationMethod.MinMax,
+        {n: TensorData(lowest=np.float32(lo), highest=np.float32(hi)) for n, (lo, hi) in bounds.items()},
+    )
+    ranges = asymmetric_ranges(graph, symmetric)
+    assert ranges["r1"] == (0.0, 6.0) and ranges["c1"] == (0.0, 80.0)
+    assert ranges["r2"] == (-6.0, 6.0) and ranges["c2"] == (-7.0, 7.0)  # a Clip from -1 is no Relu
+
+
 def test_tensorrt_rtx_builds_the_int8_graph(int8, tmp_path):
     pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX is not installed: pip install tensorrt-rtx-cu13")
     from trt_pipeline.pipeline.core.settings import BatchProfile

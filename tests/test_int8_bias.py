@@ -1,0 +1,66 @@
+"""Bias correction (calibration/bias.py): a weight's int8 rounding shifts its op's output by (W_q - W) · E[x];
+the INT8 stage subtracts that from the float bias where it lowers the held-out error, in the engine's graph and
+in the CPU graphs (each for its own rounding)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from trt_pipeline.calibration.int8 import CalibrationConfig, make_int8_graph
+from trt_pipeline.pipeline.core.sessions import onnxruntime_session
+from trt_pipeline.pipeline.stages.parity import int8_judge
+
+CHANNELS = 4
+
+
+def _depthwise_graph(path) -> None:
+    """x -> depthwise 3x3 Conv whose kernels round badly: one tap of 8 sets the scale (8/127), and eight taps of
+    0.03 (under half a step) all round to 0, so each output channel loses 8 x 0.03 x E[x] on average."""
+    kernel = np.full((CHANNELS, 1, 3, 3), 0.03, np.float32)
+    kernel[:, 0, 1, 1] = 8.0
+    kernel[:, 0, 0, 0] = -7.9  # a high-pass kernel: what it leaves is small beside the rounding
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["y"], group=CHANNELS, pads=[1, 1, 1, 1], name="dw")
+    graph = helper.make_graph(
+        [conv],
+        "toy",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", CHANNELS, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", CHANNELS, 8, 8])],
+        [numpy_helper.from_array(kernel, "w"), numpy_helper.from_array(np.zeros(CHANNELS, np.float32), "b")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def _rows(seed: int, count: int) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(0, 6, (count, CHANNELS, 8, 8)).astype(np.float32)  # E[x] = 3
+
+
+def test_bias_correction_removes_the_shift_weight_rounding_adds_and_is_kept_by_held_out_error(tmp_path):
+    fp32 = tmp_path / "model.onnx"
+    _depthwise_graph(fp32)
+    np.save(tmp_path / "calibration.npy", _rows(0, 64))
+    cpu = {"vnni": tmp_path / "model.int8.cpu.onnx", "no-vnni": tmp_path / "model.int8.cpu-novnni.onnx"}
+    record = make_int8_graph(
+        fp32,
+        tmp_path / "model.int8.onnx",
+        tmp_path / "calibration.npy",
+        preprocess=None,
+        config=CalibrationConfig("max", 64, 16),
+        cache_folder=tmp_path / "calibration",
+        cpu_out_paths=cpu,
+        judge=int8_judge(fp32),
+    )
+    correction = record["calibration"]["bias_correction"]
+    assert correction["ops"] == 1 and correction["kept"], correction
+    errors = correction["held_out_error_mean"]
+    assert errors["corrected"] < errors["before"] / 2, errors
+
+    unseen = {"x": _rows(1, 32)}  # rows neither the fit nor the pick saw
+    expected = onnxruntime_session(fp32).run(None, unseen)[0]
+    engine = onnxruntime_session(tmp_path / "model.int8.onnx", simulate_qdq=True).run(None, unseen)[0]
+    lost = 8 * 0.03 * 3  # the uncorrected mean shift per output
+    assert abs(float((engine - expected)[:, :, 1:-1, 1:-1].mean())) < lost / 10
+    for graph in cpu.values():  # ONNX Runtime's int8 kernels, each graph corrected for its own weights' rounding
+        served = onnxruntime_session(graph).run(None, unseen)[0]
+        assert abs(float((served - expected)[:, :, 1:-1, 1:-1].mean())) < lost / 10, graph.name
