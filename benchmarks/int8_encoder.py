@@ -180,7 +180,7 @@ def main() -> None:
                 folder / "model.int8.onnx",
                 calib,
                 preprocess=None,
-                config=CalibrationConfig(method, 256, 16, smooth_alphas=(alpha,)),
+                config=CalibrationConfig((method,), 256, 16, smooth_alphas=(alpha,)),
                 cache_folder=folder / CACHE_FOLDER,
                 cpu_out_paths={} if args.no_cpu else {kind: cpu},
             )

@@ -41,18 +41,20 @@ from trt_pipeline.calibration.photos import PHOTOS, views
 from trt_pipeline.calibration.preprocess import load_image
 from trt_pipeline.calibration.share import compute_shapes, int8_share, macs_by_op
 from trt_pipeline.pipeline.core.compute import COMPUTE_OPS
-from trt_pipeline.pipeline.core.cpu import cpu_instruction_sets, cpu_model, instruction_sets_text
+from trt_pipeline.pipeline.core.cpu import cpu_instruction_sets, cpu_model, instruction_sets_text, int8_cpu_kind
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.settings import Settings
-from trt_pipeline.pipeline.folder.manifest import package_versions, read_manifest
+from trt_pipeline.pipeline.folder.manifest import cpu_graphs, package_versions, read_manifest
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
 MODELOPT_SITE = "/tmp/modelopt-site"
-# Ours by the row's label: the pipeline's defaults (SMOOTH=auto: smoothed with alpha 0.9 or not, whichever its
-# held-out rows prefer), and always smoothed (SMOOTH=0.9, the default before auto; SmoothQuant on MatMul/Gemm
-# inputs, on the CNN its classifier Gemm alone), a Settings option a user sets as make engine SMOOTH=0.9.
-OURS: dict[str, dict[str, str]] = {"ours": {}, "ours (SMOOTH=0.9)": {"smooth": "0.9"}}
+# Ours by the row's label: the pipeline's defaults (CALIB_METHOD=auto, SMOOTH=auto: percentile or max ranges,
+# smoothed with alpha 0.9 or not, whichever its held-out rows prefer), and with percentile ranges only (the default
+# before auto), a Settings option a user sets as make engine CALIB_METHOD=percentile.  The defaults' row comes
+# twice: its model.int8.onnx (the engine's graph, Q/DQ simulated) and the CPU graph this host's runner serves.
+OURS: dict[str, dict[str, str]] = {"ours": {}, "ours (CALIB_METHOD=percentile)": {"calib_method": "percentile"}}
+SERVED_CPU = "ours, served CPU graph"
 MODELOPT_METHODS = ("max", "entropy")
 # quantize_static's op_types_to_quantize, by the row's label: its default (None: every op type it can quantize),
 # and the compute ops alone.
@@ -372,6 +374,9 @@ def quantize_all(bench: Bench, fp32: Path, set_name: str, out: Path) -> dict[str
         folder = out / "-".join(["ours", *(f"{k}-{v}" for k, v in options.items())])
         graph, seconds, verdict = ours(bench.model, bench.sets[set_name], folder, options)
         graphs[label] = (graph, seconds, f"make_engine {verdict}")
+        served = graph.parent / cpu_graphs("int8")[int8_cpu_kind()]
+        if not options and served.is_file():  # a CPU graph past its gate is left out of the folder
+            graphs[SERVED_CPU] = (served, seconds, f"{served.name}, this CPU's ({int8_cpu_kind()}), on ORT's kernels")
     for label, op_types in ORT_OP_TYPES.items():
         graph = out / f"ort-{len(op_types or ())}-op-types.int8.onnx"
         start = time.perf_counter()
@@ -391,7 +396,7 @@ def run_bench(bench: Bench, out: Path) -> dict:
     results = []
     for set_name in bench.sets:
         for method, (graph, seconds, note) in quantize_all(bench, fp32, set_name, out / set_name).items():
-            actual = run_graph(graph, bench.judged, simulate_qdq=True)
+            actual = run_graph(graph, bench.judged, simulate_qdq=method != SERVED_CPU)
             results.append(
                 {
                     "model": bench.name,
@@ -452,11 +457,13 @@ def table(record: dict) -> str:
 READING = "## Reading"
 METHODS_TEXT = """
 Every method quantizes the same FP32 `model.onnx` (the FP32 folder's graph) from the same calibration set, handed
-whole to each. Ours: `make_engine(PRECISION=int8, CALIB=the set)` with the pipeline's defaults (SMOOTH=auto: the
-graph smoothed with alpha 0.9 and the graph not smoothed, the one with the lower error on its held-out rows kept;
-and again with SMOOTH=0.9, always smoothed, the default before auto), which fits its ranges on its own split of the set
-(`calibration/holdout.py`) and judges its gate on the rest; its `model.int8.onnx` is judged here whether or not that
-gate refuses the build; its time is the int8 stage's (calibration, the Q/DQ graph and the two CPU-shaped graphs).
+whole to each. Ours: `make_engine(PRECISION=int8, CALIB=the set)` with the pipeline's defaults (CALIB_METHOD=auto,
+SMOOTH=auto: percentile and max ranges, each on the graph smoothed with alpha 0.9 and on the graph not smoothed, the
+one with the lowest error on its held-out rows kept; and again with CALIB_METHOD=percentile, the default before
+auto), which fits its ranges on its own split of the set (`calibration/holdout.py`) and judges its gate on the rest;
+its `model.int8.onnx` is judged here whether or not that gate refuses the build, and so is the defaults' CPU graph
+for this host ("ours, served CPU graph", on ONNX Runtime's int8 kernels, not simulated); its time is the int8
+stage's (calibration, the Q/DQ graph and the two CPU-shaped graphs).
 ORT: `quantize_static`, QDQ, per-channel, symmetric INT8 activations and weights, one row a calibration batch,
 twice: with its default op types (every one it can quantize: on the encoder also Softmax, LayerNormalization, the
 mean pooling and the attention mask) and with Conv/Gemm/MatMul only. ModelOpt:

@@ -33,7 +33,7 @@ from .qdq_cpu import WEIGHT_FORMS, WEIGHTS_FOR, quantize_for_cpu
 from .ranges import collect_ranges, method_options
 from .readers import CalibrationData, CalibrationSource, graph_inputs, read_calibration_data, rows_of
 from .share import compute_shapes, int8_share, macs_by_op
-from .smooth import channel_maxima, smooth_graph, smoothable, smoothing_record, smoothing_scales
+from .smooth import channel_maxima, smooth_graph, smoothable, smoothing_options, smoothing_record, smoothing_scales
 
 CACHE_FOLDER = "calibration"  # inside the artifact folder, beside model.int8.onnx
 # The first rows the agreement gate judges (held out from calibration where the set allows it: where a gate refused,
@@ -41,10 +41,10 @@ CACHE_FOLDER = "calibration"  # inside the artifact folder, beside model.int8.on
 # with FP32 on them (reference.npz's random inputs are clipped by the input's Q/DQ).
 SAMPLE = "sample.npz"
 SAMPLE_ROWS = 8
-# After the smoothing pick, the quantized op where the held-out error starts (the first node past the gate's level,
-# traced back to its Conv/Gemm/MatMul) is tried in float, up to FLOAT_OPS_TRIED times.  It stays in float when the
-# held-out error falls by FLOAT_MIN_GAIN or more and by at least FLOAT_GAIN_PER_SHARE times the share of the
-# multiply-adds it takes out of INT8 (accuracy bought per compute given up), while INT8 still computes
+# After the pick of method and smoothing, the quantized op where the held-out error starts (the first node past the
+# gate's level, traced back to its Conv/Gemm/MatMul) is tried in float, up to FLOAT_OPS_TRIED times.  It stays in
+# float when the held-out error falls by FLOAT_MIN_GAIN or more and by at least FLOAT_GAIN_PER_SHARE times the share
+# of the multiply-adds it takes out of INT8 (accuracy bought per compute given up), while INT8 still computes
 # MIN_INT8_SHARE of them (ModelOpt leaves 0.33% of EfficientNet-Lite0 in float, its classifier).  On
 # EfficientNet-Lite0 that is the first block's depthwise conv: 0.94% of the compute, a quarter of the error.
 FLOAT_OPS_TRIED = 2
@@ -61,6 +61,9 @@ TENSORRT_WEIGHTS = ("QInt8", True, False)  # qdq.quantize_qdq's weights as a qdq
 class CalibrationConfig:
     """The calibration part of Settings (CALIB_METHOD, --calib-samples, --calib-batch, --recalibrate, SMOOTH).
 
+    methods: the calibration methods (calibration/ranges.py), each with each smoothing alpha a candidate graph;
+    with a judge and held-out rows the one with the lower held-out error is kept, else the first (Settings:
+    CALIB_METHOD=auto tries percentile and max).
     smooth_alphas: SmoothQuant's alphas for the activations MatMul/Gemm read (calibration/smooth.py; None: not
     smoothed), each a candidate graph; with a judge and held-out rows the one with the lower held-out error is kept,
     else the first.  Off unless asked for here; Settings (SMOOTH=auto) tries 0.9 and off for the pipeline.
@@ -68,7 +71,7 @@ class CalibrationConfig:
     (FLOAT_OPS_TRIED); on for the pipeline unless NO_FLOAT_SEARCH.
     """
 
-    method: str = "percentile"
+    methods: tuple[str, ...] = ("percentile",)
     samples: int = 256
     batch: int = 16
     recalibrate: bool = False
@@ -78,7 +81,7 @@ class CalibrationConfig:
     @classmethod
     def from_settings(cls, settings) -> CalibrationConfig:
         return cls(
-            settings.calib_method,
+            settings.calib_methods(),
             settings.calib_samples,
             settings.calib_batch,
             settings.recalibrate,
@@ -86,10 +89,10 @@ class CalibrationConfig:
             settings.float_search,
         )
 
-    def options(self, alpha: float | None) -> dict:
-        """The calibrator's options and one candidate's smoothing: what the manifest records and the cache key
-        covers."""
-        return {**method_options(self.method), "smooth_alpha": alpha}
+    @staticmethod
+    def options(method: str, alpha: float | None) -> dict:
+        """One candidate's calibrator options and smoothing: what the manifest records and the cache key covers."""
+        return {**method_options(method), "smooth_alpha": alpha, **smoothing_options(alpha)}
 
 
 # Judges a candidate INT8 graph on rows it never saw: (graph, batches) -> its worst output's agreement with FP32.
@@ -99,8 +102,10 @@ Judge = Callable[[Path, list[dict[str, np.ndarray]]], RowsAgreement]
 
 @dataclass
 class Candidate:
-    """One way of quantizing the graph (a smoothing alpha): its calibrated FP32 graph, ranges and Q/DQ graph."""
+    """One way of quantizing the graph (a calibration method and a smoothing alpha): its calibrated FP32 graph,
+    ranges and Q/DQ graph."""
 
+    method: str
     alpha: float | None
     calibrated: Path
     ranges: object
@@ -119,7 +124,12 @@ class Candidate:
     def as_record(self) -> dict:
         judged = self.held_out
         numbers = {"error_mean": judged.error_mean, "cosine_min": judged.cosine_min} if judged else {}
-        return {"smooth_alpha": self.alpha, **{f"held_out_{k}": float(f"{v:.6g}") for k, v in numbers.items()}}
+        held_out = {f"held_out_{k}": float(f"{v:.6g}") for k, v in numbers.items()}
+        return {"method": self.method, "smooth_alpha": self.alpha, **held_out}
+
+    @property
+    def label(self) -> str:
+        return f"{self.method}, {_alpha_text(self.alpha)}"
 
 
 def make_int8_graph(
@@ -134,8 +144,9 @@ def make_int8_graph(
     judge: Judge | None = None,
 ) -> dict:
     """Calibrate (or reuse cached ranges) and write the Q/DQ graph (and the CPU-shaped ones to `cpu_out_paths`,
-    by kind of CPU, when given); return the stage record.  Several smoothing candidates (config.smooth_alphas),
-    a `judge` and held-out rows: each candidate is built and judged on the held-out rows, the better kept."""
+    by kind of CPU, when given); return the stage record.  Several candidates (config.methods x
+    config.smooth_alphas), a `judge` and held-out rows: each candidate is built and judged on the held-out rows,
+    the best kept."""
     data = read_calibration_data(
         source, graph_inputs(fp32_path), preprocess, samples=config.samples, batch=config.batch
     )
@@ -143,11 +154,11 @@ def make_int8_graph(
     judged = (parts.held_out or parts.fit).batches[0]
     write_npz(cache_folder / SAMPLE, {name: array[:SAMPLE_ROWS] for name, array in judged.items()})
     fit, split = parts.fit, parts.split
-    alphas = _smoothing_candidates(fp32_path, config.smooth_alphas, judged=judge is not None and bool(parts.held_out))
+    choices = _choices(fp32_path, config, judged=judge is not None and bool(parts.held_out))
     with tempfile.TemporaryDirectory(prefix="int8.") as scratch:
         tried = [
-            _candidate(fp32_path, fit, config, alpha, cache_folder, Path(scratch) / str(index))
-            for index, alpha in enumerate(alphas)
+            _candidate(fp32_path, fit, config, method, alpha, cache_folder, Path(scratch) / str(index))
+            for index, (method, alpha) in enumerate(choices)
         ]
         if len(tried) > 1 and judge is not None and parts.held_out is not None:
             for candidate in tried:
@@ -165,11 +176,14 @@ def make_int8_graph(
         with atomic_path(out_path) as temporary:
             shutil.copyfile(chosen.qdq, temporary)
         cpu_paths = (cpu_out_paths or {}).items()
-        # The CPU graphs quantize every op: ONNX Runtime's quantizer, told to leave EfficientNet-Lite0's first
-        # depthwise conv in float, wrote a graph whose stem Clip was off by 12x its scale under ORT's int8 kernels.
-        cpu = {kind: _cpu_graph(chosen, path, kind, means, Path(scratch) / kind) for kind, path in cpu_paths}
+        held_out_rows = parts.held_out.batches if judge is not None and parts.held_out is not None else None
+        cpu = {
+            kind: _best_cpu_graph(chosen, tried, path, kind, means, judge, held_out_rows, Path(scratch) / kind)
+            for kind, path in cpu_paths
+        }
         share = int8_share(chosen.qdq, macs)
-    options, scales, lookup, structure = config.options(chosen.alpha), chosen.scales, chosen.lookup, chosen.structure
+    options, scales = config.options(chosen.method, chosen.alpha), chosen.scales
+    lookup, structure = chosen.lookup, chosen.structure
     cache_file, collect_seconds = chosen.cache_file, sum(c.collect_seconds for c in tried)
     calibration = {
         **options,
@@ -192,17 +206,16 @@ def make_int8_graph(
     if float_search is not None:
         calibration["float_search"] = float_search
     if len(tried) > 1:
-        calibration["smoothing_search"] = {
+        calibration["search"] = {
             "candidates": [candidate.as_record() for candidate in tried],
-            "kept": chosen.alpha,
+            "kept": {"method": chosen.method, "smooth_alpha": chosen.alpha},
             "chosen_on": f"the {parts.held_out.samples if parts.held_out else 0} held-out calibration rows (the gate "
             f"then judges the kept graph on the same rows: a pick of {len(tried)}, not an independent test)",
         }
     smoothed = f", {len(scales)} activations smoothed (alpha {chosen.alpha:g})" if chosen.alpha else ""
     if len(tried) > 1:
-        kept = "smoothed" if chosen.alpha else "not smoothed"
-        errors = ", ".join(f"{_alpha_text(c.alpha)} {c.held_out.error_mean:.3g}" for c in tried if c.held_out)
-        smoothed += f" ({kept}: held-out error {errors})"
+        errors = "; ".join(f"{c.label} {c.held_out.error_mean:.3g}" for c in tried if c.held_out)
+        smoothed += f" (the lowest held-out error of {len(tried)}: {errors})"
     if chosen.uncorrected is not None:
         smoothed += f", biases corrected for weight rounding ({bias_search['ops']} ops)" if bias_search else ""
     if chosen.float_ops:
@@ -211,7 +224,7 @@ def make_int8_graph(
         )
     verdict = "cached ranges" if lookup.status == "hit" else f"calibrated in {collect_seconds:.1f} s ({lookup.status})"
     summary = (
-        f"{out_path.name}: {config.method} on {fit.samples} of {data.samples} samples "
+        f"{out_path.name}: {chosen.method} on {fit.samples} of {data.samples} samples "
         f"({len(split.held_out)} held out for the gate){smoothed}, {verdict}; "
         f"{structure['quantized_ops']} ops with Q/DQ inputs, {structure['per_channel_weights']} per-channel weights"
     )
@@ -222,35 +235,40 @@ def make_int8_graph(
             continue
         kernels = graph["int8_kernels"] + graph["float_kernels"]
         summary += f"; {graph['graph']} ({kind}): {graph['int8_kernels']} of {kernels} as ONNX Runtime int8 kernels"
+        if graph.get("candidate", chosen.label) != chosen.label:
+            summary += f", from {graph['candidate']} (its lowest held-out error)"
     if cpu:
         stage["qdq_onnxruntime_cpu"] = cpu
     return {"summary": summary, **stage}
 
 
-def _smoothing_candidates(
-    fp32_path: Path, alphas: tuple[float | None, ...], *, judged: bool
-) -> tuple[float | None, ...]:
-    """The alphas worth a graph each: all where they can be judged and the graph has something to smooth."""
-    if len(alphas) == 1 or not judged or not smoothable(_quantizable_model(fp32_path)):
-        return alphas[:1]
-    return alphas
+def _choices(fp32_path: Path, config: CalibrationConfig, *, judged: bool) -> list[tuple[str, float | None]]:
+    """The (method, alpha) pairs worth a graph each: every method where they can be judged, with every alpha where
+    the graph also has something to smooth; else the first of each."""
+    methods, alphas = config.methods, config.smooth_alphas
+    if not judged:
+        return [(methods[0], alphas[0])]
+    if len(alphas) > 1 and not smoothable(_quantizable_model(fp32_path)):
+        alphas = alphas[:1]
+    return [(method, alpha) for method in methods for alpha in alphas]
 
 
 def _candidate(
     fp32_path: Path,
     fit: CalibrationData,
     config: CalibrationConfig,
+    method: str,
     alpha: float | None,
     cache_folder: Path,
     scratch: Path,
 ) -> Candidate:
-    """One smoothing alpha's graph: scales and ranges fit on `fit` (or from the cache), its Q/DQ graph in
-    `scratch` under the engine graph's own name (the gate's evaluation simulates Q/DQ by that name)."""
+    """One method's and smoothing alpha's graph: scales and ranges fit on `fit` (or from the cache), its Q/DQ graph
+    in `scratch` under the engine graph's own name (the gate's evaluation simulates Q/DQ by that name)."""
     scratch.mkdir(parents=True)
-    options = config.options(alpha)
+    options = config.options(method, alpha)
     # Keyed on the fit rows' own sha256: ranges fit on all rows (before the split, or another split) never match.
     key = cache_key(sha256_file(fp32_path), fit.digest, {**options, "samples": fit.samples, "batch": config.batch})
-    cache_file = cache_path(cache_folder, config.method, key)
+    cache_file = cache_path(cache_folder, method, key)
     lookup = load_ranges(cache_file, key, recalibrate=config.recalibrate)
     ranges, scales, collect_seconds = lookup.ranges, lookup.smoothing, 0.0
     calibrated_path = scratch / "model.calibrated.onnx"
@@ -260,14 +278,14 @@ def _candidate(
         started = time.perf_counter()
         scales = _measure_smoothing(fp32_path, fit, alpha)
         calibrated = calibrated_graph(fp32_path, scales, calibrated_path)
-        ranges = collect_ranges(calibrated, fit, config.method)
+        ranges = collect_ranges(calibrated, fit, method)
         collect_seconds = round(time.perf_counter() - started, 3)
         save_ranges(cache_file, key, ranges, {"source": fit.description, "samples": fit.samples, **options}, scales)
     else:
         calibrated = calibrated_graph(fp32_path, scales, calibrated_path)
     qdq = scratch / engine_graph("int8")
     structure = quantize_qdq(calibrated, qdq, ranges)
-    return Candidate(alpha, calibrated, ranges, scales, lookup, cache_file, collect_seconds, qdq, structure)
+    return Candidate(method, alpha, calibrated, ranges, scales, lookup, cache_file, collect_seconds, qdq, structure)
 
 
 def _correct_biases(
@@ -286,7 +304,7 @@ def _correct_biases(
         "held_out_error_mean": {"before": _number(judged.error_mean), "corrected": _number(agreement.error_mean)},
         "held_out_cosine_min": {"before": _number(judged.cosine_min), "corrected": _number(agreement.cosine_min)},
         "kept": kept,
-        "chosen_on": "the held-out calibration rows, as the smoothing pick",
+        "chosen_on": "the held-out calibration rows, as the method and smoothing pick",
     }
     if not kept:
         return chosen, record
@@ -451,6 +469,40 @@ def _smoothing_record(fp32_path: Path, scales: dict[str, np.ndarray], alpha: flo
     return smoothing_record(groups, scales, alpha)
 
 
+def _best_cpu_graph(
+    chosen: Candidate,
+    tried: list[Candidate],
+    path: Path,
+    kind: str,
+    means: dict[str, np.ndarray] | None,
+    judge: Judge | None,
+    held_out: list[dict[str, np.ndarray]] | None,
+    scratch: Path,
+) -> dict:
+    """The CPU-shaped graph of `kind` written to `path`: the chosen candidate's, or where several were tried and
+    can be judged, the one of them with the lowest held-out error (its record says which and lists them all).
+    These graphs also quantize the outputs and the ops between (calibration/qdq_cpu.py), so the ranges best for
+    the engine's graph need not be best for them: all-MiniLM-L6-v2 on templated sentences, max ranges: engine
+    graph 0.063 of the output's norm, CPU graph 0.47; percentile: 0.078 and 0.12.  The other candidates' CPU
+    graphs are not bias-corrected (the correction was measured for the chosen one)."""
+    if judge is None or held_out is None or len(tried) == 1:
+        return _cpu_graph(chosen, path, kind, means, scratch)
+    records = []
+    for index, candidate in enumerate([chosen, *(c for c in tried if c.label != chosen.label)]):
+        graph = scratch / str(index) / path.name  # the CPU graph's own name: judged on ORT's int8 kernels
+        graph.parent.mkdir(parents=True)
+        correct = means if candidate is chosen else None
+        record = _cpu_graph(candidate, graph, kind, correct, scratch / str(index) / "correction")
+        error = judge(graph, held_out).error_mean if "failed" not in record else float("inf")
+        records.append((error, index, graph, candidate, record))
+    error, _, graph, best, record = min(records, key=lambda entry: entry[:2])  # the chosen one on ties
+    if "failed" not in record:
+        with atomic_path(path) as temporary:
+            shutil.copyfile(graph, temporary)
+    tried_record = [{**c.as_record(), "cpu_held_out_error_mean": _number(e)} for e, _, _, c, _ in records]
+    return {**record, "graph": path.name, "candidate": best.label, "candidates": tried_record}
+
+
 def _cpu_graph(chosen: Candidate, path: Path, kind: str, means: dict[str, np.ndarray] | None, scratch: Path) -> dict:
     """One CPU-shaped graph's record, or {"graph", "failed"} when ONNX Runtime's quantizer cannot make it; where
     the engine's graph has its biases corrected, this one has them corrected for its own weights' rounding (uint8
@@ -460,6 +512,8 @@ def _cpu_graph(chosen: Candidate, path: Path, kind: str, means: dict[str, np.nda
     so their failure is recorded and printed, never raised: it must not lose the TensorRT graph already written.
     """
     weights = WEIGHTS_FOR[kind]
+    # The CPU graphs quantize every op: ONNX Runtime's quantizer, told to leave EfficientNet-Lite0's first
+    # depthwise conv in float, wrote a graph whose stem Clip was off by 12x its scale under ORT's int8 kernels.
     try:
         if chosen.uncorrected is None or means is None or WEIGHT_FORMS[weights] == TENSORRT_WEIGHTS:
             # No correction, or one for the very weights this graph rounds: chosen.calibrated's biases fit it.

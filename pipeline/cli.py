@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .core.errors import PipelineError
 from .core.extras import missing_module_error
-from .core.settings import BUILDERS, CALIB_METHODS, EXPORTERS, PRECISIONS, BatchProfile, Settings
+from .core.settings import BUILDERS, CALIB_AUTO, CALIB_METHODS, EXPORTERS, PRECISIONS, BatchProfile, Settings
 
 PROG = "trt-pipeline"
 # The Makefile sets this, so errors speak make's language (CALIB=...) there and the command line's (--calib) here.
@@ -137,7 +137,9 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
         help="inputs like the served ones (int8 calibrates on them, fp16 scans them for overflow): "
         "image folder or .npy/.npz [CALIB]",
     )
-    parser.add_argument("--calib-method", default=defaults.calib_method, choices=CALIB_METHODS, help="[CALIB_METHOD]")
+    parser.add_argument(
+        "--calib-method", default=defaults.calib_method, choices=(CALIB_AUTO, *CALIB_METHODS), help="[CALIB_METHOD]"
+    )
     parser.add_argument("--calib-samples", type=int, default=defaults.calib_samples, help="calibration samples")
     parser.add_argument("--calib-batch", type=int, default=defaults.calib_batch, help="calibration batch size")
     parser.add_argument(

@@ -83,13 +83,13 @@ def test_split_is_deterministic_spread_and_recorded(digits, tmp_path):
 
 
 def test_gate_passes_in_sample_and_fails_held_out_on_a_narrow_set(digits, tmp_path, capsys):
-    """Near-copies of one digit and four other digits, the classifier's input smoothed (SMOOTH=0.9) and every op
-    INT8 (NO_FLOAT_SEARCH=1): the ranges and scales fit on the copies clip the other digits.  On the rows it was
-    fit on the graph is within 0.01 of FP32; on the held-out rows it is past the gate, and says why.  The defaults
-    (SMOOTH=auto, the float search) judge the unsmoothed graph on the same held-out rows too, keep it, and pass:
-    the held-out rows chose."""
+    """Near-copies of one digit and four other digits, percentile ranges, the classifier's input smoothed
+    (SMOOTH=0.9) and every op INT8 (NO_FLOAT_SEARCH=1): the ranges and scales fit on the copies clip the other
+    digits.  On the rows it was fit on the graph is within 0.01 of FP32; on the held-out rows it is past the gate,
+    and says why.  The defaults (CALIB_METHOD=auto, SMOOTH=auto, the float search) judge the unsmoothed graphs on
+    the same held-out rows too, keep one, and pass: the held-out rows chose."""
     calib = _narrow(digits, 1, tmp_path / "narrow.npy")
-    pinned = ("--calib-batch", "8", "--smooth", "0.9", "--no-float-search")
+    pinned = ("--calib-batch", "8", "--calib-method", "percentile", "--smooth", "0.9", "--no-float-search")
     assert cli.main(_build(calib, tmp_path / "engines", *pinned)) == 2
     err = capsys.readouterr().err
     assert "model.int8.onnx departs from FP32 on the held-out calibration rows" in err
@@ -101,19 +101,20 @@ def test_gate_passes_in_sample_and_fails_held_out_on_a_narrow_set(digits, tmp_pa
 
     assert cli.main(_build(calib, tmp_path / "auto", "--calib-batch", "8")) == 0
     search = json.loads((tmp_path / "auto" / "digits-int8" / "manifest.json").read_text())["calibration"]
-    errors = {c["smooth_alpha"]: c["held_out_error_mean"] for c in search["smoothing_search"]["candidates"]}
-    assert search["smooth_alpha"] is None and errors[None] < INT8_MAX_ERROR < errors[0.9]
+    errors = {(c["method"], c["smooth_alpha"]): c["held_out_error_mean"] for c in search["search"]["candidates"]}
+    assert search["smooth_alpha"] is None and errors[search["method"], None] < INT8_MAX_ERROR
+    assert errors["percentile", 0.9] > INT8_MAX_ERROR
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_strict_calib_refuses_what_the_build_warns_about(digits, tmp_path, capsys):
-    """Near-copies of three digits and a varied tail (smoothed, SMOOTH=0.9; every op INT8, NO_FLOAT_SEARCH=1):
-    within the gate held out, but many
-    times worse than in-sample.  The build warns with the fix; STRICT_CALIB=1 refuses it (exit 2, the reason and the
-    fix); and a set too small to hold any rows out is refused under it too."""
-    calib = _narrow(digits, 3, tmp_path / "narrow.npy")
+    """Near-copies of one digit and a varied tail (percentile ranges, not smoothed: CALIB_METHOD=percentile SMOOTH=off;
+    every op INT8, NO_FLOAT_SEARCH=1): within the gate held out, but many times worse than in-sample.  The build
+    warns with the fix; STRICT_CALIB=1 refuses it (exit 2, the reason and the fix); and a set too small to hold any
+    rows out is refused under it too."""
+    calib = _narrow(digits, 1, tmp_path / "narrow.npy")
     command = ["make", "-s", "-o", ".venv/.installed", "engine", "MODEL=digits", "PRECISION=int8", f"CALIB={calib}"]
-    command += ["SMOOTH=0.9", "NO_FLOAT_SEARCH=1"]
+    command += ["CALIB_METHOD=percentile", "SMOOTH=off", "NO_FLOAT_SEARCH=1"]
     environment = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's code, as `make` runs it
 
     def make(*assignments: str) -> subprocess.CompletedProcess:

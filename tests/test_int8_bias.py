@@ -46,7 +46,7 @@ def test_bias_correction_removes_the_shift_weight_rounding_adds_and_is_kept_by_h
         tmp_path / "model.int8.onnx",
         tmp_path / "calibration.npy",
         preprocess=None,
-        config=CalibrationConfig("max", 64, 16),
+        config=CalibrationConfig(("max",), 64, 16),
         cache_folder=tmp_path / "calibration",
         cpu_out_paths=cpu,
         judge=int8_judge(fp32),

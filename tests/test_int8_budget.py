@@ -40,7 +40,7 @@ def digits(tmp_path_factory) -> tuple[Path, object, np.ndarray]:
         out / "model.int8.onnx",
         out / "train.npy",
         preprocess=PREPROCESS,
-        config=CalibrationConfig("max", 256, 64),
+        config=CalibrationConfig(("max",), 256, 64),
         cache_folder=out / CACHE_FOLDER,
     )
     return fp32, read_cache(Path(record["calibration"]["cache_file"])).ranges, train

@@ -31,7 +31,7 @@ from trt_pipeline.calibration.smooth import channel_maxima, smooth_graph, smooth
 from trt_pipeline.models.spec import DynamicAxis, ModelSpec
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
-from trt_pipeline.pipeline.core.settings import DEFAULT_SMOOTH_ALPHA, Settings
+from trt_pipeline.pipeline.core.settings import AUTO_CALIB_METHODS, DEFAULT_SMOOTH_ALPHA, Settings
 from trt_pipeline.pipeline.folder.manifest import FP32_GRAPH, GRAPHS, cpu_graphs
 from trt_pipeline.pipeline.quality.diagnose import compare_layers, first_past, node_tolerance
 from trt_pipeline.pipeline.stages.export import export_onnx
@@ -169,7 +169,7 @@ def test_a_cpu_graph_that_cannot_be_made_is_recorded_and_the_tensorrt_graph_kept
         tmp_path / "model.int8.onnx",
         calib,
         preprocess=None,
-        config=CalibrationConfig("max", 32, 16),
+        config=CalibrationConfig(("max",), 32, 16),
         cache_folder=tmp_path / CACHE_FOLDER,
         cpu_out_paths={kind: tmp_path / "taken" / name for kind, name in cpu_graphs("int8").items()},
     )
@@ -189,7 +189,10 @@ def test_smoothing_is_exact_in_float(bert_int8):
     model = onnx.load(str(bert_int8 / FP32_GRAPH))
     groups = smoothable(model)
     tokens = _tokens(16, seed=4)
-    scales = smoothing_scales(model, groups, channel_maxima(model, list(groups), [tokens]), 0.5)
+    maxima = channel_maxima(model, list(groups), [tokens])
+    # A random BERT has no outlier channels (smoothing would leave it as it is): three channels made 30x the rest
+    outliers = {tensor: np.concatenate([maximum[:3] * 30, maximum[3:]]) for tensor, maximum in maxima.items()}
+    scales = smoothing_scales(model, groups, outliers, 0.5)
     assert max(len(consumers) for consumers in groups.values()) == 3  # Q, K and V read one LayerNorm output
     assert any(s.max() / s.min() > 2 for s in scales.values())  # a real change of the weights, not s = 1
     smoothed = smooth_graph(model, scales)
@@ -248,7 +251,7 @@ def test_smoothing_keeps_int8_close_on_outlier_channels(tmp_path):
 
     def error(alpha: float | None) -> float:
         int8 = tmp_path / f"model.int8.{alpha}.onnx"
-        config = CalibrationConfig("max", 64, 16, smooth_alphas=(alpha,))
+        config = CalibrationConfig(("max",), 64, 16, smooth_alphas=(alpha,))
         make_int8_graph(fp32, int8, calib, preprocess=None, config=config, cache_folder=tmp_path / CACHE_FOLDER)
         actual = onnxruntime_session(int8, simulate_qdq=True).run(None, held_out)[0].reshape(-1, 64)
         return float(np.mean(np.linalg.norm(actual - expected, axis=1) / np.linalg.norm(expected, axis=1)))
@@ -311,7 +314,7 @@ def test_diagnosis_does_not_blame_a_minus_inf_attention_mask(tmp_path):
     calib = tmp_path / "calibration.npz"
     np.savez(calib, **_attention_inputs(32, seed=1))
     int8 = tmp_path / "model.int8.onnx"
-    config = CalibrationConfig("max", 32, 16, smooth_alphas=(0.5,))
+    config = CalibrationConfig(("max",), 32, 16, smooth_alphas=(0.5,))
     make_int8_graph(fp32, int8, calib, preprocess=None, config=config, cache_folder=tmp_path / CACHE_FOLDER)
     errors = {error.tensor: error for error in compare_layers(fp32, int8, _attention_inputs(1, seed=2), "int8")}
     assert errors["mask_bias"].rel == 0 and errors["masked"].rel < node_tolerance("int8")
@@ -344,29 +347,30 @@ def test_a_trained_sentence_encoder_in_int8_stays_within_cosine_0_99_on_held_out
     assert cosine.mean() >= 0.99 and cosine.min() >= 0.98, f"min {cosine.min():.4f} mean {cosine.mean():.4f}"
 
     int8 = tmp_path / "model.int8.max.onnx"
-    config = CalibrationConfig("max", smooth_alphas=(DEFAULT_SMOOTH_ALPHA,))
+    config = CalibrationConfig(("max",), smooth_alphas=(DEFAULT_SMOOTH_ALPHA,))
     make_int8_graph(folder / FP32_GRAPH, int8, calib, preprocess=None, config=config, cache_folder=tmp_path / "max")
     cosine = encoder.cosines(folder / FP32_GRAPH, int8, held_out, simulate_qdq=True)
     assert cosine.min() >= 0.99, f"max ranges: min {cosine.min():.4f} mean {cosine.mean():.4f}"
 
 
-def test_smooth_auto_builds_both_and_keeps_the_lower_held_out_error(tmp_path):
-    """SMOOTH=auto (the default): the graph smoothed with the default alpha and the graph not smoothed are both
-    judged on the held-out calibration rows; the kept one has the lower error, and it (with its biases corrected
-    where that lowered the error further) is the graph the agreement gate then judges (the same evaluation: the
-    same number)."""
+def test_auto_builds_every_method_and_smoothing_and_keeps_the_lower_held_out_error(tmp_path):
+    """CALIB_METHOD=auto and SMOOTH=auto (the defaults): percentile and max, each with the graph smoothed with the
+    default alpha and the graph not smoothed, are all judged on the held-out calibration rows; the kept one has the
+    lowest error, and it (with its biases corrected where that lowered the error further) is the graph the
+    agreement gate then judges (the same evaluation: the same number)."""
     calib = tmp_path / "tokens.npz"
     np.savez(calib, **_tokens(64, seed=2))
     settings = Settings(model=f"{__name__}:tiny_bert", precision="int8", calib=calib, out_root=tmp_path / "engines")
     manifest = json.loads((make_engine(settings) / "manifest.json").read_text())
-    search = manifest["calibration"]["smoothing_search"]
-    errors = {candidate["smooth_alpha"]: candidate["held_out_error_mean"] for candidate in search["candidates"]}
-    assert set(errors) == {DEFAULT_SMOOTH_ALPHA, None}
-    assert search["kept"] == min(errors, key=lambda alpha: errors[alpha])
-    assert manifest["calibration"]["smooth_alpha"] == search["kept"]
+    search = manifest["calibration"]["search"]
+    errors = {(c["method"], c["smooth_alpha"]): c["held_out_error_mean"] for c in search["candidates"]}
+    assert set(errors) == {(method, alpha) for method in AUTO_CALIB_METHODS for alpha in (DEFAULT_SMOOTH_ALPHA, None)}
+    kept = (search["kept"]["method"], search["kept"]["smooth_alpha"])
+    assert kept == min(errors, key=lambda candidate: errors[candidate])
+    assert (manifest["calibration"]["method"], manifest["calibration"]["smooth_alpha"]) == kept
     judged = manifest["agreement_int8"]["graphs"]["model.int8.onnx"]["judged"]
     correction = manifest["calibration"]["bias_correction"]  # judged after the pick, on the same rows
-    assert correction["held_out_error_mean"]["before"] == pytest.approx(errors[search["kept"]], rel=1e-5)
+    assert correction["held_out_error_mean"]["before"] == pytest.approx(errors[kept], rel=1e-5)
     final = correction["held_out_error_mean"]["corrected" if correction["kept"] else "before"]
     assert judged["rows"] == "held_out" and judged["error_mean"] == pytest.approx(final, rel=1e-5)
 

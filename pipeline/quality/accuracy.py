@@ -178,7 +178,7 @@ def measure_accuracy(
             path,
             evaluation.calibration,
             preprocess=spec_preprocess,
-            config=replace(CalibrationConfig.from_settings(settings), method=method),  # SMOOTH= as make engine
+            config=replace(CalibrationConfig.from_settings(settings), methods=(method,)),  # SMOOTH= as make engine
             cache_folder=folder / CACHE_FOLDER,
             cpu_out_paths=cpu_paths,
             judge=int8_judge(fp32),  # SMOOTH=auto picks as make engine does
