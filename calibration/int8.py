@@ -52,12 +52,6 @@ FLOAT_SEARCH_FROM = 0.05  # held-out error (of the output's norm) under which no
 FLOAT_MIN_GAIN = 0.1
 FLOAT_GAIN_PER_SHARE = 10.0
 MIN_INT8_SHARE = 0.99
-# The CPU graphs also quantize the outputs and the ops between (calibration/qdq_cpu.py), so the candidate best for
-# the engine's graph need not be best for them: all-MiniLM-L6-v2 on templated sentences, max ranges: engine graph
-# 0.063 of the output's norm on the held-out rows, CPU graph 0.47; percentile: 0.078 and 0.12.  Where the chosen
-# candidate's CPU graph is more than this many times worse than its engine graph, the other candidates' are tried
-# (ResNet-50 on photos: 0.016 vs 0.013, none tried: each costs a quantization and a judgement per kind of CPU).
-CPU_RETRY_RATIO = 2.0
 TENSORRT_WEIGHTS = ("QInt8", True, False)  # qdq.quantize_qdq's weights as a qdq_cpu.WEIGHT_FORMS entry
 # The INT8 graphs for ONNX Runtime on the CPU, beside model.int8.onnx, by the kind of CPU they are for
 # (pipeline.core.cpu.int8_cpu_kind); the runner on a CPU takes the one for its CPU.
@@ -182,11 +176,7 @@ def make_int8_graph(
         with atomic_path(out_path) as temporary:
             shutil.copyfile(chosen.qdq, temporary)
         cpu_paths = (cpu_out_paths or {}).items()
-        held_out_rows = parts.held_out.batches if judge is not None and parts.held_out is not None else None
-        cpu = {
-            kind: _best_cpu_graph(chosen, tried, path, kind, means, judge, held_out_rows, Path(scratch) / kind)
-            for kind, path in cpu_paths
-        }
+        cpu = {kind: _cpu_graph(chosen, path, kind, means, Path(scratch) / kind) for kind, path in cpu_paths}
         share = int8_share(chosen.qdq, macs)
     options, scales = config.options(chosen.method, chosen.alpha), chosen.scales
     lookup, structure = chosen.lookup, chosen.structure
@@ -241,8 +231,6 @@ def make_int8_graph(
             continue
         kernels = graph["int8_kernels"] + graph["float_kernels"]
         summary += f"; {graph['graph']} ({kind}): {graph['int8_kernels']} of {kernels} as ONNX Runtime int8 kernels"
-        if graph.get("candidate", chosen.label) != chosen.label:
-            summary += f", from {graph['candidate']} (its lowest held-out error)"
     if cpu:
         stage["qdq_onnxruntime_cpu"] = cpu
     return {"summary": summary, **stage}
@@ -473,40 +461,6 @@ def _smoothing_record(fp32_path: Path, scales: dict[str, np.ndarray], alpha: flo
         return None
     groups = smoothable(_quantizable_model(fp32_path)) if scales else {}
     return smoothing_record(groups, scales, alpha)
-
-
-def _best_cpu_graph(
-    chosen: Candidate,
-    tried: list[Candidate],
-    path: Path,
-    kind: str,
-    means: dict[str, np.ndarray] | None,
-    judge: Judge | None,
-    held_out: list[dict[str, np.ndarray]] | None,
-    scratch: Path,
-) -> dict:
-    """The CPU-shaped graph of `kind` written to `path`: the chosen candidate's, or where several were tried and
-    that one is more than CPU_RETRY_RATIO times worse than the engine's graph on the held-out rows, the one of them
-    with the lowest held-out error (its record says which and lists those judged).  The other candidates' CPU
-    graphs are not bias-corrected (the correction was measured for the chosen one)."""
-    if judge is None or held_out is None or len(tried) == 1:
-        return _cpu_graph(chosen, path, kind, means, scratch)
-    records = []
-    for index, candidate in enumerate([chosen, *(c for c in tried if c.label != chosen.label)]):
-        graph = scratch / str(index) / path.name  # the CPU graph's own name: judged on ORT's int8 kernels
-        graph.parent.mkdir(parents=True)
-        correct = means if candidate is chosen else None
-        record = _cpu_graph(candidate, graph, kind, correct, scratch / str(index) / "correction")
-        error = judge(graph, held_out).error_mean if "failed" not in record else float("inf")
-        records.append((error, index, graph, candidate, record))
-        if candidate is chosen and chosen.held_out and error <= CPU_RETRY_RATIO * chosen.held_out.error_mean:
-            break
-    error, _, graph, best, record = min(records, key=lambda entry: entry[:2])  # the chosen one on ties
-    if "failed" not in record:
-        with atomic_path(path) as temporary:
-            shutil.copyfile(graph, temporary)
-    tried_record = [{**c.as_record(), "cpu_held_out_error_mean": _number(e)} for e, _, _, c, _ in records]
-    return {**record, "graph": path.name, "candidate": best.label, "candidates": tried_record}
 
 
 def _cpu_graph(chosen: Candidate, path: Path, kind: str, means: dict[str, np.ndarray] | None, scratch: Path) -> dict:
