@@ -47,15 +47,15 @@ from trt_pipeline.pipeline.core.cpu import (  # noqa: E402
 from trt_pipeline.pipeline.folder.manifest import read_manifest  # noqa: E402
 
 
-def kept_calibration(folder: Path, scratch: Path, label: str) -> tuple[Path, object]:
-    """(the graph its ranges belong to, the ranges) of the calibration the INT8 folder's build kept (its manifest's
-    cache file; the cache also holds the candidates it did not keep): the FP32 graph as the INT8 stage calibrated it
-    (calibration.int8.calibrated_graph: smoothed with the cached scales)."""
+def kept_calibration(folder: Path, scratch: Path, label: str) -> tuple[Path, object, dict]:
+    """(the graph its ranges belong to, the ranges, the manifest's calibration record) of the calibration the INT8
+    folder's build kept (its manifest's cache file; the cache also holds the candidates it did not keep): the FP32
+    graph as the INT8 stage calibrated it (calibration.int8.calibrated_graph: smoothed with the cached scales)."""
     manifest = read_manifest(folder)
     assert manifest is not None and manifest.calibration
     cached = read_cache(Path(manifest.calibration["cache_file"]))
     graph = calibrated_graph(folder / "model.onnx", cached.smoothing or {}, scratch / f"calibrated-{label}.onnx")
-    return graph, cached.ranges
+    return graph, cached.ranges, manifest.calibration
 
 
 def session(graph: Path):
@@ -84,7 +84,7 @@ def digits(scratch: Path) -> dict:
     calibrations = {}
     for method in ("max", "percentile", "entropy"):
         folder = _onnx_artifacts(replace(settings, calib_method=method, calib_samples=len(split.train_inputs)))
-        calibrations[method] = kept_calibration(folder, scratch, f"digits-{method}")
+        calibrations[method] = kept_calibration(folder, scratch, f"digits-{method}")[:2]
 
     def top1(graph: Path) -> float:
         return float(np.mean(run(session(graph), split.held_out_inputs).argmax(1) == split.held_out_labels))
@@ -120,7 +120,7 @@ def resnet50(scratch: Path, batches: list[int], budget_s: float) -> dict:
         [load_image(p, ImagePreprocess()) for p in sorted(photos.rglob("*")) if p.suffix.lower() in IMAGE_SUFFIXES]
     )
     graphs = {"fp32": folder / "model.onnx"}
-    calibrated, ranges = kept_calibration(folder, scratch, "resnet50")
+    calibrated, ranges, _ = kept_calibration(folder, scratch, "resnet50")
     for form in WEIGHT_FORMS:
         graphs[form] = scratch / f"resnet50-{form}.onnx"
         quantize_for_cpu(calibrated, graphs[form], ranges, weights=form)
@@ -140,9 +140,7 @@ def encoder(scratch: Path, batches: list[int], budget_s: float) -> dict | None:
     sets, judged, _ = encoder_sets(scratch / "encoder-data")
     model = "benchmarks.int8_encoder:minilm"
     folder = _onnx_artifacts(Settings(model=model, precision="int8", calib=sets["narrow"], out_root=scratch))
-    calibrated, ranges = kept_calibration(folder, scratch, "encoder")
-    manifest = read_manifest(folder)
-    kept = manifest.calibration if manifest else {}  # the build's pick: its method and smoothing
+    calibrated, ranges, kept = kept_calibration(folder, scratch, "encoder")  # the build's pick
     graphs = {"fp32": folder / "model.onnx"}
     for form in ("u8s8", "u8u8"):
         for outputs, float_ops in (("MatMul/Gemm outputs float", FLOAT_OUTPUTS), ("every output uint8", ())):

@@ -16,12 +16,11 @@ correction 0.9955 (its input alone quantized: 0.9949).
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from .readers import CalibrationData
 
@@ -72,24 +71,11 @@ def weight_input_means(calibrated: Path, fit: CalibrationData) -> dict[str, np.n
 
 def input_means(model: onnx.ModelProto, tensors: dict[str, int], fit: CalibrationData) -> dict[str, np.ndarray]:
     """The mean of each tensor per channel (along the axis `tensors` gives it) over the fit rows."""
-    from ..pipeline.core.sessions import onnxruntime_session
+    from ..pipeline.core.sessions import tensor_values
 
-    exposed = onnx.ModelProto()
-    exposed.CopyFrom(model)
-    fed = {value.name for value in exposed.graph.input}
-    present = {value.name for value in exposed.graph.output}
-    wanted = sorted({name for name in tensors if name not in fed})
-    exposed.graph.output.extend(
-        helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in wanted if name not in present
-    )
-    with tempfile.TemporaryDirectory(prefix="bias.") as folder:
-        path = Path(folder) / "exposed.onnx"
-        onnx.save(exposed, str(path))
-        session = onnxruntime_session(path)
     sums: dict[str, np.ndarray] = {}
     rows = 0
-    for feed in fit.batches:
-        values = {**feed, **dict(zip(wanted, session.run(wanted, feed) if wanted else [], strict=True))}
+    for feed, values in zip(fit.batches, tensor_values(model, tensors, fit.batches), strict=True):
         count = len(next(iter(feed.values())))
         rows += count
         for name, channel_axis in tensors.items():

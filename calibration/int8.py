@@ -155,9 +155,10 @@ def make_int8_graph(
     write_npz(cache_folder / SAMPLE, {name: array[:SAMPLE_ROWS] for name, array in judged.items()})
     fit, split = parts.fit, parts.split
     choices = _choices(fp32_path, config, judged=judge is not None and bool(parts.held_out))
+    measured: dict[float | None, dict[str, np.ndarray]] = {}  # smoothing scales by alpha: every method's the same
     with tempfile.TemporaryDirectory(prefix="int8.") as scratch:
         tried = [
-            _candidate(fp32_path, fit, config, method, alpha, cache_folder, Path(scratch) / str(index))
+            _candidate(fp32_path, fit, config, method, alpha, cache_folder, Path(scratch) / str(index), measured)
             for index, (method, alpha) in enumerate(choices)
         ]
         if len(tried) > 1 and judge is not None and parts.held_out is not None:
@@ -255,9 +256,11 @@ def _candidate(
     alpha: float | None,
     cache_folder: Path,
     scratch: Path,
+    measured: dict[float | None, dict[str, np.ndarray]],
 ) -> Candidate:
     """One method's and smoothing alpha's graph: scales and ranges fit on `fit` (or from the cache), its Q/DQ graph
-    in `scratch` under the engine graph's own name (the gate's evaluation simulates Q/DQ by that name)."""
+    in `scratch` under the engine graph's own name (the gate's evaluation simulates Q/DQ by that name).  `measured`:
+    the scales measured so far by alpha, which this adds to (they depend on the data, not on the method)."""
     scratch.mkdir(parents=True)
     options = config.options(method, alpha)
     # Keyed on the fit rows' own sha256: ranges fit on all rows (before the split, or another split) never match.
@@ -270,7 +273,9 @@ def _candidate(
         if lookup.status.startswith("corrupted"):
             print(f"note: calibration cache {cache_file} is {lookup.status}; recalibrating")
         started = time.perf_counter()
-        scales = _measure_smoothing(fp32_path, fit, alpha)
+        if alpha not in measured:
+            measured[alpha] = _measure_smoothing(fp32_path, fit, alpha)
+        scales = measured[alpha]
         calibrated = calibrated_graph(fp32_path, scales, calibrated_path)
         ranges = collect_ranges(calibrated, fit, method)
         collect_seconds = round(time.perf_counter() - started, 3)

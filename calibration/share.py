@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 
 from ..pipeline.core.compute import COMPUTE_OPS, multiply_adds
-from ..pipeline.core.sessions import onnxruntime_session
+from ..pipeline.core.sessions import tensor_values
 
 SHAPE_OPS = ("Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze")
 
@@ -32,14 +32,8 @@ def compute_shapes(fp32: Path, feeds: dict[str, np.ndarray]) -> tuple[onnx.Model
         for name in (node.input[0], node.input[1], node.output[0])
         if name not in weights
     }
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    outputs = {value.name for value in probe.graph.output}
-    probe.graph.output.extend(onnx.ValueInfoProto(name=name) for name in sorted(wanted - outputs))
-    session = onnxruntime_session(probe.SerializeToString())
-    names = [output.name for output in session.get_outputs()]
-    shapes = {name: tuple(value.shape) for name, value in zip(names, session.run(names, feeds), strict=True)}
-    return model, {**weights, **shapes}
+    values = next(tensor_values(model, sorted(wanted), [feeds]))
+    return model, {**weights, **{name: tuple(value.shape) for name, value in values.items()}}
 
 
 def macs_by_op(model: onnx.ModelProto, shapes: dict[str, tuple]) -> dict[str, int]:

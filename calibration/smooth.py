@@ -21,14 +21,12 @@ the result is the same.  Measured: docs/benchmarks/int8-encoder.md.
 
 from __future__ import annotations
 
-import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from .readers import Feed
 
@@ -80,23 +78,10 @@ def smoothable(model: onnx.ModelProto) -> dict[str, list[Consumer]]:
 
 def channel_maxima(model: onnx.ModelProto, tensors: list[str], batches: list[Feed]) -> dict[str, np.ndarray]:
     """max |X_j| over every calibration batch, per channel of each tensor's last axis (ONNX Runtime, CPU)."""
-    from ..pipeline.core.sessions import onnxruntime_session
+    from ..pipeline.core.sessions import tensor_values
 
-    exposed = onnx.ModelProto()
-    exposed.CopyFrom(model)
-    present = {output.name for output in exposed.graph.output}
-    fed = {value.name for value in exposed.graph.input}
-    wanted = [name for name in tensors if name not in fed]
-    exposed.graph.output.extend(
-        helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in wanted if name not in present
-    )
-    with tempfile.TemporaryDirectory(prefix="smooth.") as folder:
-        path = Path(folder) / "exposed.onnx"
-        onnx.save(exposed, str(path))
-        session = onnxruntime_session(path)
     maxima: dict[str, np.ndarray] = {}
-    for feed in batches:
-        values = {**feed, **dict(zip(wanted, session.run(wanted, feed) if wanted else [], strict=True))}
+    for values in tensor_values(model, tensors, batches):
         for name in tensors:
             value = np.abs(np.asarray(values[name], dtype=np.float32))
             batch_max = value.reshape(-1, value.shape[-1]).max(axis=0)

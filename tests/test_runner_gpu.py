@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.concurrency import assert_each_thread_gets_its_own_result
-from trt_pipeline.pipeline.core.compare import compare_outputs
+from tests.runner_feeds import assert_close, cnn_batch, text_batch
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.settings import Settings
 from trt_pipeline.pipeline.core.trt_module import describe_gpu
@@ -64,21 +64,6 @@ def references(folders):
         runner.close()
 
 
-def _cnn_batch(rows: int, seed: int = 0) -> dict[str, np.ndarray]:
-    return {"input": np.random.default_rng(seed).standard_normal((rows, 3, 16, 16), dtype=np.float32)}
-
-
-def _text_batch(rows: int, seq: int, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    mask = (rng.random((rows, seq)) > 0.2).astype(np.float32)
-    return {"input_ids": rng.integers(0, 100, (rows, seq), dtype=np.int64), "attention_mask": mask}
-
-
-def _assert_close(expected: dict, actual: dict, rtol: float) -> None:
-    results = compare_outputs(expected, actual, rtol=rtol)
-    assert all(c.ok for c in results.values()), {n: c.as_record() for n, c in results.items()}
-
-
 def test_engine_loads_with_its_description(engines):
     runner = engines["tiny_cnn"]
     assert runner.backend == "tensorrt"
@@ -88,18 +73,18 @@ def test_engine_loads_with_its_description(engines):
 
 @pytest.mark.parametrize("rows", [1, 8, 32, 70])  # 70: chunked into 32 + 32 + 6
 def test_engine_matches_onnxruntime_at_batch(engines, references, rows):
-    feed = _cnn_batch(rows, seed=rows)
+    feed = cnn_batch(rows, seed=rows)
     actual = engines["tiny_cnn"].infer(feed)
     assert actual["logits"].shape == (rows, 10)
-    _assert_close(references["tiny_cnn"].infer(feed), actual, ENGINE_RTOL)
+    assert_close(references["tiny_cnn"].infer(feed), actual, ENGINE_RTOL)
 
 
 @pytest.mark.parametrize(("rows", "seq"), [(1, 1), (8, 12), (32, 64), (40, 5)])
 def test_dynamic_sequence_and_two_outputs(engines, references, rows, seq):
-    feed = _text_batch(rows, seq, seed=seq)
+    feed = text_batch(rows, seq, seed=seq)
     actual = engines["text_classifier"].infer(feed)
     assert actual["tokens"].shape == (rows, seq, 8)  # exactly the valid rows and columns, not max-shape buffers
-    _assert_close(references["text_classifier"].infer(feed), actual, ENGINE_RTOL)
+    assert_close(references["text_classifier"].infer(feed), actual, ENGINE_RTOL)
 
 
 def test_engine_refuses_bad_input(engines):
@@ -110,10 +95,10 @@ def test_engine_refuses_bad_input(engines):
 def test_torch_cuda_tensors_are_used_in_place(engines):
     import torch
 
-    feed = _cnn_batch(8, seed=11)
+    feed = cnn_batch(8, seed=11)
     on_gpu = {"input": torch.from_numpy(feed["input"]).cuda()}
-    _assert_close(engines["tiny_cnn"].infer(feed), engines["tiny_cnn"].infer(on_gpu), rtol=1e-6)
-    chunked = {"input": torch.from_numpy(_cnn_batch(40, seed=12)["input"]).cuda()}
+    assert_close(engines["tiny_cnn"].infer(feed), engines["tiny_cnn"].infer(on_gpu), rtol=1e-6)
+    chunked = {"input": torch.from_numpy(cnn_batch(40, seed=12)["input"]).cuda()}
     assert engines["tiny_cnn"].infer(chunked)["logits"].shape == (40, 10)
     with pytest.raises(PipelineError, match="non-contiguous CUDA tensor"):
         engines["tiny_cnn"].infer({"input": on_gpu["input"].transpose(2, 3)})
@@ -121,7 +106,7 @@ def test_torch_cuda_tensors_are_used_in_place(engines):
 
 def test_concurrent_calls_from_other_threads(engines):
     runner = engines["text_classifier"]
-    feeds = [_text_batch(1 + t % 7, seq=3 + t, seed=t) for t in range(16)]
+    feeds = [text_batch(1 + t % 7, seq=3 + t, seed=t) for t in range(16)]
     assert_each_thread_gets_its_own_result(runner, feeds)
 
 
@@ -132,7 +117,7 @@ def test_runner_created_in_one_thread_serves_another(folders):
     creator.start()
     creator.join()
     with made[0] as runner:
-        assert runner.infer(_cnn_batch(4))["logits"].shape == (4, 10)
+        assert runner.infer(cnn_batch(4))["logits"].shape == (4, 10)
 
 
 def test_close_frees_device_memory(folders):
@@ -140,15 +125,15 @@ def test_close_frees_device_memory(folders):
 
     folder = folders["tiny_cnn"]
     with load_runner(folder, "tensorrt", **_target_options(folder)) as runner:
-        runner.infer(_cnn_batch(32))
+        runner.infer(cnn_batch(32))
     free_before, _ = torch.cuda.mem_get_info()
     for _ in range(5):
         with load_runner(folder, "tensorrt", contexts=3, **_target_options(folder)) as runner:
-            runner.infer(_cnn_batch(32))
+            runner.infer(cnn_batch(32))
     free_after, _ = torch.cuda.mem_get_info()
     assert free_before - free_after < 16 << 20  # five loads of three contexts each leave (almost) nothing behind
     with pytest.raises(PipelineError, match="this runner was closed"):
-        runner.infer(_cnn_batch(1))
+        runner.infer(cnn_batch(1))
 
 
 EXECUTIONS = {
@@ -167,18 +152,18 @@ def test_every_memory_layer_and_execution_agree(folders, references, layer, opti
     with load_runner(folder, "tensorrt", device_memory=layer, **options, **_target_options(folder)) as runner:
         # A shape repeated: CUDA graphs are captured after the first calls at a shape and replayed after that.
         for rows, seq in [(1, 1), (8, 12), (8, 12), (8, 12), (32, 64), (8, 12)]:
-            feed = _text_batch(rows, seq, seed=rows + seq)
-            _assert_close(references["text_classifier"].infer(feed), runner.infer(feed), ENGINE_RTOL)
+            feed = text_batch(rows, seq, seed=rows + seq)
+            assert_close(references["text_classifier"].infer(feed), runner.infer(feed), ENGINE_RTOL)
 
 
 def test_infer_on_device_writes_into_the_callers_tensors(engines):
     import torch
 
     runner = engines["tiny_cnn"]
-    feed = _cnn_batch(8, seed=5)
+    feed = cnn_batch(8, seed=5)
     inputs = {"input": torch.from_numpy(feed["input"]).cuda()}
     outputs = {"logits": torch.empty((8, 10), device="cuda")}
     assert runner.infer_on_device(inputs, outputs) is outputs
-    _assert_close(runner.infer(feed), {"logits": outputs["logits"].cpu().numpy()}, rtol=1e-6)
+    assert_close(runner.infer(feed), {"logits": outputs["logits"].cpu().numpy()}, rtol=1e-6)
     with pytest.raises(PipelineError, match=r"this call writes float32 \(8, 10\)"):
         runner.infer_on_device(inputs, {"logits": torch.empty((4, 10), device="cuda")})

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import onnxruntime as ort
 import pytest
 
 from tests.concurrency import assert_each_thread_gets_its_own_result
-from trt_pipeline.pipeline.core.compare import compare_outputs
+from tests.runner_feeds import assert_close, cnn_batch, text_batch
 from trt_pipeline.pipeline.core.settings import Settings
 from trt_pipeline.pipeline.folder.graph_io import load_reference
 from trt_pipeline.pipeline.folder.manifest import parity_stage
@@ -41,21 +40,6 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], P
     }
 
 
-def _cnn_batch(rows: int, seed: int = 0) -> dict[str, np.ndarray]:
-    return {"input": np.random.default_rng(seed).standard_normal((rows, 3, 16, 16), dtype=np.float32)}
-
-
-def _text_batch(rows: int, seq: int, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    mask = (rng.random((rows, seq)) > 0.2).astype(np.float32)
-    return {"input_ids": rng.integers(0, 100, (rows, seq), dtype=np.int64), "attention_mask": mask}
-
-
-def _assert_close(expected: dict, actual: dict, rtol: float) -> None:
-    results = compare_outputs(expected, actual, rtol=rtol)
-    assert all(c.ok for c in results.values()), {n: c.as_record() for n, c in results.items()}
-
-
 @pytest.mark.parametrize(("model", "precision"), CASES)
 def test_cuda_matches_the_cpu_provider_within_the_graphs_gate(folders, model, precision):
     folder = folders[model, precision]
@@ -68,23 +52,23 @@ def test_cuda_matches_the_cpu_provider_within_the_graphs_gate(folders, model, pr
             record = open_folder(folder).manifest.parity(parity_stage(runner.graph))
             assert record is not None
             for inputs, _ in load_reference(folder / "reference.npz"):
-                _assert_close(cpu.infer(inputs), runner.infer(inputs), rtol=record.rtol)
+                assert_close(cpu.infer(inputs), runner.infer(inputs), rtol=record.rtol)
 
 
 def test_device_resident_inference_writes_the_callers_tensors(folders):
     import torch
 
     with load_runner(folders["text_classifier", "fp16"], "onnxruntime-cuda") as runner:
-        feed = _text_batch(8, seq=12, seed=1)
+        feed = text_batch(8, seq=12, seed=1)
         expected = runner.infer(feed)
         inputs = {name: torch.from_numpy(value).cuda() for name, value in feed.items()}
         outputs = {
             name: torch.empty(value.shape, dtype=torch.float32, device="cuda") for name, value in expected.items()
         }
         assert runner.infer_on_device(inputs, outputs) is outputs
-        _assert_close(expected, {name: tensor.cpu().numpy() for name, tensor in outputs.items()}, rtol=1e-6)
+        assert_close(expected, {name: tensor.cpu().numpy() for name, tensor in outputs.items()}, rtol=1e-6)
         # torch CUDA inputs through infer(): bound in place, host arrays out.
-        _assert_close(expected, runner.infer(inputs), rtol=1e-6)
+        assert_close(expected, runner.infer(inputs), rtol=1e-6)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
@@ -98,17 +82,17 @@ def test_cuda_graphs_on_and_off_give_the_same_outputs(folders, precision):
     ):
         assert "a CUDA graph captured per input shape" in graphs.description
         for rows in (1, 8, 1, 8, 32, 8):  # repeated shapes replay their captured graph
-            feed = _cnn_batch(rows, seed=rows)
-            _assert_close(plain.infer(feed), graphs.infer(feed), rtol=1e-5)
-        feed = _cnn_batch(4, seed=9)
+            feed = cnn_batch(rows, seed=rows)
+            assert_close(plain.infer(feed), graphs.infer(feed), rtol=1e-5)
+        feed = cnn_batch(4, seed=9)
         outputs = {"logits": torch.empty((4, 10), dtype=torch.float32, device="cuda")}
         graphs.infer_on_device({"input": torch.from_numpy(feed["input"]).cuda()}, outputs)
-        _assert_close(plain.infer(feed), {"logits": outputs["logits"].cpu().numpy()}, rtol=1e-5)
+        assert_close(plain.infer(feed), {"logits": outputs["logits"].cpu().numpy()}, rtol=1e-5)
 
 
 def test_concurrent_calls_from_other_threads(folders):
     with load_runner(folders["text_classifier", "fp32"], "onnxruntime-cuda", sessions=3) as runner:
-        feeds = [_text_batch(1 + t % 7, seq=3 + t, seed=t) for t in range(12)]
+        feeds = [text_batch(1 + t % 7, seq=3 + t, seed=t) for t in range(12)]
         assert_each_thread_gets_its_own_result(runner, feeds)
 
 
