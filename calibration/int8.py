@@ -164,25 +164,21 @@ def make_int8_graph(
             _candidate(fp32_path, fit, config, method, alpha, cache_folder, Path(scratch) / str(index), measured)
             for index, (method, alpha) in enumerate(choices)
         ]
-        means: dict[str, np.ndarray] | None = None
+        means_by_alpha: dict[float | None, dict[str, np.ndarray]] = {}  # the weights' input means by smoothing
         if judge is not None and parts.held_out is not None:
-            # Each candidate judged as it would be served, its biases corrected where that helps: the correction
-            # can reorder them (EfficientNet-Lite0 on the 40 photos: max 0.170 < percentile 0.171 before it,
-            # 0.092 > 0.083 after it), and which comes first before it is decided by the CPU's float rounding.
-            means_by_alpha: dict[float | None, dict[str, np.ndarray]] = {}  # they depend on the smoothing only
+            # Each judged as it would be served: the correction can reverse a near-tie (docs/precision.md).
             tried = [
                 _correct_biases(candidate, fit, means_by_alpha, parts.held_out.batches, judge, candidate.qdq.parent)
                 for candidate in tried
             ]
         chosen = min(tried, key=lambda c: c.held_out.error_mean if c.held_out else 0.0)  # the first on ties
         macs = macs_by_op(*compute_shapes(chosen.calibrated, {k: v[:1] for k, v in fit.batches[0].items()}))
+        means = means_by_alpha.get(chosen.alpha)
         float_search: dict | None = None
-        if judge is not None and parts.held_out is not None:
-            means = means_by_alpha[chosen.alpha]
-            if config.float_search:
-                chosen, float_search = _keep_float(
-                    chosen, means, parts.held_out.batches, judge, macs, Path(scratch) / "float"
-                )
+        if judge is not None and parts.held_out is not None and means is not None and config.float_search:
+            chosen, float_search = _keep_float(
+                chosen, means, parts.held_out.batches, judge, macs, Path(scratch) / "float"
+            )
         with atomic_path(out_path) as temporary:
             shutil.copyfile(chosen.qdq, temporary)
         cpu_paths = (cpu_out_paths or {}).items()
@@ -222,7 +218,7 @@ def make_int8_graph(
     if len(tried) > 1:
         errors = "; ".join(f"{c.label} {c.held_out.error_mean:.3g}" for c in tried if c.held_out)
         smoothed += f" (the lowest held-out error of {len(tried)}: {errors})"
-    if chosen.uncorrected is not None and chosen.bias_correction:
+    if chosen.bias_correction and chosen.bias_correction["kept"]:
         smoothed += f", biases corrected for weight rounding ({chosen.bias_correction['ops']} ops)"
     if chosen.float_ops:
         smoothed += (

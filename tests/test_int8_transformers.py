@@ -394,7 +394,8 @@ def test_auto_builds_every_method_and_smoothing_and_keeps_the_lower_held_out_err
     assert (manifest["calibration"]["method"], manifest["calibration"]["smooth_alpha"]) == kept
     judged = manifest["agreement_int8"]["graphs"]["model.int8.onnx"]["judged"]
     correction = manifest["calibration"]["bias_correction"]  # the kept candidate's, on the same rows
-    assert correction["kept"] == search["candidates"][list(errors).index(kept)]["biases_corrected"]
+    kept_record = next(c for c in search["candidates"] if (c["method"], c["smooth_alpha"]) == kept)
+    assert kept_record["biases_corrected"] == correction["kept"]
     final = correction["held_out_error_mean"]["corrected" if correction["kept"] else "before"]
     assert errors[kept] == pytest.approx(final, rel=1e-5)  # the pick compared the corrected graph
     assert judged["rows"] == "held_out" and judged["error_mean"] == pytest.approx(final, rel=1e-5)
