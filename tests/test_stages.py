@@ -254,7 +254,7 @@ def test_a_data_dependent_output_size_is_refused_saying_what_it_is_and_the_two_f
 
 def test_exporter_setting_takes_the_three_choices_and_the_rebuild_hint_repeats_it():
     from trt_pipeline.pipeline.core.settings import EXPORTERS, Settings
-    from trt_pipeline.pipeline.folder.manifest import make_engine_command
+    from trt_pipeline.pipeline.folder.rebuild import make_engine_command
 
     assert EXPORTERS == ("auto", "torchscript", "dynamo") and Settings().exporter == "auto"
     with pytest.raises(PipelineError, match="unknown exporter 'onnx'"):

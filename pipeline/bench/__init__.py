@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..core.errors import PipelineError
 from ..core.settings import PRECISIONS, Settings
-from ..folder.manifest import make_engine_command
+from ..folder.rebuild import make_engine_command
 from .backends import NAMES
 from .harness import run_benchmark
 from .report import DEVICE_RESIDENT, END_TO_END, markdown_table, write_reports

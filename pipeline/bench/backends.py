@@ -17,8 +17,9 @@ import numpy as np
 
 from ...models.spec import call_module
 from ..core.errors import PipelineError
-from ..folder.manifest import FP32_GRAPH, MANIFEST, graph_precision, make_engine_command
+from ..folder.manifest import FP32_GRAPH, MANIFEST, graph_precision
 from ..folder.reader import ArtifactFolder
+from ..folder.rebuild import make_engine_command
 from ..runners import Runner, load_runner
 
 if TYPE_CHECKING:

@@ -7,9 +7,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .errors import PipelineError
+from .precision import PRECISIONS, Precision
 
 OPSET = 17  # fixed: TensorRT 10/11 and ONNX Runtime all read it; recorded in the manifest
-PRECISIONS = ("fp32", "fp16", "int8")
 BUILDERS = ("auto", "tensorrt", "tensorrt_rtx")
 CALIB_METHODS = ("max", "percentile", "entropy")
 # INT8: CALIB_METHOD=auto builds the graph with each of AUTO_CALIB_METHODS (times each SMOOTH candidate) and keeps the
@@ -78,7 +78,7 @@ class Settings:
     """
 
     model: str = "resnet"
-    precision: str = "fp16"
+    precision: Precision | str = Precision.FP16  # check() makes a str a Precision
     batch: BatchProfile = field(default_factory=BatchProfile)
     weights: Path | None = None
     input_shape: str | None = None
@@ -111,6 +111,7 @@ class Settings:
                 f"unknown precision {self.precision!r}",
                 f"use one of {', '.join(PRECISIONS)} (PRECISION=fp16 is the default)",
             )
+        self.precision = Precision(self.precision)
         if self.builder not in BUILDERS:
             raise PipelineError(f"unknown builder {self.builder!r}", f"use one of {', '.join(BUILDERS)}")
         if self.exporter not in EXPORTERS:

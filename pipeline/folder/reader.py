@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.errors import PipelineError
-from ..core.settings import PRECISIONS
+from ..core.precision import Precision
 from .artifacts import running_build
 from .manifest import (
     ARTIFACT_LAYOUT,
@@ -30,9 +30,9 @@ from .manifest import (
     Manifest,
     graph_precision,
     parity_stage,
-    rebuild_hint,
     require_manifest,
 )
+from .rebuild import rebuild_hint
 
 # What a finished folder's manifest always holds (make_engine writes them all before `complete`).
 _REQUIRED = ("model", "precision", "settings", "graphs", "engine", "artifacts", "inputs", "outputs", "batch_profile")
@@ -75,7 +75,7 @@ class ArtifactFolder:
     def servable_graphs(self) -> list[str]:
         """The graphs of the folder as accurate as its precision promises (an int8 folder may serve its FP32 graph;
         an fp32 folder never serves INT8), FP32 first."""
-        allowed = PRECISIONS[: PRECISIONS.index(self.precision) + 1]  # most accurate first
+        allowed = Precision(self.precision).at_least_as_accurate()
         names = dict.fromkeys([FP32_GRAPH, *self.graphs.values()])
         return [name for name in names if graph_precision(name) in allowed]
 

@@ -15,8 +15,9 @@ import numpy as np
 
 from ..core.errors import PipelineError
 from ..folder.graph_io import GraphTensor
-from ..folder.manifest import Manifest, rebuild_hint
+from ..folder.manifest import Manifest
 from ..folder.reader import ArtifactFolder
+from ..folder.rebuild import rebuild_hint
 
 DYNAMIC = -1
 BATCH_AXIS = 0

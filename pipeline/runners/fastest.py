@@ -28,8 +28,9 @@ from ..core.cpu import cpu_instruction_sets, cpu_model, int8_cpu_kind
 from ..core.errors import PipelineError
 from ..folder.artifacts import write_json
 from ..folder.graph_io import load_reference
-from ..folder.manifest import REFERENCE, SERVED_CHOICE, cpu_graphs, engine_graph, graph_precision, rebuild_hint
+from ..folder.manifest import REFERENCE, SERVED_CHOICE, cpu_graphs, engine_graph, graph_precision
 from ..folder.reader import ArtifactFolder
+from ..folder.rebuild import rebuild_hint
 from .base import Runner
 from .onnxruntime import CPU, CUDA, OnnxRuntimeRunner, choose_providers
 from .onnxruntime_cuda import OnnxRuntimeCudaRunner

@@ -11,8 +11,9 @@ import numpy as np
 from ..core.cpu import NO_VNNI, VNNI, int8_cpu_kind
 from ..core.errors import PipelineError
 from ..core.sessions import onnxruntime_session
-from ..folder.manifest import engine_graph, rebuild_hint
+from ..folder.manifest import engine_graph
 from ..folder.reader import ArtifactFolder
+from ..folder.rebuild import rebuild_hint
 from .base import Runner
 
 CPU = "CPUExecutionProvider"

@@ -31,8 +31,8 @@ import numpy as np
 
 from ..core.errors import PipelineError
 from ..folder.graph_io import GraphTensor
-from ..folder.manifest import rebuild_hint
 from ..folder.reader import ArtifactFolder
+from ..folder.rebuild import rebuild_hint
 from .base import BATCH_AXIS, Runner, TensorSpec, _dtype_and_shape, check_feed
 from .device_memory import DeviceMemory
 from .onnxruntime import CPU, CUDA, choose_graph, load_session, run_error

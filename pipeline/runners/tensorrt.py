@@ -35,8 +35,9 @@ import numpy as np
 
 from ..core.errors import PipelineError
 from ..core.trt_module import RTX_RUNTIME_TARGETS, dims, parse_capability, rtx_runs_on
-from ..folder.manifest import Builder, Manifest, rebuild_hint
+from ..folder.manifest import Builder, Manifest
 from ..folder.reader import ArtifactFolder
+from ..folder.rebuild import rebuild_hint
 from .base import BATCH_AXIS, Runner, check_feed
 from .device_memory import DeviceMemory, open_device_memory
 
