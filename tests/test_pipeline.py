@@ -18,7 +18,7 @@ from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
 from trt_pipeline.pipeline.folder.artifacts import sha256_file
 from trt_pipeline.pipeline.folder.graph_io import load_reference
-from trt_pipeline.pipeline.folder.manifest import ARTIFACT_LAYOUT
+from trt_pipeline.pipeline.folder.layout import ARTIFACT_LAYOUT
 from trt_pipeline.pipeline.runners import load_runner
 from trt_pipeline.pipeline.stages.check import check_onnx
 from trt_pipeline.pipeline.stages.sequence import make_engine

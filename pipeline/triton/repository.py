@@ -24,7 +24,8 @@ import trt_pipeline
 
 from ..core.errors import PipelineError
 from ..folder.artifacts import write_bytes
-from ..folder.manifest import MANIFEST, REFERENCE, Manifest
+from ..folder.layout import MANIFEST, REFERENCE
+from ..folder.manifest import Manifest
 from ..folder.reader import ArtifactFolder, open_folder
 from ..runners.base import max_batch
 
@@ -229,7 +230,7 @@ def runner_files(opened: ArtifactFolder) -> dict[str, bytes]:
     built), every graph auto may serve (the FP32 graph too: auto times them on the host and serves the fastest
     as accurate as the folder promises) and the reference inputs it times them on.  The simplified graph and the
     calibration files serve the build, not the runner."""
-    names = [*opened.servable_graphs(), REFERENCE]
+    names = [*opened.servable_anywhere(), REFERENCE]
     if opened.has(opened.engine):
         names.append(opened.engine)
     files = {name: opened.read(name) for name in dict.fromkeys(names)}
