@@ -24,6 +24,7 @@ import trt_pipeline
 
 from ..core.errors import PipelineError
 from ..folder.artifacts import write_bytes
+from ..folder.graph_io import graph_io as read_graph_io
 from ..folder.layout import MANIFEST, REFERENCE
 from ..folder.manifest import Manifest
 from ..folder.reader import ArtifactFolder, open_folder
@@ -257,8 +258,6 @@ def engine_io(manifest: Manifest) -> list[dict]:
 
 def graph_io(graph: bytes) -> list[dict]:
     """The ONNX graph's I/O in the same form as engine_io (symbolic or unknown dims as -1)."""
-    from ..folder.graph_io import graph_io as read_graph_io
-
     io = read_graph_io(graph)
     tensors = [("input", tensor) for tensor in io.inputs] + [("output", tensor) for tensor in io.outputs]
     return [{"name": t.name, "mode": mode, "dtype": t.dtype, "shape": t.sizes()} for mode, t in tensors]
