@@ -145,7 +145,7 @@ def test_bert_from_the_tokenizers_dict_builds_an_fp16_engine(tmp_path: Path):
         builder="tensorrt_rtx",
     )
     folder = make_engine(settings)
-    from trt_pipeline.pipeline.folder.manifest import MANIFEST
+    from trt_pipeline.pipeline.folder.layout import MANIFEST
 
     manifest = json.loads((folder / MANIFEST).read_text())  # as written on disk
     assert [i["name"] for i in manifest["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]

@@ -20,8 +20,9 @@ from trt_pipeline.calibration.holdout import split_rows
 from trt_pipeline.calibration.int8 import calibration_sample
 from trt_pipeline.models.digits import load_split
 from trt_pipeline.pipeline import cli
+from trt_pipeline.pipeline.evaluation import INT8_MAX_ERROR
 from trt_pipeline.pipeline.folder.manifest import Manifest, read_manifest
-from trt_pipeline.pipeline.stages.parity import INT8_MAX_ERROR, MUCH_WORSE_RATIO
+from trt_pipeline.pipeline.stages.parity import MUCH_WORSE_RATIO
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS, TAIL = 40, 4

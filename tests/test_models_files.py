@@ -202,7 +202,7 @@ def _onnx_settings(model: Path, tmp_path: Path, **overrides):
 
 
 def test_an_onnx_file_starts_at_check_with_its_own_fp32_outputs_as_the_reference(tmp_path: Path):
-    from trt_pipeline.pipeline.folder.manifest import MANIFEST
+    from trt_pipeline.pipeline.folder.layout import MANIFEST
     from trt_pipeline.pipeline.stages.onnx_model import REFERENCE_SOURCE
     from trt_pipeline.pipeline.stages.sequence import make_engine
 

@@ -15,8 +15,8 @@ from trt_pipeline.pipeline.core.settings import BatchProfile
 from trt_pipeline.pipeline.folder.graph_io import load_reference
 from trt_pipeline.pipeline.stages.check import check_onnx
 from trt_pipeline.pipeline.stages.export import export_onnx, parity_batches, write_reference
+from trt_pipeline.pipeline.stages.fp16 import convert_fp16
 from trt_pipeline.pipeline.stages.parity import check_parity
-from trt_pipeline.pipeline.stages.precision import convert_fp16
 from trt_pipeline.pipeline.stages.prepare import prepare
 from trt_pipeline.pipeline.stages.simplify import simplify_onnx
 

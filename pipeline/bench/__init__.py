@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ... import models
 from ..core.errors import PipelineError
 from ..core.settings import PRECISIONS, Settings
 from ..folder.rebuild import make_engine_command
@@ -82,7 +83,6 @@ def main(args: argparse.Namespace) -> int:
 def _folder_and_hint(args: argparse.Namespace) -> tuple[Path, str | None]:
     if args.folder is not None:
         return args.folder, None
-    from ... import models
 
     settings = Settings(model=args.model, precision=args.precision, out_root=args.out)
     folder = settings.artifact_dir(models.canonical_name(args.model))

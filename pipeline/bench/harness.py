@@ -18,15 +18,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from ..core.compare import compare_outputs
 from ..core.errors import PipelineError
+from ..evaluation import RTOL
 from ..folder.graph_io import load_reference
-from ..folder.manifest import REFERENCE as REFERENCE_FILE
+from ..folder.layout import REFERENCE as REFERENCE_FILE
 from ..folder.manifest import Manifest
 from ..folder.reader import open_folder
 from ..stages.export import random_inputs
-from ..stages.parity import RTOL
 from .backends import REFERENCE, Backend, Choice, Context, Unavailable, choices_for
 from .environment import describe_environment, load_average, physical_cores
 from .report import DEVICE_RESIDENT, END_TO_END, agreement_text
@@ -292,8 +293,6 @@ def torch_settings(threads: int) -> Iterator[None]:
     Ampere and later, so "PyTorch FP32" would not be FP32 and the agreement reference would carry
     errors of about 1e-3 of its own.
     """
-    import torch
-
     saved = (torch.get_num_threads(), torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
     torch.set_num_threads(threads)
     torch.backends.cudnn.allow_tf32 = False
@@ -319,8 +318,6 @@ def run_benchmark(
     """Benchmark the artifact folder; returns the report (see pipeline.bench.report for the files).  `extra`:
     backends a tool defines beside the bench's own (tools/device/ort_cuda.py's ONNX Runtime CUDA rows), timed
     in the same alternating rounds."""
-    import torch
-
     opened_folder = open_folder(folder, make_hint)
     folder, manifest = opened_folder.path, opened_folder.manifest
     policy = (policy or TimingPolicy()).check()

@@ -17,8 +17,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import signal
-import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,27 +66,6 @@ def onnxruntime_session(
     if level is None:
         level = OPTIMIZATION_LEVELS[0] if isinstance(graph, bytes) else level_that_opens(graph, open_at, probe_feed)
     return open_at(level)
-
-
-def tensor_values(model, tensors: Iterable[str], feeds: Iterable[dict]) -> Iterator[dict]:
-    """For each of `feeds`, {tensor: its value} for `tensors` of `model` (an onnx.ModelProto), run on the CPU
-    provider with them exposed as outputs of a copy of the graph (a graph input among them is the feed's own)."""
-    import onnx
-
-    exposed = onnx.ModelProto()
-    exposed.CopyFrom(model)
-    fed = {value.name for value in exposed.graph.input}
-    present = {value.name for value in exposed.graph.output}
-    names = list(dict.fromkeys(tensors))
-    wanted = [name for name in names if name not in fed]
-    exposed.graph.output.extend(onnx.ValueInfoProto(name=name) for name in wanted if name not in present)
-    with tempfile.TemporaryDirectory(prefix="exposed.") as folder:
-        path = Path(folder) / "exposed.onnx"
-        onnx.save(exposed, str(path))
-        session = onnxruntime_session(path)
-    for feed in feeds:
-        values = dict(zip(wanted, session.run(wanted, feed), strict=True)) if wanted else {}
-        yield {name: values[name] if name in values else feed[name] for name in names}
 
 
 def probe_level(path: Path, feed: dict, *, simulate_qdq: bool = False) -> str:

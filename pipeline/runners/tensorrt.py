@@ -34,7 +34,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..core.errors import PipelineError
-from ..core.trt_module import RTX_RUNTIME_TARGETS, dims, parse_capability, rtx_runs_on
+from ..core.trt_module import (
+    RTX_RUNTIME_TARGETS,
+    RecordingLogger,
+    describe_gpu,
+    dims,
+    import_trt,
+    parse_capability,
+    rtx_runs_on,
+)
 from ..folder.manifest import Builder, Manifest
 from ..folder.reader import ArtifactFolder
 from ..folder.rebuild import rebuild_hint
@@ -152,8 +160,6 @@ class TensorRTRunner(Runner):
         execution: str = "v3",
         cuda_graphs: bool = False,
     ):
-        from ..core.trt_module import RecordingLogger, describe_gpu, import_trt
-
         super().__init__(folder, split_large_batches=split_large_batches)
         manifest = folder.manifest
         if contexts < 1:

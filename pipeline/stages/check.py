@@ -8,8 +8,9 @@ import onnx
 from onnx import numpy_helper
 
 from ..core.errors import PipelineError
+from ..core.sessions import onnxruntime_session
 from ..core.settings import OPSET
-from ..folder.graph_io import graph_io
+from ..folder.graph_io import graph_io, load_reference
 
 
 def check_onnx(onnx_path: Path, reference: Path | None = None) -> dict:
@@ -44,9 +45,6 @@ def _run_every_case(onnx_path: Path, reference: Path) -> None:
     Here, before simplify, and not left to parity: onnxsim folds such a baked Reshape into a graph that runs
     at the other size with wrong shapes (measured on tests.toy_models:baked_sequence_model).
     """
-    from ..core.sessions import onnxruntime_session
-    from ..folder.graph_io import load_reference
-
     session = onnxruntime_session(onnx_path)
     for inputs, _ in load_reference(reference):
         try:

@@ -22,8 +22,9 @@ import numpy as np
 import onnx
 
 from ..core.errors import PipelineError
+from ..core.sessions import onnxruntime_session
 from ..core.settings import OPSET, BatchProfile
-from ..folder.artifacts import atomic_path, write_npz
+from ..folder.artifacts import atomic_path, sha256_file, write_npz
 
 ONNX_SUFFIX = ".onnx"
 REFERENCE_SOURCE = "the given FP32 ONNX graph, run by ONNX Runtime (no PyTorch model: MODEL is an ONNX file)"
@@ -174,8 +175,6 @@ def _require_every_symbolic_dim(
 
 
 def _fingerprint(path: Path, input_shape: str | None, dynamic: str | None) -> str:
-    from ..folder.artifacts import sha256_file
-
     payload = f"onnx:{sha256_file(path)}\0input_shape:{input_shape or ''}\0dynamic:{dynamic or ''}"
     return hashlib.sha256(payload.encode()).hexdigest()
 
@@ -267,7 +266,6 @@ def reference_cases(source: OnnxModel, batch: BatchProfile) -> list[tuple[int, d
 
 def write_onnx_reference(source: OnnxModel, onnx_path: Path, batch: BatchProfile, path: Path) -> dict:
     """reference.npz from the imported FP32 graph itself, on random inputs at every case's sizes."""
-    from ..core.sessions import onnxruntime_session
     from .export import random_inputs, refused_sizes
 
     records = [

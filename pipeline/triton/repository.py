@@ -24,7 +24,9 @@ import trt_pipeline
 
 from ..core.errors import PipelineError
 from ..folder.artifacts import write_bytes
-from ..folder.manifest import MANIFEST, REFERENCE, Manifest
+from ..folder.graph_io import graph_io as read_graph_io
+from ..folder.layout import MANIFEST, REFERENCE
+from ..folder.manifest import Manifest
 from ..folder.reader import ArtifactFolder, open_folder
 from ..runners.base import max_batch
 
@@ -229,7 +231,7 @@ def runner_files(opened: ArtifactFolder) -> dict[str, bytes]:
     built), every graph auto may serve (the FP32 graph too: auto times them on the host and serves the fastest
     as accurate as the folder promises) and the reference inputs it times them on.  The simplified graph and the
     calibration files serve the build, not the runner."""
-    names = [*opened.servable_graphs(), REFERENCE]
+    names = [*opened.servable_anywhere(), REFERENCE]
     if opened.has(opened.engine):
         names.append(opened.engine)
     files = {name: opened.read(name) for name in dict.fromkeys(names)}
@@ -256,8 +258,6 @@ def engine_io(manifest: Manifest) -> list[dict]:
 
 def graph_io(graph: bytes) -> list[dict]:
     """The ONNX graph's I/O in the same form as engine_io (symbolic or unknown dims as -1)."""
-    from ..folder.graph_io import graph_io as read_graph_io
-
     io = read_graph_io(graph)
     tensors = [("input", tensor) for tensor in io.inputs] + [("output", tensor) for tensor in io.outputs]
     return [{"name": t.name, "mode": mode, "dtype": t.dtype, "shape": t.sizes()} for mode, t in tensors]
