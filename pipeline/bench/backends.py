@@ -17,6 +17,7 @@ import numpy as np
 
 from ...models.spec import call_module
 from ..core.errors import PipelineError
+from ..core.mentions import render
 from ..folder.manifest import FP32_GRAPH, MANIFEST, graph_precision
 from ..folder.reader import ArtifactFolder
 from ..folder.rebuild import make_engine_command
@@ -432,11 +433,12 @@ def _int8_folder(folder: ArtifactFolder) -> Path:
         return folder.path
     sibling = folder.path.parent / f"{folder.model}-int8"
     if not (sibling / MANIFEST).is_file():
-        settings = {**(folder.manifest.settings or {}), "calib": "<data>"}
-        command = make_engine_command(settings["model"], "int8", settings["out_root"], settings)
-        raise Unavailable(
-            f"no INT8 graph: {folder.path} is built for {folder.precision} and {sibling} does not exist "
-            f"({command} writes it)"
+        settings = {**(folder.manifest.settings or {}), "precision": "int8", "calib": "<data>"}
+        raise Unavailable(  # a reason the report writes down: worded here
+            render(
+                f"no INT8 graph: {folder.path} is built for {folder.precision} and {sibling} does not exist "
+                f"({make_engine_command(settings)} writes it)"
+            )
         )
     return sibling
 

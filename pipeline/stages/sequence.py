@@ -31,7 +31,7 @@ from ...models.spec import ModelSpec
 from ..core.cpu import int8_cpu_kind
 from ..core.errors import PipelineError
 from ..core.sessions import levels_below_full
-from ..core.settings import OPSET, Settings
+from ..core.settings import OPSET, Settings, deciding
 from ..folder.artifacts import build_lock, sha256_file
 from ..folder.graph_io import GraphTensor, load_reference
 from ..folder.manifest import (
@@ -55,6 +55,7 @@ from ..folder.manifest import (
     record_stage,
     update_manifest,
 )
+from ..folder.rebuild import make_engine_command
 from .check import check_onnx
 from .export import export_onnx, parity_batches, write_reference
 from .float16 import Case
@@ -71,7 +72,6 @@ from .precision import convert_fp16
 from .prepare import prepare
 from .simplify import simplify_onnx
 
-INT8_ONLY_SETTINGS = ("calib_method", "smooth", "strict_calib")
 VERSIONED_PACKAGES = ("torch", "onnx", "onnxsim", "onnxruntime-gpu", "onnxruntime", "numpy")
 # Rows per run of the FP16 scan: every intermediate tensor of a run is held at once, so reference cases above
 # it are left out and calibration batches are cut to it.
@@ -487,15 +487,16 @@ def _locked(folder: Path) -> Iterator[None]:
 
 def reuse_key(settings: Settings, fingerprint: str) -> str:
     """Everything that decides the artifacts: settings, model code and weights, calibration data, versions."""
-    # INT8's own settings decide no other precision's artifacts: changing them must not rebuild an FP16 folder.
-    ignored = ("force", "recalibrate") + (() if settings.precision == "int8" else INT8_ONLY_SETTINGS)
-    record = {k: v for k, v in settings.as_record().items() if k not in ignored}
+    # Only the settings that decide this precision's artifacts (core/settings.py): INT8's own must not rebuild an
+    # FP16 folder, nor FP16's an INT8 one.
+    names = deciding(settings.precision)
+    record = settings.as_record()
     payload = {
         "layout": ARTIFACT_LAYOUT,
-        "settings": record,
+        "settings": {name: record[name] for name in names},
         "model": fingerprint,
         # FP16 reads CALIB too (the FP32-fallback scan), so new data invalidates its graph as it does INT8's.
-        "calibration": _calibration_fingerprint(settings) if settings.precision != "fp32" else None,
+        "calibration": _calibration_fingerprint(settings) if "calib" in names else None,
         "versions": package_versions(VERSIONED_PACKAGES),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
@@ -538,7 +539,6 @@ def _require(run: Run, name: str) -> Path:
     if not path.is_file():
         raise PipelineError(
             f"{path} does not exist yet",
-            f"run the earlier stages first: trt-pipeline all --model {run.settings.model} "
-            f"--precision {run.settings.precision}",
+            f"run the earlier stages first: {make_engine_command(run.settings.as_record())}",
         )
     return path
