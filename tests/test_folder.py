@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = "tests.toy_models:tiny_cnn"
 OTHER = "tests.folder_models:other_tiny_cnn"
 GATED = "tests.folder_models:gated_tiny_cnn"
-REBUILD = "make engine MODEL=tests.toy_models:tiny_cnn PRECISION=fp32"
+REBUILD = 'make_engine(Settings(model="tests.toy_models:tiny_cnn", precision="fp32"'  # Python's words
 
 
 def settings(root: Path, model: str = TINY) -> Settings:
