@@ -74,6 +74,14 @@ def test_make_engine_passes_each_setting_to_its_declared_option():
     assert "'--calib='" in bare and "--smooth" not in bare and "'--model=resnet'" in bare
 
 
+def test_no_setting_variable_runs_what_it_holds(tmp_path):
+    marker = tmp_path / "INJECTED"
+    payload = f"$(shell touch {marker})"  # make would run it were the value expanded; the shell, were it unquoted
+    command = _make(*(f"{declared.make}={payload}" for declared in DECLARED.values()), dry_run=True)
+    assert command.returncode == 0, command.stderr
+    assert not marker.exists() and f"'--smooth={payload}'" in command.stdout
+
+
 def test_the_command_line_has_each_declared_option_and_no_switch_shows_a_default(capsys):
     with pytest.raises(SystemExit):
         cli.main(["engine", "--help"])
@@ -131,6 +139,16 @@ def test_the_rebuild_command_repeats_what_decides_the_folder_in_each_front_ends_
     assert int8 == (
         "make engine MODEL=x PRECISION=int8 BATCH=1:2:4 WEIGHTS=w.pt CALIB='my data' SMOOTH=off NO_FLOAT_SEARCH=1 OUT=d"
     )
+
+
+def test_pythons_rebuild_command_is_python_that_gives_the_folders_settings_back():
+    record = {"model": "x", "precision": "int8", "batch": "1:2:4", "calib": "my data", "smooth": "off"}
+    record |= {"float_search": False, "workspace_mib": 64, "out_root": "d"}
+    with spoken_in(PYTHON):
+        words = render(make_engine_command(record))
+    call = words.removeprefix("make_engine(").removesuffix(")")
+    settings = eval(call, {"Settings": Settings}).check()  # our own words: they must be Python that runs
+    assert {name: settings.as_record()[name] for name in record} == record
 
 
 # --------------------------------------------------------------------------- a setting a precision ignores

@@ -277,7 +277,7 @@ class Settings:
         """A batch or a path given as text (Settings(batch="1:8:32", calib="samples")), read as the options are."""
         if isinstance(self.batch, str):
             self.batch = BatchProfile.parse(self.batch)
-        for name in ("weights", "out_root", "calib"):
+        for name in (name for name, declared in DECLARED.items() if declared.parse is Path):
             if isinstance(getattr(self, name), str):
                 setattr(self, name, Path(getattr(self, name)))
 
