@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ..pipeline.core.errors import PipelineError
+from ..pipeline.core.settings import mention, mention_name
 from .spec import DynamicAxis, ModelSpec, forward_parameters, named_outputs
 
 SEQUENCE_AXIS = "sequence"
@@ -115,25 +116,25 @@ def adapt(spec: ModelSpec, model: str, *, dynamic_given: bool) -> ModelSpec:
             result = inner(**inputs, **cache_off_arguments(inner))
         except Exception as error:  # the user's model: any failure on its own inputs is theirs to see
             raise PipelineError(
-                f"MODEL={model!r}: the transformers model {type(inner).__name__} does not run on its example "
+                f"{mention(model=model)}: the transformers model {type(inner).__name__} does not run on its example "
                 f"inputs ({', '.join(f'{n} {list(t.shape)}' for n, t in inputs.items())}): "
                 f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}",
-                "give the tokenizer's output for a sample (return_tensors='pt'), or INPUT_SHAPE with the "
-                "model's input names",
+                "give the tokenizer's output for a sample (return_tensors='pt'), or "
+                f"{mention_name('input_shape')} with the model's input names",
             ) from None
         finally:
             inner.train(was_training)
     outputs = tensor_outputs(result)
     if not outputs:
         raise PipelineError(
-            f"MODEL={model!r}: {type(inner).__name__} returned no tensors (a {type(result).__name__})",
+            f"{mention(model=model)}: {type(inner).__name__} returned no tensors (a {type(result).__name__})",
             "wrap the model in an nn.Module whose forward() returns the tensors to serve",
         )
     names = list(spec.output_names or outputs)
     unknown = [name for name in names if name not in outputs]
     if unknown:
         raise PipelineError(
-            f"MODEL={model!r}: output names {unknown} are not outputs of {type(inner).__name__}",
+            f"{mention(model=model)}: output names {unknown} are not outputs of {type(inner).__name__}",
             f"name outputs among {', '.join(outputs)}",
         )
     spec.module = HuggingFaceModule(inner, list(inputs), names)
@@ -155,7 +156,7 @@ def _bind_by_keyword(model: nn.Module, inputs: dict[str, torch.Tensor], referenc
     unknown = [name for name in inputs if name not in names]
     if unknown:
         raise PipelineError(
-            f"MODEL={reference!r}: inputs {unknown} are not parameters of {type(model).__name__}.forward "
+            f"{mention(model=reference)}: inputs {unknown} are not parameters of {type(model).__name__}.forward "
             f"({', '.join(names[:8])}, ...)",
             "give the tokenizer's output (return_tensors='pt') or name the inputs after forward()'s parameters",
         )
@@ -201,25 +202,25 @@ def load_folder(folder: Path) -> ModelSpec:
         import transformers
     except ImportError:
         raise PipelineError(
-            f"MODEL={folder} is a Hugging Face model folder, but transformers is not installed", INSTALL_FIX
+            f"{mention(model=folder)} is a Hugging Face model folder, but transformers is not installed", INSTALL_FIX
         ) from None
     if not any((folder / name).is_file() for name in WEIGHT_FORMS):
-        raise PipelineError(f"MODEL={folder} has {CONFIG_FILE} but no weights", f"give {FOLDER_FORM}")
+        raise PipelineError(f"{mention(model=folder)} has {CONFIG_FILE} but no weights", f"give {FOLDER_FORM}")
     config = _read_config(folder)
     class_name = (config.get("architectures") or ["AutoModel"])[0]
     model_class = getattr(transformers, class_name, None)
     if model_class is None:
         raise PipelineError(
-            f"MODEL={folder}: its config names the class {class_name!r}, which transformers "
+            f"{mention(model=folder)}: its config names the class {class_name!r}, which transformers "
             f"{transformers.__version__} does not have (code in the folder is never run)",
-            "write a factory (MODEL=package.module:factory) that loads the model and returns it with the "
+            f"write a factory ({mention(model='package.module:factory')}) that loads the model and returns it with the "
             "tokenizer's output",
         )
     try:
         module = model_class.from_pretrained(str(folder), local_files_only=True)
     except Exception as error:  # transformers raises OSError, ValueError, safetensors errors, ...
         raise PipelineError(
-            f"MODEL={folder}: transformers could not load it as {class_name}: {type(error).__name__}: "
+            f"{mention(model=folder)}: transformers could not load it as {class_name}: {type(error).__name__}: "
             f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}",
             f"give {FOLDER_FORM}",
         ) from None

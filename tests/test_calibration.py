@@ -393,7 +393,7 @@ def test_cache_hit_miss_recalibrate_and_corruption(fp32, train_npy, tmp_path, ca
 def test_int8_without_calibration_data_is_refused():
     with pytest.raises(PipelineError, match="needs calibration data") as error:
         Settings(model="digits", precision="int8").check()
-    assert "CALIB=" in str(error.value)
+    assert "Settings(calib=" in str(error.value)
 
 
 @pytest.mark.parametrize(

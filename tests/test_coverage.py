@@ -407,8 +407,12 @@ def run_case(case: Case, precision: str, out_root: Path) -> dict:
         builder="tensorrt_rtx",
         keep_fp32=case.keep_fp32 if precision == "fp16" else None,
         dynamic=case.dynamic,
-        calib=write_calibration(case, out_root / "calibration") if precision == "int8" else None,
-        calib_samples=CALIBRATION_ROWS,
+        # CALIB's settings only where they change the folder: at another precision they are refused
+        **(
+            {"calib": write_calibration(case, out_root / "calibration"), "calib_samples": CALIBRATION_ROWS}
+            if precision == "int8"
+            else {}
+        ),
     )
     folder = settings.artifact_dir(canonical_name(settings.model))
     started = time.perf_counter()

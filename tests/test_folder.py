@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = "tests.toy_models:tiny_cnn"
 OTHER = "tests.folder_models:other_tiny_cnn"
 GATED = "tests.folder_models:gated_tiny_cnn"
-REBUILD = "make engine MODEL=tests.toy_models:tiny_cnn PRECISION=fp32"
+REBUILD = 'make_engine(Settings(model="tests.toy_models:tiny_cnn", precision="fp32"'  # Python's words
 # model.onnx's record in an fp32 folder's manifest (pipeline.folder.layout).
 FP32_RECORD = {"file": "model.onnx", "precision": "fp32", "target": "engine", "evaluation": "plain"}
 FP32_RECORD["gate"] = "parity_fp32"

@@ -163,7 +163,8 @@ def test_an_interrupted_build_leaves_nothing_that_loads(tmp_path):
     assert load_reference(folder / "reference.npz")
     with pytest.raises(PipelineError, match="holds an unfinished build") as refused:  # and nothing of it is served
         load_runner(folder, "onnxruntime")
-    assert f"make engine MODEL=resnet18 PRECISION=fp32 BATCH=1:2:4 OUT={tmp_path}" in str(refused.value.fix)
+    rebuild = f'make_engine(Settings(model="resnet18", precision="fp32", batch="1:2:4", out_root="{tmp_path}"))'
+    assert rebuild in str(refused.value.fix)
     make_engine(Settings(model="resnet18", precision="fp32", batch=BatchProfile(1, 2, 4), out_root=tmp_path))
     assert json.loads((folder / "manifest.json").read_text())["complete"] is True  # a rerun finishes the job
     assert not list(folder.rglob(".*.tmp"))  # and removes what the killed run was writing

@@ -148,7 +148,7 @@ def test_onnxruntime_runner_runs_the_manifest_graph(folders, tmp_path):
     (folder / "renamed.onnx").unlink()
     with pytest.raises(PipelineError, match="renamed.onnx is missing") as caught:
         load_runner(folder, "onnxruntime")
-    assert "make engine MODEL=tests.toy_models:tiny_cnn PRECISION=fp32" in str(caught.value.fix)
+    assert 'make_engine(Settings(model="tests.toy_models:tiny_cnn", precision="fp32"' in str(caught.value.fix)
     _edit_manifest(folder, lambda m: m.update(graphs=[{**graph, "file": "gone.onnx"} for graph in graphs]))
     with pytest.raises(PipelineError, match="names gone.onnx as its graph but records no sha256"):
         load_runner(folder, "onnxruntime")
@@ -162,7 +162,7 @@ def test_a_graph_onnxruntime_refuses_is_a_clear_error(folders, tmp_path):
     _edit_manifest(folder, lambda m: m.update(artifacts={**m["artifacts"], **recorded}))
     with pytest.raises(PipelineError, match="ONNX Runtime cannot load .*model.onnx: InvalidProtobuf") as caught:
         load_runner(folder, "onnxruntime")
-    assert "make engine MODEL=tests.toy_models:tiny_cnn" in str(caught.value.fix)
+    assert 'make_engine(Settings(model="tests.toy_models:tiny_cnn"' in str(caught.value.fix)
 
 
 @pytest.fixture(scope="session")
@@ -420,7 +420,7 @@ def test_concurrent_calls_each_get_their_own_result(runners, backend):
 def test_load_runner_refuses_a_missing_folder_and_unknown_backend(folders, tmp_path):
     with pytest.raises(PipelineError, match="does not exist") as caught:
         load_runner(tmp_path / "engines" / "nothing-fp16")
-    assert "make engine MODEL=" in str(caught.value)
+    assert "make_engine(Settings(model=" in str(caught.value)
     with pytest.raises(PipelineError, match="unknown runner backend 'tflite'"):
         load_runner(folders["tiny_cnn"], "tflite")
     with pytest.raises(PipelineError, match="not an artifact folder"):
@@ -436,7 +436,7 @@ def test_engine_runner_refuses_a_corrupted_or_truncated_plan(folders, tmp_path):
         (folder / "engine.plan").write_bytes(broken)
         with pytest.raises(PipelineError, match="truncated, corrupted or replaced") as caught:
             load_runner(folder, "tensorrt")
-        assert "make engine MODEL=tests.toy_models:tiny_cnn PRECISION=fp32" in str(caught.value)
+        assert 'make_engine(Settings(model="tests.toy_models:tiny_cnn", precision="fp32"' in str(caught.value)
     (folder / "engine.plan").unlink()
     with pytest.raises(PipelineError, match="engine.plan is missing"):
         load_runner(folder, "tensorrt")
@@ -450,7 +450,11 @@ def test_engine_runner_refuses_an_engine_from_another_tensorrt(folders, tmp_path
     ) as e:
         load_runner(folder, "tensorrt")
     built_in = folders["tiny_cnn"].parent  # the hint rebuilds where the settings put it
-    assert f"make engine MODEL=tests.toy_models:tiny_cnn PRECISION=fp32 OUT={built_in} FORCE=1" in str(e.value)
+    rebuild = (
+        'make_engine(Settings(model="tests.toy_models:tiny_cnn", precision="fp32", builder="tensorrt_rtx", '
+        f'out_root="{built_in}", force=True))'
+    )
+    assert rebuild in str(e.value)
 
 
 def test_engine_runner_refuses_a_skipped_build(folders, tmp_path):

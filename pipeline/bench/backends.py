@@ -20,6 +20,8 @@ import torch
 
 from ...models.spec import call_module
 from ..core.errors import PipelineError
+from ..core.mentions import render
+from ..core.precision import Precision
 from ..core.trt_module import gpu_present
 from ..folder.layout import FP32_GRAPH, MANIFEST
 from ..folder.reader import ArtifactFolder
@@ -275,7 +277,7 @@ def _onnxruntime_backend(name: str, label: str, precision: str, runner: Any, gra
     """The runner as a backend; an INT8 graph on the CPU provider also says how much of it really runs in int8."""
     backend = RunnerBackend(name, label, precision, runner, threads)
     on_cpu = "CPUExecutionProvider" in runner.description and "CUDAExecutionProvider" not in runner.description
-    if precision == "int8" and on_cpu:
+    if precision == Precision.INT8 and on_cpu:
         backend.description += f"; {int8_execution_note(graph)}"
     return backend
 
@@ -422,15 +424,16 @@ def choices_for(names: list[str] | None) -> list[Choice]:
 
 def _int8_folder(folder: ArtifactFolder) -> Path:
     """This folder if it was built for int8, else the sibling engines/<model>-int8/ (load_runner checks it)."""
-    if folder.precision == "int8":
+    if folder.precision == Precision.INT8:
         return folder.path
     sibling = folder.path.parent / f"{folder.model}-int8"
     if not (sibling / MANIFEST).is_file():
-        settings = {**(folder.manifest.settings or {}), "calib": "<data>"}
-        command = make_engine_command(settings["model"], "int8", settings["out_root"], settings)
-        raise Unavailable(
-            f"no INT8 graph: {folder.path} is built for {folder.precision} and {sibling} does not exist "
-            f"({command} writes it)"
+        settings = {**(folder.manifest.settings or {}), "precision": Precision.INT8, "calib": "<data>"}
+        raise Unavailable(  # a reason the report writes down: worded here
+            render(
+                f"no INT8 graph: {folder.path} is built for {folder.precision} and {sibling} does not exist "
+                f"({make_engine_command(settings)} writes it)"
+            )
         )
     return sibling
 

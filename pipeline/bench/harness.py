@@ -22,6 +22,8 @@ import torch
 
 from ..core.compare import compare_outputs
 from ..core.errors import PipelineError
+from ..core.mentions import render
+from ..core.settings import engine_command, mention
 from ..evaluation import RTOL
 from ..folder.graph_io import load_reference
 from ..folder.layout import REFERENCE as REFERENCE_FILE
@@ -49,7 +51,8 @@ def check_batches(batches: list[int] | None, manifest: Manifest) -> list[int]:
     if outside or not batches:
         raise PipelineError(
             f"batch size(s) {outside or batches} are outside the engine profile {profile}",
-            f"choose batches from {low} to {high}, or rebuild with a wider BATCH=min:opt:max (make engine ...)",
+            f"choose batches from {low} to {high}, or rebuild with a wider {mention(batch='min:opt:max')} "
+            f"({engine_command(more=True)})",
         )
     return sorted(set(batches))
 
@@ -122,10 +125,10 @@ def check_reference_model(backends: list[Backend], reference_path: Path) -> dict
     if result["status"] == "ok":
         result["summary"] = "PyTorch reproduces the outputs stored at build time (reference.npz)"
     else:
-        result["summary"] = (
+        result["summary"] = render(  # a report's text: worded here
             "PyTorch no longer reproduces the outputs stored at build time (reference.npz): the model's code or "
-            "weights changed since `make engine`, so agreement below compares against a different model; "
-            "rebuild the folder (make engine ...) before trusting it"
+            f"weights changed since the folder was built, so agreement below compares against a different model; "
+            f"rebuild the folder ({engine_command(more=True)}) before trusting it"
         )
     return result
 

@@ -34,8 +34,9 @@ from ...calibration.readers import CalibrationSource, Feed, graph_inputs, read_c
 from ...models.digits import load_split
 from ..core.cpu import int8_cpu_kind
 from ..core.errors import PipelineError
+from ..core.mentions import command
 from ..core.precision import Precision
-from ..core.settings import CALIB_METHODS, Settings
+from ..core.settings import CALIB_METHODS, Settings, mention
 from ..evaluation import evaluation_session
 from ..evaluation.agreement import int8_judge
 from ..folder.artifacts import write_bytes, write_json
@@ -140,8 +141,8 @@ def measure_accuracy(
     if name not in LABELLED_SETS and settings.calib is None:
         raise PipelineError(
             f"{name} has no labelled held-out set here, so accuracy needs calibration data to compare on",
-            "add CALIB=<folder of images or .npy/.npz> (e.g. `make calibration-images` then "
-            "CALIB=calibration/samples); models with a labelled set: " + ", ".join(LABELLED_SETS),
+            f"add {mention(calib='<folder of images or .npy/.npz>')} (e.g. `{command('calibration-images')}` then "
+            f"{mention(calib='calibration/samples')}); models with a labelled set: " + ", ".join(LABELLED_SETS),
         )
     # Only what decides the FP32 artifacts: calibration options must not invalidate their reuse.
     folder = make_engine(
@@ -529,7 +530,6 @@ def main(args: argparse.Namespace) -> int:
         raise PipelineError(f"unknown calibration method(s) {unknown or methods}", f"use some of {CALIB_METHODS}")
     settings = Settings(
         model=args.model,
-        precision="fp32",
         weights=args.weights,
         out_root=args.out,
         calib=args.calib,

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import PipelineError
+from ..core.settings import mention_name
 from ..core.trt_module import gpu_present
 from ..folder.graph_io import GraphTensor
 from ..folder.reader import ArtifactFolder
@@ -328,7 +329,7 @@ class OnnxRuntimeCudaRunner(Runner):
                 raise PipelineError(
                     f"tensor {spec.name!r} has dim {axis} of unbounded size ({dim!r}), so its buffer cannot be "
                     "allocated ahead",
-                    "use backend='onnxruntime', or rebuild with a DYNAMIC range for that axis: "
+                    f"use backend='onnxruntime', or rebuild with a {mention_name('dynamic')} range for that axis: "
                     f"{rebuild_hint(self.manifest)}",
                 )
         return tuple(shape)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..core.errors import PipelineError
+from ..core.settings import engine_command, mention_name
 from ..core.trt_module import (
     RTX_RUNTIME_TARGETS,
     RecordingLogger,
@@ -299,7 +300,8 @@ class TensorRTRunner(Runner):
             low, _, high = self._profile(name)
             raise PipelineError(
                 f"input {name!r} has shape {shape}, outside the engine's profile {low} .. {high}",
-                "send shapes within the profile, or rebuild with a wider BATCH/DYNAMIC range (make engine ...)",
+                f"send shapes within the profile, or rebuild with a wider {mention_name('batch')}/"
+                f"{mention_name('dynamic')} range ({engine_command(more=True)})",
             )
 
     # ------------------------------------------------------------------ inference

@@ -9,7 +9,7 @@ from onnx import numpy_helper
 
 from ..core.errors import PipelineError
 from ..core.sessions import onnxruntime_session
-from ..core.settings import OPSET
+from ..core.settings import OPSET, mention_name
 from ..folder.graph_io import graph_io, load_reference
 
 
@@ -56,7 +56,7 @@ def _run_every_case(onnx_path: Path, reference: Path) -> None:
                 f"{onnx_path.name} does not run with inputs {sizes}: a size was baked into the graph at export "
                 f"(ONNX Runtime: {message})",
                 "in forward() take sizes from the tensors (x.shape[1], x.reshape(x.shape[0], x.shape[1], -1)) "
-                "instead of literal numbers, or leave that axis out of DYNAMIC",
+                f"instead of literal numbers, or leave that axis out of {mention_name('dynamic')}",
             ) from None
 
 

@@ -27,7 +27,7 @@ from ..core.cpu import int8_cpu_kind
 from ..core.errors import PipelineError
 from ..core.precision import Precision
 from ..core.sessions import levels_below_full
-from ..core.settings import OPSET, Settings
+from ..core.settings import OPSET, Settings, deciding
 from ..core.trt_module import import_trt
 from ..evaluation.agreement import int8_judge
 from ..folder.artifacts import build_lock, sha256_file
@@ -44,6 +44,7 @@ from ..folder.layout import (
 )
 from ..folder.manifest import read_manifest, record_stage, update_manifest
 from ..folder.provenance import artifact_problems, describe_artifacts, package_versions
+from ..folder.rebuild import make_engine_command
 from ..folder.records import BuildRecord, GraphRecord, ModelRecord, StageRecord
 from .build import build_engine
 from .check import check_onnx
@@ -62,7 +63,6 @@ from .parity import check_int8_agreement, check_parity
 from .prepare import prepare
 from .simplify import simplify_onnx
 
-INT8_ONLY_SETTINGS = ("calib_method", "smooth", "strict_calib")
 VERSIONED_PACKAGES = ("torch", "onnx", "onnxsim", "onnxruntime-gpu", "onnxruntime", "numpy")
 
 
@@ -433,15 +433,16 @@ def _locked(folder: Path) -> Iterator[None]:
 
 def reuse_key(settings: Settings, fingerprint: str) -> str:
     """Everything that decides the artifacts: settings, model code and weights, calibration data, versions."""
-    # INT8's own settings decide no other precision's artifacts: changing them must not rebuild an FP16 folder.
-    ignored = ("force", "recalibrate") + (() if settings.precision == "int8" else INT8_ONLY_SETTINGS)
-    record = {k: v for k, v in settings.as_record().items() if k not in ignored}
+    # Only the settings that decide this precision's artifacts (core/settings.py): INT8's own must not rebuild an
+    # FP16 folder, nor FP16's an INT8 one.
+    names = deciding(settings.precision)
+    record = settings.as_record()
     payload = {
         "layout": ARTIFACT_LAYOUT,
-        "settings": record,
+        "settings": {name: record[name] for name in names},
         "model": fingerprint,
         # FP16 reads CALIB too (the FP32-fallback scan), so new data invalidates its graph as it does INT8's.
-        "calibration": _calibration_fingerprint(settings) if settings.precision != "fp32" else None,
+        "calibration": _calibration_fingerprint(settings) if "calib" in names else None,
         "versions": package_versions(VERSIONED_PACKAGES),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
@@ -484,7 +485,6 @@ def _require(run: Run, name: str) -> Path:
     if not path.is_file():
         raise PipelineError(
             f"{path} does not exist yet",
-            f"run the earlier stages first: trt-pipeline all --model {run.settings.model} "
-            f"--precision {run.settings.precision}",
+            f"run the earlier stages first: {make_engine_command(run.settings.as_record())}",
         )
     return path
