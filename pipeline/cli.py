@@ -74,16 +74,20 @@ def given_path(text: str) -> Path:
     return Path(text)
 
 
-def add_settings_arguments(parser: argparse.ArgumentParser, names: Iterable[str] = tuple(DECLARED)) -> None:
+def add_settings_arguments(
+    parser: argparse.ArgumentParser, names: Iterable[str] = tuple(DECLARED), defaults: dict[str, Any] | None = None
+) -> None:
     """An option for each of `names` (every setting by default), from its declaration (core/settings.py).  An
-    option not given leaves no attribute (argparse.SUPPRESS), so `given_settings` tells what the user gave."""
+    option not given leaves no attribute (argparse.SUPPRESS), so `given_settings` tells what the user gave;
+    `defaults`: a command's own defaults where they differ from the declaration's (shown in its help)."""
     for name in names:
-        parser.add_argument(option_of(DECLARED[name].make), **_argument(name))
+        default = (defaults or {}).get(name, DEFAULTS[name])
+        parser.add_argument(option_of(DECLARED[name].make), **_argument(name, default))
 
 
-def _argument(name: str) -> dict:
+def _argument(name: str, default: object) -> dict:
     """add_argument's keywords for a setting: a bool is a switch that sets the value opposite its default."""
-    declared, default = DECLARED[name], DEFAULTS[name]
+    declared = DECLARED[name]
     common = {"dest": name, "default": argparse.SUPPRESS, "help": _help(declared, default)}
     if isinstance(default, bool):
         return {**common, "action": "store_false" if default else "store_true"}

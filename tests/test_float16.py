@@ -70,7 +70,7 @@ def test_overflow_is_caught_without_the_fallback_and_names_the_node(tmp_path):
         _fp16(tmp_path, auto_fp32=False)
     message = str(caught.value)
     assert "max abs error nan" in message and "the first node past it is '/up/Gemm' (Gemm)" in message
-    assert "KEEP_FP32=" in caught.value.fix and "trt-pipeline diagnose" in caught.value.fix
+    assert "Settings(keep_fp32=<node or op type>)" in caught.value.fix and "trt-pipeline diagnose" in caught.value.fix
     # What the old gate saw: the same float16 graph through ONNX Runtime's CPU provider is fine.
     folder = next(tmp_path.glob("*-fp16"))
     inputs, outputs = load_reference(folder / "reference.npz")[0]
@@ -110,7 +110,7 @@ def test_keep_fp32_by_op_type_and_by_name(tmp_path):
     record = _manifest(_fp16(tmp_path / "a", keep_fp32="Tanh, /head/Gemm"))["fp16"]
     asked = {kept["node"] for kept in record["kept_fp32"] if kept["reason"] == "asked for (--keep-fp32)"}
     assert asked == {"/layers/layers.1/Tanh", "/layers/layers.3/Tanh", "/head/Gemm"}
-    with pytest.raises(PipelineError, match=r"--keep-fp32 names \['TopKk'\], which is neither") as caught:
+    with pytest.raises(PipelineError, match=r"Settings.keep_fp32 names \['TopKk'\], which is neither") as caught:
         _fp16(tmp_path / "b", keep_fp32="TopKk")
     assert "Gemm" in caught.value.fix
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from .errors import PipelineError
 from .extras import import_onnxruntime
+from .settings import mention
 
 # Highest first: the order a crashing graph is retried in.  Names as in onnxruntime.GraphOptimizationLevel.
 OPTIMIZATION_LEVELS = ("ORT_ENABLE_ALL", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_BASIC", "ORT_DISABLE_ALL")
@@ -128,8 +129,9 @@ def level_that_opens(path: Path | str, open_at: Callable[[str], Any], feed: dict
     raise PipelineError(
         f"ONNX Runtime crashed {doing} {path} at every optimization level ({'; '.join(crashes)}): a bug in ONNX "
         "Runtime on this graph, not in your model",
-        "try another onnxruntime version (pip install -U onnxruntime, or onnxruntime-gpu), or PRECISION=fp32 if "
-        "only the FP16 or INT8 graph crashes; KEEP_FP32=<op type> keeps the ops around the crash in FP32",
+        f"try another onnxruntime version (pip install -U onnxruntime, or onnxruntime-gpu), or "
+        f"{mention(precision='fp32')} if only the FP16 or INT8 graph crashes; {mention(keep_fp32='<op type>')} keeps "
+        "the ops around the crash in FP32",
     )
 
 

@@ -32,6 +32,7 @@ from ...calibration.holdout import HoldoutSplit, split_rows
 from ...calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph
 from ...calibration.readers import CalibrationSource, Feed, graph_inputs, read_calibration_data
 from ...models.digits import load_split
+from ..cli import add_settings_arguments, given_settings
 from ..core.cpu import int8_cpu_kind
 from ..core.errors import PipelineError
 from ..core.mentions import command
@@ -501,19 +502,18 @@ def _budget_markdown(method: str, budget: dict, labelled: bool) -> list[str]:
 # --------------------------------------------------------------------------- command line
 
 
+# The settings `accuracy` reads, each as its declaration says (core/settings.py); MODEL defaults to the digits CNN,
+# the registry model with a labelled held-out set.
+ACCURACY_SETTINGS = ("model", "weights", "out_root", "calib", "calib_samples", "calib_batch", "recalibrate")
+ACCURACY_DEFAULTS = {"model": "digits"}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    defaults = Settings()
-    parser.add_argument("--model", default="digits", help="registry name, factory or model file [MODEL]")
-    parser.add_argument("--weights", type=Path, help="a state_dict for the model [WEIGHTS]")
-    parser.add_argument("--out", type=Path, default=defaults.out_root, help="artifact root folder [OUT]")
-    parser.add_argument("--calib", type=Path, help="calibration data for models without a labelled set [CALIB]")
+    add_settings_arguments(parser, ACCURACY_SETTINGS, ACCURACY_DEFAULTS)
     parser.add_argument("--eval", type=Path, help="evaluate on this data instead of CALIB (same formats)")
     parser.add_argument(
         "--methods", default=",".join(CALIB_METHODS), help=f"calibration methods, comma-separated ({CALIB_METHODS})"
     )
-    parser.add_argument("--calib-samples", type=int, default=defaults.calib_samples, help="calibration samples")
-    parser.add_argument("--calib-batch", type=int, default=defaults.calib_batch, help="calibration batch size")
-    parser.add_argument("--recalibrate", action="store_true", help="ignore the calibration cache")
     parser.add_argument(
         "--accuracy-budget",
         type=float,
@@ -528,15 +528,7 @@ def main(args: argparse.Namespace) -> int:
     unknown = [m for m in methods if m not in CALIB_METHODS]
     if unknown or not methods:
         raise PipelineError(f"unknown calibration method(s) {unknown or methods}", f"use some of {CALIB_METHODS}")
-    settings = Settings(
-        model=args.model,
-        weights=args.weights,
-        out_root=args.out,
-        calib=args.calib,
-        calib_samples=args.calib_samples,
-        calib_batch=args.calib_batch,
-        recalibrate=args.recalibrate,
-    ).check()
+    settings = Settings(**{**ACCURACY_DEFAULTS, **given_settings(args)}).check()
     if args.accuracy_budget is not None and not args.accuracy_budget >= 0:
         raise PipelineError(f"--accuracy-budget {args.accuracy_budget} is not a loss", "give 0 or more, e.g. 0.5")
     measure_accuracy(settings, methods, args.eval, args.accuracy_budget)

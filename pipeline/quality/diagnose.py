@@ -16,6 +16,7 @@ import numpy as np
 
 from ...calibration.int8 import calibration_sample
 from ..core.errors import PipelineError
+from ..core.settings import mention
 from ..evaluation import node_tolerance
 from ..evaluation.layers import compare_layers, first_past
 from ..folder.artifacts import write_bytes, write_json
@@ -48,7 +49,7 @@ def diagnose_folder(folder: Path) -> dict:
     if precision not in ("fp16", "int8"):
         raise PipelineError(
             f"{folder} holds a {precision} graph: there is no lower precision to compare with FP32",
-            "diagnose a folder built with PRECISION=fp16 or PRECISION=int8",
+            f"diagnose a folder built with {mention(precision='fp16')} or {mention(precision='int8')}",
         )
     inputs, data = _inputs(folder, precision)
     graph = graph_record(precision)

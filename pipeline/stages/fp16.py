@@ -20,7 +20,7 @@ from onnx import TensorProto
 
 from ...calibration.readers import CalibrationData
 from ..core.errors import PipelineError
-from ..core.settings import Settings
+from ..core.settings import Settings, mention_name
 from ..folder.artifacts import atomic_path
 from ..folder.graph_io import load_reference
 from .fp16_overflow import Case, KeptNode, TensorStats, fp32_compute_share, overflowing_nodes
@@ -220,7 +220,7 @@ def _asked_for(graph: onnx.GraphProto, names: Sequence[str], already: set[str]) 
     if unknown:
         ops = sorted({node.op_type for node in graph.node})
         raise PipelineError(
-            f"--keep-fp32 names {unknown}, which is neither a node name nor an op type of the graph",
+            f"{mention_name('keep_fp32')} names {unknown}, which is neither a node name nor an op type of the graph",
             f"give node names from the graph (e.g. {graph.node[0].name!r}) or op types ({', '.join(ops)})",
         )
     return [

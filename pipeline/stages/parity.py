@@ -12,8 +12,10 @@ import numpy as np
 
 from ..core.compare import Comparison, compare_outputs
 from ..core.errors import PipelineError
+from ..core.mentions import render
 from ..core.precision import Precision
 from ..core.sessions import onnxruntime_session, probe_level
+from ..core.settings import mention, mention_name
 from ..evaluation import INT8_MAX_ERROR, RTOL, evaluation_session
 from ..evaluation.agreement import fp32_outputs, outputs_agreement
 from ..evaluation.layers import first_bad_node_text
@@ -169,7 +171,7 @@ def check_int8_agreement(
         much_worse_ratio=MUCH_WORSE_RATIO,
         split=split,
         graphs=graphs,
-        warning=f"{warning[0]}; fix: {warning[1]}" if warning else None,
+        warning=render(f"{warning[0]}; fix: {warning[1]}") if warning else None,  # manifest text: worded now
         details={
             "summary": "; ".join(_agreement_summary(name, graph) for name, graph in graphs.items()),
             "evaluation": "the calibration data: each row's |int8 - fp32| / |fp32| and cosine, on the rows the ranges "
@@ -219,9 +221,8 @@ def _agreement_error(
         f"{int8_path.name} departs from FP32 on the {rows}: output {name!r} is off by "
         f"{worst.error_mean:.3g} of its norm on average over {worst.rows} rows (gate {INT8_MAX_ERROR}, cosine "
         f"{worst.cosine_mean:.4f}){_in_sample_beside(agreement, name)}{why}; {where}",
-        f"{_more_data(split)}, or another CALIB_METHOD than the manifest's calibration.method (max, percentile, "
-        f"entropy); the table: trt-pipeline diagnose "
-        f"{int8_path.parent}",
+        f"{_more_data(split)}, or another {mention_name('calib_method')} than the manifest's calibration.method "
+        f"(max, percentile, entropy); the table: trt-pipeline diagnose {int8_path.parent}",
     )
 
 
@@ -258,9 +259,9 @@ def _more_data(split: CalibrationSplit) -> str:
     """The fix for calibration data that cannot stand for served inputs: how many rows, and how varied."""
     wanted = max(ADVISED_ROWS, 2 * split.rows)
     return (
-        f"calibrate on at least {wanted} rows (now {split.rows}; --calib-samples {wanted} where the data has them) "
-        "drawn as the served inputs are: other photos, scenes, documents, not more crops, mirrors or templates of "
-        "the ones already there (CALIB=...)"
+        f"calibrate on at least {wanted} rows (now {split.rows}; {mention(calib_samples=wanted)} where the data has "
+        "them) drawn as the served inputs are: other photos, scenes, documents, not more crops, mirrors or templates "
+        f"of the ones already there ({mention(calib='...')})"
     )
 
 
@@ -290,10 +291,10 @@ def _parity_error(onnx_path: Path, inputs: dict, graph: GraphRecord, problem: st
     where = first_bad_node_text(fp32, onnx_path, inputs, graph)
     if graph.precision is Precision.FP16:
         fix = (
-            "keep the node named above in FP32: KEEP_FP32=<node or op type> (--keep-fp32); leave the automatic "
-            "FP32 fallback on (no NO_AUTO_FP32 / --no-auto-fp32); the whole table: trt-pipeline diagnose "
-            f"{onnx_path.parent}"
+            f"keep the node named above in FP32: {mention(keep_fp32='<node or op type>')}; leave the automatic FP32 "
+            f"fallback on (no {mention(auto_fp32=False)}); the whole table: trt-pipeline diagnose {onnx_path.parent}"
         )
     else:
-        fix = f"calibrate on data like the served inputs (CALIB=...); trt-pipeline diagnose {onnx_path.parent}"
+        served = mention(calib="...")
+        fix = f"calibrate on data like the served inputs ({served}); trt-pipeline diagnose {onnx_path.parent}"
     return PipelineError(f"{problem}; {where}", fix)

@@ -25,9 +25,10 @@ from ...calibration.readers import CalibrationData, graph_inputs, read_calibrati
 from ...models.spec import ModelSpec
 from ..core.cpu import int8_cpu_kind
 from ..core.errors import PipelineError
+from ..core.mentions import render
 from ..core.precision import Precision
 from ..core.sessions import levels_below_full
-from ..core.settings import OPSET, Settings, deciding
+from ..core.settings import OPSET, Settings, deciding, mention
 from ..core.trt_module import import_trt
 from ..evaluation.agreement import int8_judge
 from ..folder.artifacts import build_lock, sha256_file
@@ -309,7 +310,7 @@ def _check_int8_agreement(
         optional={_require(run, served.file): served} if served else {},
     )
     if agreement.warning is not None:
-        print(f"warning: {agreement.warning} (STRICT_CALIB=1, --strict-calib, refuses such a build)", flush=True)
+        print(render(f"warning: {agreement.warning} ({mention(strict_calib=True)} refuses such a build)"), flush=True)
     left_out = {name for name, graph in agreement.graphs.items() if graph.left_out is not None}
     return [graph for graph in cpu_graphs.values() if graph.file in left_out]
 
@@ -397,7 +398,8 @@ def _make_engine(run: Run) -> Path:
     key = reuse_key(settings, run.fingerprint)
     # RECALIBRATE=1 means fresh ranges, so it never reuses a finished folder.
     if not (settings.force or settings.recalibrate) and _up_to_date(run.folder, key):
-        print(f"up to date   {run.folder} (same model, weights, settings and versions; FORCE=1 rebuilds)")
+        same = "same model, weights, settings and versions"
+        print(render(f"up to date   {run.folder} ({same}; {mention(force=True)} rebuilds)"))
         return run.folder
     # timings restart: the last stage they list is where an unfinished build stopped.
     update_manifest(run.folder, complete=False, reuse_key=key, timings={}, onnxruntime_levels={})
