@@ -33,6 +33,7 @@ import onnx
 from ..models.spec import ImagePreprocess
 from ..pipeline.core.compute import COMPUTE_OPS
 from ..pipeline.core.precision import Precision
+from ..pipeline.core.settings import DEFAULTS
 from ..pipeline.evaluation import node_tolerance
 from ..pipeline.evaluation.agreement import Judge
 from ..pipeline.evaluation.layers import compare_layers, first_past
@@ -82,11 +83,13 @@ class CalibrationConfig:
     else the first.  Off unless asked for here; Settings (SMOOTH=auto) tries 0.9 and off for the pipeline.
     float_search: with a judge and held-out rows, try leaving the op where the held-out error starts in float
     (FLOAT_OPS_TRIED); on for the pipeline unless NO_FLOAT_SEARCH.
+    Called directly (a test, a benchmark), it builds one candidate with no search unless told; the pipeline's
+    search comes from Settings through from_settings, the one place the two meet.
     """
 
     methods: tuple[str, ...] = ("percentile",)
-    samples: int = 256
-    batch: int = 16
+    samples: int = DEFAULTS["calib_samples"]
+    batch: int = DEFAULTS["calib_batch"]
     recalibrate: bool = False
     smooth_alphas: tuple[float | None, ...] = (None,)
     float_search: bool = False
@@ -94,12 +97,12 @@ class CalibrationConfig:
     @classmethod
     def from_settings(cls, settings) -> CalibrationConfig:
         return cls(
-            settings.calib_methods(),
-            settings.calib_samples,
-            settings.calib_batch,
-            settings.recalibrate,
-            settings.smooth_alphas(),
-            settings.float_search,
+            methods=settings.calib_methods(),
+            samples=settings.calib_samples,
+            batch=settings.calib_batch,
+            recalibrate=settings.recalibrate,
+            smooth_alphas=settings.smooth_alphas(),
+            float_search=settings.float_search,
         )
 
     @staticmethod
