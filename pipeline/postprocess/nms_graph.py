@@ -177,10 +177,9 @@ def _detections(nodes: _Nodes, head: str, classes: int, padded: bool, config: Nm
     """The nodes from the float32 head to the four outputs, OUTPUTS (module doc)."""
     boxes, class_scores = nodes.add("Split", head, nodes.constant("split", np.array([4, classes])), axis=1, outputs=2)
     scores = nodes.one("ReduceMax", class_scores, axes=[1], keepdims=1)  # [B, 1, N]
-    labels = nodes.one("Cast", nodes.one("ArgMax", class_scores, axis=1, keepdims=1), to=TensorProto.INT32)
     corners = _corners(nodes, boxes, config.box_format)  # [B, 4, N]: x1, y1, x2, y2
     if padded:
-        corners, scores, labels = _padded(nodes, corners, scores, labels, config.max_detections)
+        corners, scores = _padded(nodes, corners, scores, config.max_detections)
     # M = min(candidates, anchors): a constant where the anchors are (the builders fold it), else known at run time.
     anchors = nodes.one("Shape", scores, start=2, end=3)
     size = nodes.one("Min", anchors, nodes.constant("candidates", np.array([config.candidates])))
@@ -188,14 +187,18 @@ def _detections(nodes: _Nodes, head: str, classes: int, padded: bool, config: Nm
     order = nodes.one("Range", nodes.constant("first", np.array(0)), count, nodes.constant("step", np.array(1)))
     top_scores, top = nodes.add("TopK", scores, size, axis=2, outputs=2)  # [B, 1, M], best first
     top_corners = nodes.one("GatherElements", corners, _rows(nodes, top, 4), axis=2)  # [B, 4, M]
-    top_labels = nodes.one("GatherElements", labels, top, axis=2)  # [B, 1, M]
+    # The class of the M candidates only: ArgMax over [B, C, N] costs ONNX Runtime more than all of NMS at M = 300.
+    # A padding anchor (never valid) reads the last anchor's scores instead.
+    anchor = _last_anchor_at_most(nodes, top, class_scores) if padded else top
+    top_class_scores = nodes.one("GatherElements", class_scores, _rows(nodes, anchor, classes), axis=2)  # [B, C, M]
+    top_labels = nodes.one("Cast", nodes.one("ArgMax", top_class_scores, axis=1), to=TensorProto.INT32)  # [B, 1, M]
     suppresses = _suppression_matrix(nodes, top_corners, top_labels, order, config)
     valid = nodes.one("Greater", top_scores, nodes.constant("score_threshold", np.float32(config.score_threshold)))
     keep = _greedy_keep(nodes, suppresses, nodes.one("Cast", valid, to=TensorProto.FLOAT), count)
     _first_kept(nodes, keep, top_corners, top_scores, top_labels, order, config.max_detections)
 
 
-def _padded(nodes: _Nodes, corners: str, scores: str, labels: str, k: int) -> tuple[str, str, str]:
+def _padded(nodes: _Nodes, corners: str, scores: str, k: int) -> tuple[str, str]:
     """K more anchors after the head's, never valid (score -inf, an empty box), so that M >= K always."""
     batch = nodes.one("Shape", scores, start=0, end=1)
     per_image = nodes.one("Concat", batch, nodes.constant("ones", np.ones(2, np.int64)), axis=0)  # [B, 1, 1]
@@ -206,8 +209,13 @@ def _padded(nodes: _Nodes, corners: str, scores: str, labels: str, k: int) -> tu
     return (
         pad(corners, "empty_boxes", np.zeros((1, 4, k), np.float32)),
         pad(scores, "no_scores", np.full((1, 1, k), -np.inf, np.float32)),
-        pad(labels, "no_classes", np.full((1, 1, k), PADDING_CLASS, np.int32)),
     )
+
+
+def _last_anchor_at_most(nodes: _Nodes, index: str, class_scores: str) -> str:
+    """`index` with the padding anchors' indices (past the head's last) replaced by the last one."""
+    last = nodes.one("Sub", nodes.one("Shape", class_scores, start=2, end=3), nodes.constant("one", np.array([1])))
+    return nodes.one("Min", index, last)
 
 
 def _scalar(nodes: _Nodes, vector: str) -> str:
