@@ -29,7 +29,8 @@ from ..core.errors import PipelineError
 
 BOX_FORMATS = ("cxcywh", "xyxy")
 OUTPUTS = ("boxes", "scores", "classes", "count")
-# TensorRT's TopK takes k up to 3840 (its documented limit); the graph's first TopK takes `candidates`.
+# TensorRT's TopK takes k up to 3840 (TensorRT-RTX 1.7 refuses 3841: "K exceeds the maximum value allowed (3840)");
+# the graph's first TopK takes `candidates`.
 TOPK_LIMIT = 3840
 PADDING_CLASS = -1
 
@@ -49,10 +50,13 @@ class NmsConfig:
     def __post_init__(self) -> None:
         if self.box_format not in BOX_FORMATS:
             raise PipelineError(f"NMS box format {self.box_format!r} is unknown", f"give one of {BOX_FORMATS}")
-        _require_finite("score threshold", self.score_threshold, "e.g. 0.25 (scores are after their sigmoid)")
+        _require_finite("score threshold", self.score_threshold, "give a score, e.g. 0.25 (after the sigmoid)")
         _require_finite("IoU threshold", self.iou_threshold, "give an IoU between 0 and 1, e.g. 0.45")
         if not 0 <= self.iou_threshold <= 1:
             raise PipelineError(f"NMS IoU threshold {self.iou_threshold} is not in [0, 1]", "give e.g. 0.45")
+        self._check_counts()
+
+    def _check_counts(self) -> None:
         _require_count("candidates", self.candidates, f"give 1 to {TOPK_LIMIT} (TensorRT's TopK limit), e.g. 1000")
         _require_count("max detections", self.max_detections, "give e.g. 100")
         if self.candidates > TOPK_LIMIT:

@@ -53,14 +53,19 @@ def append_nms(model: onnx.ModelProto | Path, config: NmsConfig) -> onnx.ModelPr
     # Fewer anchors than K (or a count known only at run time): K empty anchors after them keep every TopK valid.
     padded = anchors is None or anchors < config.max_detections
     _detections(nodes, head_tensor, classes, padded, config)
+    return _appended(model, nodes, head.name, _output_infos(batch, config.max_detections))
+
+
+def _appended(model: onnx.ModelProto, nodes: _Nodes, head: str, outputs: list[onnx.ValueInfoProto]) -> onnx.ModelProto:
+    """A copy of the model with the nodes added and `outputs` in place of the head among its outputs."""
     appended = onnx.ModelProto()
     appended.CopyFrom(model)
     graph = appended.graph
     graph.node.extend(nodes.nodes)
     graph.initializer.extend(nodes.constants)
-    kept = [output for output in graph.output if output.name != head.name]
+    kept = [output for output in graph.output if output.name != head]
     del graph.output[:]
-    graph.output.extend([*kept, *_output_infos(batch, config.max_detections)])
+    graph.output.extend([*kept, *outputs])
     return appended
 
 
@@ -90,8 +95,8 @@ def _head_output(model: onnx.ModelProto, config: NmsConfig) -> onnx.ValueInfoPro
 
 
 def _inferred(model: onnx.ModelProto, name: str) -> onnx.ValueInfoProto:
-    """The output as shape inference sees it: exporters declare sizes they could not trace as symbols
-    (TorchScript's "Concathead_dim_2") that a simplified graph's inference resolves to numbers."""
+    """The output as shape inference sees it: an exporter declares as symbols sizes it did not trace (TorchScript's
+    "Concathead_dim_1" for YOLO's 4 + classes rows) that inference can resolve to numbers."""
     inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     return next(output for output in inferred.graph.output if output.name == name)
 
