@@ -36,6 +36,11 @@ def outputs_agreement(session, batches: list[Feeds], expected: list[dict]) -> di
     return {name: _agreement_record(pairs) for name, pairs in rows.items()}
 
 
+def rows_agreement(expected: dict[str, np.ndarray], actual: dict[str, np.ndarray]) -> dict[str, RowsAgreement]:
+    """Each output of one batch against `expected` (the FP32 graph's outputs on the same rows)."""
+    return {name: _agreement_record([_row_errors(wanted, actual[name])]) for name, wanted in expected.items()}
+
+
 def int8_judge(fp32_path: Path) -> Judge:
     """The gate's evaluation as a judge of candidate INT8 graphs for the engine (calibration/int8.py keeps the best
     on the held-out rows): (graph, batches) -> the worst output's agreement with the FP32 graph on those batches."""
