@@ -909,7 +909,7 @@ def _make_cases() -> list[Case]:
 
 
 def _runner_cases() -> list[Case]:
-    load = "from pipeline.runners import load_runner\n"
+    load = "from trt_pipeline.pipeline.runners import load_runner\n"
     good = load + "runner = load_runner(IMAGE, 'onnxruntime')\n"
     return [
         py(
@@ -1012,7 +1012,7 @@ def _runner_cases() -> list[Case]:
             "runner",
             "model.onnx replaced by another model's graph",
             load
-            + "f = copy(IMAGE)\nimport json\ng = json.loads((f / 'manifest.json').read_text())['graph']\nother = json.loads((TEXT / 'manifest.json').read_text())['graph']\nshutil.copy(TEXT / other, f / g)\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
+            + "f = copy(IMAGE)\nimport json\ng = json.loads((f / 'manifest.json').read_text())['graphs']['engine']\nother = json.loads((TEXT / 'manifest.json').read_text())['graphs']['engine']\nshutil.copy(TEXT / other, f / g)\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
             names=("sha256",),
         ),
         py(
@@ -1020,7 +1020,7 @@ def _runner_cases() -> list[Case]:
             "runner",
             "the graph replaced by one with the same inputs, other weights",
             load
-            + "f = copy(IMAGE)\nimport json, onnx\ng = json.loads((f / 'manifest.json').read_text())['graph']\nm = onnx.load(str(f / g))\nw = m.graph.initializer[0]\nimport numpy\nfrom onnx import numpy_helper\na = numpy_helper.to_array(w) * 0\nw.CopyFrom(numpy_helper.from_array(a, w.name))\nonnx.save(m, str(f / g))\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
+            + "f = copy(IMAGE)\nimport json, onnx\ng = json.loads((f / 'manifest.json').read_text())['graphs']['engine']\nm = onnx.load(str(f / g))\nw = m.graph.initializer[0]\nimport numpy\nfrom onnx import numpy_helper\na = numpy_helper.to_array(w) * 0\nw.CopyFrom(numpy_helper.from_array(a, w.name))\nonnx.save(m, str(f / g))\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
             names=("sha256",),
         ),
         py(
@@ -1028,7 +1028,7 @@ def _runner_cases() -> list[Case]:
             "runner",
             "model.onnx truncated",
             load
-            + "f = copy(IMAGE)\nimport json\ng = f / json.loads((f / 'manifest.json').read_text())['graph']\ng.write_bytes(g.read_bytes()[:100])\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
+            + "f = copy(IMAGE)\nimport json\ng = f / json.loads((f / 'manifest.json').read_text())['graphs']['engine']\ng.write_bytes(g.read_bytes()[:100])\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
             names=("onnx",),
         ),
         py(
@@ -1036,7 +1036,7 @@ def _runner_cases() -> list[Case]:
             "runner",
             "model.onnx deleted",
             load
-            + "f = copy(IMAGE)\nimport json\n(f / json.loads((f / 'manifest.json').read_text())['graph']).unlink()\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
+            + "f = copy(IMAGE)\nimport json\n(f / json.loads((f / 'manifest.json').read_text())['graphs']['engine']).unlink()\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
             names=("onnx",),
         ),
         py(
@@ -1044,7 +1044,7 @@ def _runner_cases() -> list[Case]:
             "runner",
             "the manifest names a graph outside the folder",
             load
-            + "f = copy(IMAGE)\nimport json\ng = json.loads((f / 'manifest.json').read_text())['graph']\nshutil.copy(f / g, WORK / 'outside.onnx')\nedit_manifest(f, lambda m: m.update(graph='../outside.onnx'))\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
+            + "f = copy(IMAGE)\nimport json\ng = json.loads((f / 'manifest.json').read_text())['graphs']['engine']\nshutil.copy(f / g, WORK / 'outside.onnx')\nedit_manifest(f, lambda m: m['graphs'].update(engine='../outside.onnx'))\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
             names=("outside.onnx",),
         ),
         py(
@@ -1359,8 +1359,8 @@ def _triton_cases() -> list[Case]:
             "triton-truncated-graph",
             "triton",
             "triton on a folder whose graph is truncated",
-            "import json, subprocess\nf = copy(IMAGE)\ng = f / json.loads((f / 'manifest.json').read_text())['graph']\ng.write_bytes(g.read_bytes()[:100])\n"
-            "done = subprocess.run([sys.executable, '-m', 'pipeline', 'triton', str(f), '--repo', str(WORK / 'repo'), '--backend', 'onnxruntime'], capture_output=True, text=True)\n"
+            "import json, subprocess\nf = copy(IMAGE)\ng = f / json.loads((f / 'manifest.json').read_text())['graphs']['engine']\ng.write_bytes(g.read_bytes()[:100])\n"
+            "done = subprocess.run([sys.executable, '-m', 'trt_pipeline', 'triton', str(f), '--repo', str(WORK / 'repo'), '--backend', 'onnxruntime'], capture_output=True, text=True)\n"
             "sys.stderr.write(done.stderr)\nsys.exit(done.returncode)",
             names=("onnx",),
         ),
@@ -1369,7 +1369,7 @@ def _triton_cases() -> list[Case]:
             "triton",
             "triton on a folder with only a manifest",
             "import subprocess\nf = WORK / 'half'\nf.mkdir()\nshutil.copy(IMAGE / 'manifest.json', f)\n"
-            "done = subprocess.run([sys.executable, '-m', 'pipeline', 'triton', str(f), '--repo', str(WORK / 'repo')], capture_output=True, text=True)\n"
+            "done = subprocess.run([sys.executable, '-m', 'trt_pipeline', 'triton', str(f), '--repo', str(WORK / 'repo')], capture_output=True, text=True)\n"
             "sys.stderr.write(done.stderr)\nsys.exit(done.returncode)",
             names=("half",),
         ),
@@ -1378,7 +1378,7 @@ def _triton_cases() -> list[Case]:
             "triton",
             "triton --repo where <repo>/<name> is a file",
             "import subprocess\nrepo = WORK / 'repo'\nrepo.mkdir()\n(repo / IMAGE.name).write_text('x')\n"
-            "done = subprocess.run([sys.executable, '-m', 'pipeline', 'triton', str(IMAGE), '--repo', str(repo)], capture_output=True, text=True)\n"
+            "done = subprocess.run([sys.executable, '-m', 'trt_pipeline', 'triton', str(IMAGE), '--repo', str(repo)], capture_output=True, text=True)\n"
             "sys.stderr.write(done.stderr)\nsys.exit(done.returncode)",
             names=("not a folder",),
         ),
