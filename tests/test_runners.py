@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shutil
 from dataclasses import replace
@@ -159,6 +160,63 @@ def test_a_graph_onnxruntime_refuses_is_a_clear_error(folders, tmp_path):
     with pytest.raises(PipelineError, match="ONNX Runtime cannot load .*model.onnx: InvalidProtobuf") as caught:
         load_runner(folder, "onnxruntime")
     assert "make engine MODEL=tests.toy_models:tiny_cnn" in str(caught.value.fix)
+
+
+def _truncate(graph: Path, other: Path) -> None:
+    graph.write_bytes(graph.read_bytes()[:100])
+
+
+def _swap(graph: Path, other: Path) -> None:
+    shutil.copy(other, graph)
+
+
+def _fifo(graph: Path, other: Path) -> None:
+    graph.unlink()
+    os.mkfifo(graph)
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "onnxruntime-cuda"])
+@pytest.mark.parametrize(
+    ("damage", "refusal"),
+    [(_truncate, "is not the file this folder's build wrote"), (_swap, "is not the file"), (_fifo, "is missing")],
+    ids=["truncated", "swapped", "fifo"],
+)
+def test_the_readers_refusal_of_a_graph_is_the_one_message(folders, tmp_path, backend, damage, refusal):
+    # It was wrapped as "ONNX Runtime cannot load ...: PipelineError: ..." with a second fix saying the build wrote the
+    # graph this way (its sha256 matches): the opposite of the reader's finding.
+    folder = _copy(folders["tiny_cnn"], tmp_path)
+    damage(folder / "model.onnx", folders["text_classifier"] / "model.onnx")
+    options = {"device": "cpu"} if backend == "onnxruntime-cuda" else {}
+    with pytest.raises(PipelineError, match=refusal) as caught:
+        load_runner(folder, backend, **options)
+    assert "ONNX Runtime" not in caught.value.problem and "PipelineError" not in caught.value.problem
+    assert caught.value.fix.startswith("rebuild the folder: make engine") and "sha256 matches" not in caught.value.fix
+
+
+@pytest.mark.parametrize("backend", ["auto", "onnxruntime", "onnxruntime-cuda"])
+@pytest.mark.parametrize(
+    ("edit", "disagreement"),
+    [
+        (
+            lambda m: m["inputs"][0].update(shape=["batch", 32]),
+            "input 'input' is float32 [-1, 32] in the manifest, float32 [-1, 3, 16, 16] in the graph",
+        ),
+        (lambda m: m["inputs"][0].update(dtype="float64"), "input 'input' is float64 [-1, 3, 16, 16] in the manifest"),
+        (lambda m: m["outputs"][0].update(shape=["batch", 4]), "output 'logits' is float32 [-1, 4] in the manifest"),
+        (lambda m: m["outputs"][0].update(name="probs"), "outputs ['probs'] in the manifest, ['logits'] in the graph"),
+    ],
+    ids=["input-shape", "input-dtype", "output-shape", "output-name"],
+)
+def test_a_manifest_that_does_not_describe_its_graph_is_refused_at_load(folders, tmp_path, backend, edit, disagreement):
+    # An edited input shape was blamed on the caller's correct input ("has shape (8, 16), expected (-1, 32)"), and
+    # following the dtype fix led to ONNX Runtime's own error.
+    folder = _copy(folders["tiny_cnn"], tmp_path)
+    _edit_manifest(folder, edit)
+    options = {"device": "cpu"} if backend == "onnxruntime-cuda" else {}
+    with pytest.raises(PipelineError, match=re.escape(disagreement)) as caught:
+        load_runner(folder, backend, **options)
+    assert "does not describe its graph model.onnx" in caught.value.problem
+    assert caught.value.fix.startswith("rebuild the folder: make engine MODEL=tests.toy_models:tiny_cnn")
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ service can swap ONNX Runtime for the engine without changing a line.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +59,41 @@ def tensor_specs(manifest: Manifest, key: str) -> list[TensorSpec]:
             f"rebuild the folder: {rebuild_hint(manifest)}",
         )
     return [TensorSpec.from_manifest(record, manifest.axis_ranges) for record in records]
+
+
+def check_graph_agrees(
+    folder: ArtifactFolder, graph: str, inputs: list[GraphTensor], outputs: list[GraphTensor]
+) -> None:
+    """The manifest's inputs and outputs are what every runner and the service check a request against: they must be
+    the loaded graph's (names, dtypes, ranks, fixed sizes), or a correct request is refused in the manifest's name
+    (an edited manifest blamed the caller: "has shape (8, 16), expected (-1, 32)")."""
+    manifest = folder.manifest
+    for key, declared, actual in (("inputs", manifest.inputs, inputs), ("outputs", manifest.outputs, outputs)):
+        disagreement = _disagreement(key, declared, actual)
+        if disagreement:
+            raise PipelineError(
+                f"the manifest of {folder.path} does not describe its graph {graph}: {disagreement}; the manifest was "
+                "edited or is another build's, and requests checked against it "
+                "would be refused or fail",
+                f"rebuild the folder: {folder.rebuild_hint()}",
+            )
+
+
+def _disagreement(key: str, declared: Sequence[GraphTensor], actual: list[GraphTensor]) -> str | None:
+    found = {tensor.name: tensor for tensor in actual}
+    if sorted(found) != sorted(tensor.name for tensor in declared):
+        return f"{key} {[tensor.name for tensor in declared]} in the manifest, {sorted(found)} in the graph"
+    for tensor in declared:
+        other = found[tensor.name]
+        if (tensor.dtype, tensor.sizes()) != (other.dtype, other.sizes()):
+            return (
+                f"{key[:-1]} {tensor.name!r} is {_described(tensor)} in the manifest, {_described(other)} in the graph"
+            )
+    return None
+
+
+def _described(tensor: GraphTensor) -> str:
+    return f"{tensor.dtype} {tensor.sizes()}"
 
 
 def max_batch(manifest: Manifest) -> int:

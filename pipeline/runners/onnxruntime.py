@@ -11,10 +11,11 @@ import numpy as np
 from ..core.cpu import NO_VNNI, VNNI, int8_cpu_kind
 from ..core.errors import PipelineError
 from ..core.sessions import onnxruntime_session
+from ..folder.graph_io import GraphTensor
 from ..folder.manifest import engine_graph
 from ..folder.reader import ArtifactFolder
 from ..folder.rebuild import rebuild_hint
-from .base import Runner
+from .base import Runner, check_graph_agrees
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -65,18 +66,35 @@ def choose_graph(folder: ArtifactFolder, requested: str | None, *, on_cpu: bool)
 def load_session(folder: ArtifactFolder, graph: str, providers: list[Any], **options: Any) -> Any:
     """A session on the folder's `graph` with `providers` (names, or (name, provider options) pairs), at the
     optimization level the build found ONNX Runtime does not crash at (recorded in the manifest where it was not the
-    highest); `options` go to pipeline.core.sessions.onnxruntime_session.  Its bytes match the manifest's sha256
-    (folder.read checks), so a graph ONNX Runtime refuses was written that way: its error (a pybind exception type per
-    cause) becomes the fix."""
+    highest); `options` go to pipeline.core.sessions.onnxruntime_session.  The reader's refusal of the graph (missing,
+    or not the bytes the build wrote) passes as it is.  Bytes that match the manifest's sha256 were written that way
+    by the build, so ONNX Runtime's refusal of them (a pybind exception type per cause) becomes the fix; and the
+    graph's inputs and outputs must be the manifest's (pipeline.runners.base.check_graph_agrees)."""
+    data = folder.read(graph)
     try:
-        return onnxruntime_session(
-            folder.read(graph), providers, level=folder.manifest.onnxruntime_levels.get(graph), **options
-        )
+        session = onnxruntime_session(data, providers, level=folder.manifest.onnxruntime_levels.get(graph), **options)
+    except PipelineError:
+        raise  # already says what is wrong and what to do
     except Exception as error:  # onnxruntime's Fail, InvalidProtobuf, InvalidGraph, ... share no base but Exception
         raise PipelineError(
             f"ONNX Runtime cannot load {folder.path / graph}: {type(error).__name__}: {error}",
             f"the build wrote it this way (its sha256 matches): rebuild the folder: {rebuild_hint(folder.manifest)}",
         ) from None
+    check_graph_agrees(folder, graph, _graph_tensors(session.get_inputs()), _graph_tensors(session.get_outputs()))
+    return session
+
+
+# ONNX Runtime's element type names that are not numpy's (the manifest records numpy's: float32, int64, bool, ...).
+_NUMPY_NAMES = {"float": "float32", "double": "float64"}
+
+
+def _graph_tensors(node_args: list[Any]) -> list[GraphTensor]:
+    """ONNX Runtime's NodeArgs (type "tensor(float)", dims as sizes, names or None) as the manifest's records."""
+    kinds = (arg.type.removeprefix("tensor(").removesuffix(")") for arg in node_args)
+    return [
+        GraphTensor(arg.name, _NUMPY_NAMES.get(kind, kind), tuple(arg.shape))
+        for arg, kind in zip(node_args, kinds, strict=True)
+    ]
 
 
 class OnnxRuntimeRunner(Runner):
