@@ -365,8 +365,55 @@ def test_thread_and_spinning_options_reach_the_session(folders, runners):
         assert all(c.ok for c in results.values())
     default = runners["tiny_cnn", "onnxruntime"].session.get_session_options()
     assert default.get_session_config_entry("session.intra_op.allow_spinning") == "1"
-    with pytest.raises(PipelineError, match="intra_op_threads=0 is not a thread count"):
-        load_runner(folders["tiny_cnn"], "onnxruntime", intra_op_threads=0)
+
+
+BAD_OPTIONS = {
+    # Each was a raw AttributeError or TypeError from inside a runner, or (a string of providers) split into letters.
+    "device-int": ("onnxruntime-cuda", {"device": 0}, "device=0 is an int; the onnxruntime-cuda runner takes a string"),
+    "device-none": ("onnxruntime-cuda", {"device": None}, "device=None is None; the onnxruntime-cuda runner takes a"),
+    "sessions-str": ("onnxruntime-cuda", {"device": "cpu", "sessions": "2"}, "sessions='2' is a str; the"),
+    "sessions-zero": ("onnxruntime-cuda", {"device": "cpu", "sessions": 0}, "sessions=0: a number of sessions is 1"),
+    "threads-str": ("onnxruntime", {"intra_op_threads": "2"}, "takes a whole number or None"),
+    "threads-bool": ("onnxruntime", {"intra_op_threads": True}, "intra_op_threads=True is a bool"),
+    "threads-zero": ("onnxruntime", {"intra_op_threads": 0}, "a number of intra-op threads is 1 or more"),
+    "providers-str": ("onnxruntime", {"providers": "CPUExecutionProvider"}, "takes a list of strings or None"),
+    "providers-empty": ("onnxruntime", {"providers": []}, "providers=[] names no provider"),
+    "providers-unknown": ("onnxruntime", {"providers": ["Nosuch"]}, "['Nosuch'] are not ONNX Runtime provider names"),
+    "split-str": ("auto", {"split_large_batches": "no"}, "split_large_batches='no' is a str"),
+    "contexts-zero": ("tensorrt", {"contexts": 0}, "contexts=0: a number of execution contexts is 1 or more"),
+    "trt-device-str": ("tensorrt", {"device": "cuda:0"}, "device='cuda:0' is a str; the tensorrt runner takes a whole"),
+    "torch-device-int": ("torch", {"device": 3}, "device=3 is an int; the torch runner takes a string or None"),
+    "torch-device-unknown": ("torch", {"device": "nonsense"}, "device='nonsense' is no torch device"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_OPTIONS)
+def test_load_runner_checks_every_options_type_and_count(folders, case):
+    backend, options, message = BAD_OPTIONS[case]
+    with pytest.raises(PipelineError, match=re.escape(message)) as caught:
+        load_runner(folders["tiny_cnn"], backend, **options)
+    assert caught.value.fix
+
+
+@pytest.mark.skipif(gpu_present(), reason="on a GPU host the CUDA provider can run")
+def test_providers_that_cannot_run_here_are_refused_or_named_never_taken_as_requested(folders):
+    # ["CUDAExecutionProvider"] on a CPU host ran on the CPU while the description said "providers as requested".
+    with pytest.raises(PipelineError, match=r"providers=\['CUDAExecutionProvider'\]: none can run here") as caught:
+        load_runner(folders["tiny_cnn"], "onnxruntime", providers=["CUDAExecutionProvider"])
+    assert "add 'CPUExecutionProvider' to fall back to the CPU" in caught.value.fix
+    with load_runner(
+        folders["tiny_cnn"], "onnxruntime", providers=["CUDAExecutionProvider", "CPUExecutionProvider"]
+    ) as runner:
+        assert runner.session.get_providers() == ["CPUExecutionProvider"]
+        assert "on CPUExecutionProvider (as requested, less CUDAExecutionProvider: " in runner.description
+    with load_runner(folders["tiny_cnn"], "onnxruntime", providers=["CPUExecutionProvider"]) as runner:
+        assert "on CPUExecutionProvider (as requested)" in runner.description
+
+
+@pytest.mark.skipif(gpu_present(), reason="on a GPU host torch may have CUDA")
+def test_the_torch_runner_refuses_a_cuda_device_it_has_not_before_loading_the_model(folders):
+    with pytest.raises(PipelineError, match="device='cuda': torch .* has no such CUDA device here"):
+        load_runner(folders["tiny_cnn"], "torch", device="cuda")
 
 
 # --------------------------------------------------------------------------- input validation

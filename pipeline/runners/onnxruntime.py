@@ -26,7 +26,8 @@ _KINDS = {
 
 
 def choose_providers(requested: list[str] | None) -> tuple[list[str], str]:
-    """(providers, why): CUDA then CPU where a GPU is really present, else CPU alone.
+    """(providers, why): the requested ones that can run here, else CUDA then CPU where a GPU is really present, else
+    CPU alone.
 
     onnxruntime-gpu lists CUDA (and TensorRT) as *available* even on a machine with no GPU
     or driver: availability only says the provider was compiled in.  So the decision is taken
@@ -36,13 +37,56 @@ def choose_providers(requested: list[str] | None) -> tuple[list[str], str]:
 
     from ..core.trt_module import gpu_present
 
-    if requested:
-        return list(requested), "providers as requested"
+    if requested is not None:
+        return _requested_providers(requested)
     if not gpu_present():
         return [CPU], "no NVIDIA GPU/driver present"
     if CUDA not in ort.get_available_providers():
         return [CPU], "a GPU is present but this onnxruntime build has no CUDA provider (install onnxruntime-gpu)"
     return [CUDA, CPU], "a GPU is present"
+
+
+# Providers that run on an NVIDIA GPU: listed as available by onnxruntime-gpu on a host without one too.
+_ON_NVIDIA_GPU = (CUDA, "TensorrtExecutionProvider")
+
+
+def _requested_providers(requested: list[str]) -> tuple[list[str], str]:
+    """The requested providers that can run here, in order, and why each other cannot.  ONNX Runtime itself skips a
+    provider it cannot load and falls back to the CPU in silence; so a name it does not know, or a request none of
+    which can run here, is refused."""
+    import onnxruntime as ort
+
+    unknown = [name for name in requested if name not in ort.get_all_providers()]
+    if unknown or not requested:
+        what = f": {unknown} are not ONNX Runtime provider names" if unknown else " names no provider"
+        raise PipelineError(
+            f"providers={requested!r}{what}",
+            f"name providers this host has ({', '.join(ort.get_available_providers())}), or leave providers=None "
+            "(CUDA where a GPU is present, else the CPU)",
+        )
+    why_not = {name: _why_unusable(name) for name in requested}
+    usable = [name for name, why in why_not.items() if not why]
+    unusable = "; ".join(f"{name}: {why}" for name, why in why_not.items() if why)
+    if not usable:
+        raise PipelineError(
+            f"providers={requested!r}: none can run here ({unusable})",
+            f"add {CPU!r} to fall back to the CPU, leave providers=None (CUDA where a GPU is present, else the CPU), "
+            "or run on a host that has them",
+        )
+    return usable, f"as requested, less {unusable}" if unusable else "as requested"
+
+
+def _why_unusable(provider: str) -> str:
+    """Why ONNX Runtime cannot run `provider` here ('' where it can)."""
+    import onnxruntime as ort
+
+    from ..core.trt_module import gpu_present
+
+    if provider not in ort.get_available_providers():
+        return "this onnxruntime build does not have it"
+    if provider in _ON_NVIDIA_GPU and not gpu_present():
+        return "no NVIDIA GPU/driver present"
+    return ""
 
 
 def choose_graph(folder: ArtifactFolder, requested: str | None, *, on_cpu: bool) -> tuple[str, str]:
@@ -122,11 +166,6 @@ class OnnxRuntimeRunner(Runner):
         import onnxruntime as ort
 
         super().__init__(folder, split_large_batches=split_large_batches)
-        if intra_op_threads is not None and intra_op_threads < 1:
-            raise PipelineError(
-                f"intra_op_threads={intra_op_threads} is not a thread count",
-                "give 1 or more, or None for ONNX Runtime's default (one per physical core)",
-            )
         chosen, why = choose_providers(providers)
         self.graph, which = choose_graph(folder, graph, on_cpu=CUDA not in chosen)
         # The TensorRT-shaped INT8 graph on the CPU (no graph for this CPU's kernels): its Q/DQ run as TensorRT
