@@ -335,6 +335,63 @@ def test_auto_reuses_its_measurement_under_the_same_key_and_measures_again_under
         _assert_serves_the_fastest_measured(runner, again)
 
 
+def _time_of_opt_batch(value) -> object:
+    def damage(path: Path) -> None:
+        record = json.loads(path.read_text())
+        record["ms"]["8"]["model.onnx on CPU"] = value
+        path.write_text(json.dumps(record))
+
+    return damage
+
+
+DAMAGED_CACHES = {
+    "fast": (_time_of_opt_batch("fast"), "the time of model.onnx on CPU at batch 8 is 'fast', not a number"),
+    "null": (_time_of_opt_batch(None), "at batch 8 is None, not a number of milliseconds"),
+    "true": (_time_of_opt_batch(True), "at batch 8 is True, not a number of milliseconds"),
+    "nan": (_time_of_opt_batch(float("nan")), "at batch 8 is nan, not a number of milliseconds"),
+    "batch-word": (lambda path: path.write_text('{"key": {}, "ms": {"many": {}}, "served": "x"}'), "batch 'many'"),
+    "not-json": (lambda path: path.write_bytes(b"\xff{"), "not JSON"),
+    # Sparse: 1.5 GiB that take no disk, and were read (5 s, 3 GB) at every load.
+    "huge": (lambda path: os.truncate(path, 1536 << 20), "1610612736 bytes, more than a measurement takes"),
+    "fifo": (lambda path: (path.unlink(), os.mkfifo(path)), "not a plain file"),
+    "dev-zero": (lambda path: (path.unlink(), path.symlink_to("/dev/zero")), "not a plain file"),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGED_CACHES)
+def test_a_measurement_cache_that_does_not_validate_is_measured_again_and_rewritten(folders, tmp_path, case):
+    # A cache with the right key but "fast" or null for a time made every auto load fail (ValueError from the
+    # description's format), and `serve` answered 503 until someone deleted the file.
+    damage, problem = DAMAGED_CACHES[case]
+    folder = _copy(folders["tiny_cnn"], tmp_path)
+    with load_runner(folder):
+        pass
+    damage(folder / SERVED_CHOICE)
+    with load_runner(folder) as runner:
+        assert "measured now, medians of" in runner.description
+        assert f"cached in {SERVED_CHOICE}, replacing it: {SERVED_CHOICE} there held no valid measurement (" in (
+            runner.description
+        )
+        assert problem in runner.description
+        assert runner.infer(_cnn_batch(2))["logits"].shape == (2, 10)
+    again = _served_record(folder)
+    assert all(isinstance(ms, float) for medians in again["ms"].values() for ms in medians.values())
+    with load_runner(folder) as runner:  # the rewritten cache serves the next load
+        assert "measured earlier with this host's key" in runner.description
+
+
+def test_a_cache_that_does_not_validate_where_it_cannot_be_rewritten_is_ignored_saying_so(folders, tmp_path):
+    folder = _copy(folders["tiny_cnn"], tmp_path)
+    with load_runner(folder):
+        pass
+    _time_of_opt_batch("fast")(folder / SERVED_CHOICE)
+    (folder / f".{SERVED_CHOICE}.{os.getpid()}.tmp").mkdir()  # where the rewrite goes first: the write fails
+    with load_runner(folder) as runner:
+        assert "not cached: " in runner.description and "so every load measures again; " in runner.description
+        assert f"{SERVED_CHOICE} there held no valid measurement (the time of model.onnx on CPU" in runner.description
+        assert runner.description.count("is 'fast', not a number of milliseconds): ignored") == 1
+
+
 def test_explicit_graph_or_backend_skips_the_measurement(fp16_folder, tmp_path):
     folder = _copy(fp16_folder, tmp_path)
     with load_runner(folder, graph="model.fp16.onnx") as runner:
