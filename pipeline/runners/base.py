@@ -85,11 +85,21 @@ def _disagreement(key: str, declared: Sequence[GraphTensor], actual: list[GraphT
         return f"{key} {[tensor.name for tensor in declared]} in the manifest, {sorted(found)} in the graph"
     for tensor in declared:
         other = found[tensor.name]
-        if (tensor.dtype, tensor.sizes()) != (other.dtype, other.sizes()):
+        if tensor.dtype != other.dtype or not _sizes_agree(key, tensor.sizes(), other.sizes()):
             return (
                 f"{key[:-1]} {tensor.name!r} is {_described(tensor)} in the manifest, {_described(other)} in the graph"
             )
     return None
+
+
+def _sizes_agree(key: str, manifest: list[int], graph: list[int]) -> bool:
+    """Inputs exactly: requests are checked against them.  Outputs where both fix a size: the manifest has them from
+    the check stage's shape inference, and simplifying can fix a dim it left open (Swin) or leave open one it sized
+    (GPT-2), never change a fixed one."""
+    if key == "inputs":
+        return manifest == graph
+    pairs = zip(manifest, graph, strict=False)
+    return not graph or len(manifest) == len(graph) and all(DYNAMIC in (m, g) or m == g for m, g in pairs)
 
 
 def _described(tensor: GraphTensor) -> str:
