@@ -83,6 +83,7 @@ def load_model(
             "onnxruntime or tensorrt backend, not torch",
         )
     spec, sources, form = _load_by_kind(kind, target, weights, trust_model_file)
+    forward_check.refuse_deep_nesting(spec.module, model)  # before anything walks the module tree
     if shapes is not None:
         spec.example_inputs = inputs.example_inputs_from_shapes(shapes)
     elif not spec.example_inputs:
@@ -160,9 +161,10 @@ def _load_by_kind(
             spec = builder(weights)
         return spec, [Path(inspect.getsourcefile(builder) or str(target))], _FORMS[kind]
     if kind == "factory":
-        factory, module_file = factories.import_factory(str(target))
-        with inputs.seeded():
-            result = factories.call_factory(factory, str(target))
+        with factories.process_state_kept(str(target)):
+            factory, module_file = factories.import_factory(str(target))
+            with inputs.seeded():
+                result = factories.call_factory(factory, str(target))
         spec = factories.spec_from_factory_result(result, str(target))
         _apply_weights(spec, weights)
         return spec, [module_file] if module_file else [], _FORMS[kind]

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import re
 import sys
 import traceback
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,30 @@ def import_factory(reference: str) -> tuple[Any, Path | None]:
         )
     source = getattr(module, "__file__", None)
     return target, Path(source) if source else None
+
+
+@contextlib.contextmanager
+def process_state_kept(reference: str) -> Iterator[None]:
+    """What the rest of the run relies on, as it was before the factory's module and call, each change undone with a
+    warning: the working directory, which relative paths (OUT) are resolved from (a factory's os.chdir sent the
+    artifacts elsewhere, outside the folder's lock), and torch's default dtype, which every tensor made afterwards
+    takes (a model built under float64 is refused by the prepare stage, which checks what the model computes in)."""
+    directory, dtype = os.getcwd(), torch.get_default_dtype()
+    try:
+        yield
+    finally:
+        changes = {
+            "the working directory": (os.getcwd(), directory),
+            "torch's default dtype": (torch.get_default_dtype(), dtype),
+        }
+        os.chdir(directory)
+        torch.set_default_dtype(dtype)
+    for what, (changed, before) in changes.items():
+        if changed != before:
+            print(
+                f"warning: MODEL={reference!r}: the factory changed {what} to {changed}; changed back to {before}",
+                flush=True,
+            )
 
 
 def call_factory(factory: Any, reference: str) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +21,12 @@ def run_example_forward(module: nn.Module, example_inputs: dict[str, torch.Tenso
     with torch.no_grad(), _temporarily_eval(module):
         try:
             return call_module(module, example_inputs)
+        except RecursionError as exc:  # a RuntimeError too: not a shape that did not fit
+            raise PipelineError(
+                f"the model's forward() went deeper than Python's recursion limit ({sys.getrecursionlimit()} "
+                f"frames) on {describe_inputs(example_inputs)}: {first_lines(exc)}",
+                "make forward() loop over its layers instead of recursing (or nesting modules) that deep",
+            ) from None
         # RuntimeError: shape mismatches; IndexError: ids out of an embedding; TypeError: wrong
         # number of inputs; AssertionError: a torch.export program's input guards.
         except (RuntimeError, ValueError, IndexError, TypeError, AssertionError) as exc:
@@ -29,6 +36,36 @@ def run_example_forward(module: nn.Module, example_inputs: dict[str, torch.Tenso
                 f"torch says: {first_lines(exc)}",
                 f"give {mention_name('input_shape')} that fits the model's forward: {INPUT_SHAPE_FORMS}",
             ) from exc
+
+
+# The deepest nesting of modules the pipeline walks.  torch recurses once per level in eval() and named_modules(), and
+# three or more frames per level in forward() and the exporters (TorchScript's tracer failed at 190 levels of a module
+# that calls the next); past Python's recursion limit that is a RecursionError wherever it happens first.  Half the
+# measured depth leaves room for the frames of a service or a test runner around the call.
+MAX_MODULE_DEPTH = 96
+
+
+def refuse_deep_nesting(module: nn.Module, model: str) -> None:
+    """Refuse a module tree nested deeper than MAX_MODULE_DEPTH, measured without recursing."""
+    deepest, seen = ("", 0), {id(module)}
+    stack = [(module, "", 0)]
+    while stack:
+        parent, path, depth = stack.pop()
+        deepest = max(deepest, (path, depth), key=lambda pair: pair[1])
+        for name, child in parent.named_children():
+            if id(child) not in seen:  # a module shared by two parents is walked once
+                seen.add(id(child))
+                stack.append((child, f"{path}.{name}" if path else name, depth + 1))
+    path, depth = deepest
+    if depth > MAX_MODULE_DEPTH:
+        shown = path if len(path) <= 80 else f"{path[:40]}...{path[-36:]}"
+        raise PipelineError(
+            f"MODEL={model!r} nests modules {depth} deep ({shown}), deeper than the {MAX_MODULE_DEPTH} levels the "
+            "pipeline can walk: torch's eval(), forward() and the exporters recurse at every level, past Python's "
+            "recursion limit",
+            "keep the layers side by side, in one nn.Sequential or nn.ModuleList that forward() loops over, instead "
+            "of each wrapping the next",
+        )
 
 
 @contextlib.contextmanager

@@ -99,6 +99,11 @@ def named_outputs(outputs: object) -> list[tuple[str, torch.Tensor]]:
     positions (`{"logits": a, "aux": (b, c)}` -> logits, aux.0, aux.1).  At the top a tuple's tensors are
     output_0, output_1, ... and a lone tensor (or a tuple of one) is `output`."""
     named = _named(outputs, "")
+    if not named:  # an ONNX graph needs an output: ONNX Runtime refuses one without ("OrtValue indexes ...")
+        raise PipelineError(
+            f"the model returned {outputs!r}, which holds no tensor: there is nothing to export or to serve",
+            "return at least one tensor from forward()",
+        )
     if len(named) == 1 and not isinstance(outputs, dict):
         return [("output", named[0][1])]
     return named

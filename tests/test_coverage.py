@@ -632,7 +632,7 @@ def test_an_int8_refusal_is_a_row_with_the_gates_message(tmp_path: Path, monkeyp
     assert "departs from FP32 on the held-out calibration rows" in row["error"] and "(gate 0.0001" in row["error"]
     assert 1e-4 < row["agreement_error"] < INT8_MAX_ERROR and 0.99 < row["agreement_cosine"] <= 1.0
     assert "node" in row["error"].rsplit(";", 1)[-1]  # the diagnosis: the first node past it, or that none is
-    assert "CALIB" in row["fix"] and "diagnose" in row["fix"]
+    assert "Settings(calib=" in row["fix"] and "diagnose" in row["fix"]
     assert row["qdq_problems"] == [] and row["qdq"]["quantized_ops"] > 0
     lines = table([row]).splitlines()
     assert "| refused after " in lines[2] and lines[-1].startswith(f"1. unet int8: {row['error']}. Fix: ")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -263,6 +264,58 @@ def test_a_run_removes_the_temporaries_killed_runs_left(folder):
         assert (folder / LOCK).read_text() == str(os.getpid())
     assert not any(path.exists() for path in stale) and live.exists()
     assert (folder / LOCK).read_text() == ""
+
+
+def _lock_as(kind: str, lock: Path, victim: Path) -> None:
+    """Put something other than a plain file of its own where the folder's build lock goes."""
+    if kind == "symlink":
+        lock.symlink_to(victim)
+    elif kind == "dangling-symlink":
+        lock.symlink_to(victim.with_name("created-through-the-link"))
+    elif kind == "hard-link":
+        os.link(victim, lock)
+    elif kind == "directory":
+        lock.mkdir()
+    else:
+        os.mkfifo(lock)
+
+
+LOCK_KINDS = {
+    "symlink": "a symbolic link",
+    "dangling-symlink": "a symbolic link",
+    "hard-link": "a file with 2 names (hard links)",
+    "directory": "a directory",
+    "fifo": "a FIFO",
+}
+
+
+@pytest.mark.parametrize("kind", LOCK_KINDS)
+def test_a_lock_that_is_no_plain_file_is_refused_and_nothing_is_written_through_it(kind, built, tmp_path, capsys):
+    # "a+" followed a link: any file the builder could write was emptied and got the build's pid; a directory gave
+    # IsADirectoryError; a FIFO would have blocked the build (and a reader) until someone wrote to it.
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    folder = tmp_path / "engines" / built.name
+    folder.mkdir(parents=True)
+    _lock_as(kind, folder / LOCK, victim)
+    refusal = re.escape(f"the build lock {folder / LOCK} is {LOCK_KINDS[kind]},")
+    with pytest.raises(PipelineError, match=refusal) as caught:
+        make_engine(settings(tmp_path / "engines"))
+    assert "remove it (rm -r" in caught.value.fix
+    assert victim.read_text() == "precious" and not (tmp_path / "created-through-the-link").exists()
+    assert sorted(path.name for path in folder.iterdir()) == [LOCK]  # nothing built beside it
+
+
+@pytest.mark.parametrize("kind", LOCK_KINDS)
+def test_a_reader_passes_over_a_lock_that_is_no_plain_file(kind, folder, tmp_path):
+    (folder / LOCK).unlink()
+    victim = tmp_path / "victim.txt"
+    victim.write_text(str(os.getpid()))  # a live pid behind a link is no build of this folder
+    _lock_as(kind, folder / LOCK, victim)
+    assert running_build(folder) is None
+    edit_manifest(folder, complete=False)
+    with pytest.raises(PipelineError, match="holds an unfinished build"):
+        open_folder(folder)
 
 
 def test_make_engine_says_what_it_removed(built, capsys):

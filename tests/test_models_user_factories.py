@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,8 @@ from trt_pipeline.models import load_model
 from trt_pipeline.models.inputs import InputShape, parse_dynamic, parse_input_shape
 from trt_pipeline.models.spec import DynamicAxis
 from trt_pipeline.pipeline.core.errors import PipelineError
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_tiny_cnn_factory():
@@ -147,6 +152,145 @@ def test_factory_module_that_cannot_be_imported(user_dir: Path):
     write_module(user_dir, "broken_factory", "import torch\nraise ValueError('half-written config')\n")
     with pytest.raises(PipelineError, match="ValueError: half-written config"):
         load_model("broken_factory:make")
+
+
+HOSTILE = """
+import os
+import threading
+import time
+
+import torch
+
+
+class Wrap(torch.nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+def nested(levels):
+    module = torch.nn.Linear(4, 4)
+    for _ in range(levels):
+        module = Wrap(module)
+    return module, torch.zeros(2, 4)
+
+
+def deep():
+    return nested(1200)
+
+
+def deep_but_walkable():
+    return nested(90)
+
+
+class Recursing(torch.nn.Module):
+    def forward(self, x, depth=5000):
+        return x if depth == 0 else self.forward(x + 0, depth - 1)
+
+
+def recursing():
+    return Recursing(), torch.zeros(2, 4)
+
+
+class Nothing(torch.nn.Module):
+    def forward(self, x):
+        return ()
+
+
+def returns_nothing():
+    return Nothing(), torch.zeros(2, 4)
+
+
+def float64_default():
+    torch.set_default_dtype(torch.float64)
+    return torch.nn.Linear(4, 2), torch.zeros(2, 4)
+
+
+def explicit_double():
+    return torch.nn.Linear(4, 2).double(), torch.zeros(2, 4, dtype=torch.float64)
+
+
+def changes_directory():
+    os.chdir(os.environ["FACTORY_GOES_TO"])
+    return torch.nn.Linear(4, 2), torch.zeros(2, 4)
+
+
+def leaves_a_thread():
+    threading.Thread(target=time.sleep, args=(3600,), name="poller").start()
+    return torch.nn.Linear(4, 2), torch.zeros(2, 4)
+"""
+
+
+def test_models_that_break_the_exporter_or_the_graph_are_refused_at_load(user_dir: Path):
+    # A 1200-deep nest of modules was a raw RecursionError from eval(); a forward() returning () reached ONNX
+    # Runtime as "OrtValue indexes should have been populated"; deep recursion in forward() was called a shape
+    # that does not fit.
+    write_module(user_dir, "hostile_shapes", HOSTILE)
+    with pytest.raises(PipelineError, match=r"nests modules 1200 deep \(inner\.inner.*, deeper than the 96 levels"):
+        load_model("hostile_shapes:deep")
+    assert load_model("hostile_shapes:deep_but_walkable").output_names == ["output"]
+    with pytest.raises(PipelineError, match=r"forward\(\) went deeper than Python's recursion limit") as caught:
+        load_model("hostile_shapes:recursing")
+    assert "loop over its layers" in caught.value.fix
+    with pytest.raises(PipelineError, match=r"the model returned \(\), which holds no tensor") as caught:
+        load_model("hostile_shapes:returns_nothing")
+    assert caught.value.fix == "return at least one tensor from forward()"
+
+
+@pytest.mark.parametrize("factory", ["float64_default", "explicit_double"])
+def test_a_float64_model_is_refused_and_a_changed_default_dtype_restored(user_dir: Path, factory, capsys):
+    # Both gave "model.fp16.onnx: float16 graph, float32 I/O" for a graph DOUBLE from end to end.
+    from trt_pipeline.pipeline import cli
+
+    write_module(user_dir, f"hostile_{factory}", HOSTILE)
+    argv = ["all", "--model", f"hostile_{factory}:{factory}", "--precision", "fp16", "--out", "engines"]
+    assert cli.main(argv) == 2
+    captured = capsys.readouterr()
+    assert "error: the model computes in float64 (3 float64 tensors: weight, bias, input)" in captured.err
+    assert "module.float() and float32 example inputs" in captured.err
+    changed = "the factory changed torch's default dtype to torch.float64; changed back to torch.float32"
+    assert (changed in captured.out) == (factory == "float64_default")
+    assert torch.get_default_dtype() == torch.float32
+    assert not list((user_dir / "engines").glob("*/*.onnx"))
+
+
+def test_a_factory_that_changes_directory_is_changed_back_and_the_build_lands_in_out(
+    user_dir: Path, monkeypatch, capsys
+):
+    # Relative OUT was resolved from the factory's directory: "done <folder>" while the artifacts were elsewhere,
+    # outside the folder's lock.
+    from trt_pipeline.pipeline import cli
+
+    write_module(user_dir, "hostile_directory", HOSTILE)
+    elsewhere = user_dir / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.setenv("FACTORY_GOES_TO", str(elsewhere))
+    argv = ["all", "--model", "hostile_directory:changes_directory", "--precision", "fp32", "--out", "engines"]
+    assert cli.main([*argv, "--batch", "1:2:4"]) == 0
+    out = capsys.readouterr().out
+    assert f"the factory changed the working directory to {elsewhere}; changed back to {user_dir}" in out
+    assert Path.cwd() == user_dir and (user_dir / "engines" / "hostile_directory-changes_directory-fp32").is_dir()
+    assert not list(elsewhere.iterdir())
+
+
+def test_a_thread_a_factory_leaves_running_is_named_and_the_command_exits(user_dir: Path):
+    # `done` was printed and the process never exited: Python waits for every non-daemon thread.
+    write_module(user_dir, "hostile_thread", HOSTILE)
+    argv = ["all", "--model", "hostile_thread:leaves_a_thread", "--precision", "fp32", "--batch", "1:2:4"]
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "trt_pipeline", *argv, "--out", "engines"],
+        cwd=user_dir,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "done " in done.stdout and "thread(s) ['poller'] still run" in done.stderr
 
 
 # ---------------------------------------------------------------- INPUT_SHAPE grammar

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shutil
 from dataclasses import replace
@@ -165,6 +166,66 @@ def test_a_graph_onnxruntime_refuses_is_a_clear_error(folders, tmp_path):
     assert 'make_engine(Settings(model="tests.toy_models:tiny_cnn"' in str(caught.value.fix)
 
 
+def _truncate(graph: Path, other: Path) -> None:
+    graph.write_bytes(graph.read_bytes()[:100])
+
+
+def _swap(graph: Path, other: Path) -> None:
+    shutil.copy(other, graph)
+
+
+def _fifo(graph: Path, other: Path) -> None:
+    graph.unlink()
+    os.mkfifo(graph)
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "onnxruntime-cuda"])
+@pytest.mark.parametrize(
+    ("damage", "refusal"),
+    [(_truncate, "is not the file this folder's build wrote"), (_swap, "is not the file"), (_fifo, "is missing")],
+    ids=["truncated", "swapped", "fifo"],
+)
+def test_the_readers_refusal_of_a_graph_is_the_one_message(folders, tmp_path, backend, damage, refusal):
+    # It was wrapped as "ONNX Runtime cannot load ...: PipelineError: ..." with a second fix saying the build wrote the
+    # graph this way (its sha256 matches): the opposite of the reader's finding.
+    folder = _copy(folders["tiny_cnn"], tmp_path)
+    damage(folder / "model.onnx", folders["text_classifier"] / "model.onnx")
+    options = {"device": "cpu"} if backend == "onnxruntime-cuda" else {}
+    with pytest.raises(PipelineError, match=refusal) as caught:
+        load_runner(folder, backend, **options)
+    assert "ONNX Runtime" not in caught.value.problem and "PipelineError" not in caught.value.problem
+    assert (
+        caught.value.fix.startswith("rebuild the folder: make_engine(Settings(")
+        and "sha256 matches" not in caught.value.fix
+    )
+
+
+@pytest.mark.parametrize("backend", ["auto", "onnxruntime", "onnxruntime-cuda"])
+@pytest.mark.parametrize(
+    ("edit", "disagreement"),
+    [
+        (
+            lambda m: m["inputs"][0].update(shape=["batch", 32]),
+            "input 'input' is float32 [-1, 32] in the manifest, float32 [-1, 3, 16, 16] in the graph",
+        ),
+        (lambda m: m["inputs"][0].update(dtype="float64"), "input 'input' is float64 [-1, 3, 16, 16] in the manifest"),
+        (lambda m: m["outputs"][0].update(shape=["batch", 4]), "output 'logits' is float32 [-1, 4] in the manifest"),
+        (lambda m: m["outputs"][0].update(name="probs"), "outputs ['probs'] in the manifest, ['logits'] in the graph"),
+    ],
+    ids=["input-shape", "input-dtype", "output-shape", "output-name"],
+)
+def test_a_manifest_that_does_not_describe_its_graph_is_refused_at_load(folders, tmp_path, backend, edit, disagreement):
+    # An edited input shape was blamed on the caller's correct input ("has shape (8, 16), expected (-1, 32)"), and
+    # following the dtype fix led to ONNX Runtime's own error.
+    folder = _copy(folders["tiny_cnn"], tmp_path)
+    _edit_manifest(folder, edit)
+    options = {"device": "cpu"} if backend == "onnxruntime-cuda" else {}
+    with pytest.raises(PipelineError, match=re.escape(disagreement)) as caught:
+        load_runner(folder, backend, **options)
+    assert "does not describe its graph model.onnx" in caught.value.problem
+    assert caught.value.fix.startswith('rebuild the folder: make_engine(Settings(model="tests.toy_models:tiny_cnn"')
+
+
 @pytest.fixture(scope="session")
 def int8_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tiny_cnn calibrated on 32 random images: model.int8.onnx (TensorRT) and the graphs for ORT's CPU kernels."""
@@ -286,6 +347,63 @@ def test_auto_reuses_its_measurement_under_the_same_key_and_measures_again_under
         _assert_serves_the_fastest_measured(runner, again)
 
 
+def _time_of_opt_batch(value) -> object:
+    def damage(path: Path) -> None:
+        record = json.loads(path.read_text())
+        record["ms"]["8"]["model.onnx on CPU"] = value
+        path.write_text(json.dumps(record))
+
+    return damage
+
+
+DAMAGED_CACHES = {
+    "fast": (_time_of_opt_batch("fast"), "the time of model.onnx on CPU at batch 8 is 'fast', not a number"),
+    "null": (_time_of_opt_batch(None), "at batch 8 is None, not a number of milliseconds"),
+    "true": (_time_of_opt_batch(True), "at batch 8 is True, not a number of milliseconds"),
+    "nan": (_time_of_opt_batch(float("nan")), "at batch 8 is nan, not a number of milliseconds"),
+    "batch-word": (lambda path: path.write_text('{"key": {}, "ms": {"many": {}}, "served": "x"}'), "batch 'many'"),
+    "not-json": (lambda path: path.write_bytes(b"\xff{"), "not JSON"),
+    # Sparse: 1.5 GiB that take no disk, and were read (5 s, 3 GB) at every load.
+    "huge": (lambda path: os.truncate(path, 1536 << 20), "1610612736 bytes, more than a measurement takes"),
+    "fifo": (lambda path: (path.unlink(), os.mkfifo(path)), "not a plain file"),
+    "dev-zero": (lambda path: (path.unlink(), path.symlink_to("/dev/zero")), "not a plain file"),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGED_CACHES)
+def test_a_measurement_cache_that_does_not_validate_is_measured_again_and_rewritten(folders, tmp_path, case):
+    # A cache with the right key but "fast" or null for a time made every auto load fail (ValueError from the
+    # description's format), and `serve` answered 503 until someone deleted the file.
+    damage, problem = DAMAGED_CACHES[case]
+    folder = _copy(folders["tiny_cnn"], tmp_path)
+    with load_runner(folder):
+        pass
+    damage(folder / SERVED_CHOICE)
+    with load_runner(folder) as runner:
+        assert "measured now, medians of" in runner.description
+        assert f"cached in {SERVED_CHOICE}, replacing it: {SERVED_CHOICE} there held no valid measurement (" in (
+            runner.description
+        )
+        assert problem in runner.description
+        assert runner.infer(_cnn_batch(2))["logits"].shape == (2, 10)
+    again = _served_record(folder)
+    assert all(isinstance(ms, float) for medians in again["ms"].values() for ms in medians.values())
+    with load_runner(folder) as runner:  # the rewritten cache serves the next load
+        assert "measured earlier with this host's key" in runner.description
+
+
+def test_a_cache_that_does_not_validate_where_it_cannot_be_rewritten_is_ignored_saying_so(folders, tmp_path):
+    folder = _copy(folders["tiny_cnn"], tmp_path)
+    with load_runner(folder):
+        pass
+    _time_of_opt_batch("fast")(folder / SERVED_CHOICE)
+    (folder / f".{SERVED_CHOICE}.{os.getpid()}.tmp").mkdir()  # where the rewrite goes first: the write fails
+    with load_runner(folder) as runner:
+        assert "not cached: " in runner.description and "so every load measures again; " in runner.description
+        assert f"{SERVED_CHOICE} there held no valid measurement (the time of model.onnx on CPU" in runner.description
+        assert runner.description.count("is 'fast', not a number of milliseconds): ignored") == 1
+
+
 def test_explicit_graph_or_backend_skips_the_measurement(fp16_folder, tmp_path):
     folder = _copy(fp16_folder, tmp_path)
     with load_runner(folder, graph="model.fp16.onnx") as runner:
@@ -316,8 +434,55 @@ def test_thread_and_spinning_options_reach_the_session(folders, runners):
         assert all(c.ok for c in results.values())
     default = runners["tiny_cnn", "onnxruntime"].session.get_session_options()
     assert default.get_session_config_entry("session.intra_op.allow_spinning") == "1"
-    with pytest.raises(PipelineError, match="intra_op_threads=0 is not a thread count"):
-        load_runner(folders["tiny_cnn"], "onnxruntime", intra_op_threads=0)
+
+
+BAD_OPTIONS = {
+    # Each was a raw AttributeError or TypeError from inside a runner, or (a string of providers) split into letters.
+    "device-int": ("onnxruntime-cuda", {"device": 0}, "device=0 is an int; the onnxruntime-cuda runner takes a string"),
+    "device-none": ("onnxruntime-cuda", {"device": None}, "device=None is None; the onnxruntime-cuda runner takes a"),
+    "sessions-str": ("onnxruntime-cuda", {"device": "cpu", "sessions": "2"}, "sessions='2' is a str; the"),
+    "sessions-zero": ("onnxruntime-cuda", {"device": "cpu", "sessions": 0}, "sessions=0: a number of sessions is 1"),
+    "threads-str": ("onnxruntime", {"intra_op_threads": "2"}, "takes a whole number or None"),
+    "threads-bool": ("onnxruntime", {"intra_op_threads": True}, "intra_op_threads=True is a bool"),
+    "threads-zero": ("onnxruntime", {"intra_op_threads": 0}, "a number of intra-op threads is 1 or more"),
+    "providers-str": ("onnxruntime", {"providers": "CPUExecutionProvider"}, "takes a list of strings or None"),
+    "providers-empty": ("onnxruntime", {"providers": []}, "providers=[] names no provider"),
+    "providers-unknown": ("onnxruntime", {"providers": ["Nosuch"]}, "['Nosuch'] are not ONNX Runtime provider names"),
+    "split-str": ("auto", {"split_large_batches": "no"}, "split_large_batches='no' is a str"),
+    "contexts-zero": ("tensorrt", {"contexts": 0}, "contexts=0: a number of execution contexts is 1 or more"),
+    "trt-device-str": ("tensorrt", {"device": "cuda:0"}, "device='cuda:0' is a str; the tensorrt runner takes a whole"),
+    "torch-device-int": ("torch", {"device": 3}, "device=3 is an int; the torch runner takes a string or None"),
+    "torch-device-unknown": ("torch", {"device": "nonsense"}, "device='nonsense' is no torch device"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_OPTIONS)
+def test_load_runner_checks_every_options_type_and_count(folders, case):
+    backend, options, message = BAD_OPTIONS[case]
+    with pytest.raises(PipelineError, match=re.escape(message)) as caught:
+        load_runner(folders["tiny_cnn"], backend, **options)
+    assert caught.value.fix
+
+
+@pytest.mark.skipif(gpu_present(), reason="on a GPU host the CUDA provider can run")
+def test_providers_that_cannot_run_here_are_refused_or_named_never_taken_as_requested(folders):
+    # ["CUDAExecutionProvider"] on a CPU host ran on the CPU while the description said "providers as requested".
+    with pytest.raises(PipelineError, match=r"providers=\['CUDAExecutionProvider'\]: none can run here") as caught:
+        load_runner(folders["tiny_cnn"], "onnxruntime", providers=["CUDAExecutionProvider"])
+    assert "add 'CPUExecutionProvider' to fall back to the CPU" in caught.value.fix
+    with load_runner(
+        folders["tiny_cnn"], "onnxruntime", providers=["CUDAExecutionProvider", "CPUExecutionProvider"]
+    ) as runner:
+        assert runner.session.get_providers() == ["CPUExecutionProvider"]
+        assert "on CPUExecutionProvider (as requested, less CUDAExecutionProvider: " in runner.description
+    with load_runner(folders["tiny_cnn"], "onnxruntime", providers=["CPUExecutionProvider"]) as runner:
+        assert "on CPUExecutionProvider (as requested)" in runner.description
+
+
+@pytest.mark.skipif(gpu_present(), reason="on a GPU host torch may have CUDA")
+def test_the_torch_runner_refuses_a_cuda_device_it_has_not_before_loading_the_model(folders):
+    with pytest.raises(PipelineError, match="device='cuda': torch .* has no such CUDA device here"):
+        load_runner(folders["tiny_cnn"], "torch", device="cuda")
 
 
 # --------------------------------------------------------------------------- input validation

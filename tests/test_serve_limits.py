@@ -4,6 +4,7 @@ loop is bounded by a deadline, and nothing asserts on speed."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import threading
@@ -16,7 +17,10 @@ import grpc
 import httpx
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
 
 from tests.serve_fixtures import IMAGE_MODEL, Server, metric, served
 
@@ -74,6 +78,39 @@ def test_a_60_mb_json_body_is_413_naming_binary_data_and_health_keeps_answering(
     assert set(statuses) <= {200}
 
 
+def test_a_body_over_the_limit_is_read_so_the_client_reads_the_413(guarded: Server) -> None:
+    # Answered before the body had all arrived, http.client got a connection reset (a broken pipe) and tritonclient an
+    # empty exception: both send the whole body before they read the answer.
+    host, port = guarded.http.split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=DEADLINE_S)
+    try:
+        connection.request("POST", INFER, body=_huge_json(20), headers={"Content-Type": "application/json"})
+        answer = connection.getresponse()
+        assert answer.status == 413
+        assert "the limit is 8388608 (send the tensors as binary data" in json.loads(answer.read())["error"]
+        connection.request("GET", "/v2/health/ready")  # the body was read: the same connection serves on
+        assert connection.getresponse().status == 200
+    finally:
+        connection.close()
+    raw = np.zeros(70 * 1024 * 1024 // 4, np.float32)  # binary data over --max-body-mib (64)
+    given = httpclient.InferInput("input", [1, *raw.shape], "FP32")
+    given.set_data_from_numpy(raw[None])
+    client = httpclient.InferenceServerClient(guarded.http, network_timeout=DEADLINE_S)
+    with client, pytest.raises(InferenceServerException) as refused:
+        client.infer(IMAGE_MODEL, [given])
+    assert refused.value.status() == "413" and "the limit is 67108864" in refused.value.message()
+
+
+def test_a_client_that_waits_to_be_told_to_send_is_answered_413_at_once(guarded: Server) -> None:
+    # Not told to send a body that would only be read and dropped (the case above): its 413 comes first, then close.
+    host, port = guarded.http.split(":")
+    head = _head(100 * 1024 * 1024).replace(b"\r\n\r\n", b"\r\nExpect: 100-continue\r\n\r\n")
+    with socket.create_connection((host, int(port)), timeout=DEADLINE_S) as connection:
+        connection.sendall(head)  # and no body: it waits for "100 Continue", which must not come
+        answer = connection.makefile("rb").read().decode()  # the server closes the connection after its answer
+    assert answer.startswith("HTTP/1.1 413 ") and "the JSON body is 104857600 bytes" in answer
+
+
 def test_a_binary_body_has_the_larger_limit(guarded: Server) -> None:
     # 12 MB of binary data, over the JSON limit but under --max-body-mib: refused only for its shape (400).
     raw = np.zeros(3 * 1024 * 1024, np.float32).tobytes()
@@ -86,6 +123,46 @@ def test_a_binary_body_has_the_larger_limit(guarded: Server) -> None:
         timeout=DEADLINE_S,
     )
     assert response.status_code == 400 and "expected (-1, 3, 16, 16)" in response.json()["error"]
+
+
+# --------------------------------------------------------------------------- gRPC messages and streams
+
+
+@pytest.mark.parametrize("method", ["ModelInfer", "ServerLive"])
+def test_grpc_bytes_that_are_no_message_get_invalid_argument(guarded: Server, method: str) -> None:
+    # grpc answered UNKNOWN "Unexpected <class 'google.protobuf.message.DecodeError'>".
+    with grpc.insecure_channel(guarded.grpc) as channel:
+        call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
+        with pytest.raises(grpc.RpcError) as refused:
+            call(b"\xff\xfe garbage \x00\x01", timeout=DEADLINE_S)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"the request to /inference.GRPCInferenceService/{method} is not a valid protobuf message" in (
+            refused.value.details()
+        )
+        ready = service_pb2_grpc.GRPCInferenceServiceStub(channel).ServerReady(service_pb2.ServerReadyRequest())
+        assert ready.ready
+
+
+def test_a_burst_of_grpc_calls_on_one_channel_is_served_not_reset(guarded: Server) -> None:
+    # 300 calls at once on one tritonclient channel, within --max-connections (1000): with 100 streams a connection,
+    # 177 were reset (UNAVAILABLE "Stream removed (RST_STREAM ... error code 7)"), a reason no client can act on.
+    calls = 300
+    answers: list[str | None] = []
+    done = threading.Event()
+
+    def answered(result, error) -> None:
+        answers.append(None if error is None else f"{error.status()} {error.message()}")
+        if len(answers) == calls:
+            done.set()
+
+    batch = np.zeros((1, 3, 16, 16), np.float32)
+    given = grpcclient.InferInput("input", list(batch.shape), "FP32")
+    given.set_data_from_numpy(batch)
+    with grpcclient.InferenceServerClient(guarded.grpc) as client:
+        for _ in range(calls):
+            client.async_infer(IMAGE_MODEL, [given], answered, client_timeout=DEADLINE_S)
+        assert done.wait(DEADLINE_S)
+    assert [answer for answer in answers if answer is not None] == []
 
 
 # --------------------------------------------------------------------------- slow clients

@@ -250,6 +250,31 @@ def test_malformed_bodies_get_the_protocols_error(server: Server, case: str) -> 
     assert message in response.json()["error"]
 
 
+def test_json_true_and_false_are_not_numbers(server: Server, text_server: Server) -> None:
+    # numpy reads true as 1 among numbers: [0.5, true, ...] as FP32 data, or a token id true, got 200, a wrong answer.
+    flat = ONE_DATA[:5] + [True] + ONE_DATA[6:]
+    nested = [[ONE_DATA[:-1] + [False]]]
+    for data in (flat, nested):
+        body = {"inputs": [image_input_json(data=data)]}
+        response = httpx.post(f"{server.url}/v2/models/{IMAGE_MODEL}/infer", json=body, timeout=10)
+        assert response.status_code == 400, response.text
+        assert (
+            response.json()["error"]
+            == "input 'input': the data holds true/false, which is no FP32 value; send numbers only"
+        )
+    ids, mask = tokens(seed=3, count=1, seq=4)
+    inputs = [
+        {"name": "input_ids", "datatype": "INT64", "shape": [1, 4], "data": [1, True, 3, 4]},
+        {"name": "attention_mask", "datatype": "FP32", "shape": [1, 4], "data": mask.ravel().tolist()},
+    ]
+    response = httpx.post(f"{text_server.url}/v2/models/{TEXT_MODEL}/infer", json={"inputs": inputs}, timeout=10)
+    assert (
+        response.status_code == 400
+        and "input 'input_ids': the data holds true/false, which is no INT64" in response.text
+    )
+    assert httpx.get(f"{server.url}/v2/health/ready", timeout=5).status_code == 200
+
+
 def test_unknown_paths_and_methods_answer_with_the_protocols_error(server: Server) -> None:
     missing = httpx.get(f"{server.url}/v1/models/{IMAGE_MODEL}", timeout=5)
     wrong_method = httpx.get(f"{server.url}/v2/models/{IMAGE_MODEL}/infer", timeout=5)

@@ -50,7 +50,7 @@ BAD = ("traceback", "unclear", "silent", "stall", "crash", "code-ran")
 TRACEBACK = "Traceback (most recent call last)"
 # What a Python case's script does around its body: a PipelineError is printed as the command line prints it.
 PRELUDE = """\
-import json, shutil, sys
+import json, os, shutil, sys
 from pathlib import Path
 import numpy as np
 from trt_pipeline.pipeline.core.errors import PipelineError
@@ -68,6 +68,10 @@ def edit_manifest(folder, change):
     (folder / "manifest.json").write_text(json.dumps(manifest))
 def image_batch(rows):
     return {"input": np.random.default_rng(0).standard_normal((rows, 3, 16, 16), dtype=np.float32)}
+def build(*options, out=None):  # the command line's `all` on tiny_cnn into WORK/engines (or out): its exit status
+    from trt_pipeline.pipeline import cli
+    argv = ["all", "--model", "tests.toy_models:tiny_cnn", "--precision", "fp32", "--batch", "1:2:4"]
+    return cli.main([*argv, "--out", str(out or WORK / "engines"), *options])
 try:
 """
 EPILOGUE = """
@@ -199,6 +203,9 @@ def classify(case: Case, outcome: Outcome, marker: Path) -> tuple[str, str]:
     lowered = outcome.err.lower()
     has_fix = "fix:" in outcome.err or "usage:" in outcome.err
     missing = [word for word in case.names if word.lower() not in lowered]
+    contradiction = [word for word in case.forbidden if word.lower() in lowered]
+    if contradiction:  # a second finding that says the opposite of the first: one refusal, one fix
+        return "unclear", f"contradicts itself ({contradiction}): {message}"
     if outcome.rc == 2 and "error:" in outcome.err and has_fix and not missing:
         return "clear", message
     why = f"exit {outcome.rc}" + ("" if has_fix else ", no fix") + (f", does not name {missing}" if missing else "")

@@ -55,6 +55,7 @@ class Case:
     statuses: tuple[int, ...] = ()  # the statuses that are right for a service case (any 4xx when empty)
     plain_ok: bool = False  # a protocol-level 4xx from the HTTP server may be plain text
     mount: str | None = None  # "full" or "readonly": needs that tmpfs fixture
+    forbidden: tuple[str, ...] = ()  # words a clear error must not hold: a second finding contradicting the first
     servers: dict = field(default_factory=dict, repr=False)
 
     def run(self, context: Any) -> Outcome:
@@ -324,7 +325,20 @@ def _health_during_huge_json(server: Any) -> Outcome:
 
 
 def cases() -> list[Case]:
-    return [*_cli_cases(), *_make_cases(), *_runner_cases(), *_triton_cases(), *_service_cases()]
+    return [
+        *_cli_cases(),
+        *_make_cases(),
+        *_runner_cases(),
+        *_triton_cases(),
+        *_folder_cases(),
+        *_model_cases(),
+        *_service_cases(),
+        *_service_client_cases(),
+    ]
+
+
+# The fix load_session added to the reader's own refusal of a graph: the opposite of the reader's finding (issue 39).
+SECOND_FINDING = ("sha256 matches",)
 
 
 def _cli_cases() -> list[Case]:
@@ -909,7 +923,7 @@ def _make_cases() -> list[Case]:
 
 
 def _runner_cases() -> list[Case]:
-    load = "from pipeline.runners import load_runner\n"
+    load = "from trt_pipeline.pipeline.runners import load_runner\n"
     good = load + "runner = load_runner(IMAGE, 'onnxruntime')\n"
     return [
         py(
@@ -1012,39 +1026,43 @@ def _runner_cases() -> list[Case]:
             "runner",
             "model.onnx replaced by another model's graph",
             load
-            + "f = copy(IMAGE)\nimport json\ng = json.loads((f / 'manifest.json').read_text())['graph']\nother = json.loads((TEXT / 'manifest.json').read_text())['graph']\nshutil.copy(TEXT / other, f / g)\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
+            + "f = copy(IMAGE)\nimport json\ng = json.loads((f / 'manifest.json').read_text())['graphs']['engine']\nother = json.loads((TEXT / 'manifest.json').read_text())['graphs']['engine']\nshutil.copy(TEXT / other, f / g)\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
             names=("sha256",),
+            forbidden=SECOND_FINDING,
         ),
         py(
             "runner-graph-same-io-swapped",
             "runner",
             "the graph replaced by one with the same inputs, other weights",
             load
-            + "f = copy(IMAGE)\nimport json, onnx\ng = json.loads((f / 'manifest.json').read_text())['graph']\nm = onnx.load(str(f / g))\nw = m.graph.initializer[0]\nimport numpy\nfrom onnx import numpy_helper\na = numpy_helper.to_array(w) * 0\nw.CopyFrom(numpy_helper.from_array(a, w.name))\nonnx.save(m, str(f / g))\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
+            + "f = copy(IMAGE)\nimport json, onnx\ng = json.loads((f / 'manifest.json').read_text())['graphs']['engine']\nm = onnx.load(str(f / g))\nw = m.graph.initializer[0]\nimport numpy\nfrom onnx import numpy_helper\na = numpy_helper.to_array(w) * 0\nw.CopyFrom(numpy_helper.from_array(a, w.name))\nonnx.save(m, str(f / g))\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
             names=("sha256",),
+            forbidden=SECOND_FINDING,
         ),
         py(
             "runner-graph-truncated",
             "runner",
             "model.onnx truncated",
             load
-            + "f = copy(IMAGE)\nimport json\ng = f / json.loads((f / 'manifest.json').read_text())['graph']\ng.write_bytes(g.read_bytes()[:100])\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
+            + "f = copy(IMAGE)\nimport json\ng = f / json.loads((f / 'manifest.json').read_text())['graphs']['engine']\ng.write_bytes(g.read_bytes()[:100])\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
             names=("onnx",),
+            forbidden=SECOND_FINDING,
         ),
         py(
             "runner-graph-missing",
             "runner",
             "model.onnx deleted",
             load
-            + "f = copy(IMAGE)\nimport json\n(f / json.loads((f / 'manifest.json').read_text())['graph']).unlink()\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
+            + "f = copy(IMAGE)\nimport json\n(f / json.loads((f / 'manifest.json').read_text())['graphs']['engine']).unlink()\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
             names=("onnx",),
+            forbidden=SECOND_FINDING,
         ),
         py(
             "runner-graph-outside",
             "runner",
             "the manifest names a graph outside the folder",
             load
-            + "f = copy(IMAGE)\nimport json\ng = json.loads((f / 'manifest.json').read_text())['graph']\nshutil.copy(f / g, WORK / 'outside.onnx')\nedit_manifest(f, lambda m: m.update(graph='../outside.onnx'))\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
+            + "f = copy(IMAGE)\nimport json\ng = json.loads((f / 'manifest.json').read_text())['graphs']['engine']\nshutil.copy(f / g, WORK / 'outside.onnx')\nedit_manifest(f, lambda m: m['graphs'].update(engine='../outside.onnx'))\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
             names=("outside.onnx",),
         ),
         py(
@@ -1359,8 +1377,8 @@ def _triton_cases() -> list[Case]:
             "triton-truncated-graph",
             "triton",
             "triton on a folder whose graph is truncated",
-            "import json, subprocess\nf = copy(IMAGE)\ng = f / json.loads((f / 'manifest.json').read_text())['graph']\ng.write_bytes(g.read_bytes()[:100])\n"
-            "done = subprocess.run([sys.executable, '-m', 'pipeline', 'triton', str(f), '--repo', str(WORK / 'repo'), '--backend', 'onnxruntime'], capture_output=True, text=True)\n"
+            "import json, subprocess\nf = copy(IMAGE)\ng = f / json.loads((f / 'manifest.json').read_text())['graphs']['engine']\ng.write_bytes(g.read_bytes()[:100])\n"
+            "done = subprocess.run([sys.executable, '-m', 'trt_pipeline', 'triton', str(f), '--repo', str(WORK / 'repo'), '--backend', 'onnxruntime'], capture_output=True, text=True)\n"
             "sys.stderr.write(done.stderr)\nsys.exit(done.returncode)",
             names=("onnx",),
         ),
@@ -1369,7 +1387,7 @@ def _triton_cases() -> list[Case]:
             "triton",
             "triton on a folder with only a manifest",
             "import subprocess\nf = WORK / 'half'\nf.mkdir()\nshutil.copy(IMAGE / 'manifest.json', f)\n"
-            "done = subprocess.run([sys.executable, '-m', 'pipeline', 'triton', str(f), '--repo', str(WORK / 'repo')], capture_output=True, text=True)\n"
+            "done = subprocess.run([sys.executable, '-m', 'trt_pipeline', 'triton', str(f), '--repo', str(WORK / 'repo')], capture_output=True, text=True)\n"
             "sys.stderr.write(done.stderr)\nsys.exit(done.returncode)",
             names=("half",),
         ),
@@ -1378,7 +1396,7 @@ def _triton_cases() -> list[Case]:
             "triton",
             "triton --repo where <repo>/<name> is a file",
             "import subprocess\nrepo = WORK / 'repo'\nrepo.mkdir()\n(repo / IMAGE.name).write_text('x')\n"
-            "done = subprocess.run([sys.executable, '-m', 'pipeline', 'triton', str(IMAGE), '--repo', str(repo)], capture_output=True, text=True)\n"
+            "done = subprocess.run([sys.executable, '-m', 'trt_pipeline', 'triton', str(IMAGE), '--repo', str(repo)], capture_output=True, text=True)\n"
             "sys.stderr.write(done.stderr)\nsys.exit(done.returncode)",
             names=("not a folder",),
         ),
@@ -1874,6 +1892,568 @@ def _service_cases() -> list[Case]:
             _custom("image", _health_during_huge_json),
             names=("health",),
             statuses=(413,),
+            server="image",
+        ),
+    ]
+
+
+# ---------------------------------------------------------------- round three (issue 39): folders, models, clients
+
+GRAPH = "json.loads((f / 'manifest.json').read_text())['graphs']['engine']"
+RUNNER = "from trt_pipeline.pipeline.runners import load_runner\n"
+CACHE = (
+    RUNNER + "f = copy(IMAGE)\nload_runner(f).close()\n"
+    "cache = f / 'served.json'\nrecord = json.loads(cache.read_text())\n"
+    "batch, label = next(iter(record['ms'])), record['served']\n"
+)
+# A cache the runner did not trust must be named in its description: measured again, or ignored.
+CACHE_NAMED = (
+    "r = load_runner(f)\nr.infer(image_batch(2))\n"
+    "if not ('served.json' in r.description and any(w in r.description for w in ('valid', 'replac', 'ignor'))): "
+    "wrong('the cache it did not use is not named: ' + r.description[-160:])\nprint('OK')"
+)
+LOCK = (
+    "folder = WORK / 'engines' / 'toy_models-tiny_cnn-fp32'\nfolder.mkdir(parents=True)\n"
+    "victim = WORK / 'victim.txt'\nvictim.write_text('precious')\nlock = folder / '.build.lock'\n"
+)
+LOCK_KEPT = (
+    "\nstatus = build()\nif victim.read_text() != 'precious': wrong('the build wrote through the lock into ' + str(victim))"
+    "\nsys.exit(status)"
+)
+UNFINISHED = (
+    RUNNER
+    + "f = copy(IMAGE)\nedit_manifest(f, lambda m: m.update(complete=False))\nlock = f / '.build.lock'\nlock.unlink(missing_ok=True)\n"
+)
+
+
+def _folder_cases() -> list[Case]:
+    return [
+        # the build lock: never written through a link, never blocking on what is not a plain file
+        py(
+            "lock-symlink",
+            "folder",
+            "the folder's .build.lock is a symlink to another file: the build must not empty it",
+            LOCK + "lock.symlink_to(victim)" + LOCK_KEPT,
+            names=(".build.lock", "link"),
+        ),
+        py(
+            "lock-dangling-symlink",
+            "folder",
+            "the .build.lock is a link to a path that does not exist: the build must not create it",
+            LOCK + "lock.symlink_to(WORK / 'created')"
+            "\nstatus = build()\nif (WORK / 'created').exists(): wrong('the build created the file the lock links to')"
+            "\nsys.exit(status)",
+            names=(".build.lock", "link"),
+        ),
+        py(
+            "lock-hard-link",
+            "folder",
+            "the .build.lock is a second name (hard link) of another file",
+            LOCK + "os.link(victim, lock)" + LOCK_KEPT,
+            names=(".build.lock",),
+        ),
+        py(
+            "lock-directory",
+            "folder",
+            "the .build.lock is a directory",
+            LOCK + "lock.mkdir()" + LOCK_KEPT,
+            names=(".build.lock", "directory"),
+        ),
+        py(
+            "lock-fifo",
+            "folder",
+            "the .build.lock is a FIFO",
+            LOCK + "os.mkfifo(lock)" + LOCK_KEPT,
+            names=(".build.lock", "FIFO"),
+        ),
+        py(
+            "reader-lock-fifo",
+            "folder",
+            "an unfinished folder whose .build.lock is a FIFO: the reader must not wait on it",
+            UNFINISHED + "os.mkfifo(lock)\nload_runner(f, 'onnxruntime')",
+            names=("unfinished",),
+        ),
+        py(
+            "reader-lock-directory",
+            "folder",
+            "an unfinished folder whose .build.lock is a directory",
+            UNFINISHED + "lock.mkdir()\nload_runner(f, 'onnxruntime')",
+            names=("unfinished",),
+        ),
+        py(
+            "reader-lock-symlink",
+            "folder",
+            "an unfinished folder whose .build.lock links to a file holding a live pid: no build of this folder",
+            UNFINISHED + "(WORK / 'pid').write_text(str(os.getpid()))\nlock.symlink_to(WORK / 'pid')\n"
+            "load_runner(f, 'onnxruntime')",
+            names=("unfinished",),
+        ),
+        # served.json: measured again where it does not validate, and said so
+        py(
+            "served-time-string",
+            "runner",
+            "served.json with 'fast' for a time (the right key)",
+            CACHE + "record['ms'][batch][label] = 'fast'\ncache.write_text(json.dumps(record))\n" + CACHE_NAMED,
+            expect="success",
+        ),
+        py(
+            "served-time-null",
+            "runner",
+            "served.json with null for a time",
+            CACHE + "record['ms'][batch][label] = None\ncache.write_text(json.dumps(record))\n" + CACHE_NAMED,
+            expect="success",
+        ),
+        py(
+            "served-time-true",
+            "runner",
+            "served.json with true for a time",
+            CACHE + "record['ms'][batch][label] = True\ncache.write_text(json.dumps(record))\n" + CACHE_NAMED,
+            expect="success",
+        ),
+        py(
+            "served-batch-word",
+            "runner",
+            "served.json with a batch 'many'",
+            CACHE
+            + "record['ms']['many'] = record['ms'].pop(batch)\ncache.write_text(json.dumps(record))\n"
+            + CACHE_NAMED,
+            expect="success",
+        ),
+        py(
+            "served-huge",
+            "runner",
+            "a 1.5 GiB served.json (sparse): not read at every load",
+            CACHE + "os.truncate(cache, 1536 << 20)\n" + CACHE_NAMED,
+            expect="success",
+        ),
+        py(
+            "served-fifo",
+            "runner",
+            "served.json is a FIFO: the load must not wait on it",
+            CACHE + "cache.unlink()\nos.mkfifo(cache)\n" + CACHE_NAMED,
+            expect="success",
+        ),
+        # one refusal, one fix: the reader's finding passes through load_session
+        py(
+            "runner-graph-fifo",
+            "runner",
+            "model.onnx replaced by a FIFO",
+            RUNNER + f"f = copy(IMAGE)\ng = f / {GRAPH}\ng.unlink()\nos.mkfifo(g)\nload_runner(f, 'onnxruntime')",
+            names=("onnx",),
+            forbidden=SECOND_FINDING,
+        ),
+        py(
+            "runner-graph-symlink",
+            "runner",
+            "model.onnx replaced by a link to another model's graph",
+            RUNNER + f"f = copy(IMAGE)\ng = f / {GRAPH}\ng.unlink()\n"
+            "g.symlink_to(TEXT / json.loads((TEXT / 'manifest.json').read_text())['graphs']['engine'])\n"
+            "load_runner(f, 'onnxruntime')",
+            names=("onnx",),
+            forbidden=SECOND_FINDING,
+        ),
+        py(
+            "runner-graph-truncated-auto",
+            "runner",
+            "model.onnx truncated, backend auto",
+            RUNNER + f"f = copy(IMAGE)\ng = f / {GRAPH}\ng.write_bytes(g.read_bytes()[:100])\nload_runner(f)",
+            names=("onnx",),
+            forbidden=SECOND_FINDING,
+        ),
+        py(
+            "runner-graph-truncated-cuda-runner",
+            "runner",
+            "model.onnx truncated, backend onnxruntime-cuda on device='cpu'",
+            RUNNER + f"f = copy(IMAGE)\ng = f / {GRAPH}\ng.write_bytes(g.read_bytes()[:100])\n"
+            "load_runner(f, 'onnxruntime-cuda', device='cpu')",
+            names=("onnx",),
+            forbidden=SECOND_FINDING,
+        ),
+        # a manifest that does not describe its graph: said so, not blamed on the caller's correct input
+        py(
+            "runner-manifest-input-shape-edited",
+            "runner",
+            "the manifest's input shape edited to [batch, 32]; a correct input sent",
+            RUNNER + "f = copy(IMAGE)\nedit_manifest(f, lambda m: m['inputs'][0].update(shape=['batch', 32]))\n"
+            "load_runner(f, 'onnxruntime').infer(image_batch(2))",
+            names=("manifest",),
+        ),
+        py(
+            "runner-manifest-input-dtype-edited",
+            "runner",
+            "the manifest's input dtype edited to float64; a correct input sent",
+            RUNNER + "f = copy(IMAGE)\nedit_manifest(f, lambda m: m['inputs'][0].update(dtype='float64'))\n"
+            "load_runner(f, 'onnxruntime').infer(image_batch(2))",
+            names=("manifest",),
+        ),
+        py(
+            "runner-manifest-output-renamed",
+            "runner",
+            "the manifest's output renamed",
+            RUNNER + "f = copy(IMAGE)\nedit_manifest(f, lambda m: m['outputs'][0].update(name='probs'))\n"
+            "load_runner(f, 'onnxruntime').infer(image_batch(2))",
+            names=("manifest",),
+        ),
+        py(
+            "runner-manifest-text-seq-fixed",
+            "runner",
+            "the text manifest's sequence axis edited to a fixed 12; a 5-token input sent",
+            RUNNER
+            + "f = copy(TEXT)\nedit_manifest(f, lambda m: [t.update(shape=['batch', 12]) for t in m['inputs']])\n"
+            "load_runner(f, 'onnxruntime').infer({'input_ids': np.zeros((1, 5), np.int64), "
+            "'attention_mask': np.ones((1, 5), np.float32)})",
+            names=("manifest",),
+        ),
+        # load_runner's options: their types and counts
+        *[
+            py(
+                f"runner-option-{name}",
+                "runner",
+                f"load_runner(..., {call})",
+                RUNNER + f"load_runner(IMAGE, {call})",
+                names=(word,),
+            )
+            for name, call, word in (
+                ("device-int", "'onnxruntime-cuda', device=0", "device"),
+                ("device-none", "'onnxruntime-cuda', device=None", "device"),
+                ("sessions-str", "'onnxruntime-cuda', device='cpu', sessions='2'", "sessions"),
+                ("sessions-zero", "'onnxruntime-cuda', device='cpu', sessions=0", "sessions"),
+                ("threads-str", "'onnxruntime', intra_op_threads='2'", "intra_op_threads"),
+                ("threads-bool", "'onnxruntime', intra_op_threads=True", "intra_op_threads"),
+                ("split-str", "'onnxruntime', split_large_batches='no'", "split_large_batches"),
+                ("graph-int", "'onnxruntime', graph=0", "graph"),
+                ("providers-str", "'onnxruntime', providers='CPUExecutionProvider'", "providers"),
+                ("providers-unknown", "'onnxruntime', providers=['NoSuchProvider']", "NoSuchProvider"),
+                ("providers-empty", "'onnxruntime', providers=[]", "providers"),
+                ("contexts-str", "'tensorrt', contexts='2'", "contexts"),
+                ("torch-device-int", "'torch', device=3", "device"),
+                ("torch-device-unknown", "'torch', device='nonsense'", "nonsense"),
+            )
+        ],
+        py(
+            "runner-option-providers-cuda-here",
+            "runner",
+            "providers=['CUDAExecutionProvider']: refused where it cannot run, never 'as requested' on the CPU",
+            RUNNER + "r = load_runner(IMAGE, 'onnxruntime', providers=['CUDAExecutionProvider'])\n"
+            "used = r.session.get_providers()\n"
+            "if 'CUDAExecutionProvider' not in used and 'less' not in r.description: "
+            "wrong(f'runs on {used}, described as: ' + r.description[:160])\nprint('OK', used)",
+            expect="either",
+            names=("CUDAExecutionProvider",),
+        ),
+    ]
+
+
+def _model_cases() -> list[Case]:
+    factory = "catalogue_factories:"
+    return [
+        build("model-deep-nesting", "a model of 1 200 nested modules", ["--model", factory + "deep"], names=("deep",)),
+        build(
+            "model-deep-sequential",
+            "1 200 nn.Sequential nested in each other",
+            ["--model", factory + "deep_sequential"],
+            names=("deep",),
+        ),
+        build(
+            "model-recursing-forward",
+            "forward() recursing 5 000 times",
+            ["--model", factory + "recursing"],
+            names=("recursion",),
+        ),
+        build(
+            "model-returns-empty-tuple",
+            "forward() returns ()",
+            ["--model", factory + "returns_empty_tuple"],
+            names=("()",),
+        ),
+        build(
+            "model-returns-empty-dict",
+            "forward() returns {}",
+            ["--model", factory + "returns_empty_dict"],
+            names=("{}",),
+        ),
+        build(
+            "factory-float64-default",
+            "a factory that calls torch.set_default_dtype(torch.float64), PRECISION=fp16",
+            ["--model", factory + "float64_default", "--precision", "fp16"],
+            names=("float64",),
+        ),
+        build(
+            "model-float64",
+            "a float64 model (.double()), PRECISION=fp16",
+            ["--model", factory + "explicit_double", "--precision", "fp16"],
+            names=("float64",),
+        ),
+        py(
+            "factory-changes-directory",
+            "cli",
+            "a factory that calls os.chdir: the artifacts must land in OUT (relative)",
+            "status = build('--model', 'catalogue_factories:changes_directory', out='engines')\n"
+            "if status: sys.exit(status)\n"
+            "if not (WORK / 'engines' / 'catalogue_factories-changes_directory-fp32' / 'engine.plan').is_file(): "
+            "wrong('done, but no engine under OUT')\nprint('OK')",
+            expect="success",
+        ),
+        py(
+            "factory-leaves-a-thread",
+            "cli",
+            "a factory that leaves a non-daemon thread running: the command must still exit",
+            "import subprocess\n"
+            "argv = ['all', '--model', 'catalogue_factories:leaves_a_thread', '--precision', 'fp32', '--batch', '1:2:4']\n"
+            "done = subprocess.run([sys.executable, '-m', 'trt_pipeline', *argv, '--out', str(WORK / 'engines')], "
+            "capture_output=True, text=True)\n"
+            "sys.stderr.write(done.stderr)\nprint(done.stdout)\nsys.exit(done.returncode)",
+            expect="success",
+        ),
+    ]
+
+
+# ---------------------------------------------------------------- service: what real clients see
+
+_GRPC_STATUS = {
+    "INVALID_ARGUMENT": 400,
+    "NOT_FOUND": 404,
+    "RESOURCE_EXHAUSTED": 429,
+    "CANCELLED": 499,
+    "UNKNOWN": 500,
+    "INTERNAL": 500,
+    "UNAVAILABLE": 503,
+    "DEADLINE_EXCEEDED": 504,
+}
+
+
+def _answer(status: int, message: str) -> Outcome:
+    return Outcome(status=status, body=json.dumps({"error": message}))
+
+
+def _grpc_refusal(error: Any) -> Outcome:
+    code = error.code().name
+    return _answer(_GRPC_STATUS.get(code, 500), f"{code}: {error.details()}")
+
+
+def _grpc_garbage(method: str) -> Callable[[Any], Outcome]:
+    def flow(server: Any) -> Outcome:
+        import grpc
+
+        with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+            call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
+            try:
+                call(b"\xff\xfe garbage \x00\x01", timeout=HTTP_LIMIT_S)
+            except grpc.RpcError as error:
+                return _grpc_refusal(error)
+        return _answer(200, "answered garbage")
+
+    return flow
+
+
+def _grpc_infer(shape: list[int], model: str | None = None) -> Callable[[Any], Outcome]:
+    def flow(server: Any) -> Outcome:
+        import numpy as np
+        import tritonclient.grpc as grpcclient
+        from tritonclient.utils import InferenceServerException
+
+        given = grpcclient.InferInput("input", shape, "FP32")
+        given.set_data_from_numpy(np.zeros(shape, np.float32))
+        with grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}") as client:
+            try:
+                client.infer(model or server.model, [given], client_timeout=HTTP_LIMIT_S)
+            except InferenceServerException as error:
+                code = (error.status() or "").removeprefix("StatusCode.")
+                return _answer(_GRPC_STATUS.get(code, 500), f"{code}: {error.message()}")
+        return _answer(200, "answered")
+
+    return flow
+
+
+def _grpc_burst(server: Any, calls: int = 300) -> Outcome:
+    """`calls` calls at once on one tritonclient channel, within --max-connections: every one answered?"""
+    import threading
+    from collections import Counter
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    failures: Counter = Counter()
+    answered = threading.Semaphore(0)
+
+    def done(result: Any, error: Any) -> None:
+        if error is not None:
+            failures[f"{error.status()} {error.message()}"] += 1
+        answered.release()
+
+    given = grpcclient.InferInput("input", [1, 3, 16, 16], "FP32")
+    given.set_data_from_numpy(np.zeros((1, 3, 16, 16), np.float32))
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}") as client:
+        for _ in range(calls):
+            client.async_infer(server.model, [given], done, client_timeout=HTTP_LIMIT_S)
+        for _ in range(calls):
+            if not answered.acquire(timeout=HTTP_LIMIT_S * 3):
+                return Outcome(timed_out=True)
+    if failures:
+        return _answer(503, f"{sum(failures.values())} of {calls} failed: {dict(failures)}")
+    return _answer(200, f"{calls} answered")
+
+
+def _whole_body_then_read(chunked: bool) -> Callable[[Any], Outcome]:
+    """http.client's way: the whole body sent (22 MB of JSON, the JSON limit is 8 MiB), then the answer read."""
+
+    def flow(server: Any) -> Outcome:
+        body = _json_body([image_input(rows=6000)])
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HTTP_LIMIT_S * 3)
+        try:
+            content: Any = iter([body[i : i + (1 << 20)] for i in range(0, len(body), 1 << 20)]) if chunked else body
+            headers = {"Content-Type": "application/json"}
+            connection.request("POST", _infer_path(server), body=content, headers=headers, encode_chunked=chunked)
+            answer = connection.getresponse()
+            return Outcome(status=answer.status, body=answer.read().decode("utf-8", "replace"))
+        except (OSError, http.client.HTTPException) as error:
+            return Outcome(transport_error=f"{type(error).__name__}: {error}")
+        finally:
+            connection.close()
+
+    return flow
+
+
+def _tritonclient_big_binary(server: Any) -> Outcome:
+    """tritonclient.http sending 70 MiB of binary data (the body limit is 64 MiB): does it read the 413?"""
+    import numpy as np
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    values = np.zeros((1, 70 * 1024 * 1024 // 4), np.float32)
+    given = httpclient.InferInput("input", list(values.shape), "FP32")
+    given.set_data_from_numpy(values)
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{server.port}", network_timeout=HTTP_LIMIT_S * 3)
+    try:
+        client.infer(server.model, [given])
+    except InferenceServerException as error:
+        status = int(error.status()) if (error.status() or "").isdigit() else None
+        return Outcome(status=status, body=json.dumps({"error": error.message() or ""}), transport_error=str(error))
+    except Exception as error:  # what tritonclient raises when the connection is reset
+        return Outcome(transport_error=f"{type(error).__name__}: {error}")
+    finally:
+        client.close()
+    return _answer(200, "answered")
+
+
+def _expect_continue(server: Any) -> Outcome:
+    """A client that waits for `100 Continue` before a 100 MiB body: the 413 must come first, without the body."""
+    head = _request("POST", _infer_path(server), b"", {"Content-Type": "application/json"}, length=False)
+    head = head.replace(b"\r\n\r\n", f"\r\nContent-Length: {100 << 20}\r\nExpect: 100-continue\r\n\r\n".encode())
+    with socket.create_connection(("127.0.0.1", server.port), timeout=HTTP_LIMIT_S) as connection:
+        connection.sendall(head)
+        answer = connection.makefile("rb").read().decode("utf-8", "replace")
+    status_line, _, rest = answer.partition("\r\n")
+    if not status_line.startswith("HTTP/1.1 413"):
+        return Outcome(status=100 if " 100 " in status_line else 500, body=json.dumps({"error": answer[:200]}))
+    return Outcome(status=413, body=rest.partition("\r\n\r\n")[2])
+
+
+def _service_client_cases() -> list[Case]:
+    return [
+        # JSON true/false are not numbers
+        served(
+            "http-data-bool-among-floats",
+            "true among FP32 data",
+            infer(_json_body([image_input(data=[0.5] * 5 + [True] + [0.5] * 762)])),
+            names=("true",),
+            statuses=(400,),
+        ),
+        served(
+            "http-data-bool-nested",
+            "false nested in FP32 data",
+            infer(_json_body([image_input(data=[[[0.5] * 767 + [False]]])])),
+            names=("true",),
+            statuses=(400,),
+        ),
+        served(
+            "http-text-ids-bool",
+            "true among INT64 token ids",
+            infer(_json_body([{**text_inputs([1, 2, 3])[0], "data": [1, True, 3]}, text_inputs([1, 2, 3])[1]])),
+            server="text",
+            names=("true",),
+            statuses=(400,),
+        ),
+        # a body over the limit, as real clients send it
+        Case(
+            "http-body-too-big-http-client",
+            "service",
+            "http.client sends a 22 MB JSON body (limit 8 MiB) whole, then reads",
+            _custom("image", _whole_body_then_read(chunked=False)),
+            names=("limit",),
+            statuses=(413,),
+            server="image",
+        ),
+        Case(
+            "http-body-too-big-chunked-http-client",
+            "service",
+            "http.client sends a 22 MB JSON body chunked, then reads",
+            _custom("image", _whole_body_then_read(chunked=True)),
+            names=("limit",),
+            statuses=(413,),
+            server="image",
+        ),
+        Case(
+            "http-body-too-big-tritonclient",
+            "service",
+            "tritonclient.http sends 70 MiB of binary data (limit 64 MiB)",
+            _custom("image", _tritonclient_big_binary),
+            names=("limit",),
+            statuses=(413,),
+            server="image",
+        ),
+        Case(
+            "http-expect-continue-too-big",
+            "service",
+            "Expect: 100-continue with a 100 MiB Content-Length: 413 without asking for the body",
+            _custom("image", _expect_continue),
+            names=("limit",),
+            statuses=(413,),
+            server="image",
+        ),
+        # gRPC
+        Case(
+            "grpc-garbage-infer",
+            "service",
+            "gRPC ModelInfer with bytes that are no protobuf message",
+            _custom("image", _grpc_garbage("ModelInfer")),
+            names=("protobuf",),
+            statuses=(400,),
+            server="image",
+        ),
+        Case(
+            "grpc-garbage-live",
+            "service",
+            "gRPC ServerLive with bytes that are no protobuf message",
+            _custom("image", _grpc_garbage("ServerLive")),
+            names=("protobuf",),
+            statuses=(400,),
+            server="image",
+        ),
+        Case(
+            "grpc-unknown-model",
+            "service",
+            "gRPC infer on a model not served",
+            _custom("image", _grpc_infer([1, 3, 16, 16], model="nosuch")),
+            names=("nosuch",),
+            statuses=(404,),
+            server="image",
+        ),
+        Case(
+            "grpc-wrong-shape",
+            "service",
+            "gRPC infer with shape [1, 4, 16, 16]",
+            _custom("image", _grpc_infer([1, 4, 16, 16])),
+            names=("shape",),
+            statuses=(400,),
+            server="image",
+        ),
+        Case(
+            "grpc-burst-one-channel",
+            "service",
+            "300 gRPC calls at once on one tritonclient channel (within --max-connections): all answered",
+            _custom("image", _grpc_burst),
+            expect="success",
             server="image",
         ),
     ]

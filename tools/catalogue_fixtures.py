@@ -73,6 +73,79 @@ def nan_model():
 
     return Nan(), torch.zeros(2, 4)
 
+
+class Wrap(torch.nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+def deep():
+    module = torch.nn.Linear(4, 4)
+    for _ in range(1200):
+        module = Wrap(module)
+    return module, torch.zeros(2, 4)
+
+
+def deep_sequential():
+    module = torch.nn.Linear(4, 4)
+    for _ in range(1200):
+        module = torch.nn.Sequential(module)
+    return module, torch.zeros(2, 4)
+
+
+class Recursing(torch.nn.Module):
+    def forward(self, x, depth=5000):
+        return x if depth == 0 else self.forward(x + 0, depth - 1)
+
+
+def recursing():
+    return Recursing(), torch.zeros(2, 4)
+
+
+class Returns(torch.nn.Module):
+    def __init__(self, value):
+        super().__init__()
+        self.value = value
+
+    def forward(self, x):
+        return self.value
+
+
+def returns_empty_tuple():
+    return Returns(()), torch.zeros(2, 4)
+
+
+def returns_empty_dict():
+    return Returns({}), torch.zeros(2, 4)
+
+
+def float64_default():
+    torch.set_default_dtype(torch.float64)
+    return torch.nn.Linear(4, 2), torch.zeros(2, 4)
+
+
+def explicit_double():
+    return torch.nn.Linear(4, 2).double(), torch.zeros(2, 4, dtype=torch.float64)
+
+
+def changes_directory():
+    import tempfile
+
+    os.chdir(tempfile.mkdtemp(prefix="factory-went-here-"))
+    return torch.nn.Linear(4, 2), torch.zeros(2, 4)
+
+
+def leaves_a_thread():
+    import threading
+    import time
+
+    threading.Thread(target=time.sleep, args=(3600,), name="poller").start()
+    return torch.nn.Linear(4, 2), torch.zeros(2, 4)
+
 '''
 
 
@@ -183,20 +256,22 @@ def _calibration_files(files: Path) -> None:
 
 @dataclass
 class Server:
-    """A `python -m trt_pipeline serve` process of the checkout under test, REST only, on a free loopback port."""
+    """A `python -m trt_pipeline serve` process of the checkout under test, REST and gRPC, on free loopback ports."""
 
     port: int
     process: subprocess.Popen
     model: str
+    grpc_port: int
 
     @classmethod
     @contextlib.contextmanager
     def start(cls, folder: Path, env: dict[str, str]) -> Iterator[Server]:
-        port = _free_port()
-        argv = [sys.executable, "-m", "trt_pipeline", "serve", str(folder), "--port", str(port), "--grpc-port", "0"]
+        port, grpc_port = _free_port(), _free_port()
+        argv = [sys.executable, "-m", "trt_pipeline", "serve", str(folder), "--port", str(port)]
+        argv += ["--grpc-port", str(grpc_port)]
         argv += ["--log-level", "warning", *_guard_options(env)]
         process = subprocess.Popen(argv, cwd=env["CATALOGUE_CODE"], env=env, stderr=subprocess.DEVNULL)
-        server = cls(port, process, folder.name)
+        server = cls(port, process, folder.name, grpc_port)
         try:
             server.wait_ready()
             yield server

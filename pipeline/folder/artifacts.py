@@ -7,14 +7,17 @@ and two builds never write one folder at once.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import re
+import shlex
+import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import IO, Any, cast
 
 import numpy as np
 
@@ -50,7 +53,7 @@ def build_lock(folder: Path) -> Iterator[list[Path]]:
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / LOCK, "a+") as handle:
+    with _open_lock(folder, os.O_RDWR | os.O_CREAT) as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -66,9 +69,9 @@ def running_build(folder: Path) -> int | None:
     """The pid of the build writing `folder` now, or None.  Read without locking, so that a reader never
     makes a starting build fail; a build killed before it cleared its pid is told apart by its pid being dead."""
     try:
-        with open(Path(folder) / LOCK) as handle:
+        with _open_lock(Path(folder), os.O_RDONLY) as handle:
             pid = _pid_in(handle)
-    except FileNotFoundError:
+    except (FileNotFoundError, PipelineError):  # no lock, or none a build could hold (build_lock refuses it)
         return None
     return pid if pid is not None and _alive(pid) else None
 
@@ -85,6 +88,42 @@ def remove_stale_temporaries(folder: Path) -> list[Path]:
             path.unlink(missing_ok=True)
             removed.append(path)
     return removed
+
+
+def _open_lock(folder: Path, flags: int) -> IO[str]:
+    """The lock file, opened only if it is a plain file of its own.  Never through a symbolic link: anyone who can
+    write the folder could point the lock at another file, which the build would then empty and write its pid into
+    (or create, for a dangling link).  O_NONBLOCK: a FIFO put there opens at once, to be refused, instead of
+    blocking until someone writes to it."""
+    path = folder / LOCK
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as error:
+        if error.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            raise
+        raise _not_a_lock(path, _kind(os.lstat(path))) from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+        os.close(fd)
+        raise _not_a_lock(path, _kind(info))
+    return os.fdopen(fd, "r+" if flags & os.O_RDWR else "r")
+
+
+def _kind(info: os.stat_result) -> str:
+    if stat.S_ISLNK(info.st_mode):
+        return "a symbolic link"
+    if stat.S_ISREG(info.st_mode):  # a plain file under another name too: writing it would change that file
+        return f"a file with {info.st_nlink} names (hard links)"
+    kinds = {stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO", stat.S_ISSOCK: "a socket"}
+    return next((word for test, word in kinds.items() if test(info.st_mode)), "a device file")
+
+
+def _not_a_lock(path: Path, kind: str) -> PipelineError:
+    return PipelineError(
+        f"the build lock {path} is {kind}, not a plain file of the folder's own: a build writes its pid into its "
+        "lock, and through a link or another name that would overwrite another file",
+        f"check who made it, remove it (rm -r {shlex.quote(str(path))}) and run again: the build makes a new one",
+    )
 
 
 def _lock_held(folder: Path, pid: int | None) -> PipelineError:

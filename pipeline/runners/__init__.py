@@ -12,7 +12,6 @@ graph or plan whose sha256 is not the manifest's is refused with the command tha
 
 from __future__ import annotations
 
-import inspect
 import logging
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from .base import Runner, TensorSpec
 from .fastest import fastest_onnxruntime_runner
 from .onnxruntime import OnnxRuntimeRunner
 from .onnxruntime_cuda import OnnxRuntimeCudaRunner
+from .options import check_options
 from .tensorrt import TensorRTRunner, check_gpu_target
 from .torch import TorchRunner
 
@@ -44,7 +44,8 @@ def load_runner(path: str | Path | ArtifactFolder, backend: str = "auto", **opti
     on its CUDA provider (the onnxruntime-cuda runner) or its CPU one, measured and cached in the folder
     (pipeline.runners.fastest; an explicit graph= or providers= skips measuring).  `options` go to the runner (e.g.
     split_large_batches=False, providers=[...] for ONNX Runtime, amp=True for torch, contexts=2 for the engine,
-    cuda_graph=True for onnxruntime-cuda).
+    cuda_graph=True for onnxruntime-cuda); each is checked against the runner's own keyword, its type and, for a
+    count, 1 or more (pipeline.runners.options) before anything loads.
     """
     if backend not in BACKENDS:
         raise PipelineError(f"unknown runner backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
@@ -54,7 +55,7 @@ def load_runner(path: str | Path | ArtifactFolder, backend: str = "auto", **opti
     if backend == "auto":
         backend, why = _choose_backend(folder)
     runner_class = _runner_class(backend)
-    _refuse_unknown_options(runner_class, backend, options)
+    check_options(runner_class, backend, options)
     runner: Runner
     if measure and backend == "onnxruntime":
         runner, measured = fastest_onnxruntime_runner(folder, options)
@@ -64,17 +65,6 @@ def load_runner(path: str | Path | ArtifactFolder, backend: str = "auto", **opti
     runner.description = f"{runner.description}; picked because {why}"
     log.info("runner for %s: %s", folder.path, runner.description)
     return runner
-
-
-def _refuse_unknown_options(runner_class: type[Runner], backend: str, options: dict) -> None:
-    parameters = inspect.signature(runner_class).parameters
-    known = [name for name, p in parameters.items() if p.kind is p.KEYWORD_ONLY]
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise PipelineError(
-            f"the {backend} runner takes no option {', '.join(unknown)}",
-            f"give only {', '.join(known)} (keywords of load_runner for backend={backend!r})",
-        )
 
 
 def _choose_backend(folder: ArtifactFolder) -> tuple[str, str]:

@@ -7,7 +7,7 @@ service can swap ONNX Runtime for the engine without changing a line.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +60,51 @@ def tensor_specs(manifest: Manifest, key: str) -> list[TensorSpec]:
             f"rebuild the folder: {rebuild_hint(manifest)}",
         )
     return [TensorSpec.from_manifest(record, manifest.axis_ranges) for record in records]
+
+
+def check_graph_agrees(
+    folder: ArtifactFolder, graph: str, inputs: list[GraphTensor], outputs: list[GraphTensor]
+) -> None:
+    """The manifest's inputs and outputs are what every runner and the service check a request against: they must be
+    the loaded graph's (names, dtypes, ranks, fixed sizes), or a correct request is refused in the manifest's name
+    (an edited manifest blamed the caller: "has shape (8, 16), expected (-1, 32)")."""
+    manifest = folder.manifest
+    for key, declared, actual in (("inputs", manifest.inputs, inputs), ("outputs", manifest.outputs, outputs)):
+        disagreement = _disagreement(key, declared, actual)
+        if disagreement:
+            raise PipelineError(
+                f"the manifest of {folder.path} does not describe its graph {graph}: {disagreement}; the manifest was "
+                "edited or is another build's, and requests checked against it "
+                "would be refused or fail",
+                f"rebuild the folder: {folder.rebuild_hint()}",
+            )
+
+
+def _disagreement(key: str, declared: Sequence[GraphTensor], actual: list[GraphTensor]) -> str | None:
+    found = {tensor.name: tensor for tensor in actual}
+    if sorted(found) != sorted(tensor.name for tensor in declared):
+        return f"{key} {[tensor.name for tensor in declared]} in the manifest, {sorted(found)} in the graph"
+    for tensor in declared:
+        other = found[tensor.name]
+        if tensor.dtype != other.dtype or not _sizes_agree(key, tensor.sizes(), other.sizes()):
+            return (
+                f"{key[:-1]} {tensor.name!r} is {_described(tensor)} in the manifest, {_described(other)} in the graph"
+            )
+    return None
+
+
+def _sizes_agree(key: str, manifest: list[int], graph: list[int]) -> bool:
+    """Inputs exactly: requests are checked against them.  Outputs where both fix a size: the manifest has them from
+    the check stage's shape inference, and simplifying can fix a dim it left open (Swin) or leave open one it sized
+    (GPT-2), never change a fixed one."""
+    if key == "inputs":
+        return manifest == graph
+    pairs = zip(manifest, graph, strict=False)
+    return not graph or len(manifest) == len(graph) and all(DYNAMIC in (m, g) or m == g for m, g in pairs)
+
+
+def _described(tensor: GraphTensor) -> str:
+    return f"{tensor.dtype} {tensor.sizes()}"
 
 
 def max_batch(manifest: Manifest) -> int:

@@ -16,10 +16,13 @@ version, the thread count and the candidates' sha256.  A different key measures 
 from __future__ import annotations
 
 import json
+import math
 import os
+import stat
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -219,35 +222,89 @@ def _cached_choice(
     folder: ArtifactFolder, key: dict[str, Any], candidates: list[Candidate]
 ) -> tuple[Candidate, dict[int, dict[str, float]]] | None:
     """(winner, {batch: ms by label}) from SERVED_CHOICE where it was measured under this key, else None.  A cache
-    file that cannot be read or holds something else is measured again and overwritten."""
-    try:
-        record = json.loads((folder.path / SERVED_CHOICE).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(record, dict) or record.get("key") != key:
+    file that is not what _save_choice writes is measured again and overwritten (_save_choice says so)."""
+    record, _ = _read_record(folder)
+    if record is None or record["key"] != key:
         return None
     by_label = {candidate.label: candidate for candidate in candidates}
-    winner = by_label.get(str(record.get("served")))
-    ms = record.get("ms")
-    if winner is None or not isinstance(ms, dict) or not all(isinstance(v, dict) for v in ms.values()):
-        return None
+    ms = {int(batch): medians for batch, medians in record["ms"].items()}
+    labels = {label for medians in ms.values() for label in medians} | {record["served"]}
+    return (by_label[record["served"]], ms) if labels <= set(by_label) else None
+
+
+# What _save_choice writes is a few hundred bytes a candidate: a file far larger is no cache of it, and is not read.
+SERVED_MAX_BYTES = 64 << 10
+
+
+def _read_record(folder: ArtifactFolder) -> tuple[dict[str, Any] | None, str]:
+    """(SERVED_CHOICE's record, "") where it has the form _save_choice writes, else (None, what is wrong with it; ""
+    where there is none).  Bounded before it is read, and every value's type checked: a cache with "fast" for a time
+    made every load fail, and a 1.5 GiB one was read at every load."""
     try:
-        return winner, {int(batch): medians for batch, medians in ms.items()}
-    except ValueError:
-        return None
+        text = _read_bounded(folder.path / SERVED_CHOICE)
+    except FileNotFoundError:
+        return None, ""
+    except (OSError, ValueError) as error:
+        return None, str(error)
+    try:
+        record = json.loads(text)
+    except ValueError as error:  # UnicodeDecodeError too
+        return None, f"not JSON ({error})"
+    problem = _record_problem(record)
+    return (None, problem) if problem else (record, "")
+
+
+def _read_bounded(path: Path) -> bytes:
+    """The file's bytes, where it is a plain file of at most SERVED_MAX_BYTES (O_NONBLOCK: a FIFO is refused, not
+    waited on)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a plain file")
+        if info.st_size > SERVED_MAX_BYTES:
+            raise ValueError(f"{info.st_size} bytes, more than a measurement takes ({SERVED_MAX_BYTES})")
+        return handle.read(SERVED_MAX_BYTES + 1)
+
+
+def _record_problem(record: Any) -> str:
+    """What makes `record` other than {"key": {...}, "ms": {"<batch>": {label: ms}}, "served": label} ("" if
+    nothing)."""
+    if not isinstance(record, dict) or not isinstance(record.get("key"), dict):
+        return "no key"
+    if not isinstance(record.get("served"), str):
+        return f"served is {record.get('served')!r}, not a candidate's label"
+    ms = record.get("ms")
+    if not isinstance(ms, dict) or not ms:
+        return "no times"
+    for batch, medians in ms.items():
+        if not (batch.isdigit() and int(batch) > 0 and isinstance(medians, dict) and medians):
+            return f"times for batch {batch!r} are {medians!r}"
+        for label, value in medians.items():
+            if not _is_milliseconds(value):
+                return f"the time of {label} at batch {batch} is {value!r}, not a number of milliseconds"
+    return ""
+
+
+def _is_milliseconds(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
 def _save_choice(
     folder: ArtifactFolder, key: dict[str, Any], winner: Candidate, ms: dict[int, dict[str, float]]
 ) -> str:
     """Write the choice to SERVED_CHOICE ({batch: ms by label}, the batches in the order measured); what
-    happened, for the description (a read-only folder is served anyway, measured at every load)."""
+    happened, for the description (a read-only folder is served anyway, measured at every load), including what was
+    wrong with a cache file it replaces (or, read-only, ignores)."""
+    _, problem = _read_record(folder)
+    damaged = f"{SERVED_CHOICE} there held no valid measurement ({problem})" if problem else ""
     record = {"key": key, "ms": {str(batch): medians for batch, medians in ms.items()}, "served": winner.label}
     try:
         write_json(folder.path / SERVED_CHOICE, record)
     except OSError as error:
-        return f"not cached: {folder.path} is not writable ({error.strerror}), so every load measures again"
-    return f"cached in {SERVED_CHOICE}"
+        ignored = f"; {damaged}: ignored" if damaged else ""
+        return f"not cached: {folder.path} is not writable ({error.strerror}), so every load measures again{ignored}"
+    return f"cached in {SERVED_CHOICE}" + (f", replacing it: {damaged}" if damaged else "")
 
 
 def _fastest_first(medians: dict[str, float]) -> str:
@@ -256,11 +313,7 @@ def _fastest_first(medians: dict[str, float]) -> str:
 
 def _why(winner: Candidate, ms: dict[int, dict[str, float]], how: str, refused: list[str]) -> str:
     """What was measured (ms per call by candidate, by batch) and why the winner won, for runner.description."""
-    timed = "; ".join(
-        f"batch {batch}: "
-        + ", ".join(f"{label} {t:.2f} ms" for label, t in sorted(medians.items(), key=lambda i: i[1]))
-        for batch, medians in ms.items()
-    )
+    timed = "; ".join(f"batch {batch}: {_fastest_first(medians)}" for batch, medians in ms.items())
     batches = ", ".join(str(batch) for batch in ms)
     text = (
         f"{winner.label} ({winner.precision}) was the fastest over batch {batches} ({how}; the least "

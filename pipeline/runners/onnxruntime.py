@@ -13,11 +13,12 @@ from ..core.errors import PipelineError
 from ..core.sessions import onnxruntime_session
 from ..core.trt_module import gpu_present
 from ..evaluation import simulates_qdq
+from ..folder.graph_io import GraphTensor
 from ..folder.layout import cpu_kind
 from ..folder.reader import ArtifactFolder
 from ..folder.rebuild import rebuild_hint
 from ..folder.records import GraphRecord, Target
-from .base import Runner
+from .base import Runner, check_graph_agrees
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -28,7 +29,8 @@ _KINDS = {
 
 
 def choose_providers(requested: list[str] | None) -> tuple[list[str], str]:
-    """(providers, why): CUDA then CPU where a GPU is really present, else CPU alone.
+    """(providers, why): the requested ones that can run here, else CUDA then CPU where a GPU is really present, else
+    CPU alone.
 
     onnxruntime-gpu lists CUDA (and TensorRT) as *available* even on a machine with no GPU
     or driver: availability only says the provider was compiled in.  So the decision is taken
@@ -36,13 +38,54 @@ def choose_providers(requested: list[str] | None) -> tuple[list[str], str]:
     """
     import onnxruntime as ort
 
-    if requested:
-        return list(requested), "providers as requested"
+    if requested is not None:
+        return _requested_providers(requested)
     if not gpu_present():
         return [CPU], "no NVIDIA GPU/driver present"
     if CUDA not in ort.get_available_providers():
         return [CPU], "a GPU is present but this onnxruntime build has no CUDA provider (install onnxruntime-gpu)"
     return [CUDA, CPU], "a GPU is present"
+
+
+# Providers that run on an NVIDIA GPU: listed as available by onnxruntime-gpu on a host without one too.
+_ON_NVIDIA_GPU = (CUDA, "TensorrtExecutionProvider")
+
+
+def _requested_providers(requested: list[str]) -> tuple[list[str], str]:
+    """The requested providers that can run here, in order, and why each other cannot.  ONNX Runtime itself skips a
+    provider it cannot load and falls back to the CPU in silence; so a name it does not know, or a request none of
+    which can run here, is refused."""
+    import onnxruntime as ort
+
+    unknown = [name for name in requested if name not in ort.get_all_providers()]
+    if unknown or not requested:
+        what = f": {unknown} are not ONNX Runtime provider names" if unknown else " names no provider"
+        raise PipelineError(
+            f"providers={requested!r}{what}",
+            f"name providers this host has ({', '.join(ort.get_available_providers())}), or leave providers=None "
+            "(CUDA where a GPU is present, else the CPU)",
+        )
+    why_not = {name: _why_unusable(name) for name in requested}
+    usable = [name for name, why in why_not.items() if not why]
+    unusable = "; ".join(f"{name}: {why}" for name, why in why_not.items() if why)
+    if not usable:
+        raise PipelineError(
+            f"providers={requested!r}: none can run here ({unusable})",
+            f"add {CPU!r} to fall back to the CPU, leave providers=None (CUDA where a GPU is present, else the CPU), "
+            "or run on a host that has them",
+        )
+    return usable, f"as requested, less {unusable}" if unusable else "as requested"
+
+
+def _why_unusable(provider: str) -> str:
+    """Why ONNX Runtime cannot run `provider` here ('' where it can)."""
+    import onnxruntime as ort
+
+    if provider not in ort.get_available_providers():
+        return "this onnxruntime build does not have it"
+    if provider in _ON_NVIDIA_GPU and not gpu_present():
+        return "no NVIDIA GPU/driver present"
+    return ""
 
 
 def choose_graph(folder: ArtifactFolder, requested: str | None, *, on_cpu: bool) -> tuple[GraphRecord, str]:
@@ -75,18 +118,35 @@ def choose_graph(folder: ArtifactFolder, requested: str | None, *, on_cpu: bool)
 def load_session(folder: ArtifactFolder, graph: str, providers: list[Any], **options: Any) -> Any:
     """A session on the folder's `graph` with `providers` (names, or (name, provider options) pairs), at the
     optimization level the build found ONNX Runtime does not crash at (recorded in the manifest where it was not the
-    highest); `options` go to pipeline.core.sessions.onnxruntime_session.  Its bytes match the manifest's sha256
-    (folder.read checks), so a graph ONNX Runtime refuses was written that way: its error (a pybind exception type per
-    cause) becomes the fix."""
+    highest); `options` go to pipeline.core.sessions.onnxruntime_session.  The reader's refusal of the graph (missing,
+    or not the bytes the build wrote) passes as it is.  Bytes that match the manifest's sha256 were written that way
+    by the build, so ONNX Runtime's refusal of them (a pybind exception type per cause) becomes the fix; and the
+    graph's inputs and outputs must be the manifest's (pipeline.runners.base.check_graph_agrees)."""
+    data = folder.read(graph)
     try:
-        return onnxruntime_session(
-            folder.read(graph), providers, level=folder.manifest.onnxruntime_levels.get(graph), **options
-        )
+        session = onnxruntime_session(data, providers, level=folder.manifest.onnxruntime_levels.get(graph), **options)
+    except PipelineError:
+        raise  # already says what is wrong and what to do
     except Exception as error:  # onnxruntime's Fail, InvalidProtobuf, InvalidGraph, ... share no base but Exception
         raise PipelineError(
             f"ONNX Runtime cannot load {folder.path / graph}: {type(error).__name__}: {error}",
             f"the build wrote it this way (its sha256 matches): rebuild the folder: {rebuild_hint(folder.manifest)}",
         ) from None
+    check_graph_agrees(folder, graph, _graph_tensors(session.get_inputs()), _graph_tensors(session.get_outputs()))
+    return session
+
+
+# ONNX Runtime's element type names that are not numpy's (the manifest records numpy's: float32, int64, bool, ...).
+_NUMPY_NAMES = {"float": "float32", "double": "float64"}
+
+
+def _graph_tensors(node_args: list[Any]) -> list[GraphTensor]:
+    """ONNX Runtime's NodeArgs (type "tensor(float)", dims as sizes, names or None) as the manifest's records."""
+    kinds = (arg.type.removeprefix("tensor(").removesuffix(")") for arg in node_args)
+    return [
+        GraphTensor(arg.name, _NUMPY_NAMES.get(kind, kind), tuple(arg.shape))
+        for arg, kind in zip(node_args, kinds, strict=True)
+    ]
 
 
 class OnnxRuntimeRunner(Runner):
@@ -114,11 +174,6 @@ class OnnxRuntimeRunner(Runner):
         import onnxruntime as ort
 
         super().__init__(folder, split_large_batches=split_large_batches)
-        if intra_op_threads is not None and intra_op_threads < 1:
-            raise PipelineError(
-                f"intra_op_threads={intra_op_threads} is not a thread count",
-                "give 1 or more, or None for ONNX Runtime's default (one per physical core)",
-            )
         chosen, why = choose_providers(providers)
         record, which = choose_graph(folder, graph, on_cpu=CUDA not in chosen)
         self.graph = record.file

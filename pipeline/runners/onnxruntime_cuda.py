@@ -276,8 +276,6 @@ class OnnxRuntimeCudaRunner(Runner):
         super().__init__(folder, split_large_batches=split_large_batches)
         self.placement = Placement.parse(device)
         on_cuda = self.placement.device_type == "cuda"
-        if sessions < 1:
-            raise PipelineError(f"sessions={sessions}", "give at least 1 session")
         if cuda_graph and not on_cuda:
             raise PipelineError("cuda_graph=True captures CUDA graphs, which need device='cuda'", "load on a GPU")
         if on_cuda:

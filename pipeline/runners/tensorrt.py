@@ -163,8 +163,6 @@ class TensorRTRunner(Runner):
     ):
         super().__init__(folder, split_large_batches=split_large_batches)
         manifest = folder.manifest
-        if contexts < 1:
-            raise PipelineError(f"contexts={contexts}", "give at least 1 execution context")
         plan = read_plan(folder)
         trt = import_trt(manifest.builder().module)
         check_builder(manifest, trt)

@@ -37,6 +37,7 @@ class TorchRunner(Runner):
         from ..stages.prepare import prepare
 
         super().__init__(folder, split_large_batches=split_large_batches)
+        self.device = _torch_device(device)  # before the model loads: a typo should not cost a model load
         settings = folder.manifest.settings or {}  # open_folder requires it
         spec = models.load_model(
             settings["model"],
@@ -46,7 +47,6 @@ class TorchRunner(Runner):
             trust_model_file=trust_model_file,
         )
         prepare(spec)  # eval mode, gradients off, proven; the same stage the export ran
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if amp and self.device.type != "cuda":
             raise PipelineError("amp=True needs a CUDA device", "pass amp=False, or device='cuda' on a GPU machine")
         self.amp = self.device.type == "cuda" and (amp if amp is not None else folder.precision == Precision.FP16)
@@ -77,3 +77,23 @@ class TorchRunner(Runner):
             name: result.detach().cpu().numpy().astype(self._output_dtypes[name], copy=False)
             for name, result in zip(self._output_dtypes, results, strict=True)
         }
+
+
+def _torch_device(device: str | None) -> Any:
+    """torch.device(device), by default CUDA where available; a name torch does not know, or CUDA where torch has no
+    usable CUDA device, is refused here rather than when the weights are moved."""
+    import torch
+
+    try:
+        chosen = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError as error:
+        raise PipelineError(
+            f"device={device!r} is no torch device ({error})", "give 'cpu', 'cuda' or 'cuda:<n>'"
+        ) from None
+    if chosen.type == "cuda" and not (torch.cuda.is_available() and (chosen.index or 0) < torch.cuda.device_count()):
+        raise PipelineError(
+            f"device={device!r}: torch {torch.__version__} has no such CUDA device here "
+            f"({torch.cuda.device_count()} visible)",
+            "give device='cpu', or run on a machine with that GPU and a CUDA build of torch",
+        )
+    return chosen

@@ -226,29 +226,46 @@ _JSON_FIX = (
 # Answered before the body was all read: the rest of it would be taken for the next request, and a client still
 # trickling bytes would keep the connection, so the answer closes it (uvicorn closes on this header).
 _UNREAD_BODY = {"Connection": "close"}
+# A body over its limit is still read, and dropped as it comes, up to this many bytes: http.client and tritonclient
+# send the whole body before they read the answer, and a 413 sent before the body had all arrived reached them as a
+# connection reset (a broken pipe, an empty exception) instead of its message.  Past it, or where the client waits to
+# be told to send (Expect: 100-continue), the 413 goes at once and the connection closes.
+DISCARD_MAX_BYTES = 1 << 30
 
 
 async def read_body(request: Request, limit: int, what: str, fix: str, timeout_s: float) -> bytes:
-    """The body, refused with 413 as soon as it is known to pass `limit` bytes (never read beyond it), and
-    with 408 when it has not all arrived within `timeout_s` (a client trickling bytes holds no connection)."""
+    """The body, or 413 where it passes `limit` bytes (never more than `limit` of it held, DISCARD_MAX_BYTES read),
+    and 408 when it has not all arrived within `timeout_s` (a client trickling bytes holds no connection)."""
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise ServeError(413, f"the {what} is {declared} bytes; the limit is {limit} ({fix})", _UNREAD_BODY)
+    size = int(declared) if declared.isdigit() else 0
+    waits = request.headers.get("expect", "").lower() == "100-continue"  # it sends the body only if asked to
+    if size > limit and (size > DISCARD_MAX_BYTES or waits):
+        raise _too_big(what, size, limit, fix, _UNREAD_BODY)
     chunks, size = [], 0
     try:
         async with asyncio.timeout(timeout_s):
             async for chunk in request.stream():
                 size += len(chunk)
-                if size > limit:
-                    raise ServeError(413, f"the {what} is over the limit of {limit} bytes ({fix})", _UNREAD_BODY)
-                chunks.append(chunk)
+                if size <= limit:
+                    chunks.append(chunk)
+                elif size > DISCARD_MAX_BYTES:
+                    raise _too_big(what, None, limit, fix, _UNREAD_BODY)
     except TimeoutError:
+        if size > limit or declared.isdigit() and int(declared) > limit:
+            raise _too_big(what, None, limit, fix, _UNREAD_BODY) from None
         raise ServeError(
             408,
             f"the body did not arrive within {timeout_s:g} s (the service's read timeout); send it at once",
             _UNREAD_BODY,
         ) from None
+    if size > limit:  # read to its end: the connection serves the next request
+        raise _too_big(what, size, limit, fix)
     return b"".join(chunks)
+
+
+def _too_big(what: str, size: int | None, limit: int, fix: str, headers: dict[str, str] | None = None) -> ServeError:
+    told = f"is {size} bytes; the limit is {limit}" if size is not None else f"is over the limit of {limit} bytes"
+    return ServeError(413, f"the {what} {told} ({fix})", headers)
 
 
 def model_config_json(config: Any) -> dict:

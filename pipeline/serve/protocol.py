@@ -13,6 +13,7 @@ items is refused without allocating anything, and raw bytes are viewed in place,
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -229,11 +230,29 @@ def array_from_values(spec: TensorSpec, shape: list[int], values: Any) -> np.nda
         parsed = None
     if parsed is None or parsed.dtype.kind not in _ACCEPTED_KINDS.get(spec.dtype.kind, ""):
         raise bad_request(f"input {spec.name!r}: the data must be {_element_words(spec.dtype)} in row-major order")
+    if spec.dtype.kind != "b" and _holds_bool(values):  # numpy reads true as 1 among numbers: a silent wrong value
+        raise bad_request(
+            f"input {spec.name!r}: the data holds true/false, which is no {datatype(spec)} value; send "
+            f"{_element_words(spec.dtype)} only"
+        )
     if parsed.size != math.prod(shape):
         raise bad_request(
             f"input {spec.name!r}: shape {shape} holds {math.prod(shape)} values; {parsed.size} were sent"
         )
     return _cast(spec, parsed).reshape(shape)
+
+
+def _holds_bool(values: Any) -> bool:
+    """Whether a JSON true or false is among the values, flat or nested (a level's types are gathered at C speed)."""
+    level = values if isinstance(values, list) else [values]
+    while level:
+        kinds = set(map(type, level))
+        if bool in kinds:
+            return True
+        level = (
+            list(itertools.chain.from_iterable(item for item in level if type(item) is list)) if list in kinds else []
+        )
+    return False
 
 
 def _element_words(dtype: np.dtype) -> str:

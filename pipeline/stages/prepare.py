@@ -22,6 +22,7 @@ def prepare(spec: ModelSpec) -> dict:
     for parameter in module.parameters():  # not module.requires_grad_: ScriptModules refuse it
         parameter.requires_grad_(False)
     _refuse_training_modules(module)
+    _refuse_double_precision(spec)
     _refuse_batch_statistics(module)
     first, second = _forward(spec, spec.example_inputs), _forward(spec, spec.example_inputs)
     _refuse_nondeterminism(first, second)
@@ -54,6 +55,21 @@ def _refuse_training_modules(module: torch.nn.Module) -> None:
         raise PipelineError(
             f"modules still in training mode after eval(): {', '.join(training[:5])}",
             "check any train()/eval() override in the model so that eval() reaches every submodule",
+        )
+
+
+def _refuse_double_precision(spec: ModelSpec) -> None:
+    """The graphs start from float32: TensorRT has no float64, and the FP16 and INT8 steps convert float32 tensors, so
+    a float64 model's "float16 graph" stayed float64 from end to end, said to be float16."""
+    tensors = [*spec.module.named_parameters(), *spec.module.named_buffers(), *spec.example_inputs.items()]
+    doubles = [name for name, tensor in tensors if tensor.dtype == torch.float64]
+    if doubles:
+        raise PipelineError(
+            f"the model computes in float64 ({len(doubles)} float64 tensors: {', '.join(doubles[:4])}"
+            f"{', ...' if len(doubles) > 4 else ''}); the graphs, their FP16 and INT8 forms and the engine start "
+            "from float32",
+            "give a float32 model and inputs: module.float() and float32 example inputs (a factory that sets "
+            "torch.set_default_dtype(torch.float64) builds float64)",
         )
 
 
