@@ -54,6 +54,7 @@ class Member:
     model: str
     nominal_gb: float
     batch: str = "1:8:32"
+    options: tuple[str, ...] = ()  # more command-line options, the same for every stage
 
 
 # Pluggable: a family is a list of members; a member is any MODEL= the pipeline loads.  The real architectures
@@ -66,6 +67,9 @@ FAMILIES: dict[str, tuple[Member, ...]] = {
         Member("mlp-2.4", "scale_models:mlp_2400mb", 2.4),
         Member("mlp-5", "scale_models:mlp_5gb", 5.1),
     ),
+    # The same 1.2 GB model through torch.onnx's other exporter, which writes the weights straight from the
+    # model's tensors (external data) where TorchScript's serializes the whole graph in memory.
+    "exporters": (Member("mlp-1.2-dynamo", "scale_models:mlp_1200mb", 1.2, options=("--exporter", "dynamo")),),
     "resnet": (Member("resnet50", "resnet", 0.1),),
 }
 MEMBERS = {member.name: member for family in FAMILIES.values() for member in family}
@@ -93,7 +97,7 @@ def run_measured(command: list[str], cwd: Path, log: Path) -> Measured:
 def stage_command(stage: str, member: Member, out: Path) -> list[str]:
     return [
         sys.executable, "-m", "trt_pipeline", stage, "--model", member.model, "--precision", PRECISION,
-        "--batch", member.batch, "--builder", BUILDER, "--out", str(out),
+        "--batch", member.batch, "--builder", BUILDER, "--out", str(out), *member.options,
     ]  # fmt: skip
 
 
@@ -286,7 +290,8 @@ def render_markdown(report: dict) -> str:
         "exact, and no earlier stage's leftovers count in it; its seconds are those the stages it ran recorded in "
         "manifest.json (the export process runs prepare, reference and export). The engine row is `make engine` "
         "as a user runs it: every stage in one process, the PyTorch model alive throughout. Models: "
-        "benchmarks/scale_models.py (N x Linear(d, d) + GELU, random weights; ResNet-50 from the registry).",
+        "benchmarks/scale_models.py (N x Linear(d, d) + GELU, random weights; ResNet-50 from the registry); "
+        "mlp-1.2-dynamo is mlp-1.2 with EXPORTER=dynamo.",
         "",
         f"![time and peak RSS per stage]({PLOT_NAME})",
         "",
@@ -305,7 +310,8 @@ def render_plot(report: dict, path: Path) -> None:
     figure, (time_axis, memory_axis) = plt.subplots(1, 2, figsize=(12, 4.8))
     colors = dict(zip([*STAGES, "engine"], plt.get_cmap("tab10").colors, strict=False))
     for run, marker in zip(report["runs"], "os^vD", strict=False):
-        members = sorted((m for m in run["members"] if m["member"].startswith("mlp")), key=lambda m: m["weight_bytes"])
+        family = {member.name for member in FAMILIES["mlp"]}
+        members = sorted((m for m in run["members"] if m["member"] in family), key=lambda m: m["weight_bytes"])
         for stage in [*STAGES, "engine"]:
             points = [(m["weight_bytes"] / GB, row) for m in members for row in _rows(m) if row["stage"] == stage]
             points = [(x, row) for x, row in points if "failed" not in row]
@@ -316,6 +322,8 @@ def render_plot(report: dict, path: Path) -> None:
             label = f"{stage} ({run['label']})"
             time_axis.plot(xs, [row["seconds"] for _, row in points], label=label, **style)
             memory_axis.plot(xs, [row["peak_rss_bytes"] / GB for _, row in points], label=label, **style)
+    top = max(m["weight_bytes"] for run in report["runs"] for m in run["members"]) / GB
+    memory_axis.plot([0, top], [0, 3 * top], color="grey", linestyle="--", label="3x the weights (issue 38's goal)")
     time_axis.set(xlabel="FP32 weights (GB)", ylabel="seconds in the stage", title="time per stage (MLP family)")
     memory_axis.set(xlabel="FP32 weights (GB)", ylabel="peak RSS (GB)", title="peak RSS per stage process")
     memory_axis.legend(fontsize=7, ncol=2)
