@@ -28,7 +28,7 @@ def check_onnx(onnx_path: Path, reference: Path | None = None) -> dict:
     key = (files_key([onnx_path, *data_files(onnx_path)]), files_key([reference]) if reference else None)
     if key not in _CHECKED:
         _CHECKED[key] = _check(Path(onnx_path), reference)
-        return _CHECKED[key]
+        return dict(_CHECKED[key])  # a copy: the caller adds to its record
     earlier = _CHECKED[key]
     return {**earlier, "summary": earlier["summary"] + " (the same files, checked earlier in this run)"}
 
