@@ -3,37 +3,29 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# Errors then name make variables (CALIB=...) rather than options (--calib); see pipeline/cli.py.
+# Errors then name make variables (CALIB=...) rather than options (--calib); see pipeline/core/mentions.py.
 PIPELINE := TRT_PIPELINE_FRONT_END=make $(PY) -m trt_pipeline
 
+# The settings `make engine` passes on, declared once in pipeline/core/settings.py (tests/test_settings.py
+# checks these lists and the defaults below against it).  Each reaches the command line as the option named
+# from the variable: CALIB_METHOD=x as '--calib-method=x', NO_FLOAT_SEARCH=1 as --no-float-search.  A value
+# is passed once it is set, to nothing too (MODEL= is refused, not replaced by the default); a switch once it
+# is not empty.  The defaults below are the ones bench and serve share; every other one is Python's.
+SETTING_VALUES := MODEL PRECISION BATCH WEIGHTS INPUT_SHAPE DYNAMIC OUT WORKSPACE_MIB BUILDER EXPORTER TARGET \
+	KEEP_FP32 CALIB CALIB_METHOD CALIB_SAMPLES CALIB_BATCH SMOOTH
+SETTING_SWITCHES := NO_AUTO_FP32 TRUST_MODEL_FILE RECALIBRATE STRICT_CALIB NO_FLOAT_SEARCH FORCE
 MODEL ?= resnet
 PRECISION ?= fp16
 BATCH ?= 1:8:32
 OUT ?= engines
-WEIGHTS ?=
-INPUT_SHAPE ?=
-DYNAMIC ?=
-EXPORTER ?=
-CALIB ?=
-CALIB_METHOD ?= auto
-SMOOTH ?=
-FORCE ?=
-RECALIBRATE ?=
-STRICT_CALIB ?=
 BACKENDS ?=
 BATCHES ?=
-TARGET ?=
-KEEP_FP32 ?=
-NO_AUTO_FP32 ?=
-NO_FLOAT_SEARCH ?=
-TRUST_MODEL_FILE ?=
 HOST ?= 127.0.0.1
 PORT ?= 8000
 GRPC_PORT ?= 8001
 # Not exported: make would expand a command-line variable to put it into every recipe's environment,
 # running a $(shell ...) inside it.  The values reach Python as arguments only (arg, below).
-unexport MODEL PRECISION BATCH OUT WEIGHTS INPUT_SHAPE DYNAMIC EXPORTER CALIB CALIB_METHOD SMOOTH FORCE RECALIBRATE STRICT_CALIB \
-	BACKENDS BATCHES TARGET KEEP_FP32 NO_AUTO_FP32 NO_FLOAT_SEARCH TRUST_MODEL_FILE HOST PORT GRPC_PORT
+unexport $(SETTING_VALUES) $(SETTING_SWITCHES) BACKENDS BATCHES HOST PORT GRPC_PORT ACCURACY_BUDGET
 
 # Every value reaches Python as one argument, whatever it holds: $(value) stops make from expanding a
 # $(...) inside it, the single quotes stop the shell, and each ' in it becomes '\'' (close, escaped
@@ -46,13 +38,13 @@ define newline
 endef
 one_line = $(if $(findstring $(newline),$(value $(1))),$(error error: $(1) holds a line break; fix: give $(1) on one line))
 arg = $(call one_line,$(2))'--$(1)=$(subst ','\'',$(value $(2)))'
-PIPELINE_ARGS = $(call arg,model,MODEL) $(call arg,precision,PRECISION) $(call arg,batch,BATCH) $(call arg,out,OUT) \
-	$(if $(value WEIGHTS),$(call arg,weights,WEIGHTS)) $(if $(value INPUT_SHAPE),$(call arg,input-shape,INPUT_SHAPE)) \
-	$(if $(value DYNAMIC),$(call arg,dynamic,DYNAMIC)) $(if $(value EXPORTER),$(call arg,exporter,EXPORTER)) $(if $(value CALIB),$(call arg,calib,CALIB) $(call arg,calib-method,CALIB_METHOD)) \
-	$(if $(value SMOOTH),$(call arg,smooth,SMOOTH)) $(if $(value NO_FLOAT_SEARCH),--no-float-search) \
-	$(if $(value FORCE),--force) $(if $(value RECALIBRATE),--recalibrate) $(if $(value STRICT_CALIB),--strict-calib) $(if $(value TARGET),$(call arg,target,TARGET)) \
-	$(if $(value KEEP_FP32),$(call arg,keep-fp32,KEEP_FP32)) $(if $(value NO_AUTO_FP32),--no-auto-fp32) \
-	$(if $(value TRUST_MODEL_FILE),--trust-model-file)
+# The option of a variable (a name of ours, never a value): lower case, _ as -.
+option = $(shell printf %s '$(1)' | tr A-Z_ a-z-)
+# Given: not empty, or set on the command line or in the environment even as nothing (unexport defines the rest).
+given = $(or $(value $(1)),$(filter-out file default undefined,$(origin $(1))))
+# No $(strip): it would squeeze the spaces inside a value.
+PIPELINE_ARGS = $(foreach name,$(SETTING_VALUES),$(if $(call given,$(name)),$(call arg,$(call option,$(name)),$(name)))) \
+	$(foreach name,$(SETTING_SWITCHES),$(if $(value $(name)),--$(call option,$(name))))
 
 .PHONY: venv engine bench serve calibration-images accuracy test lint typecheck clean
 

@@ -1,4 +1,4 @@
-"""Our FP16 conversion (pipeline/stages/precision.py convert_fp16) next to NVIDIA ModelOpt AutoCast, same models.
+"""Our FP16 conversion (pipeline/stages/fp16.py convert_fp16) next to NVIDIA ModelOpt AutoCast, same models.
 
 For each model, `python -m trt_pipeline all --precision fp16` builds model.onnx (FP32), reference.npz and our
 model.fp16.onnx; AutoCast then converts the same model.onnx:
@@ -9,8 +9,8 @@ model.fp16.onnx; AutoCast then converts the same model.onnx:
     our converter scans.
 
 Both graphs are scored the same way: the faithful error (every float16 tensor rounded as the engine
-stores it, pipeline/stages/float16.py faithful_session) against PyTorch on reference.npz, and the share of
-compute left in FP16 (pipeline.stages.float16.fp32_compute_share).  The nodes in FP32 are read off each converted
+stores it, pipeline/evaluation/float16.py faithful_session) against PyTorch on reference.npz, and the share of
+compute left in FP16 (pipeline.stages.fp16_overflow.fp32_compute_share).  The nodes in FP32 are read off each converted
 graph alike: a node of the FP32 graph (same name) whose float outputs are float32 after shape inference;
 Casts the converters insert are not counted.  Needs `nvidia-modelopt` in the venv (not a project dependency):
 
@@ -38,8 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from trt_pipeline.pipeline.core.cpu import cpu_model  # noqa: E402
+from trt_pipeline.pipeline.evaluation.float16 import faithful_session  # noqa: E402
 from trt_pipeline.pipeline.folder.graph_io import load_reference  # noqa: E402
-from trt_pipeline.pipeline.stages.float16 import Case, TensorStats, faithful_session, fp32_compute_share  # noqa: E402
+from trt_pipeline.pipeline.stages.fp16_overflow import Case, TensorStats, fp32_compute_share  # noqa: E402
 
 MODELS = {  # label: (--model, --batch)
     "overflow_ffn": ("tests.toy_models:overflow_ffn", "1:8:32"),

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from trt_pipeline.models.spec import DynamicAxis, ModelSpec
-from trt_pipeline.pipeline.folder.manifest import cpu_graphs
+from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, graph_record
 
 SEQ = 32  # tokens per sentence, padded: the calibration .npz needs one shape
 CALIBRATION = 128
@@ -174,7 +174,7 @@ def main() -> None:
         for smooth in args.smooth.split(","):
             (alpha,) = Settings(smooth=smooth).smooth_alphas()
             folder = args.out / f"{method}-smooth-{smooth}"
-            cpu = folder / cpu_graphs("int8")[kind]
+            cpu = folder / graph_record("int8", CPU_TARGETS[kind]).file
             record = make_int8_graph(
                 fp32,
                 folder / "model.int8.onnx",
@@ -192,15 +192,15 @@ def main() -> None:
             print(f"{label} gate: {_gate(fp32, folder / 'model.int8.onnx', calib, record)}", flush=True)
 
 
-def _gate(fp32: Path, int8: Path, calib: Path, record: dict) -> str:
+def _gate(fp32: Path, int8: Path, calib: Path, record) -> str:
     """The pipeline's INT8 gate on the calibration data: its summary, or the first sentence of its refusal."""
     from trt_pipeline.calibration.readers import graph_inputs, read_calibration_data
     from trt_pipeline.pipeline.core.errors import PipelineError
     from trt_pipeline.pipeline.stages.parity import check_int8_agreement
 
-    data = read_calibration_data(calib, graph_inputs(fp32), None, samples=record["calibration"]["samples"], batch=16)
+    data = read_calibration_data(calib, graph_inputs(fp32), None, samples=record.calibration["samples"], batch=16)
     try:
-        return "pass: " + check_int8_agreement(fp32, [int8], data.batches)["summary"]
+        return "pass: " + check_int8_agreement(fp32, [int8], data.batches).summary
     except PipelineError as error:
         return f"refused: {error}"
 

@@ -45,7 +45,9 @@ from trt_pipeline.pipeline.core.cpu import cpu_instruction_sets, cpu_model, inst
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.settings import Settings
-from trt_pipeline.pipeline.folder.manifest import cpu_graphs, package_versions, read_manifest
+from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, graph_record
+from trt_pipeline.pipeline.folder.manifest import read_manifest
+from trt_pipeline.pipeline.folder.provenance import package_versions
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
 MODELOPT_SITE = "/tmp/modelopt-site"
@@ -374,7 +376,7 @@ def quantize_all(bench: Bench, fp32: Path, set_name: str, out: Path) -> dict[str
         folder = out / "-".join(["ours", *(f"{k}-{v}" for k, v in options.items())])
         graph, seconds, verdict = ours(bench.model, bench.sets[set_name], folder, options)
         graphs[label] = (graph, seconds, f"make_engine {verdict}")
-        served = graph.parent / cpu_graphs("int8")[int8_cpu_kind()]
+        served = graph.parent / graph_record("int8", CPU_TARGETS[int8_cpu_kind()]).file
         if not options and served.is_file():  # a CPU graph past its gate is left out of the folder
             graphs[SERVED_CPU] = (served, seconds, f"{served.name}, this CPU's ({int8_cpu_kind()}), on ORT's kernels")
     for label, op_types in ORT_OP_TYPES.items():

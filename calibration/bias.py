@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ..pipeline.evaluation.tensors import tensor_values
 from .readers import CalibrationData
 
 CORRECTED_OPS = ("Conv", "Gemm", "MatMul")  # a MatMul's bias is the constant of the one Add reading its output
@@ -71,8 +72,6 @@ def weight_input_means(calibrated: Path, fit: CalibrationData) -> dict[str, np.n
 
 def input_means(model: onnx.ModelProto, tensors: dict[str, int], fit: CalibrationData) -> dict[str, np.ndarray]:
     """The mean of each tensor per channel (along the axis `tensors` gives it) over the fit rows."""
-    from ..pipeline.core.sessions import tensor_values
-
     sums: dict[str, np.ndarray] = {}
     rows = 0
     for feed, values in zip(fit.batches, tensor_values(model, tensors, fit.batches), strict=True):

@@ -1,20 +1,29 @@
-"""The INT8 stage: FP32 graph + calibration data -> model.int8.onnx with calibrated Q/DQ pairs.
+"""INT8: FP32 graph + calibration data -> model.int8.onnx with calibrated Q/DQ pairs (the precision's one module;
+FP16's is pipeline/stages/fp16.py).
 
-read data -> hold out the rows the agreement gate judges (calibration/holdout.py) -> smoothing scales and ranges
-fit on the other rows (from the cache, or measured on the FP32 graph: calibration/smooth.py, then
-calibration/ranges.py on the smoothed graph) -> Q/DQ graph for TensorRT (model.int8.onnx) and, from the same
-ranges, two for ONNX Runtime's CPU kernels (pipeline.folder.manifest.cpu_graphs: one for CPUs with VNNI, one for
-those without; see calibration/qdq_cpu.py).  The record it returns goes to the manifest: method and options, what
-was smoothed, samples, batches, the data's sha256, the split and the fit rows' sha256, the cache's verdict and
-file, and each graph's Q/DQ structure.
+make_int8_graph composes the steps, each a function from typed values to a typed value:
+  read_calibration     the data, checked and split: the rows the agreement gate judges held out
+                       (calibration/holdout.py) -> CalibrationParts
+  build_candidates     per calibration method and smoothing alpha, scales and ranges fit on the other rows (from
+                       the cache, or measured on the FP32 graph: calibration/smooth.py, then calibration/ranges.py on
+                       the smoothed graph) and its Q/DQ graph -> Candidate each
+  judge_candidates     each judged on the held-out rows with its biases corrected where that helps
+                       (calibration/bias.py), the best kept -> Search
+  search_float         the op where the held-out error starts tried in float -> Search
+  write_int8_graphs    the Q/DQ graph for TensorRT (model.int8.onnx) and, from the same ranges, one for ONNX
+                       Runtime's kernels per kind of CPU (pipeline.folder.layout: with VNNI or without; see
+                       calibration/qdq_cpu.py) -> Int8Graphs
+  int8_result          the manifest's record (method and options, what was smoothed, samples, batches, the data's
+                       sha256, the split and the fit rows' sha256, the cache's verdict and file, each graph's Q/DQ
+                       structure) and the stage's line -> Int8Result
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -23,8 +32,14 @@ import onnx
 
 from ..models.spec import ImagePreprocess
 from ..pipeline.core.compute import COMPUTE_OPS
+from ..pipeline.core.precision import Precision
+from ..pipeline.core.settings import DEFAULTS
+from ..pipeline.evaluation import node_tolerance
+from ..pipeline.evaluation.agreement import Judge
+from ..pipeline.evaluation.layers import compare_layers, first_past
 from ..pipeline.folder.artifacts import atomic_path, sha256_file, write_npz
-from ..pipeline.folder.manifest import CalibrationSplit, RowsAgreement, engine_graph
+from ..pipeline.folder.layout import graph_record
+from ..pipeline.folder.records import CalibrationSplit, RowsAgreement
 from .bias import correct_biases, weight_input_means
 from .cache import CacheLookup, cache_key, cache_path, load_ranges, save_ranges
 from .holdout import split_rows
@@ -53,8 +68,7 @@ FLOAT_MIN_GAIN = 0.1
 FLOAT_GAIN_PER_SHARE = 10.0
 MIN_INT8_SHARE = 0.99
 TENSORRT_WEIGHTS = ("QInt8", True, False)  # qdq.quantize_qdq's weights as a qdq_cpu.WEIGHT_FORMS entry
-# The INT8 graphs for ONNX Runtime on the CPU, beside model.int8.onnx, by the kind of CPU they are for
-# (pipeline.core.cpu.int8_cpu_kind); the runner on a CPU takes the one for its CPU.
+QDQ_GRAPH = "model.qdq.onnx"  # each candidate's Q/DQ graph, in its scratch folder
 
 
 @dataclass(frozen=True)
@@ -69,11 +83,13 @@ class CalibrationConfig:
     else the first.  Off unless asked for here; Settings (SMOOTH=auto) tries 0.9 and off for the pipeline.
     float_search: with a judge and held-out rows, try leaving the op where the held-out error starts in float
     (FLOAT_OPS_TRIED); on for the pipeline unless NO_FLOAT_SEARCH.
+    Called directly (a test, a benchmark), it builds one candidate with no search unless told; the pipeline's
+    search comes from Settings through from_settings, the one place the two meet.
     """
 
     methods: tuple[str, ...] = ("percentile",)
-    samples: int = 256
-    batch: int = 16
+    samples: int = DEFAULTS["calib_samples"]
+    batch: int = DEFAULTS["calib_batch"]
     recalibrate: bool = False
     smooth_alphas: tuple[float | None, ...] = (None,)
     float_search: bool = False
@@ -81,12 +97,12 @@ class CalibrationConfig:
     @classmethod
     def from_settings(cls, settings) -> CalibrationConfig:
         return cls(
-            settings.calib_methods(),
-            settings.calib_samples,
-            settings.calib_batch,
-            settings.recalibrate,
-            settings.smooth_alphas(),
-            settings.float_search,
+            methods=settings.calib_methods(),
+            samples=settings.calib_samples,
+            batch=settings.calib_batch,
+            recalibrate=settings.recalibrate,
+            smooth_alphas=settings.smooth_alphas(),
+            float_search=settings.float_search,
         )
 
     @staticmethod
@@ -95,15 +111,22 @@ class CalibrationConfig:
         return {**method_options(method), "smooth_alpha": alpha, **smoothing_options(alpha)}
 
 
-# Judges a candidate INT8 graph on rows it never saw: (graph, batches) -> its worst output's agreement with FP32.
-# The stage passes the agreement gate's own evaluation (pipeline/stages/parity.py), so the pick and the gate agree.
-Judge = Callable[[Path, list[dict[str, np.ndarray]]], RowsAgreement]
+@dataclass(frozen=True)
+class CalibrationParts:
+    """The calibration data, and the same data cut by calibration/holdout.py: the rows ranges and smoothing are fit
+    on, the rows the agreement gate judges them on (None where the set is too small to hold any out), and the
+    split's record."""
+
+    data: CalibrationData
+    fit: CalibrationData
+    held_out: CalibrationData | None
+    split: CalibrationSplit
 
 
-@dataclass
+@dataclass(frozen=True)
 class Candidate:
     """One way of quantizing the graph (a calibration method and a smoothing alpha): its calibrated FP32 graph,
-    ranges and Q/DQ graph."""
+    ranges and Q/DQ graph, and how it was judged."""
 
     method: str
     alpha: float | None
@@ -122,6 +145,11 @@ class Candidate:
     uncorrected: Path | None = None
     bias_correction: dict | None = None  # the held-out errors before and after it, and whether it was kept
 
+    @property
+    def fp32_equal(self) -> Path:
+        """Its calibrated graph before any bias correction: equal to the FP32 graph in exact arithmetic."""
+        return self.uncorrected or self.calibrated
+
     def as_record(self) -> dict:
         """Its method, alpha and held-out numbers as compared (its biases corrected where that was kept)."""
         judged = self.held_out
@@ -135,6 +163,63 @@ class Candidate:
         return f"{self.method}, {_alpha_text(self.alpha)}"
 
 
+@dataclass(frozen=True)
+class Search:
+    """Every candidate tried, judged on the held-out rows where there is a judge, and the one kept; the weights'
+    input means at its smoothing (bias correction's, None where nothing was judged), its ops' multiply-adds, and
+    the record of the float search (None where it did not run)."""
+
+    tried: tuple[Candidate, ...]
+    chosen: Candidate
+    means: dict[str, np.ndarray] | None
+    macs: dict[str, int]
+    float_search: dict | None = None
+
+
+@dataclass(frozen=True)
+class CpuGraph:
+    """One graph for ONNX Runtime's CPU kernels: its structure and kernels, or why it could not be made."""
+
+    graph: str
+    details: dict
+    failed: str | None = None
+
+    def as_json(self) -> dict:
+        return {"graph": self.graph, "failed": self.failed} if self.failed else {"graph": self.graph, **self.details}
+
+
+@dataclass(frozen=True)
+class Int8Graphs:
+    """What was written: the engine's Q/DQ graph (its file name), the CPU graphs by kind of CPU, and the share of
+    the compute the engine's graph runs in INT8."""
+
+    engine: str
+    cpu: dict[str, CpuGraph]
+    share: dict
+
+
+@dataclass(frozen=True)
+class Int8Result:
+    """The INT8 stage's result: the calibration record (the manifest's `calibration`), the engine graph's Q/DQ
+    structure, the CPU graphs by kind (those not written say why), the stage's line, and the kept candidate (its
+    calibrated graph and ranges, files of the scratch folder: valid while it is)."""
+
+    calibration: dict
+    qdq: dict
+    cpu: dict[str, CpuGraph]
+    summary: str
+    chosen: Candidate
+
+    @property
+    def written_cpu_graphs(self) -> dict[str, str]:
+        """{kind of CPU: graph file} of the CPU graphs written."""
+        return {kind: graph.graph for kind, graph in self.cpu.items() if graph.failed is None}
+
+    def as_json(self) -> dict:
+        cpu = {"qdq_onnxruntime_cpu": {kind: graph.as_json() for kind, graph in self.cpu.items()}} if self.cpu else {}
+        return {"summary": self.summary, "calibration": self.calibration, "qdq": self.qdq, **cpu}
+
+
 def make_int8_graph(
     fp32_path: Path,
     out_path: Path,
@@ -145,68 +230,133 @@ def make_int8_graph(
     cache_folder: Path,
     cpu_out_paths: dict[str, Path] | None = None,
     judge: Judge | None = None,
-) -> dict:
+    scratch: Path | None = None,
+) -> Int8Result:
     """Calibrate (or reuse cached ranges) and write the Q/DQ graph (and the CPU-shaped ones to `cpu_out_paths`,
-    by kind of CPU, when given); return the stage record.  Several candidates (config.methods x
-    config.smooth_alphas), a `judge` and held-out rows: each candidate is built and judged on the held-out rows,
-    the best kept."""
+    by kind of CPU, when given).  Several candidates (config.methods x config.smooth_alphas), a `judge` and
+    held-out rows: each candidate is built and judged on the held-out rows, the best kept.  scratch: where the
+    candidates' graphs go (kept by the caller, for the result's chosen candidate); by default a folder removed on
+    return."""
+    parts = read_calibration(fp32_path, source, preprocess, config, cache_folder)
+    with contextlib.ExitStack() as stack:
+        scratch = scratch or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="int8.")))
+        candidates = build_candidates(fp32_path, parts, config, cache_folder, scratch, judged=judge is not None)
+        search = judge_candidates(candidates, parts, judge)
+        search = search_float(search, parts, config, judge, scratch / "float")
+        written = write_int8_graphs(search, out_path, cpu_out_paths or {}, scratch)
+    return int8_result(fp32_path, config, parts, search, written)
+
+
+def read_calibration(
+    fp32_path: Path,
+    source: CalibrationSource,
+    preprocess: ImagePreprocess | None,
+    config: CalibrationConfig,
+    cache_folder: Path,
+) -> CalibrationParts:
+    """The calibration data, checked against the graph's inputs and split; its first judged rows kept (SAMPLE)."""
     data = read_calibration_data(
         source, graph_inputs(fp32_path), preprocess, samples=config.samples, batch=config.batch
     )
     parts = split_calibration(data, config.batch)
     judged = (parts.held_out or parts.fit).batches[0]
     write_npz(cache_folder / SAMPLE, {name: array[:SAMPLE_ROWS] for name, array in judged.items()})
-    fit, split = parts.fit, parts.split
-    choices = _choices(fp32_path, config, judged=judge is not None and bool(parts.held_out))
-    measured: dict[float | None, dict[str, np.ndarray]] = {}  # smoothing scales by alpha: every method's the same
-    with tempfile.TemporaryDirectory(prefix="int8.") as scratch:
-        tried = [
-            _candidate(fp32_path, fit, config, method, alpha, cache_folder, Path(scratch) / str(index), measured)
-            for index, (method, alpha) in enumerate(choices)
-        ]
-        means_by_alpha: dict[float | None, dict[str, np.ndarray]] = {}  # the weights' input means by smoothing
-        if judge is not None and parts.held_out is not None:
-            # Each judged as it would be served: the correction can reverse a near-tie (docs/precision.md).
-            tried = [
-                _correct_biases(candidate, fit, means_by_alpha, parts.held_out.batches, judge, candidate.qdq.parent)
-                for candidate in tried
-            ]
-        chosen = min(tried, key=lambda c: c.held_out.error_mean if c.held_out else 0.0)  # the first on ties
-        macs = macs_by_op(*compute_shapes(chosen.calibrated, {k: v[:1] for k, v in fit.batches[0].items()}))
-        means = means_by_alpha.get(chosen.alpha)
-        float_search: dict | None = None
-        if judge is not None and parts.held_out is not None and means is not None and config.float_search:
-            chosen, float_search = _keep_float(
-                chosen, means, parts.held_out.batches, judge, macs, Path(scratch) / "float"
-            )
-        with atomic_path(out_path) as temporary:
-            shutil.copyfile(chosen.qdq, temporary)
-        cpu_paths = (cpu_out_paths or {}).items()
-        cpu = {kind: _cpu_graph(chosen, path, kind, means, Path(scratch) / kind) for kind, path in cpu_paths}
-        share = int8_share(chosen.qdq, macs)
-    options, scales = config.options(chosen.method, chosen.alpha), chosen.scales
-    lookup, structure = chosen.lookup, chosen.structure
-    cache_file, collect_seconds = chosen.cache_file, sum(c.collect_seconds for c in tried)
+    return parts
+
+
+def build_candidates(
+    fp32_path: Path,
+    parts: CalibrationParts,
+    config: CalibrationConfig,
+    cache_folder: Path,
+    scratch: Path,
+    *,
+    judged: bool,
+) -> tuple[Candidate, ...]:
+    """A candidate per (method, alpha) worth one (_choices; the first of each where none can be judged), each in a
+    folder of `scratch`; the smoothing scales are measured once per alpha (they depend on the data, not the
+    method)."""
+    choices = _choices(fp32_path, config, judged=judged and parts.held_out is not None)
+    measured: dict[float | None, dict[str, np.ndarray]] = {}
+    return tuple(
+        _candidate(fp32_path, parts.fit, config, method, alpha, cache_folder, scratch / str(index), measured)
+        for index, (method, alpha) in enumerate(choices)
+    )
+
+
+def judge_candidates(candidates: tuple[Candidate, ...], parts: CalibrationParts, judge: Judge | None) -> Search:
+    """Each candidate judged on the held-out rows as it would be served: its biases corrected where that lowers the
+    error (the correction can reverse a near-tie: docs/precision.md); the one with the lowest error kept (the first
+    on ties, and where nothing can be judged)."""
+    means_by_alpha: dict[float | None, dict[str, np.ndarray]] = {}  # the weights' input means by smoothing
+    tried = candidates
+    if judge is not None and parts.held_out is not None:
+        held_out = parts.held_out.batches
+        tried = tuple(
+            _correct_biases(candidate, parts.fit, means_by_alpha, held_out, judge, candidate.qdq.parent)
+            for candidate in candidates
+        )
+    chosen = min(tried, key=lambda c: c.held_out.error_mean if c.held_out else 0.0)
+    macs = macs_by_op(*compute_shapes(chosen.calibrated, {k: v[:1] for k, v in parts.fit.batches[0].items()}))
+    return Search(tried, chosen, means_by_alpha.get(chosen.alpha), macs)
+
+
+def search_float(
+    search: Search, parts: CalibrationParts, config: CalibrationConfig, judge: Judge | None, scratch: Path
+) -> Search:
+    """The kept candidate with the ops kept in float that earned it (_keep_float), where the float search is on and
+    the candidates were judged; else as it was."""
+    if judge is None or parts.held_out is None or search.means is None or not config.float_search:
+        return search
+    chosen, record = _keep_float(search.chosen, search.means, parts.held_out.batches, judge, search.macs, scratch)
+    return replace(search, chosen=chosen, float_search=record)
+
+
+def write_int8_graphs(search: Search, out_path: Path, cpu_out_paths: dict[str, Path], scratch: Path) -> Int8Graphs:
+    """The kept candidate's Q/DQ graph to `out_path` and, from its ranges, a graph for each kind of CPU in
+    `cpu_out_paths` (those ONNX Runtime's quantizer cannot make are recorded, not written)."""
+    chosen = search.chosen
+    with atomic_path(out_path) as temporary:
+        shutil.copyfile(chosen.qdq, temporary)
+    cpu = {kind: _cpu_graph(chosen, path, kind, search.means, scratch / kind) for kind, path in cpu_out_paths.items()}
+    return Int8Graphs(out_path.name, cpu, int8_share(chosen.qdq, search.macs))
+
+
+def int8_result(
+    fp32_path: Path, config: CalibrationConfig, parts: CalibrationParts, search: Search, written: Int8Graphs
+) -> Int8Result:
+    """The stage's result: the manifest's calibration record and the line it prints."""
+    calibration = _calibration_record(fp32_path, config, parts, search, written)
+    summary = _summary(parts, search, written, calibration["collect_seconds"])
+    return Int8Result(calibration, search.chosen.structure, written.cpu, summary, search.chosen)
+
+
+def _calibration_record(
+    fp32_path: Path, config: CalibrationConfig, parts: CalibrationParts, search: Search, written: Int8Graphs
+) -> dict:
+    """What the manifest's `calibration` says: the kept candidate's options and smoothing, the data and its split,
+    the cache, the share of the compute in INT8, and how the candidate was chosen."""
+    chosen, tried = search.chosen, search.tried
     calibration = {
-        **options,
-        "smoothing": _smoothing_record(fp32_path, scales, chosen.alpha),
-        "source": data.description,
-        "samples": data.samples,
+        **config.options(chosen.method, chosen.alpha),
+        "smoothing": _smoothing_record(fp32_path, chosen.scales, chosen.alpha),
+        "source": parts.data.description,
+        "samples": parts.data.samples,
         "batch": config.batch,
-        "batches": len(data.batches),
-        "data_sha256": data.digest,
-        "split": split.as_json(),
-        "fit_sha256": fit.digest,
-        "cache": lookup.status,
-        "cache_file": str(cache_file),
-        "collect_seconds": collect_seconds,
+        "batches": len(parts.data.batches),
+        "data_sha256": parts.data.digest,
+        "split": parts.split.as_json(),
+        "fit_sha256": parts.fit.digest,
+        "cache": chosen.lookup.status,
+        "cache_file": str(chosen.cache_file),
+        "collect_seconds": sum(c.collect_seconds for c in tried),
         "quantizer": _quantizer_name(),
     }
-    calibration["int8_share"] = {**share, "float_ops": list(chosen.float_ops)}
+    calibration["int8_share"] = {**written.share, "float_ops": list(chosen.float_ops)}
     if chosen.bias_correction is not None:
         calibration["bias_correction"] = chosen.bias_correction
-    if float_search is not None:
-        calibration["float_search"] = float_search
+    if search.float_search is not None:
+        calibration["float_search"] = search.float_search
     if len(tried) > 1:
         calibration["search"] = {
             "candidates": [candidate.as_record() for candidate in tried],
@@ -214,7 +364,33 @@ def make_int8_graph(
             "chosen_on": f"the {parts.held_out.samples if parts.held_out else 0} held-out calibration rows (the gate "
             f"then judges the kept graph on the same rows: a pick of {len(tried)}, not an independent test)",
         }
-    smoothed = f", {len(scales)} activations smoothed (alpha {chosen.alpha:g})" if chosen.alpha else ""
+    return calibration
+
+
+def _summary(parts: CalibrationParts, search: Search, written: Int8Graphs, collect_seconds: float) -> str:
+    """The stage's line: what was kept and why, how the ranges were had, and each CPU graph's kernels."""
+    chosen, tried, status = search.chosen, search.tried, search.chosen.lookup.status
+    verdict = "cached ranges" if status == "hit" else f"calibrated in {collect_seconds:.1f} s ({status})"
+    summary = (
+        f"{written.engine}: {chosen.method} on {parts.fit.samples} of {parts.data.samples} samples "
+        f"({len(parts.split.held_out)} held out for the gate){_how_kept(chosen, tried, written.share)}, {verdict}; "
+        f"{chosen.structure['quantized_ops']} ops with Q/DQ inputs, {chosen.structure['per_channel_weights']} "
+        "per-channel weights"
+    )
+    for kind, graph in written.cpu.items():
+        if graph.failed is not None:
+            summary += f"; {graph.graph} ({kind}) not written: {graph.failed}"
+            continue
+        kernels = graph.details["int8_kernels"] + graph.details["float_kernels"]
+        summary += (
+            f"; {graph.graph} ({kind}): {graph.details['int8_kernels']} of {kernels} as ONNX Runtime int8 kernels"
+        )
+    return summary
+
+
+def _how_kept(chosen: Candidate, tried: tuple[Candidate, ...], share: dict) -> str:
+    """What the kept candidate smoothed, corrected and left in float, and what it was picked among."""
+    smoothed = f", {len(chosen.scales)} activations smoothed (alpha {chosen.alpha:g})" if chosen.alpha else ""
     if len(tried) > 1:
         errors = "; ".join(f"{c.label} {c.held_out.error_mean:.3g}" for c in tried if c.held_out)
         smoothed += f" (the lowest held-out error of {len(tried)}: {errors})"
@@ -224,22 +400,7 @@ def make_int8_graph(
         smoothed += (
             f", {', '.join(chosen.float_ops)} left in float ({share['int8_compute_share']:.2%} of the compute INT8)"
         )
-    verdict = "cached ranges" if lookup.status == "hit" else f"calibrated in {collect_seconds:.1f} s ({lookup.status})"
-    summary = (
-        f"{out_path.name}: {chosen.method} on {fit.samples} of {data.samples} samples "
-        f"({len(split.held_out)} held out for the gate){smoothed}, {verdict}; "
-        f"{structure['quantized_ops']} ops with Q/DQ inputs, {structure['per_channel_weights']} per-channel weights"
-    )
-    stage: dict = {"calibration": calibration, "qdq": structure}
-    for kind, graph in cpu.items():
-        if "failed" in graph:
-            summary += f"; {graph['graph']} ({kind}) not written: {graph['failed']}"
-            continue
-        kernels = graph["int8_kernels"] + graph["float_kernels"]
-        summary += f"; {graph['graph']} ({kind}): {graph['int8_kernels']} of {kernels} as ONNX Runtime int8 kernels"
-    if cpu:
-        stage["qdq_onnxruntime_cpu"] = cpu
-    return {"summary": summary, **stage}
+    return smoothed
 
 
 def _choices(fp32_path: Path, config: CalibrationConfig, *, judged: bool) -> list[tuple[str, float | None]]:
@@ -264,7 +425,7 @@ def _candidate(
     measured: dict[float | None, dict[str, np.ndarray]],
 ) -> Candidate:
     """One method's and smoothing alpha's graph: scales and ranges fit on `fit` (or from the cache), its Q/DQ graph
-    in `scratch` under the engine graph's own name (the gate's evaluation simulates Q/DQ by that name).  `measured`:
+    in `scratch` (QDQ_GRAPH).  `measured`:
     the scales measured so far by alpha, which this adds to (they depend on the data, not on the method)."""
     scratch.mkdir(parents=True)
     options = config.options(method, alpha)
@@ -287,7 +448,7 @@ def _candidate(
         save_ranges(cache_file, key, ranges, {"source": fit.description, "samples": fit.samples, **options}, scales)
     else:
         calibrated = calibrated_graph(fp32_path, scales, calibrated_path)
-    qdq = scratch / engine_graph("int8")
+    qdq = scratch / QDQ_GRAPH
     structure = quantize_qdq(calibrated, qdq, ranges)
     return Candidate(method, alpha, calibrated, ranges, scales, lookup, cache_file, collect_seconds, qdq, structure)
 
@@ -337,7 +498,7 @@ def _quantized(
     (bias.weight_input_means), its biases corrected for the rounding of the weights it quantizes, which are the
     candidate's Q/DQ graph's (the same weights, the same ranges)."""
     scratch.mkdir(parents=True)
-    calibrated, qdq = candidate.uncorrected or candidate.calibrated, scratch / engine_graph("int8")
+    calibrated, qdq = candidate.fp32_equal, scratch / QDQ_GRAPH
     correction = None
     if means is not None:
         corrected = scratch / "model.calibrated.onnx"
@@ -400,10 +561,9 @@ def _keep_float(
 def _where_error_starts(candidate: Candidate, inputs: dict[str, np.ndarray]) -> str | None:
     """The Conv/Gemm/MatMul feeding the first node past the gate's level on these rows (trt-pipeline diagnose's
     first node), traced back through the ops between them; None where no node is past it."""
-    from ..pipeline.quality.diagnose import compare_layers, first_past, node_tolerance
-
-    fp32 = candidate.uncorrected or candidate.calibrated  # FP32's equal: corrected biases are no reference
-    first = first_past(compare_layers(fp32, candidate.qdq, inputs, "int8"), node_tolerance("int8"))
+    # FP32's equal, not the corrected graph: corrected biases are no reference.
+    errors = compare_layers(candidate.fp32_equal, candidate.qdq, inputs, graph_record(Precision.INT8))
+    first = first_past(errors, node_tolerance(Precision.INT8))
     if first is None:
         return None
     model = onnx.load(str(candidate.calibrated))
@@ -418,26 +578,16 @@ def _alpha_text(alpha: float | None) -> str:
     return f"alpha {alpha:g}" if alpha else "off"
 
 
-@dataclass(frozen=True)
-class CalibrationParts:
-    """The calibration data cut by calibration/holdout.py: the rows ranges and smoothing are fit on, the rows the
-    agreement gate judges them on (None where the set is too small to hold any out), and the split's record."""
-
-    fit: CalibrationData
-    held_out: CalibrationData | None
-    split: CalibrationSplit
-
-
 def split_calibration(data: CalibrationData, batch: int) -> CalibrationParts:
     """`data` cut into the rows calibration fits on and the rows it never sees (the same rows for every reader
     of the same data: the split depends on the row count alone)."""
     split = split_rows(data.samples)
     record = CalibrationSplit(split.rule, split.rows, tuple(int(row) for row in split.held_out))
     if not len(split.held_out):
-        return CalibrationParts(data, None, record)
+        return CalibrationParts(data, data, None, record)
     fit = rows_of(data, split.fit, batch, f"the {len(split.fit)} rows fit on")
     held_out = rows_of(data, split.held_out, batch, f"the {len(split.held_out)} held-out rows")
-    return CalibrationParts(fit, held_out, record)
+    return CalibrationParts(data, fit, held_out, record)
 
 
 def calibration_sample(folder: Path) -> dict[str, np.ndarray] | None:
@@ -484,8 +634,10 @@ def _smoothing_record(fp32_path: Path, scales: dict[str, np.ndarray], alpha: flo
     return smoothing_record(groups, scales, alpha)
 
 
-def _cpu_graph(chosen: Candidate, path: Path, kind: str, means: dict[str, np.ndarray] | None, scratch: Path) -> dict:
-    """One CPU-shaped graph's record, or {"graph", "failed"} when ONNX Runtime's quantizer cannot make it; where
+def _cpu_graph(
+    chosen: Candidate, path: Path, kind: str, means: dict[str, np.ndarray] | None, scratch: Path
+) -> CpuGraph:
+    """One CPU-shaped graph, or why ONNX Runtime's quantizer cannot make it; where
     the engine's graph has its biases corrected, this one has them corrected for its own weights' rounding (uint8
     weights round otherwise than int8), every op's: it quantizes them all.
 
@@ -498,21 +650,15 @@ def _cpu_graph(chosen: Candidate, path: Path, kind: str, means: dict[str, np.nda
     try:
         if chosen.uncorrected is None or means is None or WEIGHT_FORMS[weights] == TENSORRT_WEIGHTS:
             # No correction, or one for the very weights this graph rounds: chosen.calibrated's biases fit it.
-            return {"graph": path.name, **quantize_for_cpu(chosen.calibrated, path, chosen.ranges, weights=weights)}
+            return CpuGraph(path.name, quantize_for_cpu(chosen.calibrated, path, chosen.ranges, weights=weights))
         scratch.mkdir(parents=True)
         quantize_for_cpu(chosen.uncorrected, scratch / path.name, chosen.ranges, weights=weights)
         corrected = scratch / "model.calibrated.onnx"
         correction = correct_biases(chosen.uncorrected, scratch / path.name, means, corrected)
         record = quantize_for_cpu(corrected, path, chosen.ranges, weights=weights)
-        return {"graph": path.name, **record, "bias_correction": correction}
+        return CpuGraph(path.name, {**record, "bias_correction": correction})
     except Exception as error:  # ORT's quantizer raises ValueError, KeyError, AssertionError, its Fail, ...
-        return {"graph": path.name, "failed": f"{type(error).__name__}: {error}"}
-
-
-def written_cpu_graphs(record: dict) -> dict[str, str]:
-    """{kind of CPU: graph name} of the CPU-shaped graphs an int8 stage record says it wrote."""
-    graphs = record.get("qdq_onnxruntime_cpu") or {}
-    return {kind: graph["graph"] for kind, graph in graphs.items() if "failed" not in graph}
+        return CpuGraph(path.name, {}, failed=f"{type(error).__name__}: {error}")
 
 
 def _quantizer_name() -> str:

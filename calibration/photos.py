@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..pipeline.folder.artifacts import atomic_path
+
 DEFAULT_FOLDER = Path("calibration/samples")
 CROP_FRACTION = 0.6
 
@@ -67,8 +69,6 @@ def views(image: np.ndarray) -> dict[str, np.ndarray]:
 def export_calibration_images(folder: Path) -> list[Path]:
     """Write every view of every photo as PNG into `folder`; returns the paths written."""
     from PIL import Image
-
-    from ..pipeline.folder.artifacts import atomic_path
 
     folder.mkdir(parents=True, exist_ok=True)
     written = []

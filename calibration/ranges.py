@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from ..pipeline.core.errors import PipelineError
+from ..pipeline.core.settings import mention_name
 from .readers import CalibrationData, Feed
 
 # The ops that get Q/DQ on their inputs: TensorRT runs these in INT8 and fuses the rest around them.
@@ -82,7 +83,8 @@ def _collect(calibrator, feed: Feed, index: int, fp32_path: Path) -> None:
         raise PipelineError(
             f"ONNX Runtime could not run {Path(fp32_path).name} on calibration batch {index} ({shapes}): "
             f"{type(error).__name__}: {error}",
-            "give calibration data the model accepts as served inputs (CALIB=): the values, e.g. integer ids "
+            f"give calibration data the model accepts as served inputs ({mention_name('calib')}): the values, "
+            "e.g. integer ids "
             "within the range the model looks them up in",
         ) from None
 

@@ -17,6 +17,8 @@ import numpy as np
 
 from ..models.spec import ImagePreprocess
 from ..pipeline.core.errors import PipelineError
+from ..pipeline.core.mentions import command
+from ..pipeline.core.settings import mention, mention_name
 from ..pipeline.folder.graph_io import graph_io
 from .preprocess import IMAGE_SUFFIXES, image_shape, load_image
 
@@ -106,7 +108,8 @@ def read_calibration_data(
             raise PipelineError(
                 f"calibration data {path} is neither a folder nor a .npy/.npz file"
                 + ("" if path.exists() else " (it does not exist)"),
-                "give CALIB=<folder of .jpg/.png images> or CALIB=<file.npy|file.npz> of model-ready inputs",
+                f"give {mention(calib='<folder of .jpg/.png images>')} or {mention(calib='<file.npy|file.npz>')} "
+                "of model-ready inputs",
             )
     _check_arrays(arrays, inputs, description)
     return _batched(arrays, samples, batch, description)
@@ -120,8 +123,8 @@ def _arrays_from_image_folder(
 ) -> dict[str, np.ndarray]:
     if preprocess is None:
         raise PipelineError(
-            f"CALIB={folder} is a folder of images, but this model declares no image preprocessing",
-            "give model-ready inputs as CALIB=<file.npy|file.npz> instead (or set ModelSpec.preprocess "
+            f"{mention(calib=folder)} is a folder of images, but this model declares no image preprocessing",
+            f"give model-ready inputs as {mention(calib='<file.npy|file.npz>')} instead (or set ModelSpec.preprocess "
             "in the model's factory)",
         )
     if len(inputs) != 1:
@@ -134,7 +137,7 @@ def _arrays_from_image_folder(
     if not paths:
         raise PipelineError(
             f"calibration folder {folder} contains no .jpg/.jpeg/.png images (searched recursively)",
-            "put representative images there, e.g. `make calibration-images` exports photographs to "
+            f"put representative images there, e.g. `{command('calibration-images')}` exports photographs to "
             "calibration/samples",
         )
     images = [load_image(p, preprocess) for p in _progress(paths[:samples], "reading images")]
@@ -251,7 +254,7 @@ def _batched(arrays: dict[str, np.ndarray], samples: int, batch: int, descriptio
         raise PipelineError(
             f"{description} gives {count} calibration sample(s), fewer than one batch of {batch}",
             "add more data (a few hundred representative samples is typical), or lower the calibration batch "
-            "(--calib-batch) and samples (--calib-samples) so a batch fits",
+            f"({mention_name('calib_batch')}) and samples ({mention_name('calib_samples')}) so a batch fits",
         )
     return _identified({name: array[:count] for name, array in arrays.items()}, batch, description)
 

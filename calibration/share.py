@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 
 from ..pipeline.core.compute import COMPUTE_OPS, multiply_adds
-from ..pipeline.core.sessions import tensor_values
+from ..pipeline.evaluation.tensors import tensor_values
 
 SHAPE_OPS = ("Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze")
 

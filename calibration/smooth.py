@@ -28,6 +28,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ..pipeline.evaluation.tensors import tensor_values
 from .readers import Feed
 
 # s is kept within these bounds: a channel that is zero over the whole calibration set (or a weight row of zeros)
@@ -78,8 +79,6 @@ def smoothable(model: onnx.ModelProto) -> dict[str, list[Consumer]]:
 
 def channel_maxima(model: onnx.ModelProto, tensors: list[str], batches: list[Feed]) -> dict[str, np.ndarray]:
     """max |X_j| over every calibration batch, per channel of each tensor's last axis (ONNX Runtime, CPU)."""
-    from ..pipeline.core.sessions import tensor_values
-
     maxima: dict[str, np.ndarray] = {}
     for values in tensor_values(model, tensors, batches):
         for name in tensors:

@@ -29,6 +29,7 @@ import re
 from pathlib import Path
 
 from ..pipeline.core.errors import PipelineError
+from ..pipeline.core.settings import engine_command, mention
 from . import factories, files, forward_check, huggingface, inputs, state_dicts
 from .registry import ALIASES, REGISTRY
 from .spec import ModelSpec
@@ -77,8 +78,8 @@ def load_model(
     kind, target = _resolve(model)
     if kind == "file" and Path(target).suffix.lower() == ".onnx":
         raise PipelineError(
-            f"MODEL={model!r} is an ONNX graph, which holds no PyTorch model",
-            "build it with `make engine MODEL=<file>.onnx` (the pipeline starts at check) and run it with the "
+            f"{mention(model=model)} is an ONNX graph, which holds no PyTorch model",
+            f"build it with `{engine_command(model='<file>.onnx')}` (the pipeline starts at check) and run it with the "
             "onnxruntime or tensorrt backend, not torch",
         )
     spec, sources, form = _load_by_kind(kind, target, weights, trust_model_file)
@@ -86,7 +87,7 @@ def load_model(
         spec.example_inputs = inputs.example_inputs_from_shapes(shapes)
     elif not spec.example_inputs:
         raise PipelineError(
-            f"MODEL={model!r} is {form}, which does not say what its inputs are", inputs.INPUT_SHAPE_HELP
+            f"{mention(model=model)} is {form}, which does not say what its inputs are", inputs.INPUT_SHAPE_HELP
         )
     if huggingface.is_transformers_model(spec.module):
         spec = huggingface.adapt(spec, model, dynamic_given=requests is not None)
@@ -119,7 +120,7 @@ def _resolve(model: str) -> tuple[str, str | Path]:
         return "folder", path
     if path.is_dir():
         raise PipelineError(
-            f"MODEL={model} is a folder without {huggingface.CONFIG_FILE}", f"give {huggingface.FOLDER_FORM}"
+            f"{mention(model=model)} is a folder without {huggingface.CONFIG_FILE}", f"give {huggingface.FOLDER_FORM}"
         )
     if factories.is_factory_reference(model):
         return "factory", model

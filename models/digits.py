@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..calibration.preprocess import normalize
 from ..pipeline.core.errors import PipelineError
 from ..pipeline.folder.artifacts import sha256_file
 from .spec import ImagePreprocess, ModelSpec
@@ -72,8 +73,6 @@ def load_split() -> DigitsSplit:
     """The fixed, stratified train / held-out split of sklearn's digits, preprocessed for the model."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
-
-    from ..calibration.preprocess import normalize
 
     digits = load_digits()
     intensities = (digits.images / PIXEL_MAX).astype(np.float32)[..., np.newaxis]  # N, 8, 8, 1 in 0..1

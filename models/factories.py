@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..pipeline.core.errors import PipelineError
+from ..pipeline.core.settings import mention, mention_name
 from .inputs import SINGLE_INPUT_NAME
 from .spec import ModelSpec, first_line, forward_parameters
 
@@ -36,7 +37,7 @@ def import_factory(reference: str) -> tuple[Any, Path | None]:
         module = importlib.import_module(module_name)
     except Exception as exc:  # the user's module: any error while importing it is theirs to fix
         raise PipelineError(
-            f"MODEL={reference!r}: importing module {module_name!r} failed: {type(exc).__name__}: {exc}",
+            f"{mention(model=reference)}: importing module {module_name!r} failed: {type(exc).__name__}: {exc}",
             "run from the directory that contains the package (it is put on sys.path) and fix the import error",
         ) from exc
     target: Any = module
@@ -44,14 +45,15 @@ def import_factory(reference: str) -> tuple[Any, Path | None]:
         if not hasattr(target, attr):
             public = sorted(n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n)))
             raise PipelineError(
-                f"MODEL={reference!r}: module {module_name!r} has no attribute {attr_path!r}",
+                f"{mention(model=reference)}: module {module_name!r} has no attribute {attr_path!r}",
                 f"name one of its callables: {', '.join(public[:12]) or '(none)'}",
             )
         target = getattr(target, attr)
     if not callable(target):
         raise PipelineError(
-            f"MODEL={reference!r} is a {type(target).__name__}, not a function",
-            "point MODEL at a function that returns a ModelSpec, an nn.Module or (module, example_inputs)",
+            f"{mention(model=reference)} is a {type(target).__name__}, not a function",
+            f"point {mention_name('model')} at a function that returns a ModelSpec, an nn.Module or "
+            "(module, example_inputs)",
         )
     source = getattr(module, "__file__", None)
     return target, Path(source) if source else None
@@ -64,7 +66,7 @@ def call_factory(factory: Any, reference: str) -> Any:
     except (Exception, SystemExit) as exc:  # sys.exit() in a factory would otherwise end the run with no word
         frame = traceback.extract_tb(exc.__traceback__)[-1]
         raise PipelineError(
-            f"MODEL={reference!r}: the factory raised {type(exc).__name__}: {first_line(exc)} "
+            f"{mention(model=reference)}: the factory raised {type(exc).__name__}: {first_line(exc)} "
             f"(at {frame.filename}:{frame.lineno})",
             "fix the factory so that it returns a ModelSpec, an nn.Module or (module, example_inputs)",
         ) from exc
@@ -87,8 +89,9 @@ def spec_from_factory_result(result: Any, reference: str) -> ModelSpec:
     if isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], nn.Module):
         return ModelSpec(name=reference, module=result[0], example_inputs=name_example_inputs(result[1], reference))
     raise PipelineError(
-        f"MODEL={reference!r} returned a {type(result).__name__}, which is not a model",
-        "return a ModelSpec, an nn.Module (with INPUT_SHAPE), or (module, example_inputs) where example_inputs "
+        f"{mention(model=reference)} returned a {type(result).__name__}, which is not a model",
+        f"return a ModelSpec, an nn.Module (with {mention_name('input_shape')}), or (module, example_inputs) where "
+        "example_inputs "
         "is a tensor, a tuple of tensors or a dict name -> tensor",
     )
 
@@ -106,14 +109,14 @@ def name_example_inputs(examples: Any, reference: str) -> dict[str, torch.Tensor
         named = {}
     if not named or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in named.items()):
         raise PipelineError(
-            f"MODEL={reference!r}: example inputs must be a tensor, a tuple/list of tensors or a dict name -> tensor, "
-            f"got {_describe_examples(examples)}",
+            f"{mention(model=reference)}: example inputs must be a tensor, a tuple/list of tensors or a dict "
+            f"name -> tensor, got {_describe_examples(examples)}",
             "return (module, example_inputs) with tensors whose dim 0 is the batch (a tokenizer: return_tensors='pt')",
         )
     for name, tensor in named.items():
         if tensor.dim() == 0:
             raise PipelineError(
-                f"MODEL={reference!r}: example input {name!r} is a scalar; dim 0 must be the batch",
+                f"{mention(model=reference)}: example input {name!r} is a scalar; dim 0 must be the batch",
                 "give example inputs with a batch dim, e.g. torch.randn(2, 3, 224, 224)",
             )
     return named
@@ -150,7 +153,7 @@ def bind_to_forward(module: nn.Module, example_inputs: dict[str, torch.Tensor], 
         return example_inputs
     unknown = [name for name in example_inputs if name not in names]
     raise PipelineError(
-        f"MODEL={model!r}: example inputs {unknown} are not parameters of forward({', '.join(names)})",
+        f"{mention(model=model)}: example inputs {unknown} are not parameters of forward({', '.join(names)})",
         "name each example input after the forward() parameter it feeds (a dict name -> tensor), or give them "
         "as a tuple in forward()'s order",
     )
@@ -159,7 +162,7 @@ def bind_to_forward(module: nn.Module, example_inputs: dict[str, torch.Tensor], 
 def _check_spec_fields(spec: ModelSpec, reference: str) -> None:
     if not isinstance(spec.module, nn.Module):
         raise PipelineError(
-            f"MODEL={reference!r} returned a ModelSpec whose module is a {type(spec.module).__name__}",
+            f"{mention(model=reference)} returned a ModelSpec whose module is a {type(spec.module).__name__}",
             "set ModelSpec.module to the nn.Module",
         )
     if spec.example_inputs:

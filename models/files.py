@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..pipeline.core.errors import PipelineError
+from ..pipeline.core.settings import mention
 from .factories import put_cwd_on_sys_path
 from .inputs import EXAMPLE_BATCH, example_tensor, seeded
 from .spec import ModelSpec, first_line
@@ -147,9 +148,9 @@ def _load_pickled_module(path: Path, trust: bool) -> LoadedFile:
             raise PipelineError(
                 f"model file {path} is a pickled Python object ({refused_global(exc)}): loading it runs code "
                 "the file contains, so it is not loaded unless you say you trust it",
-                "if you wrote the file or trust where it came from, add TRUST_MODEL_FILE=1 (--trust-model-file); "
-                "safer: save it with torch.jit.save or torch.export.save, or give MODEL=package.module:factory "
-                "with WEIGHTS=<state_dict>",
+                f"if you wrote the file or trust where it came from, add {mention(trust_model_file=True)}; "
+                "safer: save it with torch.jit.save or torch.export.save, or give "
+                f"{mention(model='package.module:factory', weights='<state_dict>')}",
             ) from exc
         loaded = _load_pickle_trusting_user(path)
     except Exception as exc:  # the unpickler fails on a non-torch file in many ways (KeyError, ValueError, ...)
@@ -157,8 +158,8 @@ def _load_pickled_module(path: Path, trust: bool) -> LoadedFile:
     if unwrap_state_dict(loaded) is not None:
         raise PipelineError(
             f"model file {path} is a state_dict (weights only), which has no architecture",
-            f"give the architecture and the weights separately: MODEL=<registry name or package.module:factory> "
-            f"WEIGHTS={path}",
+            "give the architecture and the weights separately: "
+            f"{mention(model='<registry name or package.module:factory>', weights=path)}",
         )
     if not isinstance(loaded, nn.Module):
         raise PipelineError(
@@ -180,5 +181,6 @@ def _load_pickle_trusting_user(path: Path) -> Any:
     except (AttributeError, ImportError) as exc:
         raise PipelineError(
             f"model file {path} is a pickled model whose class cannot be imported: {exc}",
-            "run from the directory where the model's module is importable, or use MODEL=package.module:factory",
+            "run from the directory where the model's module is importable, or use "
+            f"{mention(model='package.module:factory')}",
         ) from exc

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..pipeline.core.errors import PipelineError
+from ..pipeline.core.settings import mention, mention_name
 from .inputs import INPUT_SHAPE_FORMS
 from .spec import call_module, first_lines, named_outputs
 
@@ -22,11 +23,11 @@ def run_example_forward(module: nn.Module, example_inputs: dict[str, torch.Tenso
         # RuntimeError: shape mismatches; IndexError: ids out of an embedding; TypeError: wrong
         # number of inputs; AssertionError: a torch.export program's input guards.
         except (RuntimeError, ValueError, IndexError, TypeError, AssertionError) as exc:
-            given = f"INPUT_SHAPE={input_shape!r} gave" if input_shape else "the example inputs are"
+            given = f"{mention(input_shape=input_shape)} gave" if input_shape else "the example inputs are"
             raise PipelineError(
                 f"the model does not accept its inputs: {given} {describe_inputs(example_inputs)}; "
                 f"torch says: {first_lines(exc)}",
-                f"give an INPUT_SHAPE that fits the model's forward: {INPUT_SHAPE_FORMS}",
+                f"give {mention_name('input_shape')} that fits the model's forward: {INPUT_SHAPE_FORMS}",
             ) from exc
 
 

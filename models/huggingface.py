@@ -6,7 +6,9 @@
   - the outputs are the ModelOutput's tensors by name (`last_hidden_state`, `pooler_output`, `logits`, ...);
     a model that returns a plain tuple (`return_dict=False` in its config) gets output_0, output_1, ...;
   - 2-D integer inputs (token ids, attention masks) get one shared dynamic sequence axis by default,
-    from 1 to the model's maximum length (DYNAMIC= replaces it; DYNAMIC=none keeps every axis static).
+    from 1 to the longest sequence the model takes (max_sequence_length: the config's maximum, what its position
+    embeddings can embed, a folder's tokenizer_config.json model_max_length); DYNAMIC= replaces it;
+    DYNAMIC=none keeps every axis static.
 
 A local folder (MODEL=path/to/folder) is the form `save_pretrained` writes: `config.json` and the weights as
 `model.safetensors` (or sharded `model-0000x-of-0000y.safetensors` with an index) or `pytorch_model.bin`.
@@ -28,6 +30,7 @@ import torch
 from torch import nn
 
 from ..pipeline.core.errors import PipelineError
+from ..pipeline.core.settings import mention, mention_name
 from .spec import DynamicAxis, ModelSpec, forward_parameters, named_outputs
 
 SEQUENCE_AXIS = "sequence"
@@ -36,6 +39,7 @@ DEFAULT_MAX_SEQUENCE = 512
 # The config fields that give a model's longest input, by family.
 MAX_LENGTH_FIELDS = ("max_position_embeddings", "n_positions", "max_source_positions", "n_ctx")
 CONFIG_FILE = "config.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"  # its model_max_length bounds the default sequence axis
 WEIGHT_FORMS = (
     "model.safetensors",
     "model.safetensors.index.json",
@@ -115,32 +119,34 @@ def adapt(spec: ModelSpec, model: str, *, dynamic_given: bool) -> ModelSpec:
             result = inner(**inputs, **cache_off_arguments(inner))
         except Exception as error:  # the user's model: any failure on its own inputs is theirs to see
             raise PipelineError(
-                f"MODEL={model!r}: the transformers model {type(inner).__name__} does not run on its example "
+                f"{mention(model=model)}: the transformers model {type(inner).__name__} does not run on its example "
                 f"inputs ({', '.join(f'{n} {list(t.shape)}' for n, t in inputs.items())}): "
                 f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}",
-                "give the tokenizer's output for a sample (return_tensors='pt'), or INPUT_SHAPE with the "
-                "model's input names",
+                "give the tokenizer's output for a sample (return_tensors='pt'), or "
+                f"{mention_name('input_shape')} with the model's input names",
             ) from None
         finally:
             inner.train(was_training)
     outputs = tensor_outputs(result)
     if not outputs:
         raise PipelineError(
-            f"MODEL={model!r}: {type(inner).__name__} returned no tensors (a {type(result).__name__})",
+            f"{mention(model=model)}: {type(inner).__name__} returned no tensors (a {type(result).__name__})",
             "wrap the model in an nn.Module whose forward() returns the tensors to serve",
         )
     names = list(spec.output_names or outputs)
     unknown = [name for name in names if name not in outputs]
     if unknown:
         raise PipelineError(
-            f"MODEL={model!r}: output names {unknown} are not outputs of {type(inner).__name__}",
+            f"{mention(model=model)}: output names {unknown} are not outputs of {type(inner).__name__}",
             f"name outputs among {', '.join(outputs)}",
         )
     spec.module = HuggingFaceModule(inner, list(inputs), names)
     spec.example_inputs = inputs
     spec.output_names = names
     if not dynamic_given and not spec.dynamic_axes:
-        spec.dynamic_axes = token_sequence_axes(inputs, max_sequence_length(inner))
+        folder = Path(model)
+        limit = tokenizer_limit(folder) if is_model_folder(folder) else None
+        spec.dynamic_axes = token_sequence_axes(inputs, max_sequence_length(inner, limit))
     spec.notes.append(
         f"{type(inner).__name__} (transformers): called by keyword with "
         f"{', '.join(f'{k}={v}' for k, v in cache_off_arguments(inner).items()) or 'its defaults'}; "
@@ -155,20 +161,56 @@ def _bind_by_keyword(model: nn.Module, inputs: dict[str, torch.Tensor], referenc
     unknown = [name for name in inputs if name not in names]
     if unknown:
         raise PipelineError(
-            f"MODEL={reference!r}: inputs {unknown} are not parameters of {type(model).__name__}.forward "
+            f"{mention(model=reference)}: inputs {unknown} are not parameters of {type(model).__name__}.forward "
             f"({', '.join(names[:8])}, ...)",
             "give the tokenizer's output (return_tensors='pt') or name the inputs after forward()'s parameters",
         )
     return {name: inputs[name] for name in names if name in inputs}
 
 
-def max_sequence_length(model: nn.Module) -> int:
+def max_sequence_length(model: nn.Module, tokenizer_limit: int | None = None) -> int:
+    """The longest sequence the model takes: its config's maximum, cut to what its position embeddings can embed
+    and to the tokenizer's model_max_length where one is given; DEFAULT_MAX_SEQUENCE where none says."""
+    limits = [limit for limit in (_config_limit(model), _embeddable_positions(model), tokenizer_limit) if limit]
+    return min(limits) if limits else DEFAULT_MAX_SEQUENCE
+
+
+def _config_limit(model: nn.Module) -> int | None:
     config = getattr(model, "config", None)
     for field in MAX_LENGTH_FIELDS:
         value = getattr(config, field, None)
         if isinstance(value, int) and value > 0:
             return value
-    return DEFAULT_MAX_SEQUENCE
+    return None
+
+
+def _embeddable_positions(model: nn.Module) -> int | None:
+    """The positions a learned position table with a padding row can embed.  RoBERTa's family (XLM-R, CamemBERT,
+    Longformer, ESM, MPNet, ...) numbers the tokens from padding_idx + 1, as fairseq does, so a table of
+    max_position_embeddings rows (514 in roberta-base) embeds sequences of up to 514 - 2 = 512 tokens."""
+    tables = [
+        module.num_embeddings - module.padding_idx - 1
+        for name, module in model.named_modules()
+        if name.rsplit(".", 1)[-1] == "position_embeddings"
+        and isinstance(module, nn.Embedding)
+        and module.padding_idx is not None
+    ]
+    return min(tables) if tables else None
+
+
+# A tokenizer saved without a limit writes transformers' VERY_LARGE_INTEGER (1e30): no limit.
+UNSET_TOKENIZER_LIMIT = 10**9
+
+
+def tokenizer_limit(folder: Path) -> int | None:
+    """`model_max_length` from a save_pretrained folder's tokenizer_config.json, where it sets one."""
+    path = folder / TOKENIZER_CONFIG_FILE
+    try:
+        config = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return None  # the pipeline never loads the tokenizer: an unreadable config only leaves the default as it is
+    value = config.get("model_max_length") if isinstance(config, dict) else None
+    return value if isinstance(value, int) and 0 < value < UNSET_TOKENIZER_LIMIT else None
 
 
 def token_sequence_axes(inputs: dict[str, torch.Tensor], longest: int) -> dict[str, dict[int, DynamicAxis]]:
@@ -190,9 +232,11 @@ def is_model_folder(path: Path) -> bool:
 
 
 def folder_sources(folder: Path) -> list[Path]:
-    """The files whose bytes make the model: config and weights (the fingerprint covers them)."""
+    """The files whose bytes make the model: config and weights, and the tokenizer's config where there is one (its
+    model_max_length sets the default sequence range); the fingerprint covers them."""
     weights = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin") or p.name in WEIGHT_FORMS)
-    return [folder / CONFIG_FILE, *weights]
+    tokenizer = [folder / TOKENIZER_CONFIG_FILE] if (folder / TOKENIZER_CONFIG_FILE).is_file() else []
+    return [folder / CONFIG_FILE, *weights, *tokenizer]
 
 
 def load_folder(folder: Path) -> ModelSpec:
@@ -201,25 +245,25 @@ def load_folder(folder: Path) -> ModelSpec:
         import transformers
     except ImportError:
         raise PipelineError(
-            f"MODEL={folder} is a Hugging Face model folder, but transformers is not installed", INSTALL_FIX
+            f"{mention(model=folder)} is a Hugging Face model folder, but transformers is not installed", INSTALL_FIX
         ) from None
     if not any((folder / name).is_file() for name in WEIGHT_FORMS):
-        raise PipelineError(f"MODEL={folder} has {CONFIG_FILE} but no weights", f"give {FOLDER_FORM}")
+        raise PipelineError(f"{mention(model=folder)} has {CONFIG_FILE} but no weights", f"give {FOLDER_FORM}")
     config = _read_config(folder)
     class_name = (config.get("architectures") or ["AutoModel"])[0]
     model_class = getattr(transformers, class_name, None)
     if model_class is None:
         raise PipelineError(
-            f"MODEL={folder}: its config names the class {class_name!r}, which transformers "
+            f"{mention(model=folder)}: its config names the class {class_name!r}, which transformers "
             f"{transformers.__version__} does not have (code in the folder is never run)",
-            "write a factory (MODEL=package.module:factory) that loads the model and returns it with the "
+            f"write a factory ({mention(model='package.module:factory')}) that loads the model and returns it with the "
             "tokenizer's output",
         )
     try:
         module = model_class.from_pretrained(str(folder), local_files_only=True)
     except Exception as error:  # transformers raises OSError, ValueError, safetensors errors, ...
         raise PipelineError(
-            f"MODEL={folder}: transformers could not load it as {class_name}: {type(error).__name__}: "
+            f"{mention(model=folder)}: transformers could not load it as {class_name}: {type(error).__name__}: "
             f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}",
             f"give {FOLDER_FORM}",
         ) from None

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from ..pipeline.core.errors import PipelineError
+from ..pipeline.core.settings import mention, mention_name
 from .spec import DynamicAxis, ModelSpec
 
 EXAMPLE_BATCH = 2  # not 1: exporters can specialise a batch of 1 into a constant
@@ -61,8 +62,11 @@ INPUT_SHAPE_FORMS = (
     "DIMS without the batch (e.g. 3x224x224) or name=DIMS[:dtype],... "
     "(e.g. input_ids=128:int64,attention_mask=128:int64)"
 )
-INPUT_SHAPE_HELP = f"give INPUT_SHAPE as {INPUT_SHAPE_FORMS}"
-DYNAMIC_HELP = "give DYNAMIC as NAME:AXIS[=MIN:OPT:MAX],... (e.g. input_ids:1=1:64:128,attention_mask:1=1:64:128)"
+INPUT_SHAPE_HELP = f"give {mention_name('input_shape')} as {INPUT_SHAPE_FORMS}"
+DYNAMIC_HELP = (
+    f"give {mention_name('dynamic')} as NAME:AXIS[=MIN:OPT:MAX],... "
+    "(e.g. input_ids:1=1:64:128,attention_mask:1=1:64:128)"
+)
 _NAME_PATTERN = re.compile(r"^[A-Za-z_][\w.\-]*$")
 _DIMS_PATTERN = re.compile(r"^\d+(x\d+)*$")
 
@@ -88,11 +92,11 @@ def parse_input_shape(text: str) -> list[InputShape]:
     for part in parts:
         name, equals, rest = part.partition("=")
         if not equals or not _NAME_PATTERN.match(name.strip()):
-            raise PipelineError(f"INPUT_SHAPE={text!r}: {part!r} is not name=DIMS[:dtype]", INPUT_SHAPE_HELP)
+            raise PipelineError(f"{mention(input_shape=text)}: {part!r} is not name=DIMS[:dtype]", INPUT_SHAPE_HELP)
         shapes.append(_parse_one_input(name.strip(), rest.strip(), text))
     names = [shape.name for shape in shapes]
     if len(set(names)) != len(names):
-        raise PipelineError(f"INPUT_SHAPE={text!r} names an input twice", "name each input once")
+        raise PipelineError(f"{mention(input_shape=text)} names an input twice", "name each input once")
     return shapes
 
 
@@ -101,16 +105,17 @@ def _parse_one_input(name: str, dims_and_dtype: str, text: str) -> InputShape:
     dims = dims.strip().lower()
     if not _DIMS_PATTERN.match(dims):
         raise PipelineError(
-            f"INPUT_SHAPE={text!r}: {dims!r} is not dims like 3x224x224 (whole numbers joined by x)", INPUT_SHAPE_HELP
+            f"{mention(input_shape=text)}: {dims!r} is not dims like 3x224x224 (whole numbers joined by x)",
+            INPUT_SHAPE_HELP,
         )
     dtype_name = dtype_name.strip().lower() or "float32"
     if dtype_name not in DTYPES:
         raise PipelineError(
-            f"INPUT_SHAPE={text!r}: unknown dtype {dtype_name!r}", f"use one of {', '.join(sorted(DTYPES))}"
+            f"{mention(input_shape=text)}: unknown dtype {dtype_name!r}", f"use one of {', '.join(sorted(DTYPES))}"
         )
     sizes = tuple(int(d) for d in dims.split("x"))
     if 0 in sizes:
-        raise PipelineError(f"INPUT_SHAPE={text!r} has a zero-sized dim", "give every dim as 1 or more")
+        raise PipelineError(f"{mention(input_shape=text)} has a zero-sized dim", "give every dim as 1 or more")
     return InputShape(name, sizes, DTYPES[dtype_name])
 
 
@@ -133,7 +138,8 @@ def example_tensor(dims: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     if nbytes > EXAMPLE_MAX_BYTES:
         raise PipelineError(
             f"an example input of shape {list(dims)} ({dtype}) would take {nbytes / 2**30:.3g} GiB",
-            f"check INPUT_SHAPE: one example batch may take at most {EXAMPLE_MAX_BYTES >> 30} GiB per input",
+            f"check {mention_name('input_shape')}: one example batch may take at most "
+            f"{EXAMPLE_MAX_BYTES >> 30} GiB per input",
         )
     if dtype == torch.bool:
         return torch.randint(0, 2, dims).bool()
@@ -166,7 +172,7 @@ def parse_dynamic(text: str) -> list[DynamicRequest]:
     requests = [_parse_one_dynamic(item.strip(), text) for item in text.split(",")]
     seen = [(r.input_name, r.axis) for r in requests]
     if len(set(seen)) != len(seen):
-        raise PipelineError(f"DYNAMIC={text!r} declares the same axis twice", "declare each NAME:AXIS once")
+        raise PipelineError(f"{mention(dynamic=text)} declares the same axis twice", "declare each NAME:AXIS once")
     return requests
 
 
@@ -174,22 +180,23 @@ def _parse_one_dynamic(item: str, text: str) -> DynamicRequest:
     target, equals, bounds_text = item.partition("=")
     name, colon, axis_text = target.strip().rpartition(":")
     if not colon or not _NAME_PATTERN.match(name) or not axis_text.strip().isdigit():
-        raise PipelineError(f"DYNAMIC={text!r}: {item!r} is not NAME:AXIS[=MIN:OPT:MAX]", DYNAMIC_HELP)
+        raise PipelineError(f"{mention(dynamic=text)}: {item!r} is not NAME:AXIS[=MIN:OPT:MAX]", DYNAMIC_HELP)
     axis = int(axis_text)
     if axis == 0:
         raise PipelineError(
-            f"DYNAMIC={text!r}: axis 0 is the batch, which is always dynamic",
-            "set the batch range with BATCH=min:opt:max and list only other axes in DYNAMIC",
+            f"{mention(dynamic=text)}: axis 0 is the batch, which is always dynamic",
+            f"set the batch range with {mention(batch='min:opt:max')} and list only other axes in "
+            f"{mention_name('dynamic')}",
         )
     if not equals:
         return DynamicRequest(name, axis, None)
     numbers = bounds_text.split(":")
     if len(numbers) != 3 or not all(n.strip().isdigit() for n in numbers):
-        raise PipelineError(f"DYNAMIC={text!r}: range {bounds_text!r} is not MIN:OPT:MAX", DYNAMIC_HELP)
+        raise PipelineError(f"{mention(dynamic=text)}: range {bounds_text!r} is not MIN:OPT:MAX", DYNAMIC_HELP)
     low, opt, high = (int(n) for n in numbers)
     if not 1 <= low <= opt <= high:
         raise PipelineError(
-            f"DYNAMIC={text!r}: range {bounds_text!r} is not ordered 1 <= MIN <= OPT <= MAX", DYNAMIC_HELP
+            f"{mention(dynamic=text)}: range {bounds_text!r} is not ordered 1 <= MIN <= OPT <= MAX", DYNAMIC_HELP
         )
     return DynamicRequest(name, axis, (low, opt, high))
 
@@ -206,9 +213,9 @@ def dynamic_axes_from_requests(
         low, opt, high = request.bounds or (1, size, size)
         if not low <= size <= high:
             raise PipelineError(
-                f"DYNAMIC={text!r}: the example size of {request.input_name} on axis {request.axis} is {size}, "
+                f"{mention(dynamic=text)}: the example size of {request.input_name} on axis {request.axis} is {size}, "
                 f"outside its range {low}:{opt}:{high}",
-                "widen the range to include the example size, or change INPUT_SHAPE",
+                f"widen the range to include the example size, or change {mention_name('input_shape')}",
             )
         key = (request.axis, low, opt, high)
         axis = shared.setdefault(key, DynamicAxis(f"{request.input_name}_dim{request.axis}", low, opt, high))
@@ -216,9 +223,10 @@ def dynamic_axes_from_requests(
         if other_size != size:
             # One symbolic dim must have one example size, or export proves the dims unequal.
             raise PipelineError(
-                f"DYNAMIC={text!r}: {other_name} and {request.input_name} share axis {request.axis} range "
+                f"{mention(dynamic=text)}: {other_name} and {request.input_name} share axis {request.axis} range "
                 f"{low}:{opt}:{high} but their example sizes differ ({other_size} vs {size})",
-                "give them the same example size in INPUT_SHAPE, or different ranges if they really vary independently",
+                f"give them the same example size in {mention_name('input_shape')}, or different ranges if they "
+                "really vary independently",
             )
         axes.setdefault(request.input_name, {})[request.axis] = axis
     return axes
@@ -228,12 +236,13 @@ def _example_size_on_axis(request: DynamicRequest, example_inputs: dict[str, tor
     tensor = example_inputs.get(request.input_name)
     if tensor is None:
         raise PipelineError(
-            f"DYNAMIC={text!r} names input {request.input_name!r}, which the model does not have",
+            f"{mention(dynamic=text)} names input {request.input_name!r}, which the model does not have",
             f"use the model's input names: {', '.join(example_inputs)}",
         )
     if request.axis >= tensor.dim():
         raise PipelineError(
-            f"DYNAMIC={text!r}: {request.input_name} has {tensor.dim()} dims (batch included), no axis {request.axis}",
+            f"{mention(dynamic=text)}: {request.input_name} has {tensor.dim()} dims (batch included), "
+            f"no axis {request.axis}",
             f"give an axis from 1 to {tensor.dim() - 1}",
         )
     return tensor.shape[request.axis]
@@ -251,5 +260,6 @@ def check_dynamic_axes(spec: ModelSpec) -> None:
                     f"dynamic axis {dynamic.name} ({name} axis {axis}, "
                     f"range {dynamic.min}:{dynamic.opt}:{dynamic.max}) "
                     f"does not fit the example input of shape {list(tensor.shape)}",
-                    "give DYNAMIC or INPUT_SHAPE so that the example size lies inside the range",
+                    f"give {mention_name('dynamic')} or {mention_name('input_shape')} so that the example size "
+                    "lies inside the range",
                 )

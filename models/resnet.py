@@ -17,7 +17,7 @@ from .inputs import InputShape, example_inputs_from_shapes, seeded
 from .spec import ImagePreprocess, ModelSpec
 from .state_dicts import apply_state_dict, read_state_dict
 
-RANDOM_INIT_NOTE = "randomly initialised: no WEIGHTS given; outputs are meaningless but timing and parity are valid"
+RANDOM_INIT_NOTE = "randomly initialised: no weights given; outputs are meaningless but timing and parity are valid"
 IMAGENET_CLASSES = 1000
 
 

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..pipeline.core.errors import PipelineError
+from ..pipeline.core.settings import mention, mention_name
 from .spec import first_line
 
 # Keys that wrap a state_dict in common training checkpoints ({"state_dict": ..., "epoch": ...}).
@@ -25,23 +26,23 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     path = Path(path)
     if not path.is_file():
         raise PipelineError(
-            f"WEIGHTS file {path} does not exist", "give the path of a state_dict saved with torch.save"
+            f"weights file {path} does not exist", "give the path of a state_dict saved with torch.save"
         )
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         if not refused_by_weights_only(exc):
-            raise unreadable(f"WEIGHTS file {path}", exc, "give a file written by torch.save") from exc
+            raise unreadable(f"weights file {path}", exc, "give a file written by torch.save") from exc
         raise PipelineError(
-            f"WEIGHTS file {path} holds pickled Python objects ({refused_global(exc)}), not just tensors",
-            "save model.state_dict() with torch.save; a whole pickled model goes in MODEL=<file> instead",
+            f"weights file {path} holds pickled Python objects ({refused_global(exc)}), not just tensors",
+            f"save model.state_dict() with torch.save; a whole pickled model goes in {mention(model='<file>')} instead",
         ) from exc
     except Exception as exc:  # the unpickler fails on a non-torch file in many ways (KeyError, ValueError, ...)
-        raise unreadable(f"WEIGHTS file {path}", exc, "give a file written by torch.save") from exc
+        raise unreadable(f"weights file {path}", exc, "give a file written by torch.save") from exc
     state_dict = unwrap_state_dict(loaded)
     if state_dict is None:
         raise PipelineError(
-            f"WEIGHTS file {path} is not a state_dict (it holds a {type(loaded).__name__})",
+            f"weights file {path} is not a state_dict (it holds a {type(loaded).__name__})",
             "save model.state_dict() with torch.save",
         )
     return state_dict
@@ -96,7 +97,8 @@ def apply_state_dict(module: nn.Module, state_dict: dict[str, torch.Tensor], sou
                 )
                 if keys
             ),
-            "give WEIGHTS saved from the same architecture as MODEL (e.g. a resnet18 checkpoint with MODEL=resnet18)",
+            f"give {mention_name('weights')} saved from the same architecture as {mention_name('model')} (e.g. a "
+            f"resnet18 checkpoint with {mention(model='resnet18')})",
         )
     module.load_state_dict(state_dict, strict=True)
 

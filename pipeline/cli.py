@@ -11,15 +11,17 @@ import argparse
 import errno
 import importlib
 import os
-import re
 import sys
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from .core.errors import PipelineError
 from .core.extras import missing_module_error
-from .core.settings import BUILDERS, CALIB_AUTO, CALIB_METHODS, EXPORTERS, PRECISIONS, BatchProfile, Settings
+from .core.mentions import COMMAND_LINE, MAKE, PROG, option_of, render, spoken_in
+from .core.precision import Precision
+from .core.settings import DECLARED, DEFAULTS, Declared, Settings, mention
 
-PROG = "trt-pipeline"
 # The Makefile sets this, so errors speak make's language (CALIB=...) there and the command line's (--calib) here.
 FRONT_END_VARIABLE = "TRT_PIPELINE_FRONT_END"
 
@@ -72,118 +74,52 @@ def given_path(text: str) -> Path:
     return Path(text)
 
 
-def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options every build stage shares; each maps to a field of Settings (and a make variable)."""
-    defaults = Settings()
-    parser.add_argument(
-        "--model",
-        default=defaults.model,
-        help="registry name (resnet = resnet50, resnet18..152), package.module:factory, or a checkpoint, "
-        "TorchScript (.pt) or torch.export (.pt2) file [MODEL]",
-    )
-    parser.add_argument("--precision", default=defaults.precision, choices=PRECISIONS, help="[PRECISION]")
-    parser.add_argument(
-        "--batch", type=BatchProfile.parse, default=defaults.batch, help="engine batch profile min:opt:max [BATCH]"
-    )
-    parser.add_argument(
-        "--weights", type=given_path, help="a torchvision-style state_dict for a registry model [WEIGHTS]"
-    )
-    parser.add_argument(
-        "--input-shape",
-        help="input dims without the batch: 3x224x224, or name=DIMS[:dtype],... e.g. "
-        "input_ids=128:int64,attention_mask=128:int64 [INPUT_SHAPE]",
-    )
-    parser.add_argument(
-        "--dynamic", help="extra dynamic axes NAME:AXIS[=min:opt:max],... e.g. input_ids:1=1:64:128 [DYNAMIC]"
-    )
-    parser.add_argument("--out", type=given_path, default=defaults.out_root, help="artifact root folder [OUT]")
-    parser.add_argument("--workspace-mib", type=int, default=defaults.workspace_mib, help="builder workspace limit")
-    parser.add_argument("--builder", default=defaults.builder, choices=BUILDERS, help="TensorRT module to build with")
-    parser.add_argument(
-        "--exporter",
-        default=defaults.exporter,
-        choices=EXPORTERS,
-        help="torch.onnx exporter: torchscript, dynamo, or auto (dynamo where TorchScript's graph fails) [EXPORTER]",
-    )
-    parser.add_argument(
-        "--target",
-        default=defaults.target,
-        help="GPUs a TensorRT-RTX engine runs on: default, current (this machine's GPU) or e.g. sm86,sm89 [TARGET]",
-    )
-    parser.add_argument(
-        "--keep-fp32", help="fp16: node names or op types to keep in FP32, comma-separated (e.g. TopK) [KEEP_FP32]"
-    )
-    parser.add_argument(
-        "--no-float-search",
-        dest="float_search",
-        action="store_false",
-        help="int8: do not try leaving the op where the held-out error starts in float: every op INT8 "
-        "[NO_FLOAT_SEARCH]",
-    )
-    parser.add_argument(
-        "--no-auto-fp32",
-        dest="auto_fp32",
-        action="store_false",
-        help="fp16: do not keep the nodes whose values float16 cannot hold in FP32 [NO_AUTO_FP32]",
-    )
-    parser.add_argument(
-        "--trust-model-file",
-        action="store_true",
-        help="load a whole pickled nn.Module MODEL file: unpickling runs the code it names [TRUST_MODEL_FILE]",
-    )
-    parser.add_argument(
-        "--calib",
-        type=given_path,
-        help="inputs like the served ones (int8 calibrates on them, fp16 scans them for overflow): "
-        "image folder or .npy/.npz [CALIB]",
-    )
-    parser.add_argument(
-        "--calib-method", default=defaults.calib_method, choices=(CALIB_AUTO, *CALIB_METHODS), help="[CALIB_METHOD]"
-    )
-    parser.add_argument("--calib-samples", type=int, default=defaults.calib_samples, help="calibration samples")
-    parser.add_argument("--calib-batch", type=int, default=defaults.calib_batch, help="calibration batch size")
-    parser.add_argument(
-        "--smooth",
-        default=defaults.smooth,
-        help="int8: SmoothQuant alpha for the activations MatMul/Gemm read, in (0, 1], off, or auto (0.9 and off "
-        "both built, the better on the held-out calibration rows kept) [SMOOTH]",
-    )
-    parser.add_argument("--recalibrate", action="store_true", help="ignore the calibration cache")
-    parser.add_argument(
-        "--strict-calib",
-        action="store_true",
-        help="int8: refuse, instead of warning, when INT8 is much worse on the held-out calibration rows than on "
-        "the rows its ranges were fit on, or none could be held out [STRICT_CALIB]",
-    )
-    parser.add_argument("--force", action="store_true", help="rebuild even when the folder is up to date [FORCE]")
+def add_settings_arguments(
+    parser: argparse.ArgumentParser, names: Iterable[str] = tuple(DECLARED), defaults: dict[str, Any] | None = None
+) -> None:
+    """An option for each of `names` (every setting by default), from its declaration (core/settings.py).  An
+    option not given leaves no attribute (argparse.SUPPRESS), so `given_settings` tells what the user gave;
+    `defaults`: a command's own defaults where they differ from the declaration's (shown in its help)."""
+    for name in names:
+        default = (defaults or {}).get(name, DEFAULTS[name])
+        parser.add_argument(option_of(DECLARED[name].make), **_argument(name, default))
+
+
+def _argument(name: str, default: object) -> dict:
+    """add_argument's keywords for a setting: a bool is a switch that sets the value opposite its default."""
+    declared = DECLARED[name]
+    common = {"dest": name, "default": argparse.SUPPRESS, "help": _help(declared, default)}
+    if isinstance(default, bool):
+        return {**common, "action": "store_false" if default else "store_true"}
+    parse = given_path if declared.parse is Path else declared.parse
+    return {
+        **common,
+        "type": parse,
+        "choices": declared.choices,
+        "metavar": None if declared.choices else declared.make,
+    }
+
+
+def _help(declared: Declared, default: object) -> str:
+    """The declared help with the precisions it is for, its default and its make variable (argparse's %% escaped)."""
+    text = declared.help
+    if declared.precisions != tuple(Precision):
+        text = f"{' and '.join(declared.precisions)}: {text}"
+    if default is not None and not isinstance(default, bool):
+        text += f" (default: {default})"
+    return f"{text} [{declared.make}]".replace("%", "%%")
+
+
+def given_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings the options gave, by field name (add_settings_arguments leaves out those not given)."""
+    return {name: getattr(args, name) for name in DECLARED if hasattr(args, name)}
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
-    return Settings(
-        model=args.model,
-        precision=args.precision,
-        batch=args.batch,
-        weights=args.weights,
-        input_shape=args.input_shape,
-        dynamic=args.dynamic,
-        out_root=args.out,
-        workspace_mib=args.workspace_mib,
-        builder=args.builder,
-        exporter=args.exporter,
-        target=args.target,
-        keep_fp32=args.keep_fp32,
-        auto_fp32=args.auto_fp32,
-        float_search=args.float_search,
-        trust_model_file=args.trust_model_file,
-        calib=args.calib,
-        calib_method=args.calib_method,
-        calib_samples=args.calib_samples,
-        calib_batch=args.calib_batch,
-        smooth=args.smooth,
-        recalibrate=args.recalibrate,
-        strict_calib=args.strict_calib,
-        force=args.force,
-    )
+    """The options' settings, checked: an option given for a precision it does not change is refused, even
+    at its default value."""
+    given = given_settings(args)
+    return Settings(**given).check(given=given)
 
 
 def _run_stage(args: argparse.Namespace) -> int:
@@ -198,13 +134,15 @@ def _run_stage(args: argparse.Namespace) -> int:
 
 
 class _HelpWithDefaults(argparse.HelpFormatter):
-    """Shows each option's default, except the empty ones (None, False) that would only add noise."""
+    """Shows each option's default, except the empty ones (None) and a switch's (--no-batching's True would read
+    as if the switch were on)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         if (
             action.option_strings
-            and action.default not in (None, False, argparse.SUPPRESS)
+            and action.default not in (None, argparse.SUPPRESS)
+            and not isinstance(action.default, bool)
             and "%(default)" not in text
         ):
             text += " (default: %(default)s)"
@@ -244,13 +182,15 @@ def _version() -> str:
 
 
 _FILE_SYSTEM_FIXES = {
-    errno.ENOSPC: "free disk space (or point OUT= at a disk with room), then run again",
-    errno.EDQUOT: "free disk space within your quota (or point OUT= at another disk), then run again",
-    errno.EACCES: "choose a folder you may write to (OUT=...), or fix its permissions",
-    errno.EROFS: "choose a folder on a writable file system (OUT=...)",
-    errno.ENOTDIR: "a part of the path is a file, not a folder: choose another path (OUT=...)",
+    errno.ENOSPC: f"free disk space (or point {mention(out_root='...')} at a disk with room), then run again",
+    errno.EDQUOT: f"free disk space within your quota (or point {mention(out_root='...')} at another disk), "
+    "then run again",
+    errno.EACCES: f"choose a folder you may write to ({mention(out_root='...')}), or fix its permissions",
+    errno.EROFS: f"choose a folder on a writable file system ({mention(out_root='...')})",
+    errno.ENOTDIR: f"a part of the path is a file, not a folder: choose another path ({mention(out_root='...')})",
     errno.ENOENT: "check the path; a relative path is taken from the current directory",
-    errno.EFBIG: "a file size limit stopped the write: raise it (ulimit -f) or point OUT= at another file system",
+    errno.EFBIG: "a file size limit stopped the write: raise it (ulimit -f) or point "
+    f"{mention(out_root='...')} at another file system",
 }
 
 
@@ -259,32 +199,17 @@ def _file_system_fix(error: OSError) -> str:
 
 
 def _print_error(text: str) -> None:
-    if os.environ.get(FRONT_END_VARIABLE) != "make":
-        text = in_command_line_terms(text)
-    print(f"error: {text}", file=sys.stderr)
-
-
-def in_command_line_terms(text: str) -> str:
-    """A message written in make's terms (`make engine MODEL=x FORCE=1`, `CALIB=...`) in the command line's
-    (`trt-pipeline engine --model x --force`, `--calib ...`): the options' help names their make variable."""
-    parser = argparse.ArgumentParser(add_help=False)
-    add_settings_arguments(parser)
-    options = {}
-    for action in parser._actions:
-        variable = re.search(r"\[([A-Z_0-9]+)\]$", action.help or "")
-        if variable:
-            options[variable.group(1)] = (action.option_strings[-1], action.nargs == 0)
-    text = re.sub(r"\bmake (engine|bench|serve|accuracy|calibration-images)\b", rf"{PROG} \1", text)
-
-    def option(match: re.Match[str]) -> str:
-        flag, takes_no_value = options[match.group(1)]
-        return flag if takes_no_value else f"{flag} {match.group(2) or ''}"
-
-    names = "|".join(sorted(options, key=len, reverse=True))
-    return re.sub(rf"\b({names})=(1\b)?", option, text)
+    print(f"error: {render(text)}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line: errors name settings as make does under make (TRT_PIPELINE_FRONT_END=make), as options
+    otherwise (core/mentions.py)."""
+    with spoken_in(MAKE if os.environ.get(FRONT_END_VARIABLE) == MAKE else COMMAND_LINE):
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         arguments = sys.argv[1:] if argv is None else argv
         command = next(

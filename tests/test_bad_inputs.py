@@ -67,7 +67,7 @@ def test_a_trusted_pickled_module_loads_and_its_torch_runner_asks_again(tmp_path
     ("argv", "expected"),
     [
         (["--model", "resnet18", "--input-shape", "3x100000x100000"], "would take 224 GiB"),
-        (["--model", "resnet18", "--batch=-1:2:3"], "--batch '-1:2:3' is not of the form min:opt:max"),
+        (["--model", "resnet18", "--batch=-1:2:3"], "--batch=-1:2:3 is not of the form min:opt:max"),
         (["--model", "tests.toy_models:tiny_cnn", "--keep-fp32", "NoSuchOp"], "--keep-fp32 names ['NoSuchOp']"),
         (["--model", "tests.toy_models:tiny_cnn", "--target", "h100"], "unknown build target 'h100'"),
         (["--model", "tests.toy_models:tiny_cnn", "--batch", "1:1:100000000"], "would take 286 GiB"),
@@ -176,7 +176,7 @@ def test_a_manifest_that_is_not_a_json_object(text, tmp_path):
     (tmp_path / "manifest.json").write_bytes(text.encode("latin-1"))
     with pytest.raises(PipelineError, match="manifest.json (holds a JSON|is not valid JSON)") as caught:
         load_runner(tmp_path)
-    assert "rebuild the folder: make engine" in caught.value.fix
+    assert "rebuild the folder: make_engine(Settings(" in caught.value.fix
 
 
 def _built(tmp_path_factory: pytest.TempPathFactory, model: str) -> Path:

@@ -8,6 +8,7 @@ that runs here really runs (PyTorch, ONNX Runtime), the others must say why they
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -26,18 +27,12 @@ from trt_pipeline.pipeline.bench.timing import MIN_SAMPLES, Share, measure, roun
 from trt_pipeline.pipeline.core.cpu import cpu_instruction_sets, instruction_sets_text, int8_cpu_kind
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
+from trt_pipeline.pipeline.evaluation import RTOL
 from trt_pipeline.pipeline.folder.graph_io import GraphTensor
-from trt_pipeline.pipeline.folder.manifest import (
-    ENGINE_TARGET,
-    SERVED_CHOICE,
-    Manifest,
-    cpu_graphs,
-    describe_artifacts,
-    read_manifest,
-    update_manifest,
-)
+from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, SERVED_CHOICE, graph_record
+from trt_pipeline.pipeline.folder.manifest import Manifest, read_manifest, update_manifest
+from trt_pipeline.pipeline.folder.provenance import describe_artifacts
 from trt_pipeline.pipeline.runners import load_runner
-from trt_pipeline.pipeline.stages.parity import RTOL
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
 QUICK = TimingPolicy(warmup=2, iterations=20, budget_s=0.5, rounds=2)
@@ -181,11 +176,14 @@ def test_a_model_changed_since_the_build_is_flagged(folder: Path, tmp_path: Path
 
 
 def record_int8_graph(folder: Path) -> None:
-    """Record model.int8.onnx as the folder's graph, with its sha256, as make engine PRECISION=int8 does."""
+    """Record model.int8.onnx as the folder's graph, with its sha256 and its gate's pass, as make engine
+    PRECISION=int8 does."""
     manifest = read_manifest(folder)
     assert manifest is not None
     artifacts = {**manifest.artifacts, **describe_artifacts(folder, ["model.int8.onnx"])}
-    update_manifest(folder, precision="int8", graphs={ENGINE_TARGET: "model.int8.onnx"}, artifacts=artifacts)
+    graphs = (graph_record("fp32"), graph_record("int8"))
+    gate = {graph_record("int8").gate: {"max_abs": 0.0, "max_rel": 0.0, "rtol": RTOL["int8"]}}
+    update_manifest(folder, precision="int8", graphs=graphs, artifacts=artifacts, stages={**manifest.stages, **gate})
 
 
 def test_int8_graph_is_benchmarked_and_a_broken_backend_does_not_stop_the_others(folder: Path, tmp_path: Path) -> None:
@@ -220,7 +218,7 @@ def test_int8_graph_is_benchmarked_and_a_broken_backend_does_not_stop_the_others
 
 def test_int8_row_runs_the_sibling_folders_graph_shaped_for_onnxruntime(folder: Path, tmp_path: Path) -> None:
     """engines/<model>-fp32 benchmarked beside engines/<model>-int8: the INT8 row runs the graph for this CPU's
-    kind (pipeline.folder.manifest.cpu_graphs), whose Conv and Gemm ONNX Runtime's CPU provider really runs as int8
+    kind (pipeline.folder.layout.CPU_TARGETS), whose Conv and Gemm ONNX Runtime's CPU provider really runs as int8
     kernels."""
     fp32 = shutil.copytree(folder, tmp_path / folder.name)
     np.save(tmp_path / "calib.npy", np.random.default_rng(1).standard_normal((32, 3, 16, 16), dtype=np.float32))
@@ -235,7 +233,7 @@ def test_int8_row_runs_the_sibling_folders_graph_shaped_for_onnxruntime(folder: 
     records = {b["name"]: b for b in result["backends"]}
     assert records["onnxruntime"]["label"] == "ONNX Runtime FP32 (runner) on model.onnx"
     assert "running model.onnx (asked for)" in records["onnxruntime"]["description"]
-    graph = cpu_graphs("int8")[int8_cpu_kind()]
+    graph = graph_record("int8", CPU_TARGETS[int8_cpu_kind()]).file
     assert records["onnxruntime-int8"]["label"] == f"ONNX Runtime INT8 (runner) on {int8 / graph}"
     # No graph= for this row: the runner itself picks the CPU-shaped graph, as it would in a service.
     assert f"{graph} (the int8 graph for ONNX Runtime's CPU kernels, for " in records["onnxruntime-int8"]["description"]
@@ -315,7 +313,7 @@ def test_bad_requests_are_refused_before_anything_runs(folder: Path, kwargs: dic
 
 
 def test_missing_folder_names_the_make_engine_that_creates_it(tmp_path: Path, capsys) -> None:
-    with pytest.raises(PipelineError, match="make engine MODEL=resnet50 PRECISION=fp16"):
+    with pytest.raises(PipelineError, match=re.escape('make_engine(Settings(model="resnet50", precision="fp16"')):
         run_benchmark(tmp_path / "resnet50-fp16", progress=lambda _: None)
     assert cli.main(["bench", "--model", "resnet", "--out", str(tmp_path)]) == 2
     message = capsys.readouterr().err

@@ -17,7 +17,13 @@ from onnx import numpy_helper
 from PIL import Image
 
 from trt_pipeline.calibration.cache import load_ranges
-from trt_pipeline.calibration.int8 import CACHE_FOLDER, CalibrationConfig, calibration_sample, make_int8_graph
+from trt_pipeline.calibration.int8 import (
+    CACHE_FOLDER,
+    CalibrationConfig,
+    Int8Result,
+    calibration_sample,
+    make_int8_graph,
+)
 from trt_pipeline.calibration.photos import PHOTOS, export_calibration_images
 from trt_pipeline.calibration.preprocess import load_image
 from trt_pipeline.calibration.qdq import qdq_problems
@@ -34,14 +40,20 @@ from trt_pipeline.models.spec import ImagePreprocess
 from trt_pipeline.pipeline import cli
 from trt_pipeline.pipeline.core.cpu import NO_VNNI, VNNI, int8_cpu_kind
 from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.settings import Settings
 from trt_pipeline.pipeline.folder.artifacts import write_npz
-from trt_pipeline.pipeline.folder.manifest import GRAPHS, cpu_graphs
+from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, folder_graphs, graph_record
 from trt_pipeline.pipeline.quality.diagnose import diagnose_folder
-from trt_pipeline.pipeline.stages.parity import check_int8_agreement, check_parity, onnxruntime_session
+from trt_pipeline.pipeline.stages.parity import check_int8_agreement, check_parity
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
 SAMPLES, BATCH = 128, 32
+
+
+def cpu_graph(kind: str) -> str:
+    """The file of the INT8 graph for ONNX Runtime's kernels on this kind of CPU."""
+    return graph_record("int8", CPU_TARGETS[kind]).file
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +76,7 @@ def train_npy(split, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def int8(fp32, train_npy, tmp_path_factory) -> tuple[Path, dict]:
+def int8(fp32, train_npy, tmp_path_factory) -> tuple[Path, Int8Result]:
     """model.int8.onnx (and the two CPU graphs beside it) calibrated (max) on the training split; its stage record."""
     folder = tmp_path_factory.mktemp("int8")
     record = make_int8_graph(
@@ -74,7 +86,7 @@ def int8(fp32, train_npy, tmp_path_factory) -> tuple[Path, dict]:
         preprocess=PREPROCESS,
         config=CalibrationConfig(("max",), SAMPLES, BATCH),
         cache_folder=folder / CACHE_FOLDER,
-        cpu_out_paths={kind: folder / name for kind, name in cpu_graphs("int8").items()},
+        cpu_out_paths={kind: folder / cpu_graph(kind) for kind in CPU_TARGETS},
     )
     return folder / "model.int8.onnx", record
 
@@ -125,7 +137,7 @@ def test_qdq_graph_is_what_tensorrt_accepts(int8):
         assert numpy_helper.to_array(initializers[activation_dq.input[1]]).size == 1
     # Q/DQ on weighted ops' inputs only: every conv's output stays float (TensorRT fuses it).
     assert not any(n.input[0] in {c.output[0] for c in nodes if c.op_type == "Conv"} for n in quantize)
-    assert record["qdq"] == {
+    assert record.qdq == {
         "quantized_ops": 5,
         "quantized_activations": 5,
         "quantized_weights": 5,
@@ -150,20 +162,20 @@ def test_cpu_graph_runs_every_conv_and_gemm_as_an_int8_kernel(int8, tmp_path, ki
     """After ORT's own graph optimizations (the optimized model it saves), no Conv/Gemm is left in float."""
     import onnxruntime as ort
 
-    cpu_graph = int8[0].parent / cpu_graphs("int8")[kind]
+    graph = int8[0].parent / cpu_graph(kind)
     options = ort.SessionOptions()
     options.log_severity_level = 3  # ORT warns that an optimized model may be specific to this CPU
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(str(cpu_graph), options, providers=["CPUExecutionProvider"])
+    ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
     optimized = [node.op_type for node in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
     assert optimized.count("QLinearConv") == 4 and optimized.count("QGemm") == 1
     assert not {"Conv", "FusedConv", "Gemm", "FusedGemm", "Relu"} & set(optimized)
-    record = int8[1]["qdq_onnxruntime_cpu"][kind]
-    assert (record["graph"], record["int8_kernels"], record["float_kernels"]) == (cpu_graphs("int8")[kind], 5, 0)
+    record = int8[1].cpu[kind]
+    assert (record.graph, record.details["int8_kernels"], record.details["float_kernels"]) == (cpu_graph(kind), 5, 0)
     # The TensorRT-shaped graph from the same ranges runs none of them in int8 (why the CPU graphs exist).
     assert int8_kernel_counts(int8[0]) == {"int8_kernels": 0, "float_kernels": 5}
-    model = onnx.load(str(cpu_graph))
+    model = onnx.load(str(graph))
     initializers = {i.name: i for i in model.graph.initializer}
     dequantize = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in initializers]
     biases = [n for n in dequantize if initializers[n.input[0]].data_type == onnx.TensorProto.INT32]
@@ -176,7 +188,7 @@ def test_cpu_graph_runs_every_conv_and_gemm_as_an_int8_kernel(int8, tmp_path, ki
 def test_cpu_graph_keeps_the_answers(int8, fp32, split):
     held_out = {"input": split.held_out_inputs}
     reference = onnxruntime_session(fp32).run(None, held_out)[0]
-    quantized = onnxruntime_session(int8[0].parent / cpu_graphs("int8")[int8_cpu_kind()]).run(None, held_out)[0]
+    quantized = onnxruntime_session(int8[0].parent / cpu_graph(int8_cpu_kind())).run(None, held_out)[0]
     assert quantized.dtype == np.float32 and quantized.shape == reference.shape
     assert np.mean(quantized.argmax(1) == reference.argmax(1)) >= 0.98
     assert np.mean(quantized.argmax(1) == split.held_out_labels) >= 0.9
@@ -275,9 +287,16 @@ def test_make_engine_int8_from_an_image_folder(split, tmp_path):
     assert cli.main([*argv, "--out", str(tmp_path / "engines")]) == 0
     folder = tmp_path / "engines" / "digits-int8"
     manifest = json.loads((folder / "manifest.json").read_text())
-    assert manifest["complete"] and manifest["graphs"] == GRAPHS["int8"]
-    assert manifest["graphs"]["engine"] == "model.int8.onnx"
-    assert set(GRAPHS["int8"].values()) <= set(manifest["artifacts"])
+    assert manifest["complete"]
+    assert [graph["file"] for graph in manifest["graphs"]] == [graph.file for graph in folder_graphs("int8")]
+    assert manifest["graphs"][1] == {
+        "file": "model.int8.onnx",
+        "precision": "int8",
+        "target": "engine",
+        "evaluation": "qdq-simulated",
+        "gate": "parity_int8",
+    }
+    assert {graph["file"] for graph in manifest["graphs"]} <= set(manifest["artifacts"])
     assert manifest["parity_int8_onnxruntime_vnni"]["max_rel"] < 1.0
     assert manifest["parity_int8_onnxruntime_no_vnni"]["max_rel"] < 1.0
     assert {r["int8_kernels"] for r in manifest["int8"]["qdq_onnxruntime_cpu"].values()} == {5}
@@ -339,7 +358,8 @@ def test_cache_hit_miss_recalibrate_and_corruption(fp32, train_npy, tmp_path, ca
     def build(method: str = "max", recalibrate: bool = False) -> dict:
         config = CalibrationConfig((method,), SAMPLES, BATCH, recalibrate)
         args = (fp32, tmp_path / "model.int8.onnx", train_npy)
-        return make_int8_graph(*args, preprocess=PREPROCESS, config=config, cache_folder=tmp_path / CACHE_FOLDER)
+        result = make_int8_graph(*args, preprocess=PREPROCESS, config=config, cache_folder=tmp_path / CACHE_FOLDER)
+        return result.as_json()
 
     first = build()["calibration"]
     assert first["cache"] == "miss" and first["collect_seconds"] > 0
@@ -373,7 +393,7 @@ def test_cache_hit_miss_recalibrate_and_corruption(fp32, train_npy, tmp_path, ca
 def test_int8_without_calibration_data_is_refused():
     with pytest.raises(PipelineError, match="needs calibration data") as error:
         Settings(model="digits", precision="int8").check()
-    assert "CALIB=" in str(error.value)
+    assert "Settings(calib=" in str(error.value)
 
 
 @pytest.mark.parametrize(
@@ -473,8 +493,8 @@ def test_int8_engine_on_the_gpu_agrees_with_onnxruntime(split, train_npy, tmp_pa
 def test_int8_gate_passes_the_calibrated_graph_and_fails_a_wrong_scale(int8, fp32, split, tmp_path):
     batches = [{"input": split.train_inputs[:128]}]
     record = check_int8_agreement(fp32, [int8[0]], batches)
-    assert record["graphs"]["model.int8.onnx"]["outputs"]["logits"]["in_sample"]["error_mean"] < 0.05
-    assert record["split"]["rows"] == 128
+    assert record.graphs["model.int8.onnx"].in_sample["logits"].error_mean < 0.05
+    assert record.split.rows == 128
     model = onnx.load(str(int8[0]))
     initializers = {init.name: init for init in model.graph.initializer}
     first_weight = next(
@@ -487,11 +507,11 @@ def test_int8_gate_passes_the_calibrated_graph_and_fails_a_wrong_scale(int8, fp3
         check_int8_agreement(fp32, [int8[0], tmp_path / "model.int8.onnx"], batches)
     assert "the first node past it is" in str(caught.value) and "diagnose" in caught.value.fix
     # An optional graph (a CPU-shaped one) past the gate is left out, not an error: the engine's graph stands in.
-    cpu_graph = tmp_path / "model.int8.ort-u8u8.onnx"
-    shutil.copy(tmp_path / "model.int8.onnx", cpu_graph)
-    record = check_int8_agreement(fp32, [int8[0]], batches, optional=[cpu_graph])
-    assert "left_out" not in record["graphs"]["model.int8.onnx"]
-    assert "departs from FP32 on the calibration data" in record["graphs"][cpu_graph.name]["left_out"]
+    shaped = graph_record("int8", CPU_TARGETS[NO_VNNI])
+    shutil.copy(tmp_path / "model.int8.onnx", tmp_path / shaped.file)
+    record = check_int8_agreement(fp32, [int8[0]], batches, optional={tmp_path / shaped.file: shaped})
+    assert record.graphs["model.int8.onnx"].left_out is None
+    assert "departs from FP32 on the calibration data" in str(record.graphs[shaped.file].left_out)
 
 
 def test_calibration_data_onnx_runtime_cannot_run_is_a_clear_error(tmp_path):

@@ -34,7 +34,7 @@ from trt_pipeline.models import canonical_name
 from trt_pipeline.models.spec import ModelSpec
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
-from trt_pipeline.pipeline.stages.parity import INT8_MAX_ERROR
+from trt_pipeline.pipeline.evaluation import INT8_MAX_ERROR
 
 transformers = pytest.importorskip("transformers")
 
@@ -407,8 +407,12 @@ def run_case(case: Case, precision: str, out_root: Path) -> dict:
         builder="tensorrt_rtx",
         keep_fp32=case.keep_fp32 if precision == "fp16" else None,
         dynamic=case.dynamic,
-        calib=write_calibration(case, out_root / "calibration") if precision == "int8" else None,
-        calib_samples=CALIBRATION_ROWS,
+        # CALIB's settings only where they change the folder: at another precision they are refused
+        **(
+            {"calib": write_calibration(case, out_root / "calibration"), "calib_samples": CALIBRATION_ROWS}
+            if precision == "int8"
+            else {}
+        ),
     )
     folder = settings.artifact_dir(canonical_name(settings.model))
     started = time.perf_counter()
@@ -447,7 +451,7 @@ def _unseen_sizes(folder: Path) -> dict:
     drawn as the reference's are (integers in the range of the reference's own)."""
     from trt_pipeline.pipeline.core.compare import compare
     from trt_pipeline.pipeline.folder.graph_io import load_reference
-    from trt_pipeline.pipeline.folder.manifest import REFERENCE
+    from trt_pipeline.pipeline.folder.layout import REFERENCE
     from trt_pipeline.pipeline.folder.reader import open_folder
     from trt_pipeline.pipeline.runners import load_runner
     from trt_pipeline.pipeline.stages.export import random_inputs
@@ -472,7 +476,7 @@ def _unused_size(low: int, opt: int, high: int) -> int:
 
 
 def _manifest(folder: Path) -> dict:
-    from trt_pipeline.pipeline.folder.manifest import MANIFEST
+    from trt_pipeline.pipeline.folder.layout import MANIFEST
 
     path = folder / MANIFEST
     return json.loads(path.read_text()) if path.is_file() else {}  # as written on disk
@@ -546,8 +550,8 @@ def _held_out_agreement(folder: Path, case: Case) -> dict:
     except PipelineError as error:  # past the gate on held-out rows: the numbers are in the message
         numbers = _gate_numbers(error.problem)
         return {f"held_out_{key.removeprefix('agreement_')}": value for key, value in numbers.items()}
-    worst = record["graphs"]["model.int8.onnx"]["judged"]
-    return {"held_out_error": worst["error_mean"], "held_out_cosine": worst["cosine_mean"]}
+    _, worst = record.graphs["model.int8.onnx"].worst()
+    return {"held_out_error": worst.error_mean, "held_out_cosine": worst.cosine_mean}
 
 
 def _graph_feeds(fp32: Path, batches: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:

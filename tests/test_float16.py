@@ -17,12 +17,16 @@ from onnx import TensorProto, helper, numpy_helper
 
 from trt_pipeline.calibration.readers import CalibrationData
 from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
+from trt_pipeline.pipeline.evaluation import evaluation_session
+from trt_pipeline.pipeline.evaluation.float16 import faithful_copy, faithful_session
 from trt_pipeline.pipeline.folder.graph_io import load_reference
+from trt_pipeline.pipeline.folder.layout import graph_record
 from trt_pipeline.pipeline.quality.diagnose import diagnose_folder
-from trt_pipeline.pipeline.stages.float16 import Case, TensorStats, faithful_copy, faithful_session
-from trt_pipeline.pipeline.stages.parity import onnxruntime_session
-from trt_pipeline.pipeline.stages.sequence import calibration_cases, make_engine
+from trt_pipeline.pipeline.stages.fp16 import calibration_cases
+from trt_pipeline.pipeline.stages.fp16_overflow import Case, TensorStats
+from trt_pipeline.pipeline.stages.sequence import make_engine
 
 OVERFLOW = "tests.toy_models:overflow_ffn"
 BLOCK = ["/up/Gemm", "/Relu", "/down/Gemm"]  # the nodes that hold the large values
@@ -54,6 +58,11 @@ def test_the_faithful_copy_rounds_and_overflows_where_onnxruntime_does_not(tmp_p
     (faithful,) = onnxruntime_session(tmp_path / "faithful.onnx").run(None, x)
     assert np.isfinite(plain).all()  # ONNX Runtime's CPU provider: float32 inside, no overflow
     assert np.isinf(faithful[0]) and faithful[1] == np.float16(np.float16(0.1234567) * np.float16(1000))
+    # The evaluation the record of an FP16 graph asks for is the faithful one; as ONNX Runtime serves it, plain.
+    fp16 = graph_record("fp16")
+    (judged,) = evaluation_session(fp16, tmp_path / "fp16.onnx").run(None, x)
+    (served,) = evaluation_session(fp16, tmp_path / "fp16.onnx", faithful_fp16=False).run(None, x)
+    assert np.array_equal(judged, faithful, equal_nan=True) and np.array_equal(served, plain)
 
 
 def test_overflow_is_caught_without_the_fallback_and_names_the_node(tmp_path):
@@ -61,7 +70,7 @@ def test_overflow_is_caught_without_the_fallback_and_names_the_node(tmp_path):
         _fp16(tmp_path, auto_fp32=False)
     message = str(caught.value)
     assert "max abs error nan" in message and "the first node past it is '/up/Gemm' (Gemm)" in message
-    assert "KEEP_FP32=" in caught.value.fix and "trt-pipeline diagnose" in caught.value.fix
+    assert "Settings(keep_fp32=<node or op type>)" in caught.value.fix and "trt-pipeline diagnose" in caught.value.fix
     # What the old gate saw: the same float16 graph through ONNX Runtime's CPU provider is fine.
     folder = next(tmp_path.glob("*-fp16"))
     inputs, outputs = load_reference(folder / "reference.npz")[0]
@@ -101,7 +110,7 @@ def test_keep_fp32_by_op_type_and_by_name(tmp_path):
     record = _manifest(_fp16(tmp_path / "a", keep_fp32="Tanh, /head/Gemm"))["fp16"]
     asked = {kept["node"] for kept in record["kept_fp32"] if kept["reason"] == "asked for (--keep-fp32)"}
     assert asked == {"/layers/layers.1/Tanh", "/layers/layers.3/Tanh", "/head/Gemm"}
-    with pytest.raises(PipelineError, match=r"--keep-fp32 names \['TopKk'\], which is neither") as caught:
+    with pytest.raises(PipelineError, match=r"Settings.keep_fp32 names \['TopKk'\], which is neither") as caught:
         _fp16(tmp_path / "b", keep_fp32="TopKk")
     assert "Gemm" in caught.value.fix
 

@@ -15,29 +15,27 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trt_pipeline.pipeline.core.cpu import int8_cpu_kind
+from trt_pipeline.pipeline.core.cpu import NO_VNNI, VNNI, int8_cpu_kind
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
 from trt_pipeline.pipeline.folder.artifacts import LOCK, build_lock, running_build
-from trt_pipeline.pipeline.folder.manifest import (
-    ARTIFACT_LAYOUT,
-    CPU_TARGETS,
-    ENGINE_TARGET,
-    GRAPHS,
-    Manifest,
-    artifact_names,
-    describe_artifacts,
-    read_manifest,
-)
+from trt_pipeline.pipeline.folder.layout import ARTIFACT_LAYOUT, CPU_TARGETS, artifact_names, folder_graphs
+from trt_pipeline.pipeline.folder.manifest import Manifest, read_manifest
+from trt_pipeline.pipeline.folder.provenance import describe_artifacts
 from trt_pipeline.pipeline.folder.reader import open_folder
 from trt_pipeline.pipeline.runners import BACKENDS, load_runner
+from trt_pipeline.pipeline.runners.fastest import find_candidates
+from trt_pipeline.pipeline.runners.onnxruntime import CPU
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = "tests.toy_models:tiny_cnn"
 OTHER = "tests.folder_models:other_tiny_cnn"
 GATED = "tests.folder_models:gated_tiny_cnn"
-REBUILD = "make engine MODEL=tests.toy_models:tiny_cnn PRECISION=fp32"
+REBUILD = 'make_engine(Settings(model="tests.toy_models:tiny_cnn", precision="fp32"'  # Python's words
+# model.onnx's record in an fp32 folder's manifest (pipeline.folder.layout).
+FP32_RECORD = {"file": "model.onnx", "precision": "fp32", "target": "engine", "evaluation": "plain"}
+FP32_RECORD["gate"] = "parity_fp32"
 
 
 def settings(root: Path, model: str = TINY) -> Settings:
@@ -118,7 +116,7 @@ def test_a_manifest_graph_outside_the_folder_is_refused(folder, tmp_path, where)
     # Even with a matching sha256 recorded under that name: only the folder's own files are loaded.
     recorded = dataclasses.asdict(describe_artifacts(outside.parent, ["model.onnx"])["model.onnx"])
     artifacts = {**json.loads((folder / "manifest.json").read_text())["artifacts"], name: recorded}
-    edit_manifest(folder, graphs={ENGINE_TARGET: name}, artifacts=artifacts)
+    edit_manifest(folder, graphs=[{**FP32_RECORD, "file": name}], artifacts=artifacts)
     with pytest.raises(PipelineError, match="which is not a file name inside the folder") as caught:
         load_runner(folder, "onnxruntime")
     assert f"names {name!r} as its graph" in caught.value.problem
@@ -136,12 +134,28 @@ def test_a_folder_of_an_older_layout_is_refused_with_rebuild(folder):
         open_folder(folder)
 
 
+def test_a_folder_the_previous_version_wrote_is_refused_and_its_rebuild_command_rebuilds_it(folder, tmp_path, capsys):
+    """Layout 6's manifest, as the previous version wrote it ("graphs": {target: file}, no record of what each graph
+    is): readers refuse it with the command that writes it again, and that build rebuilds it rather than reuse it."""
+    raw = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({**raw, "layout": 6, "graphs": {"engine": "model.onnx"}}))
+    for backend in ("onnxruntime", "auto"):
+        with pytest.raises(PipelineError, match=f"layout 6; this version reads layout {ARTIFACT_LAYOUT}") as caught:
+            load_runner(folder, backend)
+        assert f"rebuild it: {REBUILD}" in str(caught.value.fix)
+    assert make_engine(settings(tmp_path)) == folder  # what the command runs: the same settings, the same folder
+    assert "up to date" not in capsys.readouterr().out
+    rebuilt = open_folder(folder)
+    assert rebuilt.manifest.layout == ARTIFACT_LAYOUT and [graph.file for graph in rebuilt.graphs] == ["model.onnx"]
+
+
 @pytest.mark.parametrize(
     ("entry", "value", "says"),
     [
         ("inputs", [{"name": "input", "dtype": "float32"}], "its inputs hold"),
         ("model", "tiny", "its model is 'tiny'"),
-        ("graphs", {ENGINE_TARGET: 3}, "its graphs are"),
+        ("graphs", {"engine": "model.onnx"}, "its graphs are"),
+        ("graphs", [{**FP32_RECORD, "evaluation": "by eye"}], "its graphs hold"),
         ("precision", "fp8", "its precision is 'fp8'"),
         ("artifacts", {"model.onnx": {"bytes": 1}}, "its artifacts hold"),
         (
@@ -163,12 +177,12 @@ def test_the_manifest_is_typed_and_stays_readable_json(built):
     manifest = read_manifest(built)
     assert manifest is not None and Manifest.from_json(manifest.as_json()) == manifest
     raw = json.loads((built / "manifest.json").read_text())
-    assert raw["graphs"] == GRAPHS["fp32"] == {ENGINE_TARGET: "model.onnx"}
+    assert raw["graphs"] == [FP32_RECORD]
     assert raw["batch_profile"] == {"min": 1, "opt": 2, "max": 4}
     assert raw["inputs"] == [{"name": "input", "dtype": "float32", "shape": ["batch", 3, 16, 16]}]
     assert raw["parity_fp32"]["max_rel"] == manifest.parity("parity_fp32").max_rel < 1e-4
     assert manifest.build is not None and raw["build"]["builder"]["module"] == manifest.builder().module
-    assert list(raw["timings"])[-1] == "build" and set(raw["artifacts"]) == set(artifact_names(GRAPHS["fp32"]))
+    assert list(raw["timings"])[-1] == "build" and set(raw["artifacts"]) == set(artifact_names(folder_graphs("fp32")))
 
 
 def test_the_runner_on_a_cpu_takes_the_graph_the_manifest_lists_for_its_kind_of_cpu(folder):
@@ -176,8 +190,8 @@ def test_the_runner_on_a_cpu_takes_the_graph_the_manifest_lists_for_its_kind_of_
     shutil.copy(folder / "model.onnx", folder / "model.cpu.onnx")
     raw = json.loads((folder / "manifest.json").read_text())
     recorded = {n: dataclasses.asdict(a) for n, a in describe_artifacts(folder, ["model.cpu.onnx"]).items()}
-    target = CPU_TARGETS[int8_cpu_kind()]
-    graphs = {**raw["graphs"], target: "model.cpu.onnx"}
+    shaped = {**FP32_RECORD, "file": "model.cpu.onnx", "target": CPU_TARGETS[int8_cpu_kind()]}
+    graphs = [*raw["graphs"], {**shaped, "evaluation": "onnxruntime-int8"}]
     edit_manifest(folder, graphs=graphs, artifacts={**raw["artifacts"], **recorded})
     with load_runner(folder, "onnxruntime") as runner:
         assert "running model.cpu.onnx (the fp32 graph for ONNX Runtime's CPU kernels" in runner.description
@@ -267,3 +281,53 @@ def test_a_stage_run_alone_leaves_the_folder_unfinished(tmp_path):
     run_stage(settings(tmp_path), "simplify")  # model.onnx rewritten: no longer the file the manifest lists
     with pytest.raises(PipelineError, match="holds an unfinished build"):
         load_runner(folder, "onnxruntime")
+
+
+# --------------------------------------------------------------------------- what may serve on a host
+
+
+@pytest.fixture(scope="module")
+def int8_built(root: Path) -> Path:
+    """tiny_cnn in INT8, calibrated on 32 random images: model.onnx, model.int8.onnx and one graph per kind of CPU."""
+    np.save(root / "calib.npy", np.random.default_rng(1).standard_normal((32, 3, 16, 16), dtype=np.float32))
+    int8 = dataclasses.replace(settings(root), precision="int8", calib=root / "calib.npy", calib_samples=32)
+    return make_engine(dataclasses.replace(int8, calib_batch=16))
+
+
+def _files(graphs) -> list[str]:
+    return [graph.file for graph in graphs]
+
+
+def test_what_may_serve_a_host_is_one_answer_for_the_reader_auto_and_the_runner(int8_built, tmp_path):
+    folder = open_folder(int8_built)
+    vnni, no_vnni = folder.servable(VNNI), folder.servable(NO_VNNI)
+    # On the CPU provider the graph shaped for the host's kind of CPU stands for the engine's; on CUDA, the engine's.
+    assert _files(vnni.on_cpu) == ["model.onnx", "model.int8.ort.onnx"]
+    assert _files(no_vnni.on_cpu) == ["model.onnx", "model.int8.ort-u8u8.onnx"]
+    assert _files(vnni.on_cuda) == _files(no_vnni.on_cuda) == ["model.onnx", "model.int8.onnx"]
+    assert vnni.refused == no_vnni.refused == ()
+    assert folder.servable_anywhere() == [
+        "model.onnx",
+        "model.int8.onnx",
+        "model.int8.ort.onnx",
+        "model.int8.ort-u8u8.onnx",
+    ]
+    here = folder.servable(int8_cpu_kind())
+    candidates, refused = find_candidates(folder, [CPU])
+    assert [candidate.graph for candidate in candidates] == _files(here.on_cpu) and refused == []
+    with load_runner(folder, "onnxruntime", providers=[CPU]) as runner:
+        assert runner.graph == here.on_cpu[-1].file
+
+    # The CPU graph's gate unrecorded: it may serve nowhere, and the engine's INT8 graph, its Q/DQ simulated as
+    # TensorRT computes them, stands in for it on this CPU for auto and the runner alike.
+    copy = Path(shutil.copytree(int8_built, tmp_path / int8_built.name))
+    shaped = here.on_cpu[-1]
+    raw = json.loads((copy / "manifest.json").read_text())
+    del raw[shaped.gate]
+    (copy / "manifest.json").write_text(json.dumps(raw))
+    gated = open_folder(copy).servable(int8_cpu_kind())
+    assert _files(gated.on_cpu) == ["model.onnx", "model.int8.onnx"]
+    assert gated.refused == (f"{shaped.file}: no pass of its gate ({shaped.gate}) in the manifest",)
+    assert [candidate.graph for candidate in find_candidates(open_folder(copy), [CPU])[0]] == _files(gated.on_cpu)
+    with load_runner(copy, "onnxruntime", providers=[CPU]) as runner:
+        assert runner.graph == "model.int8.onnx" and "its Q/DQ simulated in float" in runner.description

@@ -58,6 +58,22 @@ def tiny_gpt2():
     return transformers.GPT2Model(config)
 
 
+ROBERTA_POSITIONS = 130  # a small config's position table (roberta-base: 514)
+
+
+def tiny_roberta():
+    torch.manual_seed(0)
+    config = transformers.RobertaConfig(
+        vocab_size=len(VOCABULARY),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=ROBERTA_POSITIONS,
+    )
+    return transformers.RobertaModel(config)
+
+
 # Factories as users write them (MODEL=tests.test_hf_models:<name>); the vocabulary goes in a temporary folder.
 _VOCABULARY_DIR: list[Path] = []
 
@@ -73,6 +89,12 @@ def bert_with_hidden_states():
 def gpt2_with_dict():
     encoded = _tokenize(_VOCABULARY_DIR[0] / "vocab.txt")
     return tiny_gpt2(), {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+
+
+def roberta_as_loaded():
+    """A RoBERTa handed over as loaded, with a batch of token ids (no padding) and its mask."""
+    ids = torch.randint(3, len(VOCABULARY), (2, 8), generator=torch.Generator().manual_seed(0))
+    return tiny_roberta(), {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
 def bert_with_lists():
@@ -135,6 +157,42 @@ def test_an_input_forward_does_not_take_is_refused():
     assert "['ids']" in error.value.problem and "BertModel.forward" in error.value.problem
 
 
+@pytest.mark.parametrize(
+    ("factory", "longest"),
+    [
+        ("bert_with_tokenizer", MAX_POSITIONS),
+        ("gpt2_with_dict", MAX_POSITIONS),
+        ("roberta_as_loaded", ROBERTA_POSITIONS - 2),  # positions count from its padding index (1) + 1
+    ],
+)
+def test_the_default_sequence_range_ends_at_the_longest_sequence_the_model_embeds(factory: str, longest: int):
+    spec = models.load_model(f"tests.test_hf_models:{factory}")
+    assert {axes[1].max for axes in spec.dynamic_axes.values()} == {longest}
+    model = spec.module.model.eval()
+
+    def run(length: int) -> None:
+        ids = torch.full((1, length), 5)
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=torch.ones_like(ids), **spec.module.extra_arguments)
+
+    run(longest)
+    with pytest.raises((IndexError, RuntimeError)):  # one more has no position to embed: the range is the longest
+        run(longest + 1)
+
+
+def test_a_folders_tokenizer_config_bounds_the_sequence_range_and_is_in_the_fingerprint(tmp_path: Path):
+    folder = tmp_path / "tiny-roberta"
+    tiny_roberta().save_pretrained(folder)
+    assert models.load_model(str(folder)).dynamic_axes["input_ids"][1].max == ROBERTA_POSITIONS - 2
+    unset = models.load_model(str(folder)).fingerprint
+    (folder / "tokenizer_config.json").write_text(json.dumps({"model_max_length": int(1e30)}))  # saved unset
+    assert models.load_model(str(folder)).dynamic_axes["input_ids"][1].max == ROBERTA_POSITIONS - 2
+    (folder / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 40}))
+    spec = models.load_model(str(folder))
+    assert spec.dynamic_axes["input_ids"][1].max == 40
+    assert spec.fingerprint != unset
+
+
 @pytest.mark.slow
 def test_bert_from_the_tokenizers_dict_builds_an_fp16_engine(tmp_path: Path):
     settings = Settings(
@@ -145,7 +203,7 @@ def test_bert_from_the_tokenizers_dict_builds_an_fp16_engine(tmp_path: Path):
         builder="tensorrt_rtx",
     )
     folder = make_engine(settings)
-    from trt_pipeline.pipeline.folder.manifest import MANIFEST
+    from trt_pipeline.pipeline.folder.layout import MANIFEST
 
     manifest = json.loads((folder / MANIFEST).read_text())  # as written on disk
     assert [i["name"] for i in manifest["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]
@@ -153,6 +211,46 @@ def test_bert_from_the_tokenizers_dict_builds_an_fp16_engine(tmp_path: Path):
     assert [o["name"] for o in manifest["outputs"]] == ["last_hidden_state", "pooler_output"]
     assert manifest["axis_ranges"] == {SEQUENCE_AXIS: [1, 8, MAX_POSITIONS]}
     assert manifest["parity_fp16"]["max_rel"] < 3e-2
+
+
+# The transformers architectures tests/test_coverage.py covers (its CASES give some a DYNAMIC=), and RoBERTa: the
+# longest sequence each takes by default (None: no token input, so no sequence axis).
+DEFAULT_SEQUENCES = {
+    "tests.test_coverage:bert": 32,
+    "tests.test_coverage:distilbert": 32,
+    "tests.test_coverage:gpt2": 32,
+    "tests.test_coverage:t5_encoder": 512,  # relative positions: no limit in the config, the default's 512
+    "tests.test_coverage:bart": 32,
+    "tests.test_coverage:llama": 32,
+    "tests.test_hf_models:roberta_as_loaded": ROBERTA_POSITIONS - 2,
+    "tests.test_coverage:vit": None,
+    "tests.test_coverage:swin": None,
+    "tests.test_coverage:beit": None,
+    "tests.test_coverage:segformer": None,
+    "tests.test_coverage:wav2vec2": None,
+    "tests.test_coverage:hubert": None,
+    "tests.test_coverage:whisper_encoder": None,
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", list(DEFAULT_SEQUENCES), ids=lambda model: model.split(":")[1])
+def test_every_covered_architecture_builds_with_the_defaults_alone(model: str, tmp_path: Path):
+    """No DYNAMIC=: the sequence axis the loader gives token inputs runs in PyTorch and ONNX Runtime at its longest
+    (the reference and the check run it there) and TensorRT-RTX builds its profile."""
+    pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX is not installed: pip install tensorrt-rtx-cu13")
+    from trt_pipeline.pipeline.folder.manifest import MANIFEST
+
+    settings = Settings(
+        model=model, precision="fp32", batch=BatchProfile(1, 2, 4), out_root=tmp_path, builder="tensorrt_rtx"
+    )
+    folder = make_engine(settings)
+    manifest = json.loads((folder / MANIFEST).read_text())  # as written on disk
+    longest = DEFAULT_SEQUENCES[model]
+    assert {name: bounds[2] for name, bounds in manifest["axis_ranges"].items()} == (
+        {SEQUENCE_AXIS: longest} if longest else {}
+    )
+    assert manifest["build"]["engine_bytes"] > 0
 
 
 # ---------------------------------------------------------------- a save_pretrained folder

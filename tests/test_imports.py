@@ -7,6 +7,7 @@ import ast
 import subprocess
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,171 @@ def test_every_internal_import_names_a_file_of_the_checkout_by_path_alone():
     files = [p for p in files if p.relative_to(ROOT).as_posix() not in RUNS_OUTSIDE_THE_PACKAGE]
     assert len(files) > 50
     assert [problem for path in files for problem in _unresolved(path)] == []
+
+
+# --------------------------------------------------------------------------- the package's import graph
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import statement of a module: where, whether it runs inside a function, the package's modules it loads
+    (dotted, from the checkout's root: pipeline.stages.parity) and the other modules it names (numpy, onnx.helper)."""
+
+    where: str
+    in_function: bool
+    internal: tuple[str, ...]
+    external: tuple[str, ...]
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _internal_targets(path: Path, node: ast.ImportFrom) -> list[str]:
+    """The package's modules a relative import loads: `from .x import y` names x, or x.y where y is a module.  A name
+    of the distribution's own __init__ (trt_pipeline/__init__.py: `from .. import __version__`) is outside the code
+    folders, and left out."""
+    base, parts = _target(path, node)
+    targets = []
+    for alias in node.names:
+        module = _file_of(base, [*parts, alias.name]) or (_file_of(base, parts) if base != ROOT or parts else None)
+        if module is not None:
+            targets.append(_module_name(module))
+    return sorted(set(targets))
+
+
+class _Imports(ast.NodeVisitor):
+    """Every import statement of a module that runs (those under `if TYPE_CHECKING:` never do)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.depth, self.found = path, 0, []
+
+    def visit_FunctionDef(self, node: ast.AST) -> None:
+        self.depth += 1
+        self.generic_visit(node)
+        self.depth -= 1
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+    visit_Lambda = visit_FunctionDef
+
+    def visit_If(self, node: ast.If) -> None:
+        checking = isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+        for child in node.orelse if checking else [node.test, *node.body, *node.orelse]:
+            self.visit(child)
+
+    def visit_Import(self, node: ast.Import) -> None:
+        self._add(node, [], [alias.name for alias in node.names])
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.level:
+            self._add(node, _internal_targets(self.path, node), [])
+        else:
+            self._add(node, [], [node.module or ""])
+
+    def _add(self, node: ast.stmt, internal: list[str], external: list[str]) -> None:
+        where = f"{self.path.relative_to(ROOT)}:{node.lineno}"
+        self.found.append(Import(where, self.depth > 0, tuple(internal), tuple(external)))
+
+
+def _package_imports() -> dict[str, list[Import]]:
+    files = [p for folder in CODE_FOLDERS for p in sorted((ROOT / folder).rglob("*.py"))]
+    files = [p for p in files if p.relative_to(ROOT).as_posix() not in RUNS_OUTSIDE_THE_PACKAGE]
+    imports = {}
+    for path in files:
+        visitor = _Imports(path)
+        visitor.visit(ast.parse(path.read_text()))
+        imports[_module_name(path)] = visitor.found
+    return imports
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles: each strongly connected group of two or more modules (Tarjan), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(edges.get(module, ())):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            group = [stack.pop()]
+            while group[-1] != module:
+                group.append(stack.pop())
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in sorted(edges):
+        if module not in index:
+            visit(module)
+    return sorted(found)
+
+
+def test_the_package_imports_no_module_that_imports_it_back():
+    """No import cycle among the package's modules, counting the imports inside functions too (a cycle a deferred
+    import hides is still a cycle: two modules that each need the other are one module, or a third owns what they
+    share)."""
+    imports = _package_imports()
+    edges = {module: {target for i in found for target in i.internal} - {module} for module, found in imports.items()}
+    assert len(edges) > 50 and _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles(edges) == []
+
+
+# The base dependency (pyproject.toml's [project] dependencies); every other installed package comes with an extra.
+BASE_DEPENDENCIES = ("numpy",)
+# The build side: the modules `load_runner` and `import trt_pipeline` must never load (test_the_onnxruntime_runner_...).
+BUILD_SIDE = ("pipeline.stages", "calibration", "models")
+
+
+def _loads(modules: set[str], imports: dict[str, list[Import]]) -> set[str]:
+    """What importing `modules` loads that is heavy: each third-party module (dotted, and the packages above it) other
+    than the base dependency's, and "the build side" where it loads one of its modules."""
+    seen, pending = set(), list(modules)
+    while pending:
+        module = pending.pop()
+        if module not in seen:
+            seen.add(module)
+            pending += [target for i in imports[module] if not i.in_function for target in i.internal]
+    named = {name for module in seen for i in imports[module] if not i.in_function for name in i.external}
+    heavy = {prefix for name in named for prefix in _prefixes(name) if _heavy(prefix)}
+    return heavy | ({"the build side"} if any(module.startswith(BUILD_SIDE) for module in seen) else set())
+
+
+def _prefixes(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[: end + 1]) for end in range(len(parts))]
+
+
+def _heavy(module: str) -> bool:
+    top = module.split(".")[0]
+    return top not in sys.stdlib_module_names and top not in BASE_DEPENDENCIES
+
+
+def test_an_import_inside_a_function_is_there_only_to_keep_a_heavy_module_out():
+    """The rule: an import inside a function must keep something heavy out of what importing its module loads.
+    Moved to the top of its module, it would make that module load (through the module-level imports of the
+    package's modules it reaches) a heavy module the module does not load now: a third-party module other than the
+    base dependency's (numpy), torch, onnx, onnxsim, onnxruntime, tensorrt, transformers, matplotlib, ... each
+    coming with an extra, and a submodule counting for itself (torch._inductor where torch is loaded already); or,
+    for a module that loads none of it yet, the build side (pipeline/stages, calibration, models).  Any other
+    import belongs at the top of its module: a standard-library module, a light module of the package, or a heavy
+    one the module loads anyway.  (Imports under `if TYPE_CHECKING:` never run and are not counted; nor are names of
+    the distribution's own __init__, trt_pipeline/__init__.py, which is outside the code folders.)"""
+    imports = _package_imports()
+    needless = []
+    for module, found in imports.items():
+        now = _loads({module}, imports)
+        for deferred in (i for i in found if i.in_function and (i.internal or i.external)):
+            moved = _loads({module, *deferred.internal}, imports)
+            moved |= {prefix for name in deferred.external for prefix in _prefixes(name) if _heavy(prefix)}
+            if not moved - now:
+                needless.append(f"{deferred.where} {', '.join(deferred.internal + deferred.external)}")
+    assert sum(i.in_function for found in imports.values() for i in found) > 20
+    assert needless == []

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from trt_pipeline.calibration.int8 import CalibrationConfig, make_int8_graph
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
-from trt_pipeline.pipeline.stages.parity import int8_judge
+from trt_pipeline.pipeline.evaluation.agreement import int8_judge
 
 CHANNELS = 4
 
@@ -51,7 +51,7 @@ def test_bias_correction_removes_the_shift_weight_rounding_adds_and_is_kept_by_h
         cpu_out_paths=cpu,
         judge=int8_judge(fp32),
     )
-    correction = record["calibration"]["bias_correction"]
+    correction = record.calibration["bias_correction"]
     assert correction["ops"] == 1 and correction["kept"], correction
     errors = correction["held_out_error_mean"]
     assert errors["corrected"] < errors["before"] / 2, errors

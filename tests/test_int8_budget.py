@@ -43,7 +43,7 @@ def digits(tmp_path_factory) -> tuple[Path, object, np.ndarray]:
         config=CalibrationConfig(("max",), 256, 64),
         cache_folder=out / CACHE_FOLDER,
     )
-    return fp32, read_cache(Path(record["calibration"]["cache_file"])).ranges, train
+    return fp32, read_cache(Path(record.calibration["cache_file"])).ranges, train
 
 
 def _cosine_loss(fp32: Path, inputs: np.ndarray):

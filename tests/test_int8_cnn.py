@@ -21,7 +21,8 @@ from trt_pipeline.models.spec import ImagePreprocess, ModelSpec
 from trt_pipeline.pipeline.core.cpu import int8_cpu_kind
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.settings import Settings
-from trt_pipeline.pipeline.folder.manifest import cpu_graphs
+from trt_pipeline.pipeline.evaluation import evaluation_session
+from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, graph_record
 from trt_pipeline.pipeline.quality.accuracy import top1_changes
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
@@ -115,9 +116,9 @@ def test_int8_of_the_trained_depthwise_cnn_holds_on_the_photos_its_ranges_never_
     sample = calibration_sample(folder)  # the held-out rows the gate judged
     assert sample is not None and len(sample["input"]) == 8
     expected = onnxruntime_session(folder / "model.onnx").run(None, sample)[0]
-    served = cpu_graphs("int8")[int8_cpu_kind()]  # ONNX Runtime's int8 kernels on this CPU
-    for graph, simulate in {"model.int8.onnx": True, served: False}.items():
-        actual = onnxruntime_session(folder / graph, simulate_qdq=simulate).run(None, sample)[0]
+    served = graph_record("int8", CPU_TARGETS[int8_cpu_kind()])  # ONNX Runtime's int8 kernels on this CPU
+    for graph in (graph_record("int8"), served):  # each evaluated as its record says
+        actual = evaluation_session(graph, folder / graph.file).run(None, sample)[0]
         cosine = np.sum(expected * actual, 1) / (np.linalg.norm(expected, axis=1) * np.linalg.norm(actual, axis=1))
         assert cosine.min() >= 0.98, (graph, cosine)
         assert not top1_changes(actual, expected).real.any(), graph

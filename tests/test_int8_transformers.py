@@ -24,7 +24,6 @@ from trt_pipeline.calibration.int8 import (
     CalibrationConfig,
     calibrated_graph,
     make_int8_graph,
-    written_cpu_graphs,
 )
 from trt_pipeline.calibration.qdq import qdq_problems, quantize_qdq
 from trt_pipeline.calibration.smooth import channel_maxima, smooth_graph, smoothable, smoothing_scales
@@ -33,8 +32,9 @@ from trt_pipeline.pipeline.core.cpu import int8_cpu_kind
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.settings import AUTO_CALIB_METHODS, DEFAULT_SMOOTH_ALPHA, Settings
-from trt_pipeline.pipeline.folder.manifest import FP32_GRAPH, GRAPHS, cpu_graphs
-from trt_pipeline.pipeline.quality.diagnose import compare_layers, first_past, node_tolerance
+from trt_pipeline.pipeline.evaluation import node_tolerance
+from trt_pipeline.pipeline.evaluation.layers import compare_layers, first_past
+from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, FP32_GRAPH, folder_graphs, graph_record
 from trt_pipeline.pipeline.stages.export import export_onnx
 from trt_pipeline.pipeline.stages.sequence import make_engine
 from trt_pipeline.pipeline.stages.simplify import simplify_onnx
@@ -115,9 +115,10 @@ def bert_int8(tmp_path_factory) -> Path:
 def test_bert_int8_builds_every_graph_and_passes_the_gate(bert_int8):
     manifest = json.loads((bert_int8 / "manifest.json").read_text())
     assert manifest["complete"] is True
-    assert manifest["graphs"] == GRAPHS["int8"]  # the CPU graphs are written for transformers too
-    for graph in cpu_graphs("int8").values():
-        assert (bert_int8 / graph).is_file()
+    # The CPU graphs are written for transformers too.
+    assert [graph["file"] for graph in manifest["graphs"]] == [graph.file for graph in folder_graphs("int8")]
+    for graph in folder_graphs("int8"):
+        assert (bert_int8 / graph.file).is_file()
     agreement = manifest["agreement_int8"]
     judged = agreement["graphs"]["model.int8.onnx"]["judged"]
     assert judged["rows"] == "held_out" and judged["output"] == "last_hidden_state"
@@ -172,14 +173,20 @@ def test_a_cpu_graph_that_cannot_be_made_is_recorded_and_the_tensorrt_graph_kept
         preprocess=None,
         config=CalibrationConfig(("max",), 32, 16),
         cache_folder=tmp_path / CACHE_FOLDER,
-        cpu_out_paths={kind: tmp_path / "taken" / name for kind, name in cpu_graphs("int8").items()},
+        cpu_out_paths={
+            kind: tmp_path / "taken" / graph_record("int8", target).file for kind, target in CPU_TARGETS.items()
+        },
     )
     assert (tmp_path / "model.int8.onnx").is_file()
-    assert record["qdq"]["quantized_ops"] == 1
-    assert written_cpu_graphs(record) == {}
-    for kind, name in cpu_graphs("int8").items():
-        assert record["qdq_onnxruntime_cpu"][kind]["failed"].startswith(("FileExistsError", "NotADirectoryError"))
-        assert f"{name} ({kind}) not written" in record["summary"]
+    assert record.qdq["quantized_ops"] == 1
+    assert record.written_cpu_graphs == {}
+    for kind, target in CPU_TARGETS.items():
+        assert str(record.cpu[kind].failed).startswith(("FileExistsError", "NotADirectoryError"))
+        assert f"{graph_record('int8', target).file} ({kind}) not written" in record.summary
+        assert record.as_json()["qdq_onnxruntime_cpu"][kind] == {
+            "graph": record.cpu[kind].graph,
+            "failed": record.cpu[kind].failed,
+        }
 
 
 # --------------------------------------------------------------------------- smoothing
@@ -317,7 +324,8 @@ def test_diagnosis_does_not_blame_a_minus_inf_attention_mask(tmp_path):
     int8 = tmp_path / "model.int8.onnx"
     config = CalibrationConfig(("max",), 32, 16, smooth_alphas=(0.5,))
     make_int8_graph(fp32, int8, calib, preprocess=None, config=config, cache_folder=tmp_path / CACHE_FOLDER)
-    errors = {error.tensor: error for error in compare_layers(fp32, int8, _attention_inputs(1, seed=2), "int8")}
+    compared = compare_layers(fp32, int8, _attention_inputs(1, seed=2), graph_record("int8"))
+    errors = {error.tensor: error for error in compared}
     assert errors["mask_bias"].rel == 0 and errors["masked"].rel < node_tolerance("int8")
     assert 0 < errors["y"].rel < node_tolerance("int8")  # the quantization error is still measured
     assert first_past(list(errors.values()), node_tolerance("int8")) is None
@@ -371,7 +379,7 @@ def test_a_trained_sentence_encoder_calibrated_on_templated_sentences_holds_on_p
     folder = make_engine(Settings(model=model, precision="int8", calib=sets["narrow"], out_root=tmp_path))
     cosine = encoder.cosines(folder / FP32_GRAPH, folder / "model.int8.onnx", judged, simulate_qdq=True)
     assert cosine.min() >= 0.98 and cosine.mean() >= 0.99, f"min {cosine.min():.4f} mean {cosine.mean():.4f}"
-    served = cpu_graphs("int8")[int8_cpu_kind()]  # the gate judges this CPU's graph
+    served = graph_record("int8", CPU_TARGETS[int8_cpu_kind()]).file  # the gate judges this CPU's graph
     assert "left_out" not in json.loads((folder / "manifest.json").read_text())["agreement_int8"]["graphs"][served]
     cosine = encoder.cosines(folder / FP32_GRAPH, folder / served, judged, simulate_qdq=False)
     assert cosine.min() >= 0.98 and cosine.mean() >= 0.99, f"{served}: min {cosine.min():.4f} mean {cosine.mean():.4f}"
@@ -406,6 +414,6 @@ def test_smooth_setting_is_an_alpha_or_off():
     assert Settings(smooth="off").smooth_alphas() == (None,)
     assert Settings(smooth="0.8").smooth_alphas() == (0.8,)
     for bad in ("0", "1.5", "nan", "strong"):
-        with pytest.raises(PipelineError, match="SMOOTH=") as raised:
-            Settings(smooth=bad).check()
-        assert raised.value.fix is not None and "SMOOTH=off" in raised.value.fix
+        with pytest.raises(PipelineError, match=r"Settings\(smooth=") as raised:
+            Settings(precision="int8", smooth=bad).check()
+        assert raised.value.fix is not None and 'Settings(smooth="off")' in raised.value.fix

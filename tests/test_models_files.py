@@ -4,6 +4,7 @@ and graphs that crash ONNX Runtime."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -21,7 +22,7 @@ def test_pickled_whole_module_needs_input_shape(tmp_path: Path):
     path = tmp_path / "plain.pt"
     module = toy_models.plain_module()
     torch.save(module, path)
-    with pytest.raises(PipelineError, match="(?s)is a pickled nn.Module.*INPUT_SHAPE"):
+    with pytest.raises(PipelineError, match="(?s)is a pickled nn.Module.*Settings.input_shape"):
         load_model(str(path), trust_model_file=True)
     spec = load_model(str(path), input_shape="3x16x16", trust_model_file=True)
     assert spec.name == "plain"
@@ -35,7 +36,7 @@ def test_state_dict_as_model_is_refused_with_the_fix(tmp_path: Path):
     torch.save(toy_models.tiny_cnn().module.state_dict(), path)
     with pytest.raises(PipelineError, match="is a state_dict") as caught:
         load_model(str(path))
-    assert f"MODEL=<registry name or package.module:factory> WEIGHTS={path}" in str(caught.value)
+    assert f'Settings(model=<registry name or package.module:factory>, weights="{path}")' in str(caught.value)
 
 
 def test_file_that_is_not_a_model_is_refused(tmp_path: Path):
@@ -53,14 +54,14 @@ def test_torchscript_file(tmp_path: Path):
     module = toy_models.plain_module()
     path = tmp_path / "scripted.ts"
     torch.jit.save(torch.jit.script(module), str(path))
-    with pytest.raises(PipelineError, match="(?s)is a TorchScript file.*INPUT_SHAPE"):
+    with pytest.raises(PipelineError, match="(?s)is a TorchScript file.*Settings.input_shape"):
         load_model(str(path))
     spec = load_model(str(path), input_shape="3x16x16")
     assert spec.name == "scripted" and spec.output_names == ["output"]
     x = spec.example_inputs["input"]
     with torch.no_grad():
         assert torch.allclose(spec.module(x), module(x))
-    with pytest.raises(PipelineError, match="INPUT_SHAPE='5x16x16'"):
+    with pytest.raises(PipelineError, match=re.escape('Settings(input_shape="5x16x16")')):
         load_model(str(path), input_shape="5x16x16")
 
 
@@ -93,7 +94,7 @@ def test_exported_program_with_a_static_batch_says_so(tmp_path: Path):
     loaded = load_model(str(path))
     assert loaded.example_inputs["input"].shape == (1, 16)
     assert loaded.notes == ["static.pt2 was exported with a static batch of 1 on input: only that batch size will run"]
-    with pytest.raises(PipelineError, match="INPUT_SHAPE='17'"):
+    with pytest.raises(PipelineError, match=re.escape('Settings(input_shape="17")')):
         load_model(str(path), input_shape="17")
 
 
@@ -202,7 +203,7 @@ def _onnx_settings(model: Path, tmp_path: Path, **overrides):
 
 
 def test_an_onnx_file_starts_at_check_with_its_own_fp32_outputs_as_the_reference(tmp_path: Path):
-    from trt_pipeline.pipeline.folder.manifest import MANIFEST
+    from trt_pipeline.pipeline.folder.layout import MANIFEST
     from trt_pipeline.pipeline.stages.onnx_model import REFERENCE_SOURCE
     from trt_pipeline.pipeline.stages.sequence import make_engine
 
@@ -227,7 +228,7 @@ def test_an_onnx_files_symbolic_dims_need_a_range_or_a_size(tmp_path: Path):
     with pytest.raises(PipelineError) as error:
         make_engine(_onnx_settings(graph, tmp_path))
     assert "input_ids axis 1 ('seq')" in error.value.problem
-    assert "DYNAMIC=input_ids:1=" in (error.value.fix or "")
+    assert 'Settings(dynamic="input_ids:1=' in (error.value.fix or "")
     # INPUT_SHAPE fixes the sequence at 10 instead.
     shape = "input_ids=10:int64,attention_mask=10:float32"
     folder = make_engine(_onnx_settings(graph, tmp_path, precision="fp32", input_shape=shape))
@@ -410,5 +411,5 @@ def test_a_static_token_sequence_is_warned_about_with_the_dynamic_that_fixes_it(
     printed = capsys.readouterr().out
     # input_ids is an integer token input; the float attention_mask is not
     assert "integer token input(s) input_ids (12) have a static sequence axis" in printed
-    assert "DYNAMIC=input_ids:1=1:12:512 makes it dynamic" in printed
+    assert 'Settings(dynamic="input_ids:1=1:12:512") makes it dynamic' in printed
     assert record["warnings"] == [printed.strip().removeprefix("warning: ")]

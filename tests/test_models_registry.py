@@ -206,7 +206,7 @@ def test_weights_that_are_a_pickled_object_are_refused(tmp_path: Path):
 
 
 def test_missing_weights_file_is_named(tmp_path: Path):
-    with pytest.raises(PipelineError, match="WEIGHTS file .*absent.pth does not exist"):
+    with pytest.raises(PipelineError, match="weights file .*absent.pth does not exist"):
         load_model("resnet18", weights=tmp_path / "absent.pth")
 
 

@@ -68,7 +68,7 @@ def test_dropout_mlp_tuple_and_the_check_leaves_the_mode_alone():
 def test_plain_module_needs_an_input_shape():
     with pytest.raises(PipelineError, match="a factory returning a bare nn.Module, which does not say") as caught:
         load_model(f"{TOY}:plain_module")
-    assert "INPUT_SHAPE" in str(caught.value) and "3x224x224" in str(caught.value)
+    assert "Settings.input_shape" in str(caught.value) and "3x224x224" in str(caught.value)
     spec = load_model(f"{TOY}:plain_module", input_shape="3x16x16")
     assert spec.example_inputs["input"].shape == (2, 3, 16, 16)
     assert spec.output_names == ["output"]
@@ -78,7 +78,7 @@ def test_input_shape_that_does_not_fit_names_the_shape_and_torch_message():
     with pytest.raises(PipelineError) as caught:
         load_model(f"{TOY}:plain_module", input_shape="4x16x16")
     message = str(caught.value)
-    assert "INPUT_SHAPE='4x16x16' gave input=[2, 4, 16, 16] float32" in message
+    assert 'Settings(input_shape="4x16x16") gave input=[2, 4, 16, 16] float32' in message
     assert "torch says:" in message and "channels" in message
 
 
@@ -180,7 +180,7 @@ def test_input_shape_grammar():
 def test_input_shape_errors(text: str, problem: str):
     with pytest.raises(PipelineError, match=problem.replace("[", r"\[")) as caught:
         load_model(f"{TOY}:plain_module", input_shape=text)
-    assert "INPUT_SHAPE" in str(caught.value)
+    assert "Settings(input_shape=" in str(caught.value)
 
 
 def test_integer_inputs_get_small_valid_values():

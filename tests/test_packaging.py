@@ -11,7 +11,7 @@ import pytest
 import tomllib
 
 import trt_pipeline
-from trt_pipeline.pipeline.cli import in_command_line_terms, main
+from trt_pipeline.pipeline.cli import main
 from trt_pipeline.pipeline.core.extras import EXTRA_OF_MODULE, missing_module_error, requirements
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,14 +32,6 @@ def test_help_shows_defaults_and_the_command_name(capsys):
     assert text.startswith("usage: trt-pipeline engine")
     assert "(default: 1:8:32)" in text and "(default: fp16)" in text
     assert "(default: None)" not in text and "(default: False)" not in text
-
-
-def test_make_terms_become_options_for_command_line_users():
-    text = "rebuild: make engine MODEL=resnet PRECISION=int8 FORCE=1; add CALIB=<folder> (e.g. CALIB=samples)"
-    assert in_command_line_terms(text) == (
-        "rebuild: trt-pipeline engine --model resnet --precision int8 --force; add --calib <folder> "
-        "(e.g. --calib samples)"
-    )
 
 
 def test_errors_speak_make_under_make_and_options_otherwise(tmp_path):

@@ -18,7 +18,7 @@ from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
 from trt_pipeline.pipeline.folder.artifacts import sha256_file
 from trt_pipeline.pipeline.folder.graph_io import load_reference
-from trt_pipeline.pipeline.folder.manifest import ARTIFACT_LAYOUT
+from trt_pipeline.pipeline.folder.layout import ARTIFACT_LAYOUT
 from trt_pipeline.pipeline.runners import load_runner
 from trt_pipeline.pipeline.stages.check import check_onnx
 from trt_pipeline.pipeline.stages.sequence import make_engine
@@ -46,7 +46,7 @@ def test_make_engine_writes_every_artifact_and_a_complete_manifest(tmp_path, pre
     assert manifest["build"]["builder"]["module"] == "tensorrt_rtx"
     assert manifest["build"]["profile"]["input"]["max"] == [4, 3, 16, 16]
     graph = "model.onnx" if precision == "fp32" else "model.fp16.onnx"
-    assert manifest["graphs"] == {"engine": graph}
+    assert [(g["file"], g["precision"], g["target"]) for g in manifest["graphs"]][-1] == (graph, precision, "engine")
     for name, recorded in manifest["artifacts"].items():
         assert sha256_file(folder / name) == recorded["sha256"]
     assert {"model.onnx", "reference.npz", graph, "engine.plan"} <= set(manifest["artifacts"])
@@ -163,7 +163,8 @@ def test_an_interrupted_build_leaves_nothing_that_loads(tmp_path):
     assert load_reference(folder / "reference.npz")
     with pytest.raises(PipelineError, match="holds an unfinished build") as refused:  # and nothing of it is served
         load_runner(folder, "onnxruntime")
-    assert f"make engine MODEL=resnet18 PRECISION=fp32 BATCH=1:2:4 OUT={tmp_path}" in str(refused.value.fix)
+    rebuild = f'make_engine(Settings(model="resnet18", precision="fp32", batch="1:2:4", out_root="{tmp_path}"))'
+    assert rebuild in str(refused.value.fix)
     make_engine(Settings(model="resnet18", precision="fp32", batch=BatchProfile(1, 2, 4), out_root=tmp_path))
     assert json.loads((folder / "manifest.json").read_text())["complete"] is True  # a rerun finishes the job
     assert not list(folder.rglob(".*.tmp"))  # and removes what the killed run was writing

@@ -57,7 +57,9 @@ def test_the_python_blocks_run_as_written(tmp_path):
     client = client.replace("127.0.0.1:8001", f"127.0.0.1:{grpc_port}")
     command = [sys.executable, "-m", "trt_pipeline", "serve", "engines/resnet18-fp16"]
     command += ["--port", str(http_port), "--grpc-port", str(grpc_port)]
-    server = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    this_checkout = {**os.environ, "PYTHONPATH": str(ROOT)}  # the code under test, as the blocks run it
+    output = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE}
+    server = subprocess.Popen(command, cwd=tmp_path, env=this_checkout, **output)
     try:
         _wait_ready(f"http://127.0.0.1:{http_port}/v2/health/ready", server)
         run_block(client, tmp_path)

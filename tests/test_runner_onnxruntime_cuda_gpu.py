@@ -13,7 +13,6 @@ from tests.concurrency import assert_each_thread_gets_its_own_result
 from tests.runner_feeds import assert_close, cnn_batch, text_batch
 from trt_pipeline.pipeline.core.settings import Settings
 from trt_pipeline.pipeline.folder.graph_io import load_reference
-from trt_pipeline.pipeline.folder.manifest import parity_stage
 from trt_pipeline.pipeline.folder.reader import open_folder
 from trt_pipeline.pipeline.runners import load_runner
 from trt_pipeline.pipeline.runners.onnxruntime import CPU, CUDA
@@ -49,7 +48,8 @@ def test_cuda_matches_the_cpu_provider_within_the_graphs_gate(folders, model, pr
         assert runner.graph == ("model.fp16.onnx" if precision == "fp16" else "model.onnx")
         assert "TF32 off" in runner.description
         with load_runner(folder, "onnxruntime", providers=[CPU], graph=runner.graph) as cpu:
-            record = open_folder(folder).manifest.parity(parity_stage(runner.graph))
+            opened = open_folder(folder)
+            record = opened.manifest.parity(opened.record(runner.graph).gate)
             assert record is not None
             for inputs, _ in load_reference(folder / "reference.npz"):
                 assert_close(cpu.infer(inputs), runner.infer(inputs), rtol=record.rtol)

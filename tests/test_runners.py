@@ -21,7 +21,9 @@ from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.settings import Settings
 from trt_pipeline.pipeline.core.trt_module import gpu_present
 from trt_pipeline.pipeline.folder.graph_io import load_reference
-from trt_pipeline.pipeline.folder.manifest import SERVED_CHOICE, Manifest, cpu_graphs, describe_artifacts
+from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, SERVED_CHOICE, graph_record
+from trt_pipeline.pipeline.folder.manifest import Manifest
+from trt_pipeline.pipeline.folder.provenance import describe_artifacts
 from trt_pipeline.pipeline.runners import load_runner
 from trt_pipeline.pipeline.runners.device_memory import available_layers, open_device_memory
 from trt_pipeline.pipeline.runners.fastest import Candidate, pick
@@ -136,7 +138,9 @@ def test_onnxruntime_runner_runs_the_manifest_graph(folders, tmp_path):
     (folder / "model.onnx").unlink()
     renamed = describe_artifacts(folder, ["renamed.onnx"])
     renamed = {name: dataclasses.asdict(artifact) for name, artifact in renamed.items()}
-    graphs = {"engine": "renamed.onnx"}
+    graphs = [
+        {**record, "file": "renamed.onnx"} for record in json.loads((folder / "manifest.json").read_text())["graphs"]
+    ]
     _edit_manifest(folder, lambda m: m.update(graphs=graphs, artifacts={**m["artifacts"], **renamed}))
     with load_runner(folder, "onnxruntime") as runner:
         assert "renamed.onnx" in runner.description
@@ -144,8 +148,8 @@ def test_onnxruntime_runner_runs_the_manifest_graph(folders, tmp_path):
     (folder / "renamed.onnx").unlink()
     with pytest.raises(PipelineError, match="renamed.onnx is missing") as caught:
         load_runner(folder, "onnxruntime")
-    assert "make engine MODEL=tests.toy_models:tiny_cnn PRECISION=fp32" in str(caught.value.fix)
-    _edit_manifest(folder, lambda m: m.update(graphs={"engine": "gone.onnx"}))
+    assert 'make_engine(Settings(model="tests.toy_models:tiny_cnn", precision="fp32"' in str(caught.value.fix)
+    _edit_manifest(folder, lambda m: m.update(graphs=[{**graph, "file": "gone.onnx"} for graph in graphs]))
     with pytest.raises(PipelineError, match="names gone.onnx as its graph but records no sha256"):
         load_runner(folder, "onnxruntime")
 
@@ -158,7 +162,7 @@ def test_a_graph_onnxruntime_refuses_is_a_clear_error(folders, tmp_path):
     _edit_manifest(folder, lambda m: m.update(artifacts={**m["artifacts"], **recorded}))
     with pytest.raises(PipelineError, match="ONNX Runtime cannot load .*model.onnx: InvalidProtobuf") as caught:
         load_runner(folder, "onnxruntime")
-    assert "make engine MODEL=tests.toy_models:tiny_cnn" in str(caught.value.fix)
+    assert 'make_engine(Settings(model="tests.toy_models:tiny_cnn"' in str(caught.value.fix)
 
 
 @pytest.fixture(scope="session")
@@ -173,7 +177,9 @@ def int8_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_int8_folder_on_the_cpu_runs_the_graph_shaped_for_it(int8_folder):
     feed = _cnn_batch(4, seed=5)
     with load_runner(int8_folder, "onnxruntime", providers=["CPUExecutionProvider"]) as runner:
-        graph = cpu_graphs("int8")[int8_cpu_kind()]  # the one for this kind of CPU: with VNNI, or without
+        graph = graph_record(
+            "int8", CPU_TARGETS[int8_cpu_kind()]
+        ).file  # the one for this kind of CPU: with VNNI, or without
         assert runner.graph == graph
         assert f"running {graph} (the int8 graph for ONNX Runtime's CPU kernels, for " in runner.description
         cpu_logits = runner.infer(feed)["logits"]
@@ -221,7 +227,8 @@ def _assert_serves_the_fastest_measured(runner, record: dict) -> None:
 def test_auto_picks_the_graph_least_slow_at_its_worst_batch_not_the_fastest_at_one():
     """As on the H100 (docs/benchmarks/resnet50-h100-cuda.md): FP32 a little faster at the opt batch, FP16 much
     faster at the max one: FP16 is served (worst ratio 1.03 against 1.26)."""
-    fp32, fp16 = Candidate("model.onnx", ("CUDAExecutionProvider",)), Candidate("model.fp16.onnx", ("CUDA",))
+    fp32 = Candidate(graph_record("fp32"), ("CUDAExecutionProvider",))
+    fp16 = Candidate(graph_record("fp16"), ("CUDAExecutionProvider",))
     by_batch = {8: {fp32: 3.53, fp16: 3.63}, 32: {fp32: 8.27, fp16: 6.55}, 1: {fp32: 1.86, fp16: 1.81}}
     assert pick(by_batch) == fp16
     assert pick({8: by_batch[8]}) == fp32
@@ -235,7 +242,9 @@ def test_auto_serves_the_fastest_graph_the_folder_promises_the_accuracy_of(
     folders, fp16_folder, int8_folder, tmp_path, precision, graphs
 ):
     folder = _copy({"fp32": folders["tiny_cnn"], "fp16": fp16_folder, "int8": int8_folder}[precision], tmp_path)
-    expected = {cpu_graphs("int8")[int8_cpu_kind()] if name == "int8-cpu" else name for name in graphs}
+    expected = {
+        graph_record("int8", CPU_TARGETS[int8_cpu_kind()]).file if name == "int8-cpu" else name for name in graphs
+    }
     with load_runner(folder) as runner:
         record = _served_record(folder)
         # Never a graph less accurate than the folder's precision (an fp32 folder never serves INT8), and the
@@ -247,7 +256,7 @@ def test_auto_serves_the_fastest_graph_the_folder_promises_the_accuracy_of(
 
 def test_auto_never_serves_a_graph_whose_gate_failed(int8_folder, tmp_path):
     folder = _copy(int8_folder, tmp_path)
-    cpu_graph = cpu_graphs("int8")[int8_cpu_kind()]
+    cpu_graph = graph_record("int8", CPU_TARGETS[int8_cpu_kind()]).file
     _edit_manifest(folder, lambda m: m["agreement_int8"]["graphs"].update({cpu_graph: {"left_out": "too far off"}}))
     with load_runner(folder) as runner:
         assert f"not candidates: {cpu_graph}: it failed the INT8 agreement gate (too far off)" in runner.description
@@ -411,7 +420,7 @@ def test_concurrent_calls_each_get_their_own_result(runners, backend):
 def test_load_runner_refuses_a_missing_folder_and_unknown_backend(folders, tmp_path):
     with pytest.raises(PipelineError, match="does not exist") as caught:
         load_runner(tmp_path / "engines" / "nothing-fp16")
-    assert "make engine MODEL=" in str(caught.value)
+    assert "make_engine(Settings(model=" in str(caught.value)
     with pytest.raises(PipelineError, match="unknown runner backend 'tflite'"):
         load_runner(folders["tiny_cnn"], "tflite")
     with pytest.raises(PipelineError, match="not an artifact folder"):
@@ -427,7 +436,7 @@ def test_engine_runner_refuses_a_corrupted_or_truncated_plan(folders, tmp_path):
         (folder / "engine.plan").write_bytes(broken)
         with pytest.raises(PipelineError, match="truncated, corrupted or replaced") as caught:
             load_runner(folder, "tensorrt")
-        assert "make engine MODEL=tests.toy_models:tiny_cnn PRECISION=fp32" in str(caught.value)
+        assert 'make_engine(Settings(model="tests.toy_models:tiny_cnn", precision="fp32"' in str(caught.value)
     (folder / "engine.plan").unlink()
     with pytest.raises(PipelineError, match="engine.plan is missing"):
         load_runner(folder, "tensorrt")
@@ -441,7 +450,11 @@ def test_engine_runner_refuses_an_engine_from_another_tensorrt(folders, tmp_path
     ) as e:
         load_runner(folder, "tensorrt")
     built_in = folders["tiny_cnn"].parent  # the hint rebuilds where the settings put it
-    assert f"make engine MODEL=tests.toy_models:tiny_cnn PRECISION=fp32 OUT={built_in} FORCE=1" in str(e.value)
+    rebuild = (
+        'make_engine(Settings(model="tests.toy_models:tiny_cnn", precision="fp32", builder="tensorrt_rtx", '
+        f'out_root="{built_in}", force=True))'
+    )
+    assert rebuild in str(e.value)
 
 
 def test_engine_runner_refuses_a_skipped_build(folders, tmp_path):

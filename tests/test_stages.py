@@ -15,8 +15,8 @@ from trt_pipeline.pipeline.core.settings import BatchProfile
 from trt_pipeline.pipeline.folder.graph_io import load_reference
 from trt_pipeline.pipeline.stages.check import check_onnx
 from trt_pipeline.pipeline.stages.export import export_onnx, parity_batches, write_reference
+from trt_pipeline.pipeline.stages.fp16 import convert_fp16
 from trt_pipeline.pipeline.stages.parity import check_parity
-from trt_pipeline.pipeline.stages.precision import convert_fp16
 from trt_pipeline.pipeline.stages.prepare import prepare
 from trt_pipeline.pipeline.stages.simplify import simplify_onnx
 
@@ -197,7 +197,7 @@ def test_a_sequence_length_baked_into_the_graph_is_named_by_check(tmp_path):
     assert "no exporter made a graph" in caught.value.problem
     assert "torchscript: model.onnx does not run" in caught.value.problem
     assert "dynamo: model.onnx does not run" in caught.value.problem
-    assert "MODEL=path/to/model.onnx" in caught.value.fix
+    assert 'Settings(model="path/to/model.onnx")' in caught.value.fix
     assert not (tmp_path / "toy_models-baked_sequence_model-fp32" / "model.onnx").exists()
 
 
@@ -253,15 +253,16 @@ def test_a_data_dependent_output_size_is_refused_saying_what_it_is_and_the_two_f
 
 
 def test_exporter_setting_takes_the_three_choices_and_the_rebuild_hint_repeats_it():
+    from trt_pipeline.pipeline.core.mentions import render
     from trt_pipeline.pipeline.core.settings import EXPORTERS, Settings
     from trt_pipeline.pipeline.folder.rebuild import make_engine_command
 
     assert EXPORTERS == ("auto", "torchscript", "dynamo") and Settings().exporter == "auto"
     with pytest.raises(PipelineError, match="unknown exporter 'onnx'"):
         Settings(exporter="onnx").check()
-    record = Settings(model="m", exporter="dynamo").as_record()
-    assert "EXPORTER=dynamo" in make_engine_command("m", "fp32", "engines", record)
-    assert "EXPORTER" not in make_engine_command("m", "fp32", "engines", Settings(model="m").as_record())
+    record = Settings(model="m", precision="fp32", exporter="dynamo").as_record()
+    assert 'exporter="dynamo"' in render(make_engine_command(record))
+    assert "exporter" not in render(make_engine_command(Settings(model="m", precision="fp32").as_record()))
 
 
 def test_an_op_torchscript_cannot_convert_is_exported_by_dynamo_with_its_splits_in_opset_17_form(tmp_path):
@@ -313,4 +314,4 @@ def test_an_opset_18_node_with_no_opset_17_form_is_named():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     with pytest.raises(PipelineError, match="node 'pad_columns': Pad with an axes input") as caught:
         convert_to_opset_17(model)
-    assert "EXPORTER=torchscript" in caught.value.fix
+    assert 'Settings(exporter="torchscript")' in caught.value.fix

@@ -13,8 +13,9 @@ from trt_pipeline.pipeline.cli import main
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
 from trt_pipeline.pipeline.folder.artifacts import sha256_file
-from trt_pipeline.pipeline.folder.manifest import Manifest, ModelRecord, read_manifest, update_manifest
+from trt_pipeline.pipeline.folder.manifest import Manifest, read_manifest, update_manifest
 from trt_pipeline.pipeline.folder.reader import open_folder
+from trt_pipeline.pipeline.folder.records import ModelRecord
 from trt_pipeline.pipeline.stages.sequence import make_engine
 from trt_pipeline.pipeline.triton.repository import engine_io, model_config, model_name, write_repository
 

@@ -37,7 +37,7 @@ _API = {
     "check_onnx": "trt_pipeline.pipeline.stages.check",
     "simplify_onnx": "trt_pipeline.pipeline.stages.simplify",
     "check_parity": "trt_pipeline.pipeline.stages.parity",
-    "convert_fp16": "trt_pipeline.pipeline.stages.precision",
+    "convert_fp16": "trt_pipeline.pipeline.stages.fp16",
     "build_engine": "trt_pipeline.pipeline.stages.build",
     "compare": "trt_pipeline.pipeline.core.compare",
 }

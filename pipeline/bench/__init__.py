@@ -16,8 +16,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ... import models
+from ..cli import add_settings_arguments, given_settings
 from ..core.errors import PipelineError
-from ..core.settings import PRECISIONS, Settings
+from ..core.settings import Settings
 from ..folder.rebuild import make_engine_command
 from .backends import NAMES
 from .harness import run_benchmark
@@ -25,13 +27,13 @@ from .report import DEVICE_RESIDENT, END_TO_END, markdown_table, write_reports
 from .timing import TimingPolicy
 
 __all__ = ["TimingPolicy", "add_arguments", "main", "run_benchmark", "write_reports"]
+# The settings that name the folder (engines/<model>-<precision>), as `make engine` was given them.
+FOLDER_SETTINGS = ("model", "precision", "out_root")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    defaults, policy = Settings(), TimingPolicy()
-    parser.add_argument("--model", default=defaults.model, help="the model the folder was built from [MODEL]")
-    parser.add_argument("--precision", default=defaults.precision, choices=PRECISIONS, help="[PRECISION]")
-    parser.add_argument("--out", type=Path, default=defaults.out_root, help="artifact root folder [OUT]")
+    policy = TimingPolicy()
+    add_settings_arguments(parser, FOLDER_SETTINGS)
     parser.add_argument("--folder", type=Path, help="the artifact folder itself (instead of model/precision/out)")
     parser.add_argument(
         "--backends",
@@ -82,11 +84,10 @@ def main(args: argparse.Namespace) -> int:
 def _folder_and_hint(args: argparse.Namespace) -> tuple[Path, str | None]:
     if args.folder is not None:
         return args.folder, None
-    from ... import models
 
-    settings = Settings(model=args.model, precision=args.precision, out_root=args.out)
-    folder = settings.artifact_dir(models.canonical_name(args.model))
-    return folder, make_engine_command(args.model, args.precision, args.out)
+    settings = Settings(**given_settings(args))
+    folder = settings.artifact_dir(models.canonical_name(settings.model))
+    return folder, make_engine_command(settings.as_record())
 
 
 def _names(text: str) -> list[str]:

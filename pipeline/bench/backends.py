@@ -8,19 +8,26 @@ machine raise `Unavailable` with the reason; the harness lists them as skipped.
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
 from ...models.spec import call_module
 from ..core.errors import PipelineError
-from ..folder.manifest import FP32_GRAPH, MANIFEST, graph_precision
+from ..core.mentions import render
+from ..core.precision import Precision
+from ..core.trt_module import gpu_present
+from ..folder.layout import FP32_GRAPH, MANIFEST
 from ..folder.reader import ArtifactFolder
 from ..folder.rebuild import make_engine_command
 from ..runners import Runner, load_runner
+from ..runners.onnxruntime import choose_providers
 
 if TYPE_CHECKING:
     from ..runners.torch import TorchRunner
@@ -108,10 +115,6 @@ class TorchBackend(RunnerBackend):
         self._allocated_before = 0
 
     def stage(self, feed: dict[str, np.ndarray]) -> Callable[[], object] | None:
-        import contextlib
-
-        import torch
-
         if not self.on_cuda:
             return None
         runner = self.torch_runner
@@ -127,14 +130,10 @@ class TorchBackend(RunnerBackend):
 
     def sync(self) -> None:
         if self.on_cuda:
-            import torch
-
             torch.cuda.synchronize(self.device)
 
     def reset_peak_memory(self) -> None:
         if self.on_cuda:
-            import torch
-
             torch.cuda.synchronize(self.device)
             self._allocated_before = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -143,7 +142,6 @@ class TorchBackend(RunnerBackend):
         """Weights + activations of this backend: the allocator is shared by every torch backend in the process."""
         if not self.on_cuda:
             return None
-        import torch
 
         module = self.torch_runner.module
         weights = sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
@@ -155,8 +153,6 @@ class SessionBackend(Backend):
 
     def __init__(self, name: str, label: str, folder: ArtifactFolder, graph: str, threads: int):
         import onnxruntime as ort
-
-        from ..runners.onnxruntime import choose_providers
 
         providers, why = choose_providers(None)
         options = ort.SessionOptions()
@@ -197,8 +193,6 @@ def open_torch_amp(context: Context) -> Backend:
 
 def open_torch_compile(context: Context) -> Backend:
     """torch.compile, default backend (inductor): AMP FP16 on a GPU; FP32 on a CPU, where inductor writes C++."""
-    import torch
-
     if context.cuda:
         runner: Any = load_runner(context.folder, backend="torch", device="cuda", amp=True)
         label, precision = "PyTorch torch.compile AMP FP16", "fp16"
@@ -217,8 +211,6 @@ def open_torch_compile(context: Context) -> Backend:
 
 def _inductor_cpp_compiler() -> str:
     """The C++ compiler inductor will call on a CPU ("g++ (gcc 12.2.0)"); Unavailable where it finds none."""
-    import subprocess
-
     try:
         from torch._inductor.cpp_builder import get_cpp_compiler
 
@@ -242,11 +234,11 @@ def open_served(context: Context) -> Backend:
     graph = context.folder.path / runner.graph
     if runner.backend == "onnxruntime-cuda":
         label = f"served here: ONNX Runtime CUDA (IO binding runner) on {graph}"
-        return DeviceRunnerBackend(SERVED, label, graph_precision(runner.graph), runner)
+        return DeviceRunnerBackend(SERVED, label, _precision_of(context.folder, runner.graph), runner)
     label = f"served here: ONNX Runtime (runner) on {graph}"
     threads = "ORT default: one intra-op thread per physical core"
     # auto may serve a graph more accurate than the folder's precision (FP32 where it runs faster): report that one.
-    return _onnxruntime_backend(SERVED, label, graph_precision(runner.graph), runner, graph, threads)
+    return _onnxruntime_backend(SERVED, label, _precision_of(context.folder, runner.graph), runner, graph, threads)
 
 
 def open_onnxruntime(context: Context) -> Backend:
@@ -274,11 +266,18 @@ def open_onnxruntime_int8(context: Context) -> Backend:
     return _onnxruntime_backend("onnxruntime-int8", label, "int8", runner, graph, threads)
 
 
+def _precision_of(folder: ArtifactFolder, graph: str) -> str:
+    """The precision the folder's graph `graph` computes in, as its manifest records it."""
+    record = folder.record(graph)
+    assert record is not None  # a runner serves one of the folder's graphs (runners/onnxruntime.py choose_graph)
+    return str(record.precision)
+
+
 def _onnxruntime_backend(name: str, label: str, precision: str, runner: Any, graph: Path, threads: str) -> Backend:
     """The runner as a backend; an INT8 graph on the CPU provider also says how much of it really runs in int8."""
     backend = RunnerBackend(name, label, precision, runner, threads)
     on_cpu = "CPUExecutionProvider" in runner.description and "CUDAExecutionProvider" not in runner.description
-    if precision == "int8" and on_cpu:
+    if precision == Precision.INT8 and on_cpu:
         backend.description += f"; {int8_execution_note(graph)}"
     return backend
 
@@ -312,8 +311,6 @@ class DeviceRunnerBackend(RunnerBackend):
         self.memory_note = f"n/a: the {runner.backend} runner does not report its device allocations"
 
     def stage(self, feed: dict[str, np.ndarray]) -> Callable[[], object] | None:
-        import torch
-
         runner: Any = self.runner  # a TensorRTRunner or an OnnxRuntimeCudaRunner
         inputs = {name: torch.from_numpy(value).cuda() for name, value in feed.items()}
         # One call on the host path gives the output shapes; the timed calls then write into these tensors.
@@ -327,8 +324,6 @@ def _tensorrt_opener(name: str, label: str, **options: Any) -> Callable[[Context
     """Open the engine through the runner with `options` (execution=, cuda_graphs=)."""
 
     def open_tensorrt(context: Context) -> Backend:
-        from ..core.trt_module import gpu_present
-
         folder = context.folder
         if not folder.has(folder.engine):
             raise Unavailable(f"{folder.path} has no {folder.engine}")
@@ -352,7 +347,8 @@ def _onnxruntime_cuda_opener(name: str, label: str, **options: Any) -> Callable[
             runner: Any = load_runner(context.folder, backend="onnxruntime-cuda", **options)
         except PipelineError as error:  # no CUDA provider or GPU here, or a graph the CUDA graph cannot capture
             raise Unavailable(f"{error.problem} ({error.fix})") from None
-        return DeviceRunnerBackend(name, f"{label} on {runner.graph}", graph_precision(runner.graph), runner)
+        precision = _precision_of(context.folder, runner.graph)
+        return DeviceRunnerBackend(name, f"{label} on {runner.graph}", precision, runner)
 
     return open_onnxruntime_cuda
 
@@ -428,15 +424,16 @@ def choices_for(names: list[str] | None) -> list[Choice]:
 
 def _int8_folder(folder: ArtifactFolder) -> Path:
     """This folder if it was built for int8, else the sibling engines/<model>-int8/ (load_runner checks it)."""
-    if folder.precision == "int8":
+    if folder.precision == Precision.INT8:
         return folder.path
     sibling = folder.path.parent / f"{folder.model}-int8"
     if not (sibling / MANIFEST).is_file():
-        settings = {**(folder.manifest.settings or {}), "calib": "<data>"}
-        command = make_engine_command(settings["model"], "int8", settings["out_root"], settings)
-        raise Unavailable(
-            f"no INT8 graph: {folder.path} is built for {folder.precision} and {sibling} does not exist "
-            f"({command} writes it)"
+        settings = {**(folder.manifest.settings or {}), "precision": Precision.INT8, "calib": "<data>"}
+        raise Unavailable(  # a reason the report writes down: worded here
+            render(
+                f"no INT8 graph: {folder.path} is built for {folder.precision} and {sibling} does not exist "
+                f"({make_engine_command(settings)} writes it)"
+            )
         )
     return sibling
 

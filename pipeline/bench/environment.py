@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from ..core.cpu import cpu_instruction_sets, cpu_model
-from ..folder.manifest import package_versions
+from ..folder.provenance import package_versions
 
 VERSIONED_PACKAGES = ("torch", "onnxruntime-gpu", "onnxruntime", "numpy", "tensorrt", "tensorrt-rtx-cu13")
 

@@ -18,15 +18,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from ..core.compare import compare_outputs
 from ..core.errors import PipelineError
+from ..core.mentions import render
+from ..core.settings import engine_command, mention
+from ..evaluation import RTOL
 from ..folder.graph_io import load_reference
-from ..folder.manifest import REFERENCE as REFERENCE_FILE
+from ..folder.layout import REFERENCE as REFERENCE_FILE
 from ..folder.manifest import Manifest
 from ..folder.reader import open_folder
 from ..stages.export import random_inputs
-from ..stages.parity import RTOL
 from .backends import REFERENCE, Backend, Choice, Context, Unavailable, choices_for
 from .environment import describe_environment, load_average, physical_cores
 from .report import DEVICE_RESIDENT, END_TO_END, agreement_text
@@ -48,7 +51,8 @@ def check_batches(batches: list[int] | None, manifest: Manifest) -> list[int]:
     if outside or not batches:
         raise PipelineError(
             f"batch size(s) {outside or batches} are outside the engine profile {profile}",
-            f"choose batches from {low} to {high}, or rebuild with a wider BATCH=min:opt:max (make engine ...)",
+            f"choose batches from {low} to {high}, or rebuild with a wider {mention(batch='min:opt:max')} "
+            f"({engine_command(more=True)})",
         )
     return sorted(set(batches))
 
@@ -121,10 +125,10 @@ def check_reference_model(backends: list[Backend], reference_path: Path) -> dict
     if result["status"] == "ok":
         result["summary"] = "PyTorch reproduces the outputs stored at build time (reference.npz)"
     else:
-        result["summary"] = (
+        result["summary"] = render(  # a report's text: worded here
             "PyTorch no longer reproduces the outputs stored at build time (reference.npz): the model's code or "
-            "weights changed since `make engine`, so agreement below compares against a different model; "
-            "rebuild the folder (make engine ...) before trusting it"
+            f"weights changed since the folder was built, so agreement below compares against a different model; "
+            f"rebuild the folder ({engine_command(more=True)}) before trusting it"
         )
     return result
 
@@ -292,8 +296,6 @@ def torch_settings(threads: int) -> Iterator[None]:
     Ampere and later, so "PyTorch FP32" would not be FP32 and the agreement reference would carry
     errors of about 1e-3 of its own.
     """
-    import torch
-
     saved = (torch.get_num_threads(), torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
     torch.set_num_threads(threads)
     torch.backends.cudnn.allow_tf32 = False
@@ -319,8 +321,6 @@ def run_benchmark(
     """Benchmark the artifact folder; returns the report (see pipeline.bench.report for the files).  `extra`:
     backends a tool defines beside the bench's own (tools/device/ort_cuda.py's ONNX Runtime CUDA rows), timed
     in the same alternating rounds."""
-    import torch
-
     opened_folder = open_folder(folder, make_hint)
     folder, manifest = opened_folder.path, opened_folder.manifest
     policy = (policy or TimingPolicy()).check()

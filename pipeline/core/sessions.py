@@ -17,13 +17,13 @@ from __future__ import annotations
 import faulthandler
 import os
 import signal
-import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .errors import PipelineError
 from .extras import import_onnxruntime
+from .settings import mention
 
 # Highest first: the order a crashing graph is retried in.  Names as in onnxruntime.GraphOptimizationLevel.
 OPTIMIZATION_LEVELS = ("ORT_ENABLE_ALL", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_BASIC", "ORT_DISABLE_ALL")
@@ -67,27 +67,6 @@ def onnxruntime_session(
     if level is None:
         level = OPTIMIZATION_LEVELS[0] if isinstance(graph, bytes) else level_that_opens(graph, open_at, probe_feed)
     return open_at(level)
-
-
-def tensor_values(model, tensors: Iterable[str], feeds: Iterable[dict]) -> Iterator[dict]:
-    """For each of `feeds`, {tensor: its value} for `tensors` of `model` (an onnx.ModelProto), run on the CPU
-    provider with them exposed as outputs of a copy of the graph (a graph input among them is the feed's own)."""
-    import onnx
-
-    exposed = onnx.ModelProto()
-    exposed.CopyFrom(model)
-    fed = {value.name for value in exposed.graph.input}
-    present = {value.name for value in exposed.graph.output}
-    names = list(dict.fromkeys(tensors))
-    wanted = [name for name in names if name not in fed]
-    exposed.graph.output.extend(onnx.ValueInfoProto(name=name) for name in wanted if name not in present)
-    with tempfile.TemporaryDirectory(prefix="exposed.") as folder:
-        path = Path(folder) / "exposed.onnx"
-        onnx.save(exposed, str(path))
-        session = onnxruntime_session(path)
-    for feed in feeds:
-        values = dict(zip(wanted, session.run(wanted, feed), strict=True)) if wanted else {}
-        yield {name: values[name] if name in values else feed[name] for name in names}
 
 
 def probe_level(path: Path, feed: dict, *, simulate_qdq: bool = False) -> str:
@@ -150,8 +129,9 @@ def level_that_opens(path: Path | str, open_at: Callable[[str], Any], feed: dict
     raise PipelineError(
         f"ONNX Runtime crashed {doing} {path} at every optimization level ({'; '.join(crashes)}): a bug in ONNX "
         "Runtime on this graph, not in your model",
-        "try another onnxruntime version (pip install -U onnxruntime, or onnxruntime-gpu), or PRECISION=fp32 if "
-        "only the FP16 or INT8 graph crashes; KEEP_FP32=<op type> keeps the ops around the crash in FP32",
+        f"try another onnxruntime version (pip install -U onnxruntime, or onnxruntime-gpu), or "
+        f"{mention(precision='fp32')} if only the FP16 or INT8 graph crashes; {mention(keep_fp32='<op type>')} keeps "
+        "the ops around the crash in FP32",
     )
 
 

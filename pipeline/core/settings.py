@@ -1,12 +1,15 @@
-"""One settings object for every stage, with defaults and a `check()`."""
+"""One settings object for every stage, each setting declared once (`setting`), with defaults and a `check()`."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from .errors import PipelineError
+from .mentions import span
 from .precision import PRECISIONS, Precision
 
 OPSET = 17  # fixed: TensorRT 10/11 and ONNX Runtime all read it; recorded in the manifest
@@ -53,8 +56,8 @@ class BatchProfile:
             parts = parts * 3
         if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
             raise PipelineError(
-                f"BATCH={text!r} is not of the form min:opt:max",
-                "give three whole numbers, e.g. BATCH=1:8:32",
+                f"{mention(batch=text)} is not of the form min:opt:max",
+                f"give three whole numbers, e.g. {mention(batch='1:8:32')}",
             )
         return cls(*(int(p) for p in parts))
 
@@ -62,56 +65,187 @@ class BatchProfile:
         if not 1 <= self.min <= self.opt <= self.max:
             raise PipelineError(
                 f"batch profile {self} is not ordered 1 <= min <= opt <= max",
-                "give e.g. BATCH=1:8:32",
+                f"give e.g. {mention(batch='1:8:32')}",
             )
 
     def __str__(self) -> str:
         return f"{self.min}:{self.opt}:{self.max}"
 
 
+SETTING = "setting"  # the key of a Settings field's metadata that holds its Declared
+FP16_AND_INT8 = (Precision.FP16, Precision.INT8)  # the precisions that read CALIB (FP16 scans it for overflow)
+INT8_ONLY = (Precision.INT8,)
+FP16_ONLY = (Precision.FP16,)
+
+
+@dataclass(frozen=True)
+class Declared:
+    """What a Settings field says besides its name, type and default (see `setting`)."""
+
+    make: str
+    help: str
+    precisions: tuple[Precision, ...]
+    decides: bool
+    parse: Callable[[str], Any]
+    choices: tuple[str, ...] | None
+
+
+def setting(
+    default: Any,
+    *,
+    make: str,
+    help: str,
+    precisions: tuple[Precision, ...] = tuple(Precision),
+    decides: bool = True,
+    parse: Callable[[str], Any] = str,
+    choices: tuple[str, ...] | None = None,
+) -> Any:
+    """A Settings field, declared once for every front end.
+
+    make: its make variable; the command line's option is named from it (CALIB_METHOD: --calib-method,
+      core/mentions.py option_of), and so is the Makefile's argument.  A bool is a switch given as NO_FLOAT_SEARCH=1
+      / --no-float-search, which sets the value opposite its default.
+    precisions: the precisions whose artifacts it changes; given for another it would do nothing, so it is refused.
+    decides: it decides the folder's artifacts: the reuse key holds it (for its precisions) and the command that
+      writes the folder again repeats it.  False: how a run goes (FORCE), or where the folder lies (OUT).
+    parse, choices: how the option's text is read, and the values it may take.
+    """
+    declared = Declared(make, help, precisions, decides, parse, choices)
+    return field(default=default, metadata={SETTING: declared})
+
+
 @dataclass
 class Settings:
-    """Everything a run of the pipeline depends on.
+    """Everything a run of the pipeline depends on, each setting declared once (`setting`): the command line's
+    options, the Makefile's arguments, the reuse key, the rebuild command and docs/options.md follow it.
 
     `model` is a registry name (`resnet`, `resnet18`, ...), `package.module:factory`,
     or a path to a checkpoint, TorchScript or ExportedProgram file.
     """
 
-    model: str = "resnet"
-    precision: Precision | str = Precision.FP16  # check() makes a str a Precision
-    batch: BatchProfile = field(default_factory=BatchProfile)
-    weights: Path | None = None
-    input_shape: str | None = None
-    dynamic: str | None = None
-    out_root: Path = Path("engines")
-    workspace_mib: int = 4096
-    builder: str = "auto"
-    exporter: str = "auto"
-    target: str = "default"
-    keep_fp32: str | None = None  # FP16: node names or op types kept in FP32, comma-separated
-    auto_fp32: bool = True  # FP16: keep the nodes whose values float16 cannot hold in FP32
-    trust_model_file: bool = False  # load a whole pickled nn.Module file (runs the code it names)
-    calib: Path | None = None
-    calib_method: str = CALIB_AUTO  # int8: one of CALIB_METHODS, or "auto"
-    calib_samples: int = 256
-    calib_batch: int = 16
-    smooth: str = SMOOTH_AUTO  # int8: SmoothQuant alpha in (0, 1] for MatMul/Gemm activations, "off" or "auto"
-    recalibrate: bool = False
-    # int8: refuse (instead of warning) when the held-out calibration rows are much worse than the fit ones, or
-    # none could be held out (pipeline/stages/parity.py MUCH_WORSE_RATIO): the data cannot stand for served inputs.
-    strict_calib: bool = False
-    # int8: try leaving the op where the held-out error starts in float (calibration/int8.py); False: every op INT8.
-    float_search: bool = True
-    force: bool = False
+    model: str = setting(
+        "resnet",
+        make="MODEL",
+        help="registry name (resnet = resnet50, resnet18..152), package.module:factory, or a checkpoint, "
+        "TorchScript (.pt), torch.export (.pt2) or ONNX file",
+    )
+    precision: Precision | str = setting(  # check() makes a str a Precision
+        Precision.FP16,
+        make="PRECISION",
+        help="the engine's precision (int8 needs calibration data)",
+        choices=PRECISIONS,
+    )
+    # check() reads a str as BatchProfile.parse does, so Settings(batch="1:8:32") is what the command line takes.
+    batch: BatchProfile = setting(
+        BatchProfile(), make="BATCH", help="engine batch profile min:opt:max", parse=BatchProfile.parse
+    )
+    weights: Path | None = setting(
+        None, make="WEIGHTS", help="a torchvision-style state_dict for a registry model", parse=Path
+    )
+    input_shape: str | None = setting(
+        None,
+        make="INPUT_SHAPE",
+        help="input dims without the batch: 3x224x224, or name=DIMS[:dtype],... e.g. "
+        "input_ids=128:int64,attention_mask=128:int64",
+    )
+    dynamic: str | None = setting(
+        None, make="DYNAMIC", help="extra dynamic axes NAME:AXIS[=min:opt:max],... e.g. input_ids:1=1:64:128"
+    )
+    out_root: Path = setting(Path("engines"), make="OUT", help="artifact root folder", decides=False, parse=Path)
+    workspace_mib: int = setting(4096, make="WORKSPACE_MIB", help="builder workspace limit in MiB", parse=int)
+    builder: str = setting("auto", make="BUILDER", help="TensorRT module to build with", choices=BUILDERS)
+    exporter: str = setting(
+        "auto",
+        make="EXPORTER",
+        help="torch.onnx exporter: torchscript, dynamo, or auto (dynamo where TorchScript's graph fails)",
+        choices=EXPORTERS,
+    )
+    target: str = setting(
+        "default",
+        make="TARGET",
+        help="GPUs a TensorRT-RTX engine runs on: default, current (this machine's GPU) or e.g. sm86,sm89",
+    )
+    keep_fp32: str | None = setting(
+        None,
+        make="KEEP_FP32",
+        help="node names or op types to keep in FP32, comma-separated (e.g. TopK)",
+        precisions=FP16_ONLY,
+    )
+    auto_fp32: bool = setting(
+        True,
+        make="NO_AUTO_FP32",
+        help="do not keep the nodes whose values float16 cannot hold in FP32",
+        precisions=FP16_ONLY,
+    )
+    trust_model_file: bool = setting(
+        False,
+        make="TRUST_MODEL_FILE",
+        help="load a whole pickled nn.Module MODEL file: unpickling runs the code it names",
+    )
+    calib: Path | None = setting(
+        None,
+        make="CALIB",
+        help="inputs like the served ones (int8 calibrates on them, fp16 scans them for overflow): "
+        "image folder or .npy/.npz",
+        precisions=FP16_AND_INT8,
+        parse=Path,
+    )
+    calib_method: str = setting(
+        CALIB_AUTO,
+        make="CALIB_METHOD",
+        help=f"one of {', '.join(CALIB_METHODS)}, or {CALIB_AUTO} ({' and '.join(AUTO_CALIB_METHODS)}, the better "
+        "on the held-out calibration rows kept)",
+        precisions=INT8_ONLY,
+        choices=(CALIB_AUTO, *CALIB_METHODS),
+    )
+    calib_samples: int = setting(
+        256, make="CALIB_SAMPLES", help="calibration samples", precisions=FP16_AND_INT8, parse=int
+    )
+    calib_batch: int = setting(
+        16, make="CALIB_BATCH", help="calibration batch size", precisions=FP16_AND_INT8, parse=int
+    )
+    smooth: str = setting(
+        SMOOTH_AUTO,
+        make="SMOOTH",
+        help="SmoothQuant alpha for the activations MatMul/Gemm read, in (0, 1], off, or auto (0.9 and off both "
+        "built, the better on the held-out calibration rows kept)",
+        precisions=INT8_ONLY,
+    )
+    # Reads CALIB afresh: never reuses a finished folder (the FP16 scan has no cache, so there it rebuilds).
+    recalibrate: bool = setting(
+        False,
+        make="RECALIBRATE",
+        help="calibrate afresh: ignore the calibration cache, and rebuild the folder",
+        precisions=FP16_AND_INT8,
+        decides=False,
+    )
+    # Refuse (instead of warning) when the held-out calibration rows are much worse than the fit ones, or none
+    # could be held out (pipeline/stages/parity.py MUCH_WORSE_RATIO): the data cannot stand for served inputs.
+    strict_calib: bool = setting(
+        False,
+        make="STRICT_CALIB",
+        help="refuse, instead of warning, when INT8 is much worse on the held-out calibration rows than on the "
+        "rows its ranges were fit on, or none could be held out",
+        precisions=INT8_ONLY,
+    )
+    # Try leaving the op where the held-out error starts in float (calibration/int8.py); False: every op INT8.
+    float_search: bool = setting(
+        True,
+        make="NO_FLOAT_SEARCH",
+        help="do not try leaving the op where the held-out error starts in float: every op INT8",
+        precisions=INT8_ONLY,
+    )
+    force: bool = setting(False, make="FORCE", help="rebuild even when the folder is up to date", decides=False)
 
-    def check(self) -> Settings:
-        """Reject bad values and bad combinations; returns self so calls can chain."""
-        if self.precision not in PRECISIONS:
-            raise PipelineError(
-                f"unknown precision {self.precision!r}",
-                f"use one of {', '.join(PRECISIONS)} (PRECISION=fp16 is the default)",
-            )
-        self.precision = Precision(self.precision)
+    def check(self, given: Iterable[str] = ()) -> Settings:
+        """Reject bad values and bad combinations; returns self so calls can chain.
+
+        A setting given for a precision whose artifacts it does not change is refused: a value other than its
+        default, or any named in `given` (the options the command line was given, whatever their value).
+        """
+        self._check_precision()
+        refuse_unused(Precision(self.precision), {*given, *self._changed()})
+        self._read_text()
         if self.builder not in BUILDERS:
             raise PipelineError(f"unknown builder {self.builder!r}", f"use one of {', '.join(BUILDERS)}")
         if self.exporter not in EXPORTERS:
@@ -124,15 +258,38 @@ class Settings:
             raise PipelineError(f"workspace of {self.workspace_mib} MiB is too small", "give at least 16 MiB")
         if self.weights is not None and not Path(self.weights).is_file():
             raise PipelineError(f"weights file {self.weights} does not exist", "give the path of a state_dict (.pth)")
-        if self.precision == "int8" and self.calib is None:
+        self._check_calibration()
+        return self
+
+    def _check_precision(self) -> None:
+        if self.precision not in PRECISIONS:
             raise PipelineError(
-                "PRECISION=int8 needs calibration data and none was given",
-                "add CALIB=<folder of images, or a .npy/.npz file> (e.g. CALIB=calibration/samples); "
-                "no synthetic data is used for calibration",
+                f"unknown precision {self.precision!r}",
+                f"use one of {', '.join(PRECISIONS)} ({mention(precision=Precision.FP16)} is the default)",
+            )
+        self.precision = Precision(self.precision)
+
+    def _changed(self) -> list[str]:
+        """The settings whose value is not their default."""
+        return [item.name for item in fields(self) if getattr(self, item.name) != item.default]
+
+    def _read_text(self) -> None:
+        """A batch or a path given as text (Settings(batch="1:8:32", calib="samples")), read as the options are."""
+        if isinstance(self.batch, str):
+            self.batch = BatchProfile.parse(self.batch)
+        for name in (name for name, declared in DECLARED.items() if declared.parse is Path):
+            if isinstance(getattr(self, name), str):
+                setattr(self, name, Path(getattr(self, name)))
+
+    def _check_calibration(self) -> None:
+        if self.precision == Precision.INT8 and self.calib is None:
+            raise PipelineError(
+                f"{mention(precision=Precision.INT8)} needs calibration data and none was given",
+                f"add {mention(calib='<folder of images, or a .npy/.npz file>')} "
+                f"(e.g. {mention(calib='calibration/samples')}); no synthetic data is used for calibration",
             )
         if self.calib_samples < 1 or self.calib_batch < 1:
             raise PipelineError("calibration samples and batch must be at least 1", "give positive numbers")
-        return self
 
     def calib_methods(self) -> tuple[str, ...]:
         """CALIB_METHOD as the calibration methods the INT8 stage tries, first the one it keeps without held-out
@@ -161,9 +318,10 @@ class Settings:
             alpha = float("nan")
         if not 0 < alpha <= 1:  # NaN fails too
             raise PipelineError(
-                f"SMOOTH={self.smooth!r} is neither a smoothing alpha, {SMOOTH_OFF!r} nor {SMOOTH_AUTO!r}",
-                f"give a number in (0, 1] (SmoothQuant's migration strength, e.g. SMOOTH=0.9), SMOOTH={SMOOTH_OFF} "
-                f"or SMOOTH={SMOOTH_AUTO} (both, the better on held-out rows kept)",
+                f"{mention(smooth=self.smooth)} is neither a smoothing alpha, {SMOOTH_OFF!r} nor {SMOOTH_AUTO!r}",
+                f"give a number in (0, 1] (SmoothQuant's migration strength, e.g. {mention(smooth='0.9')}), "
+                f"{mention(smooth=SMOOTH_OFF)} or {mention(smooth=SMOOTH_AUTO)} (both, the better on held-out rows "
+                "kept)",
             )
         return (alpha,)
 
@@ -183,6 +341,52 @@ class Settings:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in record.items()}
 
 
+DECLARED: dict[str, Declared] = {item.name: item.metadata[SETTING] for item in fields(Settings)}
+DEFAULTS: dict[str, Any] = Settings().as_record()
+
+
+def deciding(precision: Precision | str) -> tuple[str, ...]:
+    """The settings that decide a folder of this precision's artifacts (the reuse key's, positively listed)."""
+    return tuple(name for name, declared in DECLARED.items() if declared.decides and precision in declared.precisions)
+
+
+def refuse_unused(precision: Precision, names: Iterable[str]) -> None:
+    """A setting given for a precision whose artifacts it does not change would be ignored in silence: refuse it,
+    naming what it changes."""
+    for name in sorted(names, key=list(DECLARED).index):
+        changes = DECLARED[name].precisions
+        if precision not in changes:
+            raise PipelineError(
+                f"{mention_name(name)} changes only {' and '.join(changes)} builds; at {precision} it would do nothing",
+                f"leave {mention_name(name)} out, or build with "
+                + " or ".join(mention(precision=other) for other in changes),
+            )
+
+
+def mention(**values: Any) -> str:
+    """Settings and their values in a message, worded when it is shown: mention(calib="<folder>") reads
+    CALIB=<folder>, --calib <folder> or Settings(calib=<folder>) (core/mentions.py)."""
+    return span([(name, DECLARED[name].make, _json_value(value)) for name, value in values.items()])
+
+
+def mention_name(name: str) -> str:
+    """A setting named without a value: CALIB, --calib or Settings.calib."""
+    return span([(name, DECLARED[name].make)])
+
+
+def engine_command(*, more: bool = False, **values: Any) -> str:
+    """The command that writes a folder with these settings: make engine MODEL=x ..., trt-pipeline engine
+    --model x ... or make_engine(Settings(model="x", ...)); more: "..." after them (more to give)."""
+    return span(
+        [(name, DECLARED[name].make, _json_value(value)) for name, value in values.items()], "engine", more=more
+    )
+
+
+def _json_value(value: Any) -> Any:
+    """A value as JSON holds it: a Path or a BatchProfile as its text; a Precision is a str already."""
+    return value if isinstance(value, (str, bool, int, float)) or value is None else str(value)
+
+
 def check_target(target: str) -> None:
     """`default`, `current`, or a list of compute capabilities named as TensorRT-RTX names them (sm86,sm89)."""
     names = [name.strip().lower() for name in target.split(",")]
@@ -190,6 +394,6 @@ def check_target(target: str) -> None:
         return
     raise PipelineError(
         f"unknown build target {target!r}",
-        "give TARGET=default (TensorRT-RTX's documented GPUs), TARGET=current (the GPU of this machine), "
-        "or compute capabilities such as TARGET=sm86,sm89",
+        f"give {mention(target='default')} (TensorRT-RTX's documented GPUs), {mention(target='current')} (the GPU "
+        f"of this machine), or compute capabilities such as {mention(target='sm86,sm89')}",
     )

@@ -20,6 +20,7 @@ from typing import Any, cast
 import numpy as np
 
 from ..core.errors import PipelineError
+from ..core.settings import mention
 
 # In the artifact folder; while a build runs it holds that build's pid.
 LOCK = ".build.lock"
@@ -103,7 +104,7 @@ def _lock_held(folder: Path, pid: int | None) -> PipelineError:
         f"another build is writing {folder} ({holder} holds {folder / LOCK}); two builds into one folder would "
         "mix their artifacts",
         f"wait for it to finish, or stop it{f' (kill {pid})' if pid is not None else ''}, then run again; "
-        "or build into another folder (OUT=...)",
+        f"or build into another folder ({mention(out_root='...')})",
     )
 
 

@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ..core.errors import PipelineError
 from .artifacts import temporary_name
 from .onnx_wire import copy, without_weights, write_inline
@@ -94,7 +96,6 @@ def graph_files(graph: Path) -> list[Path]:
 
 def weight_bytes(model: onnx.ModelProto) -> int:
     """The bytes of the graph's initializers, whether held inside it or in external data."""
-    import numpy as np
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data
     from onnx.helper import tensor_dtype_to_np_dtype
 

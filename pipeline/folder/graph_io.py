@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..core.errors import PipelineError
+from ..core.settings import engine_command
 from .graph_files import graph_without_weights
 
 if TYPE_CHECKING:
@@ -91,7 +92,9 @@ def load_reference(source: Path | str | bytes) -> list[tuple[dict[str, np.ndarra
     """The (inputs, outputs) cases the export wrote to reference.npz (stages/export.write_reference), in order; from
     its path, or from its bytes as ArtifactFolder.read checked them (the runner reads it without the build stages)."""
     if not isinstance(source, bytes) and not Path(source).is_file():
-        raise PipelineError(f"no PyTorch reference at {source}", "run the export stage first (make engine ...)")
+        raise PipelineError(
+            f"no PyTorch reference at {source}", f"run the export stage first ({engine_command(more=True)})"
+        )
     cases: dict[int, tuple[dict, dict]] = {}
     with np.load(io.BytesIO(source) if isinstance(source, bytes) else source) as data:
         for key in data.files:

@@ -8,7 +8,9 @@ reads it, through `open_folder`, so every reader holds to the same rules:
   - a folder written by another artifact layout (an earlier version of the stages) is refused: rebuild it;
   - every graph or plan handed out is a plain file name of the folder, listed in the manifest's artifacts, and
     is read once with its bytes checked against the sha256 the build recorded: a graph swapped for another
-    model's, or one the manifest names outside the folder, is refused.
+    model's, or one the manifest names outside the folder, is refused;
+  - what may serve the folder on a host is one answer (ArtifactFolder.servable), read from the graphs' records and
+    their gates, never from file names: `auto`, the ONNX Runtime runners and the Triton writer take it.
 It imports neither torch, onnx nor any build stage: serving an ONNX graph needs this module and onnxruntime.
 """
 
@@ -21,18 +23,10 @@ from pathlib import Path
 from ..core.errors import PipelineError
 from ..core.precision import Precision
 from .artifacts import running_build
-from .manifest import (
-    ARTIFACT_LAYOUT,
-    CPU_TARGETS,
-    ENGINE_TARGET,
-    FP32_GRAPH,
-    Artifact,
-    Manifest,
-    graph_precision,
-    parity_stage,
-    require_manifest,
-)
+from .layout import ARTIFACT_LAYOUT, CPU_TARGETS
+from .manifest import Manifest, require_manifest
 from .rebuild import rebuild_hint
+from .records import Artifact, GraphRecord, Target
 
 # What a finished folder's manifest always holds (make_engine writes them all before `complete`).
 _REQUIRED = ("model", "precision", "settings", "graphs", "engine", "artifacts", "inputs", "outputs", "batch_profile")
@@ -46,38 +40,66 @@ class ArtifactFolder:
     manifest: Manifest = field(repr=False)  # the whole record, typed
     model: str  # the model's canonical name (resnet50, toy_models-tiny_cnn)
     precision: str
-    graphs: dict[str, str]  # target -> graph file (pipeline.folder.manifest.GRAPHS)
+    graphs: tuple[GraphRecord, ...]  # every graph of the folder, model.onnx first (pipeline.folder.layout)
     engine: str
     artifacts: dict[str, Artifact]
 
     @property
+    def engine_graph(self) -> GraphRecord:
+        """The graph the engine was built from (open_folder checked that the folder lists it)."""
+        return next(graph for graph in self.graphs if _builds_the_engine(graph, self.precision))
+
+    @property
     def graph(self) -> str:
-        """The graph the engine was built from."""
-        return self.graphs[ENGINE_TARGET]
+        """The file of the graph the engine was built from."""
+        return self.engine_graph.file
 
-    def cpu_graph(self, kind: str) -> str | None:
-        """The graph written for ONNX Runtime's CPU kernels on this kind of CPU (pipeline.core.cpu), or None where the
-        precision writes none (then the engine's graph serves the CPU too)."""
-        return self.graphs.get(CPU_TARGETS[kind])
+    def record(self, name: str) -> GraphRecord | None:
+        """The manifest's record of the graph file `name`, or None where the folder lists no such graph."""
+        return next((graph for graph in self.graphs if graph.file == name), None)
 
-    def gate_failure(self, name: str) -> str | None:
-        """Why the graph `name` may not be served, or None where its gates passed: its parity stage must have
-        recorded a pass, and an INT8 graph the agreement gate judged must not have been left out by it."""
-        stage = parity_stage(name)
-        if self.manifest.parity(stage) is None:
-            return f"no pass of its gate ({stage}) in the manifest"
+    def servable(self, cpu_kind: str) -> Servable:
+        """What may serve the folder on a host with this kind of CPU (pipeline.core.cpu.int8_cpu_kind), the one
+        answer the runners and `auto` take: the graphs as accurate as the folder's precision promises (an int8
+        folder may serve its FP32 graph; an fp32 folder never serves INT8) whose gates passed.  On the CPU provider a
+        graph shaped for this kind of CPU stands for the engine-shaped graph of its precision (which runs there only
+        with its Q/DQ simulated in float) and graphs shaped for other CPUs are left out; the CUDA provider runs the
+        engine-shaped graphs."""
+        passed, refused = self._gated()
+        here = CPU_TARGETS[cpu_kind]
+        shaped = {graph.precision for graph in passed if graph.target is here}
+        on_cpu = [g for g in passed if g.target is here or (g.target is Target.ENGINE and g.precision not in shaped)]
+        on_cuda = [graph for graph in passed if graph.target is Target.ENGINE]
+        return Servable(tuple(on_cpu), tuple(on_cuda), tuple(refused))
+
+    def servable_anywhere(self) -> list[str]:
+        """The files of every graph that may serve the folder on some host (servable, on each kind of CPU)."""
+        on_hosts = [self.servable(kind) for kind in CPU_TARGETS]
+        return list(dict.fromkeys(graph.file for host in on_hosts for graph in (*host.on_cuda, *host.on_cpu)))
+
+    def _gated(self) -> tuple[list[GraphRecord], list[str]]:
+        """(the graphs as accurate as the folder's precision promises whose gates passed, "file: why not" of the
+        others), model.onnx first."""
+        allowed = Precision(self.precision).at_least_as_accurate()
+        passed, refused = [], []
+        for graph in (graph for graph in self.graphs if graph.precision in allowed):
+            failure = self._gate_failure(graph)
+            if failure is None:
+                passed.append(graph)
+            else:
+                refused.append(f"{graph.file}: {failure}")
+        return passed, refused
+
+    def _gate_failure(self, graph: GraphRecord) -> str | None:
+        """Why `graph` may not be served, or None where its gates passed: its gate must have recorded a pass, and
+        an INT8 graph the agreement gate judged must not have been left out by it."""
+        if self.manifest.parity(graph.gate) is None:
+            return f"no pass of its gate ({graph.gate}) in the manifest"
         agreement = self.manifest.agreement_int8
-        judged = agreement.graphs.get(name) if agreement is not None else None
+        judged = agreement.graphs.get(graph.file) if agreement is not None else None
         if judged is not None and judged.left_out is not None:
             return f"it failed the INT8 agreement gate ({judged.left_out})"
         return None
-
-    def servable_graphs(self) -> list[str]:
-        """The graphs of the folder as accurate as its precision promises (an int8 folder may serve its FP32 graph;
-        an fp32 folder never serves INT8), FP32 first."""
-        allowed = Precision(self.precision).at_least_as_accurate()
-        names = dict.fromkeys([FP32_GRAPH, *self.graphs.values()])
-        return [name for name in names if graph_precision(name) in allowed]
 
     def has(self, name: str) -> bool:
         """Is `name` an artifact of the folder, still on disk (not checked: read() checks)?"""
@@ -122,8 +144,8 @@ def open_folder(path: str | Path, hint: str | None = None) -> ArtifactFolder:
     _require_layout(path, manifest)
     _require_complete(path, manifest)
     missing = [key for key in _REQUIRED if not getattr(manifest, key)]
-    if ENGINE_TARGET not in manifest.graphs:
-        missing.append(f"graphs[{ENGINE_TARGET!r}]")
+    if not any(_builds_the_engine(graph, str(manifest.precision)) for graph in manifest.graphs):
+        missing.append(f"the {manifest.precision} graph for the {Target.ENGINE} among its graphs")
     if missing:
         raise PipelineError(
             f"the manifest of {path} lacks {', '.join(missing)}, which every finished build records",
@@ -181,7 +203,7 @@ def _why_unfinished(manifest: Manifest) -> str:
 
 def _require_named_files(folder: ArtifactFolder) -> None:
     """Every file the manifest names is a plain file name of the folder (never a path out of it) with a sha256."""
-    named = {_graph_key(target): name for target, name in folder.graphs.items()}
+    named = {_graph_key(graph, folder.precision): graph.file for graph in folder.graphs}
     named["engine"] = folder.engine
     for key, name in [*named.items(), *((f"artifacts[{name!r}]", name) for name in folder.artifacts)]:
         if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name:
@@ -200,5 +222,21 @@ def _require_named_files(folder: ArtifactFolder) -> None:
         )
 
 
-def _graph_key(target: str) -> str:
-    return "graph" if target == ENGINE_TARGET else f"graph for {target}"
+@dataclass(frozen=True)
+class Servable:
+    """The graphs that may serve a folder on one host, most accurate first, on ONNX Runtime's CPU provider and on
+    its CUDA provider, and why each other graph may not ("file: reason")."""
+
+    on_cpu: tuple[GraphRecord, ...]
+    on_cuda: tuple[GraphRecord, ...]
+    refused: tuple[str, ...]
+
+
+def _builds_the_engine(graph: GraphRecord, precision: str) -> bool:
+    return graph.target is Target.ENGINE and graph.precision == precision
+
+
+def _graph_key(graph: GraphRecord, precision: str) -> str:
+    if _builds_the_engine(graph, precision):
+        return "graph"
+    return f"graph for {graph.target}" if graph.target is not Target.ENGINE else f"{graph.precision} graph"

@@ -28,27 +28,29 @@ import numpy as np
 
 from ... import models
 from ...calibration.budget import fit_budget
-from ...calibration.cache import read_cache
 from ...calibration.holdout import HoldoutSplit, split_rows
-from ...calibration.int8 import (
-    CACHE_FOLDER,
-    CalibrationConfig,
-    calibrated_graph,
-    make_int8_graph,
-    written_cpu_graphs,
-)
+from ...calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph
 from ...calibration.readers import CalibrationSource, Feed, graph_inputs, read_calibration_data
+from ...models.digits import load_split
+from ..cli import add_settings_arguments, given_settings
 from ..core.cpu import int8_cpu_kind
 from ..core.errors import PipelineError
-from ..core.sessions import onnxruntime_session
-from ..core.settings import CALIB_METHODS, Settings
+from ..core.mentions import command
+from ..core.precision import Precision
+from ..core.settings import CALIB_METHODS, Settings, mention
+from ..evaluation import evaluation_session
+from ..evaluation.agreement import int8_judge
 from ..folder.artifacts import write_bytes, write_json
-from ..folder.manifest import FP32_GRAPH, REFERENCE, cpu_graphs, engine_graph
-from ..stages.parity import int8_judge
+from ..folder.layout import CPU_TARGETS, FP32_GRAPH, REFERENCE, graph_record
+from ..folder.records import GraphRecord
+from ..stages.fp16 import make_fp16_graph
+from ..stages.sequence import make_engine
 
 EVAL_BATCH = 64
 SUBFOLDER = "accuracy"
 NEAR_TIES_LISTED = 10  # per graph in accuracy.md; accuracy.json has them all
+# A graph the report evaluates, and its record: how it is run (_run).
+Graph = tuple[Path, GraphRecord]
 
 
 @dataclass(frozen=True)
@@ -108,8 +110,6 @@ class EvaluationSet:
 
 def digits_evaluation(settings: Settings) -> EvaluationSet:
     """The digits CNN: calibrate on the training split, evaluate on the held-out split."""
-    from ...models.digits import load_split
-
     split = load_split()
     train = split.train_inputs
 
@@ -138,89 +138,101 @@ def measure_accuracy(
 
     With `budget`, the first method's INT8 graph is also written to that budget (calibration/budget.py):
     top-1 points lost on the labelled tuning data, or 100 x (1 - mean cosine to FP32) without labels."""
-    from ..stages.sequence import fp16_graph, make_engine
-
     name = models.canonical_name(settings.model)
     if name not in LABELLED_SETS and settings.calib is None:
         raise PipelineError(
             f"{name} has no labelled held-out set here, so accuracy needs calibration data to compare on",
-            "add CALIB=<folder of images or .npy/.npz> (e.g. `make calibration-images` then "
-            "CALIB=calibration/samples); models with a labelled set: " + ", ".join(LABELLED_SETS),
+            f"add {mention(calib='<folder of images or .npy/.npz>')} (e.g. `{command('calibration-images')}` then "
+            f"{mention(calib='calibration/samples')}); models with a labelled set: " + ", ".join(LABELLED_SETS),
         )
     # Only what decides the FP32 artifacts: calibration options must not invalidate their reuse.
     folder = make_engine(
         Settings(model=settings.model, precision="fp32", weights=settings.weights, out_root=settings.out_root)
     )
-    fp32 = folder / FP32_GRAPH
-    spec_preprocess = models.load_model(settings.model, weights=settings.weights).preprocess
-    evaluation = _evaluation_set(settings, name, fp32, spec_preprocess, eval_source)
+    preprocess = models.load_model(settings.model, weights=settings.weights).preprocess
+    evaluation = _evaluation_set(settings, name, folder / FP32_GRAPH, preprocess, eval_source)
+    graphs = {"fp32": (folder / FP32_GRAPH, graph_record(Precision.FP32)), "fp16": _fp16(folder, settings, preprocess)}
+    calibration: dict[str, dict] = {}
+    for method in methods:
+        wanted = budget if method == methods[0] else None
+        int8, calibration[method] = _int8(folder, settings, method, evaluation, preprocess, wanted)
+        graphs |= int8
+    report = _report(name, folder, evaluation, graphs, calibration)
+    write_json(folder / "accuracy.json", report)
+    write_bytes(folder / "accuracy.md", _markdown(report).encode())
+    print(_markdown(report))
+    return folder
 
-    graphs: dict[str, Path] = {"fp32": fp32, "fp16": folder / SUBFOLDER / engine_graph("fp16")}
-    # As make engine writes it: the FP32 fallback scanned on the reference inputs, and on CALIB where given.
+
+def _fp16(folder: Path, settings: Settings, preprocess) -> Graph:
+    """The FP16 graph as make engine writes it: the FP32 fallback scanned on the reference inputs, and on CALIB
+    where given."""
+    fp32 = folder / FP32_GRAPH
     scanned = None
     if settings.calib is not None:
         scanned = read_calibration_data(
-            settings.calib,
-            graph_inputs(fp32),
-            spec_preprocess,
-            samples=settings.calib_samples,
-            batch=settings.calib_batch,
+            settings.calib, graph_inputs(fp32), preprocess, samples=settings.calib_samples, batch=settings.calib_batch
         )
-    fp16_graph(fp32, graphs["fp16"], folder / REFERENCE, settings, scanned)
-    calibration: dict[str, dict] = {}
-    for method in methods:
-        path = folder / SUBFOLDER / f"model.int8.{method}.onnx"
-        # The graphs ONNX Runtime's CPU runs in int8, one per kind of CPU; the row is the one this CPU serves.
-        cpu_paths = {kind: cpu_graph_path(folder, method, kind) for kind in cpu_graphs("int8")}
-        started = time.perf_counter()
-        record = make_int8_graph(
+    graph = graph_record(Precision.FP16)
+    make_fp16_graph(fp32, folder / SUBFOLDER / graph.file, folder / REFERENCE, settings, scanned)
+    return folder / SUBFOLDER / graph.file, graph
+
+
+def _int8(
+    folder: Path, settings: Settings, method: str, evaluation: EvaluationSet, preprocess, budget: float | None
+) -> tuple[dict[str, Graph], dict]:
+    """({label: graph}, the calibration record) of `method`'s INT8 graphs: TensorRT's, the one ONNX Runtime's
+    kernels run on this kind of CPU (where its quantizer could make it), and with `budget` the one to that budget,
+    made from the same calibrated graph and ranges."""
+    fp32, engine = folder / FP32_GRAPH, graph_record(Precision.INT8)
+    path = folder / SUBFOLDER / f"model.int8.{method}.onnx"
+    # The graphs ONNX Runtime's CPU runs in int8, one per kind of CPU; the row is the one this CPU serves.
+    cpu_paths = {kind: cpu_graph_path(folder, method, kind) for kind in CPU_TARGETS}
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="int8.") as scratch:
+        result = make_int8_graph(
             fp32,
             path,
             evaluation.calibration,
-            preprocess=spec_preprocess,
+            preprocess=preprocess,
             config=replace(CalibrationConfig.from_settings(settings), methods=(method,)),  # SMOOTH= as make engine
             cache_folder=folder / CACHE_FOLDER,
             cpu_out_paths=cpu_paths,
             judge=int8_judge(fp32),  # SMOOTH=auto picks as make engine does
+            scratch=Path(scratch),
         )
-        calibration[method] = {**record["calibration"], "int8_stage_seconds": round(time.perf_counter() - started, 3)}
-        print(f"int8 {method:<10} {record['summary']}")
-        graphs[f"int8-{method}"] = path
-        if int8_cpu_kind() in written_cpu_graphs(record):  # absent where ONNX Runtime's quantizer could not make it
-            graphs[f"int8-{method}-ort"] = cpu_paths[int8_cpu_kind()]
-        if budget is not None and method == methods[0]:
+        record = {**result.calibration, "int8_stage_seconds": round(time.perf_counter() - started, 3)}
+        print(f"int8 {method:<10} {result.summary}")
+        graphs = {f"int8-{method}": (path, engine)}
+        kind = int8_cpu_kind()
+        if kind in result.written_cpu_graphs:  # absent where ONNX Runtime's quantizer could not make it
+            graphs[f"int8-{method}-ort"] = (cpu_paths[kind], graph_record(Precision.INT8, CPU_TARGETS[kind]))
+        if budget is not None:
             budget_path = folder / SUBFOLDER / f"model.int8.{method}.budget.onnx"
-            cached = read_cache(Path(record["calibration"]["cache_file"]))
             loss = budget_loss(fp32, evaluation.tuning_feeds, evaluation.tuning_labels)
-            with tempfile.TemporaryDirectory(prefix="budget.") as scratch:
-                # The cached ranges belong to the FP32 graph smoothed with the cached scales (SMOOTH=).
-                calibrated = calibrated_graph(fp32, cached.smoothing or {}, Path(scratch) / "calibrated.onnx")
-                calibration[method]["budget"] = fit_budget(calibrated, budget_path, cached.ranges, budget, loss)
-            print(f"budget     {calibration[method]['budget']['summary']}")
-            graphs[f"int8-{method}-budget"] = budget_path
+            record["budget"] = fit_budget(result.chosen.fp32_equal, budget_path, result.chosen.ranges, budget, loss)
+            print(f"budget     {record['budget']['summary']}")
+            graphs[f"int8-{method}-budget"] = (budget_path, engine)
+    return graphs, record
 
-    # The TensorRT-shaped INT8 graphs run with their Q/DQ simulated (what TensorRT computes); the -ort ones on
-    # ONNX Runtime's own int8 kernels (what the CPU runner serves).
-    outputs = {
-        label: _run(path, evaluation.feeds, simulate_qdq=not label.endswith("-ort")) for label, path in graphs.items()
-    }
+
+def _report(name: str, folder: Path, evaluation: EvaluationSet, graphs: dict[str, Graph], calibration: dict) -> dict:
+    """Every graph run on the evaluation inputs as its record says (_run), against FP32 and the labels."""
+    outputs = {label: _run(path, evaluation.feeds, graph) for label, (path, graph) in graphs.items()}
     rows = {label: _metrics(outputs[label], outputs["fp32"], evaluation.labels) for label in graphs}
     report = {
         "model": name,
         "evaluation": evaluation.description,
         "calibration_data": evaluation.calibration_description,
         "labelled": evaluation.labels is not None,
-        "graphs": {label: str(path.relative_to(folder)) for label, path in graphs.items()},
+        "graphs": {label: str(path.relative_to(folder)) for label, (path, _) in graphs.items()},
         "results": rows,
         "best_int8": _best_int8(rows),
         "calibration": calibration,
     }
     if evaluation.split is not None:
         report["held_out"] = held_out_columns(outputs, evaluation.split)
-    write_json(folder / "accuracy.json", report)
-    write_bytes(folder / "accuracy.md", _markdown(report).encode())
-    print(_markdown(report))
-    return folder
+    return report
 
 
 def held_out_columns(outputs: dict[str, np.ndarray], split: HoldoutSplit) -> dict:
@@ -288,10 +300,10 @@ def budget_loss(fp32: Path, feeds: list[Feed], labels: np.ndarray | None) -> Cal
     not).  Unlabelled: the larger of 100 x (1 - mean cosine to FP32) and the percentage of samples whose top-1
     flips for real (top1_changes): the cosine sees the error spread over the outputs, the flips a class-specific
     error it can average away; a near-tie flip is that same spread error, so it is not charged twice."""
-    reference = _run(fp32, feeds)
+    reference = _run(fp32, feeds, graph_record(Precision.FP32))
 
     def loss(graph: Path) -> dict:
-        row = _metrics(_run(graph, feeds, simulate_qdq=True), reference, labels)
+        row = _metrics(_run(graph, feeds, graph_record(Precision.INT8)), reference, labels)
         record = {
             "cosine_mean": row["cosine_mean"],
             "top1_agreement": row["top1_agreement"],
@@ -311,9 +323,12 @@ def _chunks(arrays: dict[str, np.ndarray]) -> list[Feed]:
     return [{n: a[start : start + EVAL_BATCH] for n, a in arrays.items()} for start in range(0, count, EVAL_BATCH)]
 
 
-def _run(graph: Path, feeds: list[Feed], *, simulate_qdq: bool = False) -> np.ndarray:
-    """The graph's first output (the logits, for a classifier) over every batch, as float32."""
-    session = onnxruntime_session(graph, simulate_qdq=simulate_qdq)
+def _run(path: Path, feeds: list[Feed], graph: GraphRecord) -> np.ndarray:
+    """The first output (the logits, for a classifier) of the graph at `path` over every batch, as float32, run as
+    ONNX Runtime's CPU provider runs `graph` (its record) where it serves it: a TensorRT-shaped INT8 graph with its
+    Q/DQ simulated (what TensorRT computes), a CPU-shaped one on ONNX Runtime's own int8 kernels, a float16 graph
+    through ONNX Runtime's casts to float32 (not as the engine stores float16: the FP16 gate judges that)."""
+    session = evaluation_session(graph, path, faithful_fp16=False)
     output = session.get_outputs()[0].name
     return np.concatenate([session.run([output], feed)[0] for feed in feeds]).astype(np.float32)
 
@@ -487,19 +502,18 @@ def _budget_markdown(method: str, budget: dict, labelled: bool) -> list[str]:
 # --------------------------------------------------------------------------- command line
 
 
+# The settings `accuracy` reads, each as its declaration says (core/settings.py); MODEL defaults to the digits CNN,
+# the registry model with a labelled held-out set.
+ACCURACY_SETTINGS = ("model", "weights", "out_root", "calib", "calib_samples", "calib_batch", "recalibrate")
+ACCURACY_DEFAULTS = {"model": "digits"}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    defaults = Settings()
-    parser.add_argument("--model", default="digits", help="registry name, factory or model file [MODEL]")
-    parser.add_argument("--weights", type=Path, help="a state_dict for the model [WEIGHTS]")
-    parser.add_argument("--out", type=Path, default=defaults.out_root, help="artifact root folder [OUT]")
-    parser.add_argument("--calib", type=Path, help="calibration data for models without a labelled set [CALIB]")
+    add_settings_arguments(parser, ACCURACY_SETTINGS, ACCURACY_DEFAULTS)
     parser.add_argument("--eval", type=Path, help="evaluate on this data instead of CALIB (same formats)")
     parser.add_argument(
         "--methods", default=",".join(CALIB_METHODS), help=f"calibration methods, comma-separated ({CALIB_METHODS})"
     )
-    parser.add_argument("--calib-samples", type=int, default=defaults.calib_samples, help="calibration samples")
-    parser.add_argument("--calib-batch", type=int, default=defaults.calib_batch, help="calibration batch size")
-    parser.add_argument("--recalibrate", action="store_true", help="ignore the calibration cache")
     parser.add_argument(
         "--accuracy-budget",
         type=float,
@@ -514,16 +528,7 @@ def main(args: argparse.Namespace) -> int:
     unknown = [m for m in methods if m not in CALIB_METHODS]
     if unknown or not methods:
         raise PipelineError(f"unknown calibration method(s) {unknown or methods}", f"use some of {CALIB_METHODS}")
-    settings = Settings(
-        model=args.model,
-        precision="fp32",
-        weights=args.weights,
-        out_root=args.out,
-        calib=args.calib,
-        calib_samples=args.calib_samples,
-        calib_batch=args.calib_batch,
-        recalibrate=args.recalibrate,
-    ).check()
+    settings = Settings(**{**ACCURACY_DEFAULTS, **given_settings(args)}).check()
     if args.accuracy_budget is not None and not args.accuracy_budget >= 0:
         raise PipelineError(f"--accuracy-budget {args.accuracy_budget} is not a loss", "give 0 or more, e.g. 0.5")
     measure_accuracy(settings, methods, args.eval, args.accuracy_budget)

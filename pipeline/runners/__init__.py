@@ -4,10 +4,10 @@
     with load_runner("engines/resnet50-fp16") as runner:      # backend="auto"
         outputs = runner.infer({"input": batch})               # {name: np.ndarray} -> {name: np.ndarray}
 
-Backends load lazily: importing this package needs neither a GPU, TensorRT nor onnxruntime, and loading
-an ONNX Runtime runner imports no build stage (nor torch).  Every runner opens its folder through
-pipeline.folder.reader: an unfinished folder, one of an older layout, or a graph or plan whose sha256 is not the
-manifest's is refused with the command that rebuilds it.
+Importing this package loads every runner's module, and none of them imports a GPU library, TensorRT, onnxruntime
+or torch before a runner of its kind opens; loading an ONNX Runtime runner imports no build stage (nor torch).
+Every runner opens its folder through pipeline.folder.reader: an unfinished folder, one of an older layout, or a
+graph or plan whose sha256 is not the manifest's is refused with the command that rebuilds it.
 """
 
 from __future__ import annotations
@@ -17,8 +17,14 @@ import logging
 from pathlib import Path
 
 from ..core.errors import PipelineError
+from ..core.trt_module import describe_gpu, gpu_present, import_trt
 from ..folder.reader import ArtifactFolder, open_folder
 from .base import Runner, TensorSpec
+from .fastest import fastest_onnxruntime_runner
+from .onnxruntime import OnnxRuntimeRunner
+from .onnxruntime_cuda import OnnxRuntimeCudaRunner
+from .tensorrt import TensorRTRunner, check_gpu_target
+from .torch import TorchRunner
 
 BACKENDS = ("auto", "tensorrt", "onnxruntime", "onnxruntime-cuda", "torch")
 
@@ -51,8 +57,6 @@ def load_runner(path: str | Path | ArtifactFolder, backend: str = "auto", **opti
     _refuse_unknown_options(runner_class, backend, options)
     runner: Runner
     if measure and backend == "onnxruntime":
-        from .fastest import fastest_onnxruntime_runner
-
         runner, measured = fastest_onnxruntime_runner(folder, options)
         why = f"{why}; {measured}"
     else:
@@ -75,9 +79,6 @@ def _refuse_unknown_options(runner_class: type[Runner], backend: str, options: d
 
 def _choose_backend(folder: ArtifactFolder) -> tuple[str, str]:
     """("tensorrt", why) where the engine can run on this machine, else ("onnxruntime", why not)."""
-    from ..core.trt_module import describe_gpu, gpu_present, import_trt
-    from .tensorrt import check_gpu_target
-
     manifest = folder.manifest
     if not folder.has(folder.engine):
         return "onnxruntime", f"auto: {folder.path} has no {folder.engine}"
@@ -98,18 +99,9 @@ def _choose_backend(folder: ArtifactFolder) -> tuple[str, str]:
 
 
 def _runner_class(backend: str) -> type[Runner]:
-    if backend == "tensorrt":
-        from .tensorrt import TensorRTRunner
-
-        return TensorRTRunner
-    if backend == "torch":
-        from .torch import TorchRunner
-
-        return TorchRunner
-    if backend == "onnxruntime-cuda":
-        from .onnxruntime_cuda import OnnxRuntimeCudaRunner
-
-        return OnnxRuntimeCudaRunner
-    from .onnxruntime import OnnxRuntimeRunner
-
-    return OnnxRuntimeRunner
+    runners: dict[str, type[Runner]] = {
+        "tensorrt": TensorRTRunner,
+        "torch": TorchRunner,
+        "onnxruntime-cuda": OnnxRuntimeCudaRunner,
+    }
+    return runners.get(backend, OnnxRuntimeRunner)

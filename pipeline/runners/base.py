@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import PipelineError
+from ..core.settings import engine_command, mention, mention_name
 from ..folder.graph_io import GraphTensor
 from ..folder.manifest import Manifest
 from ..folder.reader import ArtifactFolder
@@ -114,7 +115,8 @@ def check_feed(feed: Mapping[str, Any], specs: list[TensorSpec], describe=_dtype
                 raise PipelineError(
                     f"input {spec.name!r} has size {shape[axis]} on axis {axis}, outside the range [{low}, {high}] "
                     "the artifacts were built for",
-                    "cut or pad it into that range, or rebuild with a wider DYNAMIC range (make engine ...)",
+                    f"cut or pad it into that range, or rebuild with a wider {mention_name('dynamic')} range "
+                    f"({engine_command(more=True)})",
                 )
         if batch == -1:
             batch = shape[BATCH_AXIS]
@@ -185,7 +187,7 @@ class Runner:
             raise PipelineError(
                 f"a batch of {batch} rows is larger than the profile's max batch {self.max_batch}",
                 f"send at most {self.max_batch} rows, load the runner with split_large_batches=True, or rebuild "
-                "with a larger BATCH=min:opt:max (make engine ...)",
+                f"with a larger {mention(batch='min:opt:max')} ({engine_command(more=True)})",
             )
         return self._run_chunked(feed, batch)
 

@@ -26,12 +26,15 @@ import numpy as np
 
 from ..core.cpu import cpu_instruction_sets, cpu_model, int8_cpu_kind
 from ..core.errors import PipelineError
+from ..core.trt_module import describe_gpu
 from ..folder.artifacts import write_json
 from ..folder.graph_io import load_reference
-from ..folder.manifest import REFERENCE, SERVED_CHOICE, cpu_graphs, engine_graph, graph_precision
+from ..folder.layout import REFERENCE, SERVED_CHOICE
 from ..folder.reader import ArtifactFolder
 from ..folder.rebuild import rebuild_hint
+from ..folder.records import GraphRecord
 from .base import Runner
+from .device_memory import available_layers
 from .onnxruntime import CPU, CUDA, OnnxRuntimeRunner, choose_providers
 from .onnxruntime_cuda import OnnxRuntimeCudaRunner
 
@@ -45,8 +48,16 @@ class Candidate:
     """One graph of the folder on one ONNX Runtime provider (the CPU provider is always the last fallback).  On the
     CUDA provider the candidate is the onnxruntime-cuda runner (IO binding to buffers on the GPU), which serves it."""
 
-    graph: str
+    record: GraphRecord
     providers: tuple[str, ...]
+
+    @property
+    def graph(self) -> str:
+        return self.record.file
+
+    @property
+    def precision(self) -> str:
+        return self.record.precision
 
     @property
     def label(self) -> str:
@@ -99,8 +110,6 @@ def usable_providers() -> list[str]:
     """The ONNX Runtime providers that can serve here: CUDA where onnxruntime-gpu, a GPU and a device-memory layer
     (pycuda or cuda-python, for the onnxruntime-cuda runner's buffers) are all present (the engine could not run, or
     auto would have served it), and the CPU."""
-    from .device_memory import available_layers
-
     providers, _ = choose_providers(None)
     return providers if CUDA not in providers or available_layers() else [CPU]
 
@@ -140,40 +149,22 @@ def pick(by_batch: dict[int, dict[Candidate, float]]) -> Candidate:
 
 def find_candidates(folder: ArtifactFolder, providers: list[str]) -> tuple[list[Candidate], list[str]]:
     """(what may serve the folder here, why each other graph may not), on `providers`: those ONNX Runtime can run
-    here (usable_providers()).  The graphs: those as accurate as the folder promises whose gates passed; on the CPU
-    provider an INT8 folder's graph for this kind of CPU's kernels stands for the TensorRT-shaped INT8 graph (which
-    runs there only with its Q/DQ simulated in float); the CUDA provider runs the TensorRT-shaped graphs, not the
-    CPU's."""
-    refused: list[str] = []
-    passed: list[str] = []
-    for name in folder.servable_graphs():
-        failure = folder.gate_failure(name)
-        if failure is None:
-            passed.append(name)
-        else:
-            refused.append(f"{name}: {failure}")
-    cpu_form = cpu_graphs("int8").get(int8_cpu_kind())
-    other_cpu_forms = set(cpu_graphs("int8").values()) - {cpu_form}
-    on_cpu = [name for name in passed if name not in other_cpu_forms]
-    if cpu_form in passed:
-        on_cpu = [name for name in on_cpu if name != engine_graph("int8")]
-    candidates = [Candidate(name, (CPU,)) for name in on_cpu]
+    here (usable_providers()); the graphs are ArtifactFolder.servable's for this kind of CPU."""
+    servable = folder.servable(int8_cpu_kind())
+    candidates = [Candidate(graph, (CPU,)) for graph in servable.on_cpu]
     if CUDA in providers:
-        on_gpu = [name for name in passed if name not in cpu_graphs("int8").values()]
-        candidates = [Candidate(name, (CUDA, CPU)) for name in on_gpu] + candidates
+        candidates = [Candidate(graph, (CUDA, CPU)) for graph in servable.on_cuda] + candidates
     if not candidates:
         raise PipelineError(
-            f"no graph of {folder.path} may be served: {'; '.join(refused)}",
+            f"no graph of {folder.path} may be served: {'; '.join(servable.refused)}",
             f"rebuild the folder: {rebuild_hint(folder.manifest, folder.path)}",
         )
-    return candidates, refused
+    return candidates, list(servable.refused)
 
 
 def host_key(folder: ArtifactFolder, candidates: list[Candidate], threads: int | None) -> dict[str, Any]:
     """All that decides which candidate is fastest; a cached choice under another key is measured again."""
     import onnxruntime as ort
-
-    from ..core.trt_module import describe_gpu
 
     gpu = describe_gpu(0)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -272,7 +263,7 @@ def _why(winner: Candidate, ms: dict[int, dict[str, float]], how: str, refused: 
     )
     batches = ", ".join(str(batch) for batch in ms)
     text = (
-        f"{winner.label} ({graph_precision(winner.graph)}) was the fastest over batch {batches} ({how}; the least "
+        f"{winner.label} ({winner.precision}) was the fastest over batch {batches} ({how}; the least "
         f"worst ratio to the fastest at each): {timed}"
     )
     if refused:

@@ -1,5 +1,5 @@
-"""The ONNX Runtime runner: the graph the engine was built from (an int8 folder's CPU-shaped graph on the CPU),
-on the CUDA provider where a GPU is present."""
+"""The ONNX Runtime runner: the folder's graph that may serve here (the engine's; an int8 folder's CPU-shaped graph on
+the CPU: ArtifactFolder.servable), on the CUDA provider where a GPU is present."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ import numpy as np
 from ..core.cpu import NO_VNNI, VNNI, int8_cpu_kind
 from ..core.errors import PipelineError
 from ..core.sessions import onnxruntime_session
-from ..folder.manifest import engine_graph
+from ..core.trt_module import gpu_present
+from ..evaluation import simulates_qdq
+from ..folder.layout import cpu_kind
 from ..folder.reader import ArtifactFolder
 from ..folder.rebuild import rebuild_hint
+from ..folder.records import GraphRecord, Target
 from .base import Runner
 
 CPU = "CPUExecutionProvider"
@@ -33,8 +36,6 @@ def choose_providers(requested: list[str] | None) -> tuple[list[str], str]:
     """
     import onnxruntime as ort
 
-    from ..core.trt_module import gpu_present
-
     if requested:
         return list(requested), "providers as requested"
     if not gpu_present():
@@ -44,22 +45,31 @@ def choose_providers(requested: list[str] | None) -> tuple[list[str], str]:
     return [CUDA, CPU], "a GPU is present"
 
 
-def choose_graph(folder: ArtifactFolder, requested: str | None, *, on_cpu: bool) -> tuple[str, str]:
-    """(name, why this graph) for the graph= option, the CPU graph of an int8 folder, or the manifest's graph."""
+def choose_graph(folder: ArtifactFolder, requested: str | None, *, on_cpu: bool) -> tuple[GraphRecord, str]:
+    """(the graph, why this one) for the graph= option, else the folder's own that may serve on this provider
+    (ArtifactFolder.servable: on a CPU, the one shaped for its kind where the folder has one)."""
     if requested is not None:
-        graphs = sorted(name for name in folder.artifacts if name.endswith(".onnx"))
-        if requested not in graphs:
+        graph = folder.record(requested)
+        if graph is None:
+            graphs = sorted(graph.file for graph in folder.graphs)
             raise PipelineError(
                 f"graph={requested!r} is not one of the graphs of {folder.path}",
                 f"give one of them ({', '.join(graphs)}) or leave graph=None",
             )
-        return requested, "asked for"
-    if on_cpu:
-        kind = int8_cpu_kind()
-        cpu_graph = folder.cpu_graph(kind)
-        if cpu_graph is not None:
-            return cpu_graph, f"the {folder.precision} graph for ONNX Runtime's CPU kernels, {_KINDS[kind]}"
-    return folder.graph, "the engine's graph"
+        return graph, "asked for"
+    servable = folder.servable(int8_cpu_kind())
+    candidates = servable.on_cpu if on_cpu else servable.on_cuda
+    if not candidates:
+        raise PipelineError(
+            f"no graph of {folder.path} may be served: {'; '.join(servable.refused)}",
+            f"rebuild the folder: {rebuild_hint(folder.manifest, folder.path)}",
+        )
+    graph = candidates[-1]  # the least accurate: the folder's own precision
+    if graph.target is not Target.ENGINE:
+        return graph, f"the {graph.precision} graph for ONNX Runtime's CPU kernels, {_KINDS[cpu_kind(graph.target)]}"
+    if graph.file == folder.graph:
+        return graph, "the engine's graph"
+    return graph, f"the {graph.precision} graph: the folder's own may not serve ({'; '.join(servable.refused)})"
 
 
 def load_session(folder: ArtifactFolder, graph: str, providers: list[Any], **options: Any) -> Any:
@@ -83,8 +93,8 @@ class OnnxRuntimeRunner(Runner):
     """ONNX Runtime on one graph of the artifact folder.
 
     graph: a file name in the folder; by default the engine's graph, except that on the CPU provider the graph
-    the folder lists for this kind of CPU's target (pipeline.folder.manifest.GRAPHS: int8 writes one for CPUs with
-    VNNI and one for CPUs without) is preferred: the TensorRT-shaped graph runs no int8 kernel there.
+    the folder lists for this kind of CPU's target (pipeline.folder.layout: int8 writes one for CPUs with VNNI and
+    one for CPUs without) is preferred: the TensorRT-shaped graph runs no int8 kernel there.
     intra_op_threads: None for ORT's default (one per physical core).  allow_spinning: False lets idle
     intra-op threads sleep, which helps many concurrent callers (a service) more than single calls.
     """
@@ -110,11 +120,11 @@ class OnnxRuntimeRunner(Runner):
                 "give 1 or more, or None for ONNX Runtime's default (one per physical core)",
             )
         chosen, why = choose_providers(providers)
-        self.graph, which = choose_graph(folder, graph, on_cpu=CUDA not in chosen)
+        record, which = choose_graph(folder, graph, on_cpu=CUDA not in chosen)
+        self.graph = record.file
         # The TensorRT-shaped INT8 graph on the CPU (no graph for this CPU's kernels): its Q/DQ run as TensorRT
-        # computes them, in float; ORT's fused int8 kernels would compute something else (saturating without
-        # VNNI).  The gates judged it the same way (pipeline.stages.parity.evaluation_session).
-        simulate_qdq = CUDA not in chosen and self.graph == engine_graph("int8")
+        # computes them, in float, as its gates judged it (pipeline.evaluation).
+        simulate_qdq = simulates_qdq(record, chosen)
         if simulate_qdq:
             which += ", its Q/DQ simulated in float as TensorRT computes them: slower than int8 kernels"
         self.session = load_session(

@@ -30,12 +30,15 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import PipelineError
+from ..core.settings import mention_name
+from ..core.trt_module import gpu_present
 from ..folder.graph_io import GraphTensor
 from ..folder.reader import ArtifactFolder
 from ..folder.rebuild import rebuild_hint
 from .base import BATCH_AXIS, Runner, TensorSpec, _dtype_and_shape, check_feed
-from .device_memory import DeviceMemory
+from .device_memory import DeviceMemory, open_device_memory
 from .onnxruntime import CPU, CUDA, choose_graph, load_session, run_error
+from .tensorrt import _numpy_or_torch_cuda
 
 DEFAULT_SESSIONS = 2
 
@@ -44,8 +47,6 @@ def require_cuda_provider() -> None:
     """Refuse, with the fix, a host where ONNX Runtime's CUDA provider cannot run: not compiled in (the `cpu`
     extra's onnxruntime), or compiled in without a GPU (onnxruntime-gpu lists it as available even then)."""
     import onnxruntime as ort
-
-    from ..core.trt_module import gpu_present
 
     available = ort.get_available_providers()
     if CUDA not in available:
@@ -147,8 +148,6 @@ class DeviceBuffers(HostBuffers):
     contiguous torch CUDA tensors on this GPU, used in place (torch works on the same primary context)."""
 
     def __init__(self, placement: Placement, layer: str = "auto"):
-        from .device_memory import open_device_memory
-
         super().__init__(placement)
         self.memory: DeviceMemory = open_device_memory(layer, placement.device_id)
         self._buffers: list[_DeviceBuffer] = []
@@ -173,8 +172,6 @@ class DeviceBuffers(HostBuffers):
         return value.address if isinstance(value, _DeviceBuffer) else int(value.data_ptr())
 
     def describe(self, name: str, value: Any) -> tuple[np.dtype, tuple[int, ...]]:
-        from .tensorrt import _numpy_or_torch_cuda
-
         dtype, shape = _numpy_or_torch_cuda(name, value)
         if not isinstance(value, np.ndarray) and value.device.index != self.placement.device_id:
             raise PipelineError(
@@ -285,7 +282,8 @@ class OnnxRuntimeCudaRunner(Runner):
             raise PipelineError("cuda_graph=True captures CUDA graphs, which need device='cuda'", "load on a GPU")
         if on_cuda:
             require_cuda_provider()
-        self.graph, which = choose_graph(folder, graph, on_cpu=not on_cuda)
+        record, which = choose_graph(folder, graph, on_cpu=not on_cuda)
+        self.graph = record.file
         self.cuda_graph = cuda_graph
         self._dims = _dim_sources(self.manifest.inputs, self.manifest.outputs)
         self._max_shapes = {spec.name: self._max_shape(spec) for spec in (*self.inputs, *self.outputs)}
@@ -331,7 +329,7 @@ class OnnxRuntimeCudaRunner(Runner):
                 raise PipelineError(
                     f"tensor {spec.name!r} has dim {axis} of unbounded size ({dim!r}), so its buffer cannot be "
                     "allocated ahead",
-                    "use backend='onnxruntime', or rebuild with a DYNAMIC range for that axis: "
+                    f"use backend='onnxruntime', or rebuild with a {mention_name('dynamic')} range for that axis: "
                     f"{rebuild_hint(self.manifest)}",
                 )
         return tuple(shape)

@@ -34,7 +34,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..core.errors import PipelineError
-from ..core.trt_module import RTX_RUNTIME_TARGETS, dims, parse_capability, rtx_runs_on
+from ..core.settings import engine_command, mention_name
+from ..core.trt_module import (
+    RTX_RUNTIME_TARGETS,
+    RecordingLogger,
+    describe_gpu,
+    dims,
+    import_trt,
+    parse_capability,
+    rtx_runs_on,
+)
 from ..folder.manifest import Builder, Manifest
 from ..folder.reader import ArtifactFolder
 from ..folder.rebuild import rebuild_hint
@@ -152,8 +161,6 @@ class TensorRTRunner(Runner):
         execution: str = "v3",
         cuda_graphs: bool = False,
     ):
-        from ..core.trt_module import RecordingLogger, describe_gpu, import_trt
-
         super().__init__(folder, split_large_batches=split_large_batches)
         manifest = folder.manifest
         if contexts < 1:
@@ -293,7 +300,8 @@ class TensorRTRunner(Runner):
             low, _, high = self._profile(name)
             raise PipelineError(
                 f"input {name!r} has shape {shape}, outside the engine's profile {low} .. {high}",
-                "send shapes within the profile, or rebuild with a wider BATCH/DYNAMIC range (make engine ...)",
+                f"send shapes within the profile, or rebuild with a wider {mention_name('batch')}/"
+                f"{mention_name('dynamic')} range ({engine_command(more=True)})",
             )
 
     # ------------------------------------------------------------------ inference

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import PipelineError
+from ..core.precision import Precision
 from ..folder.reader import ArtifactFolder
 from .base import Runner
 
@@ -48,7 +49,7 @@ class TorchRunner(Runner):
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if amp and self.device.type != "cuda":
             raise PipelineError("amp=True needs a CUDA device", "pass amp=False, or device='cuda' on a GPU machine")
-        self.amp = self.device.type == "cuda" and (amp if amp is not None else folder.precision == "fp16")
+        self.amp = self.device.type == "cuda" and (amp if amp is not None else folder.precision == Precision.FP16)
         self.module = spec.module.to(self.device)
         self._output_dtypes = {spec.name: spec.dtype for spec in self.outputs}
         mode = "AMP fp16" if self.amp else "fp32 eager"

@@ -8,6 +8,7 @@ level, so the command line's other commands do not pay for them.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import socket
 from pathlib import Path
 
@@ -112,8 +113,6 @@ def check_ports(args: argparse.Namespace) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    import asyncio
-
     from .app import create_app
     from .server import serve
 

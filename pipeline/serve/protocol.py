@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import PipelineError
+from ..core.settings import mention
 from ..folder.graph_io import GraphTensor
 from ..folder.manifest import Manifest
 from ..runners.base import BATCH_AXIS, TensorSpec, check_feed, max_batch, tensor_specs
@@ -76,7 +77,7 @@ class ModelIO:
         if max_items is not None and max_items > profile_max:
             raise PipelineError(
                 f"max batch {max_items} is larger than the profile's max batch {profile_max}",
-                f"give --max-batch {profile_max} or less, or rebuild with a larger BATCH=min:opt:max",
+                f"give --max-batch {profile_max} or less, or rebuild with a larger {mention(batch='min:opt:max')}",
             )
         model = cls(
             name=name or model_name(manifest),

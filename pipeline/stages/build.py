@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core import trt_module
 from ..core.errors import PipelineError
-from ..core.settings import BatchProfile
+from ..core.settings import BatchProfile, mention, mention_name
 from ..folder.artifacts import write_bytes
 from ..folder.graph_files import data_files
 from ..folder.graph_io import graph_io
@@ -192,7 +192,7 @@ def _check_axis_names(
     if clash:
         raise PipelineError(
             f"axis_ranges names the batch axis {sorted(clash)}, whose range comes from the batch profile",
-            "set the batch range with BATCH=min:opt:max and leave it out of axis_ranges",
+            f"set the batch range with {mention(batch='min:opt:max')} and leave it out of axis_ranges",
         )
     known = {name for dims in onnx_dims.values() for name in dims[1:] if isinstance(name, str)} - batch_names
     unknown = set(axis_ranges) - known
@@ -237,7 +237,8 @@ def _batch_range(input_name: str, size: int, batch: BatchProfile) -> AxisRange:
         return (size, size, size)
     raise PipelineError(
         f"input {input_name!r} has a fixed batch of {size} but the batch profile asks for {batch}",
-        f"export with a dynamic batch axis (dynamic_axes={{{input_name!r}: {{0: 'batch'}}}}) or give BATCH={size}",
+        f"export with a dynamic batch axis (dynamic_axes={{{input_name!r}: {{0: 'batch'}}}}) or give "
+        f"{mention(batch=str(size))}",
     )
 
 
@@ -271,7 +272,8 @@ def _set_targets(trt: ModuleType, config: tensorrt.IBuilderConfig, target: str) 
             return  # what the full TensorRT always does
         raise PipelineError(
             f"build target {target!r} needs TensorRT-RTX; the full TensorRT builds only for the GPU it runs on",
-            "leave TARGET unset with the full TensorRT, or build with builder 'tensorrt_rtx'",
+            f"leave {mention_name('target')} unset with the full TensorRT, or build with "
+            f"{mention(builder='tensorrt_rtx')}",
         )
     names = ["CURRENT"] if target == "current" else [name.strip().upper() for name in target.split(",")]
     if target == "current":
@@ -295,8 +297,8 @@ def _check_current_gpu(trt: ModuleType) -> None:
     gpu = trt_module.describe_gpu(0)
     if gpu is None:
         raise PipelineError(
-            "TARGET=current builds for the GPU of this machine, and none is usable here",
-            "build on the GPU machine, or name its compute capability (e.g. TARGET=sm89)",
+            f"{mention(target='current')} builds for the GPU of this machine, and none is usable here",
+            f"build on the GPU machine, or name its compute capability (e.g. {mention(target='sm89')})",
         )
     if not trt_module.rtx_runs_on(gpu["compute_capability"]):
         raise PipelineError(

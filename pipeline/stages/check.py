@@ -8,9 +8,10 @@ import onnx
 from onnx import numpy_helper
 
 from ..core.errors import PipelineError
-from ..core.settings import OPSET
+from ..core.sessions import onnxruntime_session
+from ..core.settings import OPSET, mention_name
 from ..folder.graph_files import data_files, graph_without_weights
-from ..folder.graph_io import graph_io
+from ..folder.graph_io import graph_io, load_reference
 
 # Files this process checked, by what identifies their bytes (files_key), with the reference they ran on: the record.
 _CHECKED: dict[tuple, dict] = {}
@@ -66,9 +67,6 @@ def _run_every_case(onnx_path: Path, reference: Path) -> None:
     Here, before simplify, and not left to parity: onnxsim folds such a baked Reshape into a graph that runs
     at the other size with wrong shapes (measured on tests.toy_models:baked_sequence_model).
     """
-    from ..core.sessions import onnxruntime_session
-    from ..folder.graph_io import load_reference
-
     session = onnxruntime_session(onnx_path)
     for inputs, _ in load_reference(reference):
         try:
@@ -80,7 +78,7 @@ def _run_every_case(onnx_path: Path, reference: Path) -> None:
                 f"{onnx_path.name} does not run with inputs {sizes}: a size was baked into the graph at export "
                 f"(ONNX Runtime: {message})",
                 "in forward() take sizes from the tensors (x.shape[1], x.reshape(x.shape[0], x.shape[1], -1)) "
-                "instead of literal numbers, or leave that axis out of DYNAMIC",
+                f"instead of literal numbers, or leave that axis out of {mention_name('dynamic')}",
             ) from None
 
 

@@ -19,7 +19,8 @@ import torch
 
 from ...models.spec import ModelSpec, call_module, first_line, named_outputs, needs_keywords
 from ..core.errors import PipelineError
-from ..core.settings import OPSET, BatchProfile
+from ..core.mentions import render
+from ..core.settings import OPSET, BatchProfile, mention, mention_name
 from ..folder.artifacts import write_npz
 from ..folder.graph_files import atomic_graph, gather_weights
 from .check import check_onnx
@@ -86,9 +87,9 @@ def static_token_sequences(spec: ModelSpec) -> str | None:
         return None
     suggestion = ",".join(f"{name}:1=1:{size}:{max(size, SUGGESTED_MAX_SEQUENCE)}" for name, size in static.items())
     inputs = ", ".join(f"{name} ({size})" for name, size in static.items())
-    return (
+    return render(  # printed and recorded as it is: worded here
         f"integer token input(s) {inputs} have a static sequence axis fixed by the example: the engine takes "
-        f"only that length; DYNAMIC={suggestion} makes it dynamic"
+        f"only that length; {mention(dynamic=suggestion)} makes it dynamic"
     )
 
 
@@ -158,7 +159,7 @@ def _export_checked(
             raise PipelineError(
                 f"torch.onnx.export ({exporter}) failed for {spec.name}: {type(error).__name__}: {first_line(error)}",
                 "make forward() traceable (no data-dependent Python control flow), or export it yourself "
-                "(opset 17, dim 0 named as the batch) and pass the file: MODEL=path/to/model.onnx",
+                f"(opset 17, dim 0 named as the batch) and pass the file: {mention(model='path/to/model.onnx')}",
             ) from error
     gather_weights(candidate)  # past 2 GB TorchScript writes a file per tensor: one data file instead
     check_onnx(candidate, reference)
@@ -191,7 +192,7 @@ def _dynamo(spec: ModelSpec, path: Path, outputs: list[str], axes: dict[str, dic
     except ImportError as error:
         raise PipelineError(
             "the dynamo exporter needs onnxscript, which is not installed",
-            "pip install 'trt_pipeline[build]' (or onnxscript), or EXPORTER=torchscript",
+            f"pip install 'trt_pipeline[build]' (or onnxscript), or {mention(exporter='torchscript')}",
         ) from error
     by_name = needs_keywords(spec.module, spec.example_inputs)
     shapes = _dynamic_shapes(spec, axes)
@@ -254,7 +255,7 @@ def _no_exporter_passed(spec: ModelSpec, failures: dict[str, PipelineError]) -> 
     return PipelineError(
         f"no exporter made a graph of {spec.name} that passes the checks ({problems})",
         "; or ".join(fixes) + "; or export the graph yourself (opset 17, dim 0 named as the batch) and pass it: "
-        "MODEL=path/to/model.onnx",
+        f"{mention(model='path/to/model.onnx')}",
     )
 
 
@@ -304,7 +305,8 @@ def _refuse_huge_batch(name: str, shape: tuple[int, ...], dtype: np.dtype) -> No
     if nbytes > RANDOM_MAX_BYTES:
         raise PipelineError(
             f"a batch of {shape[0]} rows of input {name!r} {list(shape)} would take {nbytes / 2**30:.3g} GiB",
-            f"lower the max of BATCH=min:opt:max: a batch may take at most {RANDOM_MAX_BYTES >> 30} GiB per input",
+            f"lower the max of {mention(batch='min:opt:max')}: a batch may take at most {RANDOM_MAX_BYTES >> 30} GiB "
+            "per input",
         )
 
 
@@ -358,7 +360,8 @@ def _reference_outputs(spec: ModelSpec, feed: dict[str, torch.Tensor]) -> list[t
             "PyTorch",
             feed,
             error,
-            "narrow BATCH or the DYNAMIC range to sizes the model takes, or make forward() take those sizes",
+            f"narrow {mention_name('batch')} or the {mention_name('dynamic')} range to sizes the model takes, or "
+            "make forward() take those sizes",
         ) from None
 
 
@@ -367,7 +370,8 @@ def refused_sizes(subject: str, runtime: str, feed: dict, error: Exception, fix:
     sizes = ", ".join(f"{name} {list(value.shape)}" for name, value in feed.items())
     why = str(error).strip().splitlines()[0] if str(error).strip() else ""
     return PipelineError(
-        f"{subject} does not run in {runtime} with inputs {sizes}, sizes the profile declares (BATCH / DYNAMIC): "
+        f"{subject} does not run in {runtime} with inputs {sizes}, sizes the profile declares "
+        f"({mention_name('batch')} / {mention_name('dynamic')}): "
         f"{type(error).__name__}: {why}",
         fix,
     )

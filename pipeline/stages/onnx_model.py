@@ -22,8 +22,10 @@ import numpy as np
 import onnx
 
 from ..core.errors import PipelineError
-from ..core.settings import OPSET, BatchProfile
-from ..folder.artifacts import write_npz
+from ..core.mentions import render
+from ..core.sessions import onnxruntime_session
+from ..core.settings import OPSET, BatchProfile, mention, mention_name
+from ..folder.artifacts import sha256_file, write_npz
 from ..folder.graph_files import atomic_graph, data_files, graph_without_weights, save_graph
 
 ONNX_SUFFIX = ".onnx"
@@ -58,7 +60,7 @@ def open_onnx_model(path: Path, input_shape: str | None, dynamic: str | None) ->
     from ...models.inputs import DTYPES, parse_dynamic, parse_input_shape
 
     if not path.is_file():
-        raise PipelineError(f"ONNX file {path} does not exist", "check the path of MODEL=<file>.onnx")
+        raise PipelineError(f"ONNX file {path} does not exist", f"check the path of {mention(model='<file>.onnx')}")
     try:
         model = graph_without_weights(path)
     except Exception as error:  # protobuf's DecodeError and friends: the bytes are not a graph
@@ -85,20 +87,21 @@ def open_onnx_model(path: Path, input_shape: str | None, dynamic: str | None) ->
         dim = graph_input.dims[request.axis] if request.axis < len(graph_input.dims) else None
         if not isinstance(dim, str):
             raise PipelineError(
-                f"DYNAMIC names {request.input_name} axis {request.axis}, which is "
+                f"{mention_name('dynamic')} names {request.input_name} axis {request.axis}, which is "
                 f"{'fixed at ' + str(dim) if dim is not None else 'not an axis'} in {path.name}",
-                "export the graph with that axis dynamic (a dim_param), or leave it out of DYNAMIC",
+                f"export the graph with that axis dynamic (a dim_param), or leave it out of {mention_name('dynamic')}",
             )
         size = fixed.pop((request.input_name, request.axis), None)
         bounds = request.bounds or ((1, size, size) if size else None)
         if bounds is None:
             raise PipelineError(
-                f"DYNAMIC={dynamic!r} gives {request.input_name} axis {request.axis} no range",
-                "an ONNX file has no example sizes: give DYNAMIC=NAME:AXIS=MIN:OPT:MAX",
+                f"{mention(dynamic=dynamic)} gives {request.input_name} axis {request.axis} no range",
+                f"an ONNX file has no example sizes: give {mention(dynamic='NAME:AXIS=MIN:OPT:MAX')}",
             )
         if ranges.setdefault(dim, bounds) != bounds:
             raise PipelineError(
-                f"DYNAMIC gives the axis {dim!r} two ranges ({ranges[dim]} and {bounds}); inputs share it in the file",
+                f"{mention_name('dynamic')} gives the axis {dim!r} two ranges ({ranges[dim]} and {bounds}); "
+                "inputs share it in the file",
                 "give every input's axis of that name the same range",
             )
     _require_every_symbolic_dim(path, inputs, ranges, fixed)
@@ -141,16 +144,17 @@ def _apply_input_shape(
     wanted = torch.empty(0, dtype=dtype).numpy().dtype
     if len(dims) != len(graph_input.dims) - 1 or wanted != graph_input.dtype:
         raise PipelineError(
-            f"INPUT_SHAPE gives {graph_input.name} dims {list(dims)} {wanted}, but {path.name} has "
+            f"{mention_name('input_shape')} gives {graph_input.name} dims {list(dims)} {wanted}, but {path.name} has "
             f"{list(graph_input.dims)} {graph_input.dtype} (dim 0 is the batch)",
-            "give INPUT_SHAPE without the batch, matching the file's rank and dtype",
+            f"give {mention_name('input_shape')} without the batch, matching the file's rank and dtype",
         )
     fixed = {}
     for axis, (size, dim) in enumerate(zip(dims, graph_input.dims[1:], strict=True), start=1):
         if isinstance(dim, int) and dim != size:
             raise PipelineError(
-                f"INPUT_SHAPE gives {graph_input.name} axis {axis} size {size}, but {path.name} fixes it at {dim}",
-                f"give {dim} there, or leave that input out of INPUT_SHAPE",
+                f"{mention_name('input_shape')} gives {graph_input.name} axis {axis} size {size}, but {path.name} "
+                f"fixes it at {dim}",
+                f"give {dim} there, or leave that input out of {mention_name('input_shape')}",
             )
         if isinstance(dim, str):
             fixed[(graph_input.name, axis)] = size
@@ -170,14 +174,12 @@ def _require_every_symbolic_dim(
         example = missing[0].split(" (")[0].replace(" axis ", ":")
         raise PipelineError(
             f"{path.name} has symbolic dims besides the batch that need a range: {', '.join(missing)}",
-            f"give each a range with DYNAMIC (e.g. DYNAMIC={example}=1:64:128; inputs naming the same dim share it) "
-            "or a fixed size with INPUT_SHAPE",
+            f"give each a range with {mention_name('dynamic')} (e.g. {mention(dynamic=f'{example}=1:64:128')}; "
+            f"inputs naming the same dim share it) or a fixed size with {mention_name('input_shape')}",
         )
 
 
 def _fingerprint(path: Path, input_shape: str | None, dynamic: str | None) -> str:
-    from ..folder.artifacts import sha256_file
-
     files = "".join(f"{sha256_file(file)}\0" for file in [path, *data_files(path)])  # the weights beside it too
     payload = f"onnx:{files}input_shape:{input_shape or ''}\0dynamic:{dynamic or ''}"
     return hashlib.sha256(payload.encode()).hexdigest()
@@ -197,9 +199,12 @@ def import_onnx(source: OnnxModel, onnx_path: Path) -> dict:
                 dim.Clear()
                 dim.dim_value = size
     graph = converted or model
-    warnings = [
-        f"INPUT_SHAPE fixes the sequence axis of the integer token input {name} at {size}: the engine takes only "
-        f"that length; DYNAMIC={name}:1=1:{size}:{max(size, 512)} (without INPUT_SHAPE for it) keeps it dynamic"
+    warnings = [  # printed and recorded as they are: worded here
+        render(
+            f"{mention_name('input_shape')} fixes the sequence axis of the integer token input {name} at {size}: "
+            f"the engine takes only that length; {mention(dynamic=f'{name}:1=1:{size}:{max(size, 512)}')} (without "
+            f"{mention_name('input_shape')} for it) keeps it dynamic"
+        )
         for (name, axis), size in source.fixed.items()
         if axis == 1 and _is_token_input(source, name)
     ]
@@ -270,7 +275,6 @@ def reference_cases(source: OnnxModel, batch: BatchProfile) -> list[tuple[int, d
 
 def write_onnx_reference(source: OnnxModel, onnx_path: Path, batch: BatchProfile, path: Path) -> dict:
     """reference.npz from the imported FP32 graph itself, on random inputs at every case's sizes."""
-    from ..core.sessions import onnxruntime_session
     from .export import random_inputs, refused_sizes
 
     records = [
@@ -294,7 +298,7 @@ def write_onnx_reference(source: OnnxModel, onnx_path: Path, batch: BatchProfile
         try:
             result = session.run(outputs, feed)
         except Exception as error:  # ORT's own exception types: the graph does not run at these sizes
-            fix = "narrow BATCH or the DYNAMIC ranges to sizes the graph takes"
+            fix = f"narrow {mention_name('batch')} or the {mention_name('dynamic')} ranges to sizes the graph takes"
             raise refused_sizes(source.path.name, "ONNX Runtime", feed, error, fix) from None
         arrays.update({f"case{index}/in/{name}": value for name, value in feed.items()})
         arrays.update({f"case{index}/out/{name}": value for name, value in zip(outputs, result, strict=True)})

@@ -15,6 +15,7 @@ import onnx
 from onnx import defs, helper, numpy_helper
 
 from ..core.errors import PipelineError
+from ..core.settings import mention
 
 SOURCE, TARGET = 18, 17
 # Reduce ops whose axes became an input in 18 (ReduceSum's did in 13); in 17 they take an axes attribute.
@@ -63,8 +64,8 @@ def _convert(node: onnx.NodeProto, constants: dict[str, list[int]]) -> None:
         raise PipelineError(
             f"the dynamo exporter's graph cannot be written in opset {TARGET}: node {node.name or node.output[0]!r}: "
             f"{error}",
-            "EXPORTER=torchscript where that exporter takes the model, or export it yourself and pass "
-            "MODEL=path/to/model.onnx (opset 17, dim 0 named as the batch)",
+            f"{mention(exporter='torchscript')} where that exporter takes the model, or export it yourself and pass "
+            f"{mention(model='path/to/model.onnx')} (opset 17, dim 0 named as the batch)",
         ) from None
 
 

@@ -1,9 +1,10 @@
-"""Stage 5: a graph on disk against PyTorch's outputs (reference.npz) through ONNX Runtime."""
+"""Stage 5: a graph on disk against PyTorch's outputs (reference.npz) through ONNX Runtime, and INT8's agreement gate
+on the calibration data; each graph evaluated as its record says (pipeline/evaluation)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -11,28 +12,20 @@ import numpy as np
 
 from ..core.compare import Comparison, compare_outputs
 from ..core.errors import PipelineError
+from ..core.mentions import render
+from ..core.precision import Precision
 from ..core.sessions import onnxruntime_session, probe_level
+from ..core.settings import mention, mention_name
+from ..evaluation import INT8_MAX_ERROR, RTOL, evaluation_session
+from ..evaluation.agreement import fp32_outputs, outputs_agreement
+from ..evaluation.layers import first_bad_node_text
 from ..folder.graph_io import load_reference
-from ..folder.manifest import FP32_GRAPH, CalibrationSplit, GraphAgreement, Int8Agreement, RowsAgreement, engine_graph
+from ..folder.layout import FP32_GRAPH, graph_record
+from ..folder.records import CalibrationSplit, Evaluation, GraphAgreement, GraphRecord, Int8Agreement, Target
 
 if TYPE_CHECKING:
-    from .float16 import Case
+    from .fp16_overflow import Case
 
-# Tolerances on max |onnx - torch| relative to the output's largest magnitude.
-# FP32 graphs differ from PyTorch by reassociation only (measured ~1e-6 on ResNet-50);
-# FP16 carries 10-bit mantissas through ~50 layers.  INT8 on the reference inputs is a smoke check
-# only: they are N(0, 1) noise, and noise outside the calibrated input range is clipped by the first
-# QuantizeLinear, so its error there measures the noise, not the graph (digits, calibrated on pixels in
-# [-1, 1]: 0.58 of the output scale; a model whose float mask input gets noise: 0.97, with 0.007 on its
-# calibration data).  So it fails only on inf or NaN; its error is recorded beside 1.0 for reference, and
-# INT8's gate is check_int8_agreement, on the calibration data.
-RTOL = {"fp32": 1e-3, "fp16": 3e-2, "int8": 1.0}
-# INT8's gate, on the calibration data (inputs like the ones served): the mean over rows of
-# |int8 - fp32| / |fp32| (Euclidean norms of each row's output).  It sees what a cosine cannot: a ReLU
-# network with one weight scale off by 10x has all its outputs 10x too large and a cosine near 1.
-# 0.2 is a cosine of 0.98 at equal norms; measured: digits 0.01 (see the manifest's agreement_int8).
-# It judges the calibration rows held out from the ranges' fit (calibration/holdout.py), where there are any.
-INT8_MAX_ERROR = 0.2
 # Held-out error past this multiple of in-sample error is "much worse": the rows the ranges never saw hold values
 # past them (clipped) or patterns the fit rows lacked.  Rows drawn alike differ by sampling noise only: measured
 # 0.96-1.56x (digits CNN on 64 and 256 rows of its training split, max / percentile / entropy; random-init
@@ -47,50 +40,73 @@ NOTICEABLE_ERROR = 0.02
 ADVISED_ROWS = 256
 
 
-def check_parity(onnx_path: Path, reference_path: Path, *, precision: str, against_fp32: Sequence[Case] = ()) -> dict:
-    """Run every reference case through the graph; raise PipelineError past the tolerance.
+def check_parity(
+    onnx_path: Path,
+    reference_path: Path,
+    *,
+    precision: str,
+    target: Target = Target.ENGINE,
+    against_fp32: Sequence[Case] = (),
+) -> dict:
+    """Run every reference case through the graph `precision` writes for `target` (pipeline.folder.layout), at
+    `onnx_path`; raise PipelineError past the tolerance.
 
-    A float16 graph runs as the engine stores it (every float16 tensor rounded, overflow to inf:
-    pipeline/stages/float16.py), not as ONNX Runtime's CPU provider would run it (in float32 throughout).
-    `against_fp32`: more inputs, which have no PyTorch outputs, judged against the FP32 graph beside the graph
-    (model.onnx) at the same tolerance (fp16: the calibration runs with the largest activations).
+    The graph is evaluated as its record says (pipeline/evaluation): a float16 graph as the engine stores it (every
+    float16 tensor rounded, overflow to inf), not as ONNX Runtime's CPU provider would run it (in float32
+    throughout); the engine's INT8 graph with its Q/DQ as TensorRT computes them.  `against_fp32`: more inputs,
+    which have no PyTorch outputs, judged against the FP32 graph beside the graph (model.onnx) at the same
+    tolerance (fp16: the calibration runs with the largest activations).
     """
-    from .float16 import faithful_session
-
+    graph = graph_record(precision, target)
     reference = load_reference(reference_path)
-    first_inputs = reference[0][0]
-    if precision == "fp16":
-        probe_level(onnx_path, first_inputs)  # the graph the runner serves; the gate runs a faithful copy of it
-        session = faithful_session(onnx_path)
-    else:
-        session = evaluation_session(onnx_path, probe_feed=first_inputs)
-    names = [o.name for o in session.get_outputs()]
-    rtol = RTOL[precision]
-    cases: list[dict[str, Any]] = []
-    for inputs, expected, label in _judged_cases(onnx_path, reference, against_fp32):
-        actual = dict(zip(names, session.run(names, inputs), strict=True))
-        results = compare_outputs(expected, actual, rtol=rtol)
-        batch = int(next(iter(inputs.values())).shape[0])
-        cases.append({"batch": batch, "data": label, "outputs": {n: c.as_record() for n, c in results.items()}})
-        failed = {n: c for n, c in results.items() if not _passes(c, precision)}
-        if failed:
-            name, worst = next(iter(failed.items()))
-            against = f"PyTorch at batch {batch}" if label == "reference" else f"the FP32 graph on {label}"
-            problem = (
-                f"{onnx_path.name} disagrees with {against} on output {name!r}: max abs error "
-                f"{worst.max_abs:.3g} is {worst.max_rel:.3g} of the output scale {worst.scale:.3g} "
-                f"(tolerance {rtol:g} for {precision})"
-            )
-            raise _parity_error(onnx_path, inputs, precision, problem)
+    session = _gate_session(graph, onnx_path, reference[0][0])
+    judged = _judged_cases(onnx_path, reference, against_fp32)
+    cases = [_judge_case(session, graph, onnx_path, inputs, expected, label) for inputs, expected, label in judged]
+    return _parity_record(onnx_path, graph, cases)
+
+
+def _gate_session(graph: GraphRecord, onnx_path: Path, first_inputs: dict[str, np.ndarray]):
+    """The graph's evaluation session, probed on the first reference inputs: a crash is contained, and the level
+    it opens at is recorded for the runner (pipeline/core/sessions.py).  The faithful float16 copy is another
+    graph than the one the runner serves: that one is probed as it is."""
+    if graph.evaluation is Evaluation.FAITHFUL_FP16:
+        probe_level(onnx_path, first_inputs)
+        return evaluation_session(graph, onnx_path)
+    return evaluation_session(graph, onnx_path, probe_feed=first_inputs)
+
+
+def _judge_case(session, graph: GraphRecord, onnx_path: Path, inputs: dict, expected: dict, label: str) -> dict:
+    """One case's record; a PipelineError naming the first node that goes wrong where an output is past RTOL."""
+    names = [output.name for output in session.get_outputs()]
+    rtol = RTOL[graph.precision]
+    actual = dict(zip(names, session.run(names, inputs), strict=True))
+    results = compare_outputs(expected, actual, rtol=rtol)
+    batch = int(next(iter(inputs.values())).shape[0])
+    failed = {n: c for n, c in results.items() if not _passes(c, graph.precision)}
+    if failed:
+        name, worst = next(iter(failed.items()))
+        against = f"PyTorch at batch {batch}" if label == "reference" else f"the FP32 graph on {label}"
+        problem = (
+            f"{onnx_path.name} disagrees with {against} on output {name!r}: max abs error "
+            f"{worst.max_abs:.3g} is {worst.max_rel:.3g} of the output scale {worst.scale:.3g} "
+            f"(tolerance {rtol:g} for {graph.precision})"
+        )
+        raise _parity_error(onnx_path, inputs, graph, problem)
+    return {"batch": batch, "data": label, "outputs": {n: c.as_record() for n, c in results.items()}}
+
+
+def _parity_record(onnx_path: Path, graph: GraphRecord, cases: list[dict[str, Any]]) -> dict:
     worst_rel = max(o["max_rel"] for case in cases for o in case["outputs"].values())
     worst_abs = max(o["max_abs"] for case in cases for o in case["outputs"].values())
     batches = sorted({case["batch"] for case in cases if case["data"] == "reference"})
-    faithful = " (float16 as the engine stores it)" if precision == "fp16" else ""
+    faithful = " (float16 as the engine stores it)" if graph.evaluation is Evaluation.FAITHFUL_FP16 else ""
     more = [case["data"] for case in cases if case["data"] != "reference"]
     also = f" and vs FP32 on {', '.join(more)}" if more else ""
+    rtol = RTOL[graph.precision]
+    judged = "smoke: fails on inf/NaN only" if graph.precision is Precision.INT8 else f"tolerance {rtol:g}"
     return {
         "summary": f"{onnx_path.name}{faithful} vs PyTorch at batch {batches}{also}: max abs {worst_abs:.3g}, "
-        f"max rel {worst_rel:.3g} ({'smoke: fails on inf/NaN only' if precision == 'int8' else f'tolerance {rtol:g}'})",
+        f"max rel {worst_rel:.3g} ({judged})",
         "evaluation": "float16 storage: every float16 tensor rounded as the engine stores it" if faithful else "",
         "rtol": rtol,
         "max_abs": worst_abs,
@@ -99,9 +115,9 @@ def check_parity(onnx_path: Path, reference_path: Path, *, precision: str, again
     }
 
 
-def _passes(comparison: Comparison, precision: str) -> bool:
+def _passes(comparison: Comparison, precision: Precision) -> bool:
     """Within tolerance; for INT8 on random inputs, finite (RTOL's comment says why)."""
-    return math.isfinite(comparison.max_abs) if precision == "int8" else comparison.ok
+    return math.isfinite(comparison.max_abs) if precision is Precision.INT8 else comparison.ok
 
 
 def _judged_cases(
@@ -118,14 +134,6 @@ def _judged_cases(
             yield case.feeds, dict(zip(names, fp32.run(names, case.feeds), strict=True)), case.label
 
 
-def evaluation_session(onnx_path: Path, probe_feed: dict[str, np.ndarray] | None = None):
-    """The session a gate judges a graph with: the TensorRT-shaped INT8 graph (model.int8.onnx) with its Q/DQ
-    simulated as TensorRT computes them; ONNX Runtime's CPU-shaped graphs with ORT's own int8 kernels (what
-    the runner serves); any other graph as is.  probe_feed: run once in a child first (pipeline/core/sessions.py)."""
-    simulate_qdq = onnx_path.name == engine_graph("int8")
-    return onnxruntime_session(onnx_path, simulate_qdq=simulate_qdq, probe_feed=probe_feed)
-
-
 def check_int8_agreement(
     fp32_path: Path,
     int8_paths: list[Path],
@@ -134,27 +142,25 @@ def check_int8_agreement(
     *,
     split: CalibrationSplit | None = None,
     strict: bool = False,
-    optional: Sequence[Path] = (),
-) -> dict:
-    """Each INT8 graph against the FP32 graph on the rows its ranges were fit on (`in_sample`) and on rows they
-    never saw (`held_out`; calibration/holdout.py); raise PipelineError past INT8_MAX_ERROR on the held-out rows
-    (in-sample where none are given).  An `optional` graph past it is not an error: its record says "left_out"
-    with the reason, for the caller to drop it (a CPU-shaped graph; the engine's graph stands in).
+    optional: Mapping[Path, GraphRecord] | None = None,
+) -> Int8Agreement:
+    """Each INT8 graph for the engine (`int8_paths`, judged as TensorRT computes them) against the FP32 graph on the
+    rows its ranges were fit on (`in_sample`) and on rows they never saw (`held_out`; calibration/holdout.py); raise
+    PipelineError past INT8_MAX_ERROR on the held-out rows (in-sample where none are given).  An `optional` graph
+    (by path, with its record: a CPU-shaped graph, judged on ONNX Runtime's int8 kernels) past it is not an error:
+    its record says "left_out" with the reason, for the caller to drop it (the engine's graph stands in).
 
     Held-out error past MUCH_WORSE_RATIO times in-sample (or nothing held out) means the calibration set cannot
     stand for the served data: the record's "warning" says so with the fix, and `strict` refuses instead."""
     reference = onnxruntime_session(fp32_path)
-    names = [output.name for output in reference.get_outputs()]
     parts = {"in_sample": in_sample, **({"held_out": held_out} if held_out else {})}
-    expected = {
-        part: [dict(zip(names, reference.run(names, feeds), strict=True)) for feeds in batches]
-        for part, batches in parts.items()
-    }
+    expected = {part: fp32_outputs(reference, batches) for part, batches in parts.items()}
     split = split or CalibrationSplit("none: every row judged in-sample", _count(in_sample))
-    graphs = {path.name: _int8_agreement(fp32_path, path, parts, expected, split) for path in int8_paths}
-    for path in optional:
+    engine = graph_record(Precision.INT8)
+    graphs = {path.name: _int8_agreement(fp32_path, path, engine, parts, expected, split) for path in int8_paths}
+    for path, graph in (optional or {}).items():
         try:
-            graphs[path.name] = _int8_agreement(fp32_path, path, parts, expected, split)
+            graphs[path.name] = _int8_agreement(fp32_path, path, graph, parts, expected, split)
         except PipelineError as refused:
             graphs[path.name] = GraphAgreement({}, left_out=refused.problem)
     warning = _unrepresentative(graphs[int8_paths[0].name], split) if int8_paths else None
@@ -165,30 +171,13 @@ def check_int8_agreement(
         much_worse_ratio=MUCH_WORSE_RATIO,
         split=split,
         graphs=graphs,
-        warning=f"{warning[0]}; fix: {warning[1]}" if warning else None,
+        warning=render(f"{warning[0]}; fix: {warning[1]}") if warning else None,  # manifest text: worded now
         details={
             "summary": "; ".join(_agreement_summary(name, graph) for name, graph in graphs.items()),
             "evaluation": "the calibration data: each row's |int8 - fp32| / |fp32| and cosine, on the rows the ranges "
             "were fit on (in_sample) and on the rows held out from calibration (held_out: the gate's)",
         },
-    ).as_json()
-
-
-def int8_judge(fp32_path: Path) -> Callable[[Path, list[dict[str, np.ndarray]]], RowsAgreement]:
-    """The gate's evaluation as a judge of candidate INT8 graphs (calibration/int8.py keeps the best on the
-    held-out rows): (graph, batches) -> the worst output's agreement with the FP32 graph on those batches."""
-    reference = onnxruntime_session(fp32_path)
-    names = [output.name for output in reference.get_outputs()]
-    expected: dict[int, list[dict]] = {}  # FP32 outputs, once per list of batches
-
-    def judge(int8_path: Path, batches: list[dict[str, np.ndarray]]) -> RowsAgreement:
-        wanted = expected.setdefault(
-            id(batches), [dict(zip(names, reference.run(names, feeds), strict=True)) for feeds in batches]
-        )
-        records = _part_agreement(evaluation_session(int8_path), batches, wanted)
-        return max(records.values(), key=lambda record: record.error_mean)
-
-    return judge
+    )
 
 
 def _count(batches: Sequence[dict[str, np.ndarray]]) -> int:
@@ -198,41 +187,43 @@ def _count(batches: Sequence[dict[str, np.ndarray]]) -> int:
 def _int8_agreement(
     fp32_path: Path,
     int8_path: Path,
+    graph: GraphRecord,
     parts: dict[str, list[dict[str, np.ndarray]]],
     expected: dict[str, list[dict]],
     split: CalibrationSplit,
 ) -> GraphAgreement:
     first = next(iter(parts.values()))[0]
-    quantized = evaluation_session(int8_path, probe_feed={name: value[:1] for name, value in first.items()})
-    records = {part: _part_agreement(quantized, batches, expected[part]) for part, batches in parts.items()}
-    graph = GraphAgreement(records["in_sample"], records.get("held_out", {}))
-    name, worst = graph.worst()
+    quantized = evaluation_session(graph, int8_path, probe_feed={name: value[:1] for name, value in first.items()})
+    records = {part: outputs_agreement(quantized, batches, expected[part]) for part, batches in parts.items()}
+    agreement = GraphAgreement(records["in_sample"], records.get("held_out", {}))
+    _, worst = agreement.worst()
     if not worst.error_mean <= INT8_MAX_ERROR:  # NaN fails too
-        judged = parts[graph.judged_on]
-        inputs = {input_name: value[:1] for input_name, value in judged[0].items()}
-        where = _first_bad_node(fp32_path, int8_path, inputs, "int8")
-        rows = "held-out calibration rows" if graph.held_out else "calibration data"
-        unrepresentative = _unrepresentative(graph, split)
-        why = f"; {unrepresentative[0]}" if unrepresentative and graph.held_out else ""
-        raise PipelineError(
-            f"{int8_path.name} departs from FP32 on the {rows}: output {name!r} is off by "
-            f"{worst.error_mean:.3g} of its norm on average over {worst.rows} rows (gate {INT8_MAX_ERROR}, cosine "
-            f"{worst.cosine_mean:.4f}){_in_sample_beside(graph, name)}{why}; {where}",
-            f"{_more_data(split)}, or another CALIB_METHOD than the manifest's calibration.method (max, percentile, "
-            f"entropy); the table: trt-pipeline diagnose "
-            f"{int8_path.parent}",
-        )
-    return graph
+        raise _agreement_error(fp32_path, int8_path, graph, agreement, parts, split)
+    return agreement
 
 
-def _part_agreement(session, batches: list[dict[str, np.ndarray]], expected: list[dict]) -> dict[str, RowsAgreement]:
-    names = list(expected[0])
-    rows: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {name: [] for name in names}
-    for feeds, wanted in zip(batches, expected, strict=True):
-        actual = dict(zip(names, session.run(names, feeds), strict=True))
-        for name in names:
-            rows[name].append(_row_errors(wanted[name], actual[name]))
-    return {name: _agreement_record(pairs) for name, pairs in rows.items()}
+def _agreement_error(
+    fp32_path: Path,
+    int8_path: Path,
+    graph: GraphRecord,
+    agreement: GraphAgreement,
+    parts: dict[str, list[dict[str, np.ndarray]]],
+    split: CalibrationSplit,
+) -> PipelineError:
+    """The refusal of an INT8 graph past the gate: its numbers, why the data may be to blame, the first bad node."""
+    name, worst = agreement.worst()
+    inputs = {input_name: value[:1] for input_name, value in parts[agreement.judged_on][0].items()}
+    where = first_bad_node_text(fp32_path, int8_path, inputs, graph)
+    rows = "held-out calibration rows" if agreement.held_out else "calibration data"
+    unrepresentative = _unrepresentative(agreement, split)
+    why = f"; {unrepresentative[0]}" if unrepresentative and agreement.held_out else ""
+    return PipelineError(
+        f"{int8_path.name} departs from FP32 on the {rows}: output {name!r} is off by "
+        f"{worst.error_mean:.3g} of its norm on average over {worst.rows} rows (gate {INT8_MAX_ERROR}, cosine "
+        f"{worst.cosine_mean:.4f}){_in_sample_beside(agreement, name)}{why}; {where}",
+        f"{_more_data(split)}, or another {mention_name('calib_method')} than the manifest's calibration.method "
+        f"(max, percentile, entropy); the table: trt-pipeline diagnose {int8_path.parent}",
+    )
 
 
 def _in_sample_beside(graph: GraphAgreement, name: str) -> str:
@@ -268,9 +259,9 @@ def _more_data(split: CalibrationSplit) -> str:
     """The fix for calibration data that cannot stand for served inputs: how many rows, and how varied."""
     wanted = max(ADVISED_ROWS, 2 * split.rows)
     return (
-        f"calibrate on at least {wanted} rows (now {split.rows}; --calib-samples {wanted} where the data has them) "
-        "drawn as the served inputs are: other photos, scenes, documents, not more crops, mirrors or templates of "
-        "the ones already there (CALIB=...)"
+        f"calibrate on at least {wanted} rows (now {split.rows}; {mention(calib_samples=wanted)} where the data has "
+        "them) drawn as the served inputs are: other photos, scenes, documents, not more crops, mirrors or templates "
+        f"of the ones already there ({mention(calib='...')})"
     )
 
 
@@ -288,50 +279,22 @@ def _agreement_summary(name: str, graph: GraphAgreement) -> str:
     )
 
 
-def _row_errors(expected: np.ndarray, actual: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per row: (|actual - expected| / |expected|, cosine), on the flattened row."""
-    left = expected.reshape(len(expected), -1).astype(np.float64)
-    right = actual.reshape(len(actual), -1).astype(np.float64)
-    norm_left, norm_right = np.linalg.norm(left, axis=1), np.linalg.norm(right, axis=1)
-    error = np.linalg.norm(right - left, axis=1) / np.maximum(norm_left, 1e-30)
-    cosine = np.sum(left * right, axis=1) / np.maximum(norm_left * norm_right, 1e-30)
-    return error, cosine
-
-
-def _agreement_record(pairs: list[tuple[np.ndarray, np.ndarray]]) -> RowsAgreement:
-    error = np.concatenate([pair[0] for pair in pairs])
-    cosine = np.concatenate([pair[1] for pair in pairs])
-    return RowsAgreement(
-        rows=len(error),
-        error_mean=float(error.mean()),
-        error_max=float(error.max()),
-        cosine_mean=float(cosine.mean()),
-        cosine_min=float(cosine.min()),
-    )
-
-
-def _first_bad_node(fp32_path: Path, lower_path: Path, inputs: dict, precision: str) -> str:
-    from ..quality.diagnose import first_bad_node_text  # imported on failure only: it loads the whole graph
-
-    return first_bad_node_text(fp32_path, lower_path, inputs, precision)
-
-
-def _parity_error(onnx_path: Path, inputs: dict, precision: str, problem: str) -> PipelineError:
+def _parity_error(onnx_path: Path, inputs: dict, graph: GraphRecord, problem: str) -> PipelineError:
     """The error for a failing gate, naming the first node that goes wrong and the option that fixes it."""
     fp32 = onnx_path.parent / FP32_GRAPH
-    if precision == "fp32" or not fp32.is_file():
+    if graph.precision is Precision.FP32 or not fp32.is_file():
         return PipelineError(
             problem,
             "inspect the graph with the ONNX Runtime runner; an unsupported op or a mismatched preprocessing "
             "is the usual cause",
         )
-    where = _first_bad_node(fp32, onnx_path, inputs, precision)
-    if precision == "fp16":
+    where = first_bad_node_text(fp32, onnx_path, inputs, graph)
+    if graph.precision is Precision.FP16:
         fix = (
-            "keep the node named above in FP32: KEEP_FP32=<node or op type> (--keep-fp32); leave the automatic "
-            "FP32 fallback on (no NO_AUTO_FP32 / --no-auto-fp32); the whole table: trt-pipeline diagnose "
-            f"{onnx_path.parent}"
+            f"keep the node named above in FP32: {mention(keep_fp32='<node or op type>')}; leave the automatic FP32 "
+            f"fallback on (no {mention(auto_fp32=False)}); the whole table: trt-pipeline diagnose {onnx_path.parent}"
         )
     else:
-        fix = f"calibrate on data like the served inputs (CALIB=...); trt-pipeline diagnose {onnx_path.parent}"
+        served = mention(calib="...")
+        fix = f"calibrate on data like the served inputs ({served}); trt-pipeline diagnose {onnx_path.parent}"
     return PipelineError(f"{problem}; {where}", fix)

@@ -11,6 +11,7 @@ import torch
 
 from ...models.spec import ModelSpec, call_module, named_outputs
 from ..core.errors import PipelineError
+from ..core.settings import mention_name
 
 BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
 
@@ -74,7 +75,7 @@ def _refuse_nondeterminism(first: list[torch.Tensor], second: list[torch.Tensor]
             raise PipelineError(
                 f"output {index} holds NaN for the example inputs, so nothing after it can be checked",
                 "find the operation that makes NaN (a division by zero, log or sqrt of a negative, an overflow) "
-                "and fix it, or give example inputs it is defined for (INPUT_SHAPE)",
+                f"and fix it, or give example inputs it is defined for ({mention_name('input_shape')})",
             )
         if not torch.equal(a, b):
             raise PipelineError(

@@ -17,47 +17,41 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TypeVar
 
 from ... import models
-from ...calibration.int8 import (
-    CACHE_FOLDER,
-    CalibrationConfig,
-    make_int8_graph,
-    split_calibration,
-    written_cpu_graphs,
-)
+from ...calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph, split_calibration
 from ...calibration.readers import CalibrationData, graph_inputs, read_calibration_data
 from ...models.spec import ModelSpec
 from ..core.cpu import int8_cpu_kind
 from ..core.errors import PipelineError
+from ..core.mentions import render
+from ..core.precision import Precision
 from ..core.sessions import levels_below_full
-from ..core.settings import OPSET, Settings
+from ..core.settings import OPSET, Settings, deciding, mention
+from ..core.trt_module import import_trt
+from ..evaluation.agreement import int8_judge
 from ..folder.artifacts import build_lock, sha256_file
-from ..folder.graph_io import GraphTensor, load_reference
-from ..folder.manifest import (
+from ..folder.graph_io import GraphTensor
+from ..folder.layout import (
     ARTIFACT_LAYOUT,
     CPU_TARGETS,
     ENGINE,
-    ENGINE_TARGET,
     FP32_GRAPH,
-    GRAPHS,
     REFERENCE,
-    BuildRecord,
-    ModelRecord,
     artifact_names,
-    artifact_problems,
-    cpu_graphs,
-    describe_artifacts,
-    engine_graph,
-    package_versions,
-    parity_stage,
-    read_manifest,
-    record_stage,
-    update_manifest,
+    folder_graphs,
+    graph_record,
 )
+from ..folder.manifest import read_manifest, record_stage, update_manifest
+from ..folder.provenance import artifact_problems, describe_artifacts, package_versions
+from ..folder.rebuild import make_engine_command
+from ..folder.records import BuildRecord, GraphRecord, ModelRecord, StageRecord
+from .build import build_engine
 from .check import check_onnx
 from .export import export_onnx, parity_batches, release_module, write_reference
-from .float16 import Case
+from .fp16 import make_fp16_graph
+from .fp16_overflow import Case
 from .onnx_model import (
     REFERENCE_SOURCE,
     OnnxModel,
@@ -66,16 +60,15 @@ from .onnx_model import (
     open_onnx_model,
     write_onnx_reference,
 )
-from .parity import check_int8_agreement, check_parity, int8_judge
-from .precision import convert_fp16
+from .parity import check_int8_agreement, check_parity
 from .prepare import prepare
 from .simplify import simplify_onnx
 
-INT8_ONLY_SETTINGS = ("calib_method", "smooth", "strict_calib")
 VERSIONED_PACKAGES = ("torch", "onnx", "onnxsim", "onnxruntime-gpu", "onnxruntime", "numpy")
-# Rows per run of the FP16 scan: every intermediate tensor of a run is held at once, so reference cases above
-# it are left out and calibration batches are cut to it.
-SCAN_ROWS = 8
+
+
+# What a stage function returns: its record as a dict, or a typed record (pipeline.folder.records.StageRecord).
+Recorded = TypeVar("Recorded", bound="dict | StageRecord")
 
 
 @dataclass
@@ -132,15 +125,15 @@ class Run:
     def path(self, name: str) -> Path:
         return self.folder / name
 
-    def stage(self, name: str, function: Callable[..., dict], *args, **kwargs) -> dict:
-        """Run one stage, print its line, record it and its time in the manifest."""
+    def stage(self, name: str, function: Callable[..., Recorded], *args, **kwargs) -> Recorded:
+        """Run one stage, print its line, record it (a dict, or a typed record) and its time in the manifest."""
         started = time.perf_counter()
         record = function(*args, **kwargs)
         seconds = time.perf_counter() - started
         self.timings[name] = round(seconds, 3)
-        print(f"{name:<12} {record.get('summary', 'done')} ({seconds:.2f} s)", flush=True)
-        record["seconds"] = round(seconds, 3)
-        manifest = record_stage(self.folder, name, record)
+        summary = record.get("summary", "done") if isinstance(record, dict) else record.summary
+        print(f"{name:<12} {summary} ({seconds:.2f} s)", flush=True)
+        manifest = record_stage(self.folder, name, record, round(seconds, 3))
         levels = levels_below_full(self.folder)
         if levels.items() - manifest.onnxruntime_levels.items():
             update_manifest(self.folder, onnxruntime_levels={**manifest.onnxruntime_levels, **levels})
@@ -216,101 +209,61 @@ def run_parity(run: Run) -> None:
 
 
 def run_precision(run: Run) -> None:
-    precision = run.settings.precision
-    if precision == "fp32":
+    precision = Precision(run.settings.precision)
+    if precision is Precision.FP32:
         return
-    source, target = _require(run, FP32_GRAPH), run.path(engine_graph(precision))
-    judged: list[Case] = []  # inputs judged against the FP32 graph besides the reference cases
-    if precision == "fp16":
-        judged = _fp16_stage(run, source, target)
+    engine = graph_record(precision)
+    judged: tuple[Case, ...] = ()  # inputs judged against the FP32 graph besides the reference cases
+    if precision is Precision.FP16:
+        judged = _fp16_stage(run, engine)
     else:
-        # Settings.check() has already refused int8 without CALIB.  The model is loaded, not
-        # prepared: calibration only needs its declared image preprocessing.
-        record = run.stage(
-            "int8",
-            make_int8_graph,
-            source,
-            target,
-            run.settings.calib,
-            preprocess=_preprocess(run),
-            config=CalibrationConfig.from_settings(run.settings),
-            cache_folder=run.path(CACHE_FOLDER),
-            cpu_out_paths={kind: run.path(name) for kind, name in cpu_graphs(precision).items()},
-            judge=int8_judge(source),
-        )
-        # A CPU graph ORT's quantizer could not make is left out of the folder's graphs (the int8 record says
-        # why); the runner on such a CPU then takes the engine's graph.
-        written = written_cpu_graphs(record)
-        graphs = {ENGINE_TARGET: engine_graph(precision), **{CPU_TARGETS[kind]: name for kind, name in written.items()}}
-        update_manifest(run.folder, calibration=record["calibration"], graphs=graphs)
-        for name in written.values():
-            run.stage(parity_stage(name), check_parity, _require(run, name), _require(run, REFERENCE), precision="int8")
-        for name in _check_int8_agreement(run, source, written):
-            _leave_out_graph(run, name)
+        _int8_stage(run, engine)
     reference = _require(run, REFERENCE)
-    run.stage(f"parity_{precision}", check_parity, target, reference, precision=precision, against_fp32=judged)
+    target = _require(run, engine.file)
+    run.stage(engine.gate, check_parity, target, reference, precision=precision, against_fp32=judged)
 
 
-def _fp16_stage(run: Run, source: Path, target: Path) -> list[Case]:
+def _fp16_stage(run: Run, engine: GraphRecord) -> tuple[Case, ...]:
     """model.fp16.onnx; returns what its faithful gate judges besides the reference inputs: with CALIB, the
     calibration runs where the scan saw the largest activations (against the FP32 graph).  Judged there because
     real inputs overflow where the reference inputs (often random) do not, and a fallback chosen from them must
     be seen to hold on them; only a few runs (LARGEST_CASES), so the gate costs about what it did."""
+    source = _require(run, FP32_GRAPH)
     calibration = _calibration_data(run, source) if run.settings.calib is not None else None
-    record = run.stage("fp16", fp16_graph, source, target, _require(run, REFERENCE), run.settings, calibration)
-    if calibration is None:
-        return []
-    update_manifest(run.folder, calibration=record["scanned"]["calibration"])
-    largest = set(record["largest_cases"].get("calibration", []))
-    return [case for case in calibration_cases(calibration, run.settings) if case.label in largest]
+    reference = _require(run, REFERENCE)
+    result = run.stage("fp16", make_fp16_graph, source, run.path(engine.file), reference, run.settings, calibration)
+    if result.calibration is not None:
+        update_manifest(run.folder, calibration=result.calibration)
+    return result.judged
 
 
-def fp16_graph(
-    source: Path, target: Path, reference: Path, settings: Settings, calibration: CalibrationData | None = None
-) -> dict:
-    """model.fp16.onnx as the pipeline writes it (`make accuracy` too): the FP32 fallback judged on the reference
-    inputs up to SCAN_ROWS rows and on the calibration data when given (cut into runs of SCAN_ROWS rows, each
-    run alone: only each tensor's running maximum is kept), plus the nodes the settings keep."""
-    cases = [
-        Case("reference", f"reference case {index} (batch {_rows(inputs)})", inputs)
-        for index, (inputs, _) in enumerate(load_reference(reference))
-        if _rows(inputs) <= SCAN_ROWS
-    ]
-    if calibration is not None:
-        cases += calibration_cases(calibration, settings)
-    record = convert_fp16(source, target, cases=cases, keep_fp32=settings.fp32_nodes(), auto_fp32=settings.auto_fp32)
-    references = [case.feeds for case in cases if case.source == "reference"]
-    record["scanned"] = {
-        "reference": {"file": reference.name, "cases": len(references), "rows": sum(map(_rows, references))},
-        "calibration": _calibration_record(calibration, settings) if calibration is not None else None,
-    }
-    if calibration is not None:
-        record["summary"] += f"; scanned {calibration.samples} calibration samples too ({calibration.description})"
-    return record
-
-
-def calibration_cases(calibration: CalibrationData, settings: Settings) -> list[Case]:
-    """The calibration batches as the FP16 scan runs them, labelled by their rows: SCAN_ROWS rows at a time, or
-    the profile's largest batch where it is smaller (a graph need not run beyond it)."""
-    cases, start, step = [], 0, min(SCAN_ROWS, settings.batch.max)
-    for batch in calibration.batches:
-        for offset in range(0, _rows(batch), step):
-            feeds = {name: array[offset : offset + step] for name, array in batch.items()}
-            first = start + offset
-            cases.append(Case("calibration", f"calibration rows {first}-{first + _rows(feeds) - 1}", feeds))
-        start += _rows(batch)
-    return cases
-
-
-def _calibration_record(calibration: CalibrationData, settings: Settings) -> dict:
-    """The calibration data a graph was made from, with the keys the int8 record gives it (calibration/int8.py)."""
-    return {
-        "source": calibration.description,
-        "samples": calibration.samples,
-        "batch": settings.calib_batch,
-        "batches": len(calibration.batches),
-        "data_sha256": calibration.digest,
-    }
+def _int8_stage(run: Run, engine: GraphRecord) -> None:
+    """model.int8.onnx and the CPU graphs, each through its parity gate, then the agreement gate.  A CPU graph ORT's
+    quantizer could not make is left out of the folder's graphs (the int8 record says why); the runner on such a
+    CPU then takes the engine's graph.  Settings.check() has already refused int8 without CALIB.  The model is
+    loaded, not prepared: calibration only needs its declared image preprocessing."""
+    source = _require(run, FP32_GRAPH)
+    cpu = {kind: graph_record(Precision.INT8, target) for kind, target in CPU_TARGETS.items()}
+    result = run.stage(
+        "int8",
+        make_int8_graph,
+        source,
+        run.path(engine.file),
+        run.settings.calib,
+        preprocess=_preprocess(run),
+        config=CalibrationConfig.from_settings(run.settings),
+        cache_folder=run.path(CACHE_FOLDER),
+        cpu_out_paths={kind: run.path(graph.file) for kind, graph in cpu.items()},
+        judge=int8_judge(source),
+    )
+    written = {kind: cpu[kind] for kind in result.written_cpu_graphs}
+    graphs = (graph_record(Precision.FP32), engine, *written.values())
+    update_manifest(run.folder, calibration=result.calibration, graphs=graphs)
+    for graph in written.values():
+        graph_path, reference = _require(run, graph.file), _require(run, REFERENCE)
+        run.stage(graph.gate, check_parity, graph_path, reference, precision=graph.precision, target=graph.target)
+    for graph in _check_int8_agreement(run, source, engine, written):
+        _leave_out_graph(run, graph)
 
 
 def _calibration_data(run: Run, fp32: Path) -> CalibrationData:
@@ -331,7 +284,9 @@ def _preprocess(run: Run):
     return None if run.onnx_model else run.loaded.preprocess
 
 
-def _check_int8_agreement(run: Run, fp32: Path, cpu_graphs: dict[str, str]) -> list[str]:
+def _check_int8_agreement(
+    run: Run, fp32: Path, engine: GraphRecord, cpu_graphs: dict[str, GraphRecord]
+) -> list[GraphRecord]:
     """INT8's gate, on the calibration rows held out from the ranges' fit (with the fit rows' numbers beside them):
     the engine's graph, and the CPU graph this CPU's runner serves; returns the CPU graphs to leave out.  Where
     the held-out rows are much worse than the fit ones, it warns with the fix (STRICT_CALIB=1: refuses).
@@ -344,45 +299,39 @@ def _check_int8_agreement(run: Run, fp32: Path, cpu_graphs: dict[str, str]) -> l
     # Settings.check() refuses int8 without CALIB; the same rows the int8 stage split (calibration/holdout.py).
     parts = split_calibration(_calibration_data(run, fp32), run.settings.calib_batch)
     served = cpu_graphs.get(int8_cpu_kind())
-    optional = [_require(run, served)] if served else []
-    record = run.stage(
+    agreement = run.stage(
         "agreement_int8",
         check_int8_agreement,
         fp32,
-        [_require(run, engine_graph("int8"))],
+        [_require(run, engine.file)],
         parts.fit.batches,
         parts.held_out.batches if parts.held_out else None,
         split=parts.split,
         strict=run.settings.strict_calib,
-        optional=optional,
+        optional={_require(run, served.file): served} if served else {},
     )
-    if "warning" in record:
-        print(f"warning: {record['warning']} (STRICT_CALIB=1, --strict-calib, refuses such a build)", flush=True)
-    return [name for name, graph in record["graphs"].items() if "left_out" in graph]
+    if agreement.warning is not None:
+        print(render(f"warning: {agreement.warning} ({mention(strict_calib=True)} refuses such a build)"), flush=True)
+    left_out = {name for name, graph in agreement.graphs.items() if graph.left_out is not None}
+    return [graph for graph in cpu_graphs.values() if graph.file in left_out]
 
 
-def _leave_out_graph(run: Run, name: str) -> None:
+def _leave_out_graph(run: Run, left_out: GraphRecord) -> None:
     """Drop a CPU graph that failed its gate from the folder's graphs and from disk, and say so."""
     manifest = read_manifest(run.folder)
-    graphs = {target: graph for target, graph in (manifest.graphs if manifest else {}).items() if graph != name}
+    graphs = tuple(graph for graph in (manifest.graphs if manifest else ()) if graph != left_out)
     update_manifest(run.folder, graphs=graphs)
-    run.path(name).unlink(missing_ok=True)
+    run.path(left_out.file).unlink(missing_ok=True)
     print(
-        f"warning: {name} left out of {run.folder.name}: it departs from FP32 on the calibration data "
-        f"(agreement_int8 in the manifest); a runner on this CPU serves {engine_graph('int8')} with its Q/DQ "
-        "simulated instead (as accurate as the engine, slower than ONNX Runtime's int8 kernels)",
+        f"warning: {left_out.file} left out of {run.folder.name}: it departs from FP32 on the calibration data "
+        f"(agreement_int8 in the manifest); a runner on this CPU serves {graph_record(left_out.precision).file} with "
+        "its Q/DQ simulated instead (as accurate as the engine, slower than ONNX Runtime's int8 kernels)",
         flush=True,
     )
 
 
-def _rows(inputs: dict) -> int:
-    return int(next(iter(inputs.values())).shape[0])
-
-
 def run_build(run: Run) -> None:
-    from ..core.trt_module import import_trt
-
-    graph = _require(run, engine_graph(run.settings.precision))
+    graph = _require(run, graph_record(run.settings.precision).file)
     try:
         import_trt(run.settings.builder)
     except PipelineError as error:
@@ -395,8 +344,6 @@ def run_build(run: Run) -> None:
 
 
 def _build(run: Run, graph: Path, axis_ranges: dict) -> dict:
-    from .build import build_engine
-
     engine = run.path(ENGINE)
     record = build_engine(
         graph,
@@ -452,7 +399,8 @@ def _make_engine(run: Run) -> Path:
     key = reuse_key(settings, run.fingerprint)
     # RECALIBRATE=1 means fresh ranges, so it never reuses a finished folder.
     if not (settings.force or settings.recalibrate) and _up_to_date(run.folder, key):
-        print(f"up to date   {run.folder} (same model, weights, settings and versions; FORCE=1 rebuilds)")
+        same = "same model, weights, settings and versions"
+        print(render(f"up to date   {run.folder} ({same}; {mention(force=True)} rebuilds)"))
         return run.folder
     # timings restart: the last stage they list is where an unfinished build stopped.
     update_manifest(run.folder, complete=False, reuse_key=key, timings={}, onnxruntime_levels={})
@@ -460,7 +408,7 @@ def _make_engine(run: Run) -> Path:
         stage(run)
     # The precision's graphs, less (int8) a CPU graph ONNX Runtime's quantizer could not make (run_precision).
     manifest = read_manifest(run.folder)
-    graphs = (manifest.graphs if manifest else None) or GRAPHS[settings.precision]
+    graphs = (manifest.graphs if manifest else None) or folder_graphs(settings.precision)
     update_manifest(
         run.folder,
         complete=True,
@@ -488,15 +436,16 @@ def _locked(folder: Path) -> Iterator[None]:
 
 def reuse_key(settings: Settings, fingerprint: str) -> str:
     """Everything that decides the artifacts: settings, model code and weights, calibration data, versions."""
-    # INT8's own settings decide no other precision's artifacts: changing them must not rebuild an FP16 folder.
-    ignored = ("force", "recalibrate") + (() if settings.precision == "int8" else INT8_ONLY_SETTINGS)
-    record = {k: v for k, v in settings.as_record().items() if k not in ignored}
+    # Only the settings that decide this precision's artifacts (core/settings.py): INT8's own must not rebuild an
+    # FP16 folder, nor FP16's an INT8 one.
+    names = deciding(settings.precision)
+    record = settings.as_record()
     payload = {
         "layout": ARTIFACT_LAYOUT,
-        "settings": record,
+        "settings": {name: record[name] for name in names},
         "model": fingerprint,
         # FP16 reads CALIB too (the FP32-fallback scan), so new data invalidates its graph as it does INT8's.
-        "calibration": _calibration_fingerprint(settings) if settings.precision != "fp32" else None,
+        "calibration": _calibration_fingerprint(settings) if "calib" in names else None,
         "versions": package_versions(VERSIONED_PACKAGES),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
@@ -530,7 +479,7 @@ def _up_to_date(folder: Path, key: str) -> bool:
         manifest is not None
         and manifest.complete
         and manifest.reuse_key == key
-        and not artifact_problems(folder, manifest)
+        and not artifact_problems(folder, manifest.artifacts)
     )
 
 
@@ -539,7 +488,6 @@ def _require(run: Run, name: str) -> Path:
     if not path.is_file():
         raise PipelineError(
             f"{path} does not exist yet",
-            f"run the earlier stages first: trt-pipeline all --model {run.settings.model} "
-            f"--precision {run.settings.precision}",
+            f"run the earlier stages first: {make_engine_command(run.settings.as_record())}",
         )
     return path

@@ -23,8 +23,11 @@ from typing import Any
 import trt_pipeline
 
 from ..core.errors import PipelineError
+from ..core.settings import engine_command
 from ..folder.artifacts import write_bytes
-from ..folder.manifest import MANIFEST, REFERENCE, Manifest
+from ..folder.graph_io import graph_io as read_graph_io
+from ..folder.layout import MANIFEST, REFERENCE
+from ..folder.manifest import Manifest
 from ..folder.reader import ArtifactFolder, open_folder
 from ..runners.base import max_batch
 
@@ -178,7 +181,7 @@ def model_name(manifest: Manifest) -> str:
     if not model or not precision:
         raise PipelineError(
             "the manifest records no model name or precision (the export did not finish)",
-            "rebuild the folder: make engine MODEL=<model> PRECISION=<precision>",
+            f"rebuild the folder: {engine_command(model='<model>', precision='<precision>')}",
         )
     return f"{model}-{precision}"
 
@@ -212,13 +215,15 @@ def choose_backend(opened: ArtifactFolder, backend: str) -> tuple[str, str]:
             raise PipelineError(
                 "this engine was built by TensorRT-RTX, which Triton's TensorRT backend cannot load",
                 "use --backend onnxruntime (the default for such folders), or rebuild with the full TensorRT on a "
-                "GPU machine (make engine ... with --builder tensorrt) matching the TensorRT in your Triton image",
+                f"GPU machine ({engine_command(builder='tensorrt', more=True)}) matching the TensorRT in your Triton "
+                "image",
             )
         return "onnxruntime", "auto: the engine was built by TensorRT-RTX, which Triton's TensorRT backend cannot load"
     if not opened.has(opened.engine) or builder is None:
         if backend == "tensorrt_plan":
             raise PipelineError(
-                f"{folder} has no engine to serve", "build one (make engine ...) or use --backend onnxruntime"
+                f"{folder} has no engine to serve",
+                f"build one ({engine_command(more=True)}) or use --backend onnxruntime",
             )
         return "onnxruntime", f"auto: {folder} has no engine"
     return "tensorrt_plan", f"{'auto: ' if backend == 'auto' else ''}the engine was built by {builder}"
@@ -229,7 +234,7 @@ def runner_files(opened: ArtifactFolder) -> dict[str, bytes]:
     built), every graph auto may serve (the FP32 graph too: auto times them on the host and serves the fastest
     as accurate as the folder promises) and the reference inputs it times them on.  The simplified graph and the
     calibration files serve the build, not the runner."""
-    names = [*opened.servable_graphs(), REFERENCE]
+    names = [*opened.servable_anywhere(), REFERENCE]
     if opened.has(opened.engine):
         names.append(opened.engine)
     files = {name: opened.read(name) for name in dict.fromkeys(names)}
@@ -250,14 +255,14 @@ def engine_io(manifest: Manifest) -> list[dict]:
     """The engine's I/O as the build stage recorded it: [{name, mode, dtype, shape}] (-1 for dynamic dims)."""
     records = manifest.build.io if manifest.build is not None else None
     if not records:
-        raise PipelineError("the manifest records no engine I/O (the build did not finish)", "rebuild: make engine ...")
+        raise PipelineError(
+            "the manifest records no engine I/O (the build did not finish)", f"rebuild: {engine_command(more=True)}"
+        )
     return [{"name": r["name"], "mode": r["mode"], "dtype": r["dtype"], "shape": list(r["shape"])} for r in records]
 
 
 def graph_io(graph: bytes) -> list[dict]:
     """The ONNX graph's I/O in the same form as engine_io (symbolic or unknown dims as -1)."""
-    from ..folder.graph_io import graph_io as read_graph_io
-
     io = read_graph_io(graph)
     tensors = [("input", tensor) for tensor in io.inputs] + [("output", tensor) for tensor in io.outputs]
     return [{"name": t.name, "mode": mode, "dtype": t.dtype, "shape": t.sizes()} for mode, t in tensors]

@@ -34,11 +34,11 @@ from trt_pipeline.pipeline.bench.timing import TimingPolicy
 from trt_pipeline.pipeline.core.compare import compare
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.settings import Settings
+from trt_pipeline.pipeline.evaluation.float16 import faithful_session
 from trt_pipeline.pipeline.folder.graph_io import load_reference
-from trt_pipeline.pipeline.folder.manifest import FP32_GRAPH, graph_precision
+from trt_pipeline.pipeline.folder.layout import FP32_GRAPH, graph_record
 from trt_pipeline.pipeline.folder.reader import open_folder
-from trt_pipeline.pipeline.stages.float16 import faithful_session
-from trt_pipeline.pipeline.stages.precision import convert_fp16
+from trt_pipeline.pipeline.stages.fp16 import convert_fp16
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
 # ORT_CUDA_DRY_RUN=1 runs every step here on the CPU provider, to check the script without a GPU.
@@ -169,8 +169,7 @@ class Bound:
 class OrtCuda(Backend):
     """One graph of the folder on ORT's CUDA provider: bare session end to end, IO binding device-resident."""
 
-    def __init__(self, name: str, path: Path, cuda_graph: bool, nhwc: bool = False):
-        precision = graph_precision(path.name)
+    def __init__(self, name: str, path: Path, precision: str, cuda_graph: bool, nhwc: bool = False):
         how = "IO binding + captured CUDA graph" if cuda_graph else "bare session; IO binding device-resident"
         how += "; prefer_nhwc=1 (convolutions in NHWC)" if nhwc else ""
         super().__init__(name, f"ONNX Runtime CUDA on {path.name} ({how})", precision, how, "n/a (GPU)")
@@ -212,9 +211,10 @@ class OrtCuda(Backend):
 
 def ort_cuda_choice(name: str, graph: str, cuda_graph: bool, nhwc: bool = False) -> Choice:
     def open_it(context: Context) -> Backend:
-        if not context.folder.has(graph):
+        record = context.folder.record(graph)
+        if record is None or not context.folder.has(graph):
             raise Unavailable(f"{context.folder.path} has no {graph}")
-        return OrtCuda(name, context.folder.path / graph, cuda_graph, nhwc)
+        return OrtCuda(name, context.folder.path / graph, record.precision, cuda_graph, nhwc)
 
     return Choice(name, f"ONNX Runtime CUDA on {graph}", open_it)
 
@@ -223,9 +223,10 @@ def speed(engines: Path, out: Path, folder_name: str, budget_s: float) -> None:
     """The bench's torch rows and `served`, and ONNX Runtime CUDA on the folder's graphs, in one run_benchmark."""
     int8 = folder_name.endswith("-int8")
     names = ["served", "onnxruntime-cuda", "onnxruntime-cuda-graphs"] + ([] if int8 else ["torch-amp", "torch-compile"])
-    graphs = {"fp32": FP32_GRAPH, "fp16": "model.fp16.onnx", "int8": "model.int8.onnx"}
-    wanted = ["int8"] if int8 else ["fp32", "fp16"]
-    ours = [ort_cuda_choice(f"ort-cuda-{k}{'-graph' * g}", graphs[k], g) for k in wanted for g in (False, True)]
+    graphs = {precision: graph_record(precision).file for precision in (["int8"] if int8 else ["fp32", "fp16"])}
+    ours = [
+        ort_cuda_choice(f"ort-cuda-{k}{'-graph' * g}", name, g) for k, name in graphs.items() for g in (False, True)
+    ]
     if folder_name.startswith("resnet") and not int8:  # convolutions: does NHWC help the float16 graph?
         ours += [
             ort_cuda_choice(f"ort-cuda-fp16-nhwc{'-graph' * g}", graphs["fp16"], g, nhwc=True) for g in (False, True)

@@ -1,33 +1,22 @@
-"""Float16 as the engine computes it: a faithful evaluation copy, the nodes that overflow, and their compute share.
+"""What float16 cannot hold: the nodes that overflow, and their compute share (the FP16 stage's scan).
 
-ONNX Runtime's CPU provider has float16 kernels for almost nothing: it runs each float16 node in
-float32 behind inserted Casts and then drops the cast pairs between nodes, so a float16 graph run
-there never rounds or overflows between layers.  A strongly typed TensorRT engine stores every
-float16 tensor as float16.  `faithful_copy` rewrites a float16 graph into a float32 one in which
-every tensor that is float16 in the original passes through Cast(float16) -> Cast(float32): ONNX
-Runtime keeps such a lossy pair (checked: 1e5 becomes inf, 0.1234567 becomes 0.12344), so each
-tensor carries exactly the float16 value the engine stores (rounding, overflow to inf), while each
-op computes in float32 (as TensorRT's float16 kernels accumulate in float32).
-
-`overflowing_nodes` runs the FP32 graph with every intermediate tensor exposed and names the nodes
-that float16 cannot hold: an output beyond FP16_SAFE, or an internal statistic that overflows
-(the variance of a LayerNormalization, the sum inside a ReduceMean).  The runs are labelled cases (the
-reference inputs, then the calibration data when given); only each tensor's running maximum and the case
-that set it are kept, so a scan over many batches holds one run's tensors at a time.
+`overflowing_nodes` runs the FP32 graph with every intermediate tensor exposed and names the nodes that float16 cannot
+hold: an output beyond FP16_SAFE, or an internal statistic that overflows (the variance of a LayerNormalization, the
+sum inside a ReduceMean).  The runs are labelled cases (the reference inputs, then the calibration data when given);
+only each tensor's running maximum and the case that set it are kept, so a scan over many batches holds one run's
+tensors at a time.  (How a float16 graph is judged, as the engine stores it: pipeline/evaluation/float16.py.)
 """
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
 
 from ..core.compute import multiply_adds
+from ..evaluation.tensors import ExposingSession
 
 FP16_MAX = 65504.0
 # Kept in FP32 above a quarter of float16's range: two bits of headroom for inputs larger than the
@@ -68,101 +57,6 @@ class Case:
     feeds: dict[str, np.ndarray]
 
 
-# --------------------------------------------------------------------------- the faithful copy
-
-
-def faithful_copy(fp16_model: onnx.ModelProto) -> onnx.ModelProto:
-    """A float32 graph storing every float16 tensor of `fp16_model` as float16 (see the module docstring)."""
-    model = onnx.ModelProto()
-    model.CopyFrom(fp16_model)
-    float16 = _float16_tensors(model)
-    graph = model.graph
-    for initializer in graph.initializer:
-        if initializer.data_type == TensorProto.FLOAT16:
-            value = numpy_helper.to_array(initializer).astype(np.float32)  # exact: float16 widens losslessly
-            initializer.CopyFrom(numpy_helper.from_array(value, initializer.name))
-    nodes = []
-    for node in graph.node:
-        _float32_attributes(node)
-        rounded = [name for name in node.output if name in float16]
-        for name in rounded:
-            node.output[list(node.output).index(name)] = f"{name}__float32"
-        nodes.append(node)
-        for name in rounded:  # the value the engine stores: float16, then read back as float32
-            nodes.append(helper.make_node("Cast", [f"{name}__float32"], [f"{name}__float16"], to=TensorProto.FLOAT16))
-            nodes.append(helper.make_node("Cast", [f"{name}__float16"], [name], to=TensorProto.FLOAT))
-    del graph.node[:]
-    graph.node.extend(nodes)
-    del graph.value_info[:]
-    return model
-
-
-def _float16_tensors(model: onnx.ModelProto) -> set[str]:
-    """Names of the node outputs that are float16 (from shape inference on the float16 graph)."""
-    inferred = onnx.shape_inference.infer_shapes(model)
-    typed = [*inferred.graph.value_info, *inferred.graph.output]
-    return {value.name for value in typed if value.type.tensor_type.elem_type == TensorProto.FLOAT16}
-
-
-def _float32_attributes(node: onnx.NodeProto) -> None:
-    """Constants and Cast targets of float16 become float32 (the pair after the node does the rounding)."""
-    for attribute in node.attribute:
-        if attribute.type == onnx.AttributeProto.TENSOR and attribute.t.data_type == TensorProto.FLOAT16:
-            value = numpy_helper.to_array(attribute.t).astype(np.float32)
-            attribute.t.CopyFrom(numpy_helper.from_array(value, attribute.t.name))
-        elif node.op_type == "Cast" and attribute.name == "to" and attribute.i == TensorProto.FLOAT16:
-            attribute.i = TensorProto.FLOAT
-
-
-def faithful_session(fp16_path: Path):
-    """An ONNX Runtime session over the faithful copy of the float16 graph at `fp16_path`."""
-    from ..core.sessions import onnxruntime_session
-
-    with tempfile.TemporaryDirectory(prefix="faithful-fp16.") as folder:
-        copy = Path(folder) / "faithful.onnx"
-        onnx.save(faithful_copy(onnx.load(str(fp16_path))), str(copy))
-        return onnxruntime_session(copy)  # the session holds the graph in memory; the file can go
-
-
-# --------------------------------------------------------------------------- every tensor of a run
-
-
-def run_exposing_tensors(
-    model: onnx.ModelProto, feeds: dict[str, np.ndarray], *, simulate_qdq: bool = False
-) -> dict[str, np.ndarray]:
-    """Every float tensor a graph computes (node outputs, graph inputs), by name, for one run.
-    simulate_qdq: Q/DQ run as TensorRT computes them (pipeline.core.sessions), for the TensorRT-shaped INT8 graph."""
-    return _ExposingSession(model, simulate_qdq=simulate_qdq).run(feeds)
-
-
-class _ExposingSession:
-    """An ONNX Runtime session over a copy of the graph whose outputs are all its float node outputs; made
-    once for many runs (a session per run costs more than the run on a small graph)."""
-
-    def __init__(self, model: onnx.ModelProto, *, simulate_qdq: bool = False) -> None:
-        from ..core.sessions import onnxruntime_session
-
-        exposed = onnx.ModelProto()
-        exposed.CopyFrom(model)
-        inferred = onnx.shape_inference.infer_shapes(exposed)
-        known = {value.name: value for value in [*inferred.graph.value_info, *inferred.graph.output]}
-        present = {output.name for output in exposed.graph.output}
-        for node in exposed.graph.node:
-            for name in node.output:
-                value = known.get(name)
-                if value is not None and name not in present and value.type.tensor_type.elem_type == TensorProto.FLOAT:
-                    exposed.graph.output.append(value)
-                    present.add(name)
-        with tempfile.TemporaryDirectory(prefix="exposed.") as folder:
-            path = Path(folder) / "exposed.onnx"
-            onnx.save(exposed, str(path))
-            self.session = onnxruntime_session(path, simulate_qdq=simulate_qdq)
-        self.names = [output.name for output in self.session.get_outputs()]
-
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {**feeds, **dict(zip(self.names, self.session.run(self.names, feeds), strict=True))}
-
-
 # --------------------------------------------------------------------------- what float16 cannot hold
 
 
@@ -179,7 +73,7 @@ class TensorStats:
     @classmethod
     def of_runs(cls, model: onnx.ModelProto, cases: Iterable[Case]) -> TensorStats:
         """Run each case; only magnitudes are kept between runs."""
-        session = _ExposingSession(model)
+        session = ExposingSession(model)
         shapes: dict[str, tuple[int, ...]] = {}
         by_case: dict[str, dict[str, float]] = {}
         for case in cases:

@@ -1,0 +1,63 @@
+"""Evaluation: how a graph is judged, with what tolerance, so that every gate, report and pick computes what serves it.
+
+One owner for the stages (parity, agreement), the tools (accuracy, diagnose) and calibration's picks, which import
+it and never each other.  This module stays light (ONNX Runtime through pipeline/core/sessions.py, no onnx), so the
+runners may import it; the parts that rewrite graphs (onnx) are its submodules: float16.py (the faithful float16
+copy), tensors.py (running a graph with its intermediate tensors exposed), layers.py (where a graph departs from
+FP32, node by node) and agreement.py (an INT8 graph's rows against FP32's).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..core.precision import Precision
+from ..core.sessions import onnxruntime_session
+from ..folder.records import Evaluation, GraphRecord
+
+CPU_PROVIDER = "CPUExecutionProvider"
+# Tolerances on max |onnx - torch| relative to the output's largest magnitude.
+# FP32 graphs differ from PyTorch by reassociation only (measured ~1e-6 on ResNet-50);
+# FP16 carries 10-bit mantissas through ~50 layers.  INT8 on the reference inputs is a smoke check
+# only: they are N(0, 1) noise, and noise outside the calibrated input range is clipped by the first
+# QuantizeLinear, so its error there measures the noise, not the graph (digits, calibrated on pixels in
+# [-1, 1]: 0.58 of the output scale; a model whose float mask input gets noise: 0.97, with 0.007 on its
+# calibration data).  So it fails only on inf or NaN; its error is recorded beside 1.0 for reference, and
+# INT8's gate is the agreement on the calibration data (INT8_MAX_ERROR).
+RTOL: dict[str, float] = {Precision.FP32: 1e-3, Precision.FP16: 3e-2, Precision.INT8: 1.0}
+# INT8's gate, on the calibration data (inputs like the ones served): the mean over rows of
+# |int8 - fp32| / |fp32| (Euclidean norms of each row's output).  It sees what a cosine cannot: a ReLU
+# network with one weight scale off by 10x has all its outputs 10x too large and a cosine near 1.
+# 0.2 is a cosine of 0.98 at equal norms; measured: digits 0.01 (see the manifest's agreement_int8).
+# It judges the calibration rows held out from the ranges' fit (calibration/holdout.py), where there are any.
+INT8_MAX_ERROR = 0.2
+
+
+def node_tolerance(precision: Precision | str) -> float:
+    """How far a node's output may be from FP32's, relative to its scale: FP16's parity tolerance; for INT8 its
+    gate's level on the calibration data (INT8_MAX_ERROR), not the 1.0 of the smoke check on random inputs,
+    under which no node of a refused graph would ever be named."""
+    return INT8_MAX_ERROR if precision == Precision.INT8 else RTOL[precision]
+
+
+def simulates_qdq(graph: GraphRecord, providers: list[Any] | None = None) -> bool:
+    """Whether `graph` runs with its Q/DQ simulated in float, as TensorRT computes them, on these providers: on the
+    CPU provider alone (ORT's fused int8 kernels would compute something else, saturating without VNNI)."""
+    on_cpu = all((p[0] if isinstance(p, tuple) else p) == CPU_PROVIDER for p in providers or [CPU_PROVIDER])
+    return on_cpu and graph.evaluation is Evaluation.SIMULATED_QDQ
+
+
+def evaluation_session(
+    graph: GraphRecord, source: Path | bytes, *, faithful_fp16: bool = True, probe_feed: dict | None = None
+):
+    """The ONNX Runtime session (CPU) that computes what serves `graph` (its record says how: GraphRecord.evaluation),
+    on the graph file or bytes `source`: float16 as the engine stores it (faithful_fp16=False: as ONNX Runtime's CPU
+    provider runs it, through casts to float32, as its runner serves it), Q/DQ as TensorRT computes them, a graph
+    shaped for ONNX Runtime's CPU on its own int8 kernels, any other as it is.  probe_feed: run once in a child
+    first (pipeline/core/sessions.py)."""
+    if faithful_fp16 and graph.evaluation is Evaluation.FAITHFUL_FP16:
+        from .float16 import faithful_session  # onnx: kept out of the runtime, which never judges float16
+
+        return faithful_session(source)
+    return onnxruntime_session(source, simulate_qdq=simulates_qdq(graph), probe_feed=probe_feed)

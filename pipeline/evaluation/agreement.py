@@ -1,0 +1,78 @@
+"""An INT8 graph against the FP32 graph on rows of calibration-like data: each row's |int8 - fp32| / |fp32| and
+cosine, by output (what the agreement gate judges and calibration's picks compare: one evaluation for both)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from ..core.precision import Precision
+from ..core.sessions import onnxruntime_session
+from ..folder.layout import graph_record
+from ..folder.records import RowsAgreement
+from . import evaluation_session
+
+Feeds = dict[str, np.ndarray]
+# Judges a candidate INT8 graph on rows it never saw: (graph, batches) -> its worst output's agreement with FP32.
+Judge = Callable[[Path, list[Feeds]], RowsAgreement]
+
+
+def fp32_outputs(session, batches: list[Feeds]) -> list[dict[str, np.ndarray]]:
+    """The FP32 graph's outputs (its `session`), batch by batch."""
+    names = [output.name for output in session.get_outputs()]
+    return [dict(zip(names, session.run(names, feeds), strict=True)) for feeds in batches]
+
+
+def outputs_agreement(session, batches: list[Feeds], expected: list[dict]) -> dict[str, RowsAgreement]:
+    """Each output of `session` on `batches` against `expected` (the FP32 graph's outputs on them)."""
+    names = list(expected[0])
+    rows: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {name: [] for name in names}
+    for feeds, wanted in zip(batches, expected, strict=True):
+        actual = dict(zip(names, session.run(names, feeds), strict=True))
+        for name in names:
+            rows[name].append(_row_errors(wanted[name], actual[name]))
+    return {name: _agreement_record(pairs) for name, pairs in rows.items()}
+
+
+def rows_agreement(expected: dict[str, np.ndarray], actual: dict[str, np.ndarray]) -> dict[str, RowsAgreement]:
+    """Each output of one batch against `expected` (the FP32 graph's outputs on the same rows)."""
+    return {name: _agreement_record([_row_errors(wanted, actual[name])]) for name, wanted in expected.items()}
+
+
+def int8_judge(fp32_path: Path) -> Judge:
+    """The gate's evaluation as a judge of candidate INT8 graphs for the engine (calibration/int8.py keeps the best
+    on the held-out rows): (graph, batches) -> the worst output's agreement with the FP32 graph on those batches."""
+    reference = onnxruntime_session(fp32_path)
+    expected: dict[int, list[dict]] = {}  # FP32 outputs, once per list of batches
+    engine_int8 = graph_record(Precision.INT8)  # a candidate is judged as the engine's graph it would become
+
+    def judge(int8_path: Path, batches: list[Feeds]) -> RowsAgreement:
+        wanted = expected.setdefault(id(batches), fp32_outputs(reference, batches))
+        records = outputs_agreement(evaluation_session(engine_int8, int8_path), batches, wanted)
+        return max(records.values(), key=lambda record: record.error_mean)
+
+    return judge
+
+
+def _row_errors(expected: np.ndarray, actual: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: (|actual - expected| / |expected|, cosine), on the flattened row."""
+    left = expected.reshape(len(expected), -1).astype(np.float64)
+    right = actual.reshape(len(actual), -1).astype(np.float64)
+    norm_left, norm_right = np.linalg.norm(left, axis=1), np.linalg.norm(right, axis=1)
+    error = np.linalg.norm(right - left, axis=1) / np.maximum(norm_left, 1e-30)
+    cosine = np.sum(left * right, axis=1) / np.maximum(norm_left * norm_right, 1e-30)
+    return error, cosine
+
+
+def _agreement_record(pairs: list[tuple[np.ndarray, np.ndarray]]) -> RowsAgreement:
+    error = np.concatenate([pair[0] for pair in pairs])
+    cosine = np.concatenate([pair[1] for pair in pairs])
+    return RowsAgreement(
+        rows=len(error),
+        error_mean=float(error.mean()),
+        error_max=float(error.max()),
+        cosine_mean=float(cosine.mean()),
+        cosine_min=float(cosine.min()),
+    )

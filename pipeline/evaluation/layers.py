@@ -1,0 +1,92 @@
+"""Where a lower-precision graph departs from the FP32 graph, node by node (`trt-pipeline diagnose`, a failing gate's
+message, calibration's float search).
+
+Both graphs run on the same inputs with every intermediate tensor exposed, the lower one evaluated as its record
+says (pipeline/evaluation evaluation_session): a float16 graph as the engine stores it (the faithful copy), an INT8
+graph with its Q/DQ as TensorRT computes them.  Each tensor the two graphs share by name is compared as
+max |lower - fp32| over the FP32 tensor's largest magnitude, in the FP32 graph's order, on the elements where FP32
+is finite: an inf or NaN that FP32 computes too (an attention mask's -inf, the softmax of a fully masked row) is
+the model's own value, not a precision's error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from ..core.precision import Precision
+from ..folder.records import Evaluation, GraphRecord
+from . import node_tolerance
+from .float16 import faithful_copy
+from .tensors import run_exposing_tensors
+
+
+@dataclass(frozen=True)
+class LayerError:
+    """How far one node's output in the lower-precision graph is from the FP32 graph's."""
+
+    node: str
+    op: str
+    tensor: str
+    max_abs: float
+    scale: float
+    rel: float  # max_abs / scale; inf where the lower graph has inf or NaN and FP32 a finite value
+
+    def as_record(self) -> dict:
+        return asdict(self)
+
+
+def compare_layers(
+    fp32_path: Path, lower_path: Path, inputs: dict[str, np.ndarray], graph: GraphRecord
+) -> list[LayerError]:
+    """Every node output both graphs compute, in the FP32 graph's order, with its error; the graph at `lower_path`
+    evaluated as `graph` (its record) says."""
+    fp32 = onnx.load(str(fp32_path))
+    lower = onnx.load(str(lower_path))
+    if graph.evaluation is Evaluation.FAITHFUL_FP16:
+        lower = faithful_copy(lower)
+    reference = run_exposing_tensors(fp32, inputs)
+    # Every INT8 graph with its Q/DQ as TensorRT computes them: exposing each tensor as an output keeps ONNX
+    # Runtime from fusing a CPU-shaped graph's Q/DQ into its int8 kernels anyway.
+    actual = run_exposing_tensors(lower, inputs, simulate_qdq=graph.precision is Precision.INT8)
+    errors = []
+    for node in fp32.graph.node:
+        for name in node.output:
+            if name in reference and name in actual and reference[name].shape == actual[name].shape:
+                errors.append(_error(node, name, reference[name], actual[name]))
+    return errors
+
+
+def _error(node: onnx.NodeProto, name: str, expected: np.ndarray, actual: np.ndarray) -> LayerError:
+    """The error on the elements FP32 computes as finite numbers.  Where FP32 itself holds inf or NaN (a -inf
+    attention-mask constant and every tensor derived from it) there is nothing a precision could get wrong; an
+    inf or NaN in the lower graph where FP32 is finite is overflow, the worst error there is."""
+    finite = np.isfinite(expected)
+    expected64, actual64 = expected[finite].astype(np.float64), actual[finite].astype(np.float64)
+    scale = float(np.max(np.abs(expected64))) if expected64.size else 0.0
+    if not np.all(np.isfinite(actual64)):
+        return LayerError(node.name, node.op_type, name, float("inf"), scale, float("inf"))
+    max_abs = float(np.max(np.abs(actual64 - expected64))) if expected64.size else 0.0
+    return LayerError(node.name, node.op_type, name, max_abs, scale, max_abs / scale if scale > 0 else max_abs)
+
+
+def first_past(errors: list[LayerError], rtol: float) -> LayerError | None:
+    return next((error for error in errors if error.rel > rtol), None)
+
+
+def first_bad_node_text(fp32_path: Path, lower_path: Path, inputs: dict[str, np.ndarray], graph: GraphRecord) -> str:
+    """One sentence for a failing gate: the first node past tolerance, or that none is (the error builds up)."""
+    errors = compare_layers(fp32_path, lower_path, inputs, graph)
+    first = first_past(errors, node_tolerance(graph.precision))
+    if first is None:
+        return "no single node is past the tolerance: the error builds up over many (trt-pipeline diagnose)"
+    return f"the first node past it is {first.node!r} ({first.op}): {_describe(first)}"
+
+
+def _describe(error: LayerError) -> str:
+    if error.rel == float("inf"):
+        return f"its output {error.tensor!r} holds inf or NaN (FP32's largest value there: {error.scale:.3g})"
+    return f"{error.tensor!r} is off by {error.max_abs:.3g}, {error.rel:.3g} of its scale {error.scale:.3g}"

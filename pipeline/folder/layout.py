@@ -1,0 +1,82 @@
+"""The artifact folder's layout: every file name once, the layout version, and which graph each precision writes for
+which target, with the record (pipeline/folder/records.py GraphRecord) that says what each graph is."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..core.cpu import NO_VNNI, VNNI
+from ..core.precision import Precision
+from .records import Evaluation, GraphRecord, Target
+
+MANIFEST = "manifest.json"
+REFERENCE = "reference.npz"  # PyTorch's outputs on the reference inputs, written by export
+ENGINE = "engine.plan"
+FP32_GRAPH = "model.onnx"  # exported, checked and simplified; every other graph is made from it
+# Which graph load_runner(backend="auto") measured fastest on a host, keyed by the host (runners/fastest.py).
+# Written by readers, not by the build: a cache, never an artifact (no sha256 in the manifest).
+SERVED_CHOICE = "served.json"
+
+# The shape of a folder and its manifest, recorded in it as "layout".  Bump it when the stages write
+# different artifacts or manifest entries: a folder of another layout is rebuilt, never reused, and
+# readers refuse it.  4: the manifest records its layout; readers check every graph's sha256.
+# 5: "graphs" ({target: file}) replaces "graph" and "onnxruntime_cpu_graphs".
+# 6: agreement_int8 holds in-sample and held-out numbers side by side, and the calibration split.
+# 7: "graphs" lists a record per graph (file, precision, target, evaluation, gate), model.onnx's too.
+ARTIFACT_LAYOUT = 7
+
+# The graph shaped for ONNX Runtime's int8 kernels on each kind of CPU (pipeline.core.cpu.int8_cpu_kind).
+CPU_TARGETS = {VNNI: Target.CPU_VNNI, NO_VNNI: Target.CPU_NO_VNNI}
+# Precision -> {target: graph file}: what the precision stage writes (int8: one graph for the engine, one per kind
+# of CPU, from the same ranges: calibration/qdq_cpu.py).
+GRAPH_FILES: dict[Precision, dict[Target, str]] = {
+    Precision.FP32: {Target.ENGINE: FP32_GRAPH},
+    Precision.FP16: {Target.ENGINE: "model.fp16.onnx"},
+    Precision.INT8: {
+        Target.ENGINE: "model.int8.onnx",
+        Target.CPU_VNNI: "model.int8.ort.onnx",
+        Target.CPU_NO_VNNI: "model.int8.ort-u8u8.onnx",
+    },
+}
+# How the gates evaluate the graph TensorRT builds from at each precision: as the engine computes it.  A graph
+# shaped for a CPU is judged on ONNX Runtime's own int8 kernels, which serve it there.
+_ENGINE_EVALUATION = {
+    Precision.FP32: Evaluation.PLAIN,
+    Precision.FP16: Evaluation.FAITHFUL_FP16,
+    Precision.INT8: Evaluation.SIMULATED_QDQ,
+}
+
+
+def graph_record(precision: Precision | str, target: Target = Target.ENGINE) -> GraphRecord:
+    """The record of the graph `precision` writes for `target`."""
+    precision = Precision(precision)
+    evaluation = _ENGINE_EVALUATION[precision] if target is Target.ENGINE else Evaluation.ONNXRUNTIME_INT8
+    return GraphRecord(GRAPH_FILES[precision][target], precision, target, evaluation, _gate(precision, target))
+
+
+def precision_graphs(precision: Precision | str) -> tuple[GraphRecord, ...]:
+    """The graphs the precision stage writes, the engine's first."""
+    return tuple(graph_record(precision, target) for target in GRAPH_FILES[Precision(precision)])
+
+
+def folder_graphs(precision: Precision | str) -> tuple[GraphRecord, ...]:
+    """Every graph a finished folder of this precision holds: model.onnx, then the precision's own."""
+    graphs = (graph_record(Precision.FP32), *precision_graphs(precision))
+    return tuple({graph.file: graph for graph in graphs}.values())
+
+
+def cpu_kind(target: Target) -> str:
+    """The kind of CPU a CPU-shaped target is for."""
+    return next(kind for kind, shaped in CPU_TARGETS.items() if shaped is target)
+
+
+def artifact_names(graphs: Iterable[GraphRecord]) -> list[str]:
+    """The files a finished folder with these graphs lists in its manifest, with their sha256."""
+    return list(dict.fromkeys([FP32_GRAPH, REFERENCE, *(graph.file for graph in graphs), ENGINE]))
+
+
+def _gate(precision: Precision, target: Target) -> str:
+    """The parity stage whose record says the graph passed its gate against PyTorch's reference outputs."""
+    if target is Target.ENGINE:
+        return f"parity_{precision}"
+    return f"parity_{precision}_onnxruntime_{cpu_kind(target).replace('-', '_')}"

@@ -1,0 +1,165 @@
+"""Non-maximum suppression for a YOLO-style head: its settings, and the reference every other form is held to.
+
+The head is one tensor [batch, 4 + classes, anchors]: per anchor, a box (cx, cy, w, h or x1, y1, x2, y2, in image
+coordinates) and a score per class (already through their sigmoid).  Each anchor is one candidate: its best
+class and that class's score (ties: the lowest class index).  Per image, the `candidates` best-scored anchors are
+considered (ties: the lowest anchor index, as ONNX TopK orders them); greedy NMS visits them by score, drops a
+candidate whose score is not above `score_threshold`, and keeps one unless a kept candidate (of the same class,
+when class_aware) overlaps it with IoU above `iou_threshold`.  The first `max_detections` kept are the detections.
+
+The outputs have fixed sizes, so a graph can return them: boxes [B, K, 4] (x1, y1, x2, y2), scores [B, K],
+classes [B, K] (int32) and count [B] (int32): the first count[b] rows of image b are its detections, the rest
+padding (boxes and scores 0, classes -1).
+
+IoU > t, intersection / (area_i + area_j - intersection) > t, is computed as intersection * (1 + t) > t * area_i +
+t * area_j in float32: the same where the union is positive, without a division (two empty boxes never overlap, as
+0/0 is not above t either), and with one pass over the [M, M] pairs fewer in the graph.  The graph computes the
+same operations in the same order, so the two agree to the bit on ONNX Runtime.  numpy only: the runtime may
+import this.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..core.errors import PipelineError
+
+BOX_FORMATS = ("cxcywh", "xyxy")
+OUTPUTS = ("boxes", "scores", "classes", "count")
+# TensorRT's TopK takes k up to 3840 (TensorRT-RTX 1.7 refuses 3841: "K exceeds the maximum value allowed (3840)");
+# the graph's first TopK takes `candidates`.
+TOPK_LIMIT = 3840
+PADDING_CLASS = -1
+
+
+@dataclass(frozen=True)
+class NmsConfig:
+    """How detections are chosen from a head (module doc); refuses a bad value when made."""
+
+    box_format: str = "cxcywh"
+    score_threshold: float = 0.25
+    iou_threshold: float = 0.45
+    candidates: int = 1000  # the best-scored anchors per image that NMS considers
+    max_detections: int = 100  # K: rows per image in the outputs
+    class_aware: bool = True  # boxes of different classes never suppress each other
+    head: str | None = None  # the graph output holding the head; None: the graph's only output
+
+    def __post_init__(self) -> None:
+        if self.box_format not in BOX_FORMATS:
+            raise PipelineError(f"NMS box format {self.box_format!r} is unknown", f"give one of {BOX_FORMATS}")
+        _require_finite("score threshold", self.score_threshold, "give a score, e.g. 0.25 (after the sigmoid)")
+        _require_finite("IoU threshold", self.iou_threshold, "give an IoU between 0 and 1, e.g. 0.45")
+        if not 0 <= self.iou_threshold <= 1:
+            raise PipelineError(f"NMS IoU threshold {self.iou_threshold} is not in [0, 1]", "give e.g. 0.45")
+        self._check_counts()
+
+    def _check_counts(self) -> None:
+        _require_count("candidates", self.candidates, f"give 1 to {TOPK_LIMIT} (TensorRT's TopK limit), e.g. 1000")
+        _require_count("max detections", self.max_detections, "give e.g. 100")
+        if self.candidates > TOPK_LIMIT:
+            raise PipelineError(
+                f"NMS candidates {self.candidates} is more than TensorRT's TopK takes ({TOPK_LIMIT})",
+                f"consider at most {TOPK_LIMIT} candidates per image",
+            )
+        if self.max_detections > self.candidates:
+            raise PipelineError(
+                f"NMS max detections {self.max_detections} is more than the candidates it considers "
+                f"({self.candidates})",
+                "give max detections <= candidates",
+            )
+
+
+def _require_finite(name: str, value: object, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise PipelineError(f"NMS {name} {value!r} is not a finite number", fix)
+
+
+def _require_count(name: str, value: object, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PipelineError(f"NMS {name} {value!r} is not a whole number of at least 1", fix)
+
+
+@dataclass(frozen=True)
+class Detections:
+    """Fixed-size detections (module doc): boxes [B, K, 4], scores [B, K], classes [B, K], count [B]."""
+
+    boxes: np.ndarray
+    scores: np.ndarray
+    classes: np.ndarray
+    count: np.ndarray
+
+    def as_outputs(self) -> dict[str, np.ndarray]:
+        """Keyed by the graph's output names (OUTPUTS)."""
+        return dict(zip(OUTPUTS, (self.boxes, self.scores, self.classes, self.count), strict=True))
+
+
+def reference_nms(head: np.ndarray, config: NmsConfig) -> Detections:
+    """Greedy NMS of every image of `head` [B, 4 + classes, anchors] (module doc), one candidate at a time."""
+    if head.ndim != 3 or head.shape[1] < 5:
+        raise PipelineError(
+            f"a detection head is [batch, 4 + classes, anchors]; this one is {list(head.shape)}",
+            "give the raw head: 4 box rows, then one score row per class, for every anchor",
+        )
+    boxes, scores, classes = decode(head.astype(np.float32), config.box_format)
+    results = [_image_nms(boxes[b], scores[b], classes[b], config) for b in range(head.shape[0])]
+    return Detections(*(np.stack(parts) for parts in zip(*results, strict=True)))
+
+
+def decode(head: np.ndarray, box_format: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per anchor: its box as x1, y1, x2, y2 [B, N, 4], its best score [B, N] and that class [B, N]."""
+    first, second = head[:, 0:2], head[:, 2:4]
+    if box_format == "cxcywh":
+        half = second * np.float32(0.5)
+        first, second = first - half, first + half
+    boxes = np.concatenate([first, second], axis=1).transpose(0, 2, 1)
+    scores = head[:, 4:]
+    return boxes, scores.max(axis=1), scores.argmax(axis=1).astype(np.int32)
+
+
+def _image_nms(
+    boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, config: NmsConfig
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One image: the kept candidates' boxes, scores and classes padded to K rows, and their count."""
+    kept = greedy_keep(boxes, scores, classes, config)
+    k = config.max_detections
+    out_boxes = np.zeros((k, 4), np.float32)
+    out_scores = np.zeros(k, np.float32)
+    out_classes = np.full(k, PADDING_CLASS, np.int32)
+    out_boxes[: len(kept)], out_scores[: len(kept)], out_classes[: len(kept)] = boxes[kept], scores[kept], classes[kept]
+    return out_boxes, out_scores, out_classes, np.array(len(kept), np.int32)
+
+
+def greedy_keep(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, config: NmsConfig) -> list[int]:
+    """The anchors greedy NMS keeps, best first, at most max_detections of them (the later ones cannot change
+    which come first)."""
+    order = np.argsort(-scores, kind="stable")[: config.candidates]  # ties: the lower index first, as TopK
+    threshold = np.float32(config.score_threshold)  # as the graph holds it
+    kept: list[int] = []
+    for index in order:
+        if not scores[index] > threshold:
+            break  # sorted: no later candidate is above it
+        rivals = [k for k in kept if not config.class_aware or classes[k] == classes[index]]
+        if rivals and overlaps(boxes[rivals], boxes[index], config.iou_threshold).any():
+            continue
+        kept.append(int(index))
+        if len(kept) == config.max_detections:
+            break
+    return kept
+
+
+def overlaps(kept: np.ndarray, box: np.ndarray, iou_threshold: float) -> np.ndarray:
+    """Whether each of `kept` [k, 4] overlaps `box` [4] with IoU above the threshold (module doc: in float32,
+    as the graph computes it)."""
+    low = np.maximum(kept[:, :2], box[:2])
+    high = np.minimum(kept[:, 2:], box[2:])
+    sides = np.maximum(high - low, np.float32(0))
+    intersection = sides[:, 0] * sides[:, 1]
+    threshold = np.float32(iou_threshold)
+    return intersection * np.float32(1 + iou_threshold) > threshold * area(kept) + threshold * area(box[None])[0]
+
+
+def area(boxes: np.ndarray) -> np.ndarray:
+    return (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
