@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,12 +36,17 @@ def atomic_path(final: Path) -> Iterator[Path]:
     """Yield a temporary path beside `final`; rename it to `final` only if the block succeeds."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    temporary = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    temporary = final.with_name(temporary_name(final))
     try:
         yield temporary
         os.replace(temporary, final)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def temporary_name(final: Path) -> str:
+    """The name a file (or a graph's private folder, graph_files.atomic_graph) has while this process writes it."""
+    return f".{Path(final).name}.{os.getpid()}.tmp"
 
 
 @contextlib.contextmanager
@@ -77,16 +83,21 @@ def running_build(folder: Path) -> int | None:
 
 
 def remove_stale_temporaries(folder: Path) -> list[Path]:
-    """Delete the temporaries under `folder` whose writer is dead (a killed run's half-written artifacts).
+    """Delete the temporaries under `folder` whose writer is dead (a killed run's half-written artifacts: files,
+    and the private folders graphs are written in).
 
     Only dead writers' ones: a benchmark or a diagnosis may be writing its report into the folder right now.
     """
     removed = []
     for path in sorted(Path(folder).rglob(".*.tmp")):
         match = _TEMPORARY.fullmatch(path.name)
-        if match and path.is_file() and not _alive(int(match[1])):
+        if not match or _alive(int(match[1])) or not path.exists():
+            continue
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
             path.unlink(missing_ok=True)
-            removed.append(path)
+        removed.append(path)
     return removed
 
 
@@ -159,7 +170,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def write_bytes(final: Path, data: bytes) -> None:
+def write_bytes(final: Path, data: bytes | memoryview) -> None:
     with atomic_path(final) as temporary:
         temporary.write_bytes(data)
 

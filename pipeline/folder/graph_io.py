@@ -1,7 +1,7 @@
 """A graph's inputs and outputs as its ONNX file declares them: the one reader of them in the project.
 
 The check stage records them in the manifest, the build names the profile's dynamic axes from them, the Triton
-writer turns them into a model config and calibration checks its data against them.  Weights are never loaded,
+writer turns them into a model config and calibration checks its data against them.  Weights are never read,
 and onnx is imported on first use only: the manifest (read by runners and the service) holds GraphTensors too.
 """
 
@@ -16,6 +16,7 @@ import numpy as np
 
 from ..core.errors import PipelineError
 from ..core.settings import engine_command
+from .graph_files import graph_without_weights
 
 if TYPE_CHECKING:
     import onnx
@@ -67,7 +68,7 @@ def graph_io(graph: Path | bytes | onnx.ModelProto) -> GraphIO:
     elif isinstance(graph, bytes):
         model = onnx.load_model_from_string(graph)
     else:
-        model = onnx.load(str(graph), load_external_data=False)
+        model = graph_without_weights(graph)
     weights = {tensor.name for tensor in model.graph.initializer}
     inputs = tuple(_tensor(value) for value in model.graph.input if value.name not in weights)
     return GraphIO(inputs, tuple(_tensor(value) for value in model.graph.output))

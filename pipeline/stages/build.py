@@ -16,6 +16,7 @@ from ..core import trt_module
 from ..core.errors import PipelineError
 from ..core.settings import BatchProfile, mention, mention_name
 from ..folder.artifacts import write_bytes
+from ..folder.graph_files import data_files
 from ..folder.graph_io import graph_io
 
 if TYPE_CHECKING:
@@ -46,33 +47,45 @@ def build_engine(
     onnx_path, engine_path = Path(onnx_path), Path(engine_path)
     _check_arguments(onnx_path, batch, axis_ranges or {}, workspace_mib)
     trt = trt_module.import_trt(builder)
+    config, record, plan = _build_plan(trt, onnx_path, batch, axis_ranges or {}, workspace_mib, target, timing_cache)
+    write_bytes(engine_path, memoryview(plan))  # IHostMemory exposes the buffer protocol: written, not copied
+    record["timing_cache"] = _save_timing_cache(config, timing_cache, record["timing_cache"])
+    return {**record, "engine_bytes": plan.nbytes, "build_seconds": round(time.perf_counter() - started, 3)}
+
+
+def _build_plan(
+    trt: ModuleType,
+    onnx_path: Path,
+    batch: BatchProfile,
+    axis_ranges: dict[str, AxisRange],
+    workspace_mib: int,
+    target: str,
+    timing_cache: Path | None,
+) -> tuple[tensorrt.IBuilderConfig, dict, tensorrt.IHostMemory]:
+    """The config, the record and the serialized engine.  The network and the parser, which holds the weights it
+    imported, live until the engine is built (TensorRT's samples keep the parser alive for the same reason), and
+    no longer: they are freed on return, before the plan is written."""
     logger = trt_module.RecordingLogger.for_module(trt)
     trt_builder: tensorrt.Builder = trt.Builder(logger.trt_logger)
-    # The parser owns the weights it imported into the network, so it stays referenced (a local
-    # here) until the engine is built; TensorRT's samples keep it alive for the same reason.
     network, _parser = _parse_onnx(trt, trt_builder, logger, onnx_path)
     config: tensorrt.IBuilderConfig = trt_builder.create_builder_config()
     # The workspace pool caps the scratch memory a tactic may use; TensorRT 10+ replaced
     # max_workspace_size with memory-pool limits.
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mib << 20)
     _set_targets(trt, config, target)
-    dims = _onnx_input_dims(onnx_path)
-    profile_shapes = _profile_shapes(network, dims, batch, axis_ranges or {})
+    profile_shapes = _profile_shapes(network, _onnx_input_dims(onnx_path), batch, axis_ranges)
     _add_profile(trt_builder, config, profile_shapes)
     cache_record = _attach_timing_cache(trt, config, timing_cache)
     plan = _build(trt_builder, network, config, logger, onnx_path)
-    write_bytes(engine_path, plan)
-    cache_record = _save_timing_cache(config, timing_cache, cache_record)
-    return {
+    record = {
         "builder": trt_module.module_record(trt),
         "target": trt_module.describe_target(trt, config),
         "profile": {name: _shapes_record(shapes) for name, shapes in profile_shapes.items()},
         "io": _io_record(network),
         "workspace_mib": workspace_mib,
         "timing_cache": cache_record,
-        "engine_bytes": len(plan),
-        "build_seconds": round(time.perf_counter() - started, 3),
     }
+    return config, record, plan
 
 
 # --------------------------------------------------------------------------- checks and parsing
@@ -113,8 +126,10 @@ def _parse_onnx(
     if network is None:
         raise RuntimeError(f"create_network failed: {logger.since(0)}")  # a bug here, not the user's
     parser: tensorrt.OnnxParser = trt.OnnxParser(network, logger.trt_logger)
-    # parse_from_file, not parse(bytes): the parser then finds external-data files (weights over
-    # 2 GiB are stored beside the .onnx) relative to the model's own folder.
+    # parse_from_file, not parse(bytes): the parser then finds the external-data file (weights past
+    # 2 GB are stored beside the .onnx) relative to the model's own folder, and the graph's bytes are
+    # never read into Python.  data_files first: no weights are read from outside that folder.
+    data_files(onnx_path)
     if not parser.parse_from_file(str(onnx_path)):
         errors = [_describe_parser_error(parser.get_error(i)) for i in range(parser.num_errors)]
         raise PipelineError(
@@ -337,7 +352,7 @@ def _build(
     config: tensorrt.IBuilderConfig,
     logger: trt_module.RecordingLogger,
     onnx_path: Path,
-) -> bytes:
+) -> tensorrt.IHostMemory:
     mark = logger.mark()
     serialized = builder.build_serialized_network(network, config)
     # build_serialized_network returns None on failure; the reason is only in the log.
@@ -348,7 +363,7 @@ def _build(
             "fix what the messages name (often an optimization-profile range the graph cannot take, "
             "or an op unsupported for the target); a larger workspace helps only when they say memory",
         )
-    return bytes(memoryview(serialized))  # IHostMemory exposes the buffer protocol
+    return serialized
 
 
 def _io_record(network: tensorrt.INetworkDefinition) -> list[dict]:

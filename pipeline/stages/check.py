@@ -10,7 +10,11 @@ from onnx import numpy_helper
 from ..core.errors import PipelineError
 from ..core.sessions import onnxruntime_session
 from ..core.settings import OPSET, mention_name
+from ..folder.graph_files import data_files, graph_without_weights
 from ..folder.graph_io import graph_io, load_reference
+
+# Files this process checked, by what identifies their bytes (files_key), with the reference they ran on: the record.
+_CHECKED: dict[tuple, dict] = {}
 
 
 def check_onnx(onnx_path: Path, reference: Path | None = None) -> dict:
@@ -18,13 +22,31 @@ def check_onnx(onnx_path: Path, reference: Path | None = None) -> dict:
 
     With `reference` (reference.npz), the graph also runs on every case's inputs: each batch size and each
     declared dynamic axis at a second size, so a size baked in at export is caught here, naming the node.
+    Every step reads the graph by its path or without its weights, so a graph past 2 GB (external data) is
+    checked as one below it.  Files this process checked already (the export checks the graph it keeps, and the
+    check stage of the same run meets the same files) are not checked again: the weights are touched once.
     """
+    key = (files_key([onnx_path, *data_files(onnx_path)]), files_key([reference]) if reference else None)
+    if key not in _CHECKED:
+        _CHECKED[key] = _check(Path(onnx_path), reference)
+        return dict(_CHECKED[key])  # a copy: the caller adds to its record
+    earlier = _CHECKED[key]
+    return {**earlier, "summary": earlier["summary"] + " (the same files, checked earlier in this run)"}
+
+
+def files_key(paths: list[Path]) -> tuple:
+    """What identifies files' bytes without reading them: device, inode, size and modification time (a rename keeps
+    them, any rewrite changes them)."""
+    stats = [Path(path).stat() for path in paths]
+    return tuple((stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns) for stat in stats)
+
+
+def _check(onnx_path: Path, reference: Path | None) -> dict:
     try:
-        # Given a path, the checker also handles models over 2 GB (external data).
         onnx.checker.check_model(str(onnx_path), full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
         raise PipelineError(f"{onnx_path} is not a valid ONNX graph: {error}", "re-export the model") from None
-    model = onnx.load(str(onnx_path), load_external_data=False)
+    model = graph_without_weights(onnx_path)
     _require_opset(model)
     inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     _refuse_baked_batch(inferred)
@@ -86,10 +108,10 @@ def _refuse_baked_batch(model: onnx.ModelProto) -> None:
 
 def _baked_reshape(model: onnx.ModelProto) -> tuple[str, list[int]] | None:
     """A Reshape whose target shape is a constant with a positive leading dim, fed a symbolic batch."""
-    constants = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
+    constants = {init.name: init for init in model.graph.initializer}
     for node in model.graph.node:
         if node.op_type == "Constant":
-            constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+            constants[node.output[0]] = node.attribute[0].t
     symbolic = {
         v.name
         for v in [*model.graph.input, *model.graph.value_info]
@@ -98,7 +120,7 @@ def _baked_reshape(model: onnx.ModelProto) -> tuple[str, list[int]] | None:
     for node in model.graph.node:
         if node.op_type != "Reshape" or node.input[1] not in constants:
             continue
-        shape = constants[node.input[1]].tolist()
+        shape = numpy_helper.to_array(constants[node.input[1]]).tolist()  # a shape: small, so never left out
         if node.input[0] in symbolic and shape and shape[0] > 0:
             return node.name or node.output[0], shape
     return None

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +21,8 @@ from ...models.spec import ModelSpec, call_module, first_line, named_outputs, ne
 from ..core.errors import PipelineError
 from ..core.mentions import render
 from ..core.settings import OPSET, BatchProfile, mention, mention_name
-from ..folder.artifacts import atomic_path, write_npz
+from ..folder.artifacts import write_npz
+from ..folder.graph_files import atomic_graph, gather_weights
 from .check import check_onnx
 from .opset17 import SOURCE as DYNAMO_OPSET
 from .opset17 import convert_to_opset_17
@@ -106,10 +105,10 @@ def export_onnx(spec: ModelSpec, onnx_path: Path, reference: Path | None = None,
     axes = dynamic_axes(spec, outputs)
     failures: dict[str, PipelineError] = {}
     chosen: str | None = None
-    with atomic_path(onnx_path) as kept:
+    with atomic_graph(onnx_path) as candidate:
         for name in EXPORTERS if exporter == "auto" else (exporter,):
             try:
-                _export_checked(name, spec, outputs, axes, onnx_path.name, reference, kept)
+                _export_checked(name, spec, outputs, axes, candidate, reference)
             except PipelineError as failure:
                 failures[name] = failure
                 continue
@@ -132,34 +131,38 @@ def export_onnx(spec: ModelSpec, onnx_path: Path, reference: Path | None = None,
     }
 
 
+def release_module(spec: ModelSpec) -> None:
+    """Let go of the PyTorch model once model.onnx and reference.npz hold all that later stages read, so that its
+    weights are freed unless the caller keeps the module; the spec keeps its names and preprocessing."""
+    spec.module = torch.nn.Module()
+
+
 def _export_checked(
     exporter: str,
     spec: ModelSpec,
     outputs: list[str],
     axes: dict[str, dict[int, str]],
-    file_name: str,
+    candidate: Path,
     reference: Path | None,
-    kept: Path,
 ) -> None:
-    """One exporter's graph, checked at every reference case, moved to `kept` once it passes.  Written under the
-    final file name in a private folder, so the checks' messages name model.onnx."""
-    with tempfile.TemporaryDirectory(dir=kept.parent, prefix=".export.") as folder:
-        candidate = Path(folder) / file_name
-        with warnings.catch_warnings(), _attention_fast_path_off():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            try:
-                EXPORT[exporter](spec, candidate, outputs, axes)
-            except (OSError, PipelineError):
-                raise  # the disk said no (the command line reports it as such), or a message already made
-            except Exception as error:  # the exporters raise many types; all mean "this model did not export"
-                raise PipelineError(
-                    f"torch.onnx.export ({exporter}) failed for {spec.name}: {type(error).__name__}: "
-                    f"{first_line(error)}",
-                    "make forward() traceable (no data-dependent Python control flow), or export it yourself "
-                    f"(opset 17, dim 0 named as the batch) and pass the file: {mention(model='path/to/model.onnx')}",
-                ) from error
-        check_onnx(candidate, reference)
-        os.replace(candidate, kept)
+    """One exporter's graph at `candidate` (in a private folder, under the final file name so that the checks'
+    messages name model.onnx), its weights stored as graph_files says, checked at every reference case."""
+    for earlier in candidate.parent.iterdir():  # what an exporter passed over left
+        earlier.unlink()
+    with warnings.catch_warnings(), _attention_fast_path_off():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            EXPORT[exporter](spec, candidate, outputs, axes)
+        except (OSError, PipelineError):
+            raise  # the disk said no (the command line reports it as such), or a message already made
+        except Exception as error:  # the exporters raise many types; all mean "this model did not export"
+            raise PipelineError(
+                f"torch.onnx.export ({exporter}) failed for {spec.name}: {type(error).__name__}: {first_line(error)}",
+                "make forward() traceable (no data-dependent Python control flow), or export it yourself "
+                f"(opset 17, dim 0 named as the batch) and pass the file: {mention(model='path/to/model.onnx')}",
+            ) from error
+    gather_weights(candidate)  # past 2 GB TorchScript writes a file per tensor: one data file instead
+    check_onnx(candidate, reference)
 
 
 def _torchscript(spec: ModelSpec, path: Path, outputs: list[str], axes: dict[str, dict[int, str]]) -> None:
@@ -206,10 +209,11 @@ def _dynamo(spec: ModelSpec, path: Path, outputs: list[str], axes: dict[str, dic
             dynamic_shapes=shapes if by_name else tuple(shapes.values()),
             opset_version=DYNAMO_OPSET,
             dynamo=True,
-            external_data=False,
+            external_data=True,  # model.onnx.data, which gather_weights brings back in below 2 GB
             verbose=False,
         )
-    onnx.save(convert_to_opset_17(onnx.load(str(path))), str(path))
+    graph = onnx.load(str(path), load_external_data=False)  # the nodes change, the weights stay where they are
+    onnx.save(convert_to_opset_17(graph, base_dir=path.parent), str(path))
 
 
 @contextlib.contextmanager

@@ -25,7 +25,8 @@ from ..core.errors import PipelineError
 from ..core.mentions import render
 from ..core.sessions import onnxruntime_session
 from ..core.settings import OPSET, BatchProfile, mention, mention_name
-from ..folder.artifacts import atomic_path, sha256_file, write_npz
+from ..folder.artifacts import sha256_file, write_npz
+from ..folder.graph_files import atomic_graph, data_files, graph_without_weights, save_graph
 
 ONNX_SUFFIX = ".onnx"
 REFERENCE_SOURCE = "the given FP32 ONNX graph, run by ONNX Runtime (no PyTorch model: MODEL is an ONNX file)"
@@ -61,9 +62,10 @@ def open_onnx_model(path: Path, input_shape: str | None, dynamic: str | None) ->
     if not path.is_file():
         raise PipelineError(f"ONNX file {path} does not exist", f"check the path of {mention(model='<file>.onnx')}")
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        model = graph_without_weights(path)
     except Exception as error:  # protobuf's DecodeError and friends: the bytes are not a graph
         raise PipelineError(f"{path} is not an ONNX model: {type(error).__name__}: {error}", None) from None
+    data_files(path)  # weights only beside it, where its folder's copies and checks reach
     inputs = _graph_inputs(model)
     shapes = {shape.name: shape for shape in parse_input_shape(input_shape)} if input_shape else {}
     requests = parse_dynamic(dynamic) if dynamic else []
@@ -178,7 +180,8 @@ def _require_every_symbolic_dim(
 
 
 def _fingerprint(path: Path, input_shape: str | None, dynamic: str | None) -> str:
-    payload = f"onnx:{sha256_file(path)}\0input_shape:{input_shape or ''}\0dynamic:{dynamic or ''}"
+    files = "".join(f"{sha256_file(file)}\0" for file in [path, *data_files(path)])  # the weights beside it too
+    payload = f"onnx:{files}input_shape:{input_shape or ''}\0dynamic:{dynamic or ''}"
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -187,7 +190,7 @@ def _fingerprint(path: Path, input_shape: str | None, dynamic: str | None) -> st
 
 def import_onnx(source: OnnxModel, onnx_path: Path) -> dict:
     """The file as the folder's model.onnx: at opset 17, with the dims INPUT_SHAPE fixed set."""
-    model = onnx.load(str(source.path))  # with external data, saved back as one file
+    model = onnx.load(str(source.path))  # with its external data, saved as graph_files' rule says
     converted = _to_opset(model, source.path)
     for value in model.graph.input if converted is None else converted.graph.input:
         for axis, dim in enumerate(value.type.tensor_type.shape.dim):
@@ -207,8 +210,8 @@ def import_onnx(source: OnnxModel, onnx_path: Path) -> dict:
     ]
     for warning in warnings:
         print(f"warning: {warning}", flush=True)
-    with atomic_path(onnx_path) as temporary:
-        onnx.save(graph, str(temporary))
+    with atomic_graph(onnx_path) as temporary:
+        save_graph(graph, temporary)
     opset = _default_opset(model)
     note = f", converted from opset {opset}" if converted is not None else ""
     return {
@@ -249,7 +252,7 @@ def _to_opset(model: onnx.ModelProto, path: Path) -> onnx.ModelProto | None:
 def integer_ranges(onnx_path: Path, names: list[str]) -> dict[str, tuple[int, int]]:
     """Values for integer inputs the graph accepts: 0..9, fewer where the input indexes a smaller table (a Gather
     on a weight, e.g. 2 token types), and 0..1 for masks (a mask of 9 overflows BERT's (1 - mask) * min)."""
-    model = onnx.load(str(onnx_path), load_external_data=False)
+    model = graph_without_weights(onnx_path)
     rows = {initializer.name: initializer.dims[0] for initializer in model.graph.initializer if initializer.dims}
     ranges = {name: (0, 1 if "mask" in name.lower() else INTEGER_HIGH) for name in names}
     for node in model.graph.node:

@@ -9,6 +9,7 @@ that form lacks, and named in a PipelineError where it does.  Every other operat
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import onnx
 from onnx import defs, helper, numpy_helper
@@ -24,13 +25,20 @@ AXES_AS_ATTRIBUTE = (
 )  # fmt: skip
 
 
+INTEGER_TYPES = {
+    onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32, onnx.TensorProto.INT64,
+    onnx.TensorProto.UINT8, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32, onnx.TensorProto.UINT64,
+}  # fmt: skip
+
+
 class Unconvertible(Exception):
     """A node that uses what its operator's opset 17 form lacks; the message says what."""
 
 
-def convert_to_opset_17(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model with each node of an operator changed in 18 in its 17 form, importing opset 17 (in place)."""
-    constants = _constants(model)
+def convert_to_opset_17(model: onnx.ModelProto, base_dir: Path | None = None) -> onnx.ModelProto:
+    """The model with each node of an operator changed in 18 in its 17 form, importing opset 17 (in place).
+    `base_dir`: the folder of the model's external data, where it was loaded without it."""
+    constants = _constants(model, base_dir)
     graphs = [model.graph.node, *(function.node for function in model.functions)]
     for nodes in graphs:
         for node in nodes:
@@ -115,11 +123,16 @@ def _drop_attributes(node: onnx.NodeProto, *names: str) -> None:
     node.attribute.extend(kept)
 
 
-def _constants(model: onnx.ModelProto) -> dict[str, list[int]]:
-    """Integer tensors the graph holds as initializers or Constant nodes, by name (a Reduce's axes)."""
+def _constants(model: onnx.ModelProto, base_dir: Path | None) -> dict[str, list[int]]:
+    """Integer tensors the graph holds as initializers or Constant nodes, by name (a Reduce's axes); the float
+    weights are not read."""
     tensors = {init.name: init for init in model.graph.initializer}
     for node in model.graph.node:
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
             tensors[node.output[0]] = node.attribute[0].t
-    arrays = {name: numpy_helper.to_array(tensor) for name, tensor in tensors.items()}
-    return {name: [int(v) for v in array.reshape(-1)] for name, array in arrays.items() if array.dtype.kind == "i"}
+    folder = str(base_dir or "")
+    return {
+        name: [int(v) for v in numpy_helper.to_array(tensor, base_dir=folder).reshape(-1)]
+        for name, tensor in tensors.items()
+        if tensor.data_type in INTEGER_TYPES
+    }

@@ -49,7 +49,7 @@ from ..folder.rebuild import make_engine_command
 from ..folder.records import BuildRecord, GraphRecord, ModelRecord, StageRecord
 from .build import build_engine
 from .check import check_onnx
-from .export import export_onnx, parity_batches, write_reference
+from .export import export_onnx, parity_batches, release_module, write_reference
 from .fp16 import make_fp16_graph
 from .fp16_overflow import Case
 from .onnx_model import (
@@ -165,6 +165,7 @@ def run_export(run: Run) -> None:
     run.stage("reference", write_reference, spec, run.settings.batch, run.path(REFERENCE))
     record = run.stage("export", export_onnx, spec, run.path(FP32_GRAPH), run.path(REFERENCE), run.settings.exporter)
     update_manifest(run.folder, exporter=record["exporter"])
+    release_module(spec)  # the later stages read the graph and the reference: the weights are on disk now
 
 
 def _import_onnx(run: Run, source: OnnxModel) -> None:

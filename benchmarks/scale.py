@@ -1,0 +1,367 @@
+"""Time and peak memory of every build stage as a model's weights grow (issue 38).
+
+Each member of a family (benchmarks/scale_models.py, FAMILIES below) goes through the pipeline one command-line
+stage at a time, each in its own process: `python -m trt_pipeline <stage> --model scale_models:<name> ...`, the
+stages `make engine` runs, in its order.  A stage's own process gives its exact peak: the kernel's high-water mark
+of the process's resident memory (ru_maxrss from wait4), which a sampling thread could miss on a short spike, and
+which no earlier stage's leftovers inflate.  Its time is what the stages it ran recorded in manifest.json (the
+"in stages" seconds `make engine` prints; the export process runs prepare, reference and export), beside the
+process's wall time (Python, torch and the model's construction included).  With --whole the same model also
+runs as `make engine` does, every stage in one process, for its total time and peak.  The floor row is a process
+that imports the build stages and does nothing: every stage's peak includes it.
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/scale.py --label after --members mlp-0.1,mlp-0.6,mlp-1.2 \
+        --whole --docs docs/benchmarks
+
+measures into a temporary folder and writes scale.json (runs under another label kept), scale.md and scale.png
+into --docs.  --source DIR runs the trt_pipeline of another checkout (e.g. `git archive <commit>` unpacked: the
+"before" rows) with the models from this one.  --render rewrites scale.md and scale.png from scale.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from trt_pipeline.pipeline.bench.environment import describe_environment, physical_cores  # noqa: E402
+from trt_pipeline.pipeline.core.cpu import instruction_sets_text  # noqa: E402
+
+# The command-line stages in the order `make engine` runs them (pipeline/stages/sequence.py STAGES; export runs
+# prepare first).
+STAGES = ("export", "check", "simplify", "parity", "precision", "build")
+PRECISION = "fp16"
+BUILDER = "tensorrt_rtx"  # builds with no GPU
+GB = 1e9
+JSON_NAME, MARKDOWN_NAME, PLOT_NAME = "scale.json", "scale.md", "scale.png"
+
+
+@dataclass(frozen=True)
+class Member:
+    """One model of a family: its name in reports, MODEL= as the command line takes it, its nominal FP32 size."""
+
+    name: str
+    model: str
+    nominal_gb: float
+    batch: str = "1:8:32"
+    options: tuple[str, ...] = ()  # more command-line options, the same for every stage
+
+
+# Pluggable: a family is a list of members; a member is any MODEL= the pipeline loads.  The real architectures
+# (a Hugging Face causal LM of ~1B parameters from its config, a ViT-L-sized image encoder) join in phase 2.
+FAMILIES: dict[str, tuple[Member, ...]] = {
+    "mlp": (
+        Member("mlp-0.1", "scale_models:mlp_100mb", 0.1),
+        Member("mlp-0.6", "scale_models:mlp_600mb", 0.6),
+        Member("mlp-1.2", "scale_models:mlp_1200mb", 1.2),
+        Member("mlp-2.4", "scale_models:mlp_2400mb", 2.4),
+        Member("mlp-5", "scale_models:mlp_5gb", 5.1),
+    ),
+    # The same 1.2 GB model through torch.onnx's other exporter, which writes the weights straight from the
+    # model's tensors (external data) where TorchScript's serializes the whole graph in memory.
+    "exporters": (Member("mlp-1.2-dynamo", "scale_models:mlp_1200mb", 1.2, options=("--exporter", "dynamo")),),
+    "resnet": (Member("resnet50", "resnet", 0.1),),
+}
+MEMBERS = {member.name: member for family in FAMILIES.values() for member in family}
+
+
+@dataclass(frozen=True)
+class Measured:
+    returncode: int
+    wall_seconds: float
+    peak_rss_bytes: int
+
+
+def run_measured(command: list[str], cwd: Path, log: Path) -> Measured:
+    """Run `command`, its output to `log`; its exit code, wall time and peak RSS (the kernel's, via wait4)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "benchmarks")}  # scale_models; cwd puts the pipeline first
+    with open(log, "w") as output:
+        started = time.perf_counter()
+        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(process.pid, 0)
+        wall = time.perf_counter() - started
+    process.returncode = os.waitstatus_to_exitcode(status)
+    return Measured(process.returncode, round(wall, 2), usage.ru_maxrss * 1024)  # ru_maxrss is in KiB on Linux
+
+
+def stage_command(stage: str, member: Member, out: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "trt_pipeline", stage, "--model", member.model, "--precision", PRECISION,
+        "--batch", member.batch, "--builder", BUILDER, "--out", str(out), *member.options,
+    ]  # fmt: skip
+
+
+def read_raw_manifest(out: Path) -> dict:
+    """The manifest as JSON (read raw: the checkout measured may have another manifest type than this one)."""
+    found = sorted(out.glob("*/manifest.json"))
+    return json.loads(found[0].read_text()) if found else {}
+
+
+def folder_files(out: Path) -> dict[str, int]:
+    """The artifact folder's files and their bytes (which graphs carry external data shows here)."""
+    folders = [path.parent for path in out.glob("*/manifest.json")]
+    if not folders:
+        return {}
+    return {path.name: path.stat().st_size for path in sorted(folders[0].iterdir()) if path.is_file()}
+
+
+def last_error(log: Path) -> str:
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    return (errors or lines or ["(no output)"])[-1][:400]
+
+
+def measure_stages(member: Member, out: Path, logs: Path, source: Path) -> list[dict]:
+    """Every command-line stage in its own process, in order, until one fails."""
+    rows = []
+    for stage in STAGES:
+        before = read_raw_manifest(out).get("timings", {})
+        log = logs / f"{member.name}-{stage}.log"
+        measured = run_measured(stage_command(stage, member, out), source, log)
+        after = read_raw_manifest(out).get("timings", {})
+        timings = {name: seconds for name, seconds in after.items() if before.get(name) != seconds}
+        row = {
+            "stage": stage,
+            "timings": timings,
+            "seconds": round(sum(timings.values()), 2),
+            "wall_seconds": measured.wall_seconds,
+            "peak_rss_bytes": measured.peak_rss_bytes,
+        }
+        print(
+            f"  {member.name:<9} {stage:<10} {row['seconds']:>8.1f} s {measured.peak_rss_bytes / GB:>6.2f} GB",
+            flush=True,
+        )
+        if measured.returncode != 0:
+            rows.append({**row, "failed": last_error(log)})
+            print(f"  {member.name:<9} {stage:<10} failed: {rows[-1]['failed']}", flush=True)
+            break
+        rows.append(row)
+    return rows
+
+
+def measure_whole(member: Member, out: Path, logs: Path, source: Path) -> dict:
+    """`make engine` as a user runs it: every stage in one process (the model alive throughout)."""
+    log = logs / f"{member.name}-engine.log"
+    measured = run_measured([*stage_command("engine", member, out), "--force"], source, log)
+    timings = read_raw_manifest(out).get("timings", {})
+    record = {
+        "timings": timings,
+        "seconds": round(sum(timings.values()), 2),
+        "wall_seconds": measured.wall_seconds,
+        "peak_rss_bytes": measured.peak_rss_bytes,
+    }
+    return record if measured.returncode == 0 else {**record, "failed": last_error(log)}
+
+
+def measure_floor(source: Path, logs: Path) -> Measured:
+    """A process that imports the build stages and exits: the part of every stage's peak that is not its work."""
+    code = "import trt_pipeline.pipeline.stages.sequence, trt_pipeline.pipeline.stages.build, onnxsim, tensorrt_rtx"
+    return run_measured([sys.executable, "-c", code], source, logs / "floor.log")
+
+
+def measure_member(member: Member, work: Path, source: Path, whole: bool) -> dict:
+    out, logs = work / member.name, work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    record: dict = {"member": member.name, "model": member.model, "nominal_gb": member.nominal_gb}
+    record["available_memory_bytes"] = available_memory()
+    record["load_average"] = [round(v, 2) for v in os.getloadavg()]
+    record["stages"] = measure_stages(member, out, logs, source)
+    record["files"] = folder_files(out)
+    # The FP32 graph's bytes: its weights, and a graph of a few kB.
+    record["weight_bytes"] = sum(size for name, size in record["files"].items() if name.startswith("model.onnx"))
+    shutil.rmtree(out, ignore_errors=True)  # graphs of several GB: one member's on disk at a time
+    if whole:
+        record["whole"] = measure_whole(member, out, logs, source)
+        shutil.rmtree(out, ignore_errors=True)
+    return record
+
+
+def available_memory() -> int | None:
+    """MemAvailable: the machine is shared, so what others held when a member ran is part of its record."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def source_commit(source: Path, given: str | None) -> str:
+    if given:
+        return given
+    found = subprocess.run(["git", "-C", str(source), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(source), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    return found.stdout.strip() + (" + uncommitted changes" if dirty else "") if found.returncode == 0 else "unknown"
+
+
+def measure(args: argparse.Namespace) -> dict:
+    source = Path(args.source).resolve()
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="scale.", dir=args.work) as work:
+        floor = measure_floor(source, Path(work))
+        members = []
+        for name in args.members:
+            print(f"{name} ({MEMBERS[name].model})", flush=True)
+            members.append(measure_member(MEMBERS[name], Path(work), source, args.whole))
+    return {
+        "label": args.label,
+        "commit": source_commit(source, args.commit),
+        "floor_rss_bytes": floor.peak_rss_bytes,
+        "precision": PRECISION,
+        "builder": BUILDER,
+        "seconds": round(time.perf_counter() - started, 1),
+        "environment": describe_environment(threads=physical_cores()),
+        "members": members,
+    }
+
+
+# ----------------------------------------------------------------------------------------------- the report
+
+
+def merged(path: Path, run: dict) -> dict:
+    """scale.json with `run` in place of any earlier run under its label."""
+    report = json.loads(path.read_text()) if path.is_file() else {"runs": []}
+    report["runs"] = [earlier for earlier in report["runs"] if earlier["label"] != run["label"]] + [run]
+    return report
+
+
+def stage_cell(row: dict) -> str:
+    if "failed" in row:
+        return f"failed: {row['failed']}"
+    return ", ".join(f"{name} {seconds:.1f}" for name, seconds in row["timings"].items())
+
+
+def member_table(run: dict) -> list[str]:
+    lines = [
+        "| model | FP32 weights | stage (process) | seconds in stages | process wall s | peak RSS | peak / weights |"
+        " stages it ran (s) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for member in run["members"]:
+        weights = member["weight_bytes"]
+        rows = [(row["stage"], row) for row in member["stages"]]
+        if "whole" in member:
+            rows.append(("**engine, one process**", member["whole"]))
+        for stage, row in rows:
+            lines.append(
+                f"| {member['member']} | {weights / GB:.2f} GB | {stage} | {row['seconds']:.1f} | "
+                f"{row['wall_seconds']:.1f} | {row['peak_rss_bytes'] / GB:.2f} GB | "
+                f"{row['peak_rss_bytes'] / weights:.1f}x | {stage_cell(row)} |"
+            )
+    return lines
+
+
+def run_header(run: dict) -> list[str]:
+    environment = run["environment"]
+    cpu = environment["cpu"]
+    versions = ", ".join(f"{name} {version}" for name, version in environment["versions"].items() if version)
+    return [
+        f"## {run['label']}: commit {run['commit']}",
+        "",
+        f"{cpu['model']}, {cpu['physical_cores']} physical cores shared with other jobs, "
+        f"{instruction_sets_text(cpu['instruction_sets'])}; {versions}. Measured in {run['seconds']:.0f} s by "
+        f"`{environment['command']}`. Precision {run['precision']}, builder {run['builder']}. A process that only "
+        f"imports the build stages peaks at {run['floor_rss_bytes'] / GB:.2f} GB (in every row's peak). Memory "
+        "available (others' jobs excluded) and load average when each model started: "
+        + "; ".join(
+            f"{m['member']} {m['available_memory_bytes'] / 2**30:.1f} GiB, {m['load_average']}" for m in run["members"]
+        )
+        + ".",
+        "",
+    ]
+
+
+def render_markdown(report: dict) -> str:
+    lines = [
+        "# Time and peak memory per stage as the weights grow (issue 38)",
+        "",
+        f"Generated by `benchmarks/scale.py` (with {JSON_NAME}; {PLOT_NAME}: time and peak RSS against the FP32 "
+        "weights, one line per stage, each run its own marker). Every command-line stage runs in its own process "
+        "(`python -m trt_pipeline <stage> ...`), so a stage's peak RSS is its process's high-water mark (ru_maxrss), "
+        "exact, and no earlier stage's leftovers count in it; its seconds are those the stages it ran recorded in "
+        "manifest.json (the export process runs prepare, reference and export). The engine row is `make engine` "
+        "as a user runs it: every stage in one process, the PyTorch model alive throughout. Models: "
+        "benchmarks/scale_models.py (N x Linear(d, d) + GELU, random weights; ResNet-50 from the registry); "
+        "mlp-1.2-dynamo is mlp-1.2 with EXPORTER=dynamo.",
+        "",
+        f"![time and peak RSS per stage]({PLOT_NAME})",
+        "",
+    ]
+    for run in report["runs"]:
+        lines += run_header(run) + member_table(run) + [""]
+    return "\n".join(lines)
+
+
+def render_plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (time_axis, memory_axis) = plt.subplots(1, 2, figsize=(12, 4.8))
+    colors = dict(zip([*STAGES, "engine"], plt.get_cmap("tab10").colors, strict=False))
+    for run, marker in zip(report["runs"], "os^vD", strict=False):
+        family = {member.name for member in FAMILIES["mlp"]}
+        members = sorted((m for m in run["members"] if m["member"] in family), key=lambda m: m["weight_bytes"])
+        for stage in [*STAGES, "engine"]:
+            points = [(m["weight_bytes"] / GB, row) for m in members for row in _rows(m) if row["stage"] == stage]
+            points = [(x, row) for x, row in points if "failed" not in row]
+            if not points:
+                continue
+            xs = [x for x, _ in points]
+            style = {"color": colors[stage], "marker": marker, "linestyle": "-" if run is report["runs"][-1] else ":"}
+            label = f"{stage} ({run['label']})"
+            time_axis.plot(xs, [row["seconds"] for _, row in points], label=label, **style)
+            memory_axis.plot(xs, [row["peak_rss_bytes"] / GB for _, row in points], label=label, **style)
+    top = max(m["weight_bytes"] for run in report["runs"] for m in run["members"]) / GB
+    memory_axis.plot([0, top], [0, 3 * top], color="grey", linestyle="--", label="3x the weights (issue 38's goal)")
+    time_axis.set(xlabel="FP32 weights (GB)", ylabel="seconds in the stage", title="time per stage (MLP family)")
+    memory_axis.set(xlabel="FP32 weights (GB)", ylabel="peak RSS (GB)", title="peak RSS per stage process")
+    memory_axis.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+
+
+def _rows(member: dict) -> list[dict]:
+    return [*member["stages"], *([{**member["whole"], "stage": "engine"}] if "whole" in member else [])]
+
+
+def write_report(report: dict, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / JSON_NAME).write_text(json.dumps(report, indent=2) + "\n")
+    (folder / MARKDOWN_NAME).write_text(render_markdown(report))
+    render_plot(report, folder / PLOT_NAME)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--label", default="after", help="the run's name in the report (a rerun replaces it)")
+    parser.add_argument("--members", type=lambda text: text.split(","), default=["mlp-0.1", "mlp-0.6", "mlp-1.2"],
+                        help=f"comma-separated, of {', '.join(MEMBERS)}")  # fmt: skip
+    parser.add_argument("--whole", action="store_true", help="also run each model's stages in one process")
+    parser.add_argument("--source", default=str(ROOT), help="the checkout whose trt_pipeline runs the stages")
+    parser.add_argument("--commit", help="the commit --source holds, where it is no git checkout")
+    parser.add_argument("--work", help="where the graphs are written (a temporary folder inside it)")
+    parser.add_argument("--docs", type=Path, default=ROOT / "docs" / "benchmarks", help="where the report goes")
+    parser.add_argument("--render", action="store_true", help="rewrite scale.md and scale.png from scale.json")
+    args = parser.parse_args()
+    if args.render:
+        write_report(json.loads((args.docs / JSON_NAME).read_text()), args.docs)
+        return
+    unknown = [name for name in args.members if name not in MEMBERS]
+    if unknown:
+        parser.error(f"unknown member(s) {unknown}; choose from {', '.join(MEMBERS)}")
+    write_report(merged(args.docs / JSON_NAME, measure(args)), args.docs)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+"""A graph's files: the .onnx, and past protobuf's 2 GB the one data file beside it that holds its weights.
+
+A protobuf message stops at 2 GiB, so a graph with more weights keeps them as external data (onnx's
+docs/ExternalData.md): here always in one file per graph, `<graph>.data` (model.onnx.data), in the graph's own
+folder.  A graph with fewer weights stays one file, as every tool reads it.  Every graph of a folder is written
+through `atomic_graph`, which moves the graph and its data file into place together; `data_files` names the data
+files a graph refers to and refuses a reference that leaves the graph's folder.  onnx is imported on first use
+only: the folder's readers import this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..core.errors import PipelineError
+from .artifacts import temporary_name
+from .onnx_wire import copy, without_weights, write_inline
+
+if TYPE_CHECKING:
+    import onnx
+
+# Weights past this many bytes go to the data file: protobuf's 2 GiB less room for the graph's nodes.  Module-level
+# so that the tests can force small graphs through the external-data paths.
+EXTERNAL_DATA_BYTES = 2**31 - 2**28
+# Tensors smaller than this stay inside the graph, as onnx's size_threshold keeps them: shapes, axes, scalars.
+INLINE_TENSOR_BYTES = 1024
+# Each tensor's offset in the data file is a multiple of this, so the file can be mapped tensor by tensor.
+ALIGNMENT = 4096
+
+
+def data_file_name(graph: Path) -> str:
+    """The name of the file beside `graph` that holds its weights when it has external data."""
+    return f"{Path(graph).name}.data"
+
+
+def data_files(graph: Path) -> list[Path]:
+    """The files `graph`'s external data lives in (none for a graph of one file), each inside the graph's folder."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
+
+    graph = Path(graph)
+    model = onnx.load_model_from_string(without_weights(graph, INLINE_TENSOR_BYTES))
+    locations = dict.fromkeys(ExternalDataInfo(t).location for t in _get_all_tensors(model) if uses_external_data(t))
+    return [_inside(graph, location) for location in locations]
+
+
+def _inside(graph: Path, location: str) -> Path:
+    """The data file `location` names, refused unless it is a plain file name in `graph`'s folder."""
+    path = graph.parent / location
+    if Path(location).name != location or location in ("", ".", "..") or path.is_symlink():
+        raise PipelineError(
+            f"{graph} keeps weights in {location!r}, outside its own folder; a graph's external data must be a "
+            "file beside it (the folder's checks and copies cover only those)",
+            f"save the graph with its weights beside it: onnx.save_model(model, path, save_as_external_data=True, "
+            f"location={data_file_name(graph)!r})",
+        )
+    if not path.is_file():
+        raise PipelineError(
+            f"{graph} keeps weights in {location}, which is not a file beside it",
+            "copy the graph together with its data file, or export it again",
+        )
+    return path
+
+
+def graph_without_weights(graph: Path) -> onnx.ModelProto:
+    """The graph's nodes, inputs, outputs and initializers (name, type, dims), the data of the initializers of
+    INLINE_TENSOR_BYTES or more left out (small ones, shapes and axes, loaded wherever they are): what shape
+    inference, the checks and a graph's inputs and outputs need, read at the size of the graph, not of its weights.
+    Subgraphs (If, Loop) and Constant nodes are kept whole."""
+    import onnx
+    from onnx.external_data_helper import (
+        ExternalDataInfo,
+        _get_all_tensors,
+        load_external_data_for_tensor,
+        uses_external_data,
+    )
+
+    model = onnx.load_model_from_string(without_weights(Path(graph), INLINE_TENSOR_BYTES))
+    for tensor in _get_all_tensors(model):
+        if uses_external_data(tensor) and (ExternalDataInfo(tensor).length or 0) < INLINE_TENSOR_BYTES:
+            load_external_data_for_tensor(tensor, str(Path(graph).parent))
+    return model
+
+
+def graph_files(graph: Path) -> list[Path]:
+    """The graph and its data files: what a copy of it must carry."""
+    return [Path(graph), *data_files(graph)]
+
+
+def weight_bytes(model: onnx.ModelProto) -> int:
+    """The bytes of the graph's initializers, whether held inside it or in external data."""
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    total = 0
+    for tensor in model.graph.initializer:
+        if uses_external_data(tensor):
+            total += ExternalDataInfo(tensor).length or 0
+        elif tensor.HasField("raw_data"):
+            total += len(tensor.raw_data)
+        else:  # a typed field (float_data, int64_data, ...): count the values it holds
+            total += int(np.prod(tensor.dims)) * np.dtype(tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+    return total
+
+
+def save_graph(model: onnx.ModelProto, path: Path) -> None:
+    """Write `model` (its weights in memory) at `path`: one file, or past EXTERNAL_DATA_BYTES the graph and its
+    data file.  The weights written to the data file are dropped from `model` as they are written."""
+    import onnx
+
+    if weight_bytes(model) <= EXTERNAL_DATA_BYTES:
+        onnx.save(model, str(path))
+        return
+    location = data_file_name(path)
+    Path(path).with_name(location).unlink(missing_ok=True)  # onnx appends to an existing one
+    onnx.save_model(
+        model,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=location,
+        size_threshold=INLINE_TENSOR_BYTES,
+    )
+
+
+def gather_weights(path: Path) -> None:
+    """Store the graph at `path` as this module's rule says, whatever the exporter wrote: one file up to
+    EXTERNAL_DATA_BYTES of weights, else every external tensor in `<graph>.data` (TorchScript writes one file
+    per tensor past 2 GB), copied a block at a time, never all the weights in memory at once."""
+    import onnx
+
+    path = Path(path)
+    sources = data_files(path)
+    external = weight_bytes(graph_without_weights(path)) > EXTERNAL_DATA_BYTES
+    target = path.with_name(data_file_name(path))
+    if sources and not external:  # weights protobuf holds in one file: copied into it
+        _inline(path)
+    elif external and not sources:  # one file past the limit (a lowered limit, in the tests)
+        save_graph(onnx.load(str(path)), path)
+    elif external and sources != [target]:
+        model = onnx.load(str(path), load_external_data=False)
+        _copy_into_one_file(model, path)
+        onnx.save(model, str(path))
+    for source in sources:
+        if source != target or not external:
+            source.unlink()
+
+
+def _inline(path: Path) -> None:
+    """The graph at `path` written as one file: streamed (onnx_wire.write_inline) where only the main graph's
+    initializers are external, as every exporter writes them; else through a ModelProto holding them all."""
+    import onnx
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    model = onnx.load(str(path), load_external_data=False)
+    external = sum(uses_external_data(tensor) for tensor in _get_all_tensors(model))
+    if external == sum(uses_external_data(tensor) for tensor in model.graph.initializer):
+        write_inline(model, path.parent, path)
+    else:
+        save_graph(onnx.load(str(path)), path)
+
+
+def _copy_into_one_file(model: onnx.ModelProto, path: Path) -> None:
+    """Every external tensor of `model` (loaded without its data) copied into `<graph>.data`; `model` then names
+    its place there."""
+    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
+
+    target = path.with_name(data_file_name(path))
+    written = target.with_name(temporary_name(target))  # the target may be one of the sources
+    with open(written, "wb") as out:
+        for tensor in _get_all_tensors(model):
+            if not uses_external_data(tensor):
+                continue
+            info = ExternalDataInfo(tensor)
+            out.write(b"\0" * (-out.tell() % ALIGNMENT))
+            offset = out.tell()
+            with open(path.parent / info.location, "rb") as source:
+                source.seek(info.offset or 0)
+                length = copy(source, out, info.length)
+            _set_location(tensor, target.name, offset, length)
+    os.replace(written, target)
+
+
+def _set_location(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+    del tensor.external_data[:]
+    for key, value in (("location", location), ("offset", offset), ("length", length)):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, str(value)
+
+
+@contextlib.contextmanager
+def atomic_graph(final: Path) -> Iterator[Path]:
+    """Yield a path named like `final` in a private folder beside it; if the block succeeds, move the graph
+    written there, with its data file where it has one, into place (the data file first, so the graph never
+    names weights that are not there yet) and remove a data file of the graph it replaced that it no longer has.
+    Named as artifacts.atomic_path's temporaries are, so the next build removes what a killed one left."""
+    final = Path(final)
+    staging = final.with_name(temporary_name(final))
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        yield staging / final.name
+        data, final_data = staging / data_file_name(final), final.with_name(data_file_name(final))
+        if data.is_file():
+            os.replace(data, final_data)
+            os.replace(staging / final.name, final)
+        else:
+            os.replace(staging / final.name, final)
+            final_data.unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
