@@ -38,7 +38,7 @@ from ..pipeline.evaluation import node_tolerance
 from ..pipeline.evaluation.agreement import Judge
 from ..pipeline.evaluation.layers import compare_layers, first_past
 from ..pipeline.folder.artifacts import atomic_path, sha256_file, write_npz
-from ..pipeline.folder.layout import graph_record
+from ..pipeline.folder.layout import CACHE_FOLDER, SAMPLE, graph_record
 from ..pipeline.folder.records import CalibrationSplit, RowsAgreement
 from .bias import correct_biases, weight_input_means
 from .cache import CacheLookup, cache_key, cache_path, load_ranges, save_ranges
@@ -50,11 +50,7 @@ from .readers import CalibrationData, CalibrationSource, graph_inputs, read_cali
 from .share import compute_shapes, int8_share, macs_by_op
 from .smooth import channel_maxima, smooth_graph, smoothable, smoothing_options, smoothing_record, smoothing_scales
 
-CACHE_FOLDER = "calibration"  # inside the artifact folder, beside model.int8.onnx
-# The first rows the agreement gate judges (held out from calibration where the set allows it: where a gate refused,
-# the rows it refused on), model-ready, kept in the cache folder: `trt-pipeline diagnose` compares an INT8 graph
-# with FP32 on them (reference.npz's random inputs are clipped by the input's Q/DQ).
-SAMPLE = "sample.npz"
+# The first rows the agreement gate judges (pipeline/folder/layout.py SAMPLE), SAMPLE_ROWS of them.
 SAMPLE_ROWS = 8
 # After the pick of method and smoothing, the quantized op where the held-out error starts (the first node past the
 # gate's level, traced back to its Conv/Gemm/MatMul) is tried in float, up to FLOAT_OPS_TRIED times.  It stays in

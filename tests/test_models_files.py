@@ -291,6 +291,20 @@ def test_a_native_crash_kills_only_the_child():
     assert crash_in_child(int, "not a number") is None  # a Python error is not a crash
 
 
+def test_a_probe_child_that_hangs_is_stopped_and_counts_as_no_crash(monkeypatch, capsys):
+    """A forked child can wait forever on a lock another thread of the parent held at the fork: the parent stops
+    it after PROBE_TIMEOUT_S instead of waiting with it."""
+    import time
+
+    from trt_pipeline.pipeline.core import sessions
+
+    monkeypatch.setattr(sessions, "PROBE_TIMEOUT_S", 0.5)
+    started = time.monotonic()
+    assert sessions.crash_in_child(time.sleep, 60) is None
+    assert time.monotonic() - started < 30
+    assert "hung for 0.5 s; stopped it" in capsys.readouterr().out
+
+
 def test_a_graph_that_crashes_at_full_optimization_opens_one_level_lower(tmp_path: Path, capsys):
     from trt_pipeline.pipeline.core.sessions import OPTIMIZATION_LEVELS, level_that_opens
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,9 @@ from .settings import mention
 
 # Highest first: the order a crashing graph is retried in.  Names as in onnxruntime.GraphOptimizationLevel.
 OPTIMIZATION_LEVELS = ("ORT_ENABLE_ALL", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_BASIC", "ORT_DISABLE_ALL")
+# A probe that has neither crashed nor finished by then is stopped (crash_in_child): opening and running the largest
+# graphs measured here takes well under a minute.
+PROBE_TIMEOUT_S = 600
 # Graphs already probed in this process, by (path, size, mtime, probed with a run): the level that worked.
 _PROBED: dict[tuple[str, int, int, bool], str] = {}
 
@@ -155,7 +159,10 @@ def crash_in_child(function: Callable[..., object], *args: object) -> str | None
     """Run `function(*args)` in a forked child; the signal that killed it ("SIGSEGV"), or None if it exited.
 
     The child shares nothing back but its exit: it leaves with os._exit, so no atexit handler or buffered output
-    of the parent runs twice.
+    of the parent runs twice.  A child still running after PROBE_TIMEOUT_S is killed and counts as no crash: a fork
+    copies the locks other threads of the parent held at that moment (ONNX Runtime's pools of a process with other
+    sessions open), and a child can wait on one of them forever (seen once in the test suite); the parent then
+    opens the graph itself, as when the child exits.
     """
     pid = os.fork()
     if pid == 0:  # the child
@@ -166,7 +173,23 @@ def crash_in_child(function: Callable[..., object], *args: object) -> str | None
         except BaseException:  # a Python error is not a crash; the parent meets it again and reports it
             code = 1
         os._exit(code)
-    _, status = os.waitpid(pid, 0)
+    status = _wait(pid, PROBE_TIMEOUT_S)
+    if status is None:
+        print(f"note: the crash probe of ONNX Runtime hung for {PROBE_TIMEOUT_S} s; stopped it", flush=True)
+        return None
     if os.WIFSIGNALED(status):
         return signal.Signals(os.WTERMSIG(status)).name
+    return None
+
+
+def _wait(pid: int, timeout_s: float) -> int | None:
+    """The child's exit status, or None where it is still running after `timeout_s` (it is then killed)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
     return None

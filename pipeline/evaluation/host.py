@@ -66,7 +66,8 @@ def check_on_host(
     outputs on them) through `infer`; the first failure, or the worst margins, as a HostCheck."""
     started = time.perf_counter()
     precision = Precision(precision)
-    checks = [_reference_cases(infer, precision, cases), _rows_alone(infer, precision, cases)]
+    outputs = [infer(inputs) for inputs, _ in cases]
+    checks = [_reference_cases(precision, cases, outputs), _rows_alone(infer, precision, cases, outputs)]
     if precision is Precision.INT8 and sample is not None:
         checks.append(_agreement(infer, *sample))
     failure = next((verdict for passed, verdict in checks if not passed), None)
@@ -74,13 +75,13 @@ def check_on_host(
     return HostCheck(failure is None, verdict, round(time.perf_counter() - started, 3))
 
 
-def _reference_cases(infer: Infer, precision: Precision, cases: Cases) -> tuple[bool, str]:
-    """Every reference case within its precision's parity tolerance (INT8: finite)."""
+def _reference_cases(precision: Precision, cases: Cases, outputs: list[Feeds]) -> tuple[bool, str]:
+    """Every reference case's `outputs` within its precision's parity tolerance (INT8: finite)."""
     rtol = RTOL[precision]
     worst, where = 0.0, ""
-    for inputs, expected in cases:
+    for (inputs, expected), actual in zip(cases, outputs, strict=True):
         batch = _rows(inputs)
-        for name, comparison in compare_outputs(expected, infer(inputs), rtol=rtol).items():
+        for name, comparison in compare_outputs(expected, actual, rtol=rtol).items():
             passed = math.isfinite(comparison.max_abs) if precision is Precision.INT8 else comparison.ok
             if not passed:
                 return False, (
@@ -92,13 +93,13 @@ def _reference_cases(infer: Infer, precision: Precision, cases: Cases) -> tuple[
     return True, f"{len(cases)} reference cases within {rtol:g} of PyTorch's (worst {worst:.3g}, {where})"
 
 
-def _rows_alone(infer: Infer, precision: Precision, cases: Cases) -> tuple[bool, str]:
-    """The largest reference case's first rows, each alone, against the same rows run in the batch."""
-    inputs = max((inputs for inputs, _ in cases), key=_rows)
+def _rows_alone(infer: Infer, precision: Precision, cases: Cases, outputs: list[Feeds]) -> tuple[bool, str]:
+    """The largest reference case's first rows, each alone, against the same rows in its batch's `outputs`."""
+    largest = max(range(len(cases)), key=lambda index: _rows(cases[index][0]))
+    inputs, together = cases[largest][0], outputs[largest]
     batch = _rows(inputs)
     if batch < 2:
         return True, "no reference case of two rows or more: batch independence not checked"
-    together = infer(inputs)
     tolerance = node_tolerance(precision)
     for row in range(min(ROWS_ALONE, batch)):
         alone = infer({name: array[row : row + 1] for name, array in inputs.items()})

@@ -16,6 +16,13 @@ FP32_GRAPH = "model.onnx"  # exported, checked and simplified; every other graph
 # Which graph load_runner(backend="auto") measured fastest on a host, keyed by the host (runners/fastest.py).
 # Written by readers, not by the build: a cache, never an artifact (no sha256 in the manifest).
 SERVED_CHOICE = "served.json"
+CACHE_FOLDER = "calibration"  # INT8's calibration cache, inside the artifact folder
+# The first rows the agreement gate judges (held out from calibration where the set allows it: where a gate refused,
+# the rows it refused on), model-ready, kept in the cache folder: `trt-pipeline diagnose` compares an INT8 graph
+# with FP32 on them (reference.npz's random inputs are clipped by the input's Q/DQ), and a host checks its INT8
+# graph on them before it serves (pipeline/runners/host_check.py).
+SAMPLE = "sample.npz"
+CALIBRATION_SAMPLE = f"{CACHE_FOLDER}/{SAMPLE}"
 
 # The shape of a folder and its manifest, recorded in it as "layout".  Bump it when the stages write
 # different artifacts or manifest entries: a folder of another layout is rebuilt, never reused, and

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from ..core.errors import PipelineError
 from ..core.trt_module import describe_gpu, gpu_present, import_trt
 from ..folder.reader import ArtifactFolder, open_folder
 from .base import Runner, TensorSpec
 from .fastest import fastest_onnxruntime_runner
+from .host_check import check_runner, describe
 from .onnxruntime import OnnxRuntimeRunner
 from .onnxruntime_cuda import OnnxRuntimeCudaRunner
 from .options import check_options
@@ -33,7 +35,9 @@ log = logging.getLogger(__name__)
 __all__ = ["BACKENDS", "Runner", "TensorSpec", "load_runner"]
 
 
-def load_runner(path: str | Path | ArtifactFolder, backend: str = "auto", **options) -> Runner:
+def load_runner(
+    path: str | Path | ArtifactFolder, backend: str = "auto", *, verify: bool = True, **options: Any
+) -> Runner:
     """A runner for the artifact folder `path` (a path, or a folder already opened by
     pipeline.folder.reader.open_folder).
 
@@ -46,6 +50,10 @@ def load_runner(path: str | Path | ArtifactFolder, backend: str = "auto", **opti
     split_large_batches=False, providers=[...] for ONNX Runtime, amp=True for torch, contexts=2 for the engine,
     cuda_graph=True for onnxruntime-cuda); each is checked against the runner's own keyword, its type and, for a
     count, 1 or more (pipeline.runners.options) before anything loads.
+
+    verify (auto only): what auto picks is first run on the folder's own cases and held to its gate on this host
+    (pipeline.runners.host_check): a graph that fails does not serve, the next fastest does, or the load is refused
+    with what was measured.  Cached with the measurement in served.json; False serves unchecked.
     """
     if backend not in BACKENDS:
         raise PipelineError(f"unknown runner backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
@@ -58,13 +66,27 @@ def load_runner(path: str | Path | ArtifactFolder, backend: str = "auto", **opti
     check_options(runner_class, backend, options)
     runner: Runner
     if measure and backend == "onnxruntime":
-        runner, measured = fastest_onnxruntime_runner(folder, options)
+        runner, measured = fastest_onnxruntime_runner(folder, options, verify=verify)
         why = f"{why}; {measured}"
     else:
         runner = runner_class(folder, **options)
+        if measure and verify:  # auto picked the engine: checked as any graph that serves
+            runner, why = _checked_engine(folder, runner, why)
     runner.description = f"{runner.description}; picked because {why}"
     log.info("runner for %s: %s", folder.path, runner.description)
     return runner
+
+
+def _checked_engine(folder: ArtifactFolder, runner: Runner, why: str) -> tuple[Runner, str]:
+    """The engine's runner where it passes the host check, else the fastest ONNX Runtime graph that does (the
+    engine's options do not apply to it), and why.  Not cached: an engine is checked at every load (a GPU runs the
+    reference cases in well under a second)."""
+    check = {folder.engine: check_runner(folder, folder.precision, runner)}
+    if check[folder.engine].passed:
+        return runner, f"{why}; {describe(check)}"
+    runner.close()
+    fallback, measured = fastest_onnxruntime_runner(folder, {}, verify=True)
+    return fallback, f"{why}, but {describe(check)}; so {measured}"
 
 
 def _choose_backend(folder: ArtifactFolder) -> tuple[str, str]:

@@ -30,6 +30,7 @@ import numpy as np
 from ..core.cpu import cpu_instruction_sets, cpu_model, int8_cpu_kind
 from ..core.errors import PipelineError
 from ..core.trt_module import describe_gpu
+from ..evaluation.host import HostCheck
 from ..folder.artifacts import write_json
 from ..folder.graph_io import load_reference
 from ..folder.layout import REFERENCE, SERVED_CHOICE
@@ -38,6 +39,7 @@ from ..folder.rebuild import rebuild_hint
 from ..folder.records import GraphRecord
 from .base import Runner
 from .device_memory import available_layers
+from .host_check import SKIP, check_runner, describe, first_passing, refused_on_host
 from .onnxruntime import CPU, CUDA, OnnxRuntimeRunner, choose_providers
 from .onnxruntime_cuda import OnnxRuntimeCudaRunner
 
@@ -78,17 +80,20 @@ class Candidate:
         return OnnxRuntimeRunner(folder, **{**options, "graph": self.graph, "providers": list(self.providers)})
 
 
-def fastest_onnxruntime_runner(folder: ArtifactFolder, options: dict[str, Any]) -> tuple[Runner, str]:
-    """(the runner on the fastest candidate, why it won: what was measured, or that the cache said so)."""
+def fastest_onnxruntime_runner(
+    folder: ArtifactFolder, options: dict[str, Any], *, verify: bool = True
+) -> tuple[Runner, str]:
+    """(the runner on the fastest candidate, why it won: what was measured, or that the cache said so).  verify: the
+    fastest that passes the host check serves (runners/host_check.py); its result is cached with the times."""
     candidates, refused = find_candidates(folder, usable_providers())
     key = host_key(folder, candidates, options.get("intra_op_threads"))
-    cached = _cached_choice(folder, key, candidates)
+    cached = _cached_choice(folder, key, candidates, verify=verify)
     if cached is not None:
-        winner, ms = cached
+        winner, ms, checks = cached
         runner = winner.open(folder, options)
         how = f"measured earlier with this host's key, cached in {SERVED_CHOICE}"
-        return runner, _why(winner, ms, how, refused)
-    return _measure_and_serve(folder, candidates, key, options, refused)
+        return runner, _why(winner, ms, how, refused, checks)
+    return _measure_and_serve(folder, candidates, key, options, refused, verify=verify)
 
 
 def _measure_and_serve(
@@ -97,16 +102,38 @@ def _measure_and_serve(
     key: dict[str, Any],
     options: dict[str, Any],
     refused: list[str],
+    *,
+    verify: bool,
 ) -> tuple[Runner, str]:
     runners = _open_all(folder, candidates, options)
-    by_batch, rounds = measure_batches(runners, folder)
-    winner = pick(by_batch)
-    for candidate, runner in runners.items():
-        if candidate != winner:
-            runner.close()
+    served: Candidate | None = None
+    try:
+        by_batch, rounds = measure_batches(runners, folder)
+        served, checks = _first_served(folder, runners, ranked(by_batch), verify=verify)
+    finally:
+        for candidate, runner in runners.items():
+            if candidate != served:
+                runner.close()
     ms = {batch: {candidate.label: t for candidate, t in medians.items()} for batch, medians in by_batch.items()}
-    cached_note = _save_choice(folder, key, winner, ms)
-    return runners[winner], _why(winner, ms, f"measured now, medians of {rounds} rounds; {cached_note}", refused)
+    cached_note = _save_choice(folder, key, served, ms, checks)
+    how = f"measured now, medians of {rounds} rounds; {cached_note}"
+    return runners[served], _why(served, ms, how, refused, checks)
+
+
+def _first_served(
+    folder: ArtifactFolder, runners: dict[Candidate, Runner], ranked: list[Candidate], *, verify: bool
+) -> tuple[Candidate, dict[str, HostCheck]]:
+    """The fastest candidate, or with `verify` the fastest that passes the host check (a PipelineError where none
+    does), and the checks made."""
+    if not verify:
+        return ranked[0], {}
+    by_label = {candidate.label: candidate for candidate in ranked}
+    label, checks = first_passing(
+        list(by_label), lambda label: check_runner(folder, by_label[label].precision, runners[by_label[label]])
+    )
+    if label is None:
+        raise refused_on_host(folder, checks)
+    return by_label[label], checks
 
 
 def usable_providers() -> list[str]:
@@ -142,12 +169,17 @@ def measure_batches(
 
 def pick(by_batch: dict[int, dict[Candidate, float]]) -> Candidate:
     """The candidate whose worst ratio to the fastest at each measured batch is least (ties: the first)."""
+    return ranked(by_batch)[0]
+
+
+def ranked(by_batch: dict[int, dict[Candidate, float]]) -> list[Candidate]:
+    """The candidates by their worst ratio to the fastest at each measured batch, least first (ties: in order)."""
     candidates = list(next(iter(by_batch.values())))
 
     def worst_ratio(candidate: Candidate) -> float:
         return max(medians[candidate] / min(medians.values()) for medians in by_batch.values())
 
-    return min(candidates, key=worst_ratio)
+    return sorted(candidates, key=worst_ratio)
 
 
 def find_candidates(folder: ArtifactFolder, providers: list[str]) -> tuple[list[Candidate], list[str]]:
@@ -219,17 +251,22 @@ def _open_all(folder: ArtifactFolder, candidates: list[Candidate], options: dict
 
 
 def _cached_choice(
-    folder: ArtifactFolder, key: dict[str, Any], candidates: list[Candidate]
-) -> tuple[Candidate, dict[int, dict[str, float]]] | None:
-    """(winner, {batch: ms by label}) from SERVED_CHOICE where it was measured under this key, else None.  A cache
-    file that is not what _save_choice writes is measured again and overwritten (_save_choice says so)."""
+    folder: ArtifactFolder, key: dict[str, Any], candidates: list[Candidate], *, verify: bool
+) -> tuple[Candidate, dict[int, dict[str, float]], dict[str, HostCheck]] | None:
+    """(winner, {batch: ms by label}, the host checks made) from SERVED_CHOICE where it was measured under this key
+    (and, to `verify`, its winner passed the host check), else None.  A cache file that is not what _save_choice
+    writes is measured again and overwritten (_save_choice says so)."""
     record, _ = _read_record(folder)
     if record is None or record["key"] != key:
         return None
     by_label = {candidate.label: candidate for candidate in candidates}
     ms = {int(batch): medians for batch, medians in record["ms"].items()}
+    checks = {label: HostCheck.from_json(check) for label, check in record.get("checks", {}).items()}
     labels = {label for medians in ms.values() for label in medians} | {record["served"]}
-    return (by_label[record["served"]], ms) if labels <= set(by_label) else None
+    served_check = checks.get(record["served"])
+    if not labels <= set(by_label) or (verify and not (served_check and served_check.passed)):
+        return None
+    return by_label[record["served"]], ms, {label: check for label, check in checks.items() if check}
 
 
 # What _save_choice writes is a few hundred bytes a candidate: a file far larger is no cache of it, and is not read.
@@ -283,6 +320,9 @@ def _record_problem(record: Any) -> str:
         for label, value in medians.items():
             if not _is_milliseconds(value):
                 return f"the time of {label} at batch {batch} is {value!r}, not a number of milliseconds"
+    checks = record.get("checks", {})
+    if not isinstance(checks, dict) or not all(HostCheck.from_json(check) for check in checks.values()):
+        return f"its host checks are {checks!r}, not what a check records"
     return ""
 
 
@@ -291,7 +331,11 @@ def _is_milliseconds(value: Any) -> bool:
 
 
 def _save_choice(
-    folder: ArtifactFolder, key: dict[str, Any], winner: Candidate, ms: dict[int, dict[str, float]]
+    folder: ArtifactFolder,
+    key: dict[str, Any],
+    winner: Candidate,
+    ms: dict[int, dict[str, float]],
+    checks: dict[str, HostCheck],
 ) -> str:
     """Write the choice to SERVED_CHOICE ({batch: ms by label}, the batches in the order measured); what
     happened, for the description (a read-only folder is served anyway, measured at every load), including what was
@@ -299,6 +343,7 @@ def _save_choice(
     _, problem = _read_record(folder)
     damaged = f"{SERVED_CHOICE} there held no valid measurement ({problem})" if problem else ""
     record = {"key": key, "ms": {str(batch): medians for batch, medians in ms.items()}, "served": winner.label}
+    record["checks"] = {label: check.as_json() for label, check in checks.items()}
     try:
         write_json(folder.path / SERVED_CHOICE, record)
     except OSError as error:
@@ -311,14 +356,20 @@ def _fastest_first(medians: dict[str, float]) -> str:
     return ", ".join(f"{label} {t:.2f} ms" for label, t in sorted(medians.items(), key=lambda item: item[1]))
 
 
-def _why(winner: Candidate, ms: dict[int, dict[str, float]], how: str, refused: list[str]) -> str:
-    """What was measured (ms per call by candidate, by batch) and why the winner won, for runner.description."""
+def _why(
+    winner: Candidate, ms: dict[int, dict[str, float]], how: str, refused: list[str], checks: dict[str, HostCheck]
+) -> str:
+    """What was measured (ms per call by candidate, by batch), why the winner won and what the host check found, for
+    runner.description."""
     timed = "; ".join(f"batch {batch}: {_fastest_first(medians)}" for batch, medians in ms.items())
     batches = ", ".join(str(batch) for batch in ms)
+    fastest = (
+        "the fastest" if all(check.passed for check in checks.values()) else "the fastest that passed the host check"
+    )
     text = (
-        f"{winner.label} ({winner.precision}) was the fastest over batch {batches} ({how}; the least "
+        f"{winner.label} ({winner.precision}) was {fastest} over batch {batches} ({how}; the least "
         f"worst ratio to the fastest at each): {timed}"
     )
     if refused:
         text += f"; not candidates: {'; '.join(refused)}"
-    return text
+    return f"{text}; {describe(checks)}" if checks else f"{text}; not checked on this host ({SKIP})"

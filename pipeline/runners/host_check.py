@@ -1,0 +1,80 @@
+"""Verified on the host before it serves: the runner that would serve a folder, checked against the folder's own gate.
+
+The build's gates ran on the build machine; a host computes with its own kernels (a GPU's real float16, this CPU's
+int8 kernels).  So `auto` runs pipeline.evaluation.host's check through the very runner it picked: the folder's
+reference cases at the graph's precision's tolerance, rows alone as in a batch, and for INT8 the calibration rows
+the build held out, against the FP32 graph on this host's CPU.  A runner that fails it does not serve: the next
+fastest does, or, where none passes, the load is refused with what was measured.  The result is cached with the
+measurement (runners/fastest.py, served.json), so a host pays for it once per key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ..core.errors import PipelineError
+from ..core.precision import Precision
+from ..evaluation.host import HostCheck, check_on_host
+from ..folder.graph_io import load_reference
+from ..folder.layout import CALIBRATION_SAMPLE, FP32_GRAPH, REFERENCE
+from ..folder.reader import ArtifactFolder
+from .base import Runner
+from .onnxruntime import CPU, OnnxRuntimeRunner
+
+# How to turn the check off, for the fixes: a load that must serve what the folder holds whatever this host computes.
+SKIP = "load_runner(..., verify=False)"
+
+
+def check_runner(folder: ArtifactFolder, precision: Precision | str, runner: Runner) -> HostCheck:
+    """`runner` (serving a graph of `precision`) on the folder's reference cases and, for INT8, its held-out
+    calibration rows against the FP32 graph run here."""
+    precision = Precision(precision)
+    sample = held_out_sample(folder) if precision is Precision.INT8 else None
+    return check_on_host(runner.infer, precision, load_reference(folder.read(REFERENCE)), sample)
+
+
+def first_passing(ranked: Sequence[str], check: Callable[[str], HostCheck]) -> tuple[str | None, dict[str, HostCheck]]:
+    """The first of `ranked` (labels, fastest first) whose check passes (None where none does), and every check
+    made on the way."""
+    checks: dict[str, HostCheck] = {}
+    for label in ranked:
+        checks[label] = check(label)
+        if checks[label].passed:
+            return label, checks
+    return None, checks
+
+
+def held_out_sample(folder: ArtifactFolder) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None:
+    """(the calibration rows the INT8 gate judged, the FP32 graph's outputs on them here), or None where the folder
+    kept none.  The rows are data the build wrote beside its cache, not a graph: at worst a changed file makes
+    the check refuse."""
+    path = folder.path / CALIBRATION_SAMPLE
+    if not path.is_file():
+        return None
+    with np.load(path) as sample:
+        inputs = {name: sample[name] for name in sample.files}
+    with OnnxRuntimeRunner(folder, graph=FP32_GRAPH, providers=[CPU]) as fp32:
+        return inputs, fp32.infer(inputs)
+
+
+def refused_on_host(folder: ArtifactFolder, checks: dict[str, HostCheck]) -> PipelineError:
+    """No candidate computes here what the build verified: what each did, and what to do."""
+    measured = "; ".join(f"{label}: {check.verdict}" for label, check in checks.items())
+    return PipelineError(
+        f"no graph of {folder.path} computes on this host what its build verified ({measured})",
+        "check this host's onnxruntime (its version and provider) against the build's (the manifest's versions), "
+        f"or rebuild the folder: {folder.rebuild_hint(force=True)}; {SKIP} serves it unchecked",
+    )
+
+
+def describe(checks: dict[str, HostCheck]) -> str:
+    """The checks for runner.description: which passed, which were refused and why."""
+    words = [
+        f"{label} checked on this host in {check.seconds:.2f} s: {check.verdict}"
+        if check.passed
+        else f"{label} refused on this host: {check.verdict}"
+        for label, check in checks.items()
+    ]
+    return "; ".join(words)
