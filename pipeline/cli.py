@@ -101,10 +101,13 @@ def _argument(name: str, default: object) -> dict:
 
 
 def _help(declared: Declared, default: object) -> str:
-    """The declared help with the precisions it is for, its default and its make variable (argparse's %% escaped)."""
+    """The declared help with the precisions (or the post-processing) it is for, its default and its make variable
+    (argparse's %% escaped)."""
     text = declared.help
     if declared.precisions != tuple(Precision):
         text = f"{' and '.join(declared.precisions)}: {text}"
+    if declared.postprocess is not None:
+        text = f"{declared.postprocess}: {text}"
     if default is not None and not isinstance(default, bool):
         text += f" (default: {default})"
     return f"{text} [{declared.make}]".replace("%", "%%")

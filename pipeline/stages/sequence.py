@@ -437,7 +437,7 @@ def reuse_key(settings: Settings, fingerprint: str) -> str:
     """Everything that decides the artifacts: settings, model code and weights, calibration data, versions."""
     # Only the settings that decide this precision's artifacts (core/settings.py): INT8's own must not rebuild an
     # FP16 folder, nor FP16's an INT8 one.
-    names = deciding(settings.precision)
+    names = deciding(settings.precision, settings.postprocess)
     record = settings.as_record()
     payload = {
         "layout": ARTIFACT_LAYOUT,
