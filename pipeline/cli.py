@@ -63,6 +63,7 @@ STAGE_HELP = {
     "simplify": "onnxsim with the batch axis kept dynamic; keeps the checked graph if it fails",
     "parity": "model.onnx through ONNX Runtime against PyTorch at several batch sizes",
     "precision": "write model.fp16.onnx (or model.int8.onnx) and check its parity",
+    "postprocess": "with --postprocess nms: append NMS to each graph that serves (model.nms.onnx, ...) and check it",
     "build": "serialize engine.plan with TensorRT (GPU) or TensorRT-RTX (no GPU needed)",
 }
 

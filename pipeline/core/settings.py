@@ -403,17 +403,16 @@ class Settings:
         unless POSTPROCESS=nms."""
         if self.postprocess != POSTPROCESS_NMS:
             return None
-        values = {
-            "box_format": self.nms_box_format,
-            "score_threshold": self.nms_score_threshold,
-            "iou_threshold": self.nms_iou_threshold,
-            "candidates": self.nms_candidates,
-            "max_detections": self.nms_max_detections,
-            "class_aware": not self.nms_class_agnostic,
-            "head": self.nms_head,
-        }
         try:
-            return NmsConfig(**values)
+            return NmsConfig(
+                box_format=self.nms_box_format,
+                score_threshold=self.nms_score_threshold,
+                iou_threshold=self.nms_iou_threshold,
+                candidates=self.nms_candidates,
+                max_detections=self.nms_max_detections,
+                class_aware=not self.nms_class_agnostic,
+                head=self.nms_head,
+            )
         except PipelineError as error:
             given = {name: getattr(self, name) for name in self._changed() if DECLARED[name].postprocess}
             raise PipelineError(f"{error._problem} ({mention(**given)})", error._fix) from None

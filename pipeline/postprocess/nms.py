@@ -110,6 +110,14 @@ def reference_nms(head: np.ndarray, config: NmsConfig) -> Detections:
     return Detections(*(np.stack(parts) for parts in zip(*results, strict=True)))
 
 
+def detections_of(outputs: dict[str, np.ndarray], config: NmsConfig) -> dict[str, np.ndarray]:
+    """A head graph's outputs as its NMS graph returns them (nms_graph.append_nms): the other outputs first, then the
+    reference NMS of the head (the only output where config.head is None) as OUTPUTS."""
+    head = config.head or next(iter(outputs))
+    kept = {name: value for name, value in outputs.items() if name != head}
+    return {**kept, **reference_nms(outputs[head], config).as_outputs()}
+
+
 def decode(head: np.ndarray, box_format: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per anchor: its box as x1, y1, x2, y2 [B, N, 4], its best score [B, N] and that class [B, N]."""
     first, second = head[:, 0:2], head[:, 2:4]
