@@ -13,7 +13,7 @@ import onnx
 import pytest
 import torch
 
-from tests.detector_models import ANCHORS, CLASSES, IMAGE_SIZE, yolo_detector
+from tests.detector_models import ANCHORS, CLASSES, IMAGE_SIZE, scenes, yolo_detector
 from tests.test_nms import assert_same_detections
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.postprocess.nms import NmsConfig, reference_nms
@@ -23,21 +23,6 @@ from trt_pipeline.pipeline.stages.simplify import simplify_onnx
 
 K = 20
 CONFIG = NmsConfig(candidates=200, max_detections=K)
-
-
-def scenes(batch: int, seed: int = 0) -> torch.Tensor:
-    """Images of 1 to 5 squares (10 to 40 pixels, one colour each) on a dark background; image 1 black, image 2
-    of 12 squares."""
-    generator = torch.Generator().manual_seed(seed)
-    images = torch.full((batch, 3, IMAGE_SIZE, IMAGE_SIZE), 0.1)
-    for b in range(batch):
-        squares = 0 if b == 1 else 12 if b == 2 else int(torch.randint(1, 6, (1,), generator=generator))
-        for _ in range(squares):
-            x, y = torch.randint(0, IMAGE_SIZE - 30, (2,), generator=generator).tolist()
-            side = int(torch.randint(10, 40, (1,), generator=generator))
-            images[b, :, y : y + side, x : x + side] = torch.rand(3, 1, 1, generator=generator)
-    images[1:2] = 0
-    return images
 
 
 @pytest.fixture(scope="module")
