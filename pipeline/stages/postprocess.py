@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from ..core.compare import compare
 from ..core.errors import PipelineError
 from ..core.precision import Precision
 from ..core.sessions import onnxruntime_session, probe_level
@@ -96,12 +97,16 @@ def check_nms(
     graph shaped for another kind of CPU than this one)."""
     judged = [*_reference_cases(reference_path, head, batch, graph.precision), *held_out]
     session, names = _session(nms_path, graph, head, judged[0].feeds)
-    worst = {"max_abs": 0.0, "max_rel": 0.0}
+    errors = []  # (max abs, max rel) of the boxes and scores against the reference NMS of the graph's own head
     agreements: dict[str, list[tuple[dict, dict]]] = {}
     for case in judged:
         outputs = dict(zip(names, session.run(names, case.feeds), strict=True))
         detections = {name: outputs[name] for name in OUTPUTS}
-        _require_reference_nms(nms_path, graph, config, outputs[head], detections, case, worst)
+        own = reference_nms(outputs[head], config).as_outputs()
+        why = same_detections(own, detections)
+        if why is not None:
+            raise _nms_error(nms_path, graph, case, why)
+        errors += [_error(own[name], detections[name]) for name in ("boxes", "scores")]
         agreements.setdefault(case.label, []).append((reference_nms(case.head, config).as_outputs(), detections))
     records = {label: _agreement(pairs) for label, pairs in agreements.items()}
     gated = {case.label for case in judged if case.gated and judge_detections}
@@ -109,6 +114,7 @@ def check_nms(
         if not records[label].passes(graph.precision):
             raise _agreement_error(nms_path, graph, label, records[label])
     batches = sorted({_rows(case.feeds) for case in judged if case.label == "reference"})
+    worst = {"max_abs": max(error[0] for error in errors), "max_rel": max(error[1] for error in errors)}
     return _record(nms_path, graph, batches, worst, records, gated)
 
 
@@ -135,24 +141,19 @@ def _session(nms_path: Path, graph: GraphRecord, head: str, feeds: Feeds):
     return session, [output.name for output in session.get_outputs()]
 
 
-def _require_reference_nms(
-    nms_path: Path, graph: GraphRecord, config: NmsConfig, head: np.ndarray, detections: dict, case: Judged, worst: dict
-) -> None:
-    """The graph's detections are the reference NMS of its own head; `worst` keeps the largest box or score error."""
-    expected = reference_nms(head, config).as_outputs()
-    why = same_detections(expected, detections)
-    if why is not None:
-        raise PipelineError(
-            f"{nms_path.name}'s NMS departs from the reference NMS of its own head ({graph.evaluation} evaluation) "
-            f"at batch {_rows(case.feeds)} of the {case.label} inputs: {why}",
-            f"a bug of the NMS subgraph or of ONNX Runtime's kernels: build without it ({mention(postprocess='none')}) "
-            "and apply reference_nms (pipeline/postprocess/nms.py) to the served head, and report the case",
-        )
-    for name in ("boxes", "scores"):
-        difference = float(np.max(np.abs(detections[name].astype(np.float64) - expected[name]), initial=0.0))
-        scale = float(np.max(np.abs(expected[name]), initial=0.0))
-        worst["max_abs"] = max(worst["max_abs"], difference)
-        worst["max_rel"] = max(worst["max_rel"], difference / scale if scale > 0 else difference)
+def _nms_error(nms_path: Path, graph: GraphRecord, case: Judged, why: str) -> PipelineError:
+    return PipelineError(
+        f"{nms_path.name}'s NMS departs from the reference NMS of its own head ({graph.evaluation} evaluation) "
+        f"at batch {_rows(case.feeds)} of the {case.label} inputs: {why}",
+        f"a bug of the NMS subgraph or of ONNX Runtime's kernels: build without it ({mention(postprocess='none')}) "
+        "and apply reference_nms (pipeline/postprocess/nms.py) to the served head, and report the case",
+    )
+
+
+def _error(expected: np.ndarray, actual: np.ndarray) -> tuple[float, float]:
+    """(max |actual - expected|, that over expected's largest magnitude)."""
+    comparison = compare(expected, actual, rtol=SAME_RTOL)
+    return comparison.max_abs, comparison.max_rel
 
 
 def _agreement(pairs: list[tuple[dict, dict]]) -> DetectionAgreement:
