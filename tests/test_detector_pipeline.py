@@ -131,6 +131,8 @@ def test_the_folder_holds_the_raw_heads_graphs_and_the_nms_graphs_that_serve(bui
     assert postprocess["kind"] == "nms" and postprocess["config"]["max_detections"] == K
     assert [tensor["name"] for tensor in postprocess["head_outputs"]] == ["head"]
     opened = open_folder(folder)
+    servable = opened.servable(int8_cpu_kind())
+    assert {graph.postprocess for graph in (*servable.on_cpu, *servable.on_cuda)} == {"nms"}  # never the raw head
     assert opened.graph == f"model.{precision}.nms.onnx".replace("model.fp32.", "model.")  # the engine's graph
     assert manifest["build"]["io"][-1] == {"name": "count", "mode": "output", "dtype": "int32", "shape": [-1, 1]}
     for graph in (graph for graph in graphs if graph.postprocess == "nms"):
