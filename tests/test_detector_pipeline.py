@@ -19,6 +19,7 @@ from tests.detector_models import IMAGE_SIZE, scenes, yolo_detector
 from tests.test_nms import assert_same_detections
 from trt_pipeline import load_runner
 from trt_pipeline.pipeline.bench.harness import agreement
+from trt_pipeline.pipeline.cli import main as cli_main
 from trt_pipeline.pipeline.core.cpu import int8_cpu_kind
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
@@ -235,3 +236,13 @@ def test_the_calibration_scenes_give_the_detector_detections_to_judge(module):
     with torch.inference_mode():
         counts = reference_nms(module(images).numpy(), CONFIG).count[:, 0]
     assert counts.sum() > 16 and (counts == 0).any() and (counts == K).any()
+
+
+def test_postprocess_nms_on_a_model_without_a_detection_head_is_refused_with_the_fix(tmp_path: Path, capsys):
+    out = tmp_path / "engines"
+    argv = ["engine", "--model", "tests.toy_models:tiny_cnn", "--precision", "fp32", "--postprocess", "nms"]
+    assert cli_main([*argv, "--batch", "1:2:4", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "error: NMS needs a float head [batch, 4 + classes, anchors]; 'logits' is ['batch', 10]" in err
+    assert "fix: append NMS to the raw detection head" in err and "Traceback" not in err
+    assert not list(out.rglob("*.nms.onnx"))
