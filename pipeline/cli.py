@@ -63,6 +63,7 @@ STAGE_HELP = {
     "simplify": "onnxsim with the batch axis kept dynamic; keeps the checked graph if it fails",
     "parity": "model.onnx through ONNX Runtime against PyTorch at several batch sizes",
     "precision": "write model.fp16.onnx (or model.int8.onnx) and check its parity",
+    "postprocess": "with --postprocess nms: append NMS to each graph that serves (model.nms.onnx, ...) and check it",
     "build": "serialize engine.plan with TensorRT (GPU) or TensorRT-RTX (no GPU needed)",
 }
 
@@ -101,10 +102,13 @@ def _argument(name: str, default: object) -> dict:
 
 
 def _help(declared: Declared, default: object) -> str:
-    """The declared help with the precisions it is for, its default and its make variable (argparse's %% escaped)."""
+    """The declared help with the precisions (or the post-processing) it is for, its default and its make variable
+    (argparse's %% escaped)."""
     text = declared.help
     if declared.precisions != tuple(Precision):
         text = f"{' and '.join(declared.precisions)}: {text}"
+    if declared.postprocess is not None:
+        text = f"{declared.postprocess}: {text}"
     if default is not None and not isinstance(default, bool):
         text += f" (default: {default})"
     return f"{text} [{declared.make}]".replace("%", "%%")

@@ -71,3 +71,18 @@ def yolo_detector() -> ModelSpec:
         module = YoloStyleDetector().eval()
         example = {"images": torch.rand(EXAMPLE_BATCH, 3, IMAGE_SIZE, IMAGE_SIZE)}
     return ModelSpec(name="yolo_detector", module=module, example_inputs=example, output_names=["head"])
+
+
+def scenes(batch: int, seed: int = 0) -> torch.Tensor:
+    """Images like the detector's: 1 to 5 squares (10 to 40 pixels, one colour each) on a dark background (what the
+    random-weight detector answers with clusters of overlapping boxes); image 1 black, image 2 of 12 squares."""
+    generator = torch.Generator().manual_seed(seed)
+    images = torch.full((batch, 3, IMAGE_SIZE, IMAGE_SIZE), 0.1)
+    for b in range(batch):
+        squares = 0 if b == 1 else 12 if b == 2 else int(torch.randint(1, 6, (1,), generator=generator))
+        for _ in range(squares):
+            x, y = torch.randint(0, IMAGE_SIZE - 30, (2,), generator=generator).tolist()
+            side = int(torch.randint(10, 40, (1,), generator=generator))
+            images[b, :, y : y + side, x : x + side] = torch.rand(3, 1, 1, generator=generator)
+    images[1:2] = 0
+    return images

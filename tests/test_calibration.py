@@ -295,6 +295,7 @@ def test_make_engine_int8_from_an_image_folder(split, tmp_path):
         "target": "engine",
         "evaluation": "qdq-simulated",
         "gate": "parity_int8",
+        "postprocess": "none",
     }
     assert {graph["file"] for graph in manifest["graphs"]} <= set(manifest["artifacts"])
     assert manifest["parity_int8_onnxruntime_vnni"]["max_rel"] < 1.0

@@ -36,7 +36,7 @@ GATED = "tests.folder_models:gated_tiny_cnn"
 REBUILD = 'make_engine(Settings(model="tests.toy_models:tiny_cnn", precision="fp32"'  # Python's words
 # model.onnx's record in an fp32 folder's manifest (pipeline.folder.layout).
 FP32_RECORD = {"file": "model.onnx", "precision": "fp32", "target": "engine", "evaluation": "plain"}
-FP32_RECORD["gate"] = "parity_fp32"
+FP32_RECORD |= {"gate": "parity_fp32", "postprocess": "none"}
 
 
 def settings(root: Path, model: str = TINY) -> Settings:

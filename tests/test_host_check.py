@@ -102,7 +102,7 @@ def test_the_next_fastest_serves_when_the_fastest_fails_its_gate_here(fp16_folde
         for runner in runners.values():
             runner.close()
     assert served == fp32 and [check.passed for check in checks.values()] == [False, True]
-    assert "model.fp16.onnx" not in fp32.label and "(the fp16 gate's tolerance: 0.03)" in checks[fp16.label].verdict
+    assert "(the fp16 gate: 0.03 of the output's scale)" in checks[fp16.label].verdict
 
 
 def test_no_graph_that_passes_here_refuses_the_load_and_caches_nothing(fp16_folder: Path, tmp_path: Path):
@@ -111,7 +111,10 @@ def test_no_graph_that_passes_here_refuses_the_load_and_caches_nothing(fp16_fold
         _off_its_gate(folder, graph)
     with pytest.raises(PipelineError, match="no graph of .* computes on this host what its build verified") as refused:
         load_runner(folder)
-    assert "model.onnx on CPU: output 'logits'" in refused.value.problem and "verify=False" in str(refused.value.fix)
+    assert (
+        "model.onnx on CPU: at batch 1, off PyTorch's reference: output 'logits'" in refused.value.problem
+        and "verify=False" in str(refused.value.fix)
+    )
     assert not (folder / SERVED_CHOICE).exists()
     with load_runner(folder, verify=False) as unchecked:  # the user's call: served as the folder holds it
         assert "not checked on this host (load_runner(..., verify=False))" in unchecked.description

@@ -238,3 +238,50 @@ def test_a_mention_is_data_until_the_message_is_read():
             wrapped = PipelineError(f"outer: {error.problem}", error.fix)  # .problem and .fix are read: worded
             assert str(wrapped) == f"outer: the int8 stage failed: {text}"
     assert "\x02" not in repr(error)
+
+
+# --------------------------------------------------------------------------- POSTPROCESS=nms and its settings
+
+
+def test_an_nms_setting_without_postprocess_nms_is_refused_in_each_front_ends_words(tmp_path, capsys):
+    with pytest.raises(PipelineError) as refused:
+        Settings(nms_iou_threshold=0.5).check()
+    assert refused.value.problem == (
+        'Settings.nms_iou_threshold configures Settings(postprocess="nms") only; with Settings(postprocess="none") it '
+        "would do nothing"
+    )
+    out = tmp_path / "engines"
+    assert cli.main(["engine", "--model", TINY, "--precision", "fp32", "--nms-class-agnostic", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "error: --nms-class-agnostic configures --postprocess nms only" in err and "Traceback" not in err
+    assert "fix: leave --nms-class-agnostic out, or add --postprocess nms" in err and not out.exists()
+
+
+@pytest.mark.parametrize(
+    "given, problem",
+    [
+        ({"nms_iou_threshold": 1.5}, "NMS IoU threshold 1.5 is not in [0, 1] (NMS_IOU_THRESHOLD=1.5)"),
+        ({"nms_max_detections": 300, "nms_candidates": 200}, "max detections 300 is more than the candidates it"),
+        ({"nms_candidates": 5000}, "more than TensorRT's TopK takes (3840) (NMS_CANDIDATES=5000)"),
+    ],
+)
+def test_a_bad_nms_value_is_refused_before_anything_runs_naming_the_setting(given, problem):
+    with spoken_in(MAKE):
+        with pytest.raises(PipelineError) as refused:
+            Settings(postprocess="nms", **given).check()
+        assert problem in refused.value.problem
+
+
+def test_the_nms_settings_reach_nmsconfig_and_decide_only_an_nms_folder():
+    settings = Settings(postprocess="nms", nms_iou_threshold=0.6, nms_max_detections=20, nms_class_agnostic=True)
+    config = settings.check().nms_config()
+    assert config is not None and (config.iou_threshold, config.max_detections, config.class_aware) == (0.6, 20, False)
+    assert Settings().nms_config() is None
+    nms_names = {name for name, declared in DECLARED.items() if declared.postprocess}
+    assert nms_names <= set(deciding(Precision.INT8, "nms")) and not nms_names & set(deciding(Precision.INT8))
+    plain = Settings(precision="fp16", postprocess="nms")
+    assert reuse_key(plain, "m") != reuse_key(Settings(precision="fp16"), "m")
+    assert reuse_key(plain, "m") != reuse_key(Settings(precision="fp16", postprocess="nms", nms_iou_threshold=0.6), "m")
+    with spoken_in(MAKE):
+        words = render(make_engine_command(Settings(postprocess="nms", nms_candidates=300).as_record()))
+    assert "POSTPROCESS=nms NMS_CANDIDATES=300" in words

@@ -23,7 +23,7 @@ from ..core.errors import PipelineError
 from ..core.mentions import render
 from ..core.precision import Precision
 from ..core.trt_module import gpu_present
-from ..folder.layout import FP32_GRAPH, MANIFEST
+from ..folder.layout import MANIFEST, graph_record
 from ..folder.reader import ArtifactFolder
 from ..folder.rebuild import make_engine_command
 from ..runners import Runner, load_runner
@@ -241,15 +241,20 @@ def open_served(context: Context) -> Backend:
     return _onnxruntime_backend(SERVED, label, _precision_of(context.folder, runner.graph), runner, graph, threads)
 
 
+def _fp32_graph(folder: ArtifactFolder) -> str:
+    """The folder's FP32 graph as it serves: model.onnx, or with POSTPROCESS=nms its NMS graph (model.nms.onnx)."""
+    return graph_record(Precision.FP32, postprocess=folder.postprocess).file
+
+
 def open_onnxruntime(context: Context) -> Backend:
-    graph = FP32_GRAPH
+    graph = _fp32_graph(context.folder)
     runner = _onnxruntime_runner(context.folder, graph)
     threads = "ORT default: one intra-op thread per physical core"
     return RunnerBackend("onnxruntime", f"ONNX Runtime FP32 (runner) on {graph}", "fp32", runner, threads)
 
 
 def open_onnxruntime_session(context: Context) -> Backend:
-    graph = FP32_GRAPH
+    graph = _fp32_graph(context.folder)
     if not context.folder.has(graph):
         raise Unavailable(f"{context.folder.path / graph} does not exist")
     label = "ONNX Runtime FP32 (bare session)"

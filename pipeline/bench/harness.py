@@ -23,12 +23,15 @@ import torch
 from ..core.compare import compare_outputs
 from ..core.errors import PipelineError
 from ..core.mentions import render
+from ..core.precision import Precision
 from ..core.settings import engine_command, mention
 from ..evaluation import RTOL
+from ..evaluation.detections import MIN_AGREEMENT, detection_agreement
 from ..folder.graph_io import load_reference
 from ..folder.layout import REFERENCE as REFERENCE_FILE
 from ..folder.manifest import Manifest
 from ..folder.reader import open_folder
+from ..postprocess.nms import NmsConfig, detections_of
 from ..stages.export import random_inputs
 from .backends import REFERENCE, Backend, Choice, Context, Unavailable, choices_for
 from .environment import describe_environment, load_average, physical_cores
@@ -110,7 +113,7 @@ def open_backends(choices: list[Choice], context: Context, progress: Progress) -
     return opened, records
 
 
-def check_reference_model(backends: list[Backend], reference_path: Path) -> dict:
+def check_reference_model(backends: list[Backend], reference_path: Path, nms: NmsConfig | None = None) -> dict:
     """Does PyTorch still compute what it computed when the artifacts were built (reference.npz)?
 
     Agreement is judged against the PyTorch model loaded now.  If its code or weights changed since
@@ -120,8 +123,9 @@ def check_reference_model(backends: list[Backend], reference_path: Path) -> dict
     torch_backend = next((b for b in backends if b.name == REFERENCE), None)
     if torch_backend is None:
         return {"status": "n/a", "reason": "PyTorch eager FP32 did not open"}
-    inputs, expected = load_reference(reference_path)[0]
-    result = agreement(expected, torch_backend.infer(inputs), "fp32")
+    inputs, expected = load_reference(reference_path)[0]  # the model's own outputs; nms: what the runners return
+    expected = expected if nms is None else detections_of(expected, nms)
+    result = agreement(expected, torch_backend.infer(inputs), "fp32", detections=nms is not None)
     if result["status"] == "ok":
         result["summary"] = "PyTorch reproduces the outputs stored at build time (reference.npz)"
     else:
@@ -133,10 +137,16 @@ def check_reference_model(backends: list[Backend], reference_path: Path) -> dict
     return result
 
 
-def agreement(reference: dict[str, np.ndarray] | None, outputs: dict[str, np.ndarray], precision: str) -> dict:
-    """The worst output's difference from PyTorch eager FP32, judged with the parity tolerance of `precision`."""
+def agreement(
+    reference: dict[str, np.ndarray] | None, outputs: dict[str, np.ndarray], precision: str, *, detections: bool = False
+) -> dict:
+    """The worst output's difference from PyTorch eager FP32, judged with the parity tolerance of `precision`;
+    `detections` (a POSTPROCESS=nms folder): the detections matched instead (pipeline/evaluation/detections.py), as a
+    score moved across a threshold changes a row, which no relative error can judge."""
     if reference is None:
         return {"status": "n/a", "reason": "PyTorch eager FP32 did not produce a reference at this batch"}
+    if detections:
+        return detections_agreement(reference, outputs, precision)
     rtol = RTOL[precision]
     try:
         results = compare_outputs(reference, outputs, rtol=rtol)
@@ -149,6 +159,20 @@ def agreement(reference: dict[str, np.ndarray] | None, outputs: dict[str, np.nda
         "max_abs": worst.max_abs,
         "max_rel": worst.max_rel,
     }
+
+
+def detections_agreement(reference: dict[str, np.ndarray], outputs: dict[str, np.ndarray], precision: str) -> dict:
+    """NMS outputs against PyTorch eager FP32 + the reference NMS: the matched share, gated as the build's NMS gate.
+    INT8 on the benchmark's random inputs (clipped by its input's Q/DQ) is recorded, not judged, as at the build,
+    which judges it on the held-out calibration rows (the manifest's nms_int8)."""
+    try:
+        matched = detection_agreement(reference, outputs)
+    except (KeyError, ValueError, IndexError) as error:  # a missing output or a wrong shape is a wrong answer
+        return {"status": "mismatch", "reason": f"not detections like PyTorch's: {type(error).__name__}: {error}"}
+    status = "ok" if matched.passes(precision) else "mismatch"
+    if precision == Precision.INT8:
+        status = "not judged on random inputs"
+    return {"status": status, "min_agreement": MIN_AGREEMENT[precision], **matched.as_record()}
 
 
 @dataclass
@@ -180,8 +204,11 @@ class Cell:
         }
 
 
-def check_backend(backend: Backend, feed: dict[str, np.ndarray], reference: dict[str, np.ndarray] | None):
-    """(outputs, cells): one untimed call per mode, its outputs compared with the reference, peak memory read."""
+def check_backend(
+    backend: Backend, feed: dict[str, np.ndarray], reference: dict[str, np.ndarray] | None, detections: bool = False
+):
+    """(outputs, cells): one untimed call per mode, its outputs compared with the reference (`detections`: as
+    detections), peak memory read."""
     batch = int(next(iter(feed.values())).shape[0])
     backend.reset_peak_memory()
     started = time.perf_counter()
@@ -195,7 +222,7 @@ def check_backend(backend: Backend, feed: dict[str, np.ndarray], reference: dict
     if backend.name == REFERENCE:
         agreed = {"status": "reference", "max_abs": 0.0, "max_rel": 0.0}
     else:
-        agreed = agreement(reference, outputs, backend.precision)
+        agreed = agreement(reference, outputs, backend.precision, detections=detections)
     cells = [Cell(backend, batch, END_TO_END, lambda: backend.infer(feed), agreed, peak, first_call_s)]
     if staged is not None:
         cells.append(Cell(backend, batch, DEVICE_RESIDENT, staged, agreed, peak, first_call_s))
@@ -248,8 +275,10 @@ def run_sweep(
     inputs: dict[int, dict[str, np.ndarray]],
     policy: TimingPolicy,
     progress: Progress,
+    detections: bool = False,
 ) -> list[dict]:
-    """Every backend at every batch; a failing backend is recorded with its error and the sweep goes on."""
+    """Every backend at every batch; a failing backend is recorded with its error and the sweep goes on.
+    detections: the outputs are a detector's NMS outputs, compared as detections."""
     results: list[dict] = []
     for batch, feed in inputs.items():
         reference: dict[str, np.ndarray] | None = None
@@ -257,7 +286,7 @@ def run_sweep(
         progress(f"batch {batch}: checking outputs, then timing in {policy.rounds} rounds that alternate backends")
         for backend in backends:
             try:
-                outputs, checked = check_backend(backend, feed, reference)
+                outputs, checked = check_backend(backend, feed, reference, detections)
             except Exception as error:  # recorded, not raised: one broken backend must not hide the others
                 failed = {"backend": backend.name, "batch": batch, "mode": END_TO_END, "status": "failed"}
                 results.append(failed | {"error": _error_text(error)})
@@ -338,9 +367,9 @@ def run_benchmark(
     with torch_settings(threads):
         try:
             opened, records = open_backends(chosen, context, progress)
-            reference_check = check_reference_model(opened, folder / REFERENCE_FILE)
+            reference_check = check_reference_model(opened, folder / REFERENCE_FILE, manifest.nms())
             progress(f"reference check: {reference_check.get('summary', reference_check.get('reason'))}")
-            results = run_sweep(opened, inputs, policy, progress)
+            results = run_sweep(opened, inputs, policy, progress, detections=manifest.nms() is not None)
         finally:
             for backend in opened:
                 backend.close()

@@ -35,6 +35,11 @@ def agreement_text(agreed: dict) -> str:
     """e.g. "ok, max rel 3.1e-07 (rtol 0.001)"; the reference row says so."""
     if agreed["status"] == "reference":
         return "reference"
+    if "agreement" in agreed:  # a detector's NMS outputs: detections matched (bench/harness.py)
+        return (
+            f"{agreed['status']}, {agreed['matched']} of {agreed['expected']} detections (agreement "
+            f"{agreed['agreement']:.3f}, at least {agreed['min_agreement']:g})"
+        )
     if "max_rel" not in agreed:
         return f"{agreed['status']}: {agreed.get('reason', '')}".rstrip(": ")
     return f"{agreed['status']}, max rel {agreed['max_rel']:.2g} (rtol {agreed['rtol']:g})"

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ..postprocess.nms import BOX_FORMATS, NmsConfig
 from .errors import PipelineError
 from .mentions import span
 from .precision import PRECISIONS, Precision
@@ -38,6 +39,12 @@ DEFAULT_SMOOTH_ALPHA = 0.9
 # TensorRT always builds for the GPU it runs on); current: the GPU present at build time; or a
 # comma-separated list of TensorRT-RTX compute capabilities, e.g. sm86,sm89.
 TARGETS = ("default", "current")
+# What the served graphs end in: the model's own outputs, or (nms) a detector's raw head thinned by greedy NMS into
+# detections of fixed sizes, appended to each graph the folder serves (pipeline/stages/postprocess.py).
+POSTPROCESS_NONE = "none"
+POSTPROCESS_NMS = "nms"
+POSTPROCESSES = (POSTPROCESS_NONE, POSTPROCESS_NMS)
+_NMS = NmsConfig()  # the NMS settings' defaults are NmsConfig's
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,7 @@ class Declared:
     decides: bool
     parse: Callable[[str], Any]
     choices: tuple[str, ...] | None
+    postprocess: str | None
 
 
 def setting(
@@ -99,6 +107,7 @@ def setting(
     decides: bool = True,
     parse: Callable[[str], Any] = str,
     choices: tuple[str, ...] | None = None,
+    postprocess: str | None = None,
 ) -> Any:
     """A Settings field, declared once for every front end.
 
@@ -109,8 +118,9 @@ def setting(
     decides: it decides the folder's artifacts: the reuse key holds it (for its precisions) and the command that
       writes the folder again repeats it.  False: how a run goes (FORCE), or where the folder lies (OUT).
     parse, choices: how the option's text is read, and the values it may take.
+    postprocess: the POSTPROCESS it configures (nms); given with another, it would do nothing, so it is refused.
     """
-    declared = Declared(make, help, precisions, decides, parse, choices)
+    declared = Declared(make, help, precisions, decides, parse, choices, postprocess)
     return field(default=default, metadata={SETTING: declared})
 
 
@@ -149,7 +159,11 @@ class Settings:
         "input_ids=128:int64,attention_mask=128:int64",
     )
     dynamic: str | None = setting(
-        None, make="DYNAMIC", help="extra dynamic axes NAME:AXIS[=min:opt:max],... e.g. input_ids:1=1:64:128"
+        None,
+        make="DYNAMIC",
+        help="extra dynamic axes NAME:AXIS[=min:opt:max],... e.g. input_ids:1=1:64:128, or none; a Hugging Face "
+        "model's token inputs get one by default, from 1 to the longest sequence the model takes (the config's "
+        "maximum, what its position embeddings can embed, the tokenizer's model_max_length)",
     )
     out_root: Path = setting(Path("engines"), make="OUT", help="artifact root folder", decides=False, parse=Path)
     workspace_mib: int = setting(4096, make="WORKSPACE_MIB", help="builder workspace limit in MiB", parse=int)
@@ -236,6 +250,60 @@ class Settings:
         precisions=INT8_ONLY,
     )
     force: bool = setting(False, make="FORCE", help="rebuild even when the folder is up to date", decides=False)
+    postprocess: str = setting(
+        POSTPROCESS_NONE,
+        make="POSTPROCESS",
+        help="what the served graphs end in: none (the model's outputs), or nms: a YOLO-style head [batch, "
+        "4 + classes, anchors] thinned by greedy NMS into boxes, scores, classes and count of fixed sizes",
+        choices=POSTPROCESSES,
+    )
+    nms_box_format: str = setting(
+        _NMS.box_format,
+        make="NMS_BOX_FORMAT",
+        help="the head's boxes: cxcywh (YOLOv8) or xyxy",
+        choices=BOX_FORMATS,
+        postprocess=POSTPROCESS_NMS,
+    )
+    nms_score_threshold: float = setting(
+        _NMS.score_threshold,
+        make="NMS_SCORE_THRESHOLD",
+        help="a candidate counts only with a score above it (scores after their sigmoid)",
+        parse=float,
+        postprocess=POSTPROCESS_NMS,
+    )
+    nms_iou_threshold: float = setting(
+        _NMS.iou_threshold,
+        make="NMS_IOU_THRESHOLD",
+        help="a kept box suppresses another with IoU above it",
+        parse=float,
+        postprocess=POSTPROCESS_NMS,
+    )
+    nms_candidates: int = setting(
+        _NMS.candidates,
+        make="NMS_CANDIDATES",
+        help="the best-scored anchors per image that NMS considers (at most 3840, TensorRT's TopK limit)",
+        parse=int,
+        postprocess=POSTPROCESS_NMS,
+    )
+    nms_max_detections: int = setting(
+        _NMS.max_detections,
+        make="NMS_MAX_DETECTIONS",
+        help="K: the rows per image of the outputs, padded past the detections (at most the candidates)",
+        parse=int,
+        postprocess=POSTPROCESS_NMS,
+    )
+    nms_class_agnostic: bool = setting(
+        not _NMS.class_aware,
+        make="NMS_CLASS_AGNOSTIC",
+        help="boxes of different classes suppress each other too (by default they never do)",
+        postprocess=POSTPROCESS_NMS,
+    )
+    nms_head: str | None = setting(
+        _NMS.head,
+        make="NMS_HEAD",
+        help="the output holding the head, where the model has several (the others stay outputs)",
+        postprocess=POSTPROCESS_NMS,
+    )
 
     def check(self, given: Iterable[str] = ()) -> Settings:
         """Reject bad values and bad combinations; returns self so calls can chain.
@@ -244,8 +312,13 @@ class Settings:
         default, or any named in `given` (the options the command line was given, whatever their value).
         """
         self._check_precision()
-        refuse_unused(Precision(self.precision), {*given, *self._changed()})
+        if self.postprocess not in POSTPROCESSES:
+            raise PipelineError(
+                f"unknown post-processing {self.postprocess!r}", f"use one of {', '.join(POSTPROCESSES)}"
+            )
+        refuse_unused(Precision(self.precision), self.postprocess, {*given, *self._changed()})
         self._read_text()
+        self.nms_config()
         if self.builder not in BUILDERS:
             raise PipelineError(f"unknown builder {self.builder!r}", f"use one of {', '.join(BUILDERS)}")
         if self.exporter not in EXPORTERS:
@@ -325,6 +398,25 @@ class Settings:
             )
         return (alpha,)
 
+    def nms_config(self) -> NmsConfig | None:
+        """The NMS settings as NmsConfig (which refuses a bad value, named here as the settings give it); None
+        unless POSTPROCESS=nms."""
+        if self.postprocess != POSTPROCESS_NMS:
+            return None
+        try:
+            return NmsConfig(
+                box_format=self.nms_box_format,
+                score_threshold=self.nms_score_threshold,
+                iou_threshold=self.nms_iou_threshold,
+                candidates=self.nms_candidates,
+                max_detections=self.nms_max_detections,
+                class_aware=not self.nms_class_agnostic,
+                head=self.nms_head,
+            )
+        except PipelineError as error:
+            given = {name: getattr(self, name) for name in self._changed() if DECLARED[name].postprocess}
+            raise PipelineError(f"{error._problem} ({mention(**given)})", error._fix) from None
+
     def fp32_nodes(self) -> list[str]:
         """--keep-fp32 as a list of node names or op types."""
         return [name.strip() for name in (self.keep_fp32 or "").split(",") if name.strip()]
@@ -345,21 +437,32 @@ DECLARED: dict[str, Declared] = {item.name: item.metadata[SETTING] for item in f
 DEFAULTS: dict[str, Any] = Settings().as_record()
 
 
-def deciding(precision: Precision | str) -> tuple[str, ...]:
-    """The settings that decide a folder of this precision's artifacts (the reuse key's, positively listed)."""
-    return tuple(name for name, declared in DECLARED.items() if declared.decides and precision in declared.precisions)
+def deciding(precision: Precision | str, postprocess: str = POSTPROCESS_NONE) -> tuple[str, ...]:
+    """The settings that decide a folder of this precision's (and post-processing's) artifacts (the reuse key's,
+    positively listed)."""
+    return tuple(
+        name
+        for name, declared in DECLARED.items()
+        if declared.decides and precision in declared.precisions and declared.postprocess in (None, postprocess)
+    )
 
 
-def refuse_unused(precision: Precision, names: Iterable[str]) -> None:
-    """A setting given for a precision whose artifacts it does not change would be ignored in silence: refuse it,
-    naming what it changes."""
+def refuse_unused(precision: Precision, postprocess: str, names: Iterable[str]) -> None:
+    """A setting given for a precision whose artifacts it does not change, or for a post-processing it does not
+    configure, would be ignored in silence: refuse it, naming what it changes."""
     for name in sorted(names, key=list(DECLARED).index):
-        changes = DECLARED[name].precisions
+        changes, configures = DECLARED[name].precisions, DECLARED[name].postprocess
         if precision not in changes:
             raise PipelineError(
                 f"{mention_name(name)} changes only {' and '.join(changes)} builds; at {precision} it would do nothing",
                 f"leave {mention_name(name)} out, or build with "
                 + " or ".join(mention(precision=other) for other in changes),
+            )
+        if configures not in (None, postprocess):
+            raise PipelineError(
+                f"{mention_name(name)} configures {mention(postprocess=configures)} only; with "
+                f"{mention(postprocess=postprocess)} it would do nothing",
+                f"leave {mention_name(name)} out, or add {mention(postprocess=configures)}",
             )
 
 

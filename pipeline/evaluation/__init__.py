@@ -49,15 +49,20 @@ def simulates_qdq(graph: GraphRecord, providers: list[Any] | None = None) -> boo
 
 
 def evaluation_session(
-    graph: GraphRecord, source: Path | bytes, *, faithful_fp16: bool = True, probe_feed: dict | None = None
+    graph: GraphRecord,
+    source: Path | bytes,
+    *,
+    faithful_fp16: bool = True,
+    probe_feed: dict | None = None,
+    level: str | None = None,
 ):
     """The ONNX Runtime session (CPU) that computes what serves `graph` (its record says how: GraphRecord.evaluation),
     on the graph file or bytes `source`: float16 as the engine stores it (faithful_fp16=False: as ONNX Runtime's CPU
     provider runs it, through casts to float32, as its runner serves it), Q/DQ as TensorRT computes them, a graph
     shaped for ONNX Runtime's CPU on its own int8 kernels, any other as it is.  probe_feed: run once in a child
-    first (pipeline/core/sessions.py)."""
+    first; level: the optimization level to open at, probed already (pipeline/core/sessions.py)."""
     if faithful_fp16 and graph.evaluation is Evaluation.FAITHFUL_FP16:
         from .float16 import faithful_session  # onnx: kept out of the runtime, which never judges float16
 
         return faithful_session(source)
-    return onnxruntime_session(source, simulate_qdq=simulates_qdq(graph), probe_feed=probe_feed)
+    return onnxruntime_session(source, simulate_qdq=simulates_qdq(graph), probe_feed=probe_feed, level=level)

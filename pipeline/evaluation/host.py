@@ -26,6 +26,7 @@ from ..core.compare import compare_outputs
 from ..core.precision import Precision
 from . import INT8_MAX_ERROR, RTOL, node_tolerance
 from .agreement import rows_agreement
+from .detections import MIN_AGREEMENT, detection_agreement
 
 Feeds = dict[str, np.ndarray]
 Infer = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
@@ -60,67 +61,108 @@ class HostCheck:
 
 
 def check_on_host(
-    infer: Infer, precision: Precision | str, cases: Cases, sample: tuple[Feeds, Feeds] | None = None
+    infer: Infer,
+    precision: Precision | str,
+    cases: Cases,
+    sample: tuple[Feeds, Feeds] | None = None,
+    *,
+    detections: bool = False,
 ) -> HostCheck:
     """Run `cases` (reference.npz's) and, for INT8, `sample` (the held-out calibration rows and the FP32 graph's
-    outputs on them) through `infer`; the first failure, or the worst margins, as a HostCheck."""
+    outputs on them) through `infer`; the first failure, or the worst margins, as a HostCheck.  detections: the
+    outputs are POSTPROCESS=nms's (the expected ones the reference NMS of the head), judged as the build's NMS gate
+    judges them (pipeline/evaluation/detections.py)."""
     started = time.perf_counter()
-    precision = Precision(precision)
+    judge = _Judge(Precision(precision), detections)
     outputs = [infer(inputs) for inputs, _ in cases]
-    checks = [_reference_cases(precision, cases, outputs), _rows_alone(infer, precision, cases, outputs)]
-    if precision is Precision.INT8 and sample is not None:
-        checks.append(_agreement(infer, *sample))
+    checks = [_reference_cases(judge, cases, outputs), _rows_alone(infer, judge, cases, outputs)]
+    if judge.precision is Precision.INT8 and sample is not None:
+        checks.append(_held_out(judge, infer(sample[0]), sample[1]))
     failure = next((verdict for passed, verdict in checks if not passed), None)
     verdict = failure or "; ".join(verdict for _, verdict in checks)
     return HostCheck(failure is None, verdict, round(time.perf_counter() - started, 3))
 
 
-def _reference_cases(precision: Precision, cases: Cases, outputs: list[Feeds]) -> tuple[bool, str]:
-    """Every reference case's `outputs` within its precision's parity tolerance (INT8: finite)."""
-    rtol = RTOL[precision]
-    worst, where = 0.0, ""
+@dataclass(frozen=True)
+class _Judge:
+    """How outputs are held against expected ones at a precision: as tensors, within a share of their scale, or as
+    detections, by the share of them found."""
+
+    precision: Precision
+    detections: bool
+
+    def differs(self, expected: Feeds, actual: Feeds, rtol: float) -> tuple[str | None, str]:
+        """(what is off where `actual` departs from `expected`, else None; the measured margin in words): tensors
+        past `rtol` of their scale, detections below the precision's share found."""
+        if self.detections:
+            agreement = detection_agreement(expected, actual)
+            words = agreement.summary()
+            return (None if agreement.passes(self.precision) else f"its detections: {words}"), words
+        comparisons = compare_outputs(expected, actual, rtol=rtol)
+        name, worst = max(comparisons.items(), key=lambda item: item[1].max_rel)
+        words = f"output {name!r} by {worst.max_rel:.3g} of its scale {worst.scale:.3g}"
+        return (None if all(c.ok for c in comparisons.values()) else words), words
+
+
+def _reference_cases(judge: _Judge, cases: Cases, outputs: list[Feeds]) -> tuple[bool, str]:
+    """Every reference case's `outputs` within its precision's parity tolerance of PyTorch's (INT8, on those random
+    inputs: finite only, as at build time)."""
+    rtol, gate = RTOL[judge.precision], _gate_words(judge, RTOL[judge.precision])
+    margins = []
     for (inputs, expected), actual in zip(cases, outputs, strict=True):
-        batch = _rows(inputs)
-        for name, comparison in compare_outputs(expected, actual, rtol=rtol).items():
-            passed = math.isfinite(comparison.max_abs) if precision is Precision.INT8 else comparison.ok
-            if not passed:
-                return False, (
-                    f"output {name!r} at batch {batch} is off PyTorch's reference by {comparison.max_rel:.3g} of its "
-                    f"scale {comparison.scale:.3g} (the {precision} gate's tolerance: {rtol:g})"
-                )
-            if comparison.max_rel >= worst:
-                worst, where = comparison.max_rel, f"output {name!r} at batch {batch}"
-    return True, f"{len(cases)} reference cases within {rtol:g} of PyTorch's (worst {worst:.3g}, {where})"
+        off, margin = judge.differs(expected, actual, rtol)
+        if judge.precision is Precision.INT8:  # judged as at build time: finite (RTOL's comment)
+            off = next((f"output {name!r} is not finite" for name, a in actual.items() if not _finite(a)), None)
+        if off is not None:
+            return (
+                False,
+                f"at batch {_rows(inputs)}, off PyTorch's reference: {off} (the {judge.precision} gate: {gate})",
+            )
+        margins.append(f"batch {_rows(inputs)}: {margin}")
+    return True, f"{len(cases)} reference cases within the {judge.precision} gate ({gate}): {'; '.join(margins)}"
 
 
-def _rows_alone(infer: Infer, precision: Precision, cases: Cases, outputs: list[Feeds]) -> tuple[bool, str]:
+def _rows_alone(infer: Infer, judge: _Judge, cases: Cases, outputs: list[Feeds]) -> tuple[bool, str]:
     """The largest reference case's first rows, each alone, against the same rows in its batch's `outputs`."""
     largest = max(range(len(cases)), key=lambda index: _rows(cases[index][0]))
     inputs, together = cases[largest][0], outputs[largest]
     batch = _rows(inputs)
     if batch < 2:
         return True, "no reference case of two rows or more: batch independence not checked"
-    tolerance = node_tolerance(precision)
+    tolerance = node_tolerance(judge.precision)
     for row in range(min(ROWS_ALONE, batch)):
         alone = infer({name: array[row : row + 1] for name, array in inputs.items()})
-        expected = {name: array[row : row + 1] for name, array in together.items()}
-        for name, comparison in compare_outputs(expected, alone, rtol=tolerance).items():
-            if not comparison.ok:
-                return False, (
-                    f"output {name!r} of row {row} run alone differs from the same row run in a batch of {batch} by "
-                    f"{comparison.max_rel:.3g} of its scale (tolerance {tolerance:g}): the graph mixes rows across "
-                    "the batch, so batching requests would change their answers"
-                )
+        off, _ = judge.differs({name: array[row : row + 1] for name, array in together.items()}, alone, tolerance)
+        if off is not None:
+            return False, (
+                f"row {row} run alone differs from the same row run in a batch of {batch}: {off} (tolerance "
+                f"{tolerance:g}): the graph mixes rows across the batch, so batching requests would change their "
+                "answers"
+            )
     return True, f"rows alone as in a batch of {batch}"
 
 
-def _agreement(infer: Infer, inputs: Feeds, fp32: Feeds) -> tuple[bool, str]:
+def _held_out(judge: _Judge, actual: Feeds, fp32: Feeds) -> tuple[bool, str]:
     """The held-out calibration rows against the FP32 graph's outputs, at the INT8 agreement gate's level."""
-    worst_name, worst = max(rows_agreement(fp32, infer(inputs)).items(), key=lambda item: item[1].error_mean)
+    if judge.detections:
+        agreement = detection_agreement(fp32, actual)
+        words = f"detections on the held-out calibration rows against FP32's: {agreement.summary()}"
+        return agreement.passes(Precision.INT8), words
+    name, worst = max(rows_agreement(fp32, actual).items(), key=lambda item: item[1].error_mean)
     numbers = f"{worst.error_mean:.3g} of its norm over {worst.rows} held-out calibration rows"
     if not worst.error_mean <= INT8_MAX_ERROR:  # NaN fails too
-        return False, f"output {worst_name!r} is off FP32 by {numbers} (the INT8 gate: {INT8_MAX_ERROR})"
+        return False, f"output {name!r} is off FP32 by {numbers} (the INT8 gate: {INT8_MAX_ERROR})"
     return True, f"INT8 off FP32 by {numbers} (gate {INT8_MAX_ERROR})"
+
+
+def _gate_words(judge: _Judge, rtol: float) -> str:
+    if judge.detections:
+        return f"{MIN_AGREEMENT[judge.precision]:g} of the detections found"
+    return "finite" if judge.precision is Precision.INT8 else f"{rtol:g} of the output's scale"
+
+
+def _finite(array: np.ndarray) -> bool:
+    return not np.issubdtype(array.dtype, np.floating) or bool(np.all(np.isfinite(array)))
 
 
 def _rows(inputs: Feeds) -> int:

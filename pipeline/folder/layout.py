@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 from ..core.cpu import NO_VNNI, VNNI
 from ..core.precision import Precision
+from ..core.settings import POSTPROCESS_NONE
 from .records import Evaluation, GraphRecord, Target
 
 MANIFEST = "manifest.json"
@@ -30,7 +31,9 @@ CALIBRATION_SAMPLE = f"{CACHE_FOLDER}/{SAMPLE}"
 # 5: "graphs" ({target: file}) replaces "graph" and "onnxruntime_cpu_graphs".
 # 6: agreement_int8 holds in-sample and held-out numbers side by side, and the calibration split.
 # 7: "graphs" lists a record per graph (file, precision, target, evaluation, gate), model.onnx's too.
-ARTIFACT_LAYOUT = 7
+# 8: each graph's record says its post-processing; a POSTPROCESS=nms folder holds an NMS graph beside each graph of
+#    the raw head (model.nms.onnx, model.fp16.nms.onnx, ...: postprocessed_file) and a "postprocess" record.
+ARTIFACT_LAYOUT = 8
 
 # The graph shaped for ONNX Runtime's int8 kernels on each kind of CPU (pipeline.core.cpu.int8_cpu_kind).
 CPU_TARGETS = {VNNI: Target.CPU_VNNI, NO_VNNI: Target.CPU_NO_VNNI}
@@ -54,11 +57,25 @@ _ENGINE_EVALUATION = {
 }
 
 
-def graph_record(precision: Precision | str, target: Target = Target.ENGINE) -> GraphRecord:
-    """The record of the graph `precision` writes for `target`."""
+def graph_record(
+    precision: Precision | str, target: Target = Target.ENGINE, postprocess: str = POSTPROCESS_NONE
+) -> GraphRecord:
+    """The record of the graph `precision` writes for `target`, or (postprocess) of that graph with the
+    post-processing appended (the NMS graph of the head graph; evaluated as the head graph is)."""
     precision = Precision(precision)
     evaluation = _ENGINE_EVALUATION[precision] if target is Target.ENGINE else Evaluation.ONNXRUNTIME_INT8
-    return GraphRecord(GRAPH_FILES[precision][target], precision, target, evaluation, _gate(precision, target))
+    file = postprocessed_file(GRAPH_FILES[precision][target], postprocess)
+    return GraphRecord(file, precision, target, evaluation, _gate(precision, target, postprocess), postprocess)
+
+
+def postprocessed_file(file: str, postprocess: str) -> str:
+    """model.fp16.onnx -> model.fp16.nms.onnx: the graph with the post-processing appended; `file` where none."""
+    return file if postprocess == POSTPROCESS_NONE else f"{file.removesuffix('.onnx')}.{postprocess}.onnx"
+
+
+def postprocessed(graph: GraphRecord, postprocess: str) -> GraphRecord:
+    """The record of `graph` with the post-processing appended."""
+    return graph_record(graph.precision, graph.target, postprocess)
 
 
 def precision_graphs(precision: Precision | str) -> tuple[GraphRecord, ...]:
@@ -66,10 +83,14 @@ def precision_graphs(precision: Precision | str) -> tuple[GraphRecord, ...]:
     return tuple(graph_record(precision, target) for target in GRAPH_FILES[Precision(precision)])
 
 
-def folder_graphs(precision: Precision | str) -> tuple[GraphRecord, ...]:
-    """Every graph a finished folder of this precision holds: model.onnx, then the precision's own."""
+def folder_graphs(precision: Precision | str, postprocess: str = POSTPROCESS_NONE) -> tuple[GraphRecord, ...]:
+    """Every graph a finished folder of this precision holds: model.onnx, then the precision's own; with a
+    post-processing, then each of them with it appended (the graphs that serve)."""
     graphs = (graph_record(Precision.FP32), *precision_graphs(precision))
-    return tuple({graph.file: graph for graph in graphs}.values())
+    heads = tuple({graph.file: graph for graph in graphs}.values())
+    if postprocess == POSTPROCESS_NONE:
+        return heads
+    return (*heads, *(postprocessed(graph, postprocess) for graph in heads))
 
 
 def cpu_kind(target: Target) -> str:
@@ -82,8 +103,10 @@ def artifact_names(graphs: Iterable[GraphRecord]) -> list[str]:
     return list(dict.fromkeys([FP32_GRAPH, REFERENCE, *(graph.file for graph in graphs), ENGINE]))
 
 
-def _gate(precision: Precision, target: Target) -> str:
-    """The parity stage whose record says the graph passed its gate against PyTorch's reference outputs."""
+def _gate(precision: Precision, target: Target, postprocess: str) -> str:
+    """The stage whose record says the graph passed its gate: a head graph's parity against PyTorch's reference
+    outputs (parity_fp16), an NMS graph's against the reference NMS (nms_fp16: pipeline/stages/postprocess.py)."""
+    stage = "parity" if postprocess == POSTPROCESS_NONE else postprocess
     if target is Target.ENGINE:
-        return f"parity_{precision}"
-    return f"parity_{precision}_onnxruntime_{cpu_kind(target).replace('-', '_')}"
+        return f"{stage}_{precision}"
+    return f"{stage}_{precision}_onnxruntime_{cpu_kind(target).replace('-', '_')}"

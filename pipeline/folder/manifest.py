@@ -20,7 +20,8 @@ import numpy as np
 from ..core.errors import PipelineError
 from ..core.precision import PRECISIONS
 from ..core.sessions import OPTIMIZATION_LEVELS
-from ..core.settings import BatchProfile
+from ..core.settings import POSTPROCESS_NMS, BatchProfile
+from ..postprocess.nms import NmsConfig
 from .artifacts import write_json
 from .graph_io import GraphTensor
 from .layout import ARTIFACT_LAYOUT, MANIFEST
@@ -34,6 +35,7 @@ from .records import (
     Int8Agreement,
     ModelRecord,
     ParityRecord,
+    PostprocessRecord,
     StageRecord,
     encode,
     optional_field,
@@ -58,8 +60,9 @@ class Manifest:
     batch_profile: BatchProfile | None = None
     axis_ranges: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # extra dynamic axes: min/opt/max
     inputs: tuple[GraphTensor, ...] = ()
-    outputs: tuple[GraphTensor, ...] = ()
+    outputs: tuple[GraphTensor, ...] = ()  # what the served graphs return (with POSTPROCESS=nms: the detections)
     graphs: tuple[GraphRecord, ...] = ()  # every graph of the folder (pipeline.folder.layout.folder_graphs)
+    postprocess: PostprocessRecord | None = None  # POSTPROCESS=nms: its settings and the raw head's outputs
     engine: str | None = None
     artifacts: dict[str, Artifact] = field(default_factory=dict)
     parity_batches: tuple[int, ...] = ()
@@ -82,6 +85,17 @@ class Manifest:
                 "the manifest records no engine build", f"rebuild the folder: {rebuild_hint(self, force=True)}"
             )
         return self.build.builder
+
+    def nms(self) -> NmsConfig | None:
+        """The NMS the served graphs end in (POSTPROCESS=nms), or None where they end in the model's outputs."""
+        if self.postprocess is None or self.postprocess.kind != POSTPROCESS_NMS:
+            return None
+        return NmsConfig(**self.postprocess.config)
+
+    def head_outputs(self) -> tuple[GraphTensor, ...]:
+        """The model's own outputs: what reference.npz and the graphs of the raw head hold (`outputs` where the
+        served graphs end in them)."""
+        return self.postprocess.head_outputs if self.postprocess is not None else self.outputs
 
     def parity(self, stage: str) -> ParityRecord | None:
         """The record of a parity stage (parity_fp32, parity_fp16, ...), or None where it did not run."""
@@ -123,6 +137,7 @@ class Manifest:
             inputs=_tensors(raw, "inputs"),
             outputs=_tensors(raw, "outputs"),
             graphs=_graphs(raw),
+            postprocess=PostprocessRecord.from_json(raw["postprocess"]) if "postprocess" in raw else None,
             engine=optional_field(raw, "engine", str),
             artifacts=_artifacts(raw.get("artifacts", {})),
             parity_batches=tuple(optional_field(raw, "parity_batches", list) or ()),

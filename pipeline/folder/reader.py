@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..core.errors import PipelineError
 from ..core.precision import Precision
+from ..core.settings import POSTPROCESS_NONE
 from .artifacts import running_build
 from .layout import ARTIFACT_LAYOUT, CPU_TARGETS
 from .manifest import Manifest, require_manifest
@@ -43,11 +44,12 @@ class ArtifactFolder:
     graphs: tuple[GraphRecord, ...]  # every graph of the folder, model.onnx first (pipeline.folder.layout)
     engine: str
     artifacts: dict[str, Artifact]
+    postprocess: str = POSTPROCESS_NONE  # what the served graphs end in (the manifest's postprocess record)
 
     @property
     def engine_graph(self) -> GraphRecord:
         """The graph the engine was built from (open_folder checked that the folder lists it)."""
-        return next(graph for graph in self.graphs if _builds_the_engine(graph, self.precision))
+        return next(graph for graph in self.graphs if _builds_the_engine(graph, self.precision, self.postprocess))
 
     @property
     def graph(self) -> str:
@@ -61,10 +63,11 @@ class ArtifactFolder:
     def servable(self, cpu_kind: str) -> Servable:
         """What may serve the folder on a host with this kind of CPU (pipeline.core.cpu.int8_cpu_kind), the one
         answer the runners and `auto` take: the graphs as accurate as the folder's precision promises (an int8
-        folder may serve its FP32 graph; an fp32 folder never serves INT8) whose gates passed.  On the CPU provider a
-        graph shaped for this kind of CPU stands for the engine-shaped graph of its precision (which runs there only
-        with its Q/DQ simulated in float) and graphs shaped for other CPUs are left out; the CUDA provider runs the
-        engine-shaped graphs."""
+        folder may serve its FP32 graph; an fp32 folder never serves INT8), ending in the folder's post-processing
+        (a POSTPROCESS=nms folder serves its NMS graphs, never the raw head's), whose gates passed.  On the CPU
+        provider a graph shaped for this kind of CPU stands for the engine-shaped graph of its precision (which runs
+        there only with its Q/DQ simulated in float) and graphs shaped for other CPUs are left out; the CUDA provider
+        runs the engine-shaped graphs."""
         passed, refused = self._gated()
         here = CPU_TARGETS[cpu_kind]
         shaped = {graph.precision for graph in passed if graph.target is here}
@@ -82,7 +85,8 @@ class ArtifactFolder:
         others), model.onnx first."""
         allowed = Precision(self.precision).at_least_as_accurate()
         passed, refused = [], []
-        for graph in (graph for graph in self.graphs if graph.precision in allowed):
+        served = (g for g in self.graphs if g.precision in allowed and g.postprocess == self.postprocess)
+        for graph in served:
             failure = self._gate_failure(graph)
             if failure is None:
                 passed.append(graph)
@@ -144,7 +148,8 @@ def open_folder(path: str | Path, hint: str | None = None) -> ArtifactFolder:
     _require_layout(path, manifest)
     _require_complete(path, manifest)
     missing = [key for key in _REQUIRED if not getattr(manifest, key)]
-    if not any(_builds_the_engine(graph, str(manifest.precision)) for graph in manifest.graphs):
+    postprocess = manifest.postprocess.kind if manifest.postprocess is not None else POSTPROCESS_NONE
+    if not any(_builds_the_engine(graph, str(manifest.precision), postprocess) for graph in manifest.graphs):
         missing.append(f"the {manifest.precision} graph for the {Target.ENGINE} among its graphs")
     if missing:
         raise PipelineError(
@@ -159,6 +164,7 @@ def open_folder(path: str | Path, hint: str | None = None) -> ArtifactFolder:
         graphs=manifest.graphs,
         engine=str(manifest.engine),
         artifacts=manifest.artifacts,
+        postprocess=postprocess,
     )
     _require_named_files(folder)
     return folder
@@ -203,7 +209,7 @@ def _why_unfinished(manifest: Manifest) -> str:
 
 def _require_named_files(folder: ArtifactFolder) -> None:
     """Every file the manifest names is a plain file name of the folder (never a path out of it) with a sha256."""
-    named = {_graph_key(graph, folder.precision): graph.file for graph in folder.graphs}
+    named = {_graph_key(graph, folder.precision, folder.postprocess): graph.file for graph in folder.graphs}
     named["engine"] = folder.engine
     for key, name in [*named.items(), *((f"artifacts[{name!r}]", name) for name in folder.artifacts)]:
         if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name:
@@ -232,11 +238,12 @@ class Servable:
     refused: tuple[str, ...]
 
 
-def _builds_the_engine(graph: GraphRecord, precision: str) -> bool:
-    return graph.target is Target.ENGINE and graph.precision == precision
+def _builds_the_engine(graph: GraphRecord, precision: str, postprocess: str) -> bool:
+    return graph.target is Target.ENGINE and graph.precision == precision and graph.postprocess == postprocess
 
 
-def _graph_key(graph: GraphRecord, precision: str) -> str:
-    if _builds_the_engine(graph, precision):
+def _graph_key(graph: GraphRecord, precision: str, postprocess: str) -> str:
+    if _builds_the_engine(graph, precision, postprocess):
         return "graph"
-    return f"graph for {graph.target}" if graph.target is not Target.ENGINE else f"{graph.precision} graph"
+    key = f"graph for {graph.target}" if graph.target is not Target.ENGINE else f"{graph.precision} graph"
+    return key if graph.postprocess == POSTPROCESS_NONE else f"{key} ({graph.postprocess})"

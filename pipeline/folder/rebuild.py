@@ -37,7 +37,7 @@ def make_engine_command(settings: Mapping[str, Any], *, force: bool = False) -> 
     words = {"model": value["model"], "precision": value["precision"]}
     words |= {
         name: value[name]
-        for name in deciding(value["precision"])
+        for name in deciding(value["precision"], value["postprocess"])
         if name not in words and value[name] is not None and value[name] != DEFAULTS[name]
     }
     words["out_root"] = value["out_root"]

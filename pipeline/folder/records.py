@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any, Protocol
 
 from ..core.precision import Precision
+from ..core.settings import POSTPROCESS_NONE, POSTPROCESSES
 from .graph_io import GraphTensor
 
 
@@ -61,19 +62,25 @@ class Evaluation(_Named):
 @dataclass(frozen=True)
 class GraphRecord:
     """One graph of a folder: its file, the precision it computes in, the target it is shaped for, how the gates
-    evaluate it, and its gate: the manifest stage whose recorded pass it needs before it may serve."""
+    evaluate it, its gate (the manifest stage whose recorded pass it needs before it may serve), and the
+    post-processing its outputs end in (core/settings.py POSTPROCESSES: "none", the model's own outputs; "nms", the
+    detections).  A folder serves only the graphs of its own post-processing: with POSTPROCESS=nms, the graphs of
+    the raw head stay for the precision gates and diagnose, and the NMS graphs serve."""
 
     file: str
     precision: Precision
     target: Target
     evaluation: Evaluation
     gate: str
+    postprocess: str = POSTPROCESS_NONE
 
     @classmethod
     def from_json(cls, raw: Any) -> GraphRecord:
         names = [entry.name for entry in dataclasses.fields(cls)]
         if not isinstance(raw, dict) or not all(isinstance(raw.get(name), str) for name in names):
             raise DamagedManifest(f"its graphs hold {raw!r}, not a record of {', '.join(names)}")
+        if raw["postprocess"] not in POSTPROCESSES:
+            raise DamagedManifest(f"its graphs hold {raw!r}: post-processing {raw['postprocess']!r} is unknown")
         try:
             return cls(
                 raw["file"],
@@ -81,9 +88,36 @@ class GraphRecord:
                 Target(raw["target"]),
                 Evaluation(raw["evaluation"]),
                 raw["gate"],
+                raw["postprocess"],
             )
         except ValueError as error:
             raise DamagedManifest(f"its graphs hold {raw!r}: {error}") from None
+
+
+@dataclass(frozen=True)
+class PostprocessRecord:
+    """What the served graphs end in (POSTPROCESS=nms): the kind, its settings (NmsConfig's fields), and the raw
+    head's outputs, which the graphs of the raw head keep and reference.npz holds."""
+
+    kind: str
+    config: dict
+    head_outputs: tuple[GraphTensor, ...]
+
+    def as_json(self) -> dict:
+        return {"kind": self.kind, "config": self.config, "head_outputs": [t.as_record() for t in self.head_outputs]}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> PostprocessRecord:
+        outputs = raw.get("head_outputs") if isinstance(raw, dict) else None
+        if (
+            not isinstance(raw, dict)
+            or raw.get("kind") not in POSTPROCESSES
+            or not isinstance(raw.get("config"), dict)
+            or not isinstance(outputs, list)
+            or not all(isinstance(o, dict) and {"name", "dtype", "shape"} <= set(o) for o in outputs)
+        ):
+            raise DamagedManifest(f"its postprocess is {raw!r}, not a kind, its settings and the head's outputs")
+        return cls(raw["kind"], raw["config"], tuple(GraphTensor.from_record(o) for o in outputs))
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,10 @@ candidate whose score is not above `score_threshold`, and keeps one unless a kep
 when class_aware) overlaps it with IoU above `iou_threshold`.  The first `max_detections` kept are the detections.
 
 The outputs have fixed sizes, so a graph can return them: boxes [B, K, 4] (x1, y1, x2, y2), scores [B, K],
-classes [B, K] (int32) and count [B] (int32): the first count[b] rows of image b are its detections, the rest
-padding (boxes and scores 0, classes -1).
+classes [B, K] (int32) and count [B, 1] (int32): the first count[b, 0] rows of image b are its detections, the
+rest padding (boxes and scores 0, classes -1).  count keeps a dim after the batch, as TensorRT's EfficientNMS plugin
+writes num_detections [batch, 1]: a tensor of the batch dim alone has no per-image dims, which Triton's model
+config cannot declare without a reshape (and its clients would then read [B, 1] while our runners returned [B]).
 
 IoU > t, intersection / (area_i + area_j - intersection) > t, is computed as intersection * (1 + t) > t * area_i +
 t * area_j in float32: the same where the union is positive, without a division (two empty boxes never overlap, as
@@ -84,7 +86,7 @@ def _require_count(name: str, value: object, fix: str) -> None:
 
 @dataclass(frozen=True)
 class Detections:
-    """Fixed-size detections (module doc): boxes [B, K, 4], scores [B, K], classes [B, K], count [B]."""
+    """Fixed-size detections (module doc): boxes [B, K, 4], scores [B, K], classes [B, K], count [B, 1]."""
 
     boxes: np.ndarray
     scores: np.ndarray
@@ -108,6 +110,14 @@ def reference_nms(head: np.ndarray, config: NmsConfig) -> Detections:
     return Detections(*(np.stack(parts) for parts in zip(*results, strict=True)))
 
 
+def detections_of(outputs: dict[str, np.ndarray], config: NmsConfig) -> dict[str, np.ndarray]:
+    """A head graph's outputs as its NMS graph returns them (nms_graph.append_nms): the other outputs first, then the
+    reference NMS of the head (the only output where config.head is None) as OUTPUTS."""
+    head = config.head or next(iter(outputs))
+    kept = {name: value for name, value in outputs.items() if name != head}
+    return {**kept, **reference_nms(outputs[head], config).as_outputs()}
+
+
 def decode(head: np.ndarray, box_format: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per anchor: its box as x1, y1, x2, y2 [B, N, 4], its best score [B, N] and that class [B, N]."""
     first, second = head[:, 0:2], head[:, 2:4]
@@ -129,7 +139,7 @@ def _image_nms(
     out_scores = np.zeros(k, np.float32)
     out_classes = np.full(k, PADDING_CLASS, np.int32)
     out_boxes[: len(kept)], out_scores[: len(kept)], out_classes[: len(kept)] = boxes[kept], scores[kept], classes[kept]
-    return out_boxes, out_scores, out_classes, np.array(len(kept), np.int32)
+    return out_boxes, out_scores, out_classes, np.array([len(kept)], np.int32)
 
 
 def greedy_keep(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, config: NmsConfig) -> list[int]:

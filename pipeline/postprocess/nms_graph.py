@@ -7,7 +7,7 @@ Runtime runs, and no size depends on the values: M = min(candidates, anchors), K
   head [B, 4+C, N] -> best class and score per anchor -> TopK: the M best candidates, sorted by score
   -> boxes as x1, y1, x2, y2 -> pairwise overlaps [B, M, M] -> S[i, j]: i comes before j, they overlap (and
   share the class, when class-aware) -> greedy suppression (below) -> TopK over the kept, in their order: K rows
-  -> boxes [B, K, 4], scores [B, K], classes [B, K], count [B], padded past count.
+  -> boxes [B, K, 4], scores [B, K], classes [B, K], count [B, 1], padded past count.
 
 The anchors N may be symbolic (a head exported for several image sizes, or one whose size the exporter could not
 trace): M is then taken at run time.  Where N may be below K, K never-valid anchors are appended first.
@@ -137,12 +137,12 @@ def _refuse_taken_names(model: onnx.ModelProto) -> None:
 
 
 def _output_infos(batch: str, k: int) -> list[onnx.ValueInfoProto]:
-    """boxes [B, K, 4] float32, scores [B, K] float32, classes [B, K] int32, count [B] int32 (OUTPUTS' order)."""
+    """boxes [B, K, 4] float32, scores [B, K] float32, classes [B, K] int32, count [B, 1] int32 (OUTPUTS' order)."""
     forms: list[tuple[int, list[str | int]]] = [
         (TensorProto.FLOAT, [batch, k, 4]),
         (TensorProto.FLOAT, [batch, k]),
         (TensorProto.INT32, [batch, k]),
-        (TensorProto.INT32, [batch]),
+        (TensorProto.INT32, [batch, 1]),
     ]
     return [helper.make_tensor_value_info(name, *form) for name, form in zip(OUTPUTS, forms, strict=True)]
 
@@ -305,8 +305,8 @@ def _first_kept(nodes: _Nodes, keep: str, corners: str, scores: str, labels: str
     chosen_scores = nodes.one("Where", found, nodes.one("GatherElements", scores, chosen, axis=2), zero)
     padding = nodes.constant("padding_class", np.int32(PADDING_CLASS))
     chosen_labels = nodes.one("Where", found, nodes.one("GatherElements", labels, chosen, axis=2), padding)
-    axes = nodes.constant("axes", np.array([1, 2]))
-    count = nodes.one("ReduceSum", nodes.one("Cast", found, to=TensorProto.FLOAT), axes, keepdims=0)
+    axes = nodes.constant("axes", np.array([2]))
+    count = nodes.one("ReduceSum", nodes.one("Cast", found, to=TensorProto.FLOAT), axes, keepdims=0)  # [B, 1]
     squeeze = nodes.constant("axis", np.array([1]))
     boxes_name, scores_name, classes_name, count_name = OUTPUTS
     nodes.one("Transpose", boxes, perm=[0, 2, 1], output=boxes_name)

@@ -14,12 +14,14 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ..core.cpu import int8_cpu_kind
 from ..core.errors import PipelineError
 from ..core.precision import Precision
 from ..evaluation.host import HostCheck, check_on_host
 from ..folder.graph_io import load_reference
-from ..folder.layout import CALIBRATION_SAMPLE, FP32_GRAPH, REFERENCE
+from ..folder.layout import CALIBRATION_SAMPLE, REFERENCE
 from ..folder.reader import ArtifactFolder
+from ..postprocess.nms import detections_of
 from .base import Runner
 from .onnxruntime import CPU, OnnxRuntimeRunner
 
@@ -29,10 +31,14 @@ SKIP = "load_runner(..., verify=False)"
 
 def check_runner(folder: ArtifactFolder, precision: Precision | str, runner: Runner) -> HostCheck:
     """`runner` (serving a graph of `precision`) on the folder's reference cases and, for INT8, its held-out
-    calibration rows against the FP32 graph run here."""
-    precision = Precision(precision)
+    calibration rows against the FP32 graph run here.  A folder that ends in NMS (POSTPROCESS=nms) is judged on
+    detections: PyTorch's head through the reference NMS is what its reference cases expect."""
+    precision, nms = Precision(precision), folder.manifest.nms()
+    cases = load_reference(folder.read(REFERENCE))
+    if nms is not None:
+        cases = [(inputs, detections_of(expected, nms)) for inputs, expected in cases]
     sample = held_out_sample(folder) if precision is Precision.INT8 else None
-    return check_on_host(runner.infer, precision, load_reference(folder.read(REFERENCE)), sample)
+    return check_on_host(runner.infer, precision, cases, sample, detections=nms is not None)
 
 
 def first_passing(ranked: Sequence[str], check: Callable[[str], HostCheck]) -> tuple[str | None, dict[str, HostCheck]]:
@@ -47,15 +53,16 @@ def first_passing(ranked: Sequence[str], check: Callable[[str], HostCheck]) -> t
 
 
 def held_out_sample(folder: ArtifactFolder) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None:
-    """(the calibration rows the INT8 gate judged, the FP32 graph's outputs on them here), or None where the folder
-    kept none.  The rows are data the build wrote beside its cache, not a graph: at worst a changed file makes
-    the check refuse."""
+    """(the calibration rows the INT8 gate judged, the outputs of the folder's FP32 graph (its NMS graph, where it ends
+    in NMS) on them here), or None where the folder kept none.  The rows are data the build wrote beside its cache,
+    not a graph: at worst a changed file makes the check refuse."""
     path = folder.path / CALIBRATION_SAMPLE
     if not path.is_file():
         return None
     with np.load(path) as sample:
         inputs = {name: sample[name] for name in sample.files}
-    with OnnxRuntimeRunner(folder, graph=FP32_GRAPH, providers=[CPU]) as fp32:
+    fp32_graph = next(graph.file for graph in folder.servable(int8_cpu_kind()).on_cpu if graph.precision == "fp32")
+    with OnnxRuntimeRunner(folder, graph=fp32_graph, providers=[CPU]) as fp32:
         return inputs, fp32.infer(inputs)
 
 

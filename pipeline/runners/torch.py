@@ -1,4 +1,5 @@
-"""The PyTorch runner: the model itself, loaded from the manifest's settings, eager, optionally AMP fp16 on CUDA."""
+"""The PyTorch runner: the model itself, loaded from the manifest's settings, eager, optionally AMP fp16 on CUDA; with
+POSTPROCESS=nms, its head through the reference NMS (pipeline/postprocess/nms.py), so it returns what the graphs do."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 from ..core.errors import PipelineError
 from ..core.precision import Precision
 from ..folder.reader import ArtifactFolder
+from ..postprocess.nms import detections_of
 from .base import Runner
 
 
@@ -51,7 +53,9 @@ class TorchRunner(Runner):
             raise PipelineError("amp=True needs a CUDA device", "pass amp=False, or device='cuda' on a GPU machine")
         self.amp = self.device.type == "cuda" and (amp if amp is not None else folder.precision == Precision.FP16)
         self.module = spec.module.to(self.device)
-        self._output_dtypes = {spec.name: spec.dtype for spec in self.outputs}
+        # The model's own outputs; with POSTPROCESS=nms the head becomes the detections, by the reference NMS.
+        self._output_dtypes = {tensor.name: tensor.numpy_dtype for tensor in folder.manifest.head_outputs()}
+        self._nms = folder.manifest.nms()
         mode = "AMP fp16" if self.amp else "fp32 eager"
         why = "a CUDA device is available" if self.device.type == "cuda" else "no CUDA device"
         self.description = f"torch {torch.__version__} {spec.name} on {self.device} ({mode}; {why})"
@@ -73,10 +77,11 @@ class TorchRunner(Runner):
         # so concurrent calls need no lock.
         with torch.inference_mode(), autocast:
             results = flatten_outputs(call_module(self.module, tensors))
-        return {
+        outputs = {
             name: result.detach().cpu().numpy().astype(self._output_dtypes[name], copy=False)
             for name, result in zip(self._output_dtypes, results, strict=True)
         }
+        return outputs if self._nms is None else detections_of(outputs, self._nms)
 
 
 def _torch_device(device: str | None) -> Any:

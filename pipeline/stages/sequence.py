@@ -28,11 +28,11 @@ from ..core.errors import PipelineError
 from ..core.mentions import render
 from ..core.precision import Precision
 from ..core.sessions import levels_below_full
-from ..core.settings import OPSET, Settings, deciding, mention
+from ..core.settings import OPSET, POSTPROCESS_NMS, POSTPROCESS_NONE, Settings, deciding, mention
 from ..core.trt_module import import_trt
 from ..evaluation.agreement import int8_judge
 from ..folder.artifacts import build_lock, sha256_file
-from ..folder.graph_io import GraphTensor
+from ..folder.graph_io import GraphTensor, graph_io
 from ..folder.layout import (
     ARTIFACT_LAYOUT,
     CPU_TARGETS,
@@ -42,11 +42,13 @@ from ..folder.layout import (
     artifact_names,
     folder_graphs,
     graph_record,
+    postprocessed,
 )
 from ..folder.manifest import read_manifest, record_stage, update_manifest
 from ..folder.provenance import artifact_problems, describe_artifacts, package_versions
 from ..folder.rebuild import make_engine_command
-from ..folder.records import BuildRecord, GraphRecord, ModelRecord, StageRecord
+from ..folder.records import BuildRecord, GraphRecord, ModelRecord, PostprocessRecord, StageRecord, Target
+from ..postprocess.nms import NmsConfig
 from .build import build_engine
 from .check import check_onnx
 from .export import export_onnx, parity_batches, release_module, write_reference
@@ -61,6 +63,7 @@ from .onnx_model import (
     write_onnx_reference,
 )
 from .parity import check_int8_agreement, check_parity
+from .postprocess import Judged, append_postprocess, check_nms, held_out_rows
 from .prepare import prepare
 from .simplify import simplify_onnx
 
@@ -263,7 +266,7 @@ def _int8_stage(run: Run, engine: GraphRecord) -> None:
         graph_path, reference = _require(run, graph.file), _require(run, REFERENCE)
         run.stage(graph.gate, check_parity, graph_path, reference, precision=graph.precision, target=graph.target)
     for graph in _check_int8_agreement(run, source, engine, written):
-        _leave_out_graph(run, graph)
+        _leave_out_graph(run, graph, "it departs from FP32 on the calibration data (agreement_int8 in the manifest)")
 
 
 def _calibration_data(run: Run, fp32: Path) -> CalibrationData:
@@ -316,22 +319,79 @@ def _check_int8_agreement(
     return [graph for graph in cpu_graphs.values() if graph.file in left_out]
 
 
-def _leave_out_graph(run: Run, left_out: GraphRecord) -> None:
+def _leave_out_graph(run: Run, left_out: GraphRecord, why: str) -> None:
     """Drop a CPU graph that failed its gate from the folder's graphs and from disk, and say so."""
     manifest = read_manifest(run.folder)
     graphs = tuple(graph for graph in (manifest.graphs if manifest else ()) if graph != left_out)
     update_manifest(run.folder, graphs=graphs)
     run.path(left_out.file).unlink(missing_ok=True)
+    instead = graph_record(left_out.precision, postprocess=left_out.postprocess).file
     print(
-        f"warning: {left_out.file} left out of {run.folder.name}: it departs from FP32 on the calibration data "
-        f"(agreement_int8 in the manifest); a runner on this CPU serves {graph_record(left_out.precision).file} with "
+        f"warning: {left_out.file} left out of {run.folder.name}: {why}; a runner on this CPU serves {instead} with "
         "its Q/DQ simulated instead (as accurate as the engine, slower than ONNX Runtime's int8 kernels)",
         flush=True,
     )
 
 
+def run_postprocess(run: Run) -> None:
+    """POSTPROCESS=nms: each graph of the raw head that may serve gets its NMS graph, which passes its gate and
+    serves instead (pipeline/stages/postprocess.py); the manifest's outputs become the detections, and its
+    postprocess record keeps the settings and the raw head's outputs."""
+    config = run.settings.nms_config()
+    if config is None:
+        return
+    manifest = read_manifest(run.folder)
+    listed = (manifest.graphs if manifest else ()) or folder_graphs(run.settings.precision)  # int8: less left-out
+    heads = [graph for graph in listed if graph.postprocess == POSTPROCESS_NONE]
+    served = [postprocessed(graph, POSTPROCESS_NMS) for graph in heads]
+    paths = [_require(run, graph.file) for graph in heads]
+    record = run.stage("nms", append_postprocess, paths, [run.path(graph.file) for graph in served], config)
+    head_outputs = graph_io(run.path(FP32_GRAPH)).outputs
+    head = config.head or head_outputs[0].name  # append_nms refused a graph of several outputs without one
+    update_manifest(
+        run.folder,
+        graphs=(*heads, *served),
+        outputs=graph_io(run.path(served[0].file)).outputs,
+        postprocess=PostprocessRecord(POSTPROCESS_NMS, record["config"], head_outputs),
+    )
+    rows = _held_out_detections(run, head)
+    for graph in served:
+        try:
+            _check_nms_graph(run, graph, config, head, rows)
+        except PipelineError as error:
+            if graph.target is Target.ENGINE:
+                raise
+            # A CPU graph is optional, as at the INT8 agreement gate: the engine's NMS graph serves this CPU instead.
+            for left_out in (next(h for h in heads if h.target is graph.target), graph):
+                _leave_out_graph(run, left_out, f"its detections fail their gate ({error.problem})")
+
+
+def _check_nms_graph(run: Run, graph: GraphRecord, config: NmsConfig, head: str, rows: list[Judged]) -> None:
+    """One NMS graph's gate.  Its detections are judged where this host computes them as served: a graph shaped for
+    another kind of CPU is recorded only (this CPU's int8 kernels do not compute it as that CPU does)."""
+    here = graph.target in (Target.ENGINE, CPU_TARGETS[int8_cpu_kind()])
+    held_out = rows if graph.precision is not Precision.FP32 else []  # FP32's head is what they are judged by
+    nms_path, reference = _require(run, graph.file), _require(run, REFERENCE)
+    run.stage(
+        graph.gate, check_nms, nms_path, reference, config, head, graph=graph, batch=run.settings.batch,
+        held_out=held_out, judge_detections=here,
+    )  # fmt: skip
+
+
+def _held_out_detections(run: Run, head: str) -> list[Judged]:
+    """With CALIB: the calibration rows the INT8 gate holds out (calibration/holdout.py; every row where none can
+    be), with the FP32 graph's head on them, which the lower precisions' detections are judged against."""
+    if run.settings.calib is None:
+        return []
+    fp32 = _require(run, FP32_GRAPH)
+    parts = split_calibration(_calibration_data(run, fp32), run.settings.calib_batch)
+    rows, label = (parts.held_out, "held-out calibration") if parts.held_out else (parts.fit, "calibration")
+    return held_out_rows(fp32, head, rows.batches, label)
+
+
 def run_build(run: Run) -> None:
-    graph = _require(run, graph_record(run.settings.precision).file)
+    precision, postprocess = run.settings.precision, run.settings.postprocess
+    graph = _require(run, graph_record(precision, postprocess=postprocess).file)
     try:
         import_trt(run.settings.builder)
     except PipelineError as error:
@@ -370,6 +430,7 @@ STAGES: dict[str, Callable[[Run], None]] = {
     "simplify": run_simplify,
     "parity": run_parity,
     "precision": run_precision,
+    "postprocess": run_postprocess,
     "build": run_build,
 }
 
@@ -403,7 +464,10 @@ def _make_engine(run: Run) -> Path:
         print(render(f"up to date   {run.folder} ({same}; {mention(force=True)} rebuilds)"))
         return run.folder
     # timings restart: the last stage they list is where an unfinished build stopped.
-    update_manifest(run.folder, complete=False, reuse_key=key, timings={}, onnxruntime_levels={})
+    # graphs and postprocess restart too: a folder built with another POSTPROCESS lists other graphs.
+    update_manifest(
+        run.folder, complete=False, reuse_key=key, timings={}, onnxruntime_levels={}, graphs=(), postprocess=None
+    )
     for stage in STAGES.values():
         stage(run)
     # The precision's graphs, less (int8) a CPU graph ONNX Runtime's quantizer could not make (run_precision).
@@ -438,7 +502,7 @@ def reuse_key(settings: Settings, fingerprint: str) -> str:
     """Everything that decides the artifacts: settings, model code and weights, calibration data, versions."""
     # Only the settings that decide this precision's artifacts (core/settings.py): INT8's own must not rebuild an
     # FP16 folder, nor FP16's an INT8 one.
-    names = deciding(settings.precision)
+    names = deciding(settings.precision, settings.postprocess)
     record = settings.as_record()
     payload = {
         "layout": ARTIFACT_LAYOUT,
