@@ -66,6 +66,10 @@ def edit_manifest(folder, change):
     manifest = json.loads((folder / "manifest.json").read_text())
     change(manifest)
     (folder / "manifest.json").write_text(json.dumps(manifest))
+def engine_graph(folder):  # the file of the graph the engine is built from, as the manifest's records say
+    manifest = json.loads((folder / "manifest.json").read_text())
+    engine = [r for r in manifest["graphs"] if r["target"] == "engine" and r["precision"] == manifest["precision"]]
+    return next(r["file"] for r in engine if r.get("postprocess") in (None, "none"))
 def image_batch(rows):
     return {"input": np.random.default_rng(0).standard_normal((rows, 3, 16, 16), dtype=np.float32)}
 def build(*options, out=None):  # the command line's `all` on tiny_cnn into WORK/engines (or out): its exit status

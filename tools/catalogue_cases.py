@@ -589,7 +589,7 @@ def _cli_cases() -> list[Case]:
             "model-file-script-no-shape",
             "MODEL= a TorchScript file without INPUT_SHAPE",
             ["--model", f"{f}/scripted.pt"],
-            names=("INPUT_SHAPE",),
+            names=("--input-shape",),
         ),
         build("model-shell-semicolon", "MODEL='x; touch marker'", ["--model", "x; touch {marker}"]),
         build("model-shell-substitution", "MODEL='$(touch marker)'", ["--model", "$(touch {marker})"]),
@@ -1026,7 +1026,7 @@ def _runner_cases() -> list[Case]:
             "runner",
             "model.onnx replaced by another model's graph",
             load
-            + "f = copy(IMAGE)\nimport json\ng = json.loads((f / 'manifest.json').read_text())['graphs']['engine']\nother = json.loads((TEXT / 'manifest.json').read_text())['graphs']['engine']\nshutil.copy(TEXT / other, f / g)\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
+            + "f = copy(IMAGE)\nimport json\ng = engine_graph(f)\nother = engine_graph(TEXT)\nshutil.copy(TEXT / other, f / g)\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
             names=("sha256",),
             forbidden=SECOND_FINDING,
         ),
@@ -1035,7 +1035,7 @@ def _runner_cases() -> list[Case]:
             "runner",
             "the graph replaced by one with the same inputs, other weights",
             load
-            + "f = copy(IMAGE)\nimport json, onnx\ng = json.loads((f / 'manifest.json').read_text())['graphs']['engine']\nm = onnx.load(str(f / g))\nw = m.graph.initializer[0]\nimport numpy\nfrom onnx import numpy_helper\na = numpy_helper.to_array(w) * 0\nw.CopyFrom(numpy_helper.from_array(a, w.name))\nonnx.save(m, str(f / g))\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
+            + "f = copy(IMAGE)\nimport json, onnx\ng = engine_graph(f)\nm = onnx.load(str(f / g))\nw = m.graph.initializer[0]\nimport numpy\nfrom onnx import numpy_helper\na = numpy_helper.to_array(w) * 0\nw.CopyFrom(numpy_helper.from_array(a, w.name))\nonnx.save(m, str(f / g))\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
             names=("sha256",),
             forbidden=SECOND_FINDING,
         ),
@@ -1044,7 +1044,7 @@ def _runner_cases() -> list[Case]:
             "runner",
             "model.onnx truncated",
             load
-            + "f = copy(IMAGE)\nimport json\ng = f / json.loads((f / 'manifest.json').read_text())['graphs']['engine']\ng.write_bytes(g.read_bytes()[:100])\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
+            + "f = copy(IMAGE)\nimport json\ng = f / engine_graph(f)\ng.write_bytes(g.read_bytes()[:100])\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
             names=("onnx",),
             forbidden=SECOND_FINDING,
         ),
@@ -1053,7 +1053,7 @@ def _runner_cases() -> list[Case]:
             "runner",
             "model.onnx deleted",
             load
-            + "f = copy(IMAGE)\nimport json\n(f / json.loads((f / 'manifest.json').read_text())['graphs']['engine']).unlink()\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
+            + "f = copy(IMAGE)\nimport json\n(f / engine_graph(f)).unlink()\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
             names=("onnx",),
             forbidden=SECOND_FINDING,
         ),
@@ -1062,7 +1062,7 @@ def _runner_cases() -> list[Case]:
             "runner",
             "the manifest names a graph outside the folder",
             load
-            + "f = copy(IMAGE)\nimport json\ng = json.loads((f / 'manifest.json').read_text())['graphs']['engine']\nshutil.copy(f / g, WORK / 'outside.onnx')\nedit_manifest(f, lambda m: m['graphs'].update(engine='../outside.onnx'))\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
+            + "f = copy(IMAGE)\nimport json\ng = engine_graph(f)\nshutil.copy(f / g, WORK / 'outside.onnx')\nedit_manifest(f, lambda m: [r.update(file='../outside.onnx') for r in m['graphs'] if r['file'] == g])\nr = load_runner(f, 'onnxruntime')\nr.infer(image_batch(1))",
             names=("outside.onnx",),
         ),
         py(
@@ -1377,7 +1377,7 @@ def _triton_cases() -> list[Case]:
             "triton-truncated-graph",
             "triton",
             "triton on a folder whose graph is truncated",
-            "import json, subprocess\nf = copy(IMAGE)\ng = f / json.loads((f / 'manifest.json').read_text())['graphs']['engine']\ng.write_bytes(g.read_bytes()[:100])\n"
+            "import json, subprocess\nf = copy(IMAGE)\ng = f / engine_graph(f)\ng.write_bytes(g.read_bytes()[:100])\n"
             "done = subprocess.run([sys.executable, '-m', 'trt_pipeline', 'triton', str(f), '--repo', str(WORK / 'repo'), '--backend', 'onnxruntime'], capture_output=True, text=True)\n"
             "sys.stderr.write(done.stderr)\nsys.exit(done.returncode)",
             names=("onnx",),
@@ -1899,7 +1899,7 @@ def _service_cases() -> list[Case]:
 
 # ---------------------------------------------------------------- round three (issue 39): folders, models, clients
 
-GRAPH = "json.loads((f / 'manifest.json').read_text())['graphs']['engine']"
+GRAPH = "engine_graph(f)"
 RUNNER = "from trt_pipeline.pipeline.runners import load_runner\n"
 CACHE = (
     RUNNER + "f = copy(IMAGE)\nload_runner(f).close()\n"
@@ -2047,7 +2047,7 @@ def _folder_cases() -> list[Case]:
             "runner",
             "model.onnx replaced by a link to another model's graph",
             RUNNER + f"f = copy(IMAGE)\ng = f / {GRAPH}\ng.unlink()\n"
-            "g.symlink_to(TEXT / json.loads((TEXT / 'manifest.json').read_text())['graphs']['engine'])\n"
+            "g.symlink_to(TEXT / engine_graph(TEXT))\n"
             "load_runner(f, 'onnxruntime')",
             names=("onnx",),
             forbidden=SECOND_FINDING,
