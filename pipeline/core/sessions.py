@@ -40,6 +40,7 @@ def onnxruntime_session(
     simulate_qdq: bool = False,
     level: str | None = None,
     probe_feed: dict | None = None,
+    pack_weights: bool = True,
 ):
     """An ONNX Runtime session on a graph file or a graph's bytes; the CPU provider unless told otherwise (providers:
     names, or (name, provider options) pairs, as InferenceSession takes them).
@@ -52,6 +53,10 @@ def onnxruntime_session(
     level: the optimization level to open at (a folder's recorded one); None: the highest, and for a graph
     file the highest at which opening it (and running `probe_feed` once, when given) does not crash ONNX
     Runtime (module doc).
+    pack_weights=False: ONNX Runtime computes with the weights where it loaded them instead of packing a copy of
+    them for its kernels (session.disable_prepacking): with external data, which it maps from disk, a session then
+    holds no copy of the weights at all (pipeline.evaluation.graph_session, for the build's few runs; the runner
+    packs, for speed).
     """
 
     def open_at(chosen: str):
@@ -62,6 +67,7 @@ def onnxruntime_session(
             intra_op_threads=intra_op_threads,
             allow_spinning=allow_spinning,
             simulate_qdq=simulate_qdq,
+            pack_weights=pack_weights,
         )
 
     if level is None:
@@ -83,6 +89,7 @@ def _open(
     intra_op_threads: int | None = None,
     allow_spinning: bool = True,
     simulate_qdq: bool = False,
+    pack_weights: bool = True,
 ):
     ort = import_onnxruntime()
     options = ort.SessionOptions()
@@ -93,6 +100,8 @@ def _open(
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if allow_spinning else "0")
     if simulate_qdq:
         options.add_session_config_entry("session.disable_quant_qdq", "1")
+    if not pack_weights:
+        options.add_session_config_entry("session.disable_prepacking", "1")
     model = graph if isinstance(graph, bytes) else str(graph)
     return ort.InferenceSession(model, options, providers=providers or ["CPUExecutionProvider"])
 

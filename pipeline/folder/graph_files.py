@@ -11,6 +11,7 @@ only: the folder's readers import this module.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 from collections.abc import Iterator
@@ -21,7 +22,16 @@ import numpy as np
 
 from ..core.errors import PipelineError
 from .artifacts import temporary_name
-from .onnx_wire import copy, without_weights, write_inline
+from .onnx_wire import (
+    Convert,
+    Converted,
+    external_span,
+    read_span,
+    tensor_bytes,
+    without_weights,
+    write_inline,
+    write_part,
+)
 
 if TYPE_CHECKING:
     import onnx
@@ -70,10 +80,14 @@ def _inside(graph: Path, location: str) -> Path:
 
 
 def graph_without_weights(graph: Path) -> onnx.ModelProto:
-    """The graph's nodes, inputs, outputs and initializers (name, type, dims), the data of the initializers of
-    INLINE_TENSOR_BYTES or more left out (small ones, shapes and axes, loaded wherever they are): what shape
-    inference, the checks and a graph's inputs and outputs need, read at the size of the graph, not of its weights.
-    Subgraphs (If, Loop) and Constant nodes are kept whole."""
+    """The graph's nodes, inputs, outputs and initializers (name, type, dims), each initializer of
+    INLINE_TENSOR_BYTES or more an external reference to where its bytes lie, none of them read: in its data file,
+    or, for a graph of one file, in the graph file itself (ONNX's external data names a file, an offset and a
+    length, and any file will do).  Locations are relative to the graph's folder.  What shape inference, the checks
+    and a graph's inputs and outputs need, read at the size of the graph, not of its weights; what the writers
+    (write_graph) stream the weights from, tensor by tensor; what ONNX Runtime maps the weights from instead of
+    copying them (graph_beside).  Small initializers (shapes, axes) are loaded wherever they are; subgraphs (If,
+    Loop) and Constant nodes are kept whole."""
     import onnx
     from onnx.external_data_helper import (
         ExternalDataInfo,
@@ -82,10 +96,14 @@ def graph_without_weights(graph: Path) -> onnx.ModelProto:
         uses_external_data,
     )
 
-    model = onnx.load_model_from_string(without_weights(Path(graph), INLINE_TENSOR_BYTES))
+    graph = Path(graph)
+    skipped: list[tuple[int, int, int]] = []
+    model = onnx.load_model_from_string(without_weights(graph, INLINE_TENSOR_BYTES, skipped))
     for tensor in _get_all_tensors(model):
         if uses_external_data(tensor) and (ExternalDataInfo(tensor).length or 0) < INLINE_TENSOR_BYTES:
-            load_external_data_for_tensor(tensor, str(Path(graph).parent))
+            load_external_data_for_tensor(tensor, str(graph.parent))
+    for index, offset, length in skipped:
+        _set_location(model.graph.initializer[index], graph.name, offset, length)
     return model
 
 
@@ -95,17 +113,15 @@ def graph_files(graph: Path) -> list[Path]:
 
 
 def weight_bytes(model: onnx.ModelProto) -> int:
-    """The bytes of the graph's initializers, whether held inside it or in external data."""
-    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+    """The bytes of the graph's initializers, whether held inside it or in external data (counted from their type
+    and dims, so a tensor whose type a conversion changed counts at its new size)."""
     from onnx.helper import tensor_dtype_to_np_dtype
 
     total = 0
     for tensor in model.graph.initializer:
-        if uses_external_data(tensor):
-            total += ExternalDataInfo(tensor).length or 0
-        elif tensor.HasField("raw_data"):
+        if tensor.HasField("raw_data"):
             total += len(tensor.raw_data)
-        else:  # a typed field (float_data, int64_data, ...): count the values it holds
+        else:  # external, or a typed field (float_data, int64_data, ...): count the values it holds
             total += int(np.prod(tensor.dims)) * np.dtype(tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
     return total
 
@@ -130,66 +146,92 @@ def save_graph(model: onnx.ModelProto, path: Path) -> None:
     )
 
 
+def write_graph(model: onnx.ModelProto, base: Path, path: Path, convert: dict[str, Convert] | None = None) -> None:
+    """Write `model`, whose large tensors are external references to files under `base` (graph_without_weights,
+    then changed), at `path` as this module's rule says: one file up to EXTERNAL_DATA_BYTES of weights, else the
+    graph and `<graph>.data`.  Each tensor is copied from where it lies a block at a time; one named in `convert`
+    (an initializer whose type the caller changed: float32 to float16) is read whole and written as its function
+    returns it.  One tensor in memory at a time, never the model's weights."""
+    import onnx
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    path, base, convert = Path(path), Path(base), convert or {}
+    external = [tensor for tensor in _get_all_tensors(model) if uses_external_data(tensor)]
+    if len(external) > sum(uses_external_data(tensor) for tensor in model.graph.initializer):
+        _load_into(model, external, base, convert)  # external tensors in subgraphs or nodes: no exporter writes them
+        save_graph(model, path)
+    elif weight_bytes(model) <= EXTERNAL_DATA_BYTES:
+        write_inline(model, base, path, convert)
+    else:
+        _write_data_file(external, base, path, convert)
+        onnx.save(model, str(path))
+
+
+def _load_into(model: onnx.ModelProto, tensors: list, base: Path, convert: dict[str, Convert]) -> None:
+    for tensor in tensors:
+        raw = read_span(external_span(tensor, base))
+        function = convert.get(tensor.name)
+        del tensor.external_data[:]
+        tensor.data_location = 0  # TensorProto.DEFAULT
+        tensor.raw_data = function(raw) if function is not None else raw
+
+
+def _write_data_file(tensors: list, base: Path, path: Path, convert: dict[str, Convert]) -> None:
+    """Every tensor in `tensors` (external references under `base`) copied, or converted, into `<path>.data`, each
+    at an offset that is a multiple of ALIGNMENT; the tensors then name their place there."""
+    target = path.with_name(data_file_name(path))
+    with open(target, "wb") as out:
+        for tensor in tensors:
+            out.write(b"\0" * (-out.tell() % ALIGNMENT))
+            offset = out.tell()
+            span = external_span(tensor, base)
+            function = convert.get(tensor.name)
+            part = Converted(span, tensor_bytes(tensor), function) if function is not None else span
+            length = write_part(part, out)
+            _set_location(tensor, target.name, offset, length)
+
+
 def gather_weights(path: Path) -> None:
     """Store the graph at `path` as this module's rule says, whatever the exporter wrote: one file up to
     EXTERNAL_DATA_BYTES of weights, else every external tensor in `<graph>.data` (TorchScript writes one file
     per tensor past 2 GB), copied a block at a time, never all the weights in memory at once."""
-    import onnx
-
     path = Path(path)
     sources = data_files(path)
-    external = weight_bytes(graph_without_weights(path)) > EXTERNAL_DATA_BYTES
-    target = path.with_name(data_file_name(path))
-    if sources and not external:  # weights protobuf holds in one file: copied into it
-        _inline(path)
-    elif external and not sources:  # one file past the limit (a lowered limit, in the tests)
-        save_graph(onnx.load(str(path)), path)
-    elif external and sources != [target]:
-        model = onnx.load(str(path), load_external_data=False)
-        _copy_into_one_file(model, path)
-        onnx.save(model, str(path))
+    model = graph_without_weights(path)
+    external = weight_bytes(model) > EXTERNAL_DATA_BYTES
+    if sources == ([path.with_name(data_file_name(path))] if external else []):
+        return  # already so
+    with atomic_graph(path) as temporary:
+        write_graph(model, path.parent, temporary)
     for source in sources:
-        if source != target or not external:
-            source.unlink()
+        if source.name != data_file_name(path) or not external:
+            source.unlink(missing_ok=True)
 
 
-def _inline(path: Path) -> None:
-    """The graph at `path` written as one file: streamed (onnx_wire.write_inline) where only the main graph's
-    initializers are external, as every exporter writes them; else through a ModelProto holding them all."""
+@contextlib.contextmanager
+def graph_beside(model: onnx.ModelProto, folder: Path) -> Iterator[Path]:
+    """`model`, whose large tensors are external references to files of `folder` (graph_without_weights, then
+    changed: outputs exposed, Casts added), written into `folder` under a temporary name, so that ONNX Runtime opens
+    it by path and maps the weights where they lie: none copied, none written.  Removed on exit (a killed run's is
+    removed by the next build, as every temporary is)."""
     import onnx
-    from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
-    model = onnx.load(str(path), load_external_data=False)
-    external = sum(uses_external_data(tensor) for tensor in _get_all_tensors(model))
-    if external == sum(uses_external_data(tensor) for tensor in model.graph.initializer):
-        write_inline(model, path.parent, path)
-    else:
-        save_graph(onnx.load(str(path)), path)
+    path = Path(folder) / temporary_name(Path(folder) / f"derived-{next(_DERIVED)}.onnx")
+    try:
+        onnx.save(model, str(path))
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
 
 
-def _copy_into_one_file(model: onnx.ModelProto, path: Path) -> None:
-    """Every external tensor of `model` (loaded without its data) copied into `<graph>.data`; `model` then names
-    its place there."""
-    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
-
-    target = path.with_name(data_file_name(path))
-    written = target.with_name(temporary_name(target))  # the target may be one of the sources
-    with open(written, "wb") as out:
-        for tensor in _get_all_tensors(model):
-            if not uses_external_data(tensor):
-                continue
-            info = ExternalDataInfo(tensor)
-            out.write(b"\0" * (-out.tell() % ALIGNMENT))
-            offset = out.tell()
-            with open(path.parent / info.location, "rb") as source:
-                source.seek(info.offset or 0)
-                length = copy(source, out, info.length)
-            _set_location(tensor, target.name, offset, length)
-    os.replace(written, target)
+_DERIVED = itertools.count()
 
 
 def _set_location(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+    from onnx import TensorProto
+
     del tensor.external_data[:]
+    tensor.data_location = TensorProto.EXTERNAL
     for key, value in (("location", location), ("offset", offset), ("length", length)):
         entry = tensor.external_data.add()
         entry.key, entry.value = key, str(value)
