@@ -11,6 +11,7 @@ only: the folder's readers import this module.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import os
 import shutil
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..core.errors import PipelineError
-from .artifacts import temporary_name
+from .artifacts import sha256_file, temporary_name
 from .onnx_wire import (
     Convert,
     Converted,
@@ -206,6 +207,27 @@ def gather_weights(path: Path) -> None:
     for source in sources:
         if source.name != data_file_name(path) or not external:
             source.unlink(missing_ok=True)
+
+
+def copy_graph(source: Path, final: Path) -> None:
+    """Copy the graph at `source` to `final` with its data file, stored as this module's rule says and named after
+    `final` (atomic_graph: both appear together or not at all)."""
+    source = Path(source)
+    with atomic_graph(final) as temporary:
+        for file in graph_files(source):
+            shutil.copyfile(file, temporary.parent / file.name)
+        os.replace(temporary.with_name(source.name), temporary)
+        gather_weights(temporary)  # its data file named after it
+
+
+def graph_digest(graph: Path) -> str:
+    """The sha256 of a graph's file, and for a graph with a data file, over its files' sha256: what identifies its
+    nodes and its weights both (a cache keyed on the graph file alone would not see new weights)."""
+    files = graph_files(graph)
+    if len(files) == 1:
+        return sha256_file(files[0])
+    listing = "".join(f"{file.name}:{sha256_file(file)}\n" for file in files)
+    return hashlib.sha256(listing.encode()).hexdigest()
 
 
 @contextlib.contextmanager
