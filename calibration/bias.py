@@ -55,7 +55,7 @@ def correct_biases(
         shift = _output_shift(node, rounded[node.input[1]] - weight, means[node.input[0]])
         largest, ops = max(largest, float(np.abs(shift).max())), ops + 1
         _add_to_bias(graph, *slot, node.input[1], initializers, readers, -shift)
-    save_graph(model, out_path)
+    save_graph(model, out_path, scratch=True)
     return {"ops": ops, "largest": round(largest, 6)}
 
 

@@ -606,7 +606,7 @@ def calibrated_graph(fp32_path: Path, scales: dict[str, np.ndarray], out_path: P
     model = onnx.load(str(fp32_path))
     if not constants_as_initializers(model.graph) and not scales:
         return fp32_path
-    save_graph(smooth_graph(model, scales), out_path)
+    save_graph(smooth_graph(model, scales), out_path, scratch=True)
     return out_path
 
 

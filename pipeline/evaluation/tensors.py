@@ -77,5 +77,5 @@ def _session(exposed: onnx.ModelProto, *, simulate_qdq: bool = False, weights: P
             return onnxruntime_session(path, simulate_qdq=simulate_qdq, pack_weights=False)
     with tempfile.TemporaryDirectory(prefix="exposed.") as folder:
         path = Path(folder) / "exposed.onnx"
-        save_graph(exposed, path)
+        save_graph(exposed, path, scratch=True)
         return onnxruntime_session(path, simulate_qdq=simulate_qdq)
