@@ -8,8 +8,10 @@ first opened in a forked child, and run there once when the caller gives a feed 
 first reference case): a child killed by a signal means ONNX Runtime crashed on that graph, and the session is
 opened at the next lower optimization level (its results are the same; only its speed differs), or, when every
 level crashes, the stage stops with a PipelineError naming the graph.  The level each graph of a folder needed
-is recorded in its manifest (pipeline.stages.sequence), so the runner opens the graph's bytes at that level without
-probing again.  Only the first run is probed: containing every run would compute each twice.
+is recorded in its manifest (pipeline.stages.sequence), so the runner opens the graph at that level without probing
+again.  Only the first run is probed: containing every run would compute each twice.  The build's sessions map
+their weights from disk and pack none (pipeline.evaluation.graph_session), so a probe costs the optimizer's time and
+little memory: what is probed is the level, which is the optimizer's choice.
 """
 
 from __future__ import annotations
@@ -73,12 +75,6 @@ def onnxruntime_session(
     if level is None:
         level = OPTIMIZATION_LEVELS[0] if isinstance(graph, bytes) else level_that_opens(graph, open_at, probe_feed)
     return open_at(level)
-
-
-def probe_level(path: Path, feed: dict, *, simulate_qdq: bool = False) -> str:
-    """The level a graph a folder serves can be opened and run at (the runner reads it from the manifest),
-    probed on the CPU provider with one feed, without opening it in this process."""
-    return level_that_opens(path, lambda level: _open(path, None, level, simulate_qdq=simulate_qdq), feed)
 
 
 def _open(

@@ -73,10 +73,21 @@ def graph_session(path: Path, *, simulate_qdq: bool = False, probe_feed: dict | 
     that is 0.01 s and no memory to open, against 4.4 s and 1.2 GB by the path of a graph of one file and 5.7 s and
     3.6 GB by its bytes.  Crashes are probed, and the level recorded, for `path` itself (pipeline/core/sessions.py)."""
     path = Path(path)
-
-    def open_at(level: str, mapped: Path):
-        return onnxruntime_session(mapped, level=level, simulate_qdq=simulate_qdq, pack_weights=False)
-
     with graph_beside(graph_without_weights(path), path.parent) as mapped:
-        level = level_that_opens(path, lambda chosen: open_at(chosen, mapped), probe_feed)
-        return open_at(level, mapped)
+        level = level_that_opens(path, lambda chosen: _mapped(mapped, chosen, simulate_qdq), probe_feed)
+        return _mapped(mapped, level, simulate_qdq)
+
+
+def probe_graph(path: Path, feed: dict) -> str:
+    """The optimization level the runner opens the graph file `path` at (recorded in the manifest), probed with one
+    run of `feed` in a child as graph_session opens it: its weights mapped, none packed.  The level is the
+    optimizer's choice (ONNX Runtime crashed optimizing a TransformerEncoder's FP16 graph at full optimization);
+    packing the weights for the kernels, which the probe leaves out, happens after it at every level.  Opening the
+    graph itself with its weights packed cost 7.5 s of the FP16 stage's 30 s at 2.4 GB, in a child."""
+    path = Path(path)
+    with graph_beside(graph_without_weights(path), path.parent) as mapped:
+        return level_that_opens(path, lambda chosen: _mapped(mapped, chosen, False), feed)
+
+
+def _mapped(graph: Path, level: str, simulate_qdq: bool):
+    return onnxruntime_session(graph, level=level, simulate_qdq=simulate_qdq, pack_weights=False)

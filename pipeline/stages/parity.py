@@ -14,9 +14,8 @@ from ..core.compare import Comparison, compare_outputs
 from ..core.errors import PipelineError
 from ..core.mentions import render
 from ..core.precision import Precision
-from ..core.sessions import probe_level
 from ..core.settings import mention, mention_name
-from ..evaluation import INT8_MAX_ERROR, RTOL, evaluation_session, graph_session
+from ..evaluation import INT8_MAX_ERROR, RTOL, evaluation_session, graph_session, probe_graph
 from ..evaluation.agreement import fp32_outputs, outputs_agreement
 from ..evaluation.layers import first_bad_node_text
 from ..folder.graph_io import load_reference
@@ -70,7 +69,7 @@ def _gate_session(graph: GraphRecord, onnx_path: Path, first_inputs: dict[str, n
     it opens at is recorded for the runner (pipeline/core/sessions.py).  The faithful float16 copy is another
     graph than the one the runner serves: that one is probed as it is."""
     if graph.evaluation is Evaluation.FAITHFUL_FP16:
-        probe_level(onnx_path, first_inputs)
+        probe_graph(onnx_path, first_inputs)
         return evaluation_session(graph, onnx_path)
     return evaluation_session(graph, onnx_path, probe_feed=first_inputs)
 
