@@ -228,6 +228,23 @@ def test_the_service_serves_a_folder_with_data_files(fp16_folder):
     np.testing.assert_allclose(np.array(output["data"]).reshape(output["shape"]), expected, atol=2e-2)
 
 
+def test_make_accuracy_and_the_bench_read_graphs_with_data_files(external, tmp_path):
+    from trt_pipeline.pipeline.bench.harness import run_benchmark
+    from trt_pipeline.pipeline.bench.timing import TimingPolicy
+    from trt_pipeline.pipeline.quality.accuracy import SUBFOLDER, measure_accuracy
+
+    settings = Settings(
+        model=f"{__name__}:mlp", precision="fp32", calib=str(calibration_file(tmp_path)), out_root=tmp_path
+    )
+    folder = measure_accuracy(settings, ["max"])
+    report = json.loads((folder / "accuracy.json").read_text())
+    assert {"fp32", "fp16", "int8-max"} <= set(report["results"])
+    assert (folder / SUBFOLDER / "model.fp16.onnx.data").is_file() and (folder / "model.onnx.data").is_file()
+    quick = TimingPolicy(warmup=1, iterations=10, budget_s=0.2, rounds=2)
+    bench = run_benchmark(folder, backends=["served", "onnxruntime-session"], batches=[1], policy=quick, progress=print)
+    assert {row["backend"] for row in bench["results"] if row["status"] == "ok"} >= {"served", "onnxruntime-session"}
+
+
 # --------------------------------------------------------------------------- past 2 GB for real
 
 PAST_2GB = "tests.test_external_data_folders:mlp_past_2gb"
