@@ -12,7 +12,8 @@ also runs as `make engine` does, every stage in one process, for its total time 
 folder is loaded as a user loads it, each in its own process: the ONNX Runtime runner (load_runner and one call) and
 the service (`trt-pipeline serve` until ready, then one REST request). The floor row is a process that imports the
 build stages and does nothing: every stage's peak includes it. How each stage grows with the weights is fitted on
-the MLP family: seconds and peak RSS less the floor as c * weights^k, k by least squares on the logarithms.
+the MLP family's members of 0.5 GB and more: seconds and peak RSS as c * weights^k, k by least squares on the
+logarithms.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/scale.py --label after --members mlp-0.1,mlp-0.6,mlp-1.2 \
         --whole --docs docs/benchmarks
@@ -30,6 +31,7 @@ import math
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -320,6 +322,33 @@ def measure_member(member: Member, work: Path, source: Path, whole: bool) -> dic
     return record
 
 
+def measure_alternating(member: Member, work: Path, source: Path, args: argparse.Namespace) -> dict:
+    """`make engine` (every stage in one process, --force) with this checkout's pipeline and with --compare's, in
+    alternating order, --rounds times each: on a machine shared with other jobs one pair of runs says little, and
+    alternating lets a busy moment hit both alike."""
+    other = Path(args.compare).resolve()
+    sources = {"this": source, "other": other}
+    logs = work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    rounds = []
+    for index in range(args.rounds):
+        for which in ("this", "other") if index % 2 == 0 else ("other", "this"):
+            out = work / f"{member.name}-{which}"
+            load = round(os.getloadavg()[0], 2)
+            record = measure_whole(member, out, logs, sources[which])
+            rounds.append({"which": which, "load": load, **record})
+            print(
+                f"  {member.name:<9} {which:<5} {record['seconds']:>8.1f} s {record['peak_rss_bytes'] / GB:>6.2f} GB",
+                flush=True,
+            )
+            shutil.rmtree(out, ignore_errors=True)
+    record = {"member": member.name, "model": member.model, "nominal_gb": member.nominal_gb, "stages": []}
+    record |= {"precision": member.precision, "available_memory_bytes": available_memory(), "weight_bytes": 0}
+    record["load_average"] = [round(v, 2) for v in os.getloadavg()]
+    record["alternating"] = {"other_commit": source_commit(other, args.compare_commit), "rounds": rounds}
+    return record
+
+
 def available_memory() -> int | None:
     """MemAvailable: the machine is shared, so what others held when a member ran is part of its record."""
     for line in Path("/proc/meminfo").read_text().splitlines():
@@ -345,7 +374,10 @@ def measure(args: argparse.Namespace) -> dict:
         members = []
         for name in args.members:
             print(f"{name} ({MEMBERS[name].model})", flush=True)
-            members.append(measure_member(MEMBERS[name], Path(work), source, args.whole))
+            if args.compare:
+                members.append(measure_alternating(MEMBERS[name], Path(work), source, args))
+            else:
+                members.append(measure_member(MEMBERS[name], Path(work), source, args.whole))
     return {
         "label": args.label,
         "commit": source_commit(source, args.commit),
@@ -403,6 +435,8 @@ def member_table(run: dict) -> list[str]:
     ]
     for member in run["members"]:
         weights = member["weight_bytes"]
+        if "alternating" in member:
+            continue  # alternating_table's
         for row in _rows(member):
             lines.append(
                 f"| {member['member']} | {precision(run, member)} | {weights / GB:.2f} GB | "
@@ -412,21 +446,60 @@ def member_table(run: dict) -> list[str]:
     return lines
 
 
+def alternating_table(run: dict) -> list[str]:
+    """`make engine` with this commit and another, in alternating rounds: each round's seconds in stages, the
+    stages this pipeline changed among them, peak RSS and load."""
+    lines = []
+    for member in (m for m in run["members"] if "alternating" in m):
+        record = member["alternating"]
+        commits = {"this": run["commit"], "other": record["other_commit"]}
+        lines += [
+            f"{member['member']}: `make engine` with commit {commits['this']} and with {commits['other']}, in "
+            f"alternating order ({len(record['rounds']) // 2} rounds each), each in its own process; the stages "
+            "from check on are the ones the commits differ in (prepare, reference and export run PyTorch and vary "
+            "with the machine's load alone).",
+            "",
+            "| commit | round | seconds in stages | check to build | peak RSS | load | stages (s) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for index, row in enumerate(record["rounds"]):
+            lines.append(
+                f"| {commits[row['which']]} | {index // 2} | {row['seconds']:.1f} | {_later_stages(row):.1f} | "
+                f"{row['peak_rss_bytes'] / GB:.2f} GB | {row['load']} | {stage_cell(row)} |"
+            )
+        for which in ("this", "other"):
+            rows = [row for row in record["rounds"] if row["which"] == which]
+            total = statistics.median(row["seconds"] for row in rows)
+            later = statistics.median(_later_stages(row) for row in rows)
+            lines.append(f"| **{commits[which]}, median** | | {total:.1f} | {later:.1f} | | | |")
+        lines.append("")
+    return lines
+
+
+def _later_stages(row: dict) -> float:
+    """The seconds of the stages from check on (the ones that do not run PyTorch)."""
+    return sum(seconds for name, seconds in row["timings"].items() if name not in ("prepare", "reference", "export"))
+
+
+# Sizes the growth is fitted on: from here the weights outweigh a process's fixed costs (Python, torch, ONNX Runtime,
+# the floor row), which at 0.1 GB are most of a stage's time and memory and would flatten any fit.
+GROWTH_FROM_BYTES = 0.5e9
+
+
 def growth(run: dict, family: str) -> dict[str, tuple[float, float, int]]:
-    """{stage: (time exponent, memory exponent, sizes)}: seconds and peak RSS less the floor fitted as
-    c * weights^k over the family's members (least squares on the logarithms); stages with fewer than 3 sizes
-    are left out."""
+    """{stage: (time exponent, memory exponent, sizes)}: seconds and peak RSS fitted as c * weights^k over the
+    family's members of GROWTH_FROM_BYTES and more (least squares on the logarithms; two sizes: their ratio)."""
     names = {member.name for member in FAMILIES[family]}
-    members = [m for m in run["members"] if m["member"] in names]
+    members = [m for m in run["members"] if m["member"] in names and m["weight_bytes"] >= GROWTH_FROM_BYTES]
     fitted = {}
     for stage in [*STAGES, "engine"]:
         points = [(m["weight_bytes"], row) for m in members for row in _rows(m) if row["stage"] == stage]
         points = [(w, row) for w, row in points if "failed" not in row and row["seconds"] > 0]
-        if len({w for w, _ in points}) < 3:
+        if len({w for w, _ in points}) < 2:
             continue
         x = [math.log(w) for w, _ in points]
         seconds = [math.log(row["seconds"]) for _, row in points]
-        memory = [math.log(max(row["peak_rss_bytes"] - run["floor_rss_bytes"], 1)) for _, row in points]
+        memory = [math.log(row["peak_rss_bytes"]) for _, row in points]
         fitted[stage] = (_slope(x, seconds), _slope(x, memory), len(points))
     return fitted
 
@@ -442,13 +515,13 @@ def growth_table(run: dict) -> list[str]:
         fitted = growth(run, family)
         if not fitted:
             continue
-        sizes = sorted(
-            {m["weight_bytes"] / GB for m in run["members"] if m["member"] in {x.name for x in FAMILIES[family]}}
-        )
+        names = {member.name for member in FAMILIES[family]}
+        sizes = sorted({m["weight_bytes"] / GB for m in run["members"] if m["member"] in names})
+        sizes = [size for size in sizes if size * GB >= GROWTH_FROM_BYTES]
         lines += [
             f"How each stage grows with the weights, {family} ({', '.join(f'{size:.1f}' for size in sizes)} GB): "
-            "seconds and peak RSS less the floor fitted as c * weights^k; k = 1 grows like the weights (2x per "
-            "doubling), k < 1 slower.",
+            "seconds and peak RSS fitted as c * weights^k; k = 1 grows like the weights (2x per doubling), k < 1 "
+            "slower (what does not grow with them, the process's imports among it, weighs more at small sizes).",
             "",
             "| stage | time k | time per doubling | memory k | memory per doubling | sizes |",
             "|---|---|---|---|---|---|",
@@ -506,7 +579,7 @@ def render_markdown(report: dict) -> str:
         "",
     ]
     for run in report["runs"]:
-        lines += run_header(run) + growth_table(run) + member_table(run) + [""]
+        lines += run_header(run) + growth_table(run) + alternating_table(run) + member_table(run) + [""]
     return "\n".join(lines)
 
 
@@ -574,6 +647,9 @@ def main() -> None:
     parser.add_argument("--docs", type=Path, default=ROOT / "docs" / "benchmarks", help="where the report goes")
     parser.add_argument("--render", action="store_true", help="rewrite scale.md and scale.png from scale.json")
     parser.add_argument("--append", action="store_true", help="add the members to the run of the same label")
+    parser.add_argument("--compare", help="another checkout: make engine with each, in alternating rounds")
+    parser.add_argument("--compare-commit", help="the commit --compare holds, where it is no git checkout")
+    parser.add_argument("--rounds", type=int, default=4, help="with --compare: rounds of each")
     args = parser.parse_args()
     if args.render:
         write_report(json.loads((args.docs / JSON_NAME).read_text()), args.docs)
