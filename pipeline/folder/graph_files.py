@@ -104,7 +104,7 @@ def graph_without_weights(graph: Path) -> onnx.ModelProto:
         if uses_external_data(tensor) and (ExternalDataInfo(tensor).length or 0) < INLINE_TENSOR_BYTES:
             load_external_data_for_tensor(tensor, str(graph.parent))
     for index, offset, length in skipped:
-        _set_location(model.graph.initializer[index], graph.name, offset, length)
+        set_location(model.graph.initializer[index], graph.name, offset, length)
     return model
 
 
@@ -193,7 +193,7 @@ def _write_data_file(tensors: list, base: Path, path: Path, convert: dict[str, C
             function = convert.get(tensor.name)
             part = Converted(span, tensor_bytes(tensor), function) if function is not None else span
             length = write_part(part, out)
-            _set_location(tensor, target.name, offset, length)
+            set_location(tensor, target.name, offset, length)
 
 
 def gather_weights(path: Path) -> None:
@@ -253,7 +253,8 @@ def graph_beside(model: onnx.ModelProto, folder: Path) -> Iterator[Path]:
 _DERIVED = itertools.count()
 
 
-def _set_location(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+def set_location(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+    """Make `tensor` an external reference to `length` bytes of the file `location` from `offset`."""
     from onnx import TensorProto
 
     del tensor.external_data[:]
