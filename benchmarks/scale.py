@@ -302,11 +302,12 @@ def measure_floor(source: Path, logs: Path) -> Measured:
     return run_measured([sys.executable, "-c", code], source, logs / "floor.log")
 
 
-def measure_member(member: Member, work: Path, source: Path, whole: bool) -> dict:
+def measure_member(member: Member, work: Path, source: Path, whole: bool, commit: str | None = None) -> dict:
     out, logs = work / member.name, work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     record: dict = {"member": member.name, "model": member.model, "nominal_gb": member.nominal_gb}
     record["precision"] = member.precision
+    record["commit"] = source_commit(source, commit)  # a run appended to later may span commits
     record["available_memory_bytes"] = available_memory()
     record["load_average"] = [round(v, 2) for v in os.getloadavg()]
     record["stages"] = measure_stages(member, out, logs, source)
@@ -377,7 +378,7 @@ def measure(args: argparse.Namespace) -> dict:
             if args.compare:
                 members.append(measure_alternating(MEMBERS[name], Path(work), source, args))
             else:
-                members.append(measure_member(MEMBERS[name], Path(work), source, args.whole))
+                members.append(measure_member(MEMBERS[name], Path(work), source, args.whole, args.commit))
     return {
         "label": args.label,
         "commit": source_commit(source, args.commit),
@@ -549,11 +550,18 @@ def run_header(run: dict) -> list[str]:
         f"imports the build stages peaks at {run['floor_rss_bytes'] / GB:.2f} GB (in every row's peak). Memory "
         "available (others' jobs excluded) and load average when each model started: "
         + "; ".join(
-            f"{m['member']} {m['available_memory_bytes'] / 2**30:.1f} GiB, {m['load_average']}" for m in run["members"]
+            f"{m['member']}{_commit_of(run, m)} {m['available_memory_bytes'] / 2**30:.1f} GiB, {m['load_average']}"
+            for m in run["members"]
         )
         + ".",
         "",
     ]
+
+
+def _commit_of(run: dict, member: dict) -> str:
+    """ " (at <commit>)" for a member measured at another commit than the run's last."""
+    commit = member.get("commit")
+    return f" (at {commit})" if commit and commit != run["commit"] else ""
 
 
 def render_markdown(report: dict) -> str:
