@@ -6,6 +6,12 @@ folder.  A graph with fewer weights stays one file, as every tool reads it.  Eve
 through `atomic_graph`, which moves the graph and its data file into place together; `data_files` names the data
 files a graph refers to and refuses a reference that leaves the graph's folder.  onnx is imported on first use
 only: the folder's readers import this module.
+
+The weights are touched as few times as a stage needs them: `graph_without_weights` reads a graph with each large
+initializer a reference to where its bytes lie (a graph of one file references itself), `write_graph` writes such
+a graph with its weights copied, or converted, one tensor at a time, and `graph_beside` puts a changed copy of it
+(outputs exposed, Casts added) beside the weights it references, where ONNX Runtime maps them instead of reading
+them into memory.
 """
 
 from __future__ import annotations
