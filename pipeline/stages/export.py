@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
 import logging
 import warnings
 from collections.abc import Iterator
@@ -210,7 +211,7 @@ def _dynamo(spec: ModelSpec, path: Path, outputs: list[str], axes: dict[str, dic
             kwargs=dict(spec.example_inputs) if by_name else None,
             input_names=list(spec.example_inputs),
             output_names=outputs,
-            dynamic_shapes=shapes if by_name else tuple(shapes.values()),
+            dynamic_shapes=shapes if by_name else _positional(spec.module, tuple(shapes.values())),
             opset_version=DYNAMO_OPSET,
             dynamo=True,
             external_data=True,  # model.onnx.data, which gather_weights brings back in below 2 GB
@@ -219,6 +220,13 @@ def _dynamo(spec: ModelSpec, path: Path, outputs: list[str], axes: dict[str, dic
     _let_go_of_weights(program)
     graph = onnx.load(str(path), load_external_data=False)  # the nodes change, the weights stay where they are
     onnx.save(convert_to_opset_17(graph, base_dir=path.parent), str(path))
+
+
+def _positional(module: torch.nn.Module, shapes: tuple) -> tuple:
+    """The inputs' dynamic shapes for a call by position: torch.export matches them to forward()'s parameters, and
+    a forward(*inputs) (models.huggingface.HuggingFaceModule) takes all of them as its one parameter."""
+    forward = inspect.signature(module.forward).parameters.values()
+    return (shapes,) if [p.kind for p in forward] == [inspect.Parameter.VAR_POSITIONAL] else shapes
 
 
 def _let_go_of_weights(program) -> None:
