@@ -23,6 +23,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..pipeline.evaluation.tensors import tensor_values
+from ..pipeline.folder.graph_files import save_graph
 from .readers import CalibrationData
 
 CORRECTED_OPS = ("Conv", "Gemm", "MatMul")  # a MatMul's bias is the constant of the one Add reading its output
@@ -54,7 +55,7 @@ def correct_biases(
         shift = _output_shift(node, rounded[node.input[1]] - weight, means[node.input[0]])
         largest, ops = max(largest, float(np.abs(shift).max())), ops + 1
         _add_to_bias(graph, *slot, node.input[1], initializers, readers, -shift)
-    onnx.save(model, str(out_path))
+    save_graph(model, out_path, scratch=True)
     return {"ops": ops, "largest": round(largest, 6)}
 
 

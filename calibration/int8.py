@@ -21,7 +21,6 @@ make_int8_graph composes the steps, each a function from typed values to a typed
 from __future__ import annotations
 
 import contextlib
-import shutil
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -37,7 +36,8 @@ from ..pipeline.core.settings import DEFAULTS
 from ..pipeline.evaluation import node_tolerance
 from ..pipeline.evaluation.agreement import Judge
 from ..pipeline.evaluation.layers import compare_layers, first_past
-from ..pipeline.folder.artifacts import atomic_path, sha256_file, write_npz
+from ..pipeline.folder.artifacts import write_npz
+from ..pipeline.folder.graph_files import copy_graph, graph_digest, graph_without_weights, save_graph
 from ..pipeline.folder.layout import CACHE_FOLDER, SAMPLE, graph_record
 from ..pipeline.folder.records import CalibrationSplit, RowsAgreement
 from .bias import correct_biases, weight_input_means
@@ -312,8 +312,7 @@ def write_int8_graphs(search: Search, out_path: Path, cpu_out_paths: dict[str, P
     """The kept candidate's Q/DQ graph to `out_path` and, from its ranges, a graph for each kind of CPU in
     `cpu_out_paths` (those ONNX Runtime's quantizer cannot make are recorded, not written)."""
     chosen = search.chosen
-    with atomic_path(out_path) as temporary:
-        shutil.copyfile(chosen.qdq, temporary)
+    copy_graph(chosen.qdq, out_path)
     cpu = {kind: _cpu_graph(chosen, path, kind, search.means, scratch / kind) for kind, path in cpu_out_paths.items()}
     return Int8Graphs(out_path.name, cpu, int8_share(chosen.qdq, search.macs))
 
@@ -426,7 +425,7 @@ def _candidate(
     scratch.mkdir(parents=True)
     options = config.options(method, alpha)
     # Keyed on the fit rows' own sha256: ranges fit on all rows (before the split, or another split) never match.
-    key = cache_key(sha256_file(fp32_path), fit.digest, {**options, "samples": fit.samples, "batch": config.batch})
+    key = cache_key(graph_digest(fp32_path), fit.digest, {**options, "samples": fit.samples, "batch": config.batch})
     cache_file = cache_path(cache_folder, method, key)
     lookup = load_ranges(cache_file, key, recalibrate=config.recalibrate)
     ranges, scales, collect_seconds = lookup.ranges, lookup.smoothing, 0.0
@@ -562,7 +561,7 @@ def _where_error_starts(candidate: Candidate, inputs: dict[str, np.ndarray]) -> 
     first = first_past(errors, node_tolerance(Precision.INT8))
     if first is None:
         return None
-    model = onnx.load(str(candidate.calibrated))
+    model = graph_without_weights(candidate.calibrated)
     producer = {output: node for node in model.graph.node for output in node.output}
     node = next(node for node in model.graph.node if node.name == first.node)
     while node is not None and node.op_type not in COMPUTE_OPS:
@@ -603,7 +602,7 @@ def calibrated_graph(fp32_path: Path, scales: dict[str, np.ndarray], out_path: P
     model = onnx.load(str(fp32_path))
     if not constants_as_initializers(model.graph) and not scales:
         return fp32_path
-    onnx.save(smooth_graph(model, scales), str(out_path))
+    save_graph(smooth_graph(model, scales), out_path, scratch=True)
     return out_path
 
 

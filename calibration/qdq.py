@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..pipeline.folder.artifacts import atomic_path
+from ..pipeline.folder.graph_files import atomic_graph, gather_weights
 from .ranges import QUANTIZED_OPS
 
 QDQ_OPTIONS = {
@@ -42,7 +42,7 @@ def quantize_qdq(fp32_path: Path, out_path: Path, ranges, *, exclude: Sequence[s
     structure for the manifest."""
     from onnxruntime.quantization import QuantType
 
-    with atomic_path(out_path) as temporary:
+    with atomic_graph(out_path) as temporary:
         model = quantize_with_ranges(
             fp32_path,
             temporary,
@@ -99,8 +99,10 @@ def quantize_with_ranges(
                 weight_type=weight_type or QuantType.QInt8,
                 calibrate_method=ranges.calibration_method,
                 calibration_cache_path=ranges_file,
+                use_external_data_format=True,  # the graph may pass 2 GB; gather_weights applies the folder's rule
                 **options,
             )
+    gather_weights(target)
     return onnx.load(str(target))
 
 

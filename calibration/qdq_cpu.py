@@ -45,7 +45,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..pipeline.core.cpu import NO_VNNI, VNNI
-from ..pipeline.folder.artifacts import atomic_path
+from ..pipeline.folder.graph_files import atomic_graph, graph_without_weights, save_graph
 from .qdq import qdq_structure, quantize_with_ranges
 
 # The ops whose Q/DQ ONNX Runtime's CPU provider turns into an int8 kernel (QLinearConv, QGemm,
@@ -112,14 +112,12 @@ def quantize_for_cpu(
     from onnxruntime.quantization import QuantType
 
     weight_type, symmetric, reduce_range = WEIGHT_FORMS[weights]
-    model = onnx.load(str(fp32_path))
+    model = graph_without_weights(fp32_path)  # the ranges read the graph's structure and small constants only
     cpu_ranges = asymmetric_ranges(model.graph, ranges)
     unranged = nodes_without_ranges(model.graph, cpu_ranges)
-    with atomic_path(out_path) as temporary, tempfile.TemporaryDirectory(prefix="cpu-graph.") as scratch:
-        source = Path(scratch) / "model.onnx"
-        onnx.save(model, str(source))
+    with atomic_graph(out_path) as temporary:
         quantized = quantize_with_ranges(
-            source,
+            fp32_path,
             temporary,
             as_tensors_data(cpu_ranges, ranges.calibration_method),
             op_types_to_quantize=list(CPU_OPS),
@@ -134,10 +132,11 @@ def quantize_for_cpu(
             },
         )
         float_outputs = _unquantize_graph_outputs(quantized)
-        onnx.save(quantized, str(temporary))
+        structure = qdq_structure(quantized)  # before save_graph, which moves the weights out past 2 GB
+        save_graph(quantized, temporary)
         kernels = int8_kernel_counts(temporary)
     return {
-        **qdq_structure(quantized),
+        **structure,
         "activations": "uint8 asymmetric: [0, high] where non-negative, else the cached (low, high)",
         "weights": weights,
         "float_nodes": unranged,
@@ -289,6 +288,8 @@ def int8_kernel_counts(graph: Path) -> dict:
         options.log_severity_level = 3
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.optimized_model_filepath = str(optimized)
+        # Its weights in a file beside it, past 2 GB too; only the nodes are read back.
+        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.data")
         ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
         ops = [node.op_type for node in onnx.load(str(optimized), load_external_data=False).graph.node]
     return {

@@ -59,6 +59,7 @@ def collect_ranges(fp32_path: Path, data: CalibrationData, method: str):
             list(QUANTIZED_OPS),
             augmented_model_path=str(Path(scratch) / "augmented.onnx"),
             calibrate_method=ort_method,
+            use_external_data_format=True,  # the augmented graph may pass 2 GB; ONNX Runtime maps its weights
             providers=["CPUExecutionProvider"],
             # symmetric: INT8 here is symmetric (zero point 0), so histograms are of |x|.
             extra_options={"symmetric": True, **extra},

@@ -17,13 +17,14 @@ import onnx
 
 from ..pipeline.core.compute import COMPUTE_OPS, multiply_adds
 from ..pipeline.evaluation.tensors import tensor_values
+from ..pipeline.folder.graph_files import graph_without_weights
 
 SHAPE_OPS = ("Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze")
 
 
 def compute_shapes(fp32: Path, feeds: dict[str, np.ndarray]) -> tuple[onnx.ModelProto, dict[str, tuple]]:
     """The FP32 graph, and the shapes of its Conv/Gemm/MatMul inputs and outputs when it runs on `feeds`."""
-    model = onnx.load(fp32)
+    model = graph_without_weights(fp32)  # the weights stay on disk: the run maps them
     weights = {tensor.name: tuple(tensor.dims) for tensor in model.graph.initializer}
     wanted = {
         name
@@ -32,7 +33,7 @@ def compute_shapes(fp32: Path, feeds: dict[str, np.ndarray]) -> tuple[onnx.Model
         for name in (node.input[0], node.input[1], node.output[0])
         if name not in weights
     }
-    values = next(tensor_values(model, sorted(wanted), [feeds]))
+    values = next(tensor_values(model, sorted(wanted), [feeds], weights=Path(fp32).parent))
     return model, {**weights, **{name: tuple(value.shape) for name, value in values.items()}}
 
 
@@ -44,7 +45,7 @@ def macs_by_op(model: onnx.ModelProto, shapes: dict[str, tuple]) -> dict[str, in
 def int8_ops(graph: Path, names: set[str]) -> set[str]:
     """The compute ops (named as in the FP32 graph) both of whose inputs come from a DequantizeLinear, directly
     or through SHAPE_OPS: the ops TensorRT runs in INT8."""
-    model = onnx.load(graph)
+    model = graph_without_weights(graph)
     producer = {output: node for node in model.graph.node for output in node.output}
 
     def dequantized(tensor: str) -> bool:

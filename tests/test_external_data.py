@@ -191,3 +191,20 @@ def test_a_killed_runs_graph_folder_is_removed(tmp_path):
     live.mkdir()
     assert remove_stale_temporaries(tmp_path) == [staging]
     assert not staging.exists() and live.is_dir()
+
+
+def test_intermediate_tensors_of_a_model_in_memory_run_with_its_weights_written_aside_and_put_back(tmp_path):
+    """tensor_values takes each large weight's bytes out of the model while it copies the graph (the copy then
+    maps them from a scratch data file) and puts them back: the values are ONNX Runtime's on the model itself,
+    and the model holds every byte it held."""
+    from trt_pipeline.pipeline.evaluation.tensors import tensor_values
+
+    graph, reference = exported(tmp_path)
+    model = onnx.load(str(graph))
+    before = model.SerializeToString()
+    inputs, outputs = load_reference(reference)[-1]
+    hidden = next(node.output[0] for node in model.graph.node if node.op_type in ("Gemm", "MatMul"))
+    (values,) = tensor_values(model, [hidden, "output"], [inputs])
+    np.testing.assert_allclose(values["output"], next(iter(outputs.values())), rtol=1e-4, atol=1e-5)
+    assert values[hidden].shape == (len(inputs["input"]), WIDTH)
+    assert model.SerializeToString() == before

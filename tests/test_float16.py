@@ -239,3 +239,19 @@ def test_the_scan_cuts_calibration_batches_to_the_rows_a_run_may_hold():
     small = calibration_cases(data, Settings(batch=BatchProfile(1, 2, 4)))  # no run beyond the profile's max
     assert [len(case.feeds["x"]) for case in small] == [4, 4, 4, 4, 4]
     assert small[-1].label == "calibration rows 16-19" and np.array_equal(small[-1].feeds["x"], rows[16:])
+
+
+def test_weights_convert_to_float16_bit_for_bit_as_onnxruntimes_converter_converts_them():
+    """The FP16 stage converts each weight itself as it writes it: the same bits as the converter's
+    convert_np_to_float16 on values around zero, past float16's range, at its bounds, infinite and NaN."""
+    from onnxruntime.transformers.float16 import convert_np_to_float16
+
+    from trt_pipeline.pipeline.stages.fp16 import to_float16
+
+    rng = np.random.default_rng(0)
+    edges = [0.0, -0.0, 1e-45, 1e-9, 2.98e-8, 2.99e-8, 3e-8, 5.96e-8, 6e-8, 6.1e-5, 1.0, 65504, 65505, 65519, 65520]
+    edges += [1e6, np.inf, np.nan]
+    values = np.array(edges + [-value for value in edges], np.float32)
+    spread = rng.standard_normal(99_964) * 10 ** rng.uniform(-12, 8, 99_964)  # every magnitude float32 holds
+    values = np.concatenate([values, spread.astype(np.float32)]).reshape(-1, 5)
+    np.testing.assert_array_equal(to_float16(values).view(np.uint16), convert_np_to_float16(values).view(np.uint16))

@@ -16,7 +16,7 @@ from trt_pipeline import models
 from trt_pipeline.models.huggingface import SEQUENCE_AXIS, HuggingFaceModule
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
-from trt_pipeline.pipeline.stages.sequence import make_engine
+from trt_pipeline.pipeline.stages.sequence import make_engine, run_stage
 
 transformers = pytest.importorskip("transformers")
 
@@ -128,6 +128,18 @@ def test_bert_with_the_tokenizers_dict_is_bound_by_keyword_with_named_outputs_an
         expected = inner(**encoded).last_hidden_state
         actual = spec.module(*encoded.values())["last_hidden_state"]
     torch.testing.assert_close(actual, expected)
+
+
+def test_the_dynamo_exporter_takes_a_hugging_face_model_called_by_position(tmp_path: Path):
+    """HuggingFaceModule's forward(*inputs) is one parameter to torch.export, so the inputs' dynamic shapes go in
+    as one tuple (EXPORTER=auto picks dynamo past 1 GiB: every large language model meets this)."""
+    pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript (the build extra)")
+    settings = Settings(model="tests.test_hf_models:bert_with_tokenizer", exporter="dynamo", out_root=tmp_path)
+    for stage in ("export", "check", "simplify", "parity"):
+        folder = run_stage(settings, stage)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["exporter"] == "dynamo"
+    assert manifest["parity_fp32"]["max_rel"] < 1e-3  # at every reference batch, the sequence axis dynamic
 
 
 def test_gpt2_with_a_dict_runs_without_its_cache():

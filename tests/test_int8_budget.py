@@ -22,9 +22,9 @@ from trt_pipeline.calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_
 from trt_pipeline.calibration.qdq import quantize_qdq
 from trt_pipeline.models.digits import PREPROCESS, load_split
 from trt_pipeline.pipeline import cli
+from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.settings import Settings
 from trt_pipeline.pipeline.quality.accuracy import budget_loss, top1_changes
-from trt_pipeline.pipeline.stages.parity import onnxruntime_session
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
 

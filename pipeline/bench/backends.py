@@ -161,7 +161,8 @@ class SessionBackend(Backend):
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = ort.InferenceSession(folder.read(graph), options, providers=providers)
+        with folder.private_graph(graph) as private:  # checked, its data file with it (pipeline.folder.reader)
+            self.session = ort.InferenceSession(str(private), options, providers=providers)
         self.output_names = [o.name for o in self.session.get_outputs()]
         used = ", ".join(self.session.get_providers())
         description = f"onnxruntime {ort.__version__} bare InferenceSession on {graph}, {used} ({why}), "

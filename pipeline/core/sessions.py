@@ -8,8 +8,10 @@ first opened in a forked child, and run there once when the caller gives a feed 
 first reference case): a child killed by a signal means ONNX Runtime crashed on that graph, and the session is
 opened at the next lower optimization level (its results are the same; only its speed differs), or, when every
 level crashes, the stage stops with a PipelineError naming the graph.  The level each graph of a folder needed
-is recorded in its manifest (pipeline.stages.sequence), so the runner opens the graph's bytes at that level without
-probing again.  Only the first run is probed: containing every run would compute each twice.
+is recorded in its manifest (pipeline.stages.sequence), so the runner opens the graph at that level without probing
+again.  Only the first run is probed: containing every run would compute each twice.  The build's sessions map
+their weights from disk and pack none (pipeline.evaluation.graph_session), so a probe costs the optimizer's time and
+little memory: what is probed is the level, which is the optimizer's choice.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def onnxruntime_session(
     simulate_qdq: bool = False,
     level: str | None = None,
     probe_feed: dict | None = None,
+    pack_weights: bool = True,
 ):
     """An ONNX Runtime session on a graph file or a graph's bytes; the CPU provider unless told otherwise (providers:
     names, or (name, provider options) pairs, as InferenceSession takes them).
@@ -56,6 +59,10 @@ def onnxruntime_session(
     level: the optimization level to open at (a folder's recorded one); None: the highest, and for a graph
     file the highest at which opening it (and running `probe_feed` once, when given) does not crash ONNX
     Runtime (module doc).
+    pack_weights=False: ONNX Runtime computes with the weights where it loaded them instead of packing a copy of
+    them for its kernels (session.disable_prepacking): with external data, which it maps from disk, a session then
+    holds no copy of the weights at all (pipeline.evaluation.graph_session, for the build's few runs; the runner
+    packs, for speed).
     """
 
     def open_at(chosen: str):
@@ -66,17 +73,12 @@ def onnxruntime_session(
             intra_op_threads=intra_op_threads,
             allow_spinning=allow_spinning,
             simulate_qdq=simulate_qdq,
+            pack_weights=pack_weights,
         )
 
     if level is None:
         level = OPTIMIZATION_LEVELS[0] if isinstance(graph, bytes) else level_that_opens(graph, open_at, probe_feed)
     return open_at(level)
-
-
-def probe_level(path: Path, feed: dict, *, simulate_qdq: bool = False) -> str:
-    """The level a graph a folder serves can be opened and run at (the runner reads it from the manifest),
-    probed on the CPU provider with one feed, without opening it in this process."""
-    return level_that_opens(path, lambda level: _open(path, None, level, simulate_qdq=simulate_qdq), feed)
 
 
 def _open(
@@ -87,6 +89,7 @@ def _open(
     intra_op_threads: int | None = None,
     allow_spinning: bool = True,
     simulate_qdq: bool = False,
+    pack_weights: bool = True,
 ):
     ort = import_onnxruntime()
     options = ort.SessionOptions()
@@ -97,6 +100,8 @@ def _open(
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if allow_spinning else "0")
     if simulate_qdq:
         options.add_session_config_entry("session.disable_quant_qdq", "1")
+    if not pack_weights:
+        options.add_session_config_entry("session.disable_prepacking", "1")
     model = graph if isinstance(graph, bytes) else str(graph)
     return ort.InferenceSession(model, options, providers=providers or ["CPUExecutionProvider"])
 

@@ -25,7 +25,8 @@ CALIB_AUTO = "auto"
 AUTO_CALIB_METHODS = ("percentile", "max")
 # Who turns the model into ONNX: torch.onnx's TorchScript-based exporter, its torch.export-based one (dynamo), or
 # auto: TorchScript, and dynamo where TorchScript's graph fails the checks (a declared axis baked inside a torch
-# layer such as MultiheadAttention's Reshape); pipeline/stages/export.py.
+# layer such as MultiheadAttention's Reshape); dynamo first past 1 GiB of weights (its graph held in memory, TorchScript
+# takes about three copies of them); pipeline/stages/export.py.
 EXPORTERS = ("auto", "torchscript", "dynamo")
 # INT8: SmoothQuant-style smoothing of the activations MatMul/Gemm read (calibration/smooth.py), by its alpha, or off,
 # or auto: the INT8 stage builds both (DEFAULT_SMOOTH_ALPHA and off) and keeps the one with the lower error on the
@@ -171,7 +172,8 @@ class Settings:
     exporter: str = setting(
         "auto",
         make="EXPORTER",
-        help="torch.onnx exporter: torchscript, dynamo, or auto (dynamo where TorchScript's graph fails)",
+        help="torch.onnx exporter: torchscript, dynamo, or auto (dynamo where TorchScript's graph fails, first "
+        "past 1 GiB of weights)",
         choices=EXPORTERS,
     )
     target: str = setting(

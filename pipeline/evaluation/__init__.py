@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.precision import Precision
-from ..core.sessions import onnxruntime_session
+from ..core.sessions import level_that_opens, onnxruntime_session
+from ..folder.graph_files import graph_beside, graph_without_weights
 from ..folder.records import Evaluation, GraphRecord
 
 CPU_PROVIDER = "CPUExecutionProvider"
@@ -65,4 +66,35 @@ def evaluation_session(
         from .float16 import faithful_session  # onnx: kept out of the runtime, which never judges float16
 
         return faithful_session(source)
-    return onnxruntime_session(source, simulate_qdq=simulates_qdq(graph), probe_feed=probe_feed, level=level)
+    if isinstance(source, bytes):
+        return onnxruntime_session(source, simulate_qdq=simulates_qdq(graph), probe_feed=probe_feed, level=level)
+    return graph_session(source, simulate_qdq=simulates_qdq(graph), probe_feed=probe_feed, level=level)
+
+
+def graph_session(path: Path, *, simulate_qdq: bool = False, probe_feed: dict | None = None, level: str | None = None):
+    """A CPU session on the graph file `path` for the build's few runs, holding no copy of its weights: ONNX Runtime
+    maps them from disk where they lie and packs none (a graph of one file too, opened through a graph beside it
+    whose initializers name their bytes in it: pipeline.folder.graph_files.graph_beside).  At 1.2 GB of weights
+    that is 0.01 s and no memory to open, against 4.4 s and 1.2 GB by the path of a graph of one file and 5.7 s and
+    3.6 GB by its bytes.  Crashes are probed, and the level recorded, for `path` itself (pipeline/core/sessions.py),
+    unless `level` was probed already."""
+    path = Path(path)
+    with graph_beside(graph_without_weights(path), path.parent) as mapped:
+        if level is None:
+            level = level_that_opens(path, lambda chosen: _mapped(mapped, chosen, simulate_qdq), probe_feed)
+        return _mapped(mapped, level, simulate_qdq)
+
+
+def probe_graph(path: Path, feed: dict, *, simulate_qdq: bool = False) -> str:
+    """The optimization level the runner opens the graph file `path` at (recorded in the manifest), probed with one
+    run of `feed` in a child as graph_session opens it: its weights mapped, none packed.  The level is the
+    optimizer's choice (ONNX Runtime crashed optimizing a TransformerEncoder's FP16 graph at full optimization);
+    packing the weights for the kernels, which the probe leaves out, happens after it at every level.  Opening the
+    graph itself with its weights packed cost 7.5 s of the FP16 stage's 30 s at 2.4 GB, in a child."""
+    path = Path(path)
+    with graph_beside(graph_without_weights(path), path.parent) as mapped:
+        return level_that_opens(path, lambda chosen: _mapped(mapped, chosen, simulate_qdq), feed)
+
+
+def _mapped(graph: Path, level: str, simulate_qdq: bool):
+    return onnxruntime_session(graph, level=level, simulate_qdq=simulate_qdq, pack_weights=False)

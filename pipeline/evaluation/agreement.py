@@ -9,10 +9,9 @@ from pathlib import Path
 import numpy as np
 
 from ..core.precision import Precision
-from ..core.sessions import onnxruntime_session
 from ..folder.layout import graph_record
 from ..folder.records import RowsAgreement
-from . import evaluation_session
+from . import evaluation_session, graph_session
 
 Feeds = dict[str, np.ndarray]
 # Judges a candidate INT8 graph on rows it never saw: (graph, batches) -> its worst output's agreement with FP32.
@@ -44,7 +43,7 @@ def rows_agreement(expected: dict[str, np.ndarray], actual: dict[str, np.ndarray
 def int8_judge(fp32_path: Path) -> Judge:
     """The gate's evaluation as a judge of candidate INT8 graphs for the engine (calibration/int8.py keeps the best
     on the held-out rows): (graph, batches) -> the worst output's agreement with the FP32 graph on those batches."""
-    reference = onnxruntime_session(fp32_path)
+    reference = graph_session(fp32_path)
     expected: dict[int, list[dict]] = {}  # FP32 outputs, once per list of batches
     engine_int8 = graph_record(Precision.INT8)  # a candidate is judged as the engine's graph it would become
 

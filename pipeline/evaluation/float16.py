@@ -8,6 +8,10 @@ every tensor that is float16 in the original passes through Cast(float16) -> Cas
 Runtime keeps such a lossy pair (checked: 1e5 becomes inf, 0.1234567 becomes 0.12344), so each
 tensor carries exactly the float16 value the engine stores (rounding, overflow to inf), while each
 op computes in float32 (as TensorRT's float16 kernels accumulate in float32).
+
+The float16 weights stay as they are, each read through a Cast to float32 (exact: float16 widens losslessly), which
+ONNX Runtime folds when it opens the session: the copy is read without its weights and written beside them
+(pipeline.folder.graph_files), so no copy of the weights is made in Python or on disk.
 """
 
 from __future__ import annotations
@@ -20,19 +24,22 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..core.sessions import onnxruntime_session
+from ..folder.graph_files import graph_beside, graph_without_weights, save_graph
 
 
 def faithful_copy(fp16_model: onnx.ModelProto) -> onnx.ModelProto:
-    """A float32 graph storing every float16 tensor of `fp16_model` as float16 (see the module docstring)."""
+    """A float32 graph storing every float16 tensor of `fp16_model` as float16 (see the module docstring).  Its
+    weights are `fp16_model`'s, wherever they are (in it, or referenced on disk)."""
     model = onnx.ModelProto()
     model.CopyFrom(fp16_model)
     float16 = _float16_tensors(model)
     graph = model.graph
-    for initializer in graph.initializer:
-        if initializer.data_type == TensorProto.FLOAT16:
-            value = numpy_helper.to_array(initializer).astype(np.float32)  # exact: float16 widens losslessly
-            initializer.CopyFrom(numpy_helper.from_array(value, initializer.name))
-    nodes = []
+    widened = {
+        init.name: f"{init.name}__float32" for init in graph.initializer if init.data_type == TensorProto.FLOAT16
+    }
+    # Each float16 weight read through a Cast to float32 (exact), first, so every reader finds it made.
+    nodes = [helper.make_node("Cast", [name], [wide], to=TensorProto.FLOAT) for name, wide in widened.items()]
+    _read_widened(graph.node, widened)
     for node in graph.node:
         _float32_attributes(node)
         rounded = [name for name in node.output if name in float16]
@@ -46,6 +53,18 @@ def faithful_copy(fp16_model: onnx.ModelProto) -> onnx.ModelProto:
     graph.node.extend(nodes)
     del graph.value_info[:]
     return model
+
+
+def _read_widened(nodes, widened: dict[str, str]) -> None:
+    """Every input of `nodes` (and of their subgraphs, which may read the outer graph's weights) that names a
+    widened weight reads its float32 Cast instead."""
+    for node in nodes:
+        for index, name in enumerate(node.input):
+            if name in widened:
+                node.input[index] = widened[name]
+        for attribute in node.attribute:
+            for subgraph in [attribute.g, *attribute.graphs] if attribute.HasField("g") else attribute.graphs:
+                _read_widened(subgraph.node, widened)
 
 
 def _float16_tensors(model: onnx.ModelProto) -> set[str]:
@@ -66,9 +85,13 @@ def _float32_attributes(node: onnx.NodeProto) -> None:
 
 
 def faithful_session(fp16: Path | bytes):
-    """An ONNX Runtime session over the faithful copy of the float16 graph `fp16` (a file or its bytes)."""
-    model = onnx.load_model_from_string(fp16) if isinstance(fp16, bytes) else onnx.load(str(fp16))
-    with tempfile.TemporaryDirectory(prefix="faithful-fp16.") as folder:
-        copy = Path(folder) / "faithful.onnx"
-        onnx.save(faithful_copy(model), str(copy))
-        return onnxruntime_session(copy)  # the session holds the graph in memory; the file can go
+    """An ONNX Runtime session over the faithful copy of the float16 graph `fp16` (a file, its weights mapped from
+    disk, or its bytes)."""
+    if isinstance(fp16, bytes):
+        with tempfile.TemporaryDirectory(prefix="faithful-fp16.") as folder:
+            copy = Path(folder) / "faithful.onnx"
+            save_graph(faithful_copy(onnx.load_model_from_string(fp16)), copy)
+            return onnxruntime_session(copy)  # the session holds the graph in memory; the file can go
+    fp16 = Path(fp16)
+    with graph_beside(faithful_copy(graph_without_weights(fp16)), fp16.parent) as copy:
+        return onnxruntime_session(copy, pack_weights=False)

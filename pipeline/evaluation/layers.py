@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 
 from ..core.precision import Precision
+from ..folder.graph_files import graph_without_weights
 from ..folder.records import Evaluation, GraphRecord
 from . import node_tolerance
 from .float16 import faithful_copy
@@ -44,14 +45,16 @@ def compare_layers(
 ) -> list[LayerError]:
     """Every node output both graphs compute, in the FP32 graph's order, with its error; the graph at `lower_path`
     evaluated as `graph` (its record) says."""
-    fp32 = onnx.load(str(fp32_path))
-    lower = onnx.load(str(lower_path))
+    fp32_path, lower_path = Path(fp32_path), Path(lower_path)
+    fp32 = graph_without_weights(fp32_path)  # the weights stay on disk, mapped by ONNX Runtime
+    lower = graph_without_weights(lower_path)
     if graph.evaluation is Evaluation.FAITHFUL_FP16:
         lower = faithful_copy(lower)
-    reference = run_exposing_tensors(fp32, inputs)
+    reference = run_exposing_tensors(fp32, inputs, weights=fp32_path.parent)
     # Every INT8 graph with its Q/DQ as TensorRT computes them: exposing each tensor as an output keeps ONNX
     # Runtime from fusing a CPU-shaped graph's Q/DQ into its int8 kernels anyway.
-    actual = run_exposing_tensors(lower, inputs, simulate_qdq=graph.precision is Precision.INT8)
+    simulate_qdq = graph.precision is Precision.INT8
+    actual = run_exposing_tensors(lower, inputs, simulate_qdq=simulate_qdq, weights=lower_path.parent)
     errors = []
     for node in fp32.graph.node:
         for name in node.output:

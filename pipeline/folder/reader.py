@@ -9,6 +9,11 @@ reads it, through `open_folder`, so every reader holds to the same rules:
   - every graph or plan handed out is a plain file name of the folder, listed in the manifest's artifacts, and
     is read once with its bytes checked against the sha256 the build recorded: a graph swapped for another
     model's, or one the manifest names outside the folder, is refused;
+  - a graph past protobuf's 2 GB keeps its weights in `<graph>.data` beside it (pipeline/folder/graph_files.py), an
+    artifact with its own sha256: ONNX Runtime opens such a graph by path, so a graph is handed to it as a private
+    copy (ArtifactFolder.private_graph): the graph and its data file copied into a folder only this process can
+    reach, checked there, and opened there, so that the bytes checked are the bytes loaded; a graph naming weights
+    in any other file (outside the folder, or another graph's) is refused;
   - what may serve the folder on a host is one answer (ArtifactFolder.servable), read from the graphs' records and
     their gates, never from file names: `auto`, the ONNX Runtime runners and the Triton writer take it.
 It imports neither torch, onnx nor any build stage: serving an ONNX graph needs this module and onnxruntime.
@@ -16,16 +21,21 @@ It imports neither torch, onnx nor any build stage: serving an ONNX graph needs 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.errors import PipelineError
 from ..core.precision import Precision
 from ..core.settings import POSTPROCESS_NONE
-from .artifacts import running_build
+from .artifacts import atomic_path, running_build
+from .graph_files import data_file_name
 from .layout import ARTIFACT_LAYOUT, CPU_TARGETS
 from .manifest import Manifest, require_manifest
+from .onnx_wire import external_locations
 from .rebuild import rebuild_hint
 from .records import Artifact, GraphRecord, Target
 
@@ -113,10 +123,78 @@ class ArtifactFolder:
         """The bytes of the artifact `name`, read once and checked against the sha256 the build recorded.
 
         Callers load these bytes, not the path: bytes checked and then loaded from disk again could be another
-        file by then.
+        file by then.  (A graph goes to ONNX Runtime through private_graph, which keeps the same promise.)
         """
-        recorded = self.artifacts.get(name)
-        if recorded is None:
+        path = self._listed(name)
+        data = path.read_bytes()
+        self._require_recorded(name, len(data), hashlib.sha256(data).hexdigest())
+        return data
+
+    def graph_files(self, name: str) -> list[str]:
+        """The graph `name` and, where the folder lists one, its data file (`<graph>.data`): what a copy of the
+        graph must carry (the Triton writer's, the runner's private copy)."""
+        data = data_file_name(Path(name))
+        return [name, *([data] if data in self.artifacts else [])]
+
+    def copy_artifact(self, name: str, target: Path) -> None:
+        """Copy the artifact `name` to `target` a block at a time, checking the bytes copied against the sha256 the
+        build recorded; `target` appears only when they match (written under a temporary name, then renamed)."""
+        source = self._listed(name)
+        digest, size = hashlib.sha256(), 0
+        with atomic_path(target) as temporary:
+            with open(source, "rb") as reading, open(temporary, "wb") as writing:
+                for block in iter(lambda: reading.read(1 << 20), b""):
+                    digest.update(block)
+                    writing.write(block)
+                    size += len(block)
+            self._require_recorded(name, size, digest.hexdigest())
+
+    @contextlib.contextmanager
+    def private_graph(self, name: str) -> Iterator[Path]:
+        """The graph `name` as ONNX Runtime opens it, by path: the graph and its data file copied into a folder only
+        this process can reach (tempfile.mkdtemp: mode 0700, in the system's temporary folder), each checked there
+        against the sha256 the build recorded; yields the graph's path there, and removes the folder on exit.
+
+        Why a copy: a graph past 2 GB cannot be loaded from bytes, and ONNX Runtime reads its data file itself.
+        Checking the folder's files and then opening them there would load whatever they are by then (a rebuild
+        renames new files into place), and a hard link would still follow a file written in place; the private
+        copy is the file checked, and nobody else can change it before ONNX Runtime maps it (its mapping outlives
+        the folder's removal).  ONNX Runtime refuses an external-data location that leaves the graph's folder, so
+        the copy's folder holds all it can read; the graph's own locations are checked here too, to say which.
+        Costs one sequential copy of the files, no memory: ONNX Runtime opens a graph of one file by path with one
+        copy of its weights, where its bytes cost three (1.3 against 3.6 GB at 1.2 GB of weights)."""
+        with tempfile.TemporaryDirectory(prefix="trt-pipeline-graph.") as private:
+            yield self.copy_graph(name, Path(private))
+
+    def copy_graph(self, name: str, folder: Path, as_name: str | None = None) -> Path:
+        """Copy the graph `name` into `folder` (as `as_name`, e.g. Triton's model.onnx) with its data file under the
+        data file's own name, where the graph's references find it; each checked as copy_artifact checks, and the
+        graph's references checked to name no other file (_require_own_weights).  Returns the graph's copy."""
+        files = self.graph_files(name)
+        copy = Path(folder) / (as_name or name)
+        self.copy_artifact(name, copy)
+        for data in files[1:]:
+            self.copy_artifact(data, Path(folder) / data)
+        self._require_own_weights(name, copy, files[1:])
+        return copy
+
+    def _require_own_weights(self, name: str, copy: Path, data: list[str]) -> None:
+        """The graph (its checked copy) keeps its weights in itself or in its own data file, nowhere else."""
+        try:
+            others = sorted(external_locations(copy) - set(data))
+        except (ValueError, IndexError):  # no protobuf at all: ONNX Runtime's refusal of it says so
+            return
+        if others:
+            raise PipelineError(
+                f"{self.path / name} keeps weights in {', '.join(map(repr, others))}, not in its own data file "
+                f"({data_file_name(Path(name))}, listed with its sha256 in the manifest): weights outside the "
+                "folder's checked files are never loaded",
+                f"rebuild the folder: {self.rebuild_hint()}",
+            )
+
+    def _listed(self, name: str) -> Path:
+        """The path of the artifact `name`, which the manifest lists and which is on disk."""
+        if name not in self.artifacts:
             raise PipelineError(
                 f"{name!r} is not an artifact of {self.path} (its manifest lists {', '.join(self.artifacts)})",
                 "name one of those",
@@ -124,14 +202,16 @@ class ArtifactFolder:
         path = self.path / name
         if not path.is_file():
             raise PipelineError(f"{path} is missing", f"rebuild the folder: {self.rebuild_hint()}")
-        data = path.read_bytes()
-        if len(data) != recorded.bytes or hashlib.sha256(data).hexdigest() != recorded.sha256:
+        return path
+
+    def _require_recorded(self, name: str, size: int, sha256: str) -> None:
+        recorded = self.artifacts[name]
+        if size != recorded.bytes or sha256 != recorded.sha256:
             raise PipelineError(
-                f"{path} is not the file this folder's build wrote: {len(data)} bytes with a sha256 other than the "
-                f"manifest's ({recorded.bytes} bytes); it was truncated, corrupted or replaced",
+                f"{self.path / name} is not the file this folder's build wrote: {size} bytes with a sha256 other "
+                f"than the manifest's ({recorded.bytes} bytes); it was truncated, corrupted or replaced",
                 f"rebuild the folder: {self.rebuild_hint()}",
             )
-        return data
 
     def rebuild_hint(self, *, force: bool = False) -> str:
         """The `make engine` command that writes this folder again (force: FORCE=1, past an up-to-date folder)."""

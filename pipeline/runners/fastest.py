@@ -209,7 +209,8 @@ def host_key(folder: ArtifactFolder, candidates: list[Candidate], threads: int |
         "gpu": gpu["name"] if gpu else None,
         "onnxruntime": ort.__version__,
         "intra_op_threads": threads if threads is not None else f"default, {cores} cores",
-        "graphs": {c.graph: folder.artifacts[c.graph].sha256 for c in candidates},
+        # Every file of each graph: its data file too, where it has one.
+        "graphs": {c.graph: [folder.artifacts[f].sha256 for f in folder.graph_files(c.graph)] for c in candidates},
         "candidates": [c.label for c in candidates],
     }
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..core.cpu import NO_VNNI, VNNI, int8_cpu_kind
 from ..core.errors import PipelineError
-from ..core.sessions import onnxruntime_session
+from ..core.sessions import OPTIMIZATION_LEVELS, onnxruntime_session
 from ..core.trt_module import gpu_present
 from ..evaluation import simulates_qdq
 from ..folder.graph_io import GraphTensor
@@ -126,13 +126,15 @@ def choose_graph(folder: ArtifactFolder, requested: str | None, *, on_cpu: bool)
 def load_session(folder: ArtifactFolder, graph: str, providers: list[Any], **options: Any) -> Any:
     """A session on the folder's `graph` with `providers` (names, or (name, provider options) pairs), at the
     optimization level the build found ONNX Runtime does not crash at (recorded in the manifest where it was not the
-    highest); `options` go to pipeline.core.sessions.onnxruntime_session.  The reader's refusal of the graph (missing,
-    or not the bytes the build wrote) passes as it is.  Bytes that match the manifest's sha256 were written that way
-    by the build, so ONNX Runtime's refusal of them (a pybind exception type per cause) becomes the fix; and the
-    graph's inputs and outputs must be the manifest's (pipeline.runners.base.check_graph_agrees)."""
-    data = folder.read(graph)
+    highest); `options` go to pipeline.core.sessions.onnxruntime_session.  The graph is opened from its private copy
+    (ArtifactFolder.private_graph: its data file with it, both checked); the reader's refusal of it (missing, or not
+    the bytes the build wrote) passes as it is.  Files that match the manifest's sha256 were written that way by the
+    build, so ONNX Runtime's refusal of them (a pybind exception type per cause) becomes the fix; and the graph's
+    inputs and outputs must be the manifest's (pipeline.runners.base.check_graph_agrees)."""
+    level = folder.manifest.onnxruntime_levels.get(graph, OPTIMIZATION_LEVELS[0])
     try:
-        session = onnxruntime_session(data, providers, level=folder.manifest.onnxruntime_levels.get(graph), **options)
+        with folder.private_graph(graph) as private:
+            session = onnxruntime_session(private, providers, level=level, **options)
     except PipelineError:
         raise  # already says what is wrong and what to do
     except Exception as error:  # onnxruntime's Fail, InvalidProtobuf, InvalidGraph, ... share no base but Exception

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from ..folder.graph_files import INLINE_TENSOR_BYTES
+from ..folder.onnx_wire import without_weights
 from ..folder.reader import ArtifactFolder, open_folder
 from ..runners import Runner, load_runner
 from ..runners.base import DYNAMIC, TensorSpec
@@ -186,7 +188,8 @@ def embedding_rows(folder: ArtifactFolder) -> dict[str, int]:
     an Add, an int8 graph's DequantizeLinear of the table) are not traced: their range is left unchecked."""
     import onnx
 
-    graph = onnx.load_model_from_string(folder.read(folder.graph)).graph
+    # The graph's bytes as checked, parsed without its weights: the tables' sizes are their dims.
+    graph = onnx.load_model_from_string(without_weights(folder.read(folder.graph), INLINE_TENSOR_BYTES)).graph
     tables = {initializer.name: initializer.dims[0] for initializer in graph.initializer if initializer.dims}
     integer_inputs = {
         value.name

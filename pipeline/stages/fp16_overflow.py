@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -71,9 +72,10 @@ class TensorStats:
     by_case: dict[str, dict[str, float]]  # case label -> {tensor name: its largest magnitude in that run}
 
     @classmethod
-    def of_runs(cls, model: onnx.ModelProto, cases: Iterable[Case]) -> TensorStats:
-        """Run each case; only magnitudes are kept between runs."""
-        session = ExposingSession(model)
+    def of_runs(cls, model: onnx.ModelProto, cases: Iterable[Case], *, weights: Path | None = None) -> TensorStats:
+        """Run each case; only magnitudes are kept between runs.  weights: the folder `model`'s weight references are
+        relative to (a graph read without its weights: pipeline.evaluation.tensors)."""
+        session = ExposingSession(model, weights=weights)
         shapes: dict[str, tuple[int, ...]] = {}
         by_case: dict[str, dict[str, float]] = {}
         for case in cases:

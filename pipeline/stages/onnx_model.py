@@ -23,8 +23,8 @@ import onnx
 
 from ..core.errors import PipelineError
 from ..core.mentions import render
-from ..core.sessions import onnxruntime_session
 from ..core.settings import OPSET, BatchProfile, mention, mention_name
+from ..evaluation import graph_session
 from ..folder.artifacts import sha256_file, write_npz
 from ..folder.graph_files import atomic_graph, data_files, graph_without_weights, save_graph
 
@@ -289,7 +289,7 @@ def write_onnx_reference(source: OnnxModel, onnx_path: Path, batch: BatchProfile
         for graph_input in source.inputs
     ]
     ranges = integer_ranges(onnx_path, [graph_input.name for graph_input in source.inputs])
-    session = onnxruntime_session(onnx_path)
+    session = graph_session(onnx_path)
     outputs = [output.name for output in session.get_outputs()]
     arrays: dict[str, np.ndarray] = {}
     cases = reference_cases(source, batch)

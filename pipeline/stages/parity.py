@@ -14,9 +14,8 @@ from ..core.compare import Comparison, compare_outputs
 from ..core.errors import PipelineError
 from ..core.mentions import render
 from ..core.precision import Precision
-from ..core.sessions import onnxruntime_session, probe_level
 from ..core.settings import mention, mention_name
-from ..evaluation import INT8_MAX_ERROR, RTOL, evaluation_session
+from ..evaluation import INT8_MAX_ERROR, RTOL, evaluation_session, graph_session, probe_graph
 from ..evaluation.agreement import fp32_outputs, outputs_agreement
 from ..evaluation.layers import first_bad_node_text
 from ..folder.graph_io import load_reference
@@ -70,7 +69,7 @@ def _gate_session(graph: GraphRecord, onnx_path: Path, first_inputs: dict[str, n
     it opens at is recorded for the runner (pipeline/core/sessions.py).  The faithful float16 copy is another
     graph than the one the runner serves: that one is probed as it is."""
     if graph.evaluation is Evaluation.FAITHFUL_FP16:
-        probe_level(onnx_path, first_inputs)
+        probe_graph(onnx_path, first_inputs)
         return evaluation_session(graph, onnx_path)
     return evaluation_session(graph, onnx_path, probe_feed=first_inputs)
 
@@ -128,7 +127,7 @@ def _judged_cases(
     for inputs, expected in reference:
         yield inputs, expected, "reference"
     if against_fp32:
-        fp32 = onnxruntime_session(onnx_path.parent / FP32_GRAPH)
+        fp32 = graph_session(onnx_path.parent / FP32_GRAPH)
         names = [output.name for output in fp32.get_outputs()]
         for case in against_fp32:
             yield case.feeds, dict(zip(names, fp32.run(names, case.feeds), strict=True)), case.label
@@ -152,7 +151,7 @@ def check_int8_agreement(
 
     Held-out error past MUCH_WORSE_RATIO times in-sample (or nothing held out) means the calibration set cannot
     stand for the served data: the record's "warning" says so with the fix, and `strict` refuses instead."""
-    reference = onnxruntime_session(fp32_path)
+    reference = graph_session(fp32_path)
     parts = {"in_sample": in_sample, **({"held_out": held_out} if held_out else {})}
     expected = {part: fp32_outputs(reference, batches) for part, batches in parts.items()}
     split = split or CalibrationSplit("none: every row judged in-sample", _count(in_sample))

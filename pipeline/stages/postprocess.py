@@ -37,9 +37,9 @@ import onnx
 from ..core.compare import compare
 from ..core.errors import PipelineError
 from ..core.precision import Precision
-from ..core.sessions import onnxruntime_session, probe_level
+from ..core.sessions import onnxruntime_session
 from ..core.settings import BatchProfile, mention
-from ..evaluation import evaluation_session, node_tolerance, simulates_qdq
+from ..evaluation import evaluation_session, node_tolerance, probe_graph, simulates_qdq
 from ..evaluation.agreement import fp32_outputs
 from ..evaluation.detections import MIN_AGREEMENT, SAME_RTOL, DetectionAgreement, detection_agreement, same_detections
 from ..folder.artifacts import atomic_path
@@ -134,7 +134,7 @@ def _reference_cases(reference_path: Path, head: str, batch: BatchProfile, preci
 def _session(nms_path: Path, graph: GraphRecord, head: str, feeds: Feeds):
     """(session, output names): the NMS graph evaluated as its record says, its head exposed as one more output.  The
     served file is probed first: the level ONNX Runtime opens it at is recorded for the runner (core/sessions.py)."""
-    level = probe_level(nms_path, feeds, simulate_qdq=simulates_qdq(graph))
+    level = probe_graph(nms_path, feeds, simulate_qdq=simulates_qdq(graph))
     model = onnx.load(str(nms_path))
     model.graph.output.append(onnx.ValueInfoProto(name=head))
     session = evaluation_session(graph, model.SerializeToString(), level=level)

@@ -32,6 +32,7 @@ from ..core.settings import OPSET, POSTPROCESS_NMS, POSTPROCESS_NONE, Settings, 
 from ..core.trt_module import import_trt
 from ..evaluation.agreement import int8_judge
 from ..folder.artifacts import build_lock, sha256_file
+from ..folder.graph_files import data_files, graph_files
 from ..folder.graph_io import GraphTensor, graph_io
 from ..folder.layout import (
     ARTIFACT_LAYOUT,
@@ -324,7 +325,8 @@ def _leave_out_graph(run: Run, left_out: GraphRecord, why: str) -> None:
     manifest = read_manifest(run.folder)
     graphs = tuple(graph for graph in (manifest.graphs if manifest else ()) if graph != left_out)
     update_manifest(run.folder, graphs=graphs)
-    run.path(left_out.file).unlink(missing_ok=True)
+    for path in graph_files(run.path(left_out.file)):
+        path.unlink(missing_ok=True)
     instead = graph_record(left_out.precision, postprocess=left_out.postprocess).file
     print(
         f"warning: {left_out.file} left out of {run.folder.name}: {why}; a runner on this CPU serves {instead} with "
@@ -480,11 +482,18 @@ def _make_engine(run: Run) -> Path:
         graphs=graphs,
         engine=ENGINE,
         parity_batches=tuple(parity_batches(settings.batch)),
-        artifacts=describe_artifacts(run.folder, artifact_names(graphs)),
+        artifacts=describe_artifacts(run.folder, _artifact_files(run, graphs)),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
     print(f"done         {run.folder} ({sum(run.timings.values()):.1f} s in stages)")
     return run.folder
+
+
+def _artifact_files(run: Run, graphs: tuple[GraphRecord, ...]) -> list[str]:
+    """The files the manifest lists with their sha256: the layout's, and the data file of each graph past 2 GB
+    (read from the graph itself, which must keep its weights beside it: graph_files.data_files)."""
+    data = [path.name for graph in graphs for path in data_files(run.path(graph.file))]
+    return [*artifact_names(graphs), *data]
 
 
 @contextlib.contextmanager

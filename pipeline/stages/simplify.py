@@ -8,11 +8,10 @@ parsed again on each side of the call (at 1.2 GB of weights: 33 s and 6.7 GB of 
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from ..core.errors import PipelineError
-from ..folder.graph_files import EXTERNAL_DATA_BYTES, atomic_graph, gather_weights, graph_files, graph_without_weights
+from ..folder.graph_files import EXTERNAL_DATA_BYTES, atomic_graph, copy_graph, gather_weights, graph_without_weights
 from .check import check_onnx
 
 
@@ -50,10 +49,5 @@ def _simplify(onnx_path: Path, out_path: Path) -> dict:
 
 def _keep(onnx_path: Path, out_path: Path) -> None:
     """The checked graph as the stage's output: where it is already, else copied with its data file."""
-    if out_path.resolve() == onnx_path.resolve():
-        return
-    with atomic_graph(out_path) as temporary:
-        for source in graph_files(onnx_path):
-            shutil.copyfile(source, temporary.parent / source.name)
-        shutil.move(temporary.with_name(onnx_path.name), temporary)
-        gather_weights(temporary)  # its data file named after it
+    if out_path.resolve() != onnx_path.resolve():
+        copy_graph(onnx_path, out_path)

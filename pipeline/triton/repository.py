@@ -15,8 +15,9 @@ the python form serves the RTX engine itself (where it runs), and an int8 folder
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import trt_pipeline
 
 from ..core.errors import PipelineError
 from ..core.settings import engine_command
-from ..folder.artifacts import write_bytes
+from ..folder.artifacts import temporary_name, write_bytes, write_json
 from ..folder.graph_io import graph_io as read_graph_io
 from ..folder.layout import MANIFEST, REFERENCE
 from ..folder.manifest import Manifest
@@ -139,14 +140,50 @@ def write_repository(
         raise PipelineError(
             "a TensorRT plan runs only on a GPU instance", "use --instance-kind gpu, or --backend onnxruntime"
         )
-    if chosen == "python":
-        files = runner_files(opened)
-        model_bytes = python_model_source()
-        io = graph_io(files[opened.graph])
-    else:
-        files = {}
-        model_bytes = opened.read(opened.engine if chosen == "tensorrt_plan" else opened.graph)
-        io = engine_io(manifest) if chosen == "tensorrt_plan" else graph_io(model_bytes)
+    model_dir = Path(repo) / name
+    staging = Path(repo) / temporary_name(model_dir)  # the version's files, copied and checked before any is placed
+    try:
+        io = stage_version(opened, chosen, staging)
+        config = _config(opened, chosen, name, io, instances, instance_kind, max_queue_delay_us, runner_backend)
+        for path in sorted(staging.rglob("*")):
+            if path.is_file():
+                placed = model_dir / "1" / path.relative_to(staging)
+                placed.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, placed)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    from google.protobuf import text_format
+
+    write_bytes(model_dir / "config.pbtxt", text_format.MessageToString(config).encode())
+    return model_dir, why
+
+
+def stage_version(opened: ArtifactFolder, chosen: str, version: Path) -> list[dict]:
+    """The version folder's files for the `chosen` backend, copied into `version` and each checked against its
+    sha256 (the graph with its data file, which travels with it under its own name: the graph's references name
+    it); returns the I/O the config declares."""
+    filename = PLATFORMS[chosen][2]
+    if chosen == "tensorrt_plan":
+        opened.copy_artifact(opened.engine, version / filename)
+        return engine_io(opened.manifest)
+    if chosen == "onnxruntime":
+        return graph_io(opened.copy_graph(opened.graph, version, as_name=filename))
+    copy_runner_files(opened, version / ARTIFACTS)
+    write_bytes(version / filename, python_model_source())
+    return graph_io(version / ARTIFACTS / opened.graph)
+
+
+def _config(
+    opened: ArtifactFolder,
+    chosen: str,
+    name: str,
+    io: list[dict],
+    instances: int,
+    instance_kind: str,
+    max_queue_delay_us: int,
+    runner_backend: str,
+) -> Any:
+    manifest = opened.manifest
     config = model_config(
         name,
         chosen,
@@ -163,14 +200,7 @@ def write_repository(
         add_parameter(config, "runner_backend", runner_backend)
         # The stub's Python imports trt_pipeline from here when it is not installed where Triton runs.
         add_parameter(config, "trt_pipeline_path", str(Path(trt_pipeline.__file__).parent.parent))
-    from google.protobuf import text_format
-
-    model_dir = Path(repo) / name
-    for file_name, data in files.items():
-        write_bytes(model_dir / "1" / ARTIFACTS / file_name, data)
-    write_bytes(model_dir / "1" / PLATFORMS[chosen][2], model_bytes)
-    write_bytes(model_dir / "config.pbtxt", text_format.MessageToString(config).encode())
-    return model_dir, why
+    return config
 
 
 def model_name(manifest: Manifest) -> str:
@@ -229,17 +259,16 @@ def choose_backend(opened: ArtifactFolder, backend: str) -> tuple[str, str]:
     return "tensorrt_plan", f"{'auto: ' if backend == 'auto' else ''}the engine was built by {builder}"
 
 
-def runner_files(opened: ArtifactFolder) -> dict[str, bytes]:
-    """What load_runner reads from the folder, each checked against its sha256: the manifest, the engine (if
-    built), every graph auto may serve (the FP32 graph too: auto times them on the host and serves the fastest
-    as accurate as the folder promises) and the reference inputs it times them on.  The simplified graph and the
-    calibration files serve the build, not the runner."""
-    names = [*opened.servable_anywhere(), REFERENCE]
-    if opened.has(opened.engine):
-        names.append(opened.engine)
-    files = {name: opened.read(name) for name in dict.fromkeys(names)}
-    files[MANIFEST] = json.dumps(opened.manifest.as_json(), indent=2).encode()  # the record open_folder checked
-    return files
+def copy_runner_files(opened: ArtifactFolder, folder: Path) -> None:
+    """Copy into `folder` what load_runner reads from the artifact folder, each checked against its sha256: the
+    manifest, the engine (if built), every graph auto may serve with its data file (the FP32 graph too: auto times
+    them on the host and serves the fastest as accurate as the folder promises) and the reference inputs it times
+    them on.  The calibration files serve the build, not the runner."""
+    for graph in opened.servable_anywhere():
+        opened.copy_graph(graph, folder)
+    for name in [REFERENCE, *([opened.engine] if opened.has(opened.engine) else [])]:
+        opened.copy_artifact(name, folder / name)
+    write_json(folder / MANIFEST, opened.manifest.as_json())  # the record open_folder checked
 
 
 def python_model_source() -> bytes:
@@ -261,7 +290,7 @@ def engine_io(manifest: Manifest) -> list[dict]:
     return [{"name": r["name"], "mode": r["mode"], "dtype": r["dtype"], "shape": list(r["shape"])} for r in records]
 
 
-def graph_io(graph: bytes) -> list[dict]:
+def graph_io(graph: Path) -> list[dict]:
     """The ONNX graph's I/O in the same form as engine_io (symbolic or unknown dims as -1)."""
     io = read_graph_io(graph)
     tensors = [("input", tensor) for tensor in io.inputs] + [("output", tensor) for tensor in io.outputs]
