@@ -22,8 +22,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..pipeline.evaluation.tensors import tensor_values
-from .readers import CalibrationData
+from .readers import Feed
 
 CORRECTED_OPS = ("Conv", "Gemm", "MatMul")  # a MatMul's bias is the constant of the one Add reading its output
 
@@ -33,7 +32,7 @@ def correct_biases(
 ) -> dict:
     """Write `calibrated` with each Conv/Gemm/MatMul's bias corrected for the int8 rounding of its weight in
     `quantized` (a Q/DQ graph made from `calibrated`: TensorRT's or a CPU graph) given `means`
-    (weight_input_means), but for the ops named in `skip` (kept in float: they round nothing); return {"ops": how
+    (ChannelMeans), but for the ops named in `skip` (kept in float: they round nothing); return {"ops": how
     many, "largest": the largest |correction|}."""
     model = onnx.load(str(calibrated))
     graph = model.graph
@@ -58,31 +57,35 @@ def correct_biases(
     return {"ops": ops, "largest": round(largest, 6)}
 
 
-def weight_input_means(calibrated: Path, fit: CalibrationData) -> dict[str, np.ndarray]:
-    """E[x] per channel of every Conv/Gemm/MatMul input that correct_biases may correct, over the fit rows."""
-    model = onnx.load(str(calibrated))
+def weight_inputs(model: onnx.ModelProto) -> dict[str, int]:
+    """{the input of every Conv/Gemm/MatMul that correct_biases may correct: its channel axis}."""
     initializers = {init.name for init in model.graph.initializer}
-    axes = {
+    return {
         node.input[0]: 1 if node.op_type == "Conv" else -1
         for node in model.graph.node
         if node.op_type in CORRECTED_OPS and node.input[0] not in initializers and node.input[1] in initializers
     }
-    return input_means(model, axes, fit)
 
 
-def input_means(model: onnx.ModelProto, tensors: dict[str, int], fit: CalibrationData) -> dict[str, np.ndarray]:
-    """The mean of each tensor per channel (along the axis `tensors` gives it) over the fit rows."""
-    sums: dict[str, np.ndarray] = {}
-    rows = 0
-    for feed, values in zip(fit.batches, tensor_values(model, tensors, fit.batches), strict=True):
-        count = len(next(iter(feed.values())))
-        rows += count
-        for name, channel_axis in tensors.items():
+class ChannelMeans:
+    """The mean of each tensor per channel (along the axis `tensors` gives it) over the rows seen, batch by batch (a
+    statistic of calibration/ranges.py's pass)."""
+
+    def __init__(self, tensors: dict[str, int]) -> None:
+        self.tensors, self._axes = list(tensors), tensors
+        self._sums: dict[str, np.ndarray] = {}
+        self._rows = 0
+
+    def add(self, values: Feed, rows: int) -> None:
+        self._rows += rows
+        for name, channel_axis in self._axes.items():
             value = np.asarray(values[name], dtype=np.float64)
             axes = tuple(axis for axis in range(value.ndim) if axis != channel_axis % value.ndim)
-            mean = value.mean(axis=axes) * count  # weighted by rows: batches may differ in size
-            sums[name] = sums[name] + mean if name in sums else mean
-    return {name: total / rows for name, total in sums.items()}
+            mean = value.mean(axis=axes) * rows  # weighted by rows: batches may differ in size
+            self._sums[name] = self._sums[name] + mean if name in self._sums else mean
+
+    def means(self) -> dict[str, np.ndarray]:
+        return {name: total / self._rows for name, total in self._sums.items()}
 
 
 def _dequantized_weights(qdq: onnx.ModelProto) -> dict[str, np.ndarray]:

@@ -107,8 +107,7 @@ def level_that_opens(path: Path | str, open_at: Callable[[str], Any], feed: dict
     if not hasattr(os, "fork"):
         return OPTIMIZATION_LEVELS[0]  # no fork (Windows): nothing to contain with
     path = Path(path)
-    stat = path.stat()
-    file = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    file = _file_key(path)
     for probed_run in (True, False) if feed is None else (True,):
         if (*file, probed_run) in _PROBED:
             return _PROBED[(*file, probed_run)]
@@ -133,6 +132,20 @@ def level_that_opens(path: Path | str, open_at: Callable[[str], Any], feed: dict
         f"{mention(precision='fp32')} if only the FP16 or INT8 graph crashes; {mention(keep_fp32='<op type>')} keeps "
         "the ops around the crash in FP32",
     )
+
+
+def probed_level(path: Path | str) -> str | None:
+    """The level this process found the graph file `path` opens at (probed with a run or without), None where it has
+    not probed it: a copy of that graph with more of its tensors as outputs (pipeline/evaluation/tensors.py) opens
+    there with no probe of its own."""
+    file = _file_key(Path(path))
+    return _PROBED.get((*file, True), _PROBED.get((*file, False)))
+
+
+def _file_key(path: Path) -> tuple[str, int, int]:
+    """What identifies a graph file among the probed ones: its path, size and modification time."""
+    stat = path.stat()
+    return str(path.resolve()), stat.st_size, stat.st_mtime_ns
 
 
 def levels_below_full(folder: Path) -> dict[str, str]:
