@@ -611,6 +611,9 @@ def _quantized(
     if means is None:
         return calibrated, qdq, quantize_qdq(calibrated, qdq, candidate.ranges, exclude=exclude), None
     corrected = scratch / "model.calibrated.onnx"
+    if not exclude and not candidate.float_ops:  # its own Q/DQ graph, the biases corrected: nothing to quantize
+        correction = correct_biases(calibrated, candidate.qdq, means, corrected, quantized_out=qdq)
+        return corrected, qdq, candidate.structure, correction
     correction = correct_biases(calibrated, candidate.qdq, means, corrected, skip=exclude)
     return corrected, qdq, quantize_qdq(corrected, qdq, candidate.ranges, exclude=exclude), correction
 

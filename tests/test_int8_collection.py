@@ -1,7 +1,8 @@
 """INT8 calibration runs each graph over the fit rows twice at most, whatever the candidates (calibration/ranges.py):
 the ranges of every method from one pass, ONNX Runtime's calibrators' own bit for bit, for max, percentile and
 entropy, on a graph unsmoothed and smoothed; the stage takes two passes per graph for all its candidates and none on
-a cache hit.
+a cache hit; and a candidate's bias-corrected Q/DQ graph, written without quantizing its weights again, is the one
+the quantizer makes of the corrected graph.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from trt_pipeline.calibration.bias import correct_biases
 from trt_pipeline.calibration.int8 import CalibrationConfig, calibrated_graph, make_int8_graph
+from trt_pipeline.calibration.qdq import quantize_qdq
 from trt_pipeline.calibration.ranges import (
     QUANTIZED_OPS,
     Alike,
@@ -184,3 +187,34 @@ def test_the_stage_runs_each_graph_twice_over_the_fit_rows_and_not_at_all_on_a_c
     assert again["search"] == first["search"]
     unsmoothed = build((None,), tmp_path / "unsmoothed")
     assert len(unsmoothed["search"]["candidates"]) == 2 and unsmoothed["collect_passes"] == 2
+
+
+def test_a_corrected_qdq_graph_is_the_one_the_quantizer_makes_of_the_corrected_graph(model, tmp_path):
+    """correct_biases with quantized_out: the Q/DQ graph with the corrected biases, node for node and constant for
+    constant what quantize_qdq makes of the corrected FP32 graph: a bias shared by two Convs (the quantizer gave each
+    a copy), a Conv with none, a MatMul's bias Add and a Gemm's bias."""
+    graph, rows = model
+    data = _data(graph, rows)
+    collected = collect_statistics(graph, data, ("max",), means=True)
+    quantize_qdq(graph, tmp_path / "qdq.onnx", collected.ranges["max"])
+    correction = correct_biases(
+        graph,
+        tmp_path / "qdq.onnx",
+        collected.means,
+        tmp_path / "corrected.onnx",
+        quantized_out=tmp_path / "corrected.qdq.onnx",
+    )
+    assert correction["ops"] == 5 and correction["largest"] > 0
+    quantize_qdq(tmp_path / "corrected.onnx", tmp_path / "requantized.onnx", collected.ranges["max"])
+    patched = onnx.load(str(tmp_path / "corrected.qdq.onnx")).graph
+    requantized = onnx.load(str(tmp_path / "requantized.onnx")).graph
+    assert [_node(node) for node in patched.node] == [_node(node) for node in requantized.node]
+    constants = {init.name: numpy_helper.to_array(init) for init in requantized.initializer}
+    assert {init.name for init in patched.initializer} == set(constants)
+    for init in patched.initializer:
+        value = numpy_helper.to_array(init)
+        assert value.dtype == constants[init.name].dtype and np.array_equal(value, constants[init.name]), init.name
+
+
+def _node(node: onnx.NodeProto) -> tuple:
+    return node.op_type, node.name, list(node.input), list(node.output), [a.SerializeToString() for a in node.attribute]
