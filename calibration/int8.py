@@ -34,6 +34,7 @@ import onnx
 from ..models.spec import ImagePreprocess
 from ..pipeline.core.compute import COMPUTE_OPS
 from ..pipeline.core.precision import Precision
+from ..pipeline.core.sessions import opens_like
 from ..pipeline.core.settings import DEFAULTS
 from ..pipeline.evaluation import node_tolerance
 from ..pipeline.evaluation.agreement import Judge
@@ -613,6 +614,7 @@ def _quantized(
     corrected = scratch / "model.calibrated.onnx"
     if not exclude and not candidate.float_ops:  # its own Q/DQ graph, the biases corrected: nothing to quantize
         correction = correct_biases(calibrated, candidate.qdq, means, corrected, quantized_out=qdq)
+        opens_like(qdq, candidate.qdq)  # the judge probed that graph: this one differs in biases alone
         return corrected, qdq, candidate.structure, correction
     correction = correct_biases(calibrated, candidate.qdq, means, corrected, skip=exclude)
     return corrected, qdq, quantize_qdq(corrected, qdq, candidate.ranges, exclude=exclude), correction

@@ -34,7 +34,7 @@ import numpy as np
 import onnx
 
 from ..pipeline.core.errors import PipelineError
-from ..pipeline.core.sessions import probed_level
+from ..pipeline.core.sessions import UNOPTIMIZED, probed_level
 from ..pipeline.core.settings import mention_name
 from ..pipeline.evaluation.tensors import tensor_values
 from .bias import ChannelMeans, weight_inputs
@@ -50,9 +50,9 @@ PERCENTILE = 99.99
 # 0.35 s, with the same held-out accuracy.
 HISTOGRAM_BINS = 512
 QUANTIZED_BINS = 128  # the positive half of INT8
-# ORT's calibrators open their graph unoptimized, so the ranges' session does: the same tensors, bit for bit.  Nothing
-# is optimized, so there is no optimizer to crash: no probe (pipeline/core/sessions.py), as they make none.
-CAPTURE_LEVEL = "ORT_DISABLE_ALL"
+# ORT's calibrators open their graph unoptimized, so the ranges' session does: the same tensors, bit for bit (and no
+# probe: pipeline/core/sessions.py).
+CAPTURE_LEVEL = UNOPTIMIZED
 
 
 class Statistic(Protocol):

@@ -2,7 +2,7 @@
 the ranges of every method from one pass, ONNX Runtime's calibrators' own bit for bit, for max, percentile and
 entropy, on a graph unsmoothed and smoothed; the stage takes two passes per graph for all its candidates and none on
 a cache hit; and a candidate's bias-corrected Q/DQ graph, written without quantizing its weights again, is the one
-the quantizer makes of the corrected graph.
+the quantizer makes of the corrected graph, and opens at the level its original was probed at.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from trt_pipeline.calibration.ranges import (
 )
 from trt_pipeline.calibration.readers import CalibrationData, graph_inputs, read_calibration_data
 from trt_pipeline.calibration.smooth import smoothable, smoothed_tensors, smoothing_scales
+from trt_pipeline.pipeline.core.sessions import OPTIMIZATION_LEVELS, onnxruntime_session, opens_like, probed_level
 from trt_pipeline.pipeline.evaluation.agreement import int8_judge
 
 ROWS, BATCH = 40, 16
@@ -218,3 +219,16 @@ def test_a_corrected_qdq_graph_is_the_one_the_quantizer_makes_of_the_corrected_g
 
 def _node(node: onnx.NodeProto) -> tuple:
     return node.op_type, node.name, list(node.input), list(node.output), [a.SerializeToString() for a in node.attribute]
+
+
+def test_a_graph_that_differs_in_constants_alone_takes_the_level_its_original_was_probed_at(model, tmp_path):
+    """The judge probes each candidate's Q/DQ graph; the same graph with corrected biases takes its level (opens_like)
+    instead of a probe of its own, and a file never probed has none."""
+    graph, _ = model
+    corrected = tmp_path / "corrected.onnx"
+    corrected.write_bytes(graph.read_bytes())
+    assert probed_level(graph) is None and probed_level(corrected) is None
+    onnxruntime_session(graph)  # probed in a child, as any graph file is
+    assert probed_level(graph) == OPTIMIZATION_LEVELS[0] and probed_level(corrected) is None
+    opens_like(corrected, graph)
+    assert probed_level(corrected) == OPTIMIZATION_LEVELS[0]

@@ -27,6 +27,9 @@ from .settings import mention
 
 # Highest first: the order a crashing graph is retried in.  Names as in onnxruntime.GraphOptimizationLevel.
 OPTIMIZATION_LEVELS = ("ORT_ENABLE_ALL", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_BASIC", "ORT_DISABLE_ALL")
+# No graph optimization: each node runs its own kernel on its inputs, and there is no optimizer to crash, so a
+# session at this level needs no probe (ONNX Runtime's calibrators open theirs so, unprobed).
+UNOPTIMIZED = OPTIMIZATION_LEVELS[-1]
 # Graphs already probed in this process, by (path, size, mtime, probed with a run): the level that worked.
 _PROBED: dict[tuple[str, int, int, bool], str] = {}
 
@@ -140,6 +143,15 @@ def probed_level(path: Path | str) -> str | None:
     there with no probe of its own."""
     file = _file_key(Path(path))
     return _PROBED.get((*file, True), _PROBED.get((*file, False)))
+
+
+def opens_like(path: Path | str, probed: Path | str) -> None:
+    """Record that the graph file `path` opens at the level found for `probed` (where that was probed), a graph it
+    equals but for the values of some constants (a Q/DQ graph with its biases corrected): the same ops for the same
+    optimizers, so no probe of its own."""
+    level = probed_level(probed)
+    if level is not None:
+        _PROBED[(*_file_key(Path(path)), False)] = level
 
 
 def _file_key(path: Path) -> tuple[str, int, int]:
