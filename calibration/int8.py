@@ -5,9 +5,9 @@ make_int8_graph composes the steps, each a function from typed values to a typed
   read_calibration     the data, checked and split: the rows the agreement gate judges held out
                        (calibration/holdout.py) -> CalibrationParts
   build_candidates     per calibration method and smoothing alpha, scales, ranges and input means fit on the other
-                       rows (from the cache, or from one pass over them per graph: calibration/ranges.py on the FP32
-                       graph, whose maxima give calibration/smooth.py's scales, then on each smoothed graph) and its
-                       Q/DQ graph -> Candidate each
+                       rows (from the cache, or from two passes over them per graph, whatever the methods:
+                       calibration/ranges.py on the FP32 graph, whose maxima give calibration/smooth.py's scales,
+                       then on each smoothed graph) and its Q/DQ graph -> Candidate each
   judge_candidates     each judged on the held-out rows with its biases corrected where that helps
                        (calibration/bias.py), the best kept -> Search
   search_float         the op where the held-out error starts tried in float -> Search
@@ -489,12 +489,11 @@ def _fit_smoothings(
     unsmoothed = {m: e.lookup.ranges or fitted[None].ranges[m] for m, e in by_alpha.get(None, {}).items()}
     for alpha, entries in by_alpha.items():
         if alpha is not None:
-            hit = _hit(entries)
-            scales = (hit.smoothing if hit else smoothing_scales(model, groups, maxima, alpha) if groups else {}) or {}
+            scales = _scales(model, groups, maxima, alpha, _hit(entries))
             changed = smoothed_tensors(model, scales)
             alike = Alike(unsmoothed, changed) if changed is not None else None
             fitted[alpha] = _fitted(fp32_path, fit, scales, entries, scratch / f"alpha-{alpha:g}", alike=alike)
-    if None not in by_alpha and None in fitted:  # the maxima's pass served the smoothed graphs alone: theirs
+    if None not in by_alpha and None in fitted:  # the unsmoothed graph measured the maxima alone: charged to theirs
         first, maxima_pass = unscaled[0], fitted.pop(None)
         passes, seconds = fitted[first].passes + maxima_pass.passes, fitted[first].seconds + maxima_pass.seconds
         fitted[first] = replace(fitted[first], passes=passes, seconds=round(seconds, 3))
@@ -504,6 +503,15 @@ def _fit_smoothings(
 def _hit(entries: dict[str, _Cached]) -> CacheLookup | None:
     """The first cache hit among one alpha's methods (each holds the alpha's scales and means), None if none."""
     return next((entry.lookup for entry in entries.values() if entry.lookup.ranges is not None), None)
+
+
+def _scales(
+    model: onnx.ModelProto, groups: dict, maxima: dict[str, np.ndarray], alpha: float, hit: CacheLookup | None
+) -> dict[str, np.ndarray]:
+    """A smoothing alpha's scales: the cache's where it has the alpha, else from the unsmoothed graph's maxima."""
+    if hit is not None:
+        return hit.smoothing or {}
+    return smoothing_scales(model, groups, maxima, alpha) if groups else {}
 
 
 def _fitted(
@@ -523,12 +531,13 @@ def _fitted(
     calibrated = calibrated_graph(fp32_path, scales, folder / "model.calibrated.onnx")
     missing = [method for method, entry in entries.items() if entry.lookup.ranges is None]
     hit = _hit(entries)
+    cached_means = (hit.means or {}) if hit else {}
     if not missing and not maxima_of:
-        return Fitted(scales, calibrated, {}, hit.means if hit and hit.means else {}, {}, 0, 0.0)
+        return Fitted(scales, calibrated, {}, cached_means, {}, 0, 0.0)
     statistics = collect_statistics(
         calibrated, fit, missing, maxima_of=maxima_of or [], means=bool(missing), alike=alike
     )
-    means = statistics.means if missing else hit.means if hit and hit.means else {}
+    means = statistics.means if missing else cached_means
     seconds = round(time.perf_counter() - started, 3)
     return Fitted(scales, calibrated, statistics.ranges, means, statistics.maxima, statistics.passes, seconds)
 
