@@ -7,7 +7,7 @@ precision stage, whose process holds the int8 stage (and its parity and agreemen
 turns, --rounds times, so that both meet the same load on a shared machine; the load average is recorded at each
 start.  A run's numbers: the int8 stage's seconds as the manifest records them (the goal's number), the precision
 process's wall and CPU seconds (user + system, from wait4: CPU time grows less than wall time when other jobs take
-the cores), the calibration's seconds and passes over the fit rows, and the pick (method, smoothing, biases
+the cores) and peak RSS, the calibration's seconds and passes over the fit rows, and the pick (method, smoothing, biases
 corrected, ops left in float) with the held-out numbers, which must be the same for both.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/int8_stage.py --before /path/to/old/checkout --rounds 3
@@ -39,7 +39,7 @@ JSON_NAME, MARKDOWN_NAME = "int8-stage.json", "int8-stage.md"
 
 
 def run(command: list[str], cwd: Path, log: Path) -> dict:
-    """Run `command` in `cwd` (whose trt_pipeline it imports), its output to `log`: wall and CPU seconds."""
+    """Run `command` in `cwd` (whose trt_pipeline it imports), its output to `log`: wall and CPU seconds, peak RSS."""
     with open(log, "w") as output:
         started = time.perf_counter()
         process = subprocess.Popen(command, cwd=cwd, stdout=output, stderr=subprocess.STDOUT)
@@ -47,7 +47,8 @@ def run(command: list[str], cwd: Path, log: Path) -> dict:
         wall = time.perf_counter() - started
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{' '.join(command)} failed in {cwd}: see {log}")
-    return {"wall_seconds": round(wall, 2), "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 2)}
+    cpu = round(usage.ru_utime + usage.ru_stime, 2)
+    return {"wall_seconds": round(wall, 2), "cpu_seconds": cpu, "peak_rss_gib": round(usage.ru_maxrss / 2**20, 2)}
 
 
 def build(source: Path, photos: Path, out: Path) -> dict:
@@ -119,16 +120,17 @@ def render_markdown(report: dict) -> str:
         + ", ".join(f"{label} {commit}" for label, commit in report["commits"].items())
         + f". Measured in {report['seconds']:.0f} s by `{environment['command']}`.",
         "",
-        "| checkout | round | load average (1, 5, 15 min) | int8 s | precision process wall s | CPU s | "
+        "| checkout | round | load average (1, 5, 15 min) | int8 s | precision process wall s | CPU s | peak RSS | "
         "calibration s | passes |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for label, runs in report["runs"].items():
         for index, row in enumerate(runs):
             process = row["precision_process"]
             lines.append(
                 f"| {label} | {index + 1} | {', '.join(map(str, row['load_average']))} | {row['int8_seconds']:.1f} | "
-                f"{process['wall_seconds']:.1f} | {process['cpu_seconds']:.1f} | {row['collect_seconds']:.1f} | "
+                f"{process['wall_seconds']:.1f} | {process['cpu_seconds']:.1f} | {process['peak_rss_gib']:.2f} GiB | "
+                f"{row['collect_seconds']:.1f} | "
                 f"{row['collect_passes'] if row['collect_passes'] is not None else '-'} |"
             )
     lines += ["", "Median int8 s: " + "; ".join(
