@@ -22,29 +22,37 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..pipeline.evaluation.tensors import tensor_values
 from ..pipeline.folder.graph_files import save_graph
-from .readers import CalibrationData
+from .readers import Feed
 
 CORRECTED_OPS = ("Conv", "Gemm", "MatMul")  # a MatMul's bias is the constant of the one Add reading its output
 
 
 def correct_biases(
-    calibrated: Path, quantized: Path, means: dict[str, np.ndarray], out_path: Path, *, skip: tuple[str, ...] = ()
+    calibrated: Path,
+    quantized: Path,
+    means: dict[str, np.ndarray],
+    out_path: Path,
+    *,
+    skip: tuple[str, ...] = (),
+    quantized_out: Path | None = None,
 ) -> dict:
     """Write `calibrated` with each Conv/Gemm/MatMul's bias corrected for the int8 rounding of its weight in
-    `quantized` (a Q/DQ graph made from `calibrated`: TensorRT's or a CPU graph) given `means`
-    (weight_input_means), but for the ops named in `skip` (kept in float: they round nothing); return {"ops": how
-    many, "largest": the largest |correction|}."""
+    `quantized` (a Q/DQ graph made from `calibrated`: TensorRT's or a CPU graph) given `means` (ChannelMeans),
+    but for the ops named in `skip` (kept in float: they round nothing); return {"ops": how many, "largest": the
+    largest |correction|}.  quantized_out: also write `quantized` there with the same corrected biases, where it
+    keeps its biases float (TensorRT's): the graph quantize_qdq makes of the corrected one (the same weights,
+    the same ranges), without quantizing every weight again."""
     model = onnx.load(str(calibrated))
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
-    rounded = _dequantized_weights(onnx.load(str(quantized)))
+    qdq = onnx.load(str(quantized))
+    rounded = _dequantized_weights(qdq)
     readers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         for name in node.input:
             readers.setdefault(name, []).append(node)
-    largest, ops = 0.0, 0
+    largest, slots = 0.0, []
     for node in graph.node:
         slot = _bias_slot(node, readers, initializers)
         if slot is None or node.name in skip or node.input[0] not in means:
@@ -53,37 +61,71 @@ def correct_biases(
             continue
         weight = numpy_helper.to_array(initializers[node.input[1]]).astype(np.float64)
         shift = _output_shift(node, rounded[node.input[1]] - weight, means[node.input[0]])
-        largest, ops = max(largest, float(np.abs(shift).max())), ops + 1
+        largest = max(largest, float(np.abs(shift).max()))
         _add_to_bias(graph, *slot, node.input[1], initializers, readers, -shift)
+        slots.append(slot)
+    if quantized_out is not None:  # before `model` is saved: saving moves its tensors' bytes into its data file
+        _copy_biases(slots, initializers, qdq.graph)
+        save_graph(qdq, quantized_out, scratch=True)
     save_graph(model, out_path, scratch=True)
-    return {"ops": ops, "largest": round(largest, 6)}
+    return {"ops": len(slots), "largest": round(largest, 6)}
 
 
-def weight_input_means(calibrated: Path, fit: CalibrationData) -> dict[str, np.ndarray]:
-    """E[x] per channel of every Conv/Gemm/MatMul input that correct_biases may correct, over the fit rows."""
-    model = onnx.load(str(calibrated))
+def weight_inputs(model: onnx.ModelProto) -> dict[str, int]:
+    """{the input of every Conv/Gemm/MatMul that correct_biases may correct: its channel axis}."""
     initializers = {init.name for init in model.graph.initializer}
-    axes = {
+    return {
         node.input[0]: 1 if node.op_type == "Conv" else -1
         for node in model.graph.node
         if node.op_type in CORRECTED_OPS and node.input[0] not in initializers and node.input[1] in initializers
     }
-    return input_means(model, axes, fit)
 
 
-def input_means(model: onnx.ModelProto, tensors: dict[str, int], fit: CalibrationData) -> dict[str, np.ndarray]:
-    """The mean of each tensor per channel (along the axis `tensors` gives it) over the fit rows."""
-    sums: dict[str, np.ndarray] = {}
-    rows = 0
-    for feed, values in zip(fit.batches, tensor_values(model, tensors, fit.batches), strict=True):
-        count = len(next(iter(feed.values())))
-        rows += count
-        for name, channel_axis in tensors.items():
+class ChannelMeans:
+    """The mean of each tensor per channel (along the axis `tensors` gives it) over the rows seen, batch by batch (a
+    statistic of calibration/ranges.py's pass)."""
+
+    def __init__(self, tensors: dict[str, int]) -> None:
+        self.tensors, self._axes = list(tensors), tensors
+        self._sums: dict[str, np.ndarray] = {}
+        self._rows = 0
+
+    def add(self, values: Feed, rows: int) -> None:
+        self._rows += rows
+        for name, channel_axis in self._axes.items():
             value = np.asarray(values[name], dtype=np.float64)
             axes = tuple(axis for axis in range(value.ndim) if axis != channel_axis % value.ndim)
-            mean = value.mean(axis=axes) * count  # weighted by rows: batches may differ in size
-            sums[name] = sums[name] + mean if name in sums else mean
-    return {name: total / rows for name, total in sums.items()}
+            mean = value.mean(axis=axes) * rows  # weighted by rows: batches may differ in size
+            self._sums[name] = self._sums[name] + mean if name in self._sums else mean
+
+    def means(self) -> dict[str, np.ndarray]:
+        return {name: total / self._rows for name, total in self._sums.items()}
+
+
+def _copy_biases(slots: list[tuple[onnx.NodeProto, int]], initializers: dict, qdq: onnx.GraphProto) -> None:
+    """The corrected biases at `slots` (their holders' inputs) into the Q/DQ graph made from the same graph: each
+    holder found there by its output (the quantizer renames the inputs it quantizes, not the outputs it leaves
+    float), each bias by name (added where correct_biases added one); a bias this leaves unread is dropped, as the
+    quantizer drops what nothing reads (it gave each reader of a shared bias a copy of its own)."""
+    holders = {node.output[0]: node for node in qdq.node}
+    present = {init.name: init for init in qdq.initializer}
+    replaced = set()
+    for holder, index in slots:
+        bias, target = holder.input[index], holders[holder.output[0]]
+        if len(target.input) > index:
+            replaced.add(target.input[index])
+            target.input[index] = bias
+        else:
+            target.input.append(bias)
+        if bias in present:
+            present[bias].CopyFrom(initializers[bias])
+        else:
+            qdq.initializer.append(initializers[bias])
+            present[bias] = qdq.initializer[-1]
+    read = {name for node in qdq.node for name in node.input} | {output.name for output in qdq.output}
+    for name in replaced - read:
+        if name in present:
+            qdq.initializer.remove(present[name])
 
 
 def _dequantized_weights(qdq: onnx.ModelProto) -> dict[str, np.ndarray]:

@@ -4,9 +4,10 @@ FP16's is pipeline/stages/fp16.py).
 make_int8_graph composes the steps, each a function from typed values to a typed value:
   read_calibration     the data, checked and split: the rows the agreement gate judges held out
                        (calibration/holdout.py) -> CalibrationParts
-  build_candidates     per calibration method and smoothing alpha, scales and ranges fit on the other rows (from
-                       the cache, or measured on the FP32 graph: calibration/smooth.py, then calibration/ranges.py on
-                       the smoothed graph) and its Q/DQ graph -> Candidate each
+  build_candidates     per calibration method and smoothing alpha, scales, ranges and input means fit on the other
+                       rows (from the cache, or from two passes over them per graph, whatever the methods:
+                       calibration/ranges.py on the FP32 graph, whose maxima give calibration/smooth.py's scales,
+                       then on each smoothed graph) and its Q/DQ graph -> Candidate each
   judge_candidates     each judged on the held-out rows with its biases corrected where that helps
                        (calibration/bias.py), the best kept -> Search
   search_float         the op where the held-out error starts tried in float -> Search
@@ -32,6 +33,7 @@ import onnx
 from ..models.spec import ImagePreprocess
 from ..pipeline.core.compute import COMPUTE_OPS
 from ..pipeline.core.precision import Precision
+from ..pipeline.core.sessions import opens_like
 from ..pipeline.core.settings import DEFAULTS
 from ..pipeline.evaluation import node_tolerance
 from ..pipeline.evaluation.agreement import Judge
@@ -40,15 +42,22 @@ from ..pipeline.folder.artifacts import write_npz
 from ..pipeline.folder.graph_files import copy_graph, graph_digest, graph_without_weights, save_graph
 from ..pipeline.folder.layout import CACHE_FOLDER, SAMPLE, graph_record
 from ..pipeline.folder.records import CalibrationSplit, RowsAgreement
-from .bias import correct_biases, weight_input_means
+from .bias import correct_biases
 from .cache import CacheLookup, cache_key, cache_path, load_ranges, save_ranges
 from .holdout import split_rows
 from .qdq import constants_as_initializers, quantize_qdq
 from .qdq_cpu import WEIGHT_FORMS, WEIGHTS_FOR, quantize_for_cpu
-from .ranges import collect_ranges, method_options
+from .ranges import Alike, collect_statistics, method_options
 from .readers import CalibrationData, CalibrationSource, graph_inputs, read_calibration_data, rows_of
 from .share import compute_shapes, int8_share, macs_by_op
-from .smooth import channel_maxima, smooth_graph, smoothable, smoothing_options, smoothing_record, smoothing_scales
+from .smooth import (
+    smooth_graph,
+    smoothable,
+    smoothed_tensors,
+    smoothing_options,
+    smoothing_record,
+    smoothing_scales,
+)
 
 # The first rows the agreement gate judges (pipeline/folder/layout.py SAMPLE), SAMPLE_ROWS of them.
 SAMPLE_ROWS = 8
@@ -122,16 +131,20 @@ class CalibrationParts:
 @dataclass(frozen=True)
 class Candidate:
     """One way of quantizing the graph (a calibration method and a smoothing alpha): its calibrated FP32 graph,
-    ranges and Q/DQ graph, and how it was judged."""
+    ranges, the weights' input means there (bias correction's) and Q/DQ graph, and how it was judged.
+    collect_seconds and collect_passes: those of the passes over the fit rows its smoothing's graph took (shared
+    by every candidate of the same alpha; 0 where the cache had it all)."""
 
     method: str
     alpha: float | None
     calibrated: Path
     ranges: object
     scales: dict[str, np.ndarray]
+    means: dict[str, np.ndarray]
     lookup: CacheLookup
     cache_file: Path
     collect_seconds: float
+    collect_passes: int
     qdq: Path
     structure: dict
     held_out: RowsAgreement | None = None
@@ -157,6 +170,31 @@ class Candidate:
     @property
     def label(self) -> str:
         return f"{self.method}, {_alpha_text(self.alpha)}"
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """What the fit rows gave one smoothing alpha: its scales, the FP32 graph smoothed with them (calibrated_graph),
+    the ranges measured on that graph by method (not those the cache had), the weights' input means there, the
+    channel maxima measured on the way (the unsmoothed graph's, where scales were to come from them), and the passes
+    over the fit rows and seconds that took."""
+
+    scales: dict[str, np.ndarray]
+    calibrated: Path
+    ranges: dict[str, object]
+    means: dict[str, np.ndarray]
+    maxima: dict[str, np.ndarray]
+    passes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class _Cached:
+    """One candidate's cache file, its key, and what looking it up found."""
+
+    file: Path
+    key: str
+    lookup: CacheLookup
 
 
 @dataclass(frozen=True)
@@ -270,12 +308,13 @@ def build_candidates(
     judged: bool,
 ) -> tuple[Candidate, ...]:
     """A candidate per (method, alpha) worth one (_choices; the first of each where none can be judged), each in a
-    folder of `scratch`; the smoothing scales are measured once per alpha (they depend on the data, not the
-    method)."""
+    folder of `scratch`, its ranges, scales and means from the cache or from as few passes over the fit rows as the
+    misses allow (_fit_smoothings)."""
     choices = _choices(fp32_path, config, judged=judged and parts.held_out is not None)
-    measured: dict[float | None, dict[str, np.ndarray]] = {}
+    cached = {(m, a): _cached(fp32_path, parts.fit, config, m, a, cache_folder) for m, a in choices}
+    fitted = _fit_smoothings(fp32_path, parts.fit, cached, scratch)
     return tuple(
-        _candidate(fp32_path, parts.fit, config, method, alpha, cache_folder, scratch / str(index), measured)
+        _candidate(method, alpha, cached[(method, alpha)], fitted[alpha], parts.fit, config, scratch / str(index))
         for index, (method, alpha) in enumerate(choices)
     )
 
@@ -284,17 +323,13 @@ def judge_candidates(candidates: tuple[Candidate, ...], parts: CalibrationParts,
     """Each candidate judged on the held-out rows as it would be served: its biases corrected where that lowers the
     error (the correction can reverse a near-tie: docs/precision.md); the one with the lowest error kept (the first
     on ties, and where nothing can be judged)."""
-    means_by_alpha: dict[float | None, dict[str, np.ndarray]] = {}  # the weights' input means by smoothing
     tried = candidates
     if judge is not None and parts.held_out is not None:
         held_out = parts.held_out.batches
-        tried = tuple(
-            _correct_biases(candidate, parts.fit, means_by_alpha, held_out, judge, candidate.qdq.parent)
-            for candidate in candidates
-        )
+        tried = tuple(_correct_biases(candidate, held_out, judge, candidate.qdq.parent) for candidate in candidates)
     chosen = min(tried, key=lambda c: c.held_out.error_mean if c.held_out else 0.0)
     macs = macs_by_op(*compute_shapes(chosen.calibrated, {k: v[:1] for k, v in parts.fit.batches[0].items()}))
-    return Search(tried, chosen, means_by_alpha.get(chosen.alpha), macs)
+    return Search(tried, chosen, chosen.means if chosen.held_out else None, macs)
 
 
 def search_float(
@@ -344,7 +379,9 @@ def _calibration_record(
         "fit_sha256": parts.fit.digest,
         "cache": chosen.lookup.status,
         "cache_file": str(chosen.cache_file),
-        "collect_seconds": sum(c.collect_seconds for c in tried),
+        # Every candidate of an alpha carries the passes its graph took: counted once per alpha.
+        "collect_seconds": round(sum({c.alpha: c.collect_seconds for c in tried}.values()), 3),
+        "collect_passes": sum({c.alpha: c.collect_passes for c in tried}.values()),
         "quantizer": _quantizer_name(),
     }
     calibration["int8_share"] = {**written.share, "float_ops": list(chosen.float_ops)}
@@ -409,60 +446,142 @@ def _choices(fp32_path: Path, config: CalibrationConfig, *, judged: bool) -> lis
     return [(method, alpha) for method in methods for alpha in alphas]
 
 
-def _candidate(
+def _cached(
+    fp32_path: Path, fit: CalibrationData, config: CalibrationConfig, method: str, alpha: float | None, folder: Path
+) -> _Cached:
+    """The cache file of one method's and smoothing alpha's ranges fit on `fit`, and what it holds."""
+    # Keyed on the fit rows' own sha256: ranges fit on all rows (before the split, or another split) never match.
+    options = {**config.options(method, alpha), "samples": fit.samples, "batch": config.batch}
+    key = cache_key(graph_digest(fp32_path), fit.digest, options)
+    file = cache_path(folder, method, key)
+    lookup = load_ranges(file, key, recalibrate=config.recalibrate)
+    if lookup.status.startswith("corrupted"):
+        print(f"note: calibration cache {file} is {lookup.status}; recalibrating")
+    return _Cached(file, key, lookup)
+
+
+def _fit_smoothings(
+    fp32_path: Path, fit: CalibrationData, cached: dict[tuple[str, float | None], _Cached], scratch: Path
+) -> dict[float | None, Fitted]:
+    """Each smoothing alpha's Fitted, from as few passes over the fit rows as the cache's misses allow (two per graph:
+    calibration/ranges.py): the unsmoothed graph's for its methods' ranges and means and the channel maxima the
+    smoothing scales come from, then each smoothed graph's for its methods' ranges and means.  Those take passes of
+    their own: the scales are known only once the first graph's are over, and smoothing moves every tensor after a
+    smoothed op (by float rounding); the tensors before them are the unsmoothed graph's, their ranges reused
+    (ranges.Alike).  An alpha with a method in the cache takes its scales from there; a method in the cache needs
+    no ranges measured."""
+    model = _quantizable_model(fp32_path)
+    groups = smoothable(model)
+    by_alpha: dict[float | None, dict[str, _Cached]] = {}
+    for (method, alpha), entry in cached.items():
+        by_alpha.setdefault(alpha, {})[method] = entry
+    unscaled = [alpha for alpha, entries in by_alpha.items() if alpha is not None and groups and not _hit(entries)]
+    fitted: dict[float | None, Fitted] = {}
+    if None in by_alpha or unscaled:
+        maxima_of = list(groups) if unscaled else []
+        fitted[None] = _fitted(fp32_path, fit, {}, by_alpha.get(None, {}), scratch / "unsmoothed", maxima_of)
+    maxima = fitted[None].maxima if None in fitted else {}
+    unsmoothed = {m: e.lookup.ranges or fitted[None].ranges[m] for m, e in by_alpha.get(None, {}).items()}
+    for alpha, entries in by_alpha.items():
+        if alpha is not None:
+            scales = _scales(model, groups, maxima, alpha, _hit(entries))
+            changed = smoothed_tensors(model, scales)
+            alike = Alike(unsmoothed, changed) if changed is not None else None
+            fitted[alpha] = _fitted(fp32_path, fit, scales, entries, scratch / f"alpha-{alpha:g}", alike=alike)
+    if None not in by_alpha and None in fitted:  # the unsmoothed graph measured the maxima alone: charged to theirs
+        first, maxima_pass = unscaled[0], fitted.pop(None)
+        passes, seconds = fitted[first].passes + maxima_pass.passes, fitted[first].seconds + maxima_pass.seconds
+        fitted[first] = replace(fitted[first], passes=passes, seconds=round(seconds, 3))
+    return fitted
+
+
+def _hit(entries: dict[str, _Cached]) -> CacheLookup | None:
+    """The first cache hit among one alpha's methods (each holds the alpha's scales and means), None if none."""
+    return next((entry.lookup for entry in entries.values() if entry.lookup.ranges is not None), None)
+
+
+def _scales(
+    model: onnx.ModelProto, groups: dict, maxima: dict[str, np.ndarray], alpha: float, hit: CacheLookup | None
+) -> dict[str, np.ndarray]:
+    """A smoothing alpha's scales: the cache's where it has the alpha, else from the unsmoothed graph's maxima."""
+    if hit is not None:
+        return hit.smoothing or {}
+    return smoothing_scales(model, groups, maxima, alpha) if groups else {}
+
+
+def _fitted(
     fp32_path: Path,
     fit: CalibrationData,
-    config: CalibrationConfig,
+    scales: dict[str, np.ndarray],
+    entries: dict[str, _Cached],
+    folder: Path,
+    maxima_of: list[str] | None = None,
+    alike: Alike | None = None,
+) -> Fitted:
+    """The graph smoothed with `scales` in `folder`, and the passes over `fit` on it for the ranges of the methods
+    in `entries` the cache lacks (but those `alike` has), its means, and the channel maxima of `maxima_of`; no pass
+    where nothing is lacking."""
+    started = time.perf_counter()
+    folder.mkdir(parents=True)
+    calibrated = calibrated_graph(fp32_path, scales, folder / "model.calibrated.onnx")
+    missing = [method for method, entry in entries.items() if entry.lookup.ranges is None]
+    hit = _hit(entries)
+    cached_means = (hit.means or {}) if hit else {}
+    if not missing and not maxima_of:
+        return Fitted(scales, calibrated, {}, cached_means, {}, 0, 0.0)
+    statistics = collect_statistics(
+        calibrated, fit, missing, maxima_of=maxima_of or [], means=bool(missing), alike=alike
+    )
+    means = statistics.means if missing else cached_means
+    seconds = round(time.perf_counter() - started, 3)
+    return Fitted(scales, calibrated, statistics.ranges, means, statistics.maxima, statistics.passes, seconds)
+
+
+def _candidate(
     method: str,
     alpha: float | None,
-    cache_folder: Path,
+    entry: _Cached,
+    fitted: Fitted,
+    fit: CalibrationData,
+    config: CalibrationConfig,
     scratch: Path,
-    measured: dict[float | None, dict[str, np.ndarray]],
 ) -> Candidate:
-    """One method's and smoothing alpha's graph: scales and ranges fit on `fit` (or from the cache), its Q/DQ graph
-    in `scratch` (QDQ_GRAPH).  `measured`:
-    the scales measured so far by alpha, which this adds to (they depend on the data, not on the method)."""
+    """One method's and smoothing alpha's candidate: its ranges from the cache or `fitted` (then cached), its Q/DQ
+    graph in `scratch` (QDQ_GRAPH)."""
     scratch.mkdir(parents=True)
-    options = config.options(method, alpha)
-    # Keyed on the fit rows' own sha256: ranges fit on all rows (before the split, or another split) never match.
-    key = cache_key(graph_digest(fp32_path), fit.digest, {**options, "samples": fit.samples, "batch": config.batch})
-    cache_file = cache_path(cache_folder, method, key)
-    lookup = load_ranges(cache_file, key, recalibrate=config.recalibrate)
-    ranges, scales, collect_seconds = lookup.ranges, lookup.smoothing, 0.0
-    calibrated_path = scratch / "model.calibrated.onnx"
-    if ranges is None or scales is None:
-        if lookup.status.startswith("corrupted"):
-            print(f"note: calibration cache {cache_file} is {lookup.status}; recalibrating")
-        started = time.perf_counter()
-        if alpha not in measured:
-            measured[alpha] = _measure_smoothing(fp32_path, fit, alpha)
-        scales = measured[alpha]
-        calibrated = calibrated_graph(fp32_path, scales, calibrated_path)
-        ranges = collect_ranges(calibrated, fit, method)
-        collect_seconds = round(time.perf_counter() - started, 3)
-        save_ranges(cache_file, key, ranges, {"source": fit.description, "samples": fit.samples, **options}, scales)
-    else:
-        calibrated = calibrated_graph(fp32_path, scales, calibrated_path)
+    ranges = entry.lookup.ranges
+    if ranges is None:
+        ranges = fitted.ranges[method]
+        record = {"source": fit.description, "samples": fit.samples, **config.options(method, alpha)}
+        save_ranges(entry.file, entry.key, ranges, record, fitted.scales, fitted.means)
     qdq = scratch / QDQ_GRAPH
-    structure = quantize_qdq(calibrated, qdq, ranges)
-    return Candidate(method, alpha, calibrated, ranges, scales, lookup, cache_file, collect_seconds, qdq, structure)
+    return Candidate(
+        method=method,
+        alpha=alpha,
+        calibrated=fitted.calibrated,
+        ranges=ranges,
+        scales=fitted.scales,
+        means=fitted.means,
+        lookup=entry.lookup,
+        cache_file=entry.file,
+        collect_seconds=fitted.seconds,
+        collect_passes=fitted.passes,
+        qdq=qdq,
+        structure=quantize_qdq(fitted.calibrated, qdq, ranges),
+    )
 
 
 def _correct_biases(
     candidate: Candidate,
-    fit: CalibrationData,
-    means_by_alpha: dict[float | None, dict[str, np.ndarray]],
     held_out: list[dict[str, np.ndarray]],
     judge: Judge,
     scratch: Path,
 ) -> Candidate:
     """The candidate judged on the held-out rows, with its Conv/Gemm/MatMul biases corrected for the rounding of
     their weights where that lowers the held-out error (calibration/bias.py, same ranges, same weights), and the
-    record of both errors.  `means_by_alpha`: the weights' input means on `fit` by smoothing alpha, added to."""
-    if candidate.alpha not in means_by_alpha:
-        means_by_alpha[candidate.alpha] = weight_input_means(candidate.calibrated, fit)
+    record of both errors."""
     judged = judge(candidate.qdq, held_out)
-    corrected, qdq, structure, correction = _quantized(candidate, (), means_by_alpha[candidate.alpha], scratch / "bias")
+    corrected, qdq, structure, correction = _quantized(candidate, (), candidate.means, scratch / "bias")
     agreement = judge(qdq, held_out)
     kept = agreement.error_mean < judged.error_mean
     record = {
@@ -490,16 +609,19 @@ def _quantized(
 ) -> tuple[Path, Path, dict, dict | None]:
     """(FP32 graph, Q/DQ graph, its structure, the bias correction's record) for the candidate's FP32 graph (before
     any correction) with the ops in `exclude` left in float, written in `scratch`; with `means`
-    (bias.weight_input_means), its biases corrected for the rounding of the weights it quantizes, which are the
+    (the candidate's), its biases corrected for the rounding of the weights it quantizes, which are the
     candidate's Q/DQ graph's (the same weights, the same ranges)."""
     scratch.mkdir(parents=True)
     calibrated, qdq = candidate.fp32_equal, scratch / QDQ_GRAPH
-    correction = None
-    if means is not None:
-        corrected = scratch / "model.calibrated.onnx"
-        correction = correct_biases(calibrated, candidate.qdq, means, corrected, skip=exclude)
-        calibrated = corrected
-    return calibrated, qdq, quantize_qdq(calibrated, qdq, candidate.ranges, exclude=exclude), correction
+    if means is None:
+        return calibrated, qdq, quantize_qdq(calibrated, qdq, candidate.ranges, exclude=exclude), None
+    corrected = scratch / "model.calibrated.onnx"
+    if not exclude and not candidate.float_ops:  # its own Q/DQ graph, the biases corrected: nothing to quantize
+        correction = correct_biases(calibrated, candidate.qdq, means, corrected, quantized_out=qdq)
+        opens_like(qdq, candidate.qdq)  # the judge probed that graph: this one differs in biases alone
+        return corrected, qdq, candidate.structure, correction
+    correction = correct_biases(calibrated, candidate.qdq, means, corrected, skip=exclude)
+    return corrected, qdq, quantize_qdq(corrected, qdq, candidate.ranges, exclude=exclude), correction
 
 
 def _number(value: float) -> float:
@@ -611,15 +733,6 @@ def _quantizable_model(fp32_path: Path) -> onnx.ModelProto:
     model = onnx.load(str(fp32_path))
     constants_as_initializers(model.graph)
     return model
-
-
-def _measure_smoothing(fp32_path: Path, data: CalibrationData, alpha: float | None) -> dict[str, np.ndarray]:
-    """The smoothing scales of every activation MatMul/Gemm reads with a constant weight ({} when alpha is None)."""
-    if alpha is None:
-        return {}
-    model = _quantizable_model(fp32_path)
-    groups = smoothable(model)
-    return smoothing_scales(model, groups, channel_maxima(model, list(groups), data.batches), alpha) if groups else {}
 
 
 def _smoothing_record(fp32_path: Path, scales: dict[str, np.ndarray], alpha: float | None) -> dict | None:

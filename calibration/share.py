@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 
 from ..pipeline.core.compute import COMPUTE_OPS, multiply_adds
+from ..pipeline.core.sessions import UNOPTIMIZED
 from ..pipeline.evaluation.tensors import tensor_values
 from ..pipeline.folder.graph_files import graph_without_weights
 
@@ -33,7 +34,8 @@ def compute_shapes(fp32: Path, feeds: dict[str, np.ndarray]) -> tuple[onnx.Model
         for name in (node.input[0], node.input[1], node.output[0])
         if name not in weights
     }
-    values = next(tensor_values(model, sorted(wanted), [feeds], weights=Path(fp32).parent))
+    # Shapes: the same at any level, and unoptimized there is nothing to probe.
+    values = next(tensor_values(model, sorted(wanted), [feeds], weights=Path(fp32).parent, level=UNOPTIMIZED))
     return model, {**weights, **{name: tuple(value.shape) for name, value in values.items()}}
 
 

@@ -22,6 +22,7 @@ the result is the same.  Measured: docs/benchmarks/int8-encoder.md.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +47,7 @@ FLOOR = 1e-6  # max|X_j| and max|W_j| below this count as this: dead channels ge
 # 3x: the best of the two sets taken together.  The held-out rows of a templated set cannot choose it (they are as
 # narrow as the rest), so it is a rule, not a candidate.
 QUIET_FLOOR = 3.0
+_GRAPH_ATTRIBUTES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 
 
 @dataclass(frozen=True)
@@ -77,15 +79,27 @@ def smoothable(model: onnx.ModelProto) -> dict[str, list[Consumer]]:
     return dict(groups)
 
 
-def channel_maxima(model: onnx.ModelProto, tensors: list[str], batches: list[Feed]) -> dict[str, np.ndarray]:
-    """max |X_j| over every calibration batch, per channel of each tensor's last axis (ONNX Runtime, CPU)."""
-    maxima: dict[str, np.ndarray] = {}
-    for values in tensor_values(model, tensors, batches):
-        for name in tensors:
+class ChannelMaxima:
+    """max |X_j| per channel of each tensor's last axis, batch by batch (a statistic of calibration/ranges.py's
+    pass)."""
+
+    def __init__(self, tensors: Sequence[str]) -> None:
+        self.tensors = list(tensors)
+        self.maxima: dict[str, np.ndarray] = {}
+
+    def add(self, values: Feed, rows: int) -> None:
+        for name in self.tensors:
             value = np.abs(np.asarray(values[name], dtype=np.float32))
             batch_max = value.reshape(-1, value.shape[-1]).max(axis=0)
-            maxima[name] = np.maximum(maxima[name], batch_max) if name in maxima else batch_max
-    return maxima
+            self.maxima[name] = np.maximum(self.maxima[name], batch_max) if name in self.maxima else batch_max
+
+
+def channel_maxima(model: onnx.ModelProto, tensors: list[str], batches: list[Feed]) -> dict[str, np.ndarray]:
+    """max |X_j| over every calibration batch, per channel of each tensor's last axis (ONNX Runtime, CPU)."""
+    maxima = ChannelMaxima(tensors)
+    for feed, values in zip(batches, tensor_values(model, tensors, batches), strict=True):
+        maxima.add(values, len(next(iter(feed.values()))))
+    return maxima.maxima
 
 
 def smoothing_scales(
@@ -119,8 +133,9 @@ def smooth_graph(model: onnx.ModelProto, scales: dict[str, np.ndarray]) -> onnx.
             uses[name] += 1
     taken = {init.name for init in graph.initializer} | {out for node in graph.node for out in node.output}
     inserted: dict[int, onnx.NodeProto] = {}  # by the index of the first consumer: each Mul goes just before it
-    for tensor, s in scales.items():
-        consumers = groups[tensor]
+    # In graph order, not the order `scales` comes in (a cache's is sorted): the same scales, the same graph bytes.
+    for tensor in sorted(scales, key=list(groups).index):
+        s, consumers = scales[tensor], groups[tensor]
         divided = _unique(f"{tensor}_smoothed", taken)
         inverse = _unique(f"{tensor}_smooth_inverse", taken)
         graph.initializer.append(numpy_helper.from_array((1.0 / s).astype(np.float32), inverse))
@@ -138,6 +153,21 @@ def smooth_graph(model: onnx.ModelProto, scales: dict[str, np.ndarray]) -> onnx.
     del graph.node[:]
     graph.node.extend(ordered)
     return smoothed
+
+
+def smoothed_tensors(model: onnx.ModelProto, scales: dict[str, np.ndarray]) -> set[str] | None:
+    """The tensors of `model` that smooth_graph(model, scales) computes otherwise: the outputs of the MatMul/Gemm
+    nodes whose weights it scales, and everything computed from them.  Every other tensor is computed there by the
+    same node from the same inputs (the Mul it adds has a name of its own and feeds only those nodes).  None where
+    `model` has subgraphs (If, Loop), which read outer tensors without naming them as inputs."""
+    if any(attribute.type in _GRAPH_ATTRIBUTES for node in model.graph.node for attribute in node.attribute):
+        return None
+    groups = smoothable(model)
+    changed = {model.graph.node[c.index].output[0] for tensor in scales for c in groups[tensor]}
+    for node in model.graph.node:  # in graph order: ONNX lists a node after the nodes it reads
+        if changed.intersection(node.input):
+            changed.update(node.output)
+    return changed
 
 
 def smoothing_options(alpha: float | None) -> dict:

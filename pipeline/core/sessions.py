@@ -33,6 +33,9 @@ OPTIMIZATION_LEVELS = ("ORT_ENABLE_ALL", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_BASI
 # A probe that has neither crashed nor finished by then is stopped (crash_in_child): opening and running the largest
 # graphs measured here takes well under a minute.
 PROBE_TIMEOUT_S = 600
+# No graph optimization: each node runs its own kernel on its inputs, and there is no optimizer to crash, so a
+# session at this level needs no probe (ONNX Runtime's calibrators open theirs so, unprobed).
+UNOPTIMIZED = OPTIMIZATION_LEVELS[-1]
 # Graphs already probed in this process, by (path, size, mtime, probed with a run): the level that worked.
 _PROBED: dict[tuple[str, int, int, bool], str] = {}
 
@@ -116,8 +119,7 @@ def level_that_opens(path: Path | str, open_at: Callable[[str], Any], feed: dict
     if not hasattr(os, "fork"):
         return OPTIMIZATION_LEVELS[0]  # no fork (Windows): nothing to contain with
     path = Path(path)
-    stat = path.stat()
-    file = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    file = _file_key(path)
     for probed_run in (True, False) if feed is None else (True,):
         if (*file, probed_run) in _PROBED:
             return _PROBED[(*file, probed_run)]
@@ -142,6 +144,29 @@ def level_that_opens(path: Path | str, open_at: Callable[[str], Any], feed: dict
         f"{mention(precision='fp32')} if only the FP16 or INT8 graph crashes; {mention(keep_fp32='<op type>')} keeps "
         "the ops around the crash in FP32",
     )
+
+
+def probed_level(path: Path | str) -> str | None:
+    """The level this process found the graph file `path` opens at (probed with a run or without), None where it has
+    not probed it: a copy of that graph with more of its tensors as outputs (pipeline/evaluation/tensors.py) opens
+    there with no probe of its own."""
+    file = _file_key(Path(path))
+    return _PROBED.get((*file, True), _PROBED.get((*file, False)))
+
+
+def opens_like(path: Path | str, probed: Path | str) -> None:
+    """Record that the graph file `path` opens at the level found for `probed` (where that was probed), a graph it
+    equals but for the values of some constants (a Q/DQ graph with its biases corrected): the same ops for the same
+    optimizers, so no probe of its own."""
+    level = probed_level(probed)
+    if level is not None:
+        _PROBED[(*_file_key(Path(path)), False)] = level
+
+
+def _file_key(path: Path) -> tuple[str, int, int]:
+    """What identifies a graph file among the probed ones: its path, size and modification time."""
+    stat = path.stat()
+    return str(path.resolve()), stat.st_size, stat.st_mtime_ns
 
 
 def levels_below_full(folder: Path) -> dict[str, str]:

@@ -48,7 +48,9 @@ def int8_judge(fp32_path: Path) -> Judge:
     engine_int8 = graph_record(Precision.INT8)  # a candidate is judged as the engine's graph it would become
 
     def judge(int8_path: Path, batches: list[Feeds]) -> RowsAgreement:
-        wanted = expected.setdefault(id(batches), fp32_outputs(reference, batches))
+        if id(batches) not in expected:  # (setdefault would run FP32 on every call: its default is evaluated first)
+            expected[id(batches)] = fp32_outputs(reference, batches)
+        wanted = expected[id(batches)]
         records = outputs_agreement(evaluation_session(engine_int8, int8_path), batches, wanted)
         return max(records.values(), key=lambda record: record.error_mean)
 

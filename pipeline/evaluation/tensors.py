@@ -25,20 +25,33 @@ FLOAT = TensorProto.FLOAT
 
 
 def tensor_values(
-    model: onnx.ModelProto, tensors: Iterable[str], feeds: Iterable[dict], *, weights: Path | None = None
+    model: onnx.ModelProto,
+    tensors: Iterable[str],
+    feeds: Iterable[dict],
+    *,
+    weights: Path | None = None,
+    level: str | None = None,
 ) -> Iterator[dict]:
     """For each of `feeds`, {tensor: its value} for `tensors` of `model`, run on the CPU provider with them exposed
-    as outputs of a copy of the graph (a graph input among them is the feed's own)."""
+    as outputs of a copy of the graph (a graph input among them is the feed's own).  level: the optimization level
+    to open that copy at, where the caller knows it (pipeline/core/sessions.py: the level a graph file already
+    probed opens at); None: the highest that does not crash, probed in a child.  The session is opened here and
+    the copy dropped; each run's values are held only by the caller, who holds one batch of intermediate tensors at
+    a time by dropping each before asking for the next."""
+    names = list(dict.fromkeys(tensors))
     with _weightless_copy(model, weights) as (exposed, folder):
         fed = {value.name for value in exposed.graph.input}
         present = {value.name for value in exposed.graph.output}
-        names = list(dict.fromkeys(tensors))
         wanted = [name for name in names if name not in fed]
         exposed.graph.output.extend(onnx.ValueInfoProto(name=name) for name in wanted if name not in present)
-        session = _session(exposed, folder)
-    for feed in feeds:
-        values = dict(zip(wanted, session.run(wanted, feed), strict=True)) if wanted else {}
-        yield {name: values[name] if name in values else feed[name] for name in names}
+        session = _session(exposed, folder, level=level)
+    return (_exposed_values(session, wanted, names, feed) for feed in feeds)
+
+
+def _exposed_values(session, wanted: list[str], names: list[str], feed: dict) -> dict:
+    """One run's {tensor: value} for `names`: the exposed outputs in `wanted`, the rest from the feed."""
+    values = dict(zip(wanted, session.run(wanted, feed), strict=True)) if wanted else {}
+    return {name: values[name] if name in values else feed[name] for name in names}
 
 
 def run_exposing_tensors(
@@ -71,11 +84,11 @@ class ExposingSession:
         return {**feeds, **dict(zip(self.names, self.session.run(self.names, feeds), strict=True))}
 
 
-def _session(exposed: onnx.ModelProto, folder: Path, *, simulate_qdq: bool = False):
+def _session(exposed: onnx.ModelProto, folder: Path, *, simulate_qdq: bool = False, level: str | None = None):
     """A CPU session on `exposed`, written beside the weights it references (in `folder`), which ONNX Runtime maps
     and packs none of (the session keeps the graph; the file can go)."""
     with graph_beside(exposed, folder) as path:
-        return onnxruntime_session(path, simulate_qdq=simulate_qdq, pack_weights=False)
+        return onnxruntime_session(path, simulate_qdq=simulate_qdq, level=level, pack_weights=False)
 
 
 @contextlib.contextmanager
