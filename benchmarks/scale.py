@@ -536,6 +536,36 @@ def growth_table(run: dict) -> list[str]:
     return lines
 
 
+# Issue 38's goals, read off the last run (the first run, "before", for ResNet-50's time): who must build and load,
+# and the 1.2 GB model's limits.
+MUST_BUILD = ("mlp-2.4", "mlp-2.4-int8", "mlp-5")
+LIMITS_1_2_GB = (60.0, 3.0)  # seconds in stages of make engine, peak RSS / FP32 weights
+
+
+def goals_table(report: dict) -> list[str]:
+    run, first = report["runs"][-1], report["runs"][0]
+    members = {m["member"]: m for m in run["members"] if "whole" in m}
+    lines = [f"Goals on the run {run['label']!r}:", "", "| goal | measured | met |", "|---|---|---|"]
+    for name in (name for name in MUST_BUILD if name in members):
+        rows = [{**members[name]["whole"], "stage": "engine"}, *members[name].get("loads", [])]
+        failed = [f"{row['stage']}: {row['failed']}" for row in rows if "failed" in row]
+        measured = "; ".join(failed) or ", ".join(f"{row['stage']} {row['seconds']:.1f} s" for row in rows)
+        lines.append(f"| {name} builds ({precision(run, members[name])}), the runner and the service load it | "
+                     f"{measured} | {'no' if failed else 'yes'} |")  # fmt: skip
+    if "mlp-1.2" in members:
+        whole, weights = members["mlp-1.2"]["whole"], members["mlp-1.2"]["weight_bytes"]
+        ratio, (seconds, times) = whole["peak_rss_bytes"] / weights, LIMITS_1_2_GB
+        lines.append(f"| mlp-1.2: make engine at most {seconds:.0f} s in stages, peak RSS at most {times:.0f}x its "
+                     f"weights | {whole['seconds']:.1f} s, {ratio:.1f}x | "
+                     f"{'yes' if whole['seconds'] <= seconds and ratio <= times else 'no'} |")  # fmt: skip
+    earlier = next((m for m in first["members"] if m["member"] == "resnet50" and "whole" in m), None)
+    if "resnet50" in members and earlier is not None and first is not run:
+        now, then = members["resnet50"]["whole"]["seconds"], earlier["whole"]["seconds"]
+        lines.append(f"| resnet50: make engine no slower than {first['label']} ({first['commit']}) | {now:.1f} s "
+                     f"against {then:.1f} s | {'yes' if now <= then else 'no'} |")  # fmt: skip
+    return [*lines, ""]
+
+
 def run_header(run: dict) -> list[str]:
     environment = run["environment"]
     cpu = environment["cpu"]
@@ -585,6 +615,7 @@ def render_markdown(report: dict) -> str:
         "",
         f"![time and peak RSS per stage]({PLOT_NAME})",
         "",
+        *goals_table(report),
     ]
     for run in report["runs"]:
         lines += run_header(run) + growth_table(run) + alternating_table(run) + member_table(run) + [""]
