@@ -231,6 +231,34 @@ def test_the_scan_names_where_each_maximum_was_seen_and_ranks_the_runs_by_their_
     assert stats.largest_cases(list(sizes), 2) == ["rows 6-7", "rows 2-3"]
 
 
+def test_the_scan_runs_a_large_case_in_slices_of_rows_with_the_same_maxima(monkeypatch):
+    """Every tensor of a run is exposed at once (ViT-L/16: 7 GB at batch 8), so a case runs in slices of rows whose
+    tensors fit EXPOSED_BYTES; each tensor's maximum, and the case that reached it, are the whole batch's."""
+    from trt_pipeline.pipeline.evaluation.tensors import ExposingSession
+    from trt_pipeline.pipeline.stages import fp16_overflow
+
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "k"], ["y"], name="scale"), helper.make_node("Relu", ["y"], ["z"])],
+        "scale",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 256])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 256])],
+        initializer=[numpy_helper.from_array(np.full(256, -2.0, np.float32), "k")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    rows = np.random.default_rng(0).normal(size=(32, 256)).astype(np.float32)
+    rows[21, 7], rows[5, 3] = 90.0, -400.0  # z's largest row, then x's and y's
+    cases = [Case("reference", "case 0 (batch 1)", {"x": rows[:1]}), Case("reference", "case 1", {"x": rows})]
+    whole = TensorStats.of_runs(model, cases)
+    ran: list[int] = []
+    run = ExposingSession.run
+    monkeypatch.setattr(ExposingSession, "run", lambda self, feeds: ran.append(len(feeds["x"])) or run(self, feeds))
+    monkeypatch.setattr(fp16_overflow, "EXPOSED_BYTES", 4 * 3 * 256 * 4)  # 4 rows of x, y and z in float32
+    sliced = TensorStats.of_runs(model, cases)
+    assert max(ran) <= 4 and sum(ran) == 33
+    assert sliced.max_abs == whole.max_abs == {"x": 400.0, "y": 800.0, "z": 800.0}
+    assert sliced.seen == whole.seen == {"x": "case 1", "y": "case 1", "z": "case 1"}
+
+
 def test_the_scan_cuts_calibration_batches_to_the_rows_a_run_may_hold():
     rows = np.arange(40, dtype=np.float32).reshape(20, 2)
     data = CalibrationData([{"x": rows[:16]}, {"x": rows[16:]}], 20, "sha", "test")
