@@ -86,6 +86,16 @@ def bert_with_hidden_states():
     return tiny_bert(output_hidden_states=True), _tokenize(_VOCABULARY_DIR[0] / "vocab.txt")
 
 
+def llama_one_row():
+    """A causal LM handed over with one row of token ids, as language models usually are."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=len(VOCABULARY), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=MAX_POSITIONS,
+    )  # fmt: skip
+    return transformers.LlamaForCausalLM(config), {"input_ids": torch.randint(0, len(VOCABULARY), (1, 8))}
+
+
 def gpt2_with_dict():
     encoded = _tokenize(_VOCABULARY_DIR[0] / "vocab.txt")
     return tiny_gpt2(), {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
@@ -140,6 +150,18 @@ def test_the_dynamo_exporter_takes_a_hugging_face_model_called_by_position(tmp_p
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["exporter"] == "dynamo"
     assert manifest["parity_fp32"]["max_rel"] < 1e-3  # at every reference batch, the sequence axis dynamic
+
+
+def test_the_dynamo_exporter_keeps_the_batch_of_a_one_row_example_dynamic(tmp_path: Path):
+    """torch.export specializes a dimension whose example is 1, and Llama's forward() then bakes the batch of 1
+    into the graph: the exporter traces the example repeated to two rows."""
+    pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript (the build extra)")
+    settings = Settings(model="tests.test_hf_models:llama_one_row", exporter="dynamo", out_root=tmp_path)
+    for stage in ("export", "check", "simplify", "parity"):
+        folder = run_stage(settings, stage)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["exporter"] == "dynamo"
+    assert manifest["parity_fp32"]["max_rel"] < 1e-3  # at batch 1, 8 and 32
 
 
 def test_gpt2_with_a_dict_runs_without_its_cache():

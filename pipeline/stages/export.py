@@ -14,6 +14,7 @@ import logging
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -200,15 +201,15 @@ def _dynamo(spec: ModelSpec, path: Path, outputs: list[str], axes: dict[str, dic
             f"pip install 'trt_pipeline[build]' (or onnxscript), or {mention(exporter='torchscript')}",
         ) from error
     by_name = needs_keywords(spec.module, spec.example_inputs)
-    shapes = _dynamic_shapes(spec, axes)
+    shapes, examples = _dynamic_shapes(spec, axes), _examples_past_one(spec, axes)
     with _quiet_loggers("torch.onnx", "onnxscript"), warnings.catch_warnings():
         # They warn of torchvision's ops being absent, and of deprecations that are torch's own.
         warnings.simplefilter("ignore", FutureWarning)
         program = torch.onnx.export(
             spec.module,
-            () if by_name else tuple(spec.example_inputs.values()),
+            () if by_name else tuple(examples.values()),
             str(path),
-            kwargs=dict(spec.example_inputs) if by_name else None,
+            kwargs=examples if by_name else None,
             input_names=list(spec.example_inputs),
             output_names=outputs,
             dynamic_shapes=shapes if by_name else _positional(spec.module, tuple(shapes.values())),
@@ -220,6 +221,20 @@ def _dynamo(spec: ModelSpec, path: Path, outputs: list[str], axes: dict[str, dic
     _let_go_of_weights(program)
     graph = onnx.load(str(path), load_external_data=False)  # the nodes change, the weights stay where they are
     onnx.save(convert_to_opset_17(graph, base_dir=path.parent), str(path))
+
+
+def _examples_past_one(spec: ModelSpec, axes: dict[str, dict[int, str]]) -> dict[str, Any]:
+    """The example inputs torch.export traces, each dynamic axis of size 1 repeated to 2 where its range allows:
+    torch.export specializes a dimension whose example is 1, so a model handed over with one row (a language
+    model's usual example) had its batch of 1 baked into the graph."""
+    highs = {d.name: d.max for declared in spec.dynamic_axes.values() for d in declared.values()}
+    examples = {}
+    for tensor, value in spec.example_inputs.items():
+        for axis, name in axes[tensor].items():
+            if isinstance(value, torch.Tensor) and value.shape[axis] == 1 and highs.get(name, 2) >= 2:
+                value = torch.cat([value, value], dim=axis)
+        examples[tensor] = value
+    return examples
 
 
 def _positional(module: torch.nn.Module, shapes: tuple) -> tuple:
