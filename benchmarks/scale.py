@@ -442,9 +442,14 @@ def member_table(run: dict) -> list[str]:
             lines.append(
                 f"| {member['member']} | {precision(run, member)} | {weights / GB:.2f} GB | "
                 f"{ROW_NAMES.get(row['stage'], row['stage'])} | {row['seconds']:.1f} | {row['wall_seconds']:.1f} | "
-                f"{row['peak_rss_bytes'] / GB:.2f} GB | {row['peak_rss_bytes'] / weights:.1f}x | {stage_cell(row)} |"
+                f"{row['peak_rss_bytes'] / GB:.2f} GB | {_times(row['peak_rss_bytes'], weights)} | {stage_cell(row)} |"
             )
     return lines
+
+
+def _times(peak: int, weights: int) -> str:
+    """Peak RSS over the FP32 weights; "-" where no graph was written to weigh them (an export that failed)."""
+    return f"{peak / weights:.1f}x" if weights else "-"
 
 
 def alternating_table(run: dict) -> list[str]:
