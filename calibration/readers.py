@@ -19,6 +19,7 @@ from ..models.spec import ImagePreprocess
 from ..pipeline.core.errors import PipelineError
 from ..pipeline.core.mentions import command
 from ..pipeline.core.settings import mention, mention_name
+from ..pipeline.folder.graph_files import graph_without_weights
 from ..pipeline.folder.graph_io import graph_io
 from .preprocess import IMAGE_SUFFIXES, image_shape, load_image
 
@@ -57,10 +58,8 @@ class CalibrationData:
 
 
 def graph_inputs(onnx_path: Path) -> list[GraphInput]:
-    """The graph's inputs as the ONNX file declares them (external weights are not loaded)."""
-    import onnx
-
-    model = onnx.load(str(onnx_path), load_external_data=False)
+    """The graph's inputs as the ONNX file declares them (no weight is read)."""
+    model = graph_without_weights(onnx_path)  # a graph of one file too: its weights are not read
     inputs = graph_io(model).inputs
     integer = {t.name for t in inputs if np.issubdtype(t.numpy_dtype, np.integer)}
     lookups = _lookup_tables(model.graph, integer) if integer else {}
@@ -84,6 +83,12 @@ def _lookup_tables(graph: onnx.GraphProto, names: set[str]) -> dict[str, tuple[s
     return found
 
 
+def is_image_folder(source: CalibrationSource) -> bool:
+    """Whether `source` is a folder of images: the one kind of calibration data that needs the model's declared
+    preprocessing (the others are model-ready)."""
+    return not callable(source) and Path(source).is_dir()
+
+
 def read_calibration_data(
     source: CalibrationSource,
     inputs: list[GraphInput],
@@ -98,7 +103,7 @@ def read_calibration_data(
         description = f"callable {getattr(source, '__qualname__', repr(source))}"
     else:
         path = Path(source)
-        if path.is_dir():
+        if is_image_folder(path):
             arrays = _arrays_from_image_folder(path, inputs, preprocess, samples)
             description = f"image folder {path}"
         elif path.is_file() and path.suffix.lower() in (".npy", ".npz"):

@@ -16,6 +16,7 @@ import pytest
 from onnx import numpy_helper
 from PIL import Image
 
+from tests import toy_models
 from trt_pipeline.calibration.cache import load_ranges
 from trt_pipeline.calibration.int8 import (
     CACHE_FOLDER,
@@ -41,12 +42,12 @@ from trt_pipeline.pipeline import cli
 from trt_pipeline.pipeline.core.cpu import NO_VNNI, VNNI, int8_cpu_kind
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
-from trt_pipeline.pipeline.core.settings import Settings
+from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
 from trt_pipeline.pipeline.folder.artifacts import write_npz
 from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, folder_graphs, graph_record
 from trt_pipeline.pipeline.quality.diagnose import diagnose_folder
 from trt_pipeline.pipeline.stages.parity import check_int8_agreement, check_parity
-from trt_pipeline.pipeline.stages.sequence import make_engine
+from trt_pipeline.pipeline.stages.sequence import make_engine, run_stage
 
 SAMPLES, BATCH = 128, 32
 
@@ -595,3 +596,32 @@ def test_int8_smoke_parity_on_random_inputs_fails_only_on_inf_or_nan(tmp_path):
     write_npz(folder / "reference.npz", {"case0/in/x": zero, "case0/out/ratio": np.ones((1, 4), np.float32)})
     with pytest.raises(PipelineError, match="disagrees with PyTorch"):
         check_parity(folder / "model.int8.onnx", folder / "reference.npz", precision="int8")
+
+
+# The times the factory below built its model (tests.test_calibration:counted_cnn).
+MODEL_LOADS: list[str] = []
+
+
+def counted_cnn():
+    MODEL_LOADS.append("tiny_cnn")
+    return toy_models.tiny_cnn()
+
+
+def test_the_int8_stage_on_model_ready_rows_does_not_load_the_model(tmp_path: Path):
+    """Only a folder of images needs the model's declared preprocessing: on model-ready rows the precision stage
+    (its own process on the command line) reads the graphs alone, and does not hold a model of gigabytes beside
+    the copies of the weights it works on."""
+    np.save(tmp_path / "rows.npy", np.random.default_rng(0).normal(size=(16, 3, 16, 16)).astype(np.float32))
+    settings = Settings(
+        model="tests.test_calibration:counted_cnn",
+        precision="int8",
+        calib=str(tmp_path / "rows.npy"),
+        batch=BatchProfile(1, 2, 4),
+        out_root=tmp_path,
+    )
+    for stage in ("export", "check", "simplify", "parity"):
+        run_stage(settings, stage)
+    MODEL_LOADS.clear()
+    folder = run_stage(settings, "precision")
+    assert MODEL_LOADS == []
+    assert json.loads((folder / "manifest.json").read_text())["agreement_int8"]
