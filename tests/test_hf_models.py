@@ -140,28 +140,19 @@ def test_bert_with_the_tokenizers_dict_is_bound_by_keyword_with_named_outputs_an
     torch.testing.assert_close(actual, expected)
 
 
-def test_the_dynamo_exporter_takes_a_hugging_face_model_called_by_position(tmp_path: Path):
-    """HuggingFaceModule's forward(*inputs) is one parameter to torch.export, so the inputs' dynamic shapes go in
-    as one tuple (EXPORTER=auto picks dynamo past 1 GiB: every large language model meets this)."""
+# Hugging Face models as users hand them, through the dynamo exporter (EXPORTER=auto picks it past 1 GiB, so every
+# large language model meets these): HuggingFaceModule's forward(*inputs) is one parameter to torch.export (the
+# inputs' dynamic shapes go in as one tuple), and torch.export specializes a dimension whose example is 1 (Llama
+# handed over with one row of token ids had its batch of 1 baked into the graph).
+@pytest.mark.parametrize("factory", ["bert_with_tokenizer", "llama_one_row"])
+def test_the_dynamo_exporter_takes_hugging_face_models_as_users_hand_them(factory: str, tmp_path: Path):
     pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript (the build extra)")
-    settings = Settings(model="tests.test_hf_models:bert_with_tokenizer", exporter="dynamo", out_root=tmp_path)
+    settings = Settings(model=f"tests.test_hf_models:{factory}", exporter="dynamo", out_root=tmp_path)
     for stage in ("export", "check", "simplify", "parity"):
         folder = run_stage(settings, stage)
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["exporter"] == "dynamo"
-    assert manifest["parity_fp32"]["max_rel"] < 1e-3  # at every reference batch, the sequence axis dynamic
-
-
-def test_the_dynamo_exporter_keeps_the_batch_of_a_one_row_example_dynamic(tmp_path: Path):
-    """torch.export specializes a dimension whose example is 1, and Llama's forward() then bakes the batch of 1
-    into the graph: the exporter traces the example repeated to two rows."""
-    pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript (the build extra)")
-    settings = Settings(model="tests.test_hf_models:llama_one_row", exporter="dynamo", out_root=tmp_path)
-    for stage in ("export", "check", "simplify", "parity"):
-        folder = run_stage(settings, stage)
-    manifest = json.loads((folder / "manifest.json").read_text())
-    assert manifest["exporter"] == "dynamo"
-    assert manifest["parity_fp32"]["max_rel"] < 1e-3  # at batch 1, 8 and 32
+    assert manifest["parity_fp32"]["max_rel"] < 1e-3  # at every reference batch (1, 8, 32), the sequence dynamic
 
 
 def test_gpt2_with_a_dict_runs_without_its_cache():
