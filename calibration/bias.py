@@ -47,7 +47,7 @@ def correct_biases(
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
     qdq = onnx.load(str(quantized))
-    rounded = _dequantized_weights(qdq)
+    rounded = DequantizedWeights(qdq)
     readers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         for name in node.input:
@@ -128,14 +128,24 @@ def _copy_biases(slots: list[tuple[onnx.NodeProto, int]], initializers: dict, qd
             qdq.initializer.remove(present[name])
 
 
-def _dequantized_weights(qdq: onnx.ModelProto) -> dict[str, np.ndarray]:
+class DequantizedWeights:
     """{FP32 weight name: its int8 value times its scales}, read from the Q/DQ graph's weight DequantizeLinears
-    (ONNX Runtime names the int8 initializer `<weight>_quantized`; a quantized bias lands here too, unread)."""
-    initializers = {init.name: init for init in qdq.graph.initializer}
-    weights = {}
-    for node in qdq.graph.node:
-        if node.op_type != "DequantizeLinear" or node.input[0] not in initializers:
-            continue
+    (ONNX Runtime names the int8 initializer `<weight>_quantized`; a quantized bias lands here too, unread), each
+    computed when asked for: all of them at once, in float64, held twice the FP32 weights' bytes."""
+
+    def __init__(self, qdq: onnx.ModelProto) -> None:
+        self._initializers = {init.name: init for init in qdq.graph.initializer}
+        self._nodes = {
+            node.input[0].removesuffix("_quantized"): node
+            for node in qdq.graph.node
+            if node.op_type == "DequantizeLinear" and node.input[0] in self._initializers
+        }
+
+    def __contains__(self, weight: str) -> bool:
+        return weight in self._nodes
+
+    def __getitem__(self, weight: str) -> np.ndarray:
+        node, initializers = self._nodes[weight], self._initializers
         values = numpy_helper.to_array(initializers[node.input[0]]).astype(np.float64)
         scale = numpy_helper.to_array(initializers[node.input[1]]).astype(np.float64)
         zero = initializers.get(node.input[2]) if len(node.input) > 2 else None  # the CPU graphs' uint8 weights
@@ -145,11 +155,10 @@ def _dequantized_weights(qdq: onnx.ModelProto) -> dict[str, np.ndarray]:
             shape = [1] * values.ndim
             shape[axis] = -1
             scale, zero_point = scale.reshape(shape), zero_point.reshape(shape if zero_point.size > 1 else (1,))
-        weights[node.input[0].removesuffix("_quantized")] = (values - zero_point) * scale
-    return weights
+        return (values - zero_point) * scale
 
 
-def _correctable(node: onnx.NodeProto, initializers: dict, rounded: dict) -> bool:
+def _correctable(node: onnx.NodeProto, initializers: dict, rounded: DequantizedWeights) -> bool:
     """A Conv/Gemm/MatMul with an activation input and a 2-D (4-D for Conv) weight that is int8 in the Q/DQ graph
     (a Gemm in its plain form: no transA, alpha and beta 1)."""
     if node.op_type not in CORRECTED_OPS or node.input[1] not in rounded or node.input[0] in initializers:
