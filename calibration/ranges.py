@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-import onnx
 
 from ..pipeline.core.errors import PipelineError
 from ..pipeline.core.sessions import UNOPTIMIZED, probed_level
@@ -121,17 +120,18 @@ def collect_statistics(
     tensors in `maxima_of` and, with `means`, the means of every Conv/Gemm/MatMul weight's input (module doc).
     alike: another graph's ranges, and what this one computes otherwise: only that is measured."""
     graph, passes = Path(graph), 0
+    model = graph_without_weights(graph)  # both passes map its weights where they lie: no copy of them here
     ranges: list[MethodRanges] = []
     if methods:
-        model, calibrated = _calibration_model(graph)
+        calibrated = _calibrated_tensors(graph)
         ranges = [
             MethodRanges(method, calibrated, alike.reused(method, calibrated) if alike else {}) for method in methods
         ]
         tensors = list(dict.fromkeys(name for method in ranges for name in method.tensors))
-        passes += _run_pass(tensor_values(model, tensors, data.batches, level=CAPTURE_LEVEL), graph, data, ranges)
+        runs = tensor_values(model, tensors, data.batches, weights=graph.parent, level=CAPTURE_LEVEL)
+        passes += _run_pass(runs, graph, data, ranges)
     maxima, input_means = ChannelMaxima(maxima_of), ChannelMeans({})
     if maxima_of or means:
-        model = graph_without_weights(graph)  # its weights mapped where they lie: no copy of them here
         input_means = ChannelMeans(weight_inputs(model) if means else {})
         tensors = list(dict.fromkeys([*input_means.tensors, *maxima.tensors]))  # the means' first: as they ran
         runs = tensor_values(model, tensors, data.batches, weights=graph.parent, level=probed_level(graph))
@@ -192,14 +192,15 @@ def _histogram_collector(method: str):
     )
 
 
-def _calibration_model(graph: Path) -> tuple[onnx.ModelProto, list[str]]:
-    """`graph` with its shapes inferred, and the tensors ORT's calibrators calibrate on it (their own selection: every
-    float input and output of a quantized op that is not a constant)."""
+def _calibrated_tensors(graph: Path) -> list[str]:
+    """The tensors ORT's calibrators calibrate on `graph` (their own selection: every float input and output of a
+    quantized op that is not a constant).  Their model, which holds the weights, goes before the pass: the pass
+    maps the weights from the graph's files (writing that model's weights out again cost a copy on disk a pass)."""
     from onnxruntime.quantization.calibrate import CalibraterBase
 
     calibrater = CalibraterBase(Path(graph), list(QUANTIZED_OPS))
     tensors, _ = calibrater.select_tensors_to_calibrate(calibrater.model)
-    return calibrater.model, sorted(tensors)
+    return sorted(tensors)
 
 
 def _run_pass(runs: Iterator[Feed], graph: Path, data: CalibrationData, statistics: Sequence[Statistic]) -> int:
