@@ -25,8 +25,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from ..core.errors import PipelineError
 from .artifacts import sha256_file, temporary_name
 from .onnx_wire import (
@@ -122,15 +120,8 @@ def graph_files(graph: Path) -> list[Path]:
 def weight_bytes(model: onnx.ModelProto) -> int:
     """The bytes of the graph's initializers, whether held inside it or in external data (counted from their type
     and dims, so a tensor whose type a conversion changed counts at its new size)."""
-    from onnx.helper import tensor_dtype_to_np_dtype
-
-    total = 0
-    for tensor in model.graph.initializer:
-        if tensor.HasField("raw_data"):
-            total += len(tensor.raw_data)
-        else:  # external, or a typed field (float_data, int64_data, ...): count the values it holds
-            total += int(np.prod(tensor.dims)) * np.dtype(tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
-    return total
+    # External, or a typed field (float_data, int64_data, ...): counted from its type and dims.
+    return sum(len(t.raw_data) if t.HasField("raw_data") else tensor_bytes(t) for t in model.graph.initializer)
 
 
 def save_graph(model: onnx.ModelProto, path: Path, *, scratch: bool = False) -> None:
