@@ -101,11 +101,6 @@ class Alike:
         return {name: known[name] for name in tensors if name not in self.changed and name in known} if known else {}
 
 
-def collect_ranges(graph: Path, data: CalibrationData, method: str):
-    """Run every calibration batch through `graph`; return ORT's TensorsData for `method`."""
-    return collect_statistics(graph, data, (method,)).ranges[method]
-
-
 def collect_statistics(
     graph: Path,
     data: CalibrationData,

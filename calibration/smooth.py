@@ -29,7 +29,6 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..pipeline.evaluation.tensors import tensor_values
 from .readers import Feed
 
 # s is kept within these bounds: a channel that is zero over the whole calibration set (or a weight row of zeros)
@@ -92,14 +91,6 @@ class ChannelMaxima:
             value = np.abs(np.asarray(values[name], dtype=np.float32))
             batch_max = value.reshape(-1, value.shape[-1]).max(axis=0)
             self.maxima[name] = np.maximum(self.maxima[name], batch_max) if name in self.maxima else batch_max
-
-
-def channel_maxima(model: onnx.ModelProto, tensors: list[str], batches: list[Feed]) -> dict[str, np.ndarray]:
-    """max |X_j| over every calibration batch, per channel of each tensor's last axis (ONNX Runtime, CPU)."""
-    maxima = ChannelMaxima(tensors)
-    for feed, values in zip(batches, tensor_values(model, tensors, batches), strict=True):
-        maxima.add(values, len(next(iter(feed.values()))))
-    return maxima.maxima
 
 
 def smoothing_scales(

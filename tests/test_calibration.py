@@ -34,7 +34,7 @@ from trt_pipeline.calibration.qdq_cpu import (
     int8_kernel_counts,
     nodes_without_ranges,
 )
-from trt_pipeline.calibration.ranges import collect_ranges
+from trt_pipeline.calibration.ranges import collect_statistics
 from trt_pipeline.calibration.readers import graph_inputs, read_calibration_data
 from trt_pipeline.models.digits import PREPROCESS, load_split
 from trt_pipeline.models.spec import ImagePreprocess
@@ -328,7 +328,7 @@ def test_image_preprocessing_matches_the_arrays_inference_sees(split, tmp_path):
 
 def test_percentile_and_entropy_clip_what_max_keeps(fp32, train_npy):
     data = read_calibration_data(train_npy, graph_inputs(fp32), PREPROCESS, samples=SAMPLES, batch=BATCH)
-    ranges = {m: collect_ranges(fp32, data, m) for m in ("max", "percentile", "entropy")}
+    ranges = collect_statistics(fp32, data, ("max", "percentile", "entropy")).ranges
     assert set(ranges["max"].keys()) == set(ranges["percentile"].keys()) == set(ranges["entropy"].keys())
     for name in ranges["max"]:
         low, high = ranges["max"][name].range_value
@@ -539,7 +539,7 @@ def test_calibration_data_onnx_runtime_cannot_run_is_a_clear_error(tmp_path):
     np.savez(tmp_path / "calib.npz", x=np.full((8, 4), 50.0, np.float32))
     data = read_calibration_data(tmp_path / "calib.npz", graph_inputs(fp32), None, samples=8, batch=4)
     with pytest.raises(PipelineError, match="could not run model.onnx on calibration batch 0") as caught:
-        collect_ranges(fp32, data, "max")
+        collect_statistics(fp32, data, ("max",))
     assert "within the range the model looks them up in" in str(caught.value.fix)
 
 

@@ -23,7 +23,6 @@ from trt_pipeline.calibration.qdq import quantize_qdq
 from trt_pipeline.calibration.ranges import (
     QUANTIZED_OPS,
     Alike,
-    collect_ranges,
     collect_statistics,
     method_options,
 )
@@ -160,7 +159,6 @@ def test_one_pass_gives_every_method_the_calibrators_own_ranges(model, tmp_path,
         assert _as_cached(collected.ranges[method]) == _as_cached(expected), method
     peaks = {method: collected.ranges[method]["c2"].range_value[1] for method in METHODS}
     assert peaks["percentile"] < peaks["max"]  # the methods do differ on these rows: a comparison that can fail
-    assert _as_cached(collect_ranges(graph, data, "percentile")) == _as_cached(collected.ranges["percentile"])
     if alike is not None:  # six of the smoothed graph's ten calibrated tensors were not measured again
         assert set(alike.reused("max", list(collected.ranges["max"].keys()))) == {"x", "c1", "r1", "c2", "r2", "c3"}
 

@@ -26,7 +26,9 @@ from trt_pipeline.calibration.int8 import (
     make_int8_graph,
 )
 from trt_pipeline.calibration.qdq import qdq_problems, quantize_qdq
-from trt_pipeline.calibration.smooth import channel_maxima, smooth_graph, smoothable, smoothing_scales
+from trt_pipeline.calibration.ranges import collect_statistics
+from trt_pipeline.calibration.readers import CalibrationData
+from trt_pipeline.calibration.smooth import smooth_graph, smoothable, smoothing_scales
 from trt_pipeline.models.spec import DynamicAxis, ModelSpec
 from trt_pipeline.pipeline.core.cpu import int8_cpu_kind
 from trt_pipeline.pipeline.core.errors import PipelineError
@@ -197,7 +199,8 @@ def test_smoothing_is_exact_in_float(bert_int8):
     model = onnx.load(str(bert_int8 / FP32_GRAPH))
     groups = smoothable(model)
     tokens = _tokens(16, seed=4)
-    maxima = channel_maxima(model, list(groups), [tokens])
+    data = CalibrationData([tokens], samples=16, digest="", description="16 rows of tokens")
+    maxima = collect_statistics(bert_int8 / FP32_GRAPH, data, (), maxima_of=list(groups)).maxima
     # A random BERT has no outlier channels (smoothing would leave it as it is): three channels made 30x the rest
     outliers = {tensor: np.concatenate([maximum[:3] * 30, maximum[3:]]) for tensor, maximum in maxima.items()}
     scales = smoothing_scales(model, groups, outliers, 0.5)
