@@ -27,7 +27,7 @@ from trt_pipeline.pipeline.folder.manifest import Manifest
 from trt_pipeline.pipeline.folder.provenance import describe_artifacts
 from trt_pipeline.pipeline.runners import load_runner
 from trt_pipeline.pipeline.runners.device_memory import available_layers, open_device_memory
-from trt_pipeline.pipeline.runners.fastest import Candidate, pick
+from trt_pipeline.pipeline.runners.fastest import Candidate, ranked
 from trt_pipeline.pipeline.runners.tensorrt import built_for, check_gpu_target
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
@@ -291,8 +291,8 @@ def test_auto_picks_the_graph_least_slow_at_its_worst_batch_not_the_fastest_at_o
     fp32 = Candidate(graph_record("fp32"), ("CUDAExecutionProvider",))
     fp16 = Candidate(graph_record("fp16"), ("CUDAExecutionProvider",))
     by_batch = {8: {fp32: 3.53, fp16: 3.63}, 32: {fp32: 8.27, fp16: 6.55}, 1: {fp32: 1.86, fp16: 1.81}}
-    assert pick(by_batch) == fp16
-    assert pick({8: by_batch[8]}) == fp32
+    assert ranked(by_batch) == [fp16, fp32]
+    assert ranked({8: by_batch[8]}) == [fp32, fp16]
 
 
 @pytest.mark.parametrize(

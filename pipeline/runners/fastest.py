@@ -8,7 +8,7 @@ on each provider present) is timed briefly in alternating rounds (so that a slow
 alike), at the profile's opt batch and, while the time budget lasts, at its max and min batches too: one batch is a
 rule of its own (on an H100, ResNet-50's FP32 graph led at batch 8 and trailed its FP16 graph by 26% at 32,
 docs/benchmarks/resnet50-h100-cuda.md).  The candidate served is the one whose time, relative to the fastest at
-each measured batch, is worst least (pick()).  The choice is cached in the folder
+each measured batch, is worst least (ranked()), of those that pass the host check.  The choice is cached in the folder
 (SERVED_CHOICE) keyed by all that decides the speed: the CPU and its instruction sets, the GPU, the onnxruntime
 version, the thread count and the candidates' sha256.  A different key measures again.
 """
@@ -165,11 +165,6 @@ def measure_batches(
         by_batch[batch], rounds = measure(runners, timing_feed(folder, batch))
         first_rounds = first_rounds or rounds
     return by_batch, first_rounds
-
-
-def pick(by_batch: dict[int, dict[Candidate, float]]) -> Candidate:
-    """The candidate whose worst ratio to the fastest at each measured batch is least (ties: the first)."""
-    return ranked(by_batch)[0]
 
 
 def ranked(by_batch: dict[int, dict[Candidate, float]]) -> list[Candidate]:
