@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.scale import read_raw_manifest, source_commit  # noqa: E402
+from benchmarks.scale import read_raw_manifest, run_measured, source_commit  # noqa: E402
 from trt_pipeline.pipeline.bench.environment import describe_environment, physical_cores  # noqa: E402
 from trt_pipeline.pipeline.core.cpu import instruction_sets_text  # noqa: E402
 
@@ -41,15 +40,11 @@ SIGNIFICANT = 6  # digits to which the runs' picks and held-out numbers must agr
 
 def run(command: list[str], cwd: Path, log: Path) -> dict:
     """Run `command` in `cwd` (whose trt_pipeline it imports), its output to `log`: wall and CPU seconds, peak RSS."""
-    with open(log, "w") as output:
-        started = time.perf_counter()
-        process = subprocess.Popen(command, cwd=cwd, stdout=output, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(process.pid, 0)
-        wall = time.perf_counter() - started
-    if os.waitstatus_to_exitcode(status) != 0:
+    measured = run_measured(command, cwd, log)
+    if measured.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed in {cwd}: see {log}")
-    cpu = round(usage.ru_utime + usage.ru_stime, 2)
-    return {"wall_seconds": round(wall, 2), "cpu_seconds": cpu, "peak_rss_gib": round(usage.ru_maxrss / 2**20, 2)}
+    peak_gib = round(measured.peak_rss_bytes / 2**30, 2)
+    return {"wall_seconds": measured.wall_seconds, "cpu_seconds": measured.cpu_seconds, "peak_rss_gib": peak_gib}
 
 
 def build(source: Path, photos: Path, out: Path) -> dict:

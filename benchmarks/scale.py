@@ -123,10 +123,12 @@ class Measured:
     returncode: int
     wall_seconds: float
     peak_rss_bytes: int
+    cpu_seconds: float
 
 
 def run_measured(command: list[str], cwd: Path, log: Path) -> Measured:
-    """Run `command`, its output to `log`; its exit code, wall time and peak RSS (the kernel's, via wait4)."""
+    """Run `command`, its output to `log`; its exit code, wall time, peak RSS and CPU time (the kernel's, via
+    wait4)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "benchmarks")}  # scale_models; cwd puts the pipeline first
     with open(log, "w") as output:
         started = time.perf_counter()
@@ -134,7 +136,8 @@ def run_measured(command: list[str], cwd: Path, log: Path) -> Measured:
         _, status, usage = os.wait4(process.pid, 0)
         wall = time.perf_counter() - started
     process.returncode = os.waitstatus_to_exitcode(status)
-    return Measured(process.returncode, round(wall, 2), usage.ru_maxrss * 1024)  # ru_maxrss is in KiB on Linux
+    cpu = round(usage.ru_utime + usage.ru_stime, 2)
+    return Measured(process.returncode, round(wall, 2), usage.ru_maxrss * 1024, cpu)  # ru_maxrss: KiB on Linux
 
 
 def stage_command(stage: str, member: Member, out: Path) -> list[str]:
