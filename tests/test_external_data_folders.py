@@ -90,7 +90,10 @@ def test_a_graph_written_tensor_by_tensor_is_the_graph_with_its_weights_converte
     monkeypatch.setattr(graph_files, "EXTERNAL_DATA_BYTES", threshold)
     written = tmp_path / "written.onnx"
     write_graph(
-        model, tmp_path, written, convert={"w": lambda raw: np.frombuffer(raw, np.float32).astype(np.float16).tobytes()}
+        model,
+        tmp_path,
+        written,
+        convert={"w": lambda raw, start: np.frombuffer(raw, np.float32).astype(np.float16).tobytes()},
     )
     assert (tmp_path / "written.onnx.data").is_file() == (threshold == 0)
     loaded = onnx.load(str(written))

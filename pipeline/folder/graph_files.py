@@ -148,12 +148,20 @@ def save_graph(model: onnx.ModelProto, path: Path, *, scratch: bool = False) -> 
     )
 
 
-def write_graph(model: onnx.ModelProto, base: Path, path: Path, convert: dict[str, Convert] | None = None) -> None:
+def write_graph(
+    model: onnx.ModelProto,
+    base: Path,
+    path: Path,
+    convert: dict[str, Convert] | None = None,
+    *,
+    scratch: bool = False,
+) -> None:
     """Write `model`, whose large tensors are external references to files under `base` (graph_without_weights,
     then changed), at `path` as this module's rule says: one file up to EXTERNAL_DATA_BYTES of weights, else the
-    graph and `<graph>.data`.  Each tensor is copied from where it lies a block at a time; one named in `convert`
-    (an initializer whose type the caller changed: float32 to float16) is read whole and written as its function
-    returns it.  One tensor in memory at a time, never the model's weights."""
+    graph and `<graph>.data`; scratch: with its data file whatever its size (save_graph says why).  Each tensor is
+    copied from where it lies a block at a time; one named in `convert` (an initializer whose values the caller
+    changed: float32 to float16, weight rows smoothed) is written as its function returns each block.  A block in
+    memory at a time, never the model's weights."""
     import onnx
     from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
@@ -161,11 +169,12 @@ def write_graph(model: onnx.ModelProto, base: Path, path: Path, convert: dict[st
     external = [tensor for tensor in _get_all_tensors(model) if uses_external_data(tensor)]
     if len(external) > sum(uses_external_data(tensor) for tensor in model.graph.initializer):
         _load_into(model, external, base, convert)  # external tensors in subgraphs or nodes: no exporter writes them
-        save_graph(model, path)
-    elif weight_bytes(model) <= EXTERNAL_DATA_BYTES:
+        save_graph(model, path, scratch=scratch)
+    elif not scratch and weight_bytes(model) <= EXTERNAL_DATA_BYTES:
         write_inline(model, base, path, convert)
     else:
-        _write_data_file(external, base, path, convert)
+        if external:  # a graph with no large tensor has no data file to write
+            _write_data_file(external, base, path, convert)
         onnx.save(model, str(path))
 
 
@@ -175,7 +184,7 @@ def _load_into(model: onnx.ModelProto, tensors: list, base: Path, convert: dict[
         function = convert.get(tensor.name)
         del tensor.external_data[:]
         tensor.data_location = 0  # TensorProto.DEFAULT
-        tensor.raw_data = function(raw) if function is not None else raw
+        tensor.raw_data = function(raw, 0) if function is not None else raw
 
 
 def _write_data_file(tensors: list, base: Path, path: Path, convert: dict[str, Convert]) -> None:

@@ -4,7 +4,7 @@ Parsing a graph of one file holds its weights twice (the file's bytes and the me
 twice again.  The graph's initializers are fields of the GraphProto inside the ModelProto, each a TensorProto whose
 raw_data is one length-delimited field: this module skips that field when reading (`without_weights`, which can say
 where each skipped field lies in the file) and copies it block by block from where it lies when writing a graph of
-one file (`write_inline`; a tensor may be converted on the way, one tensor in memory at a time).  Only the main
+one file (`write_inline`; a tensor may be converted on the way, a block at a time).  Only the main
 graph's initializers are touched; everything else is copied as it is.
 """
 
@@ -38,9 +38,9 @@ class Span:
     length: int
 
 
-# Converts a tensor's bytes element by element (float32 to float16): applied a block at a time, so that a tensor of
-# any size is converted in bounded memory.
-Convert = Callable[[bytes], bytes]
+# Converts a tensor's bytes (float32 to float16, weight rows scaled): applied a block at a time, so that a tensor of
+# any size is converted in bounded memory; the second argument is where the block starts in the tensor, in bytes.
+Convert = Callable[[bytes, int], bytes]
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ def _fields(data: Data, start: int, end: int) -> Iterator[tuple[int, Data]]:
 def write_inline(model: onnx.ModelProto, base: Path, path: Path, convert: dict[str, Convert] | None = None) -> None:
     """Write `model` (loaded without its external data, which lives in files under `base`) at `path` as one file,
     each initializer's data copied into it from where it lies a block at a time; an initializer named in `convert`
-    is read whole and written as its function returns it, sized as the tensor's data type and dims say."""
+    is written as its function returns each block, sized as the tensor's data type and dims say."""
     from onnx.external_data_helper import uses_external_data
 
     def tensor(data: Data, start: int, end: int) -> list[Part]:
@@ -180,7 +180,7 @@ def write_part(part: Span | Converted, out) -> int:
     with open(part.source.path, "rb") as source:
         source.seek(part.source.offset)
         for start in range(0, part.source.length, _BLOCK):
-            block = part.convert(source.read(min(_BLOCK, part.source.length - start)))
+            block = part.convert(source.read(min(_BLOCK, part.source.length - start)), start)
             out.write(block)
             written += len(block)
     if written != part.length:

@@ -226,7 +226,8 @@ def to_float16(values: np.ndarray) -> np.ndarray:
     return converted
 
 
-def _float16_bytes(data: bytes) -> bytes:
+def _float16_bytes(data: bytes, start: int) -> bytes:
+    """A block of float32 weights as float16 ones: element by element, wherever the block starts."""
     return to_float16(np.frombuffer(data, dtype=np.float32)).tobytes()
 
 
