@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..pipeline.folder.graph_files import save_graph
+from ..pipeline.folder.graph_files import graph_without_weights, write_graph
 from .readers import Feed
 
 CORRECTED_OPS = ("Conv", "Gemm", "MatMul")  # a MatMul's bias is the constant of the one Add reading its output
@@ -42,12 +42,14 @@ def correct_biases(
     but for the ops named in `skip` (kept in float: they round nothing); return {"ops": how many, "largest": the
     largest |correction|}.  quantized_out: also write `quantized` there with the same corrected biases, where it
     keeps its biases float (TensorRT's): the graph quantize_qdq makes of the corrected one (the same weights,
-    the same ranges), without quantizing every weight again."""
-    model = onnx.load(str(calibrated))
+    the same ranges), without quantizing every weight again.  Both graphs' weights stay on disk: each is read when
+    its op is corrected, and copied as the graphs are written."""
+    calibrated, quantized = Path(calibrated), Path(quantized)
+    model = graph_without_weights(calibrated)
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
-    qdq = onnx.load(str(quantized))
-    rounded = DequantizedWeights(qdq)
+    qdq = graph_without_weights(quantized)
+    rounded = DequantizedWeights(qdq, quantized.parent)
     readers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         for name in node.input:
@@ -59,15 +61,16 @@ def correct_biases(
             continue
         if not _correctable(node, initializers, rounded):
             continue
-        weight = numpy_helper.to_array(initializers[node.input[1]]).astype(np.float64)
-        shift = _output_shift(node, rounded[node.input[1]] - weight, means[node.input[0]])
+        error = rounded[node.input[1]]
+        error -= _array(initializers[node.input[1]], calibrated.parent)  # in place: one weight's float64 copies
+        shift = _output_shift(node, error, means[node.input[0]])
         largest = max(largest, float(np.abs(shift).max()))
-        _add_to_bias(graph, *slot, node.input[1], initializers, readers, -shift)
+        _add_to_bias(graph, *slot, node.input[1], initializers, readers, -shift, calibrated.parent)
         slots.append(slot)
-    if quantized_out is not None:  # before `model` is saved: saving moves its tensors' bytes into its data file
+    if quantized_out is not None:  # before `model` is written: writing points its tensors at its own data file
         _copy_biases(slots, initializers, qdq.graph)
-        save_graph(qdq, quantized_out, scratch=True)
-    save_graph(model, out_path, scratch=True)
+        write_graph(qdq, quantized.parent, quantized_out, scratch=True)
+    write_graph(model, calibrated.parent, out_path, scratch=True)
     return {"ops": len(slots), "largest": round(largest, 6)}
 
 
@@ -131,10 +134,12 @@ def _copy_biases(slots: list[tuple[onnx.NodeProto, int]], initializers: dict, qd
 class DequantizedWeights:
     """{FP32 weight name: its int8 value times its scales}, read from the Q/DQ graph's weight DequantizeLinears
     (ONNX Runtime names the int8 initializer `<weight>_quantized`; a quantized bias lands here too, unread), each
-    computed when asked for: all of them at once, in float64, held twice the FP32 weights' bytes."""
+    computed when asked for, from `qdq` or from the files under `base` it references (graph_without_weights): all
+    of them at once, in float64, would hold twice the FP32 weights' bytes."""
 
-    def __init__(self, qdq: onnx.ModelProto) -> None:
+    def __init__(self, qdq: onnx.ModelProto, base: Path) -> None:
         self._initializers = {init.name: init for init in qdq.graph.initializer}
+        self._base = base
         self._nodes = {
             node.input[0].removesuffix("_quantized"): node
             for node in qdq.graph.node
@@ -145,17 +150,19 @@ class DequantizedWeights:
         return weight in self._nodes
 
     def __getitem__(self, weight: str) -> np.ndarray:
-        node, initializers = self._nodes[weight], self._initializers
-        values = numpy_helper.to_array(initializers[node.input[0]]).astype(np.float64)
-        scale = numpy_helper.to_array(initializers[node.input[1]]).astype(np.float64)
+        node, initializers, base = self._nodes[weight], self._initializers, self._base
+        values = _array(initializers[node.input[0]], base)
+        scale = _array(initializers[node.input[1]], base)
         zero = initializers.get(node.input[2]) if len(node.input) > 2 else None  # the CPU graphs' uint8 weights
-        zero_point = numpy_helper.to_array(zero).astype(np.float64) if zero is not None else np.zeros(1)
+        zero_point = _array(zero, base) if zero is not None else np.zeros(1)
         axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
         if scale.size > 1:
             shape = [1] * values.ndim
             shape[axis] = -1
             scale, zero_point = scale.reshape(shape), zero_point.reshape(shape if zero_point.size > 1 else (1,))
-        return (values - zero_point) * scale
+        values -= zero_point
+        values *= scale
+        return values
 
 
 def _correctable(node: onnx.NodeProto, initializers: dict, rounded: DequantizedWeights) -> bool:
@@ -207,19 +214,26 @@ def _add_to_bias(
     initializers: dict,
     readers: dict,
     delta: np.ndarray,
+    base: Path,
 ) -> None:
     """holder.input[index] (the bias) += delta: in place where nothing else reads it, else (or where the op has
-    none) as a new initializer named after the `weight`."""
+    none) as a new initializer named after the `weight`; either way held in the graph (a bias on disk is read from
+    under `base`)."""
     bias = holder.input[index] if len(holder.input) > index and holder.input[index] else None
     if bias is not None and len(readers.get(bias, [])) == 1:
-        updated = numpy_helper.to_array(initializers[bias]).astype(np.float64) + delta
+        updated = _array(initializers[bias], base) + delta
         initializers[bias].CopyFrom(numpy_helper.from_array(updated.astype(np.float32), bias))
         return
-    base = numpy_helper.to_array(initializers[bias]).astype(np.float64) if bias is not None else 0.0
+    before = _array(initializers[bias], base) if bias is not None else 0.0
     name = f"{weight}_corrected_bias"
-    graph.initializer.append(numpy_helper.from_array((base + delta).astype(np.float32), name))
+    graph.initializer.append(numpy_helper.from_array((before + delta).astype(np.float32), name))
     initializers[name] = graph.initializer[-1]
     if len(holder.input) > index:  # an empty name there means no bias: replaced all the same
         holder.input[index] = name
     else:
         holder.input.append(name)
+
+
+def _array(tensor: onnx.TensorProto, base: Path) -> np.ndarray:
+    """A constant's values in float64, read from the graph or from its file under `base` (graph_without_weights)."""
+    return numpy_helper.to_array(tensor, str(base)).astype(np.float64)

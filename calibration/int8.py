@@ -39,7 +39,7 @@ from ..pipeline.evaluation import node_tolerance
 from ..pipeline.evaluation.agreement import Judge
 from ..pipeline.evaluation.layers import compare_layers, first_past
 from ..pipeline.folder.artifacts import write_npz
-from ..pipeline.folder.graph_files import copy_graph, graph_digest, graph_without_weights, save_graph
+from ..pipeline.folder.graph_files import copy_graph, graph_digest, graph_without_weights, write_graph
 from ..pipeline.folder.layout import CACHE_FOLDER, SAMPLE, graph_record
 from ..pipeline.folder.records import CalibrationSplit, RowsAgreement
 from .bias import correct_biases
@@ -484,7 +484,7 @@ def _fit_smoothings(
     unsmoothed = {m: e.lookup.ranges or fitted[None].ranges[m] for m, e in by_alpha.get(None, {}).items()}
     for alpha, entries in by_alpha.items():
         if alpha is not None:
-            scales = _scales(model, groups, maxima, alpha, _hit(entries))
+            scales = _scales(model, groups, maxima, alpha, _hit(entries), fp32_path.parent)
             changed = smoothed_tensors(model, scales)
             alike = Alike(unsmoothed, changed) if changed is not None else None
             fitted[alpha] = _fitted(fp32_path, fit, scales, entries, scratch / f"alpha-{alpha:g}", alike=alike)
@@ -501,12 +501,18 @@ def _hit(entries: dict[str, _Cached]) -> CacheLookup | None:
 
 
 def _scales(
-    model: onnx.ModelProto, groups: dict, maxima: dict[str, np.ndarray], alpha: float, hit: CacheLookup | None
+    model: onnx.ModelProto,
+    groups: dict,
+    maxima: dict[str, np.ndarray],
+    alpha: float,
+    hit: CacheLookup | None,
+    base: Path,
 ) -> dict[str, np.ndarray]:
-    """A smoothing alpha's scales: the cache's where it has the alpha, else from the unsmoothed graph's maxima."""
+    """A smoothing alpha's scales: the cache's where it has the alpha, else from the unsmoothed graph's maxima and
+    the weights (`model`'s, on disk under `base`)."""
     if hit is not None:
         return hit.smoothing or {}
-    return smoothing_scales(model, groups, maxima, alpha) if groups else {}
+    return smoothing_scales(model, groups, maxima, alpha, base) if groups else {}
 
 
 def _fitted(
@@ -720,17 +726,19 @@ def calibrated_graph(fp32_path: Path, scales: dict[str, np.ndarray], out_path: P
     """The graph calibration runs on and every quantization starts from (the stage, a budget's trials, from a
     cache's scales too): the FP32 graph with its Constant nodes as initializers (qdq.constants_as_initializers)
     and smoothed with `scales` (calibration/smooth.py), written to `out_path`; the FP32 file itself where that
-    changes nothing."""
-    model = onnx.load(str(fp32_path))
+    changes nothing.  The weights stay on disk: each is copied, or smoothed, as it is written."""
+    model = graph_without_weights(fp32_path)
     if not constants_as_initializers(model.graph) and not scales:
         return fp32_path
-    save_graph(smooth_graph(model, scales), out_path, scratch=True)
+    smoothed, on_disk = smooth_graph(model, scales)
+    write_graph(smoothed, fp32_path.parent, out_path, convert=on_disk, scratch=True)
     return out_path
 
 
 def _quantizable_model(fp32_path: Path) -> onnx.ModelProto:
-    """The FP32 graph as calibrated_graph starts it: its weights all initializers, so smoothing finds them all."""
-    model = onnx.load(str(fp32_path))
+    """The FP32 graph as calibrated_graph starts it, its weights left on disk (graph_without_weights): its constants
+    all initializers, so smoothing finds them all."""
+    model = graph_without_weights(fp32_path)
     constants_as_initializers(model.graph)
     return model
 

@@ -24,11 +24,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+from onnx.external_data_helper import uses_external_data
 
+from ..pipeline.folder.onnx_wire import Convert
 from .readers import Feed
 
 # s is kept within these bounds: a channel that is zero over the whole calibration set (or a weight row of zeros)
@@ -94,14 +97,22 @@ class ChannelMaxima:
 
 
 def smoothing_scales(
-    model: onnx.ModelProto, groups: dict[str, list[Consumer]], maxima: dict[str, np.ndarray], alpha: float
+    model: onnx.ModelProto,
+    groups: dict[str, list[Consumer]],
+    maxima: dict[str, np.ndarray],
+    alpha: float,
+    base: Path = Path(),
 ) -> dict[str, np.ndarray]:
     """s per tensor: max|X_j|^alpha / max|W_j|^(1 - alpha), W_j over every consumer's row j, within SCALE_BOUNDS,
-    max|X_j| no lower than QUIET_FLOOR times the median channel's."""
-    arrays = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
+    max|X_j| no lower than QUIET_FLOOR times the median channel's.  The weights are read one at a time, from
+    `model` or, for those it references (graph_without_weights), from their files under `base`."""
+    initializers = {init.name: init for init in model.graph.initializer}
     scales = {}
     for tensor, consumers in groups.items():
-        rows = [np.abs(arrays[c.weight]).max(axis=1 - c.rows_axis) for c in consumers]
+        rows = [
+            np.abs(numpy_helper.to_array(initializers[c.weight], str(base))).max(axis=1 - c.rows_axis)
+            for c in consumers
+        ]
         weight_max = np.max(np.stack(rows), axis=0).astype(np.float64)
         activation_max = maxima[tensor].astype(np.float64)
         activation_max = np.maximum(activation_max, QUIET_FLOOR * np.median(activation_max))
@@ -110,13 +121,16 @@ def smoothing_scales(
     return scales
 
 
-def smooth_graph(model: onnx.ModelProto, scales: dict[str, np.ndarray]) -> onnx.ModelProto:
+def smooth_graph(model: onnx.ModelProto, scales: dict[str, np.ndarray]) -> tuple[onnx.ModelProto, dict[str, Convert]]:
     """A copy of `model` with each tensor X of `scales` divided by s (one Mul feeding its MatMul/Gemm consumers)
-    and those consumers' weight rows multiplied by s.  Equal to `model` in exact arithmetic."""
+    and those consumers' weight rows multiplied by s (equal to `model` in exact arithmetic), and {weight: its
+    scaling} for the weights it references on disk (graph_without_weights), to apply as they are written
+    (graph_files.write_graph): those are not read here.  The weights held in `model` are scaled in the copy."""
     smoothed = onnx.ModelProto()
     smoothed.CopyFrom(model)
     graph = smoothed.graph
     groups = smoothable(smoothed)
+    on_disk: dict[str, Convert] = {}
     initializers = {init.name: init for init in graph.initializer}
     uses: dict[str, int] = defaultdict(int)
     for node in graph.node:
@@ -134,7 +148,7 @@ def smooth_graph(model: onnx.ModelProto, scales: dict[str, np.ndarray]) -> onnx.
         for consumer in consumers:
             node = graph.node[consumer.index]
             node.input[0] = divided
-            node.input[1] = _scaled_weight(graph, initializers, uses, consumer, s, taken)
+            node.input[1] = _scaled_weight(graph, initializers, uses, consumer, s, taken, on_disk)
         inserted[min(c.index for c in consumers)] = mul
     ordered = []
     for index, original in enumerate(graph.node):
@@ -143,7 +157,7 @@ def smooth_graph(model: onnx.ModelProto, scales: dict[str, np.ndarray]) -> onnx.
         ordered[-1].CopyFrom(original)  # copied: clearing the list below detaches its elements
     del graph.node[:]
     graph.node.extend(ordered)
-    return smoothed
+    return smoothed, on_disk
 
 
 def smoothed_tensors(model: onnx.ModelProto, scales: dict[str, np.ndarray]) -> set[str] | None:
@@ -182,18 +196,36 @@ def smoothing_record(groups: dict[str, list[Consumer]], scales: dict[str, np.nda
     }
 
 
-def _scaled_weight(graph, initializers, uses, consumer: Consumer, s: np.ndarray, taken: set[str]) -> str:
-    """The weight's input rows times s: in place when this node is its only reader, else as a new initializer."""
-    weight = numpy_helper.to_array(initializers[consumer.weight])
-    shape = (-1, 1) if consumer.rows_axis == 0 else (1, -1)
-    scaled = (weight.astype(np.float32) * s.reshape(shape)).astype(weight.dtype)
-    if uses[consumer.weight] == 1:
-        initializers[consumer.weight].CopyFrom(numpy_helper.from_array(scaled, consumer.weight))
-        return consumer.weight
-    name = _unique(f"{consumer.weight}_smoothed", taken)
-    graph.initializer.append(numpy_helper.from_array(scaled, name))
-    uses[consumer.weight] -= 1
+def _scaled_weight(
+    graph, initializers, uses, consumer: Consumer, s: np.ndarray, taken: set[str], on_disk: dict[str, Convert]
+) -> str:
+    """The weight's input rows times s: in place when this node is its only reader, else as a new initializer (on
+    disk: a reference to the same bytes, scaled as written, by `on_disk`)."""
+    target = initializers[consumer.weight]
+    if uses[consumer.weight] > 1:  # other nodes read it as it is: this one gets a copy
+        uses[consumer.weight] -= 1
+        graph.initializer.append(target)
+        target = graph.initializer[-1]
+        target.name = _unique(f"{consumer.weight}_smoothed", taken)
+    name, dims = target.name, tuple(target.dims)
+    if uses_external_data(target):
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(target.data_type))
+        on_disk[name] = lambda raw, start: _rows_times(
+            np.frombuffer(raw, dtype), start // dtype.itemsize, s, consumer.rows_axis, dims
+        ).tobytes()
+    else:
+        values = numpy_helper.to_array(target)
+        scaled = _rows_times(values.reshape(-1), 0, s, consumer.rows_axis, dims).reshape(dims)
+        target.CopyFrom(numpy_helper.from_array(scaled, name))
     return name
+
+
+def _rows_times(values: np.ndarray, first: int, s: np.ndarray, rows_axis: int, dims: tuple[int, ...]) -> np.ndarray:
+    """A run of a 2-D weight's elements (row-major, from element `first`: a block of a large one) with each times the
+    s of its input row (the weight's `rows_axis`), in the weight's own type."""
+    index = np.arange(first, first + values.size)
+    rows = index // dims[1] if rows_axis == 0 else index % dims[1]
+    return (values.astype(np.float32) * s[rows]).astype(values.dtype)
 
 
 def _unique(name: str, taken: set[str]) -> str:

@@ -206,7 +206,8 @@ def test_smoothing_is_exact_in_float(bert_int8):
     scales = smoothing_scales(model, groups, outliers, 0.5)
     assert max(len(consumers) for consumers in groups.values()) == 3  # Q, K and V read one LayerNorm output
     assert any(s.max() / s.min() > 2 for s in scales.values())  # a real change of the weights, not s = 1
-    smoothed = smooth_graph(model, scales)
+    smoothed, on_disk = smooth_graph(model, scales)
+    assert on_disk == {}  # every weight held in the graph: scaled there
     muls = [node for node in smoothed.graph.node if node.name.endswith("_smooth")]
     assert len(muls) == len(groups) == len(scales)
     expected = onnxruntime_session(model.SerializeToString()).run(None, tokens)[0]
