@@ -39,7 +39,7 @@ from ..pipeline.evaluation import node_tolerance
 from ..pipeline.evaluation.agreement import Judge
 from ..pipeline.evaluation.layers import compare_layers, first_past
 from ..pipeline.folder.artifacts import write_npz
-from ..pipeline.folder.graph_files import copy_graph, graph_digest, graph_without_weights, write_graph
+from ..pipeline.folder.graph_files import copy_graph, data_files, graph_digest, graph_without_weights, write_graph
 from ..pipeline.folder.layout import CACHE_FOLDER, SAMPLE, graph_record
 from ..pipeline.folder.records import CalibrationSplit, RowsAgreement
 from .bias import correct_biases
@@ -725,10 +725,13 @@ def calibration_sample(folder: Path) -> dict[str, np.ndarray] | None:
 def calibrated_graph(fp32_path: Path, scales: dict[str, np.ndarray], out_path: Path) -> Path:
     """The graph calibration runs on and every quantization starts from (the stage, a budget's trials, from a
     cache's scales too): the FP32 graph with its Constant nodes as initializers (qdq.constants_as_initializers)
-    and smoothed with `scales` (calibration/smooth.py), written to `out_path`; the FP32 file itself where that
-    changes nothing.  The weights stay on disk: each is copied, or smoothed, as it is written."""
+    and smoothed with `scales` (calibration/smooth.py), written to `out_path` with its data file; the FP32 file
+    itself where that changes nothing and it has a data file already.  The weights stay on disk: each is copied, or
+    smoothed, as it is written.  Why the data file: ONNX Runtime's quantizer loads every graph it is given whole,
+    and a graph of one file it holds twice while it parses it (the file's bytes and the message: the INT8 stage's
+    peak at 1.2 GB of weights, 3.9 GB)."""
     model = graph_without_weights(fp32_path)
-    if not constants_as_initializers(model.graph) and not scales:
+    if not constants_as_initializers(model.graph) and not scales and data_files(fp32_path):
         return fp32_path
     smoothed, on_disk = smooth_graph(model, scales)
     write_graph(smoothed, fp32_path.parent, out_path, convert=on_disk, scratch=True)
