@@ -22,7 +22,6 @@ make_int8_graph composes the steps, each a function from typed values to a typed
 from __future__ import annotations
 
 import contextlib
-import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,7 +37,7 @@ from ..pipeline.core.settings import DEFAULTS
 from ..pipeline.evaluation import node_tolerance
 from ..pipeline.evaluation.agreement import Judge
 from ..pipeline.evaluation.layers import compare_layers, first_past
-from ..pipeline.folder.artifacts import write_npz
+from ..pipeline.folder.artifacts import scratch_folder, write_npz
 from ..pipeline.folder.graph_files import copy_graph, data_files, graph_digest, graph_without_weights, write_graph
 from ..pipeline.folder.layout import CACHE_FOLDER, SAMPLE, graph_record
 from ..pipeline.folder.records import CalibrationSplit, RowsAgreement
@@ -269,11 +268,11 @@ def make_int8_graph(
     """Calibrate (or reuse cached ranges) and write the Q/DQ graph (and the CPU-shaped ones to `cpu_out_paths`,
     by kind of CPU, when given).  Several candidates (config.methods x config.smooth_alphas), a `judge` and
     held-out rows: each candidate is built and judged on the held-out rows, the best kept.  scratch: where the
-    candidates' graphs go (kept by the caller, for the result's chosen candidate); by default a folder removed on
-    return."""
+    candidates' graphs go (kept by the caller, for the result's chosen candidate); by default a folder beside
+    `out_path`, removed on return (artifacts.scratch_folder says why there)."""
     parts = read_calibration(fp32_path, source, preprocess, config, cache_folder)
     with contextlib.ExitStack() as stack:
-        scratch = scratch or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="int8.")))
+        scratch = scratch or stack.enter_context(scratch_folder(out_path, "int8-scratch"))
         candidates = build_candidates(fp32_path, parts, config, cache_folder, scratch, judged=judge is not None)
         search = judge_candidates(candidates, parts, judge)
         search = search_float(search, parts, config, judge, scratch / "float")

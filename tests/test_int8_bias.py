@@ -64,3 +64,28 @@ def test_bias_correction_removes_the_shift_weight_rounding_adds_and_is_kept_by_h
     for graph in cpu.values():  # ONNX Runtime's int8 kernels, each graph corrected for its own weights' rounding
         served = onnxruntime_session(graph).run(None, unseen)[0]
         assert abs(float((served - expected)[:, :, 1:-1, 1:-1].mean())) < lost / 10, graph.name
+
+
+def test_the_candidates_graphs_are_written_beside_the_int8_graph_and_removed_after(tmp_path):
+    """The INT8 stage's scratch graphs (copies of the weights, several) go in a temporary folder beside the graphs it
+    writes, on the disk the user gave them, not in the system's /tmp (memory, on some systems), and are gone after."""
+    fp32, out = tmp_path / "model.onnx", tmp_path / "folder" / "model.int8.onnx"
+    _depthwise_graph(fp32)
+    np.save(tmp_path / "calibration.npy", _rows(0, 64))
+    judge, judged = int8_judge(fp32), []
+
+    def recording_judge(graph, rows):
+        judged.append(graph)
+        return judge(graph, rows)
+
+    make_int8_graph(
+        fp32,
+        out,
+        tmp_path / "calibration.npy",
+        preprocess=None,
+        config=CalibrationConfig(("max",), 64, 16),
+        cache_folder=tmp_path / "calibration",
+        judge=recording_judge,
+    )
+    assert judged and all(graph.is_relative_to(out.parent) for graph in judged), judged
+    assert sorted(path.name for path in out.parent.iterdir()) == ["model.int8.onnx"]

@@ -44,6 +44,21 @@ def atomic_path(final: Path) -> Iterator[Path]:
         temporary.unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def scratch_folder(beside: Path, name: str) -> Iterator[Path]:
+    """A folder for a stage's intermediate files, named as this process's temporaries in `beside`'s folder (a killed
+    run's is removed by the next build), removed on exit.  Beside the artifacts, not in the system's temporary
+    folder: the INT8 stage's scratch graphs are copies of the model's weights, several of them, and belong on the
+    disk the user gave the graphs, not in a /tmp that may be memory (a tmpfs, the default of several Linux
+    distributions) or too small for them."""
+    folder = Path(beside).parent / temporary_name(Path(beside).parent / name)
+    folder.mkdir(parents=True)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def temporary_name(final: Path) -> str:
     """The name a file (or a graph's private folder, graph_files.atomic_graph) has while this process writes it."""
     return f".{Path(final).name}.{os.getpid()}.tmp"

@@ -18,7 +18,6 @@ the graphs in its accuracy/ subfolder.
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -40,7 +39,7 @@ from ..core.precision import Precision
 from ..core.settings import CALIB_METHODS, Settings, mention
 from ..evaluation import evaluation_session
 from ..evaluation.agreement import int8_judge
-from ..folder.artifacts import write_bytes, write_json
+from ..folder.artifacts import scratch_folder, write_bytes, write_json
 from ..folder.layout import CPU_TARGETS, FP32_GRAPH, REFERENCE, graph_record
 from ..folder.records import GraphRecord
 from ..stages.fp16 import make_fp16_graph
@@ -189,7 +188,7 @@ def _int8(
     # The graphs ONNX Runtime's CPU runs in int8, one per kind of CPU; the row is the one this CPU serves.
     cpu_paths = {kind: cpu_graph_path(folder, method, kind) for kind in CPU_TARGETS}
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="int8.") as scratch:
+    with scratch_folder(path, "int8-scratch") as scratch:
         result = make_int8_graph(
             fp32,
             path,
@@ -199,7 +198,7 @@ def _int8(
             cache_folder=folder / CACHE_FOLDER,
             cpu_out_paths=cpu_paths,
             judge=int8_judge(fp32),  # SMOOTH=auto picks as make engine does
-            scratch=Path(scratch),
+            scratch=scratch,
         )
         record = {**result.calibration, "int8_stage_seconds": round(time.perf_counter() - started, 3)}
         print(f"int8 {method:<10} {result.summary}")
