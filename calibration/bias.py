@@ -32,18 +32,19 @@ def correct_biases(
     calibrated: Path,
     quantized: Path,
     means: dict[str, np.ndarray],
-    out_path: Path,
+    out_path: Path | None = None,
     *,
     skip: tuple[str, ...] = (),
     quantized_out: Path | None = None,
 ) -> dict:
-    """Write `calibrated` with each Conv/Gemm/MatMul's bias corrected for the int8 rounding of its weight in
-    `quantized` (a Q/DQ graph made from `calibrated`: TensorRT's or a CPU graph) given `means` (ChannelMeans),
-    but for the ops named in `skip` (kept in float: they round nothing); return {"ops": how many, "largest": the
-    largest |correction|}.  quantized_out: also write `quantized` there with the same corrected biases, where it
-    keeps its biases float (TensorRT's): the graph quantize_qdq makes of the corrected one (the same weights,
-    the same ranges), without quantizing every weight again.  Both graphs' weights stay on disk: each is read when
-    its op is corrected, and copied as the graphs are written."""
+    """Write `calibrated` to `out_path` with each Conv/Gemm/MatMul's bias corrected for the int8 rounding of its
+    weight in `quantized` (a Q/DQ graph made from `calibrated`: TensorRT's or a CPU graph) given `means`
+    (ChannelMeans), but for the ops named in `skip` (kept in float: they round nothing); return {"ops": how many,
+    "largest": the largest |correction|}.  quantized_out: write `quantized` there with the same corrected biases,
+    where it keeps its biases float (TensorRT's): the graph quantize_qdq makes of the corrected one (the same
+    weights, the same ranges), without quantizing every weight again; with it alone (no `out_path`), no FP32 copy
+    is written.  Both graphs' weights stay on disk: each is read when its op is corrected, and copied as the
+    graphs are written."""
     calibrated, quantized = Path(calibrated), Path(quantized)
     model = graph_without_weights(calibrated)
     graph = model.graph
@@ -70,7 +71,8 @@ def correct_biases(
     if quantized_out is not None:  # before `model` is written: writing points its tensors at its own data file
         _copy_biases(slots, initializers, qdq.graph)
         write_graph(qdq, quantized.parent, quantized_out, scratch=True)
-    write_graph(model, calibrated.parent, out_path, scratch=True)
+    if out_path is not None:
+        write_graph(model, calibrated.parent, out_path, scratch=True)
     return {"ops": len(slots), "largest": round(largest, 6)}
 
 

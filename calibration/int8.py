@@ -326,7 +326,7 @@ def judge_candidates(candidates: tuple[Candidate, ...], parts: CalibrationParts,
     if judge is not None and parts.held_out is not None:
         held_out = parts.held_out.batches
         tried = tuple(_correct_biases(candidate, held_out, judge, candidate.qdq.parent) for candidate in candidates)
-    chosen = min(tried, key=lambda c: c.held_out.error_mean if c.held_out else 0.0)
+    chosen = _with_corrected_graph(min(tried, key=lambda c: c.held_out.error_mean if c.held_out else 0.0))
     macs = macs_by_op(*compute_shapes(chosen.calibrated, {k: v[:1] for k, v in parts.fit.batches[0].items()}))
     return Search(tried, chosen, chosen.means if chosen.held_out else None, macs)
 
@@ -582,11 +582,12 @@ def _correct_biases(
     judge: Judge,
     scratch: Path,
 ) -> Candidate:
-    """The candidate judged on the held-out rows, with its Conv/Gemm/MatMul biases corrected for the rounding of
-    their weights where that lowers the held-out error (calibration/bias.py, same ranges, same weights), and the
-    record of both errors."""
+    """The candidate judged on the held-out rows, with its Q/DQ graph's Conv/Gemm/MatMul biases corrected for the
+    rounding of their weights where that lowers the held-out error (calibration/bias.py, same ranges, same
+    weights; its FP32 graph's are corrected once it is kept: _with_corrected_graph), and the record of both
+    errors."""
     judged = judge(candidate.qdq, held_out)
-    corrected, qdq, structure, correction = _quantized(candidate, (), candidate.means, scratch / "bias")
+    qdq, structure, correction = _quantized(candidate, (), candidate.means, scratch / "bias")
     agreement = judge(qdq, held_out)
     kept = agreement.error_mean < judged.error_mean
     record = {
@@ -598,35 +599,39 @@ def _correct_biases(
     }
     if not kept:
         return replace(candidate, held_out=judged, bias_correction=record)
-    return replace(
-        candidate,
-        calibrated=corrected,
-        qdq=qdq,
-        structure=structure,
-        held_out=agreement,
-        uncorrected=candidate.calibrated,
-        bias_correction=record,
-    )
+    return replace(candidate, qdq=qdq, structure=structure, held_out=agreement, bias_correction=record)
+
+
+def _with_corrected_graph(candidate: Candidate) -> Candidate:
+    """The candidate with its FP32 graph's biases corrected as its Q/DQ graph's are, where they are (the CPU graphs
+    and the float search are made from it).  Written for the kept candidate alone: judging corrects the Q/DQ graphs
+    only, and a copy of the FP32 weights per candidate was most of what judging wrote (their int8 rounding is read
+    from the corrected Q/DQ graph: its weights are the candidate's)."""
+    if not candidate.bias_correction or not candidate.bias_correction["kept"]:
+        return candidate
+    corrected = candidate.qdq.with_name("model.calibrated.onnx")
+    correct_biases(candidate.calibrated, candidate.qdq, candidate.means, corrected)
+    return replace(candidate, calibrated=corrected, uncorrected=candidate.calibrated)
 
 
 def _quantized(
     candidate: Candidate, exclude: tuple[str, ...], means: dict[str, np.ndarray] | None, scratch: Path
-) -> tuple[Path, Path, dict, dict | None]:
-    """(FP32 graph, Q/DQ graph, its structure, the bias correction's record) for the candidate's FP32 graph (before
-    any correction) with the ops in `exclude` left in float, written in `scratch`; with `means`
-    (the candidate's), its biases corrected for the rounding of the weights it quantizes, which are the
-    candidate's Q/DQ graph's (the same weights, the same ranges)."""
+) -> tuple[Path, dict, dict | None]:
+    """(Q/DQ graph, its structure, the bias correction's record) for the candidate's FP32 graph (before any
+    correction) with the ops in `exclude` left in float, written in `scratch`; with `means` (the candidate's), its
+    biases corrected for the rounding of the weights it quantizes, which are the candidate's Q/DQ graph's (the
+    same weights, the same ranges)."""
     scratch.mkdir(parents=True)
     calibrated, qdq = candidate.fp32_equal, scratch / QDQ_GRAPH
     if means is None:
-        return calibrated, qdq, quantize_qdq(calibrated, qdq, candidate.ranges, exclude=exclude), None
-    corrected = scratch / "model.calibrated.onnx"
+        return qdq, quantize_qdq(calibrated, qdq, candidate.ranges, exclude=exclude), None
     if not exclude and not candidate.float_ops:  # its own Q/DQ graph, the biases corrected: nothing to quantize
-        correction = correct_biases(calibrated, candidate.qdq, means, corrected, quantized_out=qdq)
+        correction = correct_biases(calibrated, candidate.qdq, means, quantized_out=qdq)
         opens_like(qdq, candidate.qdq)  # the judge probed that graph: this one differs in biases alone
-        return corrected, qdq, candidate.structure, correction
+        return qdq, candidate.structure, correction
+    corrected = scratch / "model.calibrated.onnx"
     correction = correct_biases(calibrated, candidate.qdq, means, corrected, skip=exclude)
-    return corrected, qdq, quantize_qdq(corrected, qdq, candidate.ranges, exclude=exclude), correction
+    return qdq, quantize_qdq(corrected, qdq, candidate.ranges, exclude=exclude), correction
 
 
 def _number(value: float) -> float:
@@ -653,7 +658,7 @@ def _keep_float(
             break
         float_ops = (*current.float_ops, op)
         correct = means if current.uncorrected else None
-        _, path, structure, _ = _quantized(current, float_ops, correct, scratch / str(attempt))
+        path, structure, _ = _quantized(current, float_ops, correct, scratch / str(attempt))
         share = int8_share(path, macs)["int8_compute_share"]
         agreement = judge(path, held_out)
         gain = 1 - agreement.error_mean / error

@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from trt_pipeline.calibration.bias import correct_biases
 from trt_pipeline.calibration.int8 import CalibrationConfig, make_int8_graph
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.evaluation.agreement import int8_judge
@@ -64,6 +65,39 @@ def test_bias_correction_removes_the_shift_weight_rounding_adds_and_is_kept_by_h
     for graph in cpu.values():  # ONNX Runtime's int8 kernels, each graph corrected for its own weights' rounding
         served = onnxruntime_session(graph).run(None, unseen)[0]
         assert abs(float((served - expected)[:, :, 1:-1, 1:-1].mean())) < lost / 10, graph.name
+
+
+def test_judging_writes_the_fp32_graph_corrected_for_the_kept_candidate_alone(tmp_path):
+    """Each candidate is judged by its Q/DQ graph with corrected biases; the FP32 graph with the same biases (the CPU
+    graphs' source) is written once, for the candidate kept, not a copy of the weights per candidate, and it is
+    the graph corrected from that candidate's own Q/DQ graph."""
+    fp32, scratch = tmp_path / "model.onnx", tmp_path / "scratch"
+    _depthwise_graph(fp32)
+    np.save(tmp_path / "calibration.npy", _rows(0, 64))
+    scratch.mkdir()
+    result = make_int8_graph(
+        fp32,
+        tmp_path / "model.int8.onnx",
+        tmp_path / "calibration.npy",
+        preprocess=None,
+        config=CalibrationConfig(("max", "percentile"), 64, 16),
+        cache_folder=tmp_path / "calibration",
+        judge=int8_judge(fp32),
+        scratch=scratch,
+    )
+    candidates = result.calibration["search"]["candidates"]
+    assert [candidate["biases_corrected"] for candidate in candidates] == [True, True], candidates
+    chosen = result.chosen
+    assert sorted(scratch.glob("*/bias/model.calibrated.onnx")) == [chosen.calibrated]
+
+    expected = tmp_path / "expected.onnx"
+    own_qdq = chosen.calibrated.parent.parent / "model.qdq.onnx"  # the candidate's Q/DQ graph before correction
+    correct_biases(chosen.uncorrected, own_qdq, chosen.means, expected)
+    written, wanted = onnx.load(str(chosen.calibrated)), onnx.load(str(expected))
+    assert {t.name: numpy_helper.to_array(t).tolist() for t in written.graph.initializer} == {
+        t.name: numpy_helper.to_array(t).tolist() for t in wanted.graph.initializer
+    }
+    assert [node.input for node in written.graph.node] == [node.input for node in wanted.graph.node]
 
 
 def test_the_candidates_graphs_are_written_beside_the_int8_graph_and_removed_after(tmp_path):
