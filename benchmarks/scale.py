@@ -2,10 +2,10 @@
 
 Each member of a family (benchmarks/scale_models.py, FAMILIES below) goes through the pipeline one command-line
 stage at a time, each in its own process: `python -m trt_pipeline <stage> --model scale_models:<name> ...`, the
-stages `make engine` runs, in its order, at the member's precision (INT8 members calibrate on random rows or images
-of the model's input, written into the work folder). A stage's own process gives its exact peak: the kernel's
-high-water mark of the process's resident memory (ru_maxrss from wait4), which a sampling thread could miss on a
-short spike, and which no earlier stage's leftovers inflate. Its time is what the stages it ran recorded in
+stages `make engine` runs, in its order, at the member's precision (INT8 members calibrate on random rows, images
+or token ids of the model's input, written into the work folder). A stage's own process gives its exact peak: the
+kernel's high-water mark of the process's resident memory (ru_maxrss from wait4), which a sampling thread could miss
+on a short spike, and which no earlier stage's leftovers inflate. Its time is what the stages it ran recorded in
 manifest.json (the "in stages" seconds `make engine` prints; the export process runs prepare, reference and export),
 beside the process's wall time (Python, torch and the model's construction included). With --whole the same model
 also runs as `make engine` does, every stage in one process, for its total time and peak, and then the finished
@@ -60,7 +60,7 @@ JSON_NAME, MARKDOWN_NAME, PLOT_NAME = "scale.json", "scale.md", "scale.png"
 class Member:
     """One model of a family: its name in reports, MODEL= as the command line takes it, its nominal FP32 size, the
     precision it is built at, and for INT8 the shape of one calibration sample ({input: dims without the batch}:
-    random normal values, CALIBRATION_SAMPLES of them)."""
+    random normal values, CALIBRATION_SAMPLES of them; token ids below `tokens` where it is set)."""
 
     name: str
     model: str
@@ -69,6 +69,7 @@ class Member:
     options: tuple[str, ...] = ()  # more command-line options, the same for every stage
     precision: str = "fp16"
     calibration: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    tokens: int = 0
 
 
 CALIBRATION_SAMPLES = 256  # the default --calib-samples
@@ -77,6 +78,7 @@ IMAGES = (("pixel_values", (3, 224, 224)),)
 # ViT-L on 2 cores: ~0.3 s an image a pass, and calibration makes several passes (ranges, smoothing, biases, the
 # candidates' judging), so its INT8 calibrates on 32 images in batches of 8.
 FEW_IMAGES = ("--calib-samples", "32", "--calib-batch", "8")
+LLM_OPTIONS = ("--dynamic", "input_ids:1=1:16:64")  # sequences of 1 to 64 tokens, 16 at the profile's opt
 
 # Pluggable: a family is a list of members; a member is any MODEL= the pipeline loads.
 FAMILIES: dict[str, tuple[Member, ...]] = {
@@ -100,7 +102,17 @@ FAMILIES: dict[str, tuple[Member, ...]] = {
     # Real architectures: a Llama-style causal LM of 1.1B parameters (sequences of 1 to 64 tokens, 16 at the
     # profile's opt) and ViT-L/16, both from their configs with random weights.
     "llm": (
-        Member("llama-1.1b", "scale_models:llama_1b", 4.4, batch="1:2:4", options=("--dynamic", "input_ids:1=1:16:64")),
+        Member("llama-1.1b", "scale_models:llama_1b", 4.4, batch="1:2:4", options=LLM_OPTIONS),
+        Member(
+            "llama-1.1b-int8",
+            "scale_models:llama_1b",
+            4.4,
+            batch="1:2:4",
+            options=LLM_OPTIONS,
+            precision="int8",
+            calibration=(("input_ids", (16,)),),
+            tokens=32000,
+        ),
     ),
     "vit": (
         Member("vit-l", "scale_models:vit_large", 1.2, batch="1:4:8"),
@@ -149,14 +161,19 @@ def stage_command(stage: str, member: Member, out: Path) -> list[str]:
 
 
 def calibration_file(member: Member, work: Path) -> Path:
-    """The member's calibration data: CALIBRATION_SAMPLES random normal samples of each input, written once."""
+    """The member's calibration data: CALIBRATION_SAMPLES random samples of each input (Member), written once."""
     path = work / f"calibration-{member.name}.npz"
     if not path.is_file():
         rng = np.random.default_rng(0)
-        arrays = {name: rng.standard_normal((CALIBRATION_SAMPLES, *dims), dtype=np.float32)
-                  for name, dims in member.calibration}  # fmt: skip
+        arrays = {name: _samples(rng, (CALIBRATION_SAMPLES, *dims), member.tokens) for name, dims in member.calibration}
         np.savez(path, **arrays)
     return path
+
+
+def _samples(rng: np.random.Generator, shape: tuple[int, ...], tokens: int) -> np.ndarray:
+    if tokens:
+        return rng.integers(0, tokens, shape, dtype=np.int64)
+    return rng.standard_normal(shape, dtype=np.float32)
 
 
 def read_raw_manifest(out: Path) -> dict:
@@ -621,7 +638,8 @@ def render_markdown(report: dict) -> str:
         "Models: benchmarks/scale_models.py (N x Linear(d, d) + GELU, random weights; a Llama-style causal LM of "
         "1.1B parameters and ViT-L/16 from their transformers configs, random weights; ResNet-50 from the "
         "registry); mlp-1.2-dynamo is mlp-1.2 with EXPORTER=dynamo. INT8 members calibrate on 256 random normal "
-        "rows (vit-l-int8: 32 random images), with the INT8 defaults (CALIB_METHOD=auto, SMOOTH=auto, the float "
+        "rows (vit-l-int8: 32 random images; llama-1.1b-int8: 256 sequences of 16 random token ids), with the INT8 "
+        "defaults (CALIB_METHOD=auto, SMOOTH=auto, the float "
         "search).",
         "",
         f"![time and peak RSS per stage]({PLOT_NAME})",
