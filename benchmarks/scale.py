@@ -35,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,20 +137,53 @@ class Measured:
     wall_seconds: float
     peak_rss_bytes: int
     cpu_seconds: float
+    peak_disk_bytes: int = 0
 
 
-def run_measured(command: list[str], cwd: Path, log: Path) -> Measured:
+class DiskWatch:
+    """The peak rise of the bytes in use on the file systems that hold `folders` (each counted once), sampled every
+    DISK_POLL_SECONDS while the block runs: what a stage had on disk at its peak, its scratch files included
+    wherever the checkout measured puts them (the INT8 stage's: the system's temporary folder, later beside the
+    graphs).  Whatever else writes to those file systems meanwhile counts too: a quiet machine's number."""
+
+    def __init__(self, folders: tuple[Path, ...]) -> None:
+        by_device = {os.stat(folder).st_dev: folder for folder in folders}
+        self._folders, self._done = list(by_device.values()), threading.Event()
+        self._start = self._used()
+        self.peak = 0
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _used(self) -> int:
+        return sum(shutil.disk_usage(folder).used for folder in self._folders)
+
+    def _poll(self) -> None:
+        while not self._done.wait(DISK_POLL_SECONDS):
+            self.peak = max(self.peak, self._used() - self._start)
+
+    def __enter__(self) -> DiskWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+DISK_POLL_SECONDS = 0.5
+
+
+def run_measured(command: list[str], cwd: Path, log: Path, disk: tuple[Path, ...] = ()) -> Measured:
     """Run `command`, its output to `log`; its exit code, wall time, peak RSS and CPU time (the kernel's, via
-    wait4)."""
+    wait4), and with `disk`, the peak rise of the disk in use there (DiskWatch)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "benchmarks")}  # scale_models; cwd puts the pipeline first
-    with open(log, "w") as output:
+    with open(log, "w") as output, DiskWatch(disk) as watch:
         started = time.perf_counter()
         process = subprocess.Popen(command, cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(process.pid, 0)
         wall = time.perf_counter() - started
     process.returncode = os.waitstatus_to_exitcode(status)
     cpu = round(usage.ru_utime + usage.ru_stime, 2)
-    return Measured(process.returncode, round(wall, 2), usage.ru_maxrss * 1024, cpu)  # ru_maxrss: KiB on Linux
+    return Measured(process.returncode, round(wall, 2), usage.ru_maxrss * 1024, cpu, watch.peak)  # maxrss: KiB
 
 
 def stage_command(stage: str, member: Member, out: Path) -> list[str]:
@@ -202,7 +236,8 @@ def measure_stages(member: Member, out: Path, logs: Path, source: Path) -> list[
     for stage in STAGES:
         before = read_raw_manifest(out).get("timings", {})
         log = logs / f"{member.name}-{stage}.log"
-        measured = run_measured(stage_command(stage, member, out), source, log)
+        disk = (out.parent, Path(tempfile.gettempdir()))  # out: made by the first stage
+        measured = run_measured(stage_command(stage, member, out), source, log, disk)
         after = read_raw_manifest(out).get("timings", {})
         timings = {name: seconds for name, seconds in after.items() if before.get(name) != seconds}
         row = {
@@ -211,6 +246,7 @@ def measure_stages(member: Member, out: Path, logs: Path, source: Path) -> list[
             "seconds": round(sum(timings.values()), 2),
             "wall_seconds": measured.wall_seconds,
             "peak_rss_bytes": measured.peak_rss_bytes,
+            "peak_disk_bytes": measured.peak_disk_bytes,
         }
         print(
             f"  {member.name:<9} {stage:<10} {row['seconds']:>8.1f} s {measured.peak_rss_bytes / GB:>6.2f} GB",
@@ -451,8 +487,8 @@ ROW_NAMES = {"engine": "**engine, one process**", "runner": "runner: load + 1 ca
 def member_table(run: dict) -> list[str]:
     lines = [
         "| model | precision | FP32 weights | stage (process) | seconds in stages | process wall s | peak RSS | "
-        "peak / weights | stages it ran (s) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "peak / weights | disk at peak | stages it ran (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for member in run["members"]:
         weights = member["weight_bytes"]
@@ -462,9 +498,15 @@ def member_table(run: dict) -> list[str]:
             lines.append(
                 f"| {member['member']} | {precision(run, member)} | {weights / GB:.2f} GB | "
                 f"{ROW_NAMES.get(row['stage'], row['stage'])} | {row['seconds']:.1f} | {row['wall_seconds']:.1f} | "
-                f"{row['peak_rss_bytes'] / GB:.2f} GB | {_times(row['peak_rss_bytes'], weights)} | {stage_cell(row)} |"
+                f"{row['peak_rss_bytes'] / GB:.2f} GB | {_times(row['peak_rss_bytes'], weights)} | {_disk(row)} | "
+                f"{stage_cell(row)} |"
             )
     return lines
+
+
+def _disk(row: dict) -> str:
+    """The stage's peak rise of the disk in use (DiskWatch); "-" where it was not measured (earlier runs, loads)."""
+    return f"{row['peak_disk_bytes'] / GB:.2f} GB" if "peak_disk_bytes" in row else "-"
 
 
 def _times(peak: int, weights: int) -> str:
@@ -635,6 +677,9 @@ def render_markdown(report: dict) -> str:
         "as a user runs it: every stage in one process, the PyTorch model alive throughout. The runner row loads "
         "the finished folder with load_runner (ONNX Runtime, its graph from a private copy: pipeline/folder/reader.py) "
         "and calls it once; the serve row is `trt-pipeline serve` until ready (its peak over one REST request). "
+        "Disk at peak (stage rows of later runs): the most the bytes in use on the file systems of the work folder "
+        "and the system's temporary folder rose while the stage ran (sampled every 0.5 s): its scratch files and "
+        "what it wrote. "
         "Models: benchmarks/scale_models.py (N x Linear(d, d) + GELU, random weights; a Llama-style causal LM of "
         "1.1B parameters and ViT-L/16 from their transformers configs, random weights; ResNet-50 from the "
         "registry); mlp-1.2-dynamo is mlp-1.2 with EXPORTER=dynamo. INT8 members calibrate on 256 random normal "
