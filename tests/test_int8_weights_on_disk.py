@@ -90,11 +90,13 @@ def test_a_graph_smoothed_with_its_weights_on_disk_is_the_graph_smoothed_in_memo
 
 def test_a_graph_of_one_file_is_calibrated_from_a_copy_with_its_data_file(tmp_path, monkeypatch):
     """ONNX Runtime's quantizer loads every graph it is given whole, and one of one file it holds twice while it
-    parses it: a graph with nothing to change is calibrated from a copy with its data file, unless it has one."""
-    source = _mlp(tmp_path / "model.onnx")  # no Constant node, nothing to smooth
-    written = calibrated_graph(source, {}, tmp_path / "calibrated.onnx")
-    assert written == tmp_path / "calibrated.onnx"
-    assert data_files(written) == [tmp_path / "calibrated.onnx.data"]
+    parses it: a graph with nothing to change is calibrated from a copy with its data file (in a scratch folder, as
+    the stage's), unless it has one."""
+    source, scratch = _mlp(tmp_path / "model.onnx"), tmp_path / "scratch"  # no Constant node, nothing to smooth
+    scratch.mkdir()
+    written = calibrated_graph(source, {}, scratch / "calibrated.onnx")
+    assert written == scratch / "calibrated.onnx"
+    assert data_files(written) == [scratch / "calibrated.onnx.data"]
     np.testing.assert_equal(_constants(written), _constants(source))
     monkeypatch.setattr(graph_files, "EXTERNAL_DATA_BYTES", 0)  # the rule for a graph past 2 GB
     gather_weights(source)
@@ -141,3 +143,23 @@ def test_smoothing_and_bias_correction_hold_a_weight_at_a_time_not_the_model(cal
     for name, value in held.items():
         np.testing.assert_array_equal(on_disk[name], value, err_msg=name)
     assert all(not np.array_equal(on_disk[f"b{layer}"], original[f"b{layer}"]) for layer in range(LAYERS))
+
+
+def test_a_graph_with_corrected_biases_written_beside_its_source_references_the_weights_there(calibrated, tmp_path):
+    """A scratch graph that changes only the biases, written in the folder of the graph it changes, writes none of the
+    weights it keeps: it reads them from that graph's files (the INT8 stage writes its candidates' corrected Q/DQ
+    graphs so, where a copy each took a quarter of the FP32 weights' bytes).  Written elsewhere, it carries a copy.
+    Both hold the same constants."""
+    source, qdq, means = calibrated
+    beside, corrected_qdq = tmp_path / "model.corrected.onnx", tmp_path / "model.qdq.corrected.onnx"
+    correct_biases(source, qdq, means, beside, quantized_out=corrected_qdq)
+    assert data_files(beside) == [source] and data_files(corrected_qdq) == [qdq]
+    assert beside.stat().st_size + corrected_qdq.stat().st_size < source.stat().st_size / 16  # the graphs alone
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    correct_biases(source, qdq, means, elsewhere / "model.corrected.onnx")
+    assert data_files(elsewhere / "model.corrected.onnx") == [elsewhere / "model.corrected.onnx.data"]
+    copied, referenced = _constants(elsewhere / "model.corrected.onnx"), _constants(beside)
+    assert copied.keys() == referenced.keys()
+    for name, value in copied.items():
+        np.testing.assert_array_equal(referenced[name], value, err_msg=name)

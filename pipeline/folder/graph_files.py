@@ -2,7 +2,9 @@
 
 A protobuf message stops at 2 GiB, so a graph with more weights keeps them as external data (onnx's
 docs/ExternalData.md): here always in one file per graph, `<graph>.data` (model.onnx.data), in the graph's own
-folder.  A graph with fewer weights stays one file, as every tool reads it.  Every graph of a folder is written
+folder.  A graph with fewer weights stays one file, as every tool reads it.  (A scratch graph, which no folder
+keeps, has its data file whatever its size, and one written beside the graph it changes references the weights it
+keeps in that graph's files: write_graph.)  Every graph of a folder is written
 through `atomic_graph`, which moves the graph and its data file into place together; `data_files` names the data
 files a graph refers to and refuses a reference that leaves the graph's folder.  onnx is imported on first use
 only: the folder's readers import this module.
@@ -158,10 +160,11 @@ def write_graph(
 ) -> None:
     """Write `model`, whose large tensors are external references to files under `base` (graph_without_weights,
     then changed), at `path` as this module's rule says: one file up to EXTERNAL_DATA_BYTES of weights, else the
-    graph and `<graph>.data`; scratch: with its data file whatever its size (save_graph says why).  Each tensor is
-    copied from where it lies a block at a time; one named in `convert` (an initializer whose values the caller
-    changed: float32 to float16, weight rows smoothed) is written as its function returns each block.  A block in
-    memory at a time, never the model's weights."""
+    graph and `<graph>.data`; scratch: with its data file whatever its size (save_graph says why), and where it is
+    written in the folder of weights it keeps, referencing them there (_referenced_beside).  Each tensor is copied from
+    where it lies a block at a time; one named in `convert` (an initializer whose values the caller changed: float32
+    to float16, weight rows smoothed) is written as its function returns each block.  A block in memory at a time,
+    never the model's weights.  `path` names a new graph: one rewritten in place would lose the weights it reads."""
     import onnx
     from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
@@ -173,9 +176,25 @@ def write_graph(
     elif not scratch and weight_bytes(model) <= EXTERNAL_DATA_BYTES:
         write_inline(model, base, path, convert)
     else:
-        if external:  # a graph with no large tensor has no data file to write
-            _write_data_file(external, base, path, convert)
+        copied = _referenced_beside(external, base, path, convert) if scratch else external
+        if copied:  # a graph with no large tensor to copy has no data file to write
+            _write_data_file(copied, base, path, convert)
         onnx.save(model, str(path))
+
+
+def _referenced_beside(tensors: list, base: Path, path: Path, convert: dict[str, Convert]) -> list:
+    """Point each tensor of `tensors` (external references under `base`) that is not converted and lies in a file of
+    `path`'s own folder at that file, where the scratch graph at `path` references it; return the others, to copy.
+    A graph that changes a few tensors of another (bias correction: the biases) and is written beside it writes
+    none of the weights it keeps."""
+    copied = []
+    for tensor in tensors:
+        span = external_span(tensor, base)
+        if tensor.name in convert or span.path.parent.resolve() != path.parent.resolve():
+            copied.append(tensor)
+        else:
+            set_location(tensor, span.path.name, span.offset, span.length)
+    return copied
 
 
 def _load_into(model: onnx.ModelProto, tensors: list, base: Path, convert: dict[str, Convert]) -> None:
