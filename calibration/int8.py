@@ -73,6 +73,7 @@ FLOAT_GAIN_PER_SHARE = 10.0
 MIN_INT8_SHARE = 0.99
 TENSORRT_WEIGHTS = ("QInt8", True, False)  # qdq.quantize_qdq's weights as a qdq_cpu.WEIGHT_FORMS entry
 QDQ_GRAPH = "model.qdq.onnx"  # each candidate's Q/DQ graph, in its scratch folder
+CORRECTED_QDQ_GRAPH = "model.qdq.corrected.onnx"  # beside it: that graph with its biases corrected
 
 
 @dataclass(frozen=True)
@@ -274,7 +275,7 @@ def make_int8_graph(
     with contextlib.ExitStack() as stack:
         scratch = scratch or stack.enter_context(scratch_folder(out_path, "int8-scratch"))
         candidates = build_candidates(fp32_path, parts, config, cache_folder, scratch, judged=judge is not None)
-        search = judge_candidates(candidates, parts, judge)
+        search = judge_candidates(candidates, parts, judge, scratch)
         search = search_float(search, parts, config, judge, scratch / "float")
         written = write_int8_graphs(search, out_path, cpu_out_paths or {}, scratch)
     return int8_result(fp32_path, config, parts, search, written)
@@ -318,15 +319,17 @@ def build_candidates(
     )
 
 
-def judge_candidates(candidates: tuple[Candidate, ...], parts: CalibrationParts, judge: Judge | None) -> Search:
+def judge_candidates(
+    candidates: tuple[Candidate, ...], parts: CalibrationParts, judge: Judge | None, scratch: Path
+) -> Search:
     """Each candidate judged on the held-out rows as it would be served: its biases corrected where that lowers the
     error (the correction can reverse a near-tie: docs/precision.md); the one with the lowest error kept (the first
     on ties, and where nothing can be judged)."""
     tried = candidates
     if judge is not None and parts.held_out is not None:
         held_out = parts.held_out.batches
-        tried = tuple(_correct_biases(candidate, held_out, judge, candidate.qdq.parent) for candidate in candidates)
-    chosen = _with_corrected_graph(min(tried, key=lambda c: c.held_out.error_mean if c.held_out else 0.0))
+        tried = tuple(_correct_biases(candidate, held_out, judge) for candidate in candidates)
+    chosen = _with_corrected_graph(min(tried, key=lambda c: c.held_out.error_mean if c.held_out else 0.0), scratch)
     macs = macs_by_op(*compute_shapes(chosen.calibrated, {k: v[:1] for k, v in parts.fit.batches[0].items()}))
     return Search(tried, chosen, chosen.means if chosen.held_out else None, macs)
 
@@ -347,7 +350,7 @@ def write_int8_graphs(search: Search, out_path: Path, cpu_out_paths: dict[str, P
     `cpu_out_paths` (those ONNX Runtime's quantizer cannot make are recorded, not written)."""
     chosen = search.chosen
     copy_graph(chosen.qdq, out_path)
-    cpu = {kind: _cpu_graph(chosen, path, kind, search.means, scratch / kind) for kind, path in cpu_out_paths.items()}
+    cpu = {kind: _cpu_graph(chosen, path, kind, search.means, scratch) for kind, path in cpu_out_paths.items()}
     return Int8Graphs(out_path.name, cpu, int8_share(chosen.qdq, search.macs))
 
 
@@ -576,22 +579,19 @@ def _candidate(
     )
 
 
-def _correct_biases(
-    candidate: Candidate,
-    held_out: list[dict[str, np.ndarray]],
-    judge: Judge,
-    scratch: Path,
-) -> Candidate:
+def _correct_biases(candidate: Candidate, held_out: list[dict[str, np.ndarray]], judge: Judge) -> Candidate:
     """The candidate judged on the held-out rows, with its Q/DQ graph's Conv/Gemm/MatMul biases corrected for the
     rounding of their weights where that lowers the held-out error (calibration/bias.py, same ranges, same
     weights; its FP32 graph's are corrected once it is kept: _with_corrected_graph), and the record of both
-    errors."""
+    errors.  The corrected Q/DQ graph is written beside the candidate's and references its int8 weights there."""
     judged = judge(candidate.qdq, held_out)
-    qdq, structure, correction = _quantized(candidate, (), candidate.means, scratch / "bias")
+    qdq = candidate.qdq.with_name(CORRECTED_QDQ_GRAPH)
+    correction = correct_biases(candidate.calibrated, candidate.qdq, candidate.means, quantized_out=qdq)
+    opens_like(qdq, candidate.qdq)  # the judge probed that graph: this one differs in biases alone
     agreement = judge(qdq, held_out)
     kept = agreement.error_mean < judged.error_mean
     record = {
-        **(correction or {}),
+        **correction,
         "held_out_error_mean": {"before": _number(judged.error_mean), "corrected": _number(agreement.error_mean)},
         "held_out_cosine_min": {"before": _number(judged.cosine_min), "corrected": _number(agreement.cosine_min)},
         "kept": kept,
@@ -599,39 +599,43 @@ def _correct_biases(
     }
     if not kept:
         return replace(candidate, held_out=judged, bias_correction=record)
-    return replace(candidate, qdq=qdq, structure=structure, held_out=agreement, bias_correction=record)
+    return replace(candidate, qdq=qdq, held_out=agreement, bias_correction=record)
 
 
-def _with_corrected_graph(candidate: Candidate) -> Candidate:
+def _with_corrected_graph(candidate: Candidate, scratch: Path) -> Candidate:
     """The candidate with its FP32 graph's biases corrected as its Q/DQ graph's are, where they are (the CPU graphs
     and the float search are made from it).  Written for the kept candidate alone: judging corrects the Q/DQ graphs
-    only, and a copy of the FP32 weights per candidate was most of what judging wrote (their int8 rounding is read
-    from the corrected Q/DQ graph: its weights are the candidate's)."""
+    only (their int8 rounding is read from the corrected Q/DQ graph: its weights are the candidate's)."""
     if not candidate.bias_correction or not candidate.bias_correction["kept"]:
         return candidate
-    corrected = candidate.qdq.with_name("model.calibrated.onnx")
+    corrected = _beside(candidate.calibrated, "model.calibrated.corrected.onnx", candidate.qdq.parent, scratch)
     correct_biases(candidate.calibrated, candidate.qdq, candidate.means, corrected)
     return replace(candidate, calibrated=corrected, uncorrected=candidate.calibrated)
 
 
+def _beside(source: Path, name: str, elsewhere: Path, scratch: Path) -> Path:
+    """Where a graph made from `source` with a few tensors changed goes: beside it as `name` where `source` lies in
+    `scratch` (write_graph then references the weights it keeps there: none copied), else in `elsewhere` (the FP32
+    graph of the artifact folder takes no scratch files beside it)."""
+    inside = source.resolve().is_relative_to(scratch.resolve())
+    folder = source.parent if inside else elsewhere
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / name
+
+
 def _quantized(
     candidate: Candidate, exclude: tuple[str, ...], means: dict[str, np.ndarray] | None, scratch: Path
-) -> tuple[Path, dict, dict | None]:
-    """(Q/DQ graph, its structure, the bias correction's record) for the candidate's FP32 graph (before any
-    correction) with the ops in `exclude` left in float, written in `scratch`; with `means` (the candidate's), its
-    biases corrected for the rounding of the weights it quantizes, which are the candidate's Q/DQ graph's (the
-    same weights, the same ranges)."""
+) -> tuple[Path, dict]:
+    """(Q/DQ graph, its structure) for the candidate's FP32 graph (before any correction) with the ops in `exclude`
+    left in float, written in `scratch`; with `means` (the candidate's), its biases corrected for the rounding of
+    the weights it quantizes, which are the candidate's Q/DQ graph's (the same weights, the same ranges)."""
     scratch.mkdir(parents=True)
     calibrated, qdq = candidate.fp32_equal, scratch / QDQ_GRAPH
     if means is None:
-        return qdq, quantize_qdq(calibrated, qdq, candidate.ranges, exclude=exclude), None
-    if not exclude and not candidate.float_ops:  # its own Q/DQ graph, the biases corrected: nothing to quantize
-        correction = correct_biases(calibrated, candidate.qdq, means, quantized_out=qdq)
-        opens_like(qdq, candidate.qdq)  # the judge probed that graph: this one differs in biases alone
-        return qdq, candidate.structure, correction
+        return qdq, quantize_qdq(calibrated, qdq, candidate.ranges, exclude=exclude)
     corrected = scratch / "model.calibrated.onnx"
-    correction = correct_biases(calibrated, candidate.qdq, means, corrected, skip=exclude)
-    return qdq, quantize_qdq(corrected, qdq, candidate.ranges, exclude=exclude), correction
+    correct_biases(calibrated, candidate.qdq, means, corrected, skip=exclude)
+    return qdq, quantize_qdq(corrected, qdq, candidate.ranges, exclude=exclude)
 
 
 def _number(value: float) -> float:
@@ -658,7 +662,7 @@ def _keep_float(
             break
         float_ops = (*current.float_ops, op)
         correct = means if current.uncorrected else None
-        path, structure, _ = _quantized(current, float_ops, correct, scratch / str(attempt))
+        path, structure = _quantized(current, float_ops, correct, scratch / str(attempt))
         share = int8_share(path, macs)["int8_compute_share"]
         agreement = judge(path, held_out)
         gain = 1 - agreement.error_mean / error
@@ -762,7 +766,7 @@ def _cpu_graph(
 ) -> CpuGraph:
     """One CPU-shaped graph, or why ONNX Runtime's quantizer cannot make it; where
     the engine's graph has its biases corrected, this one has them corrected for its own weights' rounding (uint8
-    weights round otherwise than int8), every op's: it quantizes them all.
+    weights round otherwise than int8), every op's: it quantizes them all (its scratch graphs in `scratch`/`kind`).
 
     These graphs are optional (the engine is built from model.int8.onnx; a CPU without its graph runs that one),
     so their failure is recorded and printed, never raised: it must not lose the TensorRT graph already written.
@@ -774,10 +778,11 @@ def _cpu_graph(
         if chosen.uncorrected is None or means is None or WEIGHT_FORMS[weights] == TENSORRT_WEIGHTS:
             # No correction, or one for the very weights this graph rounds: chosen.calibrated's biases fit it.
             return CpuGraph(path.name, quantize_for_cpu(chosen.calibrated, path, chosen.ranges, weights=weights))
-        scratch.mkdir(parents=True)
-        quantize_for_cpu(chosen.uncorrected, scratch / path.name, chosen.ranges, weights=weights)
-        corrected = scratch / "model.calibrated.onnx"
-        correction = correct_biases(chosen.uncorrected, scratch / path.name, means, corrected)
+        folder = scratch / kind
+        folder.mkdir(parents=True)
+        quantize_for_cpu(chosen.uncorrected, folder / path.name, chosen.ranges, weights=weights)
+        corrected = _beside(chosen.uncorrected, f"model.calibrated.corrected-{kind}.onnx", folder, scratch)
+        correction = correct_biases(chosen.uncorrected, folder / path.name, means, corrected)
         record = quantize_for_cpu(corrected, path, chosen.ranges, weights=weights)
         return CpuGraph(path.name, {**record, "bias_correction": correction})
     except Exception as error:  # ORT's quantizer raises ValueError, KeyError, AssertionError, its Fail, ...

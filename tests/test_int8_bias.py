@@ -88,10 +88,10 @@ def test_judging_writes_the_fp32_graph_corrected_for_the_kept_candidate_alone(tm
     candidates = result.calibration["search"]["candidates"]
     assert [candidate["biases_corrected"] for candidate in candidates] == [True, True], candidates
     chosen = result.chosen
-    assert sorted(scratch.glob("*/bias/model.calibrated.onnx")) == [chosen.calibrated]
+    assert sorted(scratch.rglob("model.calibrated.corrected.onnx")) == [chosen.calibrated]
 
     expected = tmp_path / "expected.onnx"
-    own_qdq = chosen.calibrated.parent.parent / "model.qdq.onnx"  # the candidate's Q/DQ graph before correction
+    own_qdq = chosen.qdq.with_name("model.qdq.onnx")  # the candidate's Q/DQ graph before correction
     correct_biases(chosen.uncorrected, own_qdq, chosen.means, expected)
     written, wanted = onnx.load(str(chosen.calibrated)), onnx.load(str(expected))
     assert {t.name: numpy_helper.to_array(t).tolist() for t in written.graph.initializer} == {
