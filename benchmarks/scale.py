@@ -26,6 +26,7 @@ into --docs.  --source DIR runs the trt_pipeline of another checkout (e.g. `git 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -610,11 +611,16 @@ MUST_BUILD = ("mlp-2.4", "mlp-2.4-int8", "mlp-5")
 LIMITS_1_2_GB = (60.0, 3.0)  # seconds in stages of make engine, peak RSS / FP32 weights
 
 
+def last_whole_run(report: dict) -> dict:
+    """The last run that built whole engines (--whole): what the goals and the plot's engine points are judged on (a
+    run of single stages, such as the INT8 members alone, measures none of them)."""
+    return next((r for r in reversed(report["runs"]) if any("whole" in m for m in r["members"])), report["runs"][-1])
+
+
 def goals_table(report: dict) -> list[str]:
-    """The goals, judged on the last run that built whole engines (a run of single stages, such as the INT8
-    members alone, measures none of them)."""
+    """The goals, judged on the last run that built whole engines."""
     first = report["runs"][0]
-    run = next((r for r in reversed(report["runs"]) if any("whole" in m for m in r["members"])), report["runs"][-1])
+    run = last_whole_run(report)
     members = {m["member"]: m for m in run["members"] if "whole" in m}
     lines = [f"Goals on the run {run['label']!r}:", "", "| goal | measured | met |", "|---|---|---|"]
     for name in (name for name in MUST_BUILD if name in members):
@@ -706,7 +712,9 @@ def render_plot(report: dict, path: Path) -> None:
     figure, (time_axis, memory_axis) = plt.subplots(1, 2, figsize=(13, 5.2))
     colors = dict(zip([*STAGES, "engine"], plt.get_cmap("tab10").colors, strict=False))
     family = {member.name for member in FAMILIES["mlp"]}
-    for run, marker in zip(report["runs"], "os^vD", strict=False):
+    last = last_whole_run(report)
+    measured = [run for run in report["runs"] if any(m["member"] in family for m in run["members"])]
+    for run, marker in zip(measured, itertools.cycle("os^vD")):
         members = sorted((m for m in run["members"] if m["member"] in family), key=lambda m: m["weight_bytes"])
         for stage in [*STAGES, "engine"]:
             points = [(m["weight_bytes"] / GB, row) for m in members for row in _rows(m) if row["stage"] == stage]
@@ -714,11 +722,10 @@ def render_plot(report: dict, path: Path) -> None:
             if not points:
                 continue
             xs = [x for x, _ in points]
-            style = {"color": colors[stage], "marker": marker, "linestyle": "-" if run is report["runs"][-1] else ":"}
+            style = {"color": colors[stage], "marker": marker, "linestyle": "-" if run is last else ":"}
             label = f"{stage} ({run['label']})"
             time_axis.plot(xs, [row["seconds"] for _, row in points], label=label, **style)
             memory_axis.plot(xs, [row["peak_rss_bytes"] / GB for _, row in points], label=label, **style)
-    last = report["runs"][-1]
     for member in last["members"]:  # the real architectures and the INT8 builds: their engine rows as points
         if member["member"] in family or "whole" not in member or "failed" in member["whole"]:
             continue
