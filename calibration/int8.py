@@ -22,6 +22,7 @@ make_int8_graph composes the steps, each a function from typed values to a typed
 from __future__ import annotations
 
 import contextlib
+import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -330,6 +331,7 @@ def judge_candidates(
         held_out = parts.held_out.batches
         tried = tuple(_correct_biases(candidate, held_out, judge) for candidate in candidates)
     chosen = _with_corrected_graph(min(tried, key=lambda c: c.held_out.error_mean if c.held_out else 0.0), scratch)
+    _remove_others(tried, chosen, scratch)
     macs = macs_by_op(*compute_shapes(chosen.calibrated, {k: v[:1] for k, v in parts.fit.batches[0].items()}))
     return Search(tried, chosen, chosen.means if chosen.held_out else None, macs)
 
@@ -611,6 +613,17 @@ def _with_corrected_graph(candidate: Candidate, scratch: Path) -> Candidate:
     corrected = _beside(candidate.calibrated, "model.calibrated.corrected.onnx", candidate.qdq.parent, scratch)
     correct_biases(candidate.calibrated, candidate.qdq, candidate.means, corrected)
     return replace(candidate, calibrated=corrected, uncorrected=candidate.calibrated)
+
+
+def _remove_others(tried: tuple[Candidate, ...], chosen: Candidate, scratch: Path) -> None:
+    """Delete the scratch graphs of the candidates not kept: each one's folder, and a smoothing's graph the kept one
+    does not use.  What follows reads the kept candidate's alone, and the graphs it writes (the engine's, the CPU
+    graphs) would otherwise land beside all of them (a quarter of the weights a candidate, the weights a smoothing)."""
+    kept = {chosen.qdq.parent, chosen.calibrated.parent, chosen.fp32_equal.parent}
+    for candidate in tried:
+        for folder in {candidate.qdq.parent, candidate.calibrated.parent} - kept:
+            if folder.resolve().is_relative_to(scratch.resolve()):  # not the artifact folder's FP32 graph
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 def _beside(source: Path, name: str, elsewhere: Path, scratch: Path) -> Path:

@@ -70,7 +70,8 @@ def test_bias_correction_removes_the_shift_weight_rounding_adds_and_is_kept_by_h
 def test_judging_writes_the_fp32_graph_corrected_for_the_kept_candidate_alone(tmp_path):
     """Each candidate is judged by its Q/DQ graph with corrected biases; the FP32 graph with the same biases (the CPU
     graphs' source) is written once, for the candidate kept, not a copy of the weights per candidate, and it is
-    the graph corrected from that candidate's own Q/DQ graph."""
+    the graph corrected from that candidate's own Q/DQ graph.  The other candidates' graphs are removed once the
+    pick is made."""
     fp32, scratch = tmp_path / "model.onnx", tmp_path / "scratch"
     _depthwise_graph(fp32)
     np.save(tmp_path / "calibration.npy", _rows(0, 64))
@@ -89,6 +90,7 @@ def test_judging_writes_the_fp32_graph_corrected_for_the_kept_candidate_alone(tm
     assert [candidate["biases_corrected"] for candidate in candidates] == [True, True], candidates
     chosen = result.chosen
     assert sorted(scratch.rglob("model.calibrated.corrected.onnx")) == [chosen.calibrated]
+    assert [folder for folder in scratch.iterdir() if folder.name.isdigit()] == [chosen.qdq.parent]  # others removed
 
     expected = tmp_path / "expected.onnx"
     own_qdq = chosen.qdq.with_name("model.qdq.onnx")  # the candidate's Q/DQ graph before correction
