@@ -622,16 +622,21 @@ def _remove_others(tried: tuple[Candidate, ...], chosen: Candidate, scratch: Pat
     kept = {chosen.qdq.parent, chosen.calibrated.parent, chosen.fp32_equal.parent}
     for candidate in tried:
         for folder in {candidate.qdq.parent, candidate.calibrated.parent} - kept:
-            if folder.resolve().is_relative_to(scratch.resolve()):  # not the artifact folder's FP32 graph
+            if _in_scratch(folder, scratch):  # not the artifact folder's FP32 graph
                 shutil.rmtree(folder, ignore_errors=True)
+
+
+def _in_scratch(path: Path, scratch: Path) -> bool:
+    """Whether `path` lies in the stage's scratch folder (not in the artifact folder, whose FP32 graph a candidate
+    may calibrate from)."""
+    return path.resolve().is_relative_to(scratch.resolve())
 
 
 def _beside(source: Path, name: str, elsewhere: Path, scratch: Path) -> Path:
     """Where a graph made from `source` with a few tensors changed goes: beside it as `name` where `source` lies in
     `scratch` (write_graph then references the weights it keeps there: none copied), else in `elsewhere` (the FP32
     graph of the artifact folder takes no scratch files beside it)."""
-    inside = source.resolve().is_relative_to(scratch.resolve())
-    folder = source.parent if inside else elsewhere
+    folder = source.parent if _in_scratch(source, scratch) else elsewhere
     folder.mkdir(parents=True, exist_ok=True)
     return folder / name
 
