@@ -158,7 +158,9 @@ class DiskWatch:
         return sum(shutil.disk_usage(folder).used for folder in self._folders)
 
     def _poll(self) -> None:
-        while not self._done.wait(DISK_POLL_SECONDS):
+        stopped = False
+        while not stopped:  # a last sample once the block is over: a stage shorter than a poll counts too
+            stopped = self._done.wait(DISK_POLL_SECONDS)
             self.peak = max(self.peak, self._used() - self._start)
 
     def __enter__(self) -> DiskWatch:
