@@ -84,7 +84,8 @@ def quantize_with_ranges(
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.calibrate import save_tensors_data
 
-    with tempfile.TemporaryDirectory(prefix="qdq.") as scratch:
+    # Beside `target` (a graph's private folder: graph_files.atomic_graph), not in the system's temporary folder.
+    with tempfile.TemporaryDirectory(prefix="qdq.", dir=Path(target).parent) as scratch:
         # quantize_static takes precomputed ranges only as a calibration cache file (ORT >= 1.25).
         ranges_file = Path(scratch) / "ranges.json"
         save_tensors_data(ranges, ranges_file)

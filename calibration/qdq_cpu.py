@@ -134,7 +134,7 @@ def quantize_for_cpu(
         float_outputs = _unquantize_graph_outputs(quantized)
         structure = qdq_structure(quantized)  # before save_graph, which moves the weights out past 2 GB
         save_graph(quantized, temporary)
-        kernels = int8_kernel_counts(temporary)
+        kernels = int8_kernel_counts(temporary, scratch=temporary.parent)
     return {
         **structure,
         "activations": "uint8 asymmetric: [0, high] where non-negative, else the cached (low, high)",
@@ -274,15 +274,18 @@ def as_tensors_data(ranges: dict[str, tuple[float, float]], method):
     return TensorsData(method, data)
 
 
-def int8_kernel_counts(graph: Path) -> dict:
+def int8_kernel_counts(graph: Path, scratch: Path) -> dict:
     """How many Conv/MatMul/Gemm ONNX Runtime's CPU provider runs as int8 kernels after its graph optimizations.
 
     Read from the optimized graph ORT writes (SessionOptions.optimized_model_filepath): a Q/DQ graph
     ORT cannot fuse keeps its Conv in FP32 between Q/DQ nodes, which runs slower than the FP32 graph.
+    ORT writes it with its weights, a copy of the graph's, in a folder made in `scratch`: the stage's is
+    beside its graphs (a system temporary folder too small for the weights made both CPU graphs of a
+    0.6 GB MLP fail, and the build served the slower Q/DQ graph instead).
     """
     import onnxruntime as ort
 
-    with tempfile.TemporaryDirectory(prefix="optimized.") as folder:
+    with tempfile.TemporaryDirectory(prefix="optimized.", dir=scratch) as folder:
         optimized = Path(folder) / "optimized.onnx"
         options = ort.SessionOptions()
         options.log_severity_level = 3

@@ -4,6 +4,8 @@ in the CPU graphs (each for its own rounding)."""
 
 from __future__ import annotations
 
+import tempfile
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -12,6 +14,7 @@ from trt_pipeline.calibration.bias import correct_biases
 from trt_pipeline.calibration.int8 import CalibrationConfig, make_int8_graph
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.evaluation.agreement import int8_judge
+from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, graph_record
 
 CHANNELS = 4
 
@@ -125,3 +128,26 @@ def test_the_candidates_graphs_are_written_beside_the_int8_graph_and_removed_aft
     )
     assert judged and all(graph.is_relative_to(out.parent) for graph in judged), judged
     assert sorted(path.name for path in out.parent.iterdir()) == ["model.int8.onnx"]
+
+
+def test_the_int8_stage_writes_nothing_in_the_systems_temporary_folder(tmp_path, monkeypatch):
+    """Nothing of the stage goes through the system's temporary folder (here one that does not exist): ONNX Runtime's
+    optimized copy of each CPU graph, which its int8 kernels are counted from, holds the graph's weights, and a
+    /tmp too small for them left a 0.6 GB MLP's folder without its CPU graphs (their record said why, the build
+    went on, and a CPU served the slower Q/DQ graph)."""
+    fp32, out = tmp_path / "model.onnx", tmp_path / "folder" / "model.int8.onnx"
+    _depthwise_graph(fp32)
+    np.save(tmp_path / "calibration.npy", _rows(0, 64))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-folder"))
+    result = make_int8_graph(
+        fp32,
+        out,
+        tmp_path / "calibration.npy",
+        preprocess=None,
+        config=CalibrationConfig(("max",), 64, 16),
+        cache_folder=tmp_path / "calibration",
+        cpu_out_paths={kind: out.with_name(graph_record("int8", target).file) for kind, target in CPU_TARGETS.items()},
+        judge=int8_judge(fp32),
+    )
+    assert {kind: graph.failed for kind, graph in result.cpu.items()} == dict.fromkeys(CPU_TARGETS)
+    assert sorted(path.name for path in out.parent.iterdir()) == sorted([out.name, *result.written_cpu_graphs.values()])

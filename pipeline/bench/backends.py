@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -299,7 +300,7 @@ def int8_execution_note(graph: Path) -> str:
     """
     from ...calibration.qdq_cpu import int8_kernel_counts
 
-    counts = int8_kernel_counts(graph)
+    counts = int8_kernel_counts(graph, scratch=Path(tempfile.gettempdir()))  # never written into the folder read
     in_int8, in_float = counts["int8_kernels"], counts["float_kernels"]
     return (
         f"after ORT's graph optimizations {in_int8} of {in_int8 + in_float} Conv/MatMul/Gemm run as int8 kernels, "
