@@ -19,15 +19,21 @@ import pytest
 from trt_pipeline.pipeline.core.cpu import NO_VNNI, VNNI, int8_cpu_kind
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
-from trt_pipeline.pipeline.folder.artifacts import LOCK, build_lock, running_build
-from trt_pipeline.pipeline.folder.layout import ARTIFACT_LAYOUT, CPU_TARGETS, artifact_names, folder_graphs
+from trt_pipeline.pipeline.folder.artifacts import LOCK, build_lock, running_build, temporary_name
+from trt_pipeline.pipeline.folder.layout import (
+    ARTIFACT_LAYOUT,
+    CPU_TARGETS,
+    artifact_names,
+    folder_graphs,
+    graph_record,
+)
 from trt_pipeline.pipeline.folder.manifest import Manifest, read_manifest
 from trt_pipeline.pipeline.folder.provenance import describe_artifacts
 from trt_pipeline.pipeline.folder.reader import open_folder
 from trt_pipeline.pipeline.runners import BACKENDS, load_runner
 from trt_pipeline.pipeline.runners.fastest import find_candidates
 from trt_pipeline.pipeline.runners.onnxruntime import CPU
-from trt_pipeline.pipeline.stages.sequence import make_engine
+from trt_pipeline.pipeline.stages.sequence import make_engine, run_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = "tests.toy_models:tiny_cnn"
@@ -384,3 +390,20 @@ def test_what_may_serve_a_host_is_one_answer_for_the_reader_auto_and_the_runner(
     assert [candidate.graph for candidate in find_candidates(open_folder(copy), [CPU])[0]] == _files(gated.on_cpu)
     with load_runner(copy, "onnxruntime", providers=[CPU]) as runner:
         assert runner.graph == "model.int8.onnx" and "its Q/DQ simulated in float" in runner.description
+
+
+def test_a_cpu_graph_a_rebuild_cannot_make_leaves_no_earlier_graph_behind(int8_built, tmp_path):
+    """The INT8 stage run again, one CPU graph failing (here: the place of the folder it is written in is taken
+    by a file): its record says why, and the earlier build's graph of that name is gone from the folder (listed
+    nowhere, it still passed for this build's to whoever opened the folder's files)."""
+    copy = Path(shutil.copytree(int8_built, tmp_path / int8_built.name))
+    failing, kept = (graph_record("int8", CPU_TARGETS[kind]).file for kind in (VNNI, NO_VNNI))
+    (copy / temporary_name(copy / failing)).write_text("taken")
+    int8 = dataclasses.replace(
+        settings(tmp_path), precision="int8", calib=int8_built.parent / "calib.npy", calib_samples=32, calib_batch=16
+    )
+    run_stage(int8, "precision")
+    record = json.loads((copy / "manifest.json").read_text())["int8"]["qdq_onnxruntime_cpu"]
+    assert record[VNNI]["failed"].startswith("FileExistsError") and "failed" not in record[NO_VNNI]
+    assert not (copy / failing).exists() and (copy / kept).is_file()
+    assert [graph.file for graph in read_manifest(copy).graphs] == ["model.onnx", "model.int8.onnx", kept]

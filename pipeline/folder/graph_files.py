@@ -57,6 +57,13 @@ def data_file_name(graph: Path) -> str:
     return f"{Path(graph).name}.data"
 
 
+def remove_graph(graph: Path) -> None:
+    """Delete `graph` and its data file (the folder's one name for it), where they are: read from neither, so a
+    graph half-written or of an earlier build goes too."""
+    for path in (Path(graph), Path(graph).with_name(data_file_name(graph))):
+        path.unlink(missing_ok=True)
+
+
 def data_files(graph: Path) -> list[Path]:
     """The files `graph`'s external data lives in (none for a graph of one file), each inside the graph's folder."""
     import onnx

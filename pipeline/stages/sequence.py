@@ -32,7 +32,7 @@ from ..core.settings import OPSET, POSTPROCESS_NMS, POSTPROCESS_NONE, Settings, 
 from ..core.trt_module import import_trt
 from ..evaluation.agreement import int8_judge
 from ..folder.artifacts import build_lock, sha256_file
-from ..folder.graph_files import data_files, graph_files
+from ..folder.graph_files import data_files, remove_graph
 from ..folder.graph_io import GraphTensor, graph_io
 from ..folder.layout import (
     ARTIFACT_LAYOUT,
@@ -261,6 +261,8 @@ def _int8_stage(run: Run, engine: GraphRecord) -> None:
         judge=int8_judge(source),
     )
     written = {kind: cpu[kind] for kind in result.written_cpu_graphs}
+    for kind in cpu.keys() - written.keys():  # an earlier build's graph under its name would pass for this one's
+        remove_graph(run.path(cpu[kind].file))
     graphs = (graph_record(Precision.FP32), engine, *written.values())
     update_manifest(run.folder, calibration=result.calibration, graphs=graphs)
     for graph in written.values():
@@ -329,8 +331,7 @@ def _leave_out_graph(run: Run, left_out: GraphRecord, why: str) -> None:
     manifest = read_manifest(run.folder)
     graphs = tuple(graph for graph in (manifest.graphs if manifest else ()) if graph != left_out)
     update_manifest(run.folder, graphs=graphs)
-    for path in graph_files(run.path(left_out.file)):
-        path.unlink(missing_ok=True)
+    remove_graph(run.path(left_out.file))
     instead = graph_record(left_out.precision, postprocess=left_out.postprocess).file
     print(
         f"warning: {left_out.file} left out of {run.folder.name}: {why}; a runner on this CPU serves {instead} with "
