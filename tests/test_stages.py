@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import resource
+
 import numpy as np
 import onnx
 import pytest
@@ -142,6 +145,23 @@ def test_simplify_keeps_the_checked_graph_when_onnxsim_fails(tmp_path, capsys):
     assert record["status"] == "kept" and "onnxsim failed" in record["reason"]
     assert "kept the checked graph" in capsys.readouterr().out
     assert onnx.load(str(tmp_path / "out.onnx")).graph.node[-1].output == ["dangling"]
+
+
+def test_simplify_stops_where_the_file_system_refuses_its_graph(tmp_path):
+    """A full disk, or here a file size limit, is the user's to fix (the command line says how), not a reason to
+    serve the graph unsimplified: onnxsim's write failing for it was kept as "onnxsim failed" and the build went on."""
+    graph, _ = exported(toy_models.overflow_ffn(), tmp_path)
+    before = graph.read_bytes()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (len(before) // 2, hard))  # Python ignores SIGXFSZ: writes get EFBIG
+    try:
+        with pytest.raises(OSError) as refused:
+            simplify_onnx(graph, graph)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert refused.value.errno == errno.EFBIG
+    assert graph.read_bytes() == before
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["model.onnx", "reference.npz"]  # no temporaries
 
 
 def test_failed_export_leaves_no_file(tmp_path):

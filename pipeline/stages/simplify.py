@@ -1,4 +1,5 @@
-"""Stage 4: onnxsim with the batch axis kept symbolic; on failure keep the checked graph and say why.
+"""Stage 4: onnxsim with the batch axis kept symbolic; on failure keep the checked graph and say why (where the file
+system refuses the write, stop: the command line names the fix).
 
 onnxsim is handed the graph's path and writes its result to a path: its C++ core then reads and writes the
 weights itself, external data past 2 GB included, where a ModelProto handed over from Python is serialized and
@@ -22,6 +23,8 @@ def simplify_onnx(onnx_path: Path, out_path: Path) -> dict:
         return _simplify(onnx_path, out_path)
     except PipelineError as error:
         reason = f"the simplified graph failed the checks: {error.problem}"
+    except OSError:  # the file system said no (a full disk, a size limit): the user's to fix, not onnxsim's failure
+        raise
     except Exception as error:  # onnxsim raises anything from RuntimeError to protobuf errors
         reason = f"onnxsim failed: {type(error).__name__}: {error}"
     _keep(onnx_path, out_path)
