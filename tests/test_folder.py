@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -221,6 +222,26 @@ def test_a_finished_folder_opens_and_each_graph_is_read_checked(built):
         opened.read("manifest.json")
     with load_runner(opened, "onnxruntime") as runner:  # an opened folder is taken as it is
         assert runner.infer(feed())["logits"].shape == (2, 10)
+
+
+def test_a_graph_the_temporary_folder_has_no_room_to_copy_is_refused_with_tmpdir(folder):
+    """The runner loads a private copy of the graph from the system's temporary folder; where that copy does not fit
+    the fix is TMPDIR, not a rebuild (a 16 MB /tmp gave "ONNX Runtime cannot load ...: rebuild the folder")."""
+    raw = json.loads((folder / "manifest.json").read_text())
+    recorded = raw["artifacts"]["model.onnx"]
+    edit_manifest(folder, artifacts={**raw["artifacts"], "model.onnx": {**recorded, "bytes": 1 << 60}})
+    with pytest.raises(PipelineError, match=r"does not fit: it needs 1152921504.61 GB, [0-9.]+ GB are free") as no_room:
+        load_runner(folder, "onnxruntime")
+    assert "point TMPDIR at a folder on a disk with room" in no_room.value.fix
+    edit_manifest(folder, artifacts=raw["artifacts"])
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (recorded["bytes"] // 2, hard))  # filled while copying
+    try:
+        with pytest.raises(PipelineError, match=r"does not fit: \[Errno 27\] File too large") as filled:
+            load_runner(folder, "onnxruntime")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert "point TMPDIR at a folder on a disk with room" in filled.value.fix
 
 
 # --------------------------------------------------------------------------- what a build holds

@@ -22,7 +22,9 @@ It imports neither torch, onnx nor any build stage: serving an ONNX graph needs 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
+import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -162,9 +164,22 @@ class ArtifactFolder:
         the folder's removal).  ONNX Runtime refuses an external-data location that leaves the graph's folder, so
         the copy's folder holds all it can read; the graph's own locations are checked here too, to say which.
         Costs one sequential copy of the files, no memory: ONNX Runtime opens a graph of one file by path with one
-        copy of its weights, where its bytes cost three (1.3 against 3.6 GB at 1.2 GB of weights)."""
+        copy of its weights, where its bytes cost three (1.3 against 3.6 GB at 1.2 GB of weights).  The copy takes
+        the weights' bytes on the temporary folder's disk (TMPDIR moves it): one without room for them is refused
+        with that fix, before copying where its free space says so (a 16 MB /tmp made loading a 0.6 GB model
+        fail as "ONNX Runtime cannot load ...: rebuild the folder")."""
         with tempfile.TemporaryDirectory(prefix="trt-pipeline-graph.") as private:
-            yield self.copy_graph(name, Path(private))
+            needed = sum(self.artifacts[file].bytes for file in self.graph_files(name) if file in self.artifacts)
+            free = shutil.disk_usage(private).free
+            if free < needed:
+                raise _no_room_for_copy(name, f"it needs {_gigabytes(needed)}, {_gigabytes(free)} are free there")
+            try:
+                copy = self.copy_graph(name, Path(private))
+            except OSError as error:
+                if error.errno not in _NO_ROOM:
+                    raise
+                raise _no_room_for_copy(name, str(error)) from None  # filled while copying: not the folder's fault
+            yield copy
 
     def copy_graph(self, name: str, folder: Path, as_name: str | None = None) -> Path:
         """Copy the graph `name` into `folder` (as `as_name`, e.g. Triton's model.onnx) with its data file under the
@@ -216,6 +231,23 @@ class ArtifactFolder:
     def rebuild_hint(self, *, force: bool = False) -> str:
         """The `make engine` command that writes this folder again (force: FORCE=1, past an up-to-date folder)."""
         return rebuild_hint(self.manifest, self.path, force=force)
+
+
+# The file system's ways of saying a write does not fit (a full disk, a quota, a file size limit).
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _no_room_for_copy(name: str, why: str) -> PipelineError:
+    """The private copy of the graph `name` did not fit in the system's temporary folder (`why`: the numbers)."""
+    return PipelineError(
+        f"loading {name} copies it, its weights included, into the system's temporary folder "
+        f"{tempfile.gettempdir()} (a private copy, checked against the build's sha256), and it does not fit: {why}",
+        "point TMPDIR at a folder on a disk with room for it (export TMPDIR=/path/with/room), or free space there",
+    )
+
+
+def _gigabytes(size: int) -> str:
+    return f"{size / 1e9:.2f} GB"
 
 
 def open_folder(path: str | Path, hint: str | None = None) -> ArtifactFolder:
