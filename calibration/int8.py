@@ -32,6 +32,7 @@ import onnx
 
 from ..models.spec import ImagePreprocess
 from ..pipeline.core.compute import COMPUTE_OPS
+from ..pipeline.core.errors import no_room
 from ..pipeline.core.precision import Precision
 from ..pipeline.core.sessions import opens_like
 from ..pipeline.core.settings import DEFAULTS
@@ -788,6 +789,8 @@ def _cpu_graph(
 
     These graphs are optional (the engine is built from model.int8.onnx; a CPU without its graph runs that one),
     so their failure is recorded and printed, never raised: it must not lose the TensorRT graph already written.
+    A disk without room for them is the exception: the user's to fix, and a build gone on without them would
+    serve the slower Q/DQ graph on a CPU.
     """
     weights = WEIGHTS_FOR[kind]
     # The CPU graphs quantize every op: ONNX Runtime's quantizer, told to leave EfficientNet-Lite0's first
@@ -804,6 +807,8 @@ def _cpu_graph(
         record = quantize_for_cpu(corrected, path, chosen.ranges, weights=weights)
         return CpuGraph(path.name, {**record, "bias_correction": correction})
     except Exception as error:  # ORT's quantizer raises ValueError, KeyError, AssertionError, its Fail, ...
+        if no_room(error):  # a disk without room is no graph ORT cannot make: the stage stops with the fix
+            raise
         return CpuGraph(path.name, {}, failed=f"{type(error).__name__}: {error}")
 
 

@@ -4,14 +4,18 @@ in the CPU graphs (each for its own rounding)."""
 
 from __future__ import annotations
 
+import errno
+import resource
 import tempfile
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trt_pipeline.calibration.bias import correct_biases
-from trt_pipeline.calibration.int8 import CalibrationConfig, make_int8_graph
+from trt_pipeline.calibration.int8 import CalibrationConfig, _cpu_graph, make_int8_graph
+from trt_pipeline.pipeline.core.cpu import VNNI
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.evaluation.agreement import int8_judge
 from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, graph_record
@@ -151,3 +155,32 @@ def test_the_int8_stage_writes_nothing_in_the_systems_temporary_folder(tmp_path,
     )
     assert {kind: graph.failed for kind, graph in result.cpu.items()} == dict.fromkeys(CPU_TARGETS)
     assert sorted(path.name for path in out.parent.iterdir()) == sorted([out.name, *result.written_cpu_graphs.values()])
+
+
+def test_a_cpu_graph_the_disk_has_no_room_for_stops_the_stage(tmp_path):
+    """A CPU graph that fails for want of room (here: a file size limit under its weights) raises, as a full disk
+    does anywhere else, where another failure is recorded and the build goes on: it went on, and a CPU served the
+    slower Q/DQ graph."""
+    weight = np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="matmul")],
+        "matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 256])],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    fp32, scratch = tmp_path / "model.onnx", tmp_path / "scratch"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(fp32))
+    np.save(tmp_path / "calibration.npy", np.random.default_rng(1).standard_normal((32, 256)).astype(np.float32))
+    scratch.mkdir()
+    config = CalibrationConfig(("max",), 32, 16)
+    chosen = make_int8_graph(fp32, tmp_path / "model.int8.onnx", tmp_path / "calibration.npy", preprocess=None,
+                             config=config, cache_folder=tmp_path / "calibration", scratch=scratch).chosen  # fmt: skip
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (weight.size // 2, hard))  # int8 weights: one byte each
+    try:
+        with pytest.raises(OSError) as refused:
+            _cpu_graph(chosen, tmp_path / graph_record("int8", CPU_TARGETS[VNNI]).file, VNNI, None, scratch)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert refused.value.errno == errno.EFBIG

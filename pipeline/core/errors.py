@@ -8,7 +8,18 @@ traceback.  A setting the message names is worded when the message is read, in
 the words of the front end that shows it (core/mentions.py).
 """
 
+import errno
+
 from .mentions import render
+
+# The file system's ways of saying a write does not fit (a full disk, a quota met, a file size limit): the user's to
+# fix where the files go, never a reason to go on without the file.
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def no_room(error: BaseException) -> bool:
+    """Whether `error` is the file system saying a write does not fit (NO_ROOM)."""
+    return isinstance(error, OSError) and error.errno in NO_ROOM
 
 
 class PipelineError(Exception):

@@ -22,7 +22,6 @@ It imports neither torch, onnx nor any build stage: serving an ONNX graph needs 
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import shutil
 import tempfile
@@ -30,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core.errors import PipelineError
+from ..core.errors import PipelineError, no_room
 from ..core.precision import Precision
 from ..core.settings import POSTPROCESS_NONE
 from .artifacts import atomic_path, running_build
@@ -176,7 +175,7 @@ class ArtifactFolder:
             try:
                 copy = self.copy_graph(name, Path(private))
             except OSError as error:
-                if error.errno not in _NO_ROOM:
+                if not no_room(error):
                     raise
                 raise _no_room_for_copy(name, str(error)) from None  # filled while copying: not the folder's fault
             yield copy
@@ -231,10 +230,6 @@ class ArtifactFolder:
     def rebuild_hint(self, *, force: bool = False) -> str:
         """The `make engine` command that writes this folder again (force: FORCE=1, past an up-to-date folder)."""
         return rebuild_hint(self.manifest, self.path, force=force)
-
-
-# The file system's ways of saying a write does not fit (a full disk, a quota, a file size limit).
-_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def _no_room_for_copy(name: str, why: str) -> PipelineError:
