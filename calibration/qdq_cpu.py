@@ -37,6 +37,7 @@ clips them, and clipping the largest logits of a classifier changes its top-1 an
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -279,9 +280,10 @@ def int8_kernel_counts(graph: Path, scratch: Path) -> dict:
 
     Read from the optimized graph ORT writes (SessionOptions.optimized_model_filepath): a Q/DQ graph
     ORT cannot fuse keeps its Conv in FP32 between Q/DQ nodes, which runs slower than the FP32 graph.
-    ORT writes it with its weights, a copy of the graph's, in a folder made in `scratch`: the stage's is
-    beside its graphs (a system temporary folder too small for the weights made both CPU graphs of a
-    0.6 GB MLP fail, and the build served the slower Q/DQ graph instead).
+    ORT writes it in a folder made in `scratch` (the stage's is beside its graphs), its weights to /dev/null:
+    only the nodes are read back, and a copy of the weights on disk cost a disk with room for them (a system
+    temporary folder too small for them made both CPU graphs of a 0.6 GB MLP fail, and the build served the
+    slower Q/DQ graph instead) and the time to write them.
     """
     import onnxruntime as ort
 
@@ -291,7 +293,8 @@ def int8_kernel_counts(graph: Path, scratch: Path) -> dict:
         options.log_severity_level = 3
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.optimized_model_filepath = str(optimized)
-        # Its weights in a file beside it, past 2 GB too; only the nodes are read back.
+        # Its weights in a file beside it (ORT takes a name relative to the graph), here a link to /dev/null.
+        (Path(folder) / "weights.data").symlink_to(os.devnull)
         options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.data")
         ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
         ops = [node.op_type for node in onnx.load(str(optimized), load_external_data=False).graph.node]

@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from trt_pipeline.calibration.bias import correct_biases
 from trt_pipeline.calibration.int8 import CalibrationConfig, _cpu_graph, make_int8_graph
+from trt_pipeline.calibration.qdq_cpu import int8_kernel_counts
 from trt_pipeline.pipeline.core.cpu import VNNI
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.evaluation.agreement import int8_judge
@@ -157,27 +158,53 @@ def test_the_int8_stage_writes_nothing_in_the_systems_temporary_folder(tmp_path,
     assert sorted(path.name for path in out.parent.iterdir()) == sorted([out.name, *result.written_cpu_graphs.values()])
 
 
+WIDE = 256
+
+
+def _matmul_int8(folder, **options):
+    """x [n, WIDE] -> MatMul with a WIDE x WIDE weight, made INT8 (max ranges) in `folder` from 32 random rows."""
+    weight = np.random.default_rng(0).standard_normal((WIDE, WIDE)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="matmul")],
+        "matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", WIDE])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", WIDE])],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    fp32, rows = folder / "model.onnx", folder / "calibration.npy"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(fp32))
+    np.save(rows, np.random.default_rng(1).standard_normal((32, WIDE)).astype(np.float32))
+    config = CalibrationConfig(("max",), 32, 16)
+    return make_int8_graph(fp32, folder / "model.int8.onnx", rows, preprocess=None, config=config,
+                           cache_folder=folder / "calibration", **options)  # fmt: skip
+
+
+def test_the_int8_kernels_are_counted_without_a_copy_of_the_weights_on_disk(tmp_path):
+    """ONNX Runtime's optimized graph, read back for its nodes alone, has its weights written to /dev/null: a file
+    size limit under the graph's weights stops a copy of them (its write failed, and the CPU graph with it)."""
+    graph = tmp_path / graph_record("int8", CPU_TARGETS[VNNI]).file
+    _matmul_int8(tmp_path, cpu_out_paths={VNNI: graph})
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (WIDE**2 // 2, hard))  # int8 weights: one byte each
+    try:
+        counts = int8_kernel_counts(graph, scratch=scratch)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert counts == {"int8_kernels": 1, "float_kernels": 0}
+    assert list(scratch.iterdir()) == []
+
+
 def test_a_cpu_graph_the_disk_has_no_room_for_stops_the_stage(tmp_path):
     """A CPU graph that fails for want of room (here: a file size limit under its weights) raises, as a full disk
     does anywhere else, where another failure is recorded and the build goes on: it went on, and a CPU served the
     slower Q/DQ graph."""
-    weight = np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"], name="matmul")],
-        "matmul",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 256])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 256])],
-        [numpy_helper.from_array(weight, "w")],
-    )
-    fp32, scratch = tmp_path / "model.onnx", tmp_path / "scratch"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(fp32))
-    np.save(tmp_path / "calibration.npy", np.random.default_rng(1).standard_normal((32, 256)).astype(np.float32))
+    scratch = tmp_path / "scratch"
     scratch.mkdir()
-    config = CalibrationConfig(("max",), 32, 16)
-    chosen = make_int8_graph(fp32, tmp_path / "model.int8.onnx", tmp_path / "calibration.npy", preprocess=None,
-                             config=config, cache_folder=tmp_path / "calibration", scratch=scratch).chosen  # fmt: skip
+    chosen = _matmul_int8(tmp_path, scratch=scratch).chosen
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (weight.size // 2, hard))  # int8 weights: one byte each
+    resource.setrlimit(resource.RLIMIT_FSIZE, (WIDE**2 // 2, hard))  # int8 weights: one byte each
     try:
         with pytest.raises(OSError) as refused:
             _cpu_graph(chosen, tmp_path / graph_record("int8", CPU_TARGETS[VNNI]).file, VNNI, None, scratch)
