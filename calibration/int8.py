@@ -39,8 +39,15 @@ from ..pipeline.core.settings import DEFAULTS
 from ..pipeline.evaluation import node_tolerance
 from ..pipeline.evaluation.agreement import Judge
 from ..pipeline.evaluation.layers import compare_layers, first_past
-from ..pipeline.folder.artifacts import scratch_folder, write_npz
-from ..pipeline.folder.graph_files import copy_graph, data_files, graph_digest, graph_without_weights, write_graph
+from ..pipeline.folder.artifacts import scratch_folder, temporary_name, write_npz
+from ..pipeline.folder.graph_files import (
+    copy_graph,
+    data_files,
+    graph_digest,
+    graph_without_weights,
+    remove_graph,
+    write_graph,
+)
 from ..pipeline.folder.layout import CACHE_FOLDER, SAMPLE, graph_record
 from ..pipeline.folder.records import CalibrationSplit, RowsAgreement
 from .bias import correct_biases
@@ -238,7 +245,8 @@ class Int8Graphs:
 class Int8Result:
     """The INT8 stage's result: the calibration record (the manifest's `calibration`), the engine graph's Q/DQ
     structure, the CPU graphs by kind (those not written say why), the stage's line, and the kept candidate (its
-    calibrated graph and ranges, files of the scratch folder: valid while it is)."""
+    ranges, and its calibrated graph before any correction, fp32_equal: the FP32 graph, or a file of the scratch
+    folder, valid while it is)."""
 
     calibration: dict
     qdq: dict
@@ -276,6 +284,7 @@ def make_int8_graph(
     parts = read_calibration(fp32_path, source, preprocess, config, cache_folder)
     with contextlib.ExitStack() as stack:
         scratch = scratch or stack.enter_context(scratch_folder(out_path, "int8-scratch"))
+        stack.callback(_remove_beside, fp32_path)
         candidates = build_candidates(fp32_path, parts, config, cache_folder, scratch, judged=judge is not None)
         search = judge_candidates(candidates, parts, judge, scratch)
         search = search_float(search, parts, config, judge, scratch / "float")
@@ -611,7 +620,7 @@ def _with_corrected_graph(candidate: Candidate, scratch: Path) -> Candidate:
     only (their int8 rounding is read from the corrected Q/DQ graph: its weights are the candidate's)."""
     if not candidate.bias_correction or not candidate.bias_correction["kept"]:
         return candidate
-    corrected = _beside(candidate.calibrated, "model.calibrated.corrected.onnx", candidate.qdq.parent, scratch)
+    corrected = _beside(candidate.calibrated, None, scratch)
     correct_biases(candidate.calibrated, candidate.qdq, candidate.means, corrected)
     return replace(candidate, calibrated=corrected, uncorrected=candidate.calibrated)
 
@@ -633,13 +642,25 @@ def _in_scratch(path: Path, scratch: Path) -> bool:
     return path.resolve().is_relative_to(scratch.resolve())
 
 
-def _beside(source: Path, name: str, elsewhere: Path, scratch: Path) -> Path:
-    """Where a graph made from `source` with a few tensors changed goes: beside it as `name` where `source` lies in
-    `scratch` (write_graph then references the weights it keeps there: none copied), else in `elsewhere` (the FP32
-    graph of the artifact folder takes no scratch files beside it)."""
-    folder = source.parent if _in_scratch(source, scratch) else elsewhere
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder / name
+def _beside(source: Path, kind: str | None, scratch: Path) -> Path:
+    """Where the graph `source` with its biases corrected goes (for the engine's graph, kind None, or a kind of
+    CPU's): beside it, where write_graph references the weights it keeps (none copied: onnx loads no external data
+    out of the graph's folder, nor through a link).  In the scratch, named as _corrected_name says; beside the
+    artifact folder's FP32 graph (candidates without smoothing calibrate from it where it has a data file: past
+    2 GB), under this process's temporary name for that (_remove_beside deletes it; the next build a killed run's):
+    a copy there took the weights twice over on a 2.4 GB MLP."""
+    name = _corrected_name(kind)
+    return source.parent / (name if _in_scratch(source, scratch) else temporary_name(source.parent / name))
+
+
+def _remove_beside(source: Path) -> None:
+    """Delete the corrected graphs _beside wrote beside `source` outside the scratch, where it did."""
+    for kind in (None, *WEIGHTS_FOR):
+        remove_graph(source.parent / temporary_name(source.parent / _corrected_name(kind)))
+
+
+def _corrected_name(kind: str | None) -> str:
+    return f"model.calibrated.corrected{f'-{kind}' if kind else ''}.onnx"
 
 
 def _quantized(
@@ -802,7 +823,7 @@ def _cpu_graph(
         folder = scratch / kind
         folder.mkdir(parents=True)
         quantize_for_cpu(chosen.uncorrected, folder / path.name, chosen.ranges, weights=weights)
-        corrected = _beside(chosen.uncorrected, f"model.calibrated.corrected-{kind}.onnx", folder, scratch)
+        corrected = _beside(chosen.uncorrected, kind, scratch)
         correction = correct_biases(chosen.uncorrected, folder / path.name, means, corrected)
         record = quantize_for_cpu(corrected, path, chosen.ranges, weights=weights)
         return CpuGraph(path.name, {**record, "bias_correction": correction})

@@ -211,3 +211,45 @@ def test_a_cpu_graph_the_disk_has_no_room_for_stops_the_stage(tmp_path):
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     assert refused.value.errno == errno.EFBIG
+
+
+def test_the_corrected_graphs_of_an_fp32_graph_with_a_data_file_reference_its_weights(tmp_path):
+    """Candidates without smoothing calibrate from the FP32 graph itself where it keeps its weights in a data file
+    (past 2 GB): the graphs with corrected biases made from it (the kept candidate's, each CPU graph's) are written
+    beside it, under temporary names, referencing its weights, and removed after.  Here a file size limit under
+    the weights stops any copy of them; copies in the scratch took the weights twice over on a 2.4 GB MLP."""
+    channels = 64
+    rng = np.random.default_rng(0)
+    kernel = (rng.standard_normal((channels, channels, 3, 3)) / 24).astype(np.float32)
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1], name="conv")
+    graph = helper.make_graph(
+        [conv],
+        "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", channels, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", channels, 4, 4])],
+        [numpy_helper.from_array(kernel, "w"), numpy_helper.from_array(np.zeros(channels, np.float32), "b")],
+    )
+    fp32, out = tmp_path / "model.onnx", tmp_path / "int8" / "model.int8.onnx"
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(fp32), save_as_external_data=True, location="model.onnx.data")
+    np.save(tmp_path / "calibration.npy", rng.uniform(0, 6, (64, channels, 4, 4)).astype(np.float32))  # E[x] = 3
+    before = sorted(tmp_path.iterdir())
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (kernel.nbytes // 2, hard))
+    try:
+        result = make_int8_graph(
+            fp32,
+            out,
+            tmp_path / "calibration.npy",
+            preprocess=None,
+            config=CalibrationConfig(("max",), 64, 16),
+            cache_folder=tmp_path / "calibration",
+            cpu_out_paths={kind: out.with_name(graph_record("int8", t).file) for kind, t in CPU_TARGETS.items()},
+            judge=int8_judge(fp32),
+        )
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    chosen = result.chosen
+    assert chosen.bias_correction["kept"] and chosen.uncorrected == fp32 and chosen.calibrated.parent == tmp_path
+    assert {kind: graph.failed for kind, graph in result.cpu.items()} == dict.fromkeys(CPU_TARGETS)
+    assert sorted(tmp_path.iterdir()) == sorted([*before, tmp_path / "calibration", out.parent])  # nothing left
