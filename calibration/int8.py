@@ -643,12 +643,12 @@ def _in_scratch(path: Path, scratch: Path) -> bool:
 
 
 def _beside(source: Path, kind: str | None, scratch: Path) -> Path:
-    """Where the graph `source` with its biases corrected goes (for the engine's graph, kind None, or a kind of
-    CPU's): beside it, where write_graph references the weights it keeps (none copied: onnx loads no external data
-    out of the graph's folder, nor through a link).  In the scratch, named as _corrected_name says; beside the
-    artifact folder's FP32 graph (candidates without smoothing calibrate from it where it has a data file: past
-    2 GB), under this process's temporary name for that (_remove_beside deletes it; the next build a killed run's):
-    a copy there took the weights twice over on a 2.4 GB MLP."""
+    """Where the graph `source` with its biases corrected goes (for the engine's graph, kind None, a kind of CPU's,
+    or the float search's): beside it, where write_graph references the weights it keeps (none copied: onnx loads
+    no external data out of the graph's folder, nor through a link).  In the scratch, named as _corrected_name
+    says; beside the artifact folder's FP32 graph (candidates without smoothing calibrate from it where it has a
+    data file: past 2 GB), under this process's temporary name for that (_remove_beside deletes it; the next build
+    a killed run's): a copy there took the weights twice over on a 2.4 GB MLP."""
     name = _corrected_name(kind)
     return source.parent / (name if _in_scratch(source, scratch) else temporary_name(source.parent / name))
 
@@ -673,9 +673,12 @@ def _quantized(
     calibrated, qdq = candidate.fp32_equal, scratch / QDQ_GRAPH
     if means is None:
         return qdq, quantize_qdq(calibrated, qdq, candidate.ranges, exclude=exclude)
-    corrected = scratch / "model.calibrated.onnx"
-    correct_biases(calibrated, candidate.qdq, means, corrected, skip=exclude)
-    return qdq, quantize_qdq(corrected, qdq, candidate.ranges, exclude=exclude)
+    corrected = _beside(calibrated, "float-search", scratch)
+    try:
+        correct_biases(calibrated, candidate.qdq, means, corrected, skip=exclude)
+        return qdq, quantize_qdq(corrected, qdq, candidate.ranges, exclude=exclude)
+    finally:
+        remove_graph(corrected)  # the quantizer's input alone
 
 
 def _number(value: float) -> float:

@@ -13,6 +13,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from trt_pipeline.calibration import int8
 from trt_pipeline.calibration.bias import correct_biases
 from trt_pipeline.calibration.int8 import CalibrationConfig, _cpu_graph, make_int8_graph
 from trt_pipeline.calibration.qdq_cpu import int8_kernel_counts
@@ -213,21 +214,29 @@ def test_a_cpu_graph_the_disk_has_no_room_for_stops_the_stage(tmp_path):
     assert refused.value.errno == errno.EFBIG
 
 
-def test_the_corrected_graphs_of_an_fp32_graph_with_a_data_file_reference_its_weights(tmp_path):
+def test_the_corrected_graphs_of_an_fp32_graph_with_a_data_file_reference_its_weights(tmp_path, monkeypatch):
     """Candidates without smoothing calibrate from the FP32 graph itself where it keeps its weights in a data file
-    (past 2 GB): the graphs with corrected biases made from it (the kept candidate's, each CPU graph's) are written
-    beside it, under temporary names, referencing its weights, and removed after.  Here a file size limit under
-    the weights stops any copy of them; copies in the scratch took the weights twice over on a 2.4 GB MLP."""
+    (past 2 GB): the graphs with corrected biases made from it (the kept candidate's, each CPU graph's, each float
+    search try's) are written beside it, under temporary names, referencing its weights, and removed after.  Here
+    a file size limit under the weights stops any copy of them; copies in the scratch took the weights twice over
+    on a 2.4 GB MLP.  The float search is made to try the conv whatever its error (it starts past 0.05 of the
+    output, at the first node past INT8's node tolerance)."""
+    monkeypatch.setattr(int8, "FLOAT_SEARCH_FROM", 0.0)
+    monkeypatch.setattr(int8, "node_tolerance", lambda precision: 0.0)
     channels = 64
     rng = np.random.default_rng(0)
-    kernel = (rng.standard_normal((channels, channels, 3, 3)) / 24).astype(np.float32)
-    conv = helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1], name="conv")
+    kernels = [(rng.standard_normal((channels, channels, 3, 3)) / 24).astype(np.float32) for _ in range(2)]
     graph = helper.make_graph(
-        [conv],
-        "conv",
+        [
+            helper.make_node("Conv", ["x", "w0", "b0"], ["h"], pads=[1, 1, 1, 1], name="conv0"),
+            helper.make_node("Relu", ["h"], ["r"], name="relu"),
+            helper.make_node("Conv", ["r", "w1", "b1"], ["y"], pads=[1, 1, 1, 1], name="conv1"),
+        ],
+        "convs",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", channels, 4, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", channels, 4, 4])],
-        [numpy_helper.from_array(kernel, "w"), numpy_helper.from_array(np.zeros(channels, np.float32), "b")],
+        [numpy_helper.from_array(kernel, f"w{index}") for index, kernel in enumerate(kernels)]
+        + [numpy_helper.from_array(np.zeros(channels, np.float32), f"b{index}") for index in range(2)],
     )
     fp32, out = tmp_path / "model.onnx", tmp_path / "int8" / "model.int8.onnx"
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -235,14 +244,15 @@ def test_the_corrected_graphs_of_an_fp32_graph_with_a_data_file_reference_its_we
     np.save(tmp_path / "calibration.npy", rng.uniform(0, 6, (64, channels, 4, 4)).astype(np.float32))  # E[x] = 3
     before = sorted(tmp_path.iterdir())
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (kernel.nbytes // 2, hard))
+    # Under the weights (2 kernels), over a Q/DQ graph with one conv kept in float (1.25 kernels).
+    resource.setrlimit(resource.RLIMIT_FSIZE, (kernels[0].nbytes * 8 // 5, hard))
     try:
         result = make_int8_graph(
             fp32,
             out,
             tmp_path / "calibration.npy",
             preprocess=None,
-            config=CalibrationConfig(("max",), 64, 16),
+            config=CalibrationConfig(("max",), 64, 16, float_search=True),
             cache_folder=tmp_path / "calibration",
             cpu_out_paths={kind: out.with_name(graph_record("int8", t).file) for kind, t in CPU_TARGETS.items()},
             judge=int8_judge(fp32),
@@ -252,4 +262,5 @@ def test_the_corrected_graphs_of_an_fp32_graph_with_a_data_file_reference_its_we
     chosen = result.chosen
     assert chosen.bias_correction["kept"] and chosen.uncorrected == fp32 and chosen.calibrated.parent == tmp_path
     assert {kind: graph.failed for kind, graph in result.cpu.items()} == dict.fromkeys(CPU_TARGETS)
+    assert [tried["op"] for tried in result.calibration["float_search"]["tried"]] == ["conv0"]
     assert sorted(tmp_path.iterdir()) == sorted([*before, tmp_path / "calibration", out.parent])  # nothing left
