@@ -46,21 +46,20 @@ def _rows(seed: int, count: int) -> np.ndarray:
     return np.random.default_rng(seed).uniform(0, 6, (count, CHANNELS, 8, 8)).astype(np.float32)  # E[x] = 3
 
 
-def test_bias_correction_removes_the_shift_weight_rounding_adds_and_is_kept_by_held_out_error(tmp_path):
-    fp32 = tmp_path / "model.onnx"
+def _depthwise_case(folder) -> tuple:
+    """(The depthwise graph written in `folder`, make_int8_graph's arguments for it: _rows(0, 64), max ranges)."""
+    fp32 = folder / "model.onnx"
     _depthwise_graph(fp32)
-    np.save(tmp_path / "calibration.npy", _rows(0, 64))
+    np.save(folder / "calibration.npy", _rows(0, 64))
+    config = CalibrationConfig(("max",), 64, 16)
+    return fp32, {"source": folder / "calibration.npy", "preprocess": None, "config": config,
+                  "cache_folder": folder / "calibration"}  # fmt: skip
+
+
+def test_bias_correction_removes_the_shift_weight_rounding_adds_and_is_kept_by_held_out_error(tmp_path):
+    fp32, arguments = _depthwise_case(tmp_path)
     cpu = {"vnni": tmp_path / "model.int8.cpu.onnx", "no-vnni": tmp_path / "model.int8.cpu-novnni.onnx"}
-    record = make_int8_graph(
-        fp32,
-        tmp_path / "model.int8.onnx",
-        tmp_path / "calibration.npy",
-        preprocess=None,
-        config=CalibrationConfig(("max",), 64, 16),
-        cache_folder=tmp_path / "calibration",
-        cpu_out_paths=cpu,
-        judge=int8_judge(fp32),
-    )
+    record = make_int8_graph(fp32, tmp_path / "model.int8.onnx", **arguments, cpu_out_paths=cpu, judge=int8_judge(fp32))
     correction = record.calibration["bias_correction"]
     assert correction["ops"] == 1 and correction["kept"], correction
     errors = correction["held_out_error_mean"]
@@ -81,20 +80,10 @@ def test_judging_writes_the_fp32_graph_corrected_for_the_kept_candidate_alone(tm
     graphs' source) is written once, for the candidate kept, not a copy of the weights per candidate, and it is
     the graph corrected from that candidate's own Q/DQ graph.  The other candidates' graphs are removed once the
     pick is made."""
-    fp32, scratch = tmp_path / "model.onnx", tmp_path / "scratch"
-    _depthwise_graph(fp32)
-    np.save(tmp_path / "calibration.npy", _rows(0, 64))
+    (fp32, arguments), scratch = _depthwise_case(tmp_path), tmp_path / "scratch"
     scratch.mkdir()
-    result = make_int8_graph(
-        fp32,
-        tmp_path / "model.int8.onnx",
-        tmp_path / "calibration.npy",
-        preprocess=None,
-        config=CalibrationConfig(("max", "percentile"), 64, 16),
-        cache_folder=tmp_path / "calibration",
-        judge=int8_judge(fp32),
-        scratch=scratch,
-    )
+    arguments["config"] = CalibrationConfig(("max", "percentile"), 64, 16)
+    result = make_int8_graph(fp32, tmp_path / "model.int8.onnx", **arguments, judge=int8_judge(fp32), scratch=scratch)
     candidates = result.calibration["search"]["candidates"]
     assert [candidate["biases_corrected"] for candidate in candidates] == [True, True], candidates
     chosen = result.chosen
@@ -114,47 +103,27 @@ def test_judging_writes_the_fp32_graph_corrected_for_the_kept_candidate_alone(tm
 def test_the_candidates_graphs_are_written_beside_the_int8_graph_and_removed_after(tmp_path):
     """The INT8 stage's scratch graphs (copies of the weights, several) go in a temporary folder beside the graphs it
     writes, on the disk the user gave them, not in the system's /tmp (memory, on some systems), and are gone after."""
-    fp32, out = tmp_path / "model.onnx", tmp_path / "folder" / "model.int8.onnx"
-    _depthwise_graph(fp32)
-    np.save(tmp_path / "calibration.npy", _rows(0, 64))
+    (fp32, arguments), out = _depthwise_case(tmp_path), tmp_path / "folder" / "model.int8.onnx"
     judge, judged = int8_judge(fp32), []
 
     def recording_judge(graph, rows):
         judged.append(graph)
         return judge(graph, rows)
 
-    make_int8_graph(
-        fp32,
-        out,
-        tmp_path / "calibration.npy",
-        preprocess=None,
-        config=CalibrationConfig(("max",), 64, 16),
-        cache_folder=tmp_path / "calibration",
-        judge=recording_judge,
-    )
+    make_int8_graph(fp32, out, **arguments, judge=recording_judge)
     assert judged and all(graph.is_relative_to(out.parent) for graph in judged), judged
     assert sorted(path.name for path in out.parent.iterdir()) == ["model.int8.onnx"]
 
 
 def test_the_int8_stage_writes_nothing_in_the_systems_temporary_folder(tmp_path, monkeypatch):
-    """Nothing of the stage goes through the system's temporary folder (here one that does not exist): ONNX Runtime's
-    optimized copy of each CPU graph, which its int8 kernels are counted from, holds the graph's weights, and a
+    """Nothing of the stage goes through the system's temporary folder (here one that does not exist): ONNX Runtime
+    wrote the optimized graph it counts a CPU graph's int8 kernels from there, with a copy of the weights, and a
     /tmp too small for them left a 0.6 GB MLP's folder without its CPU graphs (their record said why, the build
     went on, and a CPU served the slower Q/DQ graph)."""
-    fp32, out = tmp_path / "model.onnx", tmp_path / "folder" / "model.int8.onnx"
-    _depthwise_graph(fp32)
-    np.save(tmp_path / "calibration.npy", _rows(0, 64))
+    (fp32, arguments), out = _depthwise_case(tmp_path), tmp_path / "folder" / "model.int8.onnx"
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-folder"))
-    result = make_int8_graph(
-        fp32,
-        out,
-        tmp_path / "calibration.npy",
-        preprocess=None,
-        config=CalibrationConfig(("max",), 64, 16),
-        cache_folder=tmp_path / "calibration",
-        cpu_out_paths={kind: out.with_name(graph_record("int8", target).file) for kind, target in CPU_TARGETS.items()},
-        judge=int8_judge(fp32),
-    )
+    cpu = {kind: out.with_name(graph_record("int8", target).file) for kind, target in CPU_TARGETS.items()}
+    result = make_int8_graph(fp32, out, **arguments, cpu_out_paths=cpu, judge=int8_judge(fp32))
     assert {kind: graph.failed for kind, graph in result.cpu.items()} == dict.fromkeys(CPU_TARGETS)
     assert sorted(path.name for path in out.parent.iterdir()) == sorted([out.name, *result.written_cpu_graphs.values()])
 
