@@ -7,7 +7,7 @@ make_int8_graph composes the steps, each a function from typed values to a typed
   build_candidates     per calibration method and smoothing alpha, scales, ranges and input means fit on the other
                        rows (from the cache, or from two passes over them per graph, whatever the methods:
                        calibration/ranges.py on the FP32 graph, whose maxima give calibration/smooth.py's scales,
-                       then on each smoothed graph) and its Q/DQ graph -> Candidate each
+                       then on each smoothed graph) and its Q/DQ graph, made as judging asks for it -> Candidate each
   judge_candidates     each judged on the held-out rows with its biases corrected where that helps
                        (calibration/bias.py), the best kept -> Search
   search_float         the op where the held-out error starts tried in float -> Search
@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -317,33 +318,46 @@ def build_candidates(
     scratch: Path,
     *,
     judged: bool,
-) -> tuple[Candidate, ...]:
+) -> Iterator[Candidate]:
     """A candidate per (method, alpha) worth one (_choices; the first of each where none can be judged), each in a
     folder of `scratch`, its ranges, scales and means from the cache or from as few passes over the fit rows as the
-    misses allow (_fit_smoothings)."""
+    misses allow (_fit_smoothings).  Each Q/DQ graph is made as the next candidate is asked for, so that judging
+    holds two at a time, not all of them (a quarter of the weights each)."""
     choices = _choices(fp32_path, config, judged=judged and parts.held_out is not None)
     cached = {(m, a): _cached(fp32_path, parts.fit, config, m, a, cache_folder) for m, a in choices}
     fitted = _fit_smoothings(fp32_path, parts.fit, cached, scratch)
-    return tuple(
-        _candidate(method, alpha, cached[(method, alpha)], fitted[alpha], parts.fit, config, scratch / str(index))
-        for index, (method, alpha) in enumerate(choices)
-    )
+    for index, (method, alpha) in enumerate(choices):
+        yield _candidate(method, alpha, cached[(method, alpha)], fitted[alpha], parts.fit, config, scratch / str(index))
 
 
 def judge_candidates(
-    candidates: tuple[Candidate, ...], parts: CalibrationParts, judge: Judge | None, scratch: Path
+    candidates: Iterable[Candidate], parts: CalibrationParts, judge: Judge | None, scratch: Path
 ) -> Search:
     """Each candidate judged on the held-out rows as it would be served: its biases corrected where that lowers the
     error (the correction can reverse a near-tie: docs/precision.md); the one with the lowest error kept (the first
-    on ties, and where nothing can be judged)."""
-    tried = candidates
-    if judge is not None and parts.held_out is not None:
-        held_out = parts.held_out.batches
-        tried = tuple(_correct_biases(candidate, held_out, judge) for candidate in candidates)
-    chosen = _with_corrected_graph(min(tried, key=lambda c: c.held_out.error_mean if c.held_out else 0.0), scratch)
-    _remove_others(tried, chosen, scratch)
+    on ties, and where nothing can be judged).  The graphs of a candidate that loses are removed before the next
+    is made."""
+    tried: list[Candidate] = []
+    best: Candidate | None = None
+    for candidate in candidates:
+        if judge is not None and parts.held_out is not None:
+            candidate = _correct_biases(candidate, parts.held_out.batches, judge)
+        tried.append(candidate)
+        if best is None or _held_out_error(candidate) < _held_out_error(best):
+            lost, best = best, candidate
+        else:
+            lost = candidate
+        if lost is not None:  # its Q/DQ graphs are never read again
+            shutil.rmtree(lost.qdq.parent, ignore_errors=True)
+    assert best is not None  # _choices gives one candidate at least
+    chosen = _with_corrected_graph(best, scratch)
+    _remove_others(tuple(tried), chosen, scratch)
     macs = macs_by_op(*compute_shapes(chosen.calibrated, {k: v[:1] for k, v in parts.fit.batches[0].items()}))
-    return Search(tried, chosen, chosen.means if chosen.held_out else None, macs)
+    return Search(tuple(tried), chosen, chosen.means if chosen.held_out else None, macs)
+
+
+def _held_out_error(candidate: Candidate) -> float:
+    return candidate.held_out.error_mean if candidate.held_out else 0.0
 
 
 def search_float(

@@ -100,6 +100,23 @@ def test_judging_writes_the_fp32_graph_corrected_for_the_kept_candidate_alone(tm
     assert [node.input for node in written.graph.node] == [node.input for node in wanted.graph.node]
 
 
+def test_judging_holds_two_candidates_graphs_at_a_time(tmp_path):
+    """Each candidate's Q/DQ graph is made as judging asks for it, and a losing one's removed before the next is
+    made: the scratch holds two at most (it held all of them, a quarter of the weights each, at the 2.4 GB MLP's
+    disk peak)."""
+    (fp32, arguments), scratch = _depthwise_case(tmp_path), tmp_path / "scratch"
+    scratch.mkdir()
+    arguments["config"] = CalibrationConfig(("max", "percentile", "entropy"), 64, 16)
+    judge, held = int8_judge(fp32), []
+
+    def counting_judge(graph, rows):
+        held.append(sum(folder.name.isdigit() for folder in scratch.iterdir()))  # the candidates' folders
+        return judge(graph, rows)
+
+    result = make_int8_graph(fp32, tmp_path / "model.int8.onnx", **arguments, judge=counting_judge, scratch=scratch)
+    assert len(result.calibration["search"]["candidates"]) == 3 and max(held) == 2, held
+
+
 def test_the_candidates_graphs_are_written_beside_the_int8_graph_and_removed_after(tmp_path):
     """The INT8 stage's scratch graphs (copies of the weights, several) go in a temporary folder beside the graphs it
     writes, on the disk the user gave them, not in the system's /tmp (memory, on some systems), and are gone after."""
