@@ -634,20 +634,18 @@ def _with_corrected_graph(candidate: Candidate, scratch: Path) -> Candidate:
     only (their int8 rounding is read from the corrected Q/DQ graph: its weights are the candidate's)."""
     if not candidate.bias_correction or not candidate.bias_correction["kept"]:
         return candidate
-    corrected = _beside(candidate.calibrated, None, scratch)
+    corrected = _beside(candidate.calibrated, None)
     correct_biases(candidate.calibrated, candidate.qdq, candidate.means, corrected)
     return replace(candidate, calibrated=corrected, uncorrected=candidate.calibrated)
 
 
 def _remove_others(tried: tuple[Candidate, ...], chosen: Candidate, scratch: Path) -> None:
-    """Delete the scratch graphs of the candidates not kept: each one's folder, and a smoothing's graph the kept one
-    does not use.  What follows reads the kept candidate's alone, and the graphs it writes (the engine's, the CPU
-    graphs) would otherwise land beside all of them (a quarter of the weights a candidate, the weights a smoothing)."""
-    kept = {chosen.qdq.parent, chosen.calibrated.parent, chosen.fp32_equal.parent}
-    for candidate in tried:
-        for folder in {candidate.qdq.parent, candidate.calibrated.parent} - kept:
-            if _in_scratch(folder, scratch):  # not the artifact folder's FP32 graph
-                shutil.rmtree(folder, ignore_errors=True)
+    """Delete the smoothed graphs the kept candidate does not use (the weights each; the losing candidates' own
+    folders went as they lost): what follows reads the kept candidate's alone."""
+    kept = {chosen.calibrated.parent, chosen.fp32_equal.parent}
+    for folder in {candidate.fp32_equal.parent for candidate in tried} - kept:
+        if _in_scratch(folder, scratch):  # not the artifact folder's FP32 graph
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _in_scratch(path: Path, scratch: Path) -> bool:
@@ -656,21 +654,20 @@ def _in_scratch(path: Path, scratch: Path) -> bool:
     return path.resolve().is_relative_to(scratch.resolve())
 
 
-def _beside(source: Path, kind: str | None, scratch: Path) -> Path:
+def _beside(source: Path, kind: str | None) -> Path:
     """Where the graph `source` with its biases corrected goes (for the engine's graph, kind None, a kind of CPU's,
     or the float search's): beside it, where write_graph references the weights it keeps (none copied: onnx loads
-    no external data out of the graph's folder, nor through a link).  In the scratch, named as _corrected_name
-    says; beside the artifact folder's FP32 graph (candidates without smoothing calibrate from it where it has a
-    data file: past 2 GB), under this process's temporary name for that (_remove_beside deletes it; the next build
-    a killed run's): a copy there took the weights twice over on a 2.4 GB MLP."""
-    name = _corrected_name(kind)
-    return source.parent / (name if _in_scratch(source, scratch) else temporary_name(source.parent / name))
+    no external data out of the graph's folder, nor through a link), under this process's temporary name for
+    _corrected_name(kind).  In the scratch it goes with the scratch; beside the artifact folder's FP32 graph
+    (candidates without smoothing calibrate from it where it has a data file: past 2 GB) _remove_beside deletes
+    it, and the next build a killed run's.  A copy in the scratch took the weights twice over on a 2.4 GB MLP."""
+    return source.parent / temporary_name(source.parent / _corrected_name(kind))
 
 
 def _remove_beside(source: Path) -> None:
-    """Delete the corrected graphs _beside wrote beside `source` outside the scratch, where it did."""
+    """Delete the corrected graphs _beside wrote beside `source` (the artifact folder's FP32 graph), where it did."""
     for kind in (None, *WEIGHTS_FOR):
-        remove_graph(source.parent / temporary_name(source.parent / _corrected_name(kind)))
+        remove_graph(_beside(source, kind))
 
 
 def _corrected_name(kind: str | None) -> str:
@@ -687,7 +684,7 @@ def _quantized(
     calibrated, qdq = candidate.fp32_equal, scratch / QDQ_GRAPH
     if means is None:
         return qdq, quantize_qdq(calibrated, qdq, candidate.ranges, exclude=exclude)
-    corrected = _beside(calibrated, "float-search", scratch)
+    corrected = _beside(calibrated, "float-search")
     try:
         correct_biases(calibrated, candidate.qdq, means, corrected, skip=exclude)
         return qdq, quantize_qdq(corrected, qdq, candidate.ranges, exclude=exclude)
@@ -840,7 +837,7 @@ def _cpu_graph(
         folder = scratch / kind
         folder.mkdir(parents=True)
         quantize_for_cpu(chosen.uncorrected, folder / path.name, chosen.ranges, weights=weights)
-        corrected = _beside(chosen.uncorrected, kind, scratch)
+        corrected = _beside(chosen.uncorrected, kind)
         correction = correct_biases(chosen.uncorrected, folder / path.name, means, corrected)
         record = quantize_for_cpu(corrected, path, chosen.ranges, weights=weights)
         return CpuGraph(path.name, {**record, "bias_correction": correction})

@@ -87,7 +87,7 @@ def test_judging_writes_the_fp32_graph_corrected_for_the_kept_candidate_alone(tm
     candidates = result.calibration["search"]["candidates"]
     assert [candidate["biases_corrected"] for candidate in candidates] == [True, True], candidates
     chosen = result.chosen
-    assert sorted(scratch.rglob("model.calibrated.corrected.onnx")) == [chosen.calibrated]
+    assert sorted(scratch.rglob("*model.calibrated.corrected.onnx*")) == [chosen.calibrated]  # no data file either
     assert [folder for folder in scratch.iterdir() if folder.name.isdigit()] == [chosen.qdq.parent]  # others removed
 
     expected = tmp_path / "expected.onnx"
