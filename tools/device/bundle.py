@@ -23,9 +23,11 @@ import sys
 import urllib.request
 from pathlib import Path
 
+from slim_wheel import slim
+
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLE = ROOT / ".devbundle"
-PART_BYTES = 58 << 20  # a part plus the repository stays under the 64 MiB a device call carries
+PART_BYTES = 60 << 20  # a folder plus the repository (under 3 MiB) stays under the 64 MiB a device call carries
 RTX = "1.7.1.116"
 ORT_GPU = "onnxruntime-gpu==1.31.1"
 WHEELS = [f"tensorrt-rtx-cu13-libs=={RTX}", f"tensorrt-rtx-cu13-bindings=={RTX}", "onnxsim==0.8.1"]
@@ -59,30 +61,42 @@ def download_sdist(name: str, into: Path) -> Path:
 
 
 def split(path: Path, folders: list[Path]) -> str:
-    """Write `path` as <name>.part<i> into folders[i], PART_BYTES each (the last takes the rest); return its sha256."""
+    """Write `path` as <name>.part<i> into folders[i], each folder's part filling it up to PART_BYTES with what it
+    already holds (the last takes the rest); return its sha256."""
     data = path.read_bytes()
-    if len(data) > PART_BYTES * len(folders):
+    rooms = [PART_BYTES - sum(f.stat().st_size for f in folder.iterdir()) for folder in folders]
+    if len(data) > sum(rooms):
         raise SystemExit(f"{path.name} is {len(data) >> 20} MiB: more than {len(folders)} parts of {PART_BYTES >> 20}")
-    for index, folder in enumerate(folders):
-        part = data[index * PART_BYTES : (index + 1) * PART_BYTES if index + 1 < len(folders) else None]
-        (folder / f"{path.name}.part{index}").write_bytes(part)
+    start = 0
+    for index, (folder, room) in enumerate(zip(folders, rooms, strict=True)):
+        end = start + room if index + 1 < len(folders) else len(data)
+        (folder / f"{path.name}.part{index}").write_bytes(data[start:end])
+        start = end
     path.unlink()
     return hashlib.sha256(data).hexdigest()
 
 
 def bundle_onnxruntime_gpu() -> list[Path]:
-    """onnxruntime-gpu in parts of PART_BYTES, one folder a device call; SHA256SUMS travels with the first part."""
+    """onnxruntime-gpu with only Hopper's kernels (tools/device/slim_wheel.py) and onnxsim, which the folders'
+    builds there need, in PART_BYTES folders, one a device call; SHA256SUMS travels with the first part."""
     scratch = BUNDLE / "scratch-ort"
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     (wheel,) = download_wheels([ORT_GPU], scratch)
-    count = -(-wheel.stat().st_size // PART_BYTES)
-    folders = [BUNDLE / f"ort{index}" for index in range(count)]
-    for folder in folders:
+    slim_wheel = scratch / "slim" / wheel.name
+    slim_wheel.parent.mkdir()
+    print("onnxruntime-gpu, Hopper's kernels: kept %d MiB, zeroed %d MiB" % tuple(n >> 20 for n in slim(wheel, slim_wheel)))
+    first = BUNDLE / "ort0"
+    shutil.rmtree(first, ignore_errors=True)
+    first.mkdir(parents=True)
+    download_wheels(WHEELS[2:], first)  # onnxsim
+    count = 1 + -(-(slim_wheel.stat().st_size - (PART_BYTES - sum(f.stat().st_size for f in first.iterdir()))) // PART_BYTES)
+    folders = [first] + [BUNDLE / f"ort{index}" for index in range(1, count)]
+    for folder in folders[1:]:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
-    sha = split(wheel, folders)
-    (folders[0] / "SHA256SUMS").write_text(f"{sha}  {wheel.name}\n")
+    sha = split(slim_wheel, folders)
+    (first / "SHA256SUMS").write_text(f"{sha}  {slim_wheel.name}\n")
     shutil.rmtree(scratch)
     return folders
 
