@@ -14,8 +14,9 @@ from tests.runner_feeds import assert_close, cnn_batch, text_batch
 from trt_pipeline.pipeline.core.settings import Settings
 from trt_pipeline.pipeline.folder.graph_io import load_reference
 from trt_pipeline.pipeline.folder.reader import open_folder
-from trt_pipeline.pipeline.runners import load_runner
+from trt_pipeline.pipeline.runners import load_runner, onnxruntime_cuda
 from trt_pipeline.pipeline.runners.onnxruntime import CPU, CUDA
+from trt_pipeline.pipeline.stages import sequence
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
 pytestmark = [
@@ -33,10 +34,15 @@ CASES = [(model, precision) for model in MODELS for precision in ("fp32", "fp16"
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
     root = tmp_path_factory.mktemp("ort-cuda")
-    return {
-        (model, precision): make_engine(Settings(model=MODELS[model], precision=precision, out_root=root))
-        for model, precision in CASES
-    }
+    with pytest.MonkeyPatch.context() as patch:
+        from tools.device.ort_cuda import builder_here, graphs_only_build
+
+        if not builder_here():  # a Hopper machine has no TensorRT: these tests need the graphs alone
+            patch.setitem(sequence.STAGES, "build", graphs_only_build)
+        return {
+            (model, precision): make_engine(Settings(model=MODELS[model], precision=precision, out_root=root))
+            for model, precision in CASES
+        }
 
 
 @pytest.mark.parametrize(("model", "precision"), CASES)
@@ -90,6 +96,25 @@ def test_cuda_graphs_on_and_off_give_the_same_outputs(folders, precision):
         assert_close(plain.infer(feed), {"logits": outputs["logits"].cpu().numpy()}, rtol=1e-5)
 
 
+def test_shapes_past_max_graphs_run_uncaptured_with_the_same_outputs(folders, monkeypatch):
+    """A slot captures its first MAX_GRAPHS shapes (each captured graph keeps its memory); the rest run uncaptured
+    (gpu_graph_id -1), replayed shapes and new ones alike giving the outputs of a runner without CUDA graphs.
+    Inputs go to the GPU straight from the caller's array, or through the page-locked copy where not contiguous."""
+    monkeypatch.setattr(onnxruntime_cuda, "MAX_GRAPHS", 2)
+    folder = folders["tiny_cnn", "fp16"]
+    with (
+        load_runner(folder, "onnxruntime-cuda") as plain,
+        load_runner(folder, "onnxruntime-cuda", cuda_graph=True, sessions=1) as graphs,
+    ):
+        for rows in (1, 8, 3, 5, 1, 3, 8, 5):
+            feed = cnn_batch(rows, seed=rows)
+            assert_close(plain.infer(feed), graphs.infer(feed), rtol=1e-5)
+        assert list(graphs._slots[0].graph_ids) == [((1, 3, 16, 16),), ((8, 3, 16, 16),)]
+        strided = {"input": cnn_batch(6, seed=2)["input"][::2]}
+        assert not strided["input"].flags.c_contiguous
+        assert_close(plain.infer({"input": strided["input"].copy()}), graphs.infer(strided), rtol=1e-5)
+
+
 def test_concurrent_calls_from_other_threads(folders):
     with load_runner(folders["text_classifier", "fp32"], "onnxruntime-cuda", sessions=3) as runner:
         feeds = [text_batch(1 + t % 7, seq=3 + t, seed=t) for t in range(12)]
@@ -102,3 +127,27 @@ def test_auto_times_the_cuda_candidates_where_no_engine_runs(folders):
         if runner.backend == "tensorrt":
             pytest.skip("the engine runs on this GPU, so auto serves it without timing ONNX Runtime")
         assert "model.fp16.onnx on CUDA" in runner.description and "model.onnx on CUDA" in runner.description
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_auto_checks_on_the_gpu_what_it_serves_and_caches_the_check(folders, model):
+    """Part A on a GPU: the candidate auto serves ran the folder's cases on the CUDA provider (real float16 for an
+    FP16 graph) within its gate, at every measured batch, and the check is cached with the times."""
+    import json
+
+    from trt_pipeline.pipeline.folder.layout import SERVED_CHOICE
+    from trt_pipeline.pipeline.runners.fastest import profile_batches
+
+    folder = folders[model, "fp16"]
+    (folder / SERVED_CHOICE).unlink(missing_ok=True)
+    with load_runner(folder) as runner:
+        if runner.backend == "tensorrt":
+            pytest.skip("the engine runs on this GPU: auto checks it at every load, without served.json")
+        served = json.loads((folder / SERVED_CHOICE).read_text())
+        assert served["checks"][served["served"]]["passed"] is True
+        assert f"{served['served']} checked on this host" in runner.description
+        # A GPU times the profile's opt, max and min batches within the budget (a CPU may stop after the first).
+        assert [int(batch) for batch in served["ms"]] == profile_batches(open_folder(folder))
+    with load_runner(folder) as again:
+        assert "measured earlier" in again.description
+        assert f"{served['served']} checked on this host" in again.description

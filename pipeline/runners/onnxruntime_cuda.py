@@ -13,8 +13,9 @@ graph belongs to its session and replays that session's fixed addresses.
 
 cuda_graph=True turns on the provider's CUDA graph (`enable_cuda_graph`): one graph captured per input shape
 (`gpu_graph_id`, a new id per shape seen), replayed on the slot's fixed buffers, which removes the per-kernel launch
-cost at small batches.  ONNX Runtime captures only a session whose every compute node runs on CUDA; it refuses the
-others at load, and the runner says so.
+cost at small batches.  Each captured graph keeps its own memory, so a slot captures its first MAX_GRAPHS shapes and
+runs any other shape uncaptured (gpu_graph_id -1), with the same results.  ONNX Runtime captures only a session
+whose every compute node runs on CUDA; it refuses the others at load, and the runner says so.
 
 The binding code takes its placement as a parameter: device="cpu" runs the same IO binding, pool and checks on
 ONNX Runtime's CPU provider (numpy buffers), which is how they are tested on machines without a GPU.
@@ -41,6 +42,22 @@ from .onnxruntime import CPU, CUDA, choose_graph, load_session, run_error
 from .tensorrt import _numpy_or_torch_cuda
 
 DEFAULT_SESSIONS = 2
+# The CUDA provider's options that decide speed (one owner; tools/device/ort_cuda.py measures variants of them on a
+# GPU).  use_tf32=0 keeps float32 ops float32, as the gates judged them.  prefer_nhwc=1: convolutions in NHWC, which
+# cuDNN's tensor-core kernels take without transposes; on an H100 it was the fastest variant for ResNet-50's FP16
+# graph at batch 1, 8 and 32 (device-resident 3.80 vs 4.55 ms at 32; cuDNN's HEURISTIC search changed nothing),
+# docs/benchmarks/resnet50-h100-cuda.md.  A graph without convolutions runs as before.
+TUNING = {"use_tf32": "0", "prefer_nhwc": "1"}
+# Input shapes a slot captures a CUDA graph for (cuda_graph=True); other shapes run uncaptured.
+MAX_GRAPHS = 8
+UNCAPTURED = "-1"  # ONNX Runtime's gpu_graph_id for a run that neither captures nor replays
+# A contiguous numpy input goes to the GPU straight from the caller's array, not through a page-locked copy: on an
+# H100, ResNet-50's 19 MB batch of 32 took 4.76 ms end to end against 5.70 (tools/device/ort_cuda.py measures both).
+STRAIGHT_FROM_PAGEABLE = True
+
+
+class CaptureRefused(PipelineError):
+    """cuda_graph=True on a graph with nodes ONNX Runtime places on the CPU, which it cannot capture."""
 
 
 def require_cuda_provider() -> None:
@@ -150,6 +167,7 @@ class DeviceBuffers(HostBuffers):
     def __init__(self, placement: Placement, layer: str = "auto"):
         super().__init__(placement)
         self.memory: DeviceMemory = open_device_memory(layer, placement.device_id)
+        self.straight = STRAIGHT_FROM_PAGEABLE
         self._buffers: list[_DeviceBuffer] = []
         self._streams: list[Any] = []
 
@@ -186,9 +204,11 @@ class DeviceBuffers(HostBuffers):
         return self.describe(name, value)
 
     def write(self, buffer: Any, value: Any, stream: Any) -> None:
-        if isinstance(
-            value, np.ndarray
-        ):  # through the page-locked twin: np.copyto also makes a strided input contiguous
+        if isinstance(value, np.ndarray) and value.flags.c_contiguous and self.straight:
+            # The driver stages pageable memory itself, in chunks that overlap the host copy with the transfer; a
+            # whole copy into the twin first put the two one after the other.
+            self.memory.h2d_async(buffer.address, value.reshape(-1).view(np.uint8), value.nbytes, stream)
+        elif isinstance(value, np.ndarray):  # through the page-locked twin: np.copyto makes a strided input contiguous
             np.copyto(buffer.host[: value.nbytes].view(value.dtype).reshape(value.shape), value)
             self.memory.h2d_async(buffer.address, buffer.host, value.nbytes, stream)
         else:
@@ -301,7 +321,7 @@ class OnnxRuntimeCudaRunner(Runner):
         for slot in self._slots:
             self._idle.put(slot)
         used = self._slots[0].session.get_providers()
-        graphs = ", a CUDA graph captured per input shape" if cuda_graph else ""
+        graphs = f", a CUDA graph captured per input shape (the first {MAX_GRAPHS})" if cuda_graph else ""
         tf32 = ", TF32 off (float32 ops stay float32)" if on_cuda else ""
         self.description = (
             f"onnxruntime {ort.__version__} running {self.graph} ({which}) on {', '.join(used)} with IO binding to "
@@ -336,8 +356,8 @@ class OnnxRuntimeCudaRunner(Runner):
         if self.placement.device_type == "cpu":
             return [CPU]
         options = {
+            **TUNING,
             "device_id": str(self.placement.device_id),
-            "use_tf32": "0",
             "enable_cuda_graph": "1" if self.cuda_graph else "0",
         }
         # The CPU provider serves the nodes the CUDA one has no kernel for; with a CUDA graph no compute node may.
@@ -351,7 +371,7 @@ class OnnxRuntimeCudaRunner(Runner):
             # ("cannot use the graph capture feature ... all compute graph nodes have not been partitioned to the
             # CUDAExecutionProvider": the INT8 Q/DQ ResNet-50 on an H100, docs/benchmarks/resnet50-h100-cuda.md).
             if self.cuda_graph and "graph capture" in error.problem:
-                raise PipelineError(
+                raise CaptureRefused(
                     f"cuda_graph=True: ONNX Runtime captures a CUDA graph only where every compute node of "
                     f"{self.graph} runs on {CUDA}, and some do not here ({error.problem})",
                     "load without cuda_graph (the nodes left on the CPU then run between the CUDA kernels)",
@@ -456,9 +476,9 @@ class OnnxRuntimeCudaRunner(Runner):
         self._memory.ready(slot.stream)
         options = ort.RunOptions()
         if self.cuda_graph:
-            key = tuple(bound[spec.name] for spec in self.inputs)
-            graph_id = slot.graph_ids.setdefault(key, len(slot.graph_ids))
-            options.add_run_config_entry("gpu_graph_id", str(graph_id))
+            options.add_run_config_entry(
+                "gpu_graph_id", _graph_id(slot, tuple(bound[spec.name] for spec in self.inputs))
+            )
         try:
             slot.session.run_with_iobinding(slot.binding, options)
         except Exception as error:  # names and shapes were checked: what is left is in the values (ORT's types)
@@ -481,6 +501,14 @@ class OnnxRuntimeCudaRunner(Runner):
         context; also used when loading fails halfway."""
         self._slots.clear()
         self._memory.close()
+
+
+def _graph_id(slot: _Slot, shapes: tuple[tuple[int, ...], ...]) -> str:
+    """The slot's graph for these input shapes: the one captured for them, a new one while fewer than MAX_GRAPHS are,
+    else none (UNCAPTURED)."""
+    if shapes not in slot.graph_ids and len(slot.graph_ids) >= MAX_GRAPHS:
+        return UNCAPTURED
+    return str(slot.graph_ids.setdefault(shapes, len(slot.graph_ids)))
 
 
 def _dim_sources(inputs: Sequence[GraphTensor], outputs: Sequence[GraphTensor]) -> dict[str, tuple[str, int]]:

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,17 +30,29 @@ from torch import nn
 
 from trt_pipeline.calibration.int8 import calibration_sample
 from trt_pipeline.models.spec import ModelSpec
-from trt_pipeline.pipeline.bench.backends import Backend, Choice, Context, Unavailable
+from trt_pipeline.pipeline.bench.backends import (
+    Backend,
+    Choice,
+    Context,
+    DeviceRunnerBackend,
+    RunnerBackend,
+    Unavailable,
+)
 from trt_pipeline.pipeline.bench.harness import run_benchmark
 from trt_pipeline.pipeline.bench.report import write_reports
 from trt_pipeline.pipeline.bench.timing import TimingPolicy
 from trt_pipeline.pipeline.core.compare import compare
+from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.settings import Settings
+from trt_pipeline.pipeline.core.trt_module import import_trt
 from trt_pipeline.pipeline.evaluation.float16 import faithful_session
 from trt_pipeline.pipeline.folder.graph_io import load_reference
-from trt_pipeline.pipeline.folder.layout import FP32_GRAPH, graph_record
+from trt_pipeline.pipeline.folder.layout import ENGINE, FP32_GRAPH, SERVED_CHOICE
 from trt_pipeline.pipeline.folder.reader import open_folder
+from trt_pipeline.pipeline.runners import load_runner
+from trt_pipeline.pipeline.runners import onnxruntime_cuda as cuda_runner
+from trt_pipeline.pipeline.stages import sequence
 from trt_pipeline.pipeline.stages.fp16 import convert_fp16
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
@@ -51,6 +66,7 @@ FOLDERS = {
     "encoder-fp16": dict(model=ENCODER, precision="fp16"),
     "overflow_ffn-fp16": dict(model="tests.toy_models:overflow_ffn", precision="fp16"),
     "resnet18-int8": dict(model="resnet18", precision="int8"),  # the dry run's INT8 folder
+    "resnet-tiny-fp16": dict(model="tests.toy_models:tiny_cnn", precision="fp16"),  # the dry run's speed folder
 }
 TORCH_TYPES = {"tensor(float)": torch.float32, "tensor(float16)": torch.float16, "tensor(int64)": torch.int64}
 
@@ -74,18 +90,36 @@ def encoder() -> ModelSpec:
     return ModelSpec(name="encoder", module=_Encoder(), example_inputs=example, output_names=["last_hidden_state"])
 
 
+def builder_here() -> bool:
+    try:
+        import_trt("auto")
+    except PipelineError:
+        return False
+    return True
+
+
+def graphs_only_build(run: Any) -> None:
+    """The build stage on a Hopper machine, which has no TensorRT that builds or runs an engine (GPU.md): an empty
+    engine.plan stands in, so the folder is complete and readable.  Nothing there loads it: auto finds no TensorRT
+    and serves the folder's graphs through ONNX Runtime, which is what the device measures."""
+    run.path(ENGINE).write_bytes(b"")
+
+
 def named(engines: Path, name: str) -> Path:
     """The folder built for FOLDERS[name], by that name (the build links it there)."""
     return engines / "named" / name
 
 
 def build(engines: Path, calib: Path, names: list[str]) -> None:
+    if not builder_here():
+        print("no TensorRT here: an empty engine.plan stands in for the engine (graphs_only_build)", flush=True)
+        sequence.STAGES["build"] = graphs_only_build
     for name in names or FOLDERS:
         options = FOLDERS[name]
         started = time.perf_counter()
         extra = {"calib": calib} if options["precision"] == "int8" else {}
         try:
-            folder = make_engine(Settings(**options, out_root=engines, builder="tensorrt_rtx", **extra))
+            folder = make_engine(Settings(**options, out_root=engines, **extra))  # an engine where a builder is here
             named(engines, name).parent.mkdir(exist_ok=True)
             named(engines, name).unlink(missing_ok=True)
             named(engines, name).symlink_to(folder.resolve())
@@ -166,6 +200,14 @@ class Bound:
         self.session.run_with_iobinding(self.binding)
 
 
+def _float16_inputs(path: Path) -> list[Any]:
+    import onnx
+    from onnx import TensorProto
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return [value for value in graph.input if value.type.tensor_type.elem_type == TensorProto.FLOAT16]
+
+
 class OrtCuda(Backend):
     """One graph of the folder on ORT's CUDA provider: bare session end to end, IO binding device-resident."""
 
@@ -176,6 +218,7 @@ class OrtCuda(Backend):
         self.device_note = ""
         self.memory_note = "n/a: ONNX Runtime's arena is not counted"
         self.path, self.cuda_graph, self.nhwc = path, cuda_graph, nhwc
+        self.input_types = {value.name: np.float16 for value in _float16_inputs(path)}
         self.session = None if cuda_graph else cuda_session(path, nhwc=nhwc)
         self.bound: dict[tuple, Bound] = {}
 
@@ -186,19 +229,24 @@ class OrtCuda(Backend):
             self.bound[key] = Bound(session, feed)
         return self.bound[key]
 
+    def _typed(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The feed in the graph's input types (float16 for a graph without edge Casts)."""
+        return {name: value.astype(self.input_types.get(name, value.dtype)) for name, value in feed.items()}
+
     def infer(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        feed = self._typed(feed)
         if not self.cuda_graph:
             assert self.session is not None
             names = [output.name for output in self.session.get_outputs()]
-            return dict(zip(names, self.session.run(None, feed), strict=True))
+            return {n: v.astype(np.float32) for n, v in zip(names, self.session.run(None, feed), strict=True)}
         bound = self._bound(feed)
         for name, value in feed.items():
             bound.inputs[name].copy_(torch.from_numpy(value))
         bound.run()
-        return {name: tensor.cpu().numpy() for name, tensor in bound.outputs.items()}
+        return {name: tensor.float().cpu().numpy() for name, tensor in bound.outputs.items()}
 
     def stage(self, feed: dict[str, np.ndarray]):
-        return self._bound(feed).run
+        return self._bound(self._typed(feed)).run
 
     def sync(self) -> None:
         if DEVICE == "cuda":
@@ -219,23 +267,102 @@ def ort_cuda_choice(name: str, graph: str, cuda_graph: bool, nhwc: bool = False)
     return Choice(name, f"ONNX Runtime CUDA on {graph}", open_it)
 
 
+@contextmanager
+def tuned(options: dict[str, str], straight: bool = True) -> Iterator[None]:
+    """While a runner loads: the onnxruntime-cuda runner's provider options (its TUNING) with `options` on top, and
+    whether numpy inputs go to the GPU straight from the caller's array or through a page-locked copy."""
+    saved = dict(cuda_runner.TUNING), cuda_runner.STRAIGHT_FROM_PAGEABLE
+    cuda_runner.TUNING.update(options)
+    cuda_runner.STRAIGHT_FROM_PAGEABLE = straight
+    try:
+        yield
+    finally:
+        cuda_runner.TUNING.clear()
+        cuda_runner.TUNING.update(saved[0])
+        cuda_runner.STRAIGHT_FROM_PAGEABLE = saved[1]
+
+
+def runner_choice(name: str, options: dict[str, str], cuda_graph: bool = False, straight: bool = True) -> Choice:
+    """The onnxruntime-cuda runner itself (what auto serves) on the folder's engine graph, its TUNING varied."""
+    how = ", ".join(f"{key}={value}" for key, value in options.items())
+    how += (", CUDA graphs" if cuda_graph else "") + ("" if straight else ", inputs through a page-locked copy")
+
+    def open_it(context: Context) -> Backend:
+        device = {} if DEVICE == "cuda" else {"device": "cpu"}
+        with tuned(options, straight):
+            runner = load_runner(context.folder, "onnxruntime-cuda", cuda_graph=cuda_graph, **device)
+        label = f"onnxruntime-cuda runner on {runner.graph} ({how.lstrip(', ')})"
+        precision = context.folder.record(runner.graph).precision
+        if DEVICE == "cpu":
+            return RunnerBackend(name, label, precision, runner, "n/a")
+        return DeviceRunnerBackend(name, label, precision, runner)
+
+    return Choice(name, f"the runner with {how}", open_it)
+
+
+def without_edge_casts(source: Path, target: Path) -> Path:
+    """The FP16 graph with float16 inputs and outputs: the Casts at its edges (float32 <-> float16) removed, so a
+    caller binds float16 buffers directly."""
+    import onnx
+    from onnx import TensorProto
+
+    model = onnx.load(str(source))
+    graph = model.graph
+    inputs = {value.name for value in graph.input if value.type.tensor_type.elem_type == TensorProto.FLOAT}
+    outputs = {value.name for value in graph.output if value.type.tensor_type.elem_type == TensorProto.FLOAT}
+    rename: dict[str, str] = {}
+    kept = []
+    for node in graph.node:
+        if node.op_type == "Cast" and node.input[0] in inputs:
+            rename[node.output[0]] = node.input[0]  # its readers read the (now float16) input itself
+        elif node.op_type == "Cast" and node.output[0] in outputs:
+            rename[node.input[0]] = node.output[0]  # the float16 value takes the output's name
+        else:
+            kept.append(node)
+    for node in kept:
+        node.input[:] = [rename.get(name, name) for name in node.input]
+        node.output[:] = [rename.get(name, name) for name in node.output]
+    del graph.node[:]
+    graph.node.extend(kept)
+    for value in (*graph.input, *graph.output):
+        if value.name in inputs | outputs:
+            value.type.tensor_type.elem_type = TensorProto.FLOAT16
+    onnx.save(model, str(target))
+    return target
+
+
+def fp16_io_choice(name: str, cuda_graph: bool, nhwc: bool, engines: Path) -> Choice:
+    """ONNX Runtime CUDA on the FP16 graph without its edge Casts: float16 in and out (converted from and to float32
+    on the host end to end, as a caller holding float32 would; bound as float16 tensors device-resident)."""
+
+    def open_it(context: Context) -> Backend:
+        graph = without_edge_casts(context.folder.path / "model.fp16.onnx", engines / "model.fp16-io.onnx")
+        return OrtCuda(name, graph, "fp16", cuda_graph, nhwc)
+
+    return Choice(name, "ONNX Runtime CUDA on the FP16 graph with float16 inputs and outputs", open_it)
+
+
 def speed(engines: Path, out: Path, folder_name: str, budget_s: float) -> None:
-    """The bench's torch rows and `served`, and ONNX Runtime CUDA on the folder's graphs, in one run_benchmark."""
-    int8 = folder_name.endswith("-int8")
-    names = ["served", "onnxruntime-cuda", "onnxruntime-cuda-graphs"] + ([] if int8 else ["torch-amp", "torch-compile"])
-    graphs = {precision: graph_record(precision).file for precision in (["int8"] if int8 else ["fp32", "fp16"])}
-    ours = [
-        ort_cuda_choice(f"ort-cuda-{k}{'-graph' * g}", name, g) for k, name in graphs.items() for g in (False, True)
-    ]
-    if folder_name.startswith("resnet") and not int8:  # convolutions: does NHWC help the float16 graph?
-        ours += [
-            ort_cuda_choice(f"ort-cuda-fp16-nhwc{'-graph' * g}", graphs["fp16"], g, nhwc=True) for g in (False, True)
-        ]
+    """The bench's torch rows (eager FP32, AMP, torch.compile AMP; TF32 off), `served` (auto: its multi-batch pick
+    and host check), the onnxruntime-cuda runner with and without CUDA graphs, and beside them, on the same
+    machine, what the runner did before (inputs through a page-locked copy; for convolutions, NCHW), in one
+    run_benchmark.  ROWS=all adds the variants tried first (cuDNN's HEURISTIC search, float16 inputs and outputs)."""
+    names = ["served", "torch-amp", "torch-compile", "onnxruntime-cuda", "onnxruntime-cuda-graphs"]
+    ours = [runner_choice("rt-pinned-graphs", {}, cuda_graph=True, straight=False)]
+    if folder_name.startswith("resnet"):
+        ours += [runner_choice("rt-nchw-graphs", {"prefer_nhwc": "0"}, cuda_graph=True)]
+        if os.environ.get("ROWS") == "all":
+            ours += [runner_choice(f"rt-heuristic{'-graphs' * g}", HEURISTIC, g) for g in (False, True)]
+            ours += [fp16_io_choice(f"ort-fp16-io-nhwc{'-graph' * g}", g, True, engines) for g in (False, True)]
     policy = TimingPolicy(budget_s=budget_s, iterations=200, rounds=5)
-    report = run_benchmark(
-        named(engines, folder_name), backends=names, batches=[1, 8, 32], policy=policy, threads=16, extra=ours
-    )
+    folder = named(engines, folder_name)
+    (folder / SERVED_CHOICE).unlink(missing_ok=True)  # auto measures and checks on this host, in this run
+    report = run_benchmark(folder, backends=names, batches=[1, 8, 32], policy=policy, threads=16, extra=ours)
     write_reports(report, out / f"speed-{folder_name}")
+    shutil.copy(folder / SERVED_CHOICE, out / f"served-{folder_name}.json")
+
+
+HEURISTIC = {"cudnn_conv_algo_search": "HEURISTIC"}
 
 
 # --------------------------------------------------------------------------- accuracy checks

@@ -16,6 +16,11 @@
 #     (no carry):                          bash tools/device/run.sh ort_install
 #     (no carry):                          bash tools/device/run.sh ort_measure  # detached; then, until it says done:
 #     (no carry):                          bash tools/device/run.sh ort_collect  # waits, then results.tar.gz in $OUT
+# Issue 36 (python tools/device/bundle.py ort: onnxruntime-gpu with Hopper's kernels only, and onnxsim, in two
+# folders), one chain while warm:
+#     carry .devbundle/ort0: bash tools/device/run.sh served_start    # environment, onnxsim; the folders build detached
+#     carry .devbundle/ort1: bash tools/device/run.sh served_measure  # onnxruntime-gpu; GPU tests and bench, detached
+#     (no carry):            bash tools/device/run.sh ort_collect     # waits (WAIT_S, 540), then results.tar.gz in $OUT
 # Every log and JSON lands in $OUT.
 set -uo pipefail
 PY=${PY:-/opt/torch/.venv/bin/python3}
@@ -49,11 +54,11 @@ machine_env() {
 		grep -m1 'model name' /proc/cpuinfo
 		"$PY" -m pip show nvidia-cudnn-cu13 nvidia-cublas nvidia-cuda-runtime 2>&1 | grep -E '^(Name|Version)'
 	} >"$OUT/env.txt" 2>&1
-	mkdir -p /tmp/bundle && cp -r .devbundle/a /tmp/bundle/
 }
 
 start() {
 	machine_env
+	mkdir -p /tmp/bundle && cp -r .devbundle/a /tmp/bundle/
 	install_wheels /tmp/bundle/a/*.whl
 	# Detached (setsid), so the build goes on after this call returns; `main` waits for it.
 	setsid bash -c "\"$PY\" -m pip install -v --no-index --no-deps --no-build-isolation --no-cache-dir \
@@ -116,12 +121,43 @@ ort_measure() {  # after the builds: the onnxruntime-cuda runner's GPU tests, sp
 		>$RESULTS/\$step.log 2>&1; done; echo done >/tmp/measure.done" </dev/null >/dev/null 2>&1 &
 }
 
-ort_collect() {  # wait (up to 9 minutes) for the measurements, then bring back what there is
+ort_collect() {  # wait (up to WAIT_S, 9 minutes by default) for the measurements, then bring back what there is
 	local waited=0
-	while [ ! -f /tmp/measure.done ] && [ $waited -lt 540 ]; do sleep 5; waited=$((waited + 5)); done
+	while [ ! -f /tmp/measure.done ] && [ $waited -lt "${WAIT_S:-540}" ]; do sleep 5; waited=$((waited + 5)); done
 	[ -f /tmp/measure.done ] && echo "measurements: done" || echo "measurements: still running"
 	tail -n 5 "$RESULTS"/*.log
 	tar -czf "$OUT/results.tar.gz" -C "$RESULTS" .
+}
+
+served_start() {  # issue 36: the ResNet-50 and encoder FP16 folders build (CPU) while the next part travels
+	machine_env
+	cat "$OUT/env.txt"
+	ort_part
+	install_wheels "$ORT_PARTS"/onnxsim-*.whl
+	mkdir -p "$RESULTS"
+	setsid bash -c "\"$PY\" tools/device/ort_cuda.py build $ENGINES /nonexistent resnet50-fp16 encoder-fp16 \
+		>$RESULTS/build.log 2>&1; echo \$? >/tmp/build.rc" </dev/null >/dev/null 2>&1 &
+}
+
+served_measure() {  # issue 36: onnxruntime-gpu, then detached: the GPU tests, then the bench on both folders
+	ort_part
+	ort_install || return 1
+	grep -q "^smoke: \['CUDAExecutionProvider'" "$OUT/ort-providers.txt" || { echo "smoke failed: not measuring"; return 1; }
+	served_launch
+}
+
+served_launch() {
+	setsid bash -c "export PYTHONPATH=$ORT_SITE:$PYTHONPATH; \
+		bash tools/device/run.sh served_tests; \
+		while [ ! -f /tmp/build.rc ]; do sleep 2; done; \
+		BUDGET_S=1 \"$PY\" tools/device/ort_cuda.py speed $ENGINES $RESULTS resnet50-fp16 encoder-fp16 \
+		>$RESULTS/speed.log 2>&1; echo done >/tmp/measure.done" </dev/null >/dev/null 2>&1 &
+}
+
+served_tests() {  # the onnxruntime-cuda runner's GPU tests (serve_fixtures needs tritonclient, which is not there)
+	PYTHONPATH="$ORT_SITE:$PYTHONPATH" "$PY" -m pytest -m gpu -v -rs -p no:cacheprovider -p no:tests.serve_fixtures \
+		tests/test_runner_onnxruntime_cuda_gpu.py tests/test_device_memory_gpu.py >"$RESULTS/pytest-gpu.log" 2>&1
+	echo "pytest -m gpu: exit $?"; tail -25 "$RESULTS/pytest-gpu.log"
 }
 
 ort_part() {  # the part(s) this call carried, kept in /tmp while the machine stays warm
