@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,7 +26,8 @@ from trt_pipeline.pipeline.folder.graph_io import load_reference
 from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, SERVED_CHOICE, graph_record
 from trt_pipeline.pipeline.folder.manifest import Manifest
 from trt_pipeline.pipeline.folder.provenance import describe_artifacts
-from trt_pipeline.pipeline.runners import load_runner
+from trt_pipeline.pipeline.folder.reader import open_folder
+from trt_pipeline.pipeline.runners import fastest, load_runner
 from trt_pipeline.pipeline.runners.device_memory import available_layers, open_device_memory
 from trt_pipeline.pipeline.runners.fastest import Candidate, ranked
 from trt_pipeline.pipeline.runners.tensorrt import built_for, check_gpu_target
@@ -269,14 +271,16 @@ def _served_record(folder: Path) -> dict:
 
 
 def _assert_serves_the_fastest_measured(runner, record: dict) -> None:
-    """The served graph has the least worst ratio to the fastest over the recorded batches (a tiny model's calls
-    are quick enough for all three of the profile's), and the description shows every measurement."""
+    """The served graph, of those timed at every recorded batch, has the least worst ratio to the fastest there (a
+    tiny model's calls are quick enough for all three of the profile's), and the description shows every
+    measurement."""
     by_batch = record["ms"]
     assert list(by_batch) == ["8", "32", "1"]  # opt, max, min
     labels = list(by_batch["8"])
 
-    def worst(label: str) -> float:
-        return max(medians[label] / min(medians.values()) for medians in by_batch.values())
+    def worst(label: str) -> tuple[int, float]:
+        timed = [medians for medians in by_batch.values() if label in medians]
+        return -len(timed), max(medians[label] / min(medians.values()) for medians in timed)
 
     assert record["served"] == min(labels, key=worst) == f"{runner.graph} on CPU"
     for batch, medians in by_batch.items():
@@ -293,6 +297,9 @@ def test_auto_picks_the_graph_least_slow_at_its_worst_batch_not_the_fastest_at_o
     by_batch = {8: {fp32: 3.53, fp16: 3.63}, 32: {fp32: 8.27, fp16: 6.55}, 1: {fp32: 1.86, fp16: 1.81}}
     assert ranked(by_batch) == [fp16, fp32]
     assert ranked({8: by_batch[8]}) == [fp32, fp16]
+    # A candidate left behind at the opt batch (not timed at the others) ranks after those timed at every batch.
+    cpu = Candidate(graph_record("fp32"), ("CPUExecutionProvider",))
+    assert ranked({8: {**by_batch[8], cpu: 40.0}, 32: by_batch[32], 1: by_batch[1]}) == [fp16, fp32, cpu]
 
 
 @pytest.mark.parametrize(
@@ -313,6 +320,51 @@ def test_auto_serves_the_fastest_graph_the_folder_promises_the_accuracy_of(
         assert set(record["key"]["graphs"]) == expected
         _assert_serves_the_fastest_measured(runner, record)
         assert runner.infer(_cnn_batch(2))["logits"].shape == (2, 10)
+
+
+def test_a_candidate_far_behind_at_a_batch_is_not_timed_at_the_next(fp16_folder, tmp_path, monkeypatch):
+    """On an H100 the CPU's graphs of ResNet-50, 10x to 40x behind the CUDA ones, spent auto's whole budget at the
+    opt batch, so the CUDA graphs were compared at that batch alone.  With BEHIND at 1, only the fastest at the opt
+    batch goes on to the max and min batches, and it is served."""
+    monkeypatch.setattr(fastest, "BEHIND", 1.0)
+    folder = _copy(fp16_folder, tmp_path)
+    with load_runner(folder):
+        record = _served_record(folder)
+    at_opt = record["ms"]["8"]
+    assert len(at_opt) == 2, at_opt  # model.onnx and model.fp16.onnx on the CPU
+    leader = min(at_opt, key=at_opt.__getitem__)
+    assert {batch: list(medians) for batch, medians in record["ms"].items()} == {
+        "8": list(at_opt),
+        "32": [leader],
+        "1": [leader],
+    }
+    assert record["served"] == leader
+
+
+class _Slowed:
+    """A real runner whose every call takes `seconds` longer: a candidate far behind the others, as the CPU's graphs
+    are on a GPU host."""
+
+    def __init__(self, runner, seconds: float):
+        self.runner, self.seconds = runner, seconds
+
+    def infer(self, feed):
+        time.sleep(self.seconds)
+        return self.runner.infer(feed)
+
+
+def test_a_candidate_left_behind_does_not_use_up_the_budget_of_the_others(fp16_folder, monkeypatch):
+    """Its calls (here 0.05 s each, at least four: more than the budget) do not count: the candidates still timed go
+    on to the max and min batches, which the whole measurement's time had stopped at the opt batch."""
+    monkeypatch.setattr(fastest, "BUDGET_S", 0.1)
+    folder = open_folder(fp16_folder)
+    fp32, fp16 = (Candidate(graph_record(p), ("CPUExecutionProvider",)) for p in ("fp32", "fp16"))
+    with (
+        load_runner(folder, "onnxruntime", graph=fp32.graph) as fast,
+        load_runner(folder, "onnxruntime", graph=fp16.graph) as slow,
+    ):
+        by_batch, _ = fastest.measure_batches({fp32: fast, fp16: _Slowed(slow, 0.05)}, folder)
+    assert {batch: list(medians) for batch, medians in by_batch.items()} == {8: [fp32, fp16], 32: [fp32], 1: [fp32]}
 
 
 def test_auto_never_serves_a_graph_whose_gate_failed(int8_folder, tmp_path):
