@@ -64,7 +64,7 @@ def split(path: Path, folders: list[Path]) -> str:
     """Write `path` as <name>.part<i> into folders[i], each folder's part filling it up to PART_BYTES with what it
     already holds (the last takes the rest); return its sha256."""
     data = path.read_bytes()
-    rooms = [PART_BYTES - sum(f.stat().st_size for f in folder.iterdir()) for folder in folders]
+    rooms = [PART_BYTES - _size(folder) for folder in folders]
     if len(data) > sum(rooms):
         raise SystemExit(f"{path.name} is {len(data) >> 20} MiB: more than {len(folders)} parts of {PART_BYTES >> 20}")
     start = 0
@@ -76,6 +76,10 @@ def split(path: Path, folders: list[Path]) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _size(folder: Path) -> int:
+    return sum(path.stat().st_size for path in folder.iterdir())
+
+
 def bundle_onnxruntime_gpu() -> list[Path]:
     """onnxruntime-gpu with only Hopper's kernels (tools/device/slim_wheel.py) and onnxsim, which the folders'
     builds there need, in PART_BYTES folders, one a device call; SHA256SUMS travels with the first part."""
@@ -85,13 +89,14 @@ def bundle_onnxruntime_gpu() -> list[Path]:
     (wheel,) = download_wheels([ORT_GPU], scratch)
     slim_wheel = scratch / "slim" / wheel.name
     slim_wheel.parent.mkdir()
-    print("onnxruntime-gpu, Hopper's kernels: kept %d MiB, zeroed %d MiB" % tuple(n >> 20 for n in slim(wheel, slim_wheel)))
+    kept, zeroed = slim(wheel, slim_wheel)
+    print(f"onnxruntime-gpu with Hopper's kernels: kept {kept >> 20} MiB of cubins, zeroed {zeroed >> 20} MiB")
     first = BUNDLE / "ort0"
     shutil.rmtree(first, ignore_errors=True)
     first.mkdir(parents=True)
     download_wheels(WHEELS[2:], first)  # onnxsim
-    count = 1 + -(-(slim_wheel.stat().st_size - (PART_BYTES - sum(f.stat().st_size for f in first.iterdir()))) // PART_BYTES)
-    folders = [first] + [BUNDLE / f"ort{index}" for index in range(1, count)]
+    after_first = slim_wheel.stat().st_size - (PART_BYTES - _size(first))
+    folders = [first] + [BUNDLE / f"ort{index}" for index in range(1, 1 + -(-after_first // PART_BYTES))]
     for folder in folders[1:]:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)

@@ -1,14 +1,14 @@
-"""On the GPU machine: our graphs on ONNX Runtime's CUDA provider (onnxruntime-gpu), for issue 23.
+"""On the GPU machine: our graphs on ONNX Runtime's CUDA provider (onnxruntime-gpu), for issues 23 and 36.
 
-    python tools/device/ort_cuda.py build ENGINES CALIB    # ResNet-50 FP16 + INT8, an encoder, the FP16 overflow toy
-    python tools/device/ort_cuda.py speed ENGINES OUT      # bench rows: torch eager/AMP/compile, served, ORT CUDA
-    python tools/device/ort_cuda.py fp16 ENGINES OUT       # the faithful FP16 check (CPU) vs real float16 (GPU)
-    python tools/device/ort_cuda.py int8 ENGINES OUT       # the Q/DQ graph on the CUDA provider vs its CPU simulation
+    python tools/device/ort_cuda.py build ENGINES CALIB [NAME...]  # FOLDERS (ResNet-50 FP16 + INT8, an encoder, ...)
+    python tools/device/ort_cuda.py speed ENGINES OUT [NAME...]   # bench rows: torch, served, the CUDA runner, variants
+    python tools/device/ort_cuda.py fp16 ENGINES OUT               # the faithful FP16 check (CPU) vs real float16 (GPU)
+    python tools/device/ort_cuda.py int8 ENGINES OUT               # the Q/DQ graph on CUDA vs its CPU simulation
 
-The ONNX Runtime CUDA rows are a bare InferenceSession per graph (end to end: numpy in, numpy out) and the same
-session through IO binding on torch CUDA tensors (device-resident), with and without a captured CUDA graph (one
-session per input shape, as ONNX Runtime captures one graph per session).  FP32 sessions run with use_tf32=0, so
-FP32 stays FP32.  Every row is timed by the bench harness (pipeline/bench), alternating rounds, in one process.
+The speed rows are the bench's own (torch eager FP32, AMP, torch.compile; `served`, which is auto with its host
+check; the onnxruntime-cuda runner with and without CUDA graphs) and the same runner with one of its defaults
+changed back or varied (runner_choice), every row timed by the bench harness, alternating rounds, in one process.
+The accuracy checks use bare sessions (cuda_session); FP32 sessions run with use_tf32=0, so FP32 stays FP32.
 """
 
 from __future__ import annotations
@@ -257,16 +257,6 @@ class OrtCuda(Backend):
         self.session = None
 
 
-def ort_cuda_choice(name: str, graph: str, cuda_graph: bool, nhwc: bool = False) -> Choice:
-    def open_it(context: Context) -> Backend:
-        record = context.folder.record(graph)
-        if record is None or not context.folder.has(graph):
-            raise Unavailable(f"{context.folder.path} has no {graph}")
-        return OrtCuda(name, context.folder.path / graph, record.precision, cuda_graph, nhwc)
-
-    return Choice(name, f"ONNX Runtime CUDA on {graph}", open_it)
-
-
 @contextmanager
 def tuned(options: dict[str, str], straight: bool = True) -> Iterator[None]:
     """While a runner loads: the onnxruntime-cuda runner's provider options (its TUNING) with `options` on top, and
@@ -289,8 +279,11 @@ def runner_choice(name: str, options: dict[str, str], cuda_graph: bool = False, 
 
     def open_it(context: Context) -> Backend:
         device = {} if DEVICE == "cuda" else {"device": "cpu"}
-        with tuned(options, straight):
-            runner = load_runner(context.folder, "onnxruntime-cuda", cuda_graph=cuda_graph, **device)
+        try:
+            with tuned(options, straight):
+                runner = load_runner(context.folder, "onnxruntime-cuda", cuda_graph=cuda_graph, **device)
+        except PipelineError as error:  # e.g. an INT8 graph with nodes on the CPU, which no CUDA graph captures
+            raise Unavailable(f"{error.problem} ({error.fix})") from None
         label = f"onnxruntime-cuda runner on {runner.graph} ({how.lstrip(', ')})"
         precision = context.folder.record(runner.graph).precision
         if DEVICE == "cpu":
