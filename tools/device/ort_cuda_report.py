@@ -1,15 +1,18 @@
 """docs/benchmarks/resnet50-h100-cuda.md (+ .json) from what tools/device/ort_cuda.py wrote on the GPU machine.
 
-    python tools/device/ort_cuda_report.py RESULTS PROBE_JSON ENV_TXT docs/benchmarks/resnet50-h100-cuda [READING]
+    python tools/device/ort_cuda_report.py OUT RESULTS ENV_TXT [--tried RESULTS ENV_TXT] [--reading MD]
+        [--earlier JSON]
 
-RESULTS is the unpacked results.tar.gz of `run.sh ort_collect` (speed-*/bench.json, fp16-check.json, int8-check.json);
-READING, a hand-written markdown section on what the numbers say, goes after the introduction.
+RESULTS is the unpacked results.tar.gz of `run.sh ort_collect` (speed-*/bench.json, served-*.json); --tried, an
+earlier run of the variants tried first (ROWS=all); --reading, a hand-written markdown section on what the numbers
+say, after the introduction; --earlier, the report this one replaces, whose accuracy checks and TensorRT-RTX probe
+(fp16-check.json, int8-check.json, probe.json of that run) are carried over where RESULTS has none.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 SPEED = {"resnet50-fp16": "ResNet-50 (FP16 folder)", "encoder-fp16": "encoder (FP16 folder)"}
@@ -41,18 +44,35 @@ def served_line(bench: dict) -> str:
     return f"What `auto` served: {served['description']}" if served else "served: not run"
 
 
-def speed_section(results: Path) -> list[str]:
-    lines = ["## 1. Speed: ONNX Runtime's CUDA provider beside PyTorch, and what `auto` serves", ""]
-    for name, title in {**SPEED, SPEED_INT8: "ResNet-50 (INT8 folder)"}.items():
+def speed_section(results: Path, title: str) -> list[str]:
+    lines = [title, ""]
+    for name, heading in {**SPEED, SPEED_INT8: "ResNet-50 (INT8 folder)"}.items():
         path = results / f"speed-{name}" / "bench.json"
         if not path.is_file():
-            lines += [f"### {title}: not measured (no {path.name})", ""]
             continue
         bench = json.loads(path.read_text())
         table, _ = p50_table(bench)
         verdict = bench["stability"]["verdict"]
-        lines += [f"### {title}", "", *table, "", served_line(bench), "", f"Stability: {verdict}", ""]
+        lines += [f"### {heading}", "", *table, "", served_line(bench), "", *served_choice(results, name)]
+        lines += [f"Stability: {verdict}", ""]
     return lines
+
+
+def served_choice(results: Path, name: str) -> list[str]:
+    """What auto measured (ms per call by batch) and its host check (part A), from the folder's served.json."""
+    path = results / f"served-{name}.json"
+    if not path.is_file():
+        return []
+    record = json.loads(path.read_text())
+    timed = "; ".join(
+        f"batch {batch}: " + ", ".join(f"{label} {ms:.2f} ms" for label, ms in medians.items())
+        for batch, medians in record["ms"].items()
+    )
+    checks = [
+        f"{label}: {'passed' if check['passed'] else 'refused'} in {check['seconds']:.2f} s ({check['verdict']})"
+        for label, check in record["checks"].items()
+    ]
+    return [f"`auto`'s measurement (served.json): {timed}. Served: {record['served']}.", "", *checks, ""]
 
 
 def _number(value: float) -> str:
@@ -122,52 +142,83 @@ def rtx_section(probe: dict) -> list[str]:
     ]
 
 
-def main(results: Path, probe_path: Path, env_path: Path, out: Path, reading: Path | None = None) -> None:
-    probe = json.loads(probe_path.read_text())
-    fp16 = json.loads((results / "fp16-check.json").read_text())
-    int8 = json.loads((results / "int8-check.json").read_text())
-    int8_bench_path = results / f"speed-{SPEED_INT8}" / "bench.json"
-    int8_bench = json.loads(int8_bench_path.read_text()) if int8_bench_path.is_file() else None
-    environment = env_path.read_text()
+def main(arguments: argparse.Namespace) -> None:
+    results, environment = arguments.results, arguments.env.read_text()
+    earlier = json.loads(arguments.earlier.read_text()) if arguments.earlier else {}
+    fp16, int8, probe = (_checked(results, earlier, key) for key in ("fp16", "int8", "probe"))
+    carried = "" if (results / "fp16-check.json").is_file() else " (from the earlier run: not rerun)"
     lines = [
-        "# Our graphs on an H100 through ONNX Runtime's CUDA provider (issue 23)",
+        "# Our graphs on an H100 through ONNX Runtime's CUDA provider (issues 23 and 36)",
         "",
         "No TensorRT engine runs on this GPU (section 4), so this is what a Hopper host serves: the folder's graphs "
         "on `onnxruntime-gpu` 1.31.1 (CUDA 13) with the CUDA 13 libraries of the machine's torch venv. Randomly "
         "initialised ResNet-50 (no weights can be downloaded there) and a MiniLM-sized encoder (6 layers, width 384, "
         "sequence 128; `tools/device/ort_cuda.py:encoder`), seeded random inputs, every row in one process, "
-        "alternating rounds (the bench harness). `ort-cuda-*` rows are bare sessions (end to end: numpy in and "
-        "out) and the same session through IO binding on torch CUDA tensors (device-resident); `-graph` adds a "
-        "captured CUDA graph. `torch-amp` and `torch-compile` are AMP FP16.",
+        "alternating rounds (the bench harness). `served` is `load_runner(folder)` (auto: its measured pick and its "
+        "host check); `onnxruntime-cuda` is the runner on the folder's engine graph with its defaults, `-graphs` "
+        "with a CUDA graph per input shape; `rt-*` rows are the same runner with one default changed back (`nchw`: "
+        "prefer_nhwc=0; `pinned`: inputs through a page-locked copy). End to end: numpy in and out; "
+        "device-resident: torch CUDA tensors in and out. `torch-amp` and `torch-compile` are AMP FP16, `torch` FP32, "
+        "all with TF32 off.",
         "",
-        *([reading.read_text(), ""] if reading else []),
-        "Commands: `python tools/device/bundle.py` and `python tools/device/bundle.py ort` here; on the device the "
-        "chain in tools/device/run.sh's header (start_bare, ort_builds, ort_part x5, ort_install, ort_measure, "
-        "ort_collect); then `python tools/device/ort_cuda_report.py RESULTS probe.json env.txt "
-        "docs/benchmarks/resnet50-h100-cuda`.",
+        *([arguments.reading.read_text(), ""] if arguments.reading else []),
+        "Commands: `python tools/device/bundle.py ort` here; on the device the issue-36 chain in "
+        "tools/device/run.sh's header (served_start, served_measure, ort_collect); then `python "
+        "tools/device/ort_cuda_report.py docs/benchmarks/resnet50-h100-cuda RESULTS env.txt --tried RESULTS-1 "
+        "env-1.txt --reading READING.md --earlier docs/benchmarks/resnet50-h100-cuda.json`.",
         "",
         "Machine:",
         "",
         "```",
-        *[line for line in environment.splitlines() if line.strip() and not line.startswith(("|", "+"))],
+        *_machine(environment),
         "```",
         "",
-        *speed_section(results),
-        *fp16_section(fp16),
-        *int8_section(int8, int8_bench),
-        *rtx_section(probe),
+        *speed_section(results, "## 1. Speed: what `auto` serves, the runner, and PyTorch"),
     ]
+    if arguments.tried:
+        lines += speed_section(arguments.tried[0], "## 1b. The variants tried first (an earlier run, same day)")
+        lines += ["", "Its machine:", "", "```", *_machine(arguments.tried[1].read_text()), "```", ""]
+    lines += [f"## Sections 2 to 4{carried}", ""] if carried else []
+    lines += [*fp16_section(fp16), *int8_section(int8, None), *rtx_section(probe)]
+    out = arguments.out
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    speeds = {}
-    for name in [*SPEED, SPEED_INT8]:
-        path = results / f"speed-{name}" / "bench.json"
-        if path.is_file():
-            speeds[name] = json.loads(path.read_text())
-    record = {"speed": speeds, "fp16": fp16, "int8": int8, "probe": probe, "environment": environment}
+    record = {
+        "speed": _speeds(results),
+        "served": {name: _json(results / f"served-{name}.json") for name in SPEED if name in _speeds(results)},
+        "tried_first": _speeds(arguments.tried[0]) if arguments.tried else {},
+        "fp16": fp16,
+        "int8": int8,
+        "probe": probe,
+        "environment": environment,
+    }
     out.with_suffix(".json").write_text(json.dumps(record, indent=1, default=str) + "\n")
 
 
+def _machine(environment: str) -> list[str]:
+    return [line for line in environment.splitlines() if line.strip() and not line.startswith(("|", "+"))]
+
+
+def _json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _speeds(results: Path) -> dict:
+    benches = {name: _json(results / f"speed-{name}" / "bench.json") for name in [*SPEED, SPEED_INT8]}
+    return {name: bench for name, bench in benches.items() if bench is not None}
+
+
+def _checked(results: Path, earlier: dict, key: str) -> dict:
+    """This run's fp16/int8 check or RTX probe, else the earlier report's."""
+    name = {"fp16": "fp16-check.json", "int8": "int8-check.json", "probe": "probe.json"}[key]
+    return _json(results / name) or earlier[key]
+
+
 if __name__ == "__main__":
-    if len(sys.argv) not in (5, 6):
-        raise SystemExit(__doc__)
-    main(*(Path(arg) for arg in sys.argv[1:]))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("results", type=Path)
+    parser.add_argument("env", type=Path)
+    parser.add_argument("--tried", nargs=2, type=Path, metavar=("RESULTS", "ENV_TXT"))
+    parser.add_argument("--reading", type=Path)
+    parser.add_argument("--earlier", type=Path)
+    main(parser.parse_args())
