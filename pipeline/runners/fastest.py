@@ -164,7 +164,7 @@ def measure_batches(
     while the calls of the candidates still timed have taken BUDGET_S or less (on a GPU all three; on a CPU a large
     model's opt batch alone).  A candidate BEHIND times the fastest at a batch is not timed at the next ones, and its
     calls do not count: it cannot be served ahead of one timed at every batch (ranked()), and on an H100 the CPU's
-    graphs of ResNet-50 (20x to 80x behind) spent the whole budget at the opt batch, so the CUDA graphs were
+    graphs of ResNet-50 (11x to 83x behind) spent the whole budget at the opt batch, so the CUDA graphs were
     compared at that batch alone."""
     by_batch: dict[int, dict[Candidate, float]] = {}
     first_rounds, spent_s = 0, 0.0
