@@ -284,12 +284,13 @@ def make_int8_graph(
     `out_path`, removed on return (artifacts.scratch_folder says why there)."""
     parts = read_calibration(fp32_path, source, preprocess, config, cache_folder)
     with contextlib.ExitStack() as stack:
+        keep_chosen = scratch is not None  # the caller reads the kept candidate's graphs after
         scratch = scratch or stack.enter_context(scratch_folder(out_path, "int8-scratch"))
         stack.callback(_remove_beside, fp32_path)
         candidates = build_candidates(fp32_path, parts, config, cache_folder, scratch, judged=judge is not None)
         search = judge_candidates(candidates, parts, judge, scratch)
         search = search_float(search, parts, config, judge, scratch / "float")
-        written = write_int8_graphs(search, out_path, cpu_out_paths or {}, scratch)
+        written = write_int8_graphs(search, out_path, cpu_out_paths or {}, scratch, keep_chosen=keep_chosen)
     return int8_result(fp32_path, config, parts, search, written)
 
 
@@ -371,13 +372,19 @@ def search_float(
     return replace(search, chosen=chosen, float_search=record)
 
 
-def write_int8_graphs(search: Search, out_path: Path, cpu_out_paths: dict[str, Path], scratch: Path) -> Int8Graphs:
+def write_int8_graphs(
+    search: Search, out_path: Path, cpu_out_paths: dict[str, Path], scratch: Path, *, keep_chosen: bool
+) -> Int8Graphs:
     """The kept candidate's Q/DQ graph to `out_path` and, from its ranges, a graph for each kind of CPU in
-    `cpu_out_paths` (those ONNX Runtime's quantizer cannot make are recorded, not written)."""
+    `cpu_out_paths` (those ONNX Runtime's quantizer cannot make are recorded, not written).  Unless `keep_chosen`,
+    its copy in the scratch goes once written: the CPU graphs are made from its FP32 graph, and the 1.1B LM's
+    1.3 GB Q/DQ graph was there twice while they were."""
     chosen = search.chosen
     copy_graph(chosen.qdq, out_path)
+    if not keep_chosen:
+        remove_graph(chosen.qdq)
     cpu = {kind: _cpu_graph(chosen, path, kind, search.means, scratch) for kind, path in cpu_out_paths.items()}
-    return Int8Graphs(out_path.name, cpu, int8_share(chosen.qdq, search.macs))
+    return Int8Graphs(out_path.name, cpu, int8_share(out_path, search.macs))
 
 
 def int8_result(
@@ -731,8 +738,11 @@ def _keep_float(
                 "kept_in_float": kept,
             }
         )
-        if not kept:
+        if not kept:  # its graphs are never read again (the 1.1B LM's 1.3 GB try stayed through the CPU graphs)
+            shutil.rmtree(path.parent, ignore_errors=True)
             break
+        if current.qdq.parent.parent == scratch:  # the try this one replaces
+            shutil.rmtree(current.qdq.parent, ignore_errors=True)
         current = replace(current, qdq=path, structure=structure, held_out=agreement, float_ops=float_ops)
         error = agreement.error_mean
     rule = (

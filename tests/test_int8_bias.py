@@ -148,6 +148,36 @@ def test_the_int8_stage_writes_nothing_in_the_systems_temporary_folder(tmp_path,
 WIDE = 256
 
 
+def test_a_float_search_try_that_loses_is_removed_as_it_loses(tmp_path, monkeypatch):
+    """A try of the float search that is not kept is never read again: its Q/DQ graph goes at once (the 1.1B LM's,
+    1.3 GB, stayed in the scratch through the CPU graphs, at the stage's disk peak).  The search is made to try the
+    depthwise conv (the only one, so the try, with no INT8 left, loses)."""
+    monkeypatch.setattr(int8, "FLOAT_SEARCH_FROM", 0.0)
+    monkeypatch.setattr(int8, "node_tolerance", lambda precision: 0.0)
+    (fp32, arguments), scratch = _depthwise_case(tmp_path), tmp_path / "scratch"
+    scratch.mkdir()
+    arguments["config"] = CalibrationConfig(("max",), 64, 16, float_search=True)
+    result = make_int8_graph(fp32, tmp_path / "model.int8.onnx", **arguments, judge=int8_judge(fp32), scratch=scratch)
+    assert [tried["kept_in_float"] for tried in result.calibration["float_search"]["tried"]] == [False]
+    assert list((scratch / "float").iterdir()) == []
+
+
+def test_the_kept_q_dq_graph_is_not_held_twice_while_the_cpu_graphs_are_made(tmp_path, monkeypatch):
+    """Once written to the folder, the kept candidate's Q/DQ graph in the stage's own scratch goes: the CPU graphs
+    are made from its FP32 graph, and the 1.1B LM's 1.3 GB graph was on disk twice while they were."""
+    (fp32, arguments), out = _depthwise_case(tmp_path), tmp_path / "folder" / "model.int8.onnx"
+    cpu_graph, seen = int8._cpu_graph, []
+
+    def watched(chosen, path, *rest):
+        seen.append((out.is_file(), chosen.qdq.exists()))
+        return cpu_graph(chosen, path, *rest)
+
+    monkeypatch.setattr(int8, "_cpu_graph", watched)
+    cpu = {kind: out.with_name(graph_record("int8", target).file) for kind, target in CPU_TARGETS.items()}
+    make_int8_graph(fp32, out, **arguments, cpu_out_paths=cpu, judge=int8_judge(fp32))
+    assert seen == [(True, False)] * len(CPU_TARGETS)
+
+
 def _matmul_int8(folder, **options):
     """x [n, WIDE] -> MatMul with a WIDE x WIDE weight, made INT8 (max ranges) in `folder` from 32 random rows."""
     weight = np.random.default_rng(0).standard_normal((WIDE, WIDE)).astype(np.float32)
