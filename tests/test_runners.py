@@ -339,6 +339,8 @@ def test_a_candidate_far_behind_at_a_batch_is_not_timed_at_the_next(fp16_folder,
         "1": [leader],
     }
     assert record["served"] == leader
+    with load_runner(folder) as again:  # a measurement with candidates left behind is a cache like any other
+        assert "measured earlier" in again.description and again.graph == leader.split(" on ")[0]
 
 
 class _Slowed:
