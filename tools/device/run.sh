@@ -6,13 +6,15 @@
 #     carry .devbundle/a:  bash tools/device/run.sh start   # environment; pycuda starts building (detached)
 #     carry .devbundle/b:  bash tools/device/run.sh main    # install, SM 9.0 probe, pytest -m gpu, ResNet-50 FP16
 #     (no carry):          bash tools/device/run.sh bench   # make bench at batch 1/8/32: torch rows and the engine's
-# onnxruntime-gpu (python tools/device/bundle.py ort), one call a part, then the install, all while warm:
-#     carry .devbundle/ort0: bash tools/device/run.sh ort_part    (likewise ort1 .. ort4)
+# onnxruntime-gpu (python tools/device/bundle.py ort: two folders, ort0 with onnxsim), one call a part, then the
+# install, all while warm:
+#     carry .devbundle/ort0: bash tools/device/run.sh ort_part    (likewise ort1)
 #     (no carry):           bash tools/device/run.sh ort_install  # join, sha256 check, install, CUDA provider check
-# Issue 23 (our graphs on ONNX Runtime's CUDA provider, tools/device/ort_cuda.py), one chain while warm:
+# Issue 23 (our graphs on ONNX Runtime's CUDA provider, tools/device/ort_cuda.py; then with five parts of the whole
+# wheel), one chain while warm:
 #     carry .devbundle/a:                  bash tools/device/run.sh start_bare
-#     carry .devbundle/b + .devbundle/ort4: bash tools/device/run.sh ort_builds   # RTX probe; folders build detached
-#     carry .devbundle/ort0 .. ort3:       bash tools/device/run.sh ort_part     (one call each)
+#     carry .devbundle/b:                  bash tools/device/run.sh ort_builds   # RTX probe; folders build detached
+#     carry .devbundle/ort0, then ort1:    bash tools/device/run.sh ort_part     (one call each)
 #     (no carry):                          bash tools/device/run.sh ort_install
 #     (no carry):                          bash tools/device/run.sh ort_measure  # detached; then, until it says done:
 #     (no carry):                          bash tools/device/run.sh ort_collect  # waits, then results.tar.gz in $OUT
