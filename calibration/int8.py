@@ -849,6 +849,7 @@ def _cpu_graph(
         quantize_for_cpu(chosen.uncorrected, folder / path.name, chosen.ranges, weights=weights)
         corrected = _beside(chosen.uncorrected, kind)
         correction = correct_biases(chosen.uncorrected, folder / path.name, means, corrected)
+        shutil.rmtree(folder)  # its rounding is read: not on disk beside the graph written next
         record = quantize_for_cpu(corrected, path, chosen.ranges, weights=weights)
         return CpuGraph(path.name, {**record, "bias_correction": correction})
     except Exception as error:  # ORT's quantizer raises ValueError, KeyError, AssertionError, its Fail, ...

@@ -18,7 +18,7 @@ from trt_pipeline.calibration.bias import correct_biases
 from trt_pipeline.calibration.int8 import CalibrationConfig, _cpu_graph, make_int8_graph
 from trt_pipeline.calibration.qdq import quantize_qdq
 from trt_pipeline.calibration.qdq_cpu import int8_kernel_counts, quantize_for_cpu
-from trt_pipeline.pipeline.core.cpu import VNNI
+from trt_pipeline.pipeline.core.cpu import NO_VNNI, VNNI
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.evaluation.agreement import int8_judge
 from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, graph_record
@@ -212,6 +212,27 @@ def test_the_int8_kernels_are_counted_without_a_copy_of_the_weights_on_disk(tmp_
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     assert counts == {"int8_kernels": 1, "float_kernels": 0}
     assert list(scratch.iterdir()) == []
+
+
+def test_a_cpu_graph_quantized_only_to_read_its_rounding_is_gone_before_the_corrected_one_is_written(
+    tmp_path, monkeypatch
+):
+    """The no-VNNI graph's biases are corrected for its own (uint8) rounding, read from a first quantization of the
+    uncorrected graph (a quarter of the weights); that graph is removed once read, not kept through the second."""
+    (fp32, arguments), scratch = _depthwise_case(tmp_path), tmp_path / "scratch"
+    scratch.mkdir()
+    quantize, present = int8.quantize_for_cpu, []
+
+    def watched(source, out, *args, **options):
+        present.append(sorted(path.name for path in (scratch / NO_VNNI).glob("*")))
+        return quantize(source, out, *args, **options)
+
+    monkeypatch.setattr(int8, "quantize_for_cpu", watched)
+    out = tmp_path / "model.int8.onnx"
+    cpu = {NO_VNNI: out.with_name(graph_record("int8", CPU_TARGETS[NO_VNNI]).file)}
+    result = make_int8_graph(fp32, out, **arguments, cpu_out_paths=cpu, judge=int8_judge(fp32), scratch=scratch)
+    assert "bias_correction" in result.cpu[NO_VNNI].details  # the branch that quantizes twice
+    assert present == [[], []], present
 
 
 @pytest.mark.parametrize("module", [qdq, qdq_cpu], ids=["engine", "cpu"])
