@@ -4,6 +4,8 @@
     python tools/device/ort_cuda.py speed ENGINES OUT [NAME...]   # bench rows: torch, served, the CUDA runner, variants
     python tools/device/ort_cuda.py fp16 ENGINES OUT               # the faithful FP16 check (CPU) vs real float16 (GPU)
     python tools/device/ort_cuda.py int8 ENGINES OUT               # the Q/DQ graph on CUDA vs its CPU simulation
+    python tools/device/ort_cuda.py profile ENGINES OUT            # ResNet-50 FP16 at batch 32: each row's kernels
+    python tools/device/ort_cuda.py graph_memory ENGINES OUT       # device memory per captured CUDA graph
 
 The speed rows are the bench's own (torch eager FP32, AMP, torch.compile; `served`, which is auto with its host
 check; the onnxruntime-cuda runner with and without CUDA graphs) and the same runner with one of its defaults
@@ -27,6 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.profiler import ProfilerActivity
+from torch.profiler import profile as torch_profile
 
 from trt_pipeline.calibration.int8 import calibration_sample
 from trt_pipeline.models.spec import ModelSpec
@@ -37,8 +41,9 @@ from trt_pipeline.pipeline.bench.backends import (
     DeviceRunnerBackend,
     RunnerBackend,
     Unavailable,
+    choices_for,
 )
-from trt_pipeline.pipeline.bench.harness import run_benchmark
+from trt_pipeline.pipeline.bench.harness import integer_ranges, make_inputs, run_benchmark, torch_settings
 from trt_pipeline.pipeline.bench.report import write_reports
 from trt_pipeline.pipeline.bench.timing import TimingPolicy
 from trt_pipeline.pipeline.core.compare import compare
@@ -48,8 +53,8 @@ from trt_pipeline.pipeline.core.settings import Settings
 from trt_pipeline.pipeline.core.trt_module import import_trt
 from trt_pipeline.pipeline.evaluation.float16 import faithful_session
 from trt_pipeline.pipeline.folder.graph_io import load_reference
-from trt_pipeline.pipeline.folder.layout import ENGINE, FP32_GRAPH, SERVED_CHOICE
-from trt_pipeline.pipeline.folder.reader import open_folder
+from trt_pipeline.pipeline.folder.layout import ENGINE, FP32_GRAPH, REFERENCE, SERVED_CHOICE
+from trt_pipeline.pipeline.folder.reader import ArtifactFolder, open_folder
 from trt_pipeline.pipeline.runners import load_runner
 from trt_pipeline.pipeline.runners import onnxruntime_cuda as cuda_runner
 from trt_pipeline.pipeline.stages import sequence
@@ -276,6 +281,7 @@ def runner_choice(name: str, options: dict[str, str], cuda_graph: bool = False, 
     """The onnxruntime-cuda runner itself (what auto serves) on the folder's engine graph, its TUNING varied."""
     how = ", ".join(f"{key}={value}" for key, value in options.items())
     how += (", CUDA graphs" if cuda_graph else "") + ("" if straight else ", inputs through a page-locked copy")
+    how = how or "its defaults"
 
     def open_it(context: Context) -> Backend:
         device = {} if DEVICE == "cuda" else {"device": "cpu"}
@@ -356,6 +362,119 @@ def speed(engines: Path, out: Path, folder_name: str, budget_s: float) -> None:
 
 
 HEURISTIC = {"cudnn_conv_algo_search": "HEURISTIC"}
+
+
+# --------------------------------------------------------------------------- where the time and memory go
+
+
+def profiled() -> list[Choice]:
+    """What `profile` traces: the runner auto serves (with and without CUDA graphs) and torch.compile AMP."""
+    runners = [runner_choice("onnxruntime-cuda", {}), runner_choice("onnxruntime-cuda-graphs", {}, cuda_graph=True)]
+    return [*runners, *choices_for(["torch-compile"])[1:]]  # [0] is the bench's reference, not traced here
+
+
+KERNEL = "cpu_op" if DEVICE == "cpu" else "kernel"  # a dry run's trace has no kernels: its CPU ops stand in
+
+
+def kernel_summary(trace: Path, calls: int) -> dict:
+    """The kernels of a torch.profiler chrome trace, per call: their summed time, the span from the first kernel's
+    start to the last one's end (kernel time short of it is the GPU waiting on the host), and the 12 kernels taking
+    the most time.  CUPTI traces every library's kernels in the process: ONNX Runtime's as well as torch's."""
+    events = [event for event in json.loads(trace.read_text())["traceEvents"] if event.get("cat") == KERNEL]
+    if not events:
+        return {"kernels": 0}
+    by_name: dict[str, list[float]] = {}
+    for event in events:
+        by_name.setdefault(event["name"], []).append(event["dur"])
+    top = sorted(by_name.items(), key=lambda item: -sum(item[1]))[:12]
+    span = max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)
+    return {
+        "kernels_per_call": len(events) / calls,
+        "kernel_us_per_call": sum(e["dur"] for e in events) / calls,
+        "span_us_per_call": span / calls,
+        "top": [
+            {"name": name[:160], "per_call": len(times) / calls, "us_per_call": sum(times) / calls}
+            for name, times in top
+        ],
+    }
+
+
+def profile(engines: Path, out: Path, folder_name: str = "resnet50-fp16", batch: int = 32) -> dict:
+    """Device-resident at one batch, each of profiled() in turn (traced): where its GPU time goes."""
+    folder = open_folder(named(engines, folder_name))
+    feed = make_inputs(folder.manifest, _integer_ranges(folder), batch, 0)
+    context = Context(folder=folder, threads=16, cuda=DEVICE == "cuda")
+    rows: dict = {}
+    with torch_settings(16):  # the bench's: TF32 off
+        for choice in profiled():
+            try:
+                backend = choice.open(context)
+            except Unavailable as why:
+                rows[choice.name] = {"unavailable": str(why)}
+                continue
+            try:
+                rows[choice.name] = {"label": backend.label, **traced(backend, feed, out / f"trace-{choice.name}.json")}
+            finally:
+                backend.close()
+    return {"folder": folder_name, "batch": batch, "rows": rows}
+
+
+def traced(backend: Backend, feed: dict[str, np.ndarray], trace: Path, calls: int = 20) -> dict:
+    """The backend's wall time per call (`calls` back to back, then one sync), then as many calls traced by
+    torch.profiler (kernel_summary); the trace is removed once read."""
+    staged = backend.stage(feed)
+    call = staged if staged is not None else lambda: backend.infer(feed)  # a dry run stages nothing
+    for _ in range(10):  # torch.compile compiles, CUDA graphs capture
+        call()
+    backend.sync()
+    started = time.perf_counter()
+    for _ in range(calls):
+        call()
+    backend.sync()
+    wall_us = (time.perf_counter() - started) / calls * 1e6
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == "cuda" else [])
+    with torch_profile(activities=activities) as profiler:
+        for _ in range(calls):
+            call()
+        backend.sync()
+    profiler.export_chrome_trace(str(trace))
+    summary = kernel_summary(trace, calls)
+    trace.unlink()
+    return {"wall_us_per_call": wall_us, **summary}
+
+
+def _integer_ranges(folder: ArtifactFolder) -> dict[str, tuple[int, int]]:
+    """The folder's integer inputs' ranges, as the bench draws its random inputs."""
+    return integer_ranges(folder.manifest, folder.path / REFERENCE)
+
+
+def _device_used() -> int:
+    """Bytes in use on the GPU, every library's allocations counted (cudaMemGetInfo); 0 in a dry run."""
+    if DEVICE == "cpu":
+        return 0
+    free, total = torch.cuda.mem_get_info()
+    return total - free
+
+
+def graph_memory(engines: Path, out: Path, folder_name: str = "resnet50-fp16") -> dict:
+    """Device memory the onnxruntime-cuda runner (one slot) holds after its first call at each new batch, with and
+    without CUDA graphs: what each captured graph keeps beyond the uncaptured runner's arena (MAX_GRAPHS's cost)."""
+    folder = open_folder(named(engines, folder_name))
+    ranges = _integer_ranges(folder)
+    device = {} if DEVICE == "cuda" else {"device": "cpu"}
+    result: dict = {"folder": folder_name, "max_graphs": cuda_runner.MAX_GRAPHS}
+    for cuda_graph in (False, True) if DEVICE == "cuda" else (False,):  # no CUDA graphs in a dry run
+        before = _device_used()
+        runner = load_runner(folder, "onnxruntime-cuda", cuda_graph=cuda_graph, sessions=1, **device)
+        steps = [{"after": "load", "mb": (_device_used() - before) / 2**20}]
+        for batch in (1, 8, 32, 16, 4, 2):
+            feed = make_inputs(folder.manifest, ranges, batch, 0)
+            runner.infer(feed)  # the first call at a shape captures its graph
+            runner.infer(feed)
+            steps.append({"after": f"batch {batch}", "mb": (_device_used() - before) / 2**20})
+        runner.close()
+        result["captured" if cuda_graph else "uncaptured"] = steps
+    return result
 
 
 # --------------------------------------------------------------------------- accuracy checks
@@ -461,8 +580,8 @@ def main(argv: list[str]) -> None:
                 speed(engines, out, name, budget_s=float(os.environ.get("BUDGET_S", "3")))
             except Exception:
                 traceback.print_exc()
-    elif command in ("fp16", "int8"):
-        checks = {"fp16": fp16_check, "int8": int8_check}
+    elif command in ("fp16", "int8", "profile", "graph_memory"):
+        checks = {"fp16": fp16_check, "int8": int8_check, "profile": profile, "graph_memory": graph_memory}
         report = checks[command](engines, out, *argv[3:])
         (out / f"{command}-check.json").write_text(json.dumps(report, indent=1, default=str))
         print(json.dumps(report, default=str)[:6000])

@@ -3,10 +3,11 @@
     python tools/device/ort_cuda_report.py OUT RESULTS ENV_TXT [--tried RESULTS ENV_TXT] [--reading MD]
         [--earlier JSON]
 
-RESULTS is the unpacked results.tar.gz of `run.sh ort_collect` (speed-*/bench.json, served-*.json); --tried, an
-earlier run of the variants tried first (ROWS=all); --reading, a hand-written markdown section on what the numbers
-say, after the introduction; --earlier, the report this one replaces, whose accuracy checks and TensorRT-RTX probe
-(fp16-check.json, int8-check.json, probe.json of that run) are carried over where RESULTS has none.
+RESULTS is the unpacked results.tar.gz of `run.sh ort_collect` (speed-*/bench.json, served-*.json, and where the run
+made them profile-check.json and graph_memory-check.json); --tried, an earlier run of the variants tried first
+(ROWS=all); --reading, a hand-written markdown section on what the numbers say, after the introduction; --earlier,
+the report this one replaces, whose accuracy checks and TensorRT-RTX probe (fp16-check.json, int8-check.json,
+probe.json of that run) are carried over where RESULTS has none.
 """
 
 from __future__ import annotations
@@ -130,6 +131,51 @@ def int8_section(check: dict, bench: dict | None) -> list[str]:
     return lines
 
 
+def profile_section(profile: dict | None, memory: dict | None) -> list[str]:
+    """Where the time goes (ort_cuda.py profile: each row's kernels per call) and what each captured CUDA graph
+    keeps (ort_cuda.py graph_memory); nothing where this run has neither."""
+    if not (profile or memory):
+        return []
+    lines = ["## 1c. Where the time and memory go", ""]
+    if profile:
+        lines += [
+            f"{profile['folder']}, batch {profile['batch']}, device-resident; kernel times from torch.profiler's "
+            "CUDA trace (CUPTI sees ONNX Runtime's kernels as well as torch's). Kernel time short of the span is the "
+            "GPU waiting on the host.",
+            "",
+            "| row | wall us/call | kernels/call | kernel us/call | span us/call |",
+            "|---|---|---|---|---|",
+        ]
+        for name, row in profile["rows"].items():
+            if "unavailable" in row or "kernel_us_per_call" not in row:
+                lines.append(f"| {name} | {row.get('unavailable', 'no kernels traced')} | | | |")
+                continue
+            lines.append(
+                f"| {name} | {row['wall_us_per_call']:.0f} | {row['kernels_per_call']:.0f} "
+                f"| {row['kernel_us_per_call']:.0f} | {row['span_us_per_call']:.0f} |"
+            )
+        for name, row in profile["rows"].items():
+            top = "; ".join(
+                f"`{k['name'][:70]}` x{k['per_call']:.0f} {k['us_per_call']:.0f} us" for k in row.get("top", [])
+            )
+            lines += ["", f"- {name}, its kernels by time per call: {top}"] if top else []
+        lines.append("")
+    if memory:
+        lines += [
+            f"Device memory the onnxruntime-cuda runner (one slot, {memory['folder']}) holds above what was in use "
+            f"before it loaded, after its first calls at each batch in turn (cudaMemGetInfo; a slot captures its first "
+            f"{memory['max_graphs']} shapes):",
+            "",
+            "| runner | " + " | ".join(step["after"] for step in memory["uncaptured"]) + " |",
+            "|---|" + "---|" * len(memory["uncaptured"]),
+        ]
+        for kind in ("uncaptured", "captured"):
+            if kind in memory:
+                lines.append(f"| {kind} (MiB) | " + " | ".join(f"{step['mb']:.0f}" for step in memory[kind]) + " |")
+        lines.append("")
+    return lines
+
+
 def rtx_section(probe: dict) -> list[str]:
     message = (probe.get("aot_deserialize") or {}).get("messages", ["?"])[0]
     return [
@@ -178,6 +224,7 @@ def main(arguments: argparse.Namespace) -> None:
     if arguments.tried:
         lines += speed_section(arguments.tried[0], "## 1b. The variants tried first (an earlier run, same day)")
         lines += ["", "Its machine:", "", "```", *_machine(arguments.tried[1].read_text()), "```", ""]
+    lines += profile_section(_json(results / "profile-check.json"), _json(results / "graph_memory-check.json"))
     lines += [f"## Sections 2 to 4{carried}", ""] if carried else []
     lines += [*fp16_section(fp16), *int8_section(int8, None), *rtx_section(probe)]
     out = arguments.out
@@ -186,6 +233,8 @@ def main(arguments: argparse.Namespace) -> None:
         "speed": _speeds(results),
         "served": {name: _json(results / f"served-{name}.json") for name in SPEED if name in _speeds(results)},
         "tried_first": _speeds(arguments.tried[0]) if arguments.tried else {},
+        "profile": _json(results / "profile-check.json"),
+        "graph_memory": _json(results / "graph_memory-check.json"),
         "fp16": fp16,
         "int8": int8,
         "probe": probe,

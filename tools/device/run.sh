@@ -21,7 +21,8 @@
 # Issue 36 (python tools/device/bundle.py ort: onnxruntime-gpu with Hopper's kernels only, and onnxsim, in two
 # folders), one chain while warm:
 #     carry .devbundle/ort0: bash tools/device/run.sh served_start    # environment, onnxsim; the folders build detached
-#     carry .devbundle/ort1: bash tools/device/run.sh served_measure  # onnxruntime-gpu; GPU tests and bench, detached
+#     carry .devbundle/ort1: bash tools/device/run.sh served_measure  # onnxruntime-gpu; detached: GPU tests, bench,
+#                                                                     # memory per captured graph, batch-32 kernels
 #     (no carry):            bash tools/device/run.sh ort_collect     # waits (WAIT_S, 540), then results.tar.gz in $OUT
 # Every log and JSON lands in $OUT.
 set -uo pipefail
@@ -141,7 +142,8 @@ served_start() {  # issue 36: the ResNet-50 and encoder FP16 folders build (CPU)
 		>$RESULTS/build.log 2>&1; echo \$? >/tmp/build.rc" </dev/null >/dev/null 2>&1 &
 }
 
-served_measure() {  # issue 36: onnxruntime-gpu, then detached: the GPU tests, then the bench on both folders
+served_measure() {  # issue 36: onnxruntime-gpu, then detached: the GPU tests, the bench on both folders, then
+	# ResNet-50's device memory per captured graph and its kernels at batch 32 beside torch.compile's
 	ort_part
 	ort_install || return 1
 	grep -q "^smoke: \['CUDAExecutionProvider'" "$OUT/ort-providers.txt" || { echo "smoke failed: not measuring"; return 1; }
@@ -153,7 +155,9 @@ served_launch() {
 		bash tools/device/run.sh served_tests; \
 		while [ ! -f /tmp/build.rc ]; do sleep 2; done; \
 		BUDGET_S=1 \"$PY\" tools/device/ort_cuda.py speed $ENGINES $RESULTS resnet50-fp16 encoder-fp16 \
-		>$RESULTS/speed.log 2>&1; echo done >/tmp/measure.done" </dev/null >/dev/null 2>&1 &
+		>$RESULTS/speed.log 2>&1; \
+		for step in graph_memory profile; do \"$PY\" tools/device/ort_cuda.py \$step $ENGINES $RESULTS \
+		>$RESULTS/\$step.log 2>&1; done; echo done >/tmp/measure.done" </dev/null >/dev/null 2>&1 &
 }
 
 served_tests() {  # the onnxruntime-cuda runner's GPU tests (serve_fixtures needs tritonclient, which is not there)
