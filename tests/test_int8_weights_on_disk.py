@@ -20,8 +20,13 @@ from trt_pipeline.calibration.qdq import quantize_qdq
 from trt_pipeline.calibration.ranges import collect_statistics
 from trt_pipeline.calibration.readers import CalibrationData
 from trt_pipeline.calibration.smooth import smooth_graph
+from trt_pipeline.pipeline.core.precision import Precision
+from trt_pipeline.pipeline.evaluation import layers
+from trt_pipeline.pipeline.evaluation.layers import compare_layers
+from trt_pipeline.pipeline.evaluation.tensors import run_exposing_tensors
 from trt_pipeline.pipeline.folder import graph_files, onnx_wire
 from trt_pipeline.pipeline.folder.graph_files import data_files, gather_weights, graph_without_weights
+from trt_pipeline.pipeline.folder.layout import graph_record
 
 WIDTH, LAYERS = 256, 32  # 256 KiB a weight, 31 of them (7.75 MiB)
 
@@ -163,3 +168,29 @@ def test_a_graph_with_corrected_biases_written_beside_its_source_references_the_
     assert copied.keys() == referenced.keys()
     for name, value in copied.items():
         np.testing.assert_array_equal(referenced[name], value, err_msg=name)
+
+
+def test_comparing_layers_holds_the_tensors_both_graphs_compute_not_the_int8_graphs_weights(calibrated, monkeypatch):
+    """The float search's node-by-node comparison (compare_layers, also `diagnose`'s) holds only the tensors it
+    compares: the Q/DQ graph's own, its DequantizeLinear outputs, are its weights in float (a 1.1B LM's comparison
+    held 13.6 GB with them, 6.4 without).  Its errors are those of the same tensors with every tensor exposed."""
+    source, qdq, _ = calibrated
+    weights = (LAYERS - 1) * WIDTH * WIDTH * 4
+    inputs = {"x": np.random.default_rng(3).standard_normal((4, WIDTH)).astype(np.float32)}
+    held: list[int] = []  # the bytes of each graph's run (ONNX Runtime's arrays, which tracemalloc does not see)
+
+    def measured(*arguments, **options):
+        values = run_exposing_tensors(*arguments, **options)
+        held.append(sum(value.nbytes for value in values.values()))
+        return values
+
+    monkeypatch.setattr(layers, "run_exposing_tensors", measured)
+    errors = compare_layers(source, qdq, inputs, graph_record(Precision.INT8))
+    assert len(held) == 2 and sum(held) < weights / 4, f"the two runs held {held} bytes, the weights are {weights}"
+    everything = run_exposing_tensors(graph_without_weights(qdq), inputs, simulate_qdq=True, weights=qdq.parent)
+    assert sum(value.nbytes for value in everything.values()) > weights  # exposing every tensor holds them
+    reference = run_exposing_tensors(graph_without_weights(source), inputs, weights=source.parent)
+    assert [error.tensor for error in errors] == [f"{kind}{layer}" for layer in range(LAYERS) for kind in "mar"]
+    for error in errors:
+        expected = np.abs(everything[error.tensor].astype(np.float64) - reference[error.tensor]).max()
+        assert error.max_abs == expected, error.tensor

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -55,18 +55,33 @@ def _exposed_values(session, wanted: list[str], names: list[str], feed: dict) ->
 
 
 def run_exposing_tensors(
-    model: onnx.ModelProto, feeds: dict[str, np.ndarray], *, simulate_qdq: bool = False, weights: Path | None = None
+    model: onnx.ModelProto,
+    feeds: dict[str, np.ndarray],
+    *,
+    simulate_qdq: bool = False,
+    weights: Path | None = None,
+    only: Collection[str] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Every float tensor a graph computes (node outputs, graph inputs), by name, for one run.
+    """Every float tensor a graph computes (node outputs, graph inputs), by name, for one run; `only`: of the node
+    outputs, those it names (ExposingSession).
     simulate_qdq: Q/DQ run as TensorRT computes them (pipeline.core.sessions), for the TensorRT-shaped INT8 graph."""
-    return ExposingSession(model, simulate_qdq=simulate_qdq, weights=weights).run(feeds)
+    return ExposingSession(model, simulate_qdq=simulate_qdq, weights=weights, only=only).run(feeds)
 
 
 class ExposingSession:
-    """An ONNX Runtime session over a copy of the graph whose outputs are all its float node outputs; made
-    once for many runs (a session per run costs more than the run on a small graph)."""
+    """An ONNX Runtime session over a copy of the graph whose outputs are all its float node outputs (`only`: those
+    it names, where a caller reads no others: a run holds every output it exposes, and an INT8 graph's own
+    DequantizeLinear outputs are its weights in float); made once for many runs (a session per run costs more
+    than the run on a small graph)."""
 
-    def __init__(self, model: onnx.ModelProto, *, simulate_qdq: bool = False, weights: Path | None = None) -> None:
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        *,
+        simulate_qdq: bool = False,
+        weights: Path | None = None,
+        only: Collection[str] | None = None,
+    ) -> None:
         with _weightless_copy(model, weights) as (exposed, folder):
             inferred = onnx.shape_inference.infer_shapes(exposed)
             known = {value.name: value for value in [*inferred.graph.value_info, *inferred.graph.output]}
@@ -74,6 +89,8 @@ class ExposingSession:
             for node in exposed.graph.node:
                 for name in node.output:
                     value = known.get(name)
+                    if only is not None and name not in only:
+                        continue
                     if value is not None and name not in present and value.type.tensor_type.elem_type == FLOAT:
                         exposed.graph.output.append(value)
                         present.add(name)
