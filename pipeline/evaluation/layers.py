@@ -51,9 +51,10 @@ def compare_layers(
     if graph.evaluation is Evaluation.FAITHFUL_FP16:
         lower = faithful_copy(lower)
     # Every INT8 graph with its Q/DQ as TensorRT computes them (a CPU-shaped graph's Q/DQ not fused into its int8
-    # kernels).  Only the tensors both graphs compute are exposed: an INT8 graph's own (its DequantizeLinear
-    # outputs, its weights in float among them) held 3.3x the weights of a 1.1B LM.  The lower graph runs first and
-    # its session goes before FP32's opens: an INT8 session holds its weights dequantized.
+    # kernels).  Only the tensors both graphs compute are exposed: exposing an INT8 graph's own too (its
+    # DequantizeLinear outputs, its weights in float among them) made this the peak of a 1.1B LM's INT8 stage, 3.3x
+    # its weights.  The lower graph runs first and its session goes before FP32's opens: an INT8 session holds its
+    # weights dequantized.
     simulate_qdq = graph.precision is Precision.INT8
     compared = {name for node in fp32.graph.node for name in node.output}
     actual = run_exposing_tensors(lower, inputs, simulate_qdq=simulate_qdq, weights=lower_path.parent, only=compared)

@@ -88,9 +88,9 @@ class ExposingSession:
             present = {output.name for output in exposed.graph.output}
             for node in exposed.graph.node:
                 for name in node.output:
-                    value = known.get(name)
                     if only is not None and name not in only:
                         continue
+                    value = known.get(name)
                     if value is not None and name not in present and value.type.tensor_type.elem_type == FLOAT:
                         exposed.graph.output.append(value)
                         present.add(name)
