@@ -581,8 +581,8 @@ def main(argv: list[str]) -> None:
             except Exception:
                 traceback.print_exc()
     elif command in ("fp16", "int8", "profile", "graph_memory"):
-        checks = {"fp16": fp16_check, "int8": int8_check, "profile": profile, "graph_memory": graph_memory}
-        report = checks[command](engines, out, *argv[3:])
+        steps = {"fp16": fp16_check, "int8": int8_check, "profile": profile, "graph_memory": graph_memory}
+        report = steps[command](engines, out, *argv[3:])
         (out / f"{command}-check.json").write_text(json.dumps(report, indent=1, default=str))
         print(json.dumps(report, default=str)[:6000])
     else:

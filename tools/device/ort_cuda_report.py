@@ -227,11 +227,11 @@ def main(arguments: argparse.Namespace) -> None:
     lines += profile_section(_json(results / "profile-check.json"), _json(results / "graph_memory-check.json"))
     lines += [f"## Sections 2 to 4{carried}", ""] if carried else []
     lines += [*fp16_section(fp16), *int8_section(int8, None), *rtx_section(probe)]
-    out = arguments.out
+    out, speeds = arguments.out, _speeds(results)
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     record = {
-        "speed": _speeds(results),
-        "served": {name: _json(results / f"served-{name}.json") for name in SPEED if name in _speeds(results)},
+        "speed": speeds,
+        "served": {name: _json(results / f"served-{name}.json") for name in SPEED if name in speeds},
         "tried_first": _speeds(arguments.tried[0]) if arguments.tried else {},
         "profile": _json(results / "profile-check.json"),
         "graph_memory": _json(results / "graph_memory-check.json"),
