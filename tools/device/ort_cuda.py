@@ -22,7 +22,7 @@ import sys
 import time
 import traceback
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ from trt_pipeline.pipeline.bench.report import write_reports
 from trt_pipeline.pipeline.bench.timing import TimingPolicy
 from trt_pipeline.pipeline.core.compare import compare
 from trt_pipeline.pipeline.core.errors import PipelineError
-from trt_pipeline.pipeline.core.sessions import onnxruntime_session
+from trt_pipeline.pipeline.core.sessions import OPTIMIZATION_LEVELS, onnxruntime_session
 from trt_pipeline.pipeline.core.settings import Settings
 from trt_pipeline.pipeline.core.trt_module import import_trt
 from trt_pipeline.pipeline.evaluation.float16 import faithful_session
@@ -138,7 +138,13 @@ def build(engines: Path, calib: Path, names: list[str]) -> None:
 
 
 def cuda_session(
-    path: Path, *, cuda_graph: bool = False, nhwc: bool = False, cuda_only: bool = False, verbose: bool = False
+    path: Path,
+    *,
+    cuda_graph: bool = False,
+    nhwc: bool = False,
+    cuda_only: bool = False,
+    verbose: bool = False,
+    extra: dict[str, str] | None = None,
 ) -> Any:
     import onnxruntime as ort
 
@@ -151,6 +157,7 @@ def cuda_session(
         "use_tf32": "0",
         "enable_cuda_graph": str(int(cuda_graph)),
         "prefer_nhwc": str(int(nhwc)),
+        **(extra or {}),
     }
     if DEVICE == "cpu":
         provider = {}
@@ -181,10 +188,9 @@ def smoke() -> None:
 class Bound:
     """A session with its inputs and outputs bound to torch CUDA tensors of one shape (fixed addresses)."""
 
-    def __init__(self, session: Any, feed: dict[str, np.ndarray]):
+    def __init__(self, session: Any, feed: dict[str, np.ndarray], shapes: list[tuple[int, ...]]):
         self.session = session
         self.inputs = {k: torch.from_numpy(v).to(DEVICE) for k, v in feed.items()}
-        shapes = [value.shape for value in session.run(None, feed)]
         types = [TORCH_TYPES[output.type] for output in session.get_outputs()]
         names = [output.name for output in session.get_outputs()]
         self.outputs = {n: torch.empty(s, dtype=t, device=DEVICE) for n, s, t in zip(names, shapes, types, strict=True)}
@@ -216,22 +222,38 @@ def _float16_inputs(path: Path) -> list[Any]:
 class OrtCuda(Backend):
     """One graph of the folder on ORT's CUDA provider: bare session end to end, IO binding device-resident."""
 
-    def __init__(self, name: str, path: Path, precision: str, cuda_graph: bool, nhwc: bool = False):
+    def __init__(
+        self,
+        name: str,
+        path: Path,
+        precision: str,
+        cuda_graph: bool,
+        nhwc: bool = False,
+        extra: dict[str, str] | None = None,
+    ):
         how = "IO binding + captured CUDA graph" if cuda_graph else "bare session; IO binding device-resident"
         how += "; prefer_nhwc=1 (convolutions in NHWC)" if nhwc else ""
+        how += "".join(f"; {key}={value}" for key, value in (extra or {}).items())
         super().__init__(name, f"ONNX Runtime CUDA on {path.name} ({how})", precision, how, "n/a (GPU)")
         self.device_note = ""
         self.memory_note = "n/a: ONNX Runtime's arena is not counted"
-        self.path, self.cuda_graph, self.nhwc = path, cuda_graph, nhwc
+        self.path, self.cuda_graph, self.nhwc, self.extra = path, cuda_graph, nhwc, extra
         self.input_types = {value.name: np.float16 for value in _float16_inputs(path)}
-        self.session = None if cuda_graph else cuda_session(path, nhwc=nhwc)
+        # Uncaptured: it runs the calls without a CUDA graph, and tells a captured session's output shapes (a
+        # captured session's own first plain run would capture a graph writing to buffers of its choosing).
+        self.session = cuda_session(path, nhwc=nhwc, extra=extra)
         self.bound: dict[tuple, Bound] = {}
 
     def _bound(self, feed: dict[str, np.ndarray]) -> Bound:
         key = tuple((k, v.shape) for k, v in sorted(feed.items()))
         if key not in self.bound:  # a captured CUDA graph holds one shape: one session per shape
-            session = cuda_session(self.path, cuda_graph=True, nhwc=self.nhwc) if self.cuda_graph else self.session
-            self.bound[key] = Bound(session, feed)
+            session = (
+                cuda_session(self.path, cuda_graph=True, nhwc=self.nhwc, extra=self.extra)
+                if self.cuda_graph
+                else self.session
+            )
+            shapes = [value.shape for value in self.session.run(None, feed)]
+            self.bound[key] = Bound(session, feed, shapes)
         return self.bound[key]
 
     def _typed(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -241,7 +263,6 @@ class OrtCuda(Backend):
     def infer(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         feed = self._typed(feed)
         if not self.cuda_graph:
-            assert self.session is not None
             names = [output.name for output in self.session.get_outputs()]
             return {n: v.astype(np.float32) for n, v in zip(names, self.session.run(None, feed), strict=True)}
         bound = self._bound(feed)
@@ -277,16 +298,20 @@ def tuned(options: dict[str, str], straight: bool = True) -> Iterator[None]:
         cuda_runner.STRAIGHT_FROM_PAGEABLE = saved[1]
 
 
-def runner_choice(name: str, options: dict[str, str], cuda_graph: bool = False, straight: bool = True) -> Choice:
-    """The onnxruntime-cuda runner itself (what auto serves) on the folder's engine graph, its TUNING varied."""
+def runner_choice(
+    name: str, options: dict[str, str], cuda_graph: bool = False, straight: bool = True, padded: Path | None = None
+) -> Choice:
+    """The onnxruntime-cuda runner itself (what auto serves) on the folder's engine graph, its TUNING varied; with
+    `padded` (a folder to write it in), on first_conv_padded's copy of that graph."""
     how = ", ".join(f"{key}={value}" for key, value in options.items())
     how += (", CUDA graphs" if cuda_graph else "") + ("" if straight else ", inputs through a page-locked copy")
+    how += ", 3-channel convolutions padded to 4" if padded else ""
     how = how or "its defaults"
 
     def open_it(context: Context) -> Backend:
         device = {} if DEVICE == "cuda" else {"device": "cpu"}
         try:
-            with tuned(options, straight):
+            with tuned(options, straight), first_conv_padded_sessions(padded) if padded else nullcontext():
                 runner = load_runner(context.folder, "onnxruntime-cuda", cuda_graph=cuda_graph, **device)
         except PipelineError as error:  # e.g. an INT8 graph with nodes on the CPU, which no CUDA graph captures
             raise Unavailable(f"{error.problem} ({error.fix})") from None
@@ -341,6 +366,69 @@ def fp16_io_choice(name: str, cuda_graph: bool, nhwc: bool, engines: Path) -> Ch
     return Choice(name, "ONNX Runtime CUDA on the FP16 graph with float16 inputs and outputs", open_it)
 
 
+def first_conv_padded(source: Path, target: Path) -> Path:
+    """The graph with its convolutions of 3 input channels taking 4 (a zero channel padded onto the input, a zero
+    slice onto the weights): the same outputs, and a shape cuDNN's first-layer kernels take (torch.compile's
+    ResNet-50 ran one, 61 us at batch 32, where ONNX Runtime's NHWC convolution of 3 channels took 385)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    model = onnx.load(str(source))
+    graph = model.graph
+    weights = {tensor.name: tensor for tensor in graph.initializer}
+    nodes = []
+    for node in graph.node:
+        weight = weights.get(node.input[1]) if node.op_type == "Conv" else None
+        if weight is not None and list(weight.dims)[1] == 3:
+            array = numpy_helper.to_array(weight)
+            padded = np.concatenate([array, np.zeros_like(array[:, :1])], axis=1)
+            weight.CopyFrom(numpy_helper.from_array(padded, weight.name))
+            pads = f"{node.name}_pads"
+            graph.initializer.append(helper.make_tensor(pads, TensorProto.INT64, [8], [0, 0, 0, 0, 0, 1, 0, 0]))
+            nodes.append(helper.make_node("Pad", [node.input[0], pads], [f"{node.input[0]}_c4"]))
+            node.input[0] = f"{node.input[0]}_c4"
+        nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    onnx.save(model, str(target))
+    return target
+
+
+@contextmanager
+def first_conv_padded_sessions(engines: Path) -> Iterator[None]:
+    """While a runner loads (its sessions open then): each session on first_conv_padded's copy of its graph."""
+    original = cuda_runner.load_session
+
+    def load_padded(folder: ArtifactFolder, graph: str, providers: list[Any], **options: Any) -> Any:
+        padded = engines / f"c4-{graph}"
+        if not padded.exists():
+            first_conv_padded(folder.path / graph, padded)
+        level = folder.manifest.onnxruntime_levels.get(graph, OPTIMIZATION_LEVELS[0])
+        return onnxruntime_session(padded, providers, level=level, **options)
+
+    cuda_runner.load_session = load_padded
+    try:
+        yield
+    finally:
+        cuda_runner.load_session = original
+
+
+def bare_graph_session(folder: ArtifactFolder) -> Backend:
+    """A bare session with IO binding and a CUDA graph per shape on the FP16 graph (NHWC), as ROWS=all's runs."""
+    return OrtCuda("ort-graph", folder.path / "model.fp16.onnx", "fp16", DEVICE == "cuda", True)
+
+
+def fusion_rows(engines: Path) -> list[Choice]:
+    """The batch-32 profile's lead (fuse_conv_bias lost: rt-fusebias-graphs 4.65 vs 3.47 ms device-resident): the
+    first convolution's 3 channels (385 us a call, where torch.compile's first-layer kernel took 61), and a bare
+    session with a CUDA graph (its shapes now from an uncaptured run)."""
+    return [
+        runner_choice("rt-c4", {}, padded=engines),
+        runner_choice("rt-c4-graphs", {}, cuda_graph=True, padded=engines),
+        Choice("ort-graph", "a bare session", lambda context: bare_graph_session(context.folder)),
+    ]
+
+
 def speed(engines: Path, out: Path, folder_name: str, budget_s: float) -> None:
     """The bench's torch rows (eager FP32, AMP, torch.compile AMP; TF32 off), `served` (auto: its multi-batch pick
     and host check), the onnxruntime-cuda runner with and without CUDA graphs, and beside them, on the same
@@ -348,7 +436,9 @@ def speed(engines: Path, out: Path, folder_name: str, budget_s: float) -> None:
     run_benchmark.  ROWS=all adds the variants tried first (cuDNN's HEURISTIC search, float16 inputs and outputs)."""
     names = ["served", "torch-amp", "torch-compile", "onnxruntime-cuda", "onnxruntime-cuda-graphs"]
     ours = [runner_choice("rt-pinned-graphs", {}, cuda_graph=True, straight=False)]
-    if folder_name.startswith("resnet"):
+    if os.environ.get("ROWS") == "fusion":
+        names, ours = ["served", "torch-compile", "onnxruntime-cuda-graphs"], fusion_rows(engines)
+    elif folder_name.startswith("resnet"):
         ours += [runner_choice("rt-nchw-graphs", {"prefer_nhwc": "0"}, cuda_graph=True)]
         if os.environ.get("ROWS") == "all":
             ours += [runner_choice(f"rt-heuristic{'-graphs' * g}", HEURISTIC, g) for g in (False, True)]
@@ -367,10 +457,12 @@ HEURISTIC = {"cudnn_conv_algo_search": "HEURISTIC"}
 # --------------------------------------------------------------------------- where the time and memory go
 
 
-def profiled() -> list[Choice]:
-    """What `profile` traces: the runner auto serves (with and without CUDA graphs) and torch.compile AMP."""
+def profiled(engines: Path) -> list[Choice]:
+    """What `profile` traces: the runner auto serves (with and without CUDA graphs) and torch.compile AMP; with
+    ROWS=fusion, fusion_rows beside them."""
     runners = [runner_choice("onnxruntime-cuda", {}), runner_choice("onnxruntime-cuda-graphs", {}, cuda_graph=True)]
-    return [*runners, *choices_for(["torch-compile"])[1:]]  # [0] is the bench's reference, not traced here
+    more = fusion_rows(engines) if os.environ.get("ROWS") == "fusion" else []
+    return [*runners, *choices_for(["torch-compile"])[1:], *more]  # [0] is the bench's reference, not traced here
 
 
 KERNEL = "cpu_op" if DEVICE == "cpu" else "kernel"  # a dry run's trace has no kernels: its CPU ops stand in
@@ -406,7 +498,7 @@ def profile(engines: Path, out: Path, folder_name: str = "resnet50-fp16", batch:
     context = Context(folder=folder, threads=16, cuda=DEVICE == "cuda")
     rows: dict = {}
     with torch_settings(16):  # the bench's: TF32 off
-        for choice in profiled():
+        for choice in profiled(engines):
             try:
                 backend = choice.open(context)
             except Unavailable as why:

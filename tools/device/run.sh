@@ -24,6 +24,7 @@
 #     carry .devbundle/ort1: bash tools/device/run.sh served_measure  # onnxruntime-gpu; detached: GPU tests, bench,
 #                                                                     # memory per captured graph, batch-32 kernels
 #     (no carry):            bash tools/device/run.sh ort_collect     # waits (WAIT_S, 540), then results.tar.gz in $OUT
+#   or, for the batch-32 leads (ROWS=fusion in ort_cuda.py), fusion_measure in served_measure's place.
 # Every log and JSON lands in $OUT.
 set -uo pipefail
 PY=${PY:-/opt/torch/.venv/bin/python3}
@@ -137,9 +138,14 @@ served_start() {  # issue 36: the ResNet-50 and encoder FP16 folders build (CPU)
 	cat "$OUT/env.txt"
 	ort_part
 	install_wheels "$ORT_PARTS"/onnxsim-*.whl
-	mkdir -p "$RESULTS"
-	setsid bash -c "\"$PY\" tools/device/ort_cuda.py build $ENGINES /nonexistent resnet50-fp16 encoder-fp16 \
-		>$RESULTS/build.log 2>&1; echo \$? >/tmp/build.rc" </dev/null >/dev/null 2>&1 &
+	build_detached resnet50-fp16 encoder-fp16
+}
+
+build_detached() {  # the folders NAMES build (CPU) after this call returns, from a copy of the code: the next call's
+	# copy of the tree lands while they import (it once removed a module under them: "No module named ...parity")
+	rm -rf /tmp/code && mkdir -p /tmp/code "$RESULTS" && cp -r trt_pipeline pipeline models calibration tools tests /tmp/code/
+	setsid bash -c "cd /tmp/code && PYTHONPATH=$SITE:/tmp/code \"$PY\" tools/device/ort_cuda.py build $ENGINES \
+		/nonexistent $* >$RESULTS/build.log 2>&1; echo \$? >/tmp/build.rc" </dev/null >/dev/null 2>&1 &
 }
 
 served_measure() {  # issue 36: onnxruntime-gpu, then detached: the GPU tests, the bench on both folders, then
@@ -158,6 +164,18 @@ served_launch() {
 		>$RESULTS/speed.log 2>&1; \
 		for step in graph_memory profile; do \"$PY\" tools/device/ort_cuda.py \$step $ENGINES $RESULTS \
 		>$RESULTS/\$step.log 2>&1; done; echo done >/tmp/measure.done" </dev/null >/dev/null 2>&1 &
+}
+
+fusion_measure() {  # issue 36, after the profile: served_start, then this (carry .devbundle/ort1), then ort_collect:
+	# ResNet-50 at batch 1/8/32 with the convolutions' bias fused and/or the first one padded to 4 channels
+	ort_part
+	ort_install || return 1
+	grep -q "^smoke: \['CUDAExecutionProvider'" "$OUT/ort-providers.txt" || { echo "smoke failed: not measuring"; return 1; }
+	setsid bash -c "export PYTHONPATH=$ORT_SITE:$PYTHONPATH ROWS=fusion; \
+		while [ ! -f /tmp/build.rc ]; do sleep 2; done; \
+		BUDGET_S=1 \"$PY\" tools/device/ort_cuda.py speed $ENGINES $RESULTS resnet50-fp16 >$RESULTS/speed.log 2>&1; \
+		\"$PY\" tools/device/ort_cuda.py profile $ENGINES $RESULTS >$RESULTS/profile.log 2>&1; \
+		echo done >/tmp/measure.done" </dev/null >/dev/null 2>&1 &
 }
 
 served_tests() {  # the onnxruntime-cuda runner's GPU tests (serve_fixtures needs tritonclient, which is not there)
