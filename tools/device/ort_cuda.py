@@ -48,7 +48,7 @@ from trt_pipeline.pipeline.bench.report import write_reports
 from trt_pipeline.pipeline.bench.timing import TimingPolicy
 from trt_pipeline.pipeline.core.compare import compare
 from trt_pipeline.pipeline.core.errors import PipelineError
-from trt_pipeline.pipeline.core.sessions import OPTIMIZATION_LEVELS, onnxruntime_session
+from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.settings import Settings
 from trt_pipeline.pipeline.core.trt_module import import_trt
 from trt_pipeline.pipeline.evaluation.float16 import faithful_session
@@ -299,19 +299,19 @@ def tuned(options: dict[str, str], straight: bool = True) -> Iterator[None]:
 
 
 def runner_choice(
-    name: str, options: dict[str, str], cuda_graph: bool = False, straight: bool = True, padded: Path | None = None
+    name: str, options: dict[str, str], cuda_graph: bool = False, straight: bool = True, split: Path | None = None
 ) -> Choice:
     """The onnxruntime-cuda runner itself (what auto serves) on the folder's engine graph, its TUNING varied; with
-    `padded` (a folder to write it in), on first_conv_padded's copy of that graph."""
+    `split` (a folder to write it in), on conv_bias_split's copy of that graph."""
     how = ", ".join(f"{key}={value}" for key, value in options.items())
     how += (", CUDA graphs" if cuda_graph else "") + ("" if straight else ", inputs through a page-locked copy")
-    how += ", 3-channel convolutions padded to 4" if padded else ""
+    how += ", each convolution's bias an Add of its own" if split else ""
     how = how or "its defaults"
 
     def open_it(context: Context) -> Backend:
         device = {} if DEVICE == "cuda" else {"device": "cpu"}
         try:
-            with tuned(options, straight), first_conv_padded_sessions(padded) if padded else nullcontext():
+            with tuned(options, straight), bias_split_sessions(split) if split else nullcontext():
                 runner = load_runner(context.folder, "onnxruntime-cuda", cuda_graph=cuda_graph, **device)
         except PipelineError as error:  # e.g. an INT8 graph with nodes on the CPU, which no CUDA graph captures
             raise Unavailable(f"{error.problem} ({error.fix})") from None
@@ -366,47 +366,56 @@ def fp16_io_choice(name: str, cuda_graph: bool, nhwc: bool, engines: Path) -> Ch
     return Choice(name, "ONNX Runtime CUDA on the FP16 graph with float16 inputs and outputs", open_it)
 
 
-def first_conv_padded(source: Path, target: Path) -> Path:
-    """The graph with its convolutions of 3 input channels taking 4 (a zero channel padded onto the input, a zero
-    slice onto the weights): the same outputs, and a shape cuDNN's first-layer kernels take (torch.compile's
-    ResNet-50 ran one, 61 us at batch 32, where ONNX Runtime's NHWC convolution of 3 channels took 385)."""
+def conv_bias_split(source: Path, target: Path) -> Path:
+    """The graph with each convolution's bias taken out into an Add after it (the bias shaped to broadcast over the
+    spatial axes): the same outputs, computed by ONNX Runtime's elementwise Add in place of cuDNN's AddTensor."""
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     model = onnx.load(str(source))
     graph = model.graph
     weights = {tensor.name: tensor for tensor in graph.initializer}
     nodes = []
     for node in graph.node:
-        weight = weights.get(node.input[1]) if node.op_type == "Conv" else None
-        if weight is not None and list(weight.dims)[1] == 3:
-            array = numpy_helper.to_array(weight)
-            padded = np.concatenate([array, np.zeros_like(array[:, :1])], axis=1)
-            weight.CopyFrom(numpy_helper.from_array(padded, weight.name))
-            pads = f"{node.name}_pads"
-            graph.initializer.append(helper.make_tensor(pads, TensorProto.INT64, [8], [0, 0, 0, 0, 0, 1, 0, 0]))
-            nodes.append(helper.make_node("Pad", [node.input[0], pads], [f"{node.input[0]}_c4"]))
-            node.input[0] = f"{node.input[0]}_c4"
         nodes.append(node)
+        if node.op_type != "Conv" or len(node.input) < 3 or node.input[2] not in weights:
+            continue
+        spatial = len(weights[node.input[1]].dims) - 2
+        bias = numpy_helper.to_array(weights[node.input[2]]).reshape(-1, *[1] * spatial)
+        graph.initializer.append(numpy_helper.from_array(bias, f"{node.input[2]}_spatial"))
+        output = node.output[0]
+        node.output[0] = f"{output}_before_bias"
+        nodes.append(helper.make_node("Add", [node.output[0], f"{node.input[2]}_spatial"], [output]))
+        del node.input[2]
     del graph.node[:]
     graph.node.extend(nodes)
+    read = {name for node in graph.node for name in node.input}
+    kept = [tensor for tensor in graph.initializer if tensor.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
     onnx.save(model, str(target))
     return target
 
 
+# ONNX Runtime's rewrite that folds a constant Add after a Conv back into the Conv's bias.
+KEEP_BIAS_ADD = ["ConvAddFusion"]
+
+
 @contextmanager
-def first_conv_padded_sessions(engines: Path) -> Iterator[None]:
-    """While a runner loads (its sessions open then): each session on first_conv_padded's copy of its graph."""
+def bias_split_sessions(engines: Path) -> Iterator[None]:
+    """While a runner loads (its sessions open then): each session on conv_bias_split's copy of its graph, with
+    ConvAddFusion off so that ONNX Runtime keeps the Adds."""
+    import onnxruntime as ort
+
     original = cuda_runner.load_session
 
-    def load_padded(folder: ArtifactFolder, graph: str, providers: list[Any], **options: Any) -> Any:
-        padded = engines / f"c4-{graph}"
-        if not padded.exists():
-            first_conv_padded(folder.path / graph, padded)
-        level = folder.manifest.onnxruntime_levels.get(graph, OPTIMIZATION_LEVELS[0])
-        return onnxruntime_session(padded, providers, level=level, **options)
+    def load_split(folder: ArtifactFolder, graph: str, providers: list[Any], **options: Any) -> Any:
+        split = engines / f"bias-split-{graph}"
+        if not split.exists():
+            conv_bias_split(folder.path / graph, split)
+        return ort.InferenceSession(str(split), providers=providers, disabled_optimizers=KEEP_BIAS_ADD)
 
-    cuda_runner.load_session = load_padded
+    cuda_runner.load_session = load_split
     try:
         yield
     finally:
@@ -418,14 +427,17 @@ def bare_graph_session(folder: ArtifactFolder) -> Backend:
     return OrtCuda("ort-graph", folder.path / "model.fp16.onnx", "fp16", DEVICE == "cuda", True)
 
 
-def fusion_rows(engines: Path) -> list[Choice]:
-    """The batch-32 profile's lead (fuse_conv_bias lost: rt-fusebias-graphs 4.65 vs 3.47 ms device-resident): the
-    first convolution's 3 channels (385 us a call, where torch.compile's first-layer kernel took 61), and a bare
-    session with a CUDA graph (its shapes now from an uncaptured run)."""
+def lead_rows(engines: Path) -> list[Choice]:
+    """The batch-32 profile's leads, beside the runner: ResNet-50's 53 convolutions each had cuDNN add its bias in a
+    kernel of its own (1.27 ms of the 3.35 ms of kernels a call; ONNX Runtime's Relu over the same tensors took 8 us
+    where that took 24), so the bias as an Add; and float16 inputs and outputs bound directly with CUDA graphs (its
+    earlier run computed nothing: the capture bug fixed in OrtCuda), beside the bare session it differs from.
+    Measured and lost: fuse_conv_bias=1, the first convolution padded to 4 channels (docs/benchmarks)."""
     return [
-        runner_choice("rt-c4", {}, padded=engines),
-        runner_choice("rt-c4-graphs", {}, cuda_graph=True, padded=engines),
+        runner_choice("rt-biasadd", {}, split=engines),
+        runner_choice("rt-biasadd-graphs", {}, cuda_graph=True, split=engines),
         Choice("ort-graph", "a bare session", lambda context: bare_graph_session(context.folder)),
+        fp16_io_choice("ort-fp16-io-nhwc-graph", DEVICE == "cuda", True, engines),
     ]
 
 
@@ -436,8 +448,8 @@ def speed(engines: Path, out: Path, folder_name: str, budget_s: float) -> None:
     run_benchmark.  ROWS=all adds the variants tried first (cuDNN's HEURISTIC search, float16 inputs and outputs)."""
     names = ["served", "torch-amp", "torch-compile", "onnxruntime-cuda", "onnxruntime-cuda-graphs"]
     ours = [runner_choice("rt-pinned-graphs", {}, cuda_graph=True, straight=False)]
-    if os.environ.get("ROWS") == "fusion":
-        names, ours = ["served", "torch-compile", "onnxruntime-cuda-graphs"], fusion_rows(engines)
+    if os.environ.get("ROWS") == "leads":
+        names, ours = ["served", "torch-compile", "onnxruntime-cuda-graphs"], lead_rows(engines)
     elif folder_name.startswith("resnet"):
         ours += [runner_choice("rt-nchw-graphs", {"prefer_nhwc": "0"}, cuda_graph=True)]
         if os.environ.get("ROWS") == "all":
@@ -459,9 +471,9 @@ HEURISTIC = {"cudnn_conv_algo_search": "HEURISTIC"}
 
 def profiled(engines: Path) -> list[Choice]:
     """What `profile` traces: the runner auto serves (with and without CUDA graphs) and torch.compile AMP; with
-    ROWS=fusion, fusion_rows beside them."""
+    ROWS=leads, lead_rows beside them."""
     runners = [runner_choice("onnxruntime-cuda", {}), runner_choice("onnxruntime-cuda-graphs", {}, cuda_graph=True)]
-    more = fusion_rows(engines) if os.environ.get("ROWS") == "fusion" else []
+    more = lead_rows(engines) if os.environ.get("ROWS") == "leads" else []
     return [*runners, *choices_for(["torch-compile"])[1:], *more]  # [0] is the bench's reference, not traced here
 
 

@@ -24,7 +24,7 @@
 #     carry .devbundle/ort1: bash tools/device/run.sh served_measure  # onnxruntime-gpu; detached: GPU tests, bench,
 #                                                                     # memory per captured graph, batch-32 kernels
 #     (no carry):            bash tools/device/run.sh ort_collect     # waits (WAIT_S, 540), then results.tar.gz in $OUT
-#   or, for the batch-32 leads (ROWS=fusion in ort_cuda.py), fusion_measure in served_measure's place.
+#   or, for the batch-32 leads (ROWS=leads in ort_cuda.py), leads_measure in served_measure's place.
 # Every log and JSON lands in $OUT.
 set -uo pipefail
 PY=${PY:-/opt/torch/.venv/bin/python3}
@@ -166,12 +166,12 @@ served_launch() {
 		>$RESULTS/\$step.log 2>&1; done; echo done >/tmp/measure.done" </dev/null >/dev/null 2>&1 &
 }
 
-fusion_measure() {  # issue 36, after the profile: served_start, then this (carry .devbundle/ort1), then ort_collect:
-	# ResNet-50 at batch 1/8/32 with the convolutions' bias fused and/or the first one padded to 4 channels
+leads_measure() {  # issue 36, after the profile: served_start, then this (carry .devbundle/ort1), then ort_collect:
+	# ResNet-50 at batch 1/8/32 with each convolution's bias an Add of its own, and float16 I/O with CUDA graphs
 	ort_part
 	ort_install || return 1
 	grep -q "^smoke: \['CUDAExecutionProvider'" "$OUT/ort-providers.txt" || { echo "smoke failed: not measuring"; return 1; }
-	setsid bash -c "export PYTHONPATH=$ORT_SITE:$PYTHONPATH ROWS=fusion; \
+	setsid bash -c "export PYTHONPATH=$ORT_SITE:$PYTHONPATH ROWS=leads; \
 		while [ ! -f /tmp/build.rc ]; do sleep 2; done; \
 		BUDGET_S=1 \"$PY\" tools/device/ort_cuda.py speed $ENGINES $RESULTS resnet50-fp16 >$RESULTS/speed.log 2>&1; \
 		\"$PY\" tools/device/ort_cuda.py profile $ENGINES $RESULTS >$RESULTS/profile.log 2>&1; \
