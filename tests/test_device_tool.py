@@ -105,3 +105,24 @@ def test_the_bias_split_lead_computes_the_same_and_onnx_runtime_keeps_its_adds(t
     assert [node.op_type for node in onnx.load(str(split)).graph.node] == ["Conv", "Add", "Relu"]
     assert "Add" not in optimized_ops([])  # folded back into the Conv's bias
     assert "Add" in optimized_ops(KEEP_BIAS_ADD)
+
+
+def test_the_report_marks_rows_whose_outputs_disagreed() -> None:
+    """A row that computed something else (an earlier run's bare CUDA-graph sessions never wrote their outputs)
+    must not read as a timing: the report's speed table says so beside its name."""
+    from tools.device.ort_cuda_report import p50_table
+
+    def result(backend: str, status: str) -> dict:
+        agreement = {"status": status, "rtol": 0.03, "max_rel": 1.0 if status == "mismatch" else 0.001}
+        return {
+            "backend": backend,
+            "mode": "device-resident",
+            "batch": 32,
+            "latency": {"p50_ms": 3.4},
+            "agreement": agreement,
+        }
+
+    bench = {"batches": [32], "results": [result("right", "ok"), result("garbage", "mismatch")]}
+    lines, _ = p50_table(bench)
+    assert "| right | device-resident | 3.40 |" in lines
+    assert "| garbage (outputs disagreed with the reference: not a result) | device-resident | 3.40 |" in lines

@@ -1,13 +1,14 @@
 """docs/benchmarks/resnet50-h100-cuda.md (+ .json) from what tools/device/ort_cuda.py wrote on the GPU machine.
 
-    python tools/device/ort_cuda_report.py OUT RESULTS ENV_TXT [--tried RESULTS ENV_TXT] [--reading MD]
+    python tools/device/ort_cuda_report.py OUT RESULTS ENV_TXT [--tried RESULTS ENV_TXT]... [--reading MD]
         [--earlier JSON]
 
 RESULTS is the unpacked results.tar.gz of `run.sh ort_collect` (speed-*/bench.json, served-*.json, and where the run
-made them profile-check.json and graph_memory-check.json); --tried, an earlier run of the variants tried first
-(ROWS=all); --reading, a hand-written markdown section on what the numbers say, after the introduction; --earlier,
-the report this one replaces, whose accuracy checks and TensorRT-RTX probe (fp16-check.json, int8-check.json,
-probe.json of that run) are carried over where RESULTS has none.
+made them profile-check.json and graph_memory-check.json); --tried (once per run, in order), a further run of the
+variants or leads tried (ROWS=all, ROWS=leads), shown as runs 2, 3, ...; --reading, a hand-written markdown section
+on what the numbers say, after the introduction; --earlier, the report this one replaces, whose accuracy checks and
+TensorRT-RTX probe (fp16-check.json, int8-check.json, probe.json of that run) are carried over where RESULTS has
+none.
 """
 
 from __future__ import annotations
@@ -32,10 +33,20 @@ def p50_table(bench: dict) -> tuple[list[str], dict]:
             f"{result['latency']['p50_ms']:.2f}"
         )
     batches = bench["batches"]
+    disagreed = {
+        (result["backend"], result["mode"])
+        for result in bench["results"]
+        if (result.get("agreement") or {}).get("status") == "mismatch"
+    }
     lines = ["| backend | mode | " + " | ".join(f"batch {b} p50 ms" for b in batches) + " |"]
     lines.append("|---|---|" + "---|" * len(batches))
     for (backend, mode), values in cells.items():
-        lines.append(f"| {backend} | {mode} | " + " | ".join(values.get(b, "-") for b in batches) + " |")
+        name = (
+            f"{backend} (outputs disagreed with the reference: not a result)"
+            if (backend, mode) in disagreed
+            else backend
+        )
+        lines.append(f"| {name} | {mode} | " + " | ".join(values.get(b, "-") for b in batches) + " |")
     lines += [f"\n`{name}` failed: {error}" for name, error in failed.items()]
     return lines, cells
 
@@ -45,7 +56,7 @@ def served_line(bench: dict) -> str:
     return f"What `auto` served: {served['description']}" if served else "served: not run"
 
 
-def speed_section(results: Path, title: str) -> list[str]:
+def speed_section(results: Path, title: str, level: str = "###") -> list[str]:
     lines = [title, ""]
     for name, heading in {**SPEED, SPEED_INT8: "ResNet-50 (INT8 folder)"}.items():
         path = results / f"speed-{name}" / "bench.json"
@@ -54,7 +65,7 @@ def speed_section(results: Path, title: str) -> list[str]:
         bench = json.loads(path.read_text())
         table, _ = p50_table(bench)
         verdict = bench["stability"]["verdict"]
-        lines += [f"### {heading}", "", *table, "", served_line(bench), "", *served_choice(results, name)]
+        lines += [f"{level} {heading}", "", *table, "", served_line(bench), "", *served_choice(results, name)]
         lines += [f"Stability: {verdict}", ""]
     return lines
 
@@ -131,12 +142,14 @@ def int8_section(check: dict, bench: dict | None) -> list[str]:
     return lines
 
 
-def profile_section(profile: dict | None, memory: dict | None) -> list[str]:
+def profile_section(
+    profile: dict | None, memory: dict | None, title: str = "## 1c. Where the time and memory go"
+) -> list[str]:
     """Where the time goes (ort_cuda.py profile: each row's kernels per call) and what each captured CUDA graph
     keeps (ort_cuda.py graph_memory); nothing where this run has neither."""
     if not (profile or memory):
         return []
-    lines = ["## 1c. Where the time and memory go", ""]
+    lines = [title, ""]
     if profile:
         lines += [
             f"{profile['folder']}, batch {profile['batch']}, device-resident; kernel times from torch.profiler's "
@@ -203,15 +216,18 @@ def main(arguments: argparse.Namespace) -> None:
         "alternating rounds (the bench harness). `served` is `load_runner(folder)` (auto: its measured pick and its "
         "host check); `onnxruntime-cuda` is the runner on the folder's engine graph with its defaults, `-graphs` "
         "with a CUDA graph per input shape; `rt-*` rows are the same runner with one default changed back (`nchw`: "
-        "prefer_nhwc=0; `pinned`: inputs through a page-locked copy). End to end: numpy in and out; "
+        "prefer_nhwc=0; `pinned`: inputs through a page-locked copy) or one lead tried (`fusebias`: "
+        "fuse_conv_bias=1; `c4`: its 3-channel convolution padded to 4); `ort-*` rows are bare sessions. "
+        "End to end: numpy in and out; "
         "device-resident: torch CUDA tensors in and out. `torch-amp` and `torch-compile` are AMP FP16, `torch` FP32, "
         "all with TF32 off.",
         "",
         *([arguments.reading.read_text(), ""] if arguments.reading else []),
         "Commands: `python tools/device/bundle.py ort` here; on the device the issue-36 chain in "
-        "tools/device/run.sh's header (served_start, served_measure, ort_collect); then `python "
-        "tools/device/ort_cuda_report.py docs/benchmarks/resnet50-h100-cuda RESULTS env.txt --tried RESULTS-1 "
-        "env-1.txt --reading READING.md --earlier docs/benchmarks/resnet50-h100-cuda.json`.",
+        "tools/device/run.sh's header (served_start, then served_measure or, for the leads, leads_measure, then "
+        "ort_collect); then `python tools/device/ort_cuda_report.py docs/benchmarks/resnet50-h100-cuda RESULTS "
+        "env.txt --tried RESULTS-2 env-2.txt --tried RESULTS-3 env-3.txt --reading READING.md --earlier "
+        "docs/benchmarks/resnet50-h100-cuda.json`.",
         "",
         "Machine:",
         "",
@@ -221,10 +237,12 @@ def main(arguments: argparse.Namespace) -> None:
         "",
         *speed_section(results, "## 1. Speed: what `auto` serves, the runner, and PyTorch"),
     ]
-    if arguments.tried:
-        lines += speed_section(arguments.tried[0], "## 1b. The variants tried first (an earlier run, same day)")
-        lines += ["", "Its machine:", "", "```", *_machine(arguments.tried[1].read_text()), "```", ""]
     lines += profile_section(_json(results / "profile-check.json"), _json(results / "graph_memory-check.json"))
+    lines += ["## 1d. Variants and leads tried in further runs", ""] if arguments.tried else []
+    for run, (tried, tried_environment) in enumerate(arguments.tried or [], start=2):
+        lines += speed_section(tried, f"### Run {run}", level="####")
+        lines += profile_section(_json(tried / "profile-check.json"), None, f"#### Run {run}: where the time goes")
+        lines += ["Its machine:", "", "```", *_machine(tried_environment.read_text()), "```", ""]
     lines += [f"## Sections 2 to 4{carried}", ""] if carried else []
     lines += [*fp16_section(fp16), *int8_section(int8, None), *rtx_section(probe)]
     out, speeds = arguments.out, _speeds(results)
@@ -232,7 +250,10 @@ def main(arguments: argparse.Namespace) -> None:
     record = {
         "speed": speeds,
         "served": {name: _json(results / f"served-{name}.json") for name in SPEED if name in speeds},
-        "tried_first": _speeds(arguments.tried[0]) if arguments.tried else {},
+        "tried": [
+            {"speed": _speeds(tried), "profile": _json(tried / "profile-check.json")}
+            for tried, _ in arguments.tried or []
+        ],
         "profile": _json(results / "profile-check.json"),
         "graph_memory": _json(results / "graph_memory-check.json"),
         "fp16": fp16,
@@ -267,7 +288,7 @@ if __name__ == "__main__":
     parser.add_argument("out", type=Path)
     parser.add_argument("results", type=Path)
     parser.add_argument("env", type=Path)
-    parser.add_argument("--tried", nargs=2, type=Path, metavar=("RESULTS", "ENV_TXT"))
+    parser.add_argument("--tried", nargs=2, type=Path, metavar=("RESULTS", "ENV_TXT"), action="append")
     parser.add_argument("--reading", type=Path)
     parser.add_argument("--earlier", type=Path)
     main(parser.parse_args())
