@@ -46,9 +46,12 @@ DEFAULT_SESSIONS = 2
 # GPU).  use_tf32=0 keeps float32 ops float32, as the gates judged them.  prefer_nhwc=1: convolutions in NHWC, which
 # cuDNN's tensor-core kernels take without transposes; on an H100 it was the fastest variant for ResNet-50's FP16
 # graph at batch 1, 8 and 32 (device-resident 3.80 vs 4.55 ms at 32; cuDNN's HEURISTIC search changed nothing),
-# docs/benchmarks/resnet50-h100-cuda.md.  A graph without convolutions runs as before.
+# docs/benchmarks/resnet50-h100-cuda.md.  A graph without convolutions runs as before.  fuse_conv_bias stays off:
+# there it made ResNet-50 slower (4.65 vs 3.47 ms at 32 with CUDA graphs).
 TUNING = {"use_tf32": "0", "prefer_nhwc": "1"}
-# Input shapes a slot captures a CUDA graph for (cuda_graph=True); other shapes run uncaptured.
+# Input shapes a slot captures a CUDA graph for (cuda_graph=True); other shapes run uncaptured.  On the H100 each
+# graph captured after the largest batch's added under 1 MiB to a ResNet-50 slot's 598 MiB: the arena, sized by the
+# largest batch, is the cost, not the number of graphs.
 MAX_GRAPHS = 8
 UNCAPTURED = "-1"  # ONNX Runtime's gpu_graph_id for a run that neither captures nor replays
 # A contiguous numpy input goes to the GPU straight from the caller's array, not through a page-locked copy: on an
