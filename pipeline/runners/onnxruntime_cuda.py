@@ -477,8 +477,12 @@ class OnnxRuntimeCudaRunner(Runner):
             slot.binding.bind_output(spec.name, *where, spec.dtype.type, bound[spec.name], addresses[spec.name])
         self._memory.written(list(in_place.values()))
         self._memory.ready(slot.stream)
-        options = ort.RunOptions()
+        # RunOptions only to name a CUDA graph: ONNX Runtime's Python reads gpu_graph_id from any RunOptions it is
+        # given, and one without it costs an exception inside, ~25 us a call (tiny_cnn on the CPU provider: 41.5 ->
+        # 16 us a call).
+        options = None
         if self.cuda_graph:
+            options = ort.RunOptions()
             options.add_run_config_entry(
                 "gpu_graph_id", _graph_id(slot, tuple(bound[spec.name] for spec in self.inputs))
             )
