@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FOLDER = "resnet-tiny-fp16"  # the dry run's speed folder (tests.toy_models:tiny_cnn)
 
 
-def _tool(script: str, *arguments: Path | str, cwd: Path) -> None:
-    environment = {**os.environ, "ORT_CUDA_DRY_RUN": "1", "PYTHONPATH": str(ROOT)}
+def _tool(script: str, *arguments: Path | str, cwd: Path, rows: str = "") -> None:
+    environment = {**os.environ, "ORT_CUDA_DRY_RUN": "1", "PYTHONPATH": str(ROOT), "ROWS": rows}
     done = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "device" / script), *map(str, arguments)],
         cwd=cwd,
@@ -29,12 +29,13 @@ def _tool(script: str, *arguments: Path | str, cwd: Path) -> None:
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The dry run's folder built, then its profile and graph_memory steps run, then the report written."""
+    """The dry run's folder built, then its profile (with the next GPU run's leads, ROWS=leads) and graph_memory
+    steps run, then the report written."""
     work = tmp_path_factory.mktemp("device")
     engines, results = work / "engines", work / "results"
     _tool("ort_cuda.py", "build", engines, "/nonexistent", FOLDER, cwd=work)
-    for step in ("graph_memory", "profile"):
-        _tool("ort_cuda.py", step, engines, results, FOLDER, cwd=work)
+    _tool("ort_cuda.py", "graph_memory", engines, results, FOLDER, cwd=work)
+    _tool("ort_cuda.py", "profile", engines, results, FOLDER, cwd=work, rows="leads")
     (work / "env.txt").write_text("dry run: no GPU\n")
     earlier = ROOT / "docs" / "benchmarks" / "resnet50-h100-cuda.json"
     _tool("ort_cuda_report.py", work / "report", results, work / "env.txt", "--earlier", earlier, cwd=work)
@@ -43,9 +44,13 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_profile_times_and_traces_each_row(measured: Path) -> None:
     rows = json.loads((measured / "results" / "profile-check.json").read_text())["rows"]
-    assert set(rows) == {"onnxruntime-cuda", "onnxruntime-cuda-graphs", "torch-compile"}
-    assert rows["onnxruntime-cuda"]["wall_us_per_call"] > 0
-    assert "need device='cuda'" in rows["onnxruntime-cuda-graphs"]["unavailable"]  # no CUDA graph on the CPU
+    runners = {"onnxruntime-cuda", "onnxruntime-cuda-graphs", "torch-compile"}
+    assert set(rows) == runners | {"rt-biasadd", "rt-biasadd-graphs", "ort-graph", "ort-fp16-io-nhwc-graph"}
+    for name in ("onnxruntime-cuda", "rt-biasadd", "ort-graph", "ort-fp16-io-nhwc-graph"):
+        assert rows[name]["wall_us_per_call"] > 0, name
+    for name in ("onnxruntime-cuda-graphs", "rt-biasadd-graphs"):  # no CUDA graph on the CPU
+        assert "need device='cuda'" in rows[name]["unavailable"]
+    assert "each convolution's bias an Add" in rows["rt-biasadd"]["label"]
     assert not list((measured / "results").glob("trace-*.json"))  # each trace removed once read
 
 
