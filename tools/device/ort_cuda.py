@@ -144,7 +144,6 @@ def cuda_session(
     nhwc: bool = False,
     cuda_only: bool = False,
     verbose: bool = False,
-    extra: dict[str, str] | None = None,
 ) -> Any:
     import onnxruntime as ort
 
@@ -157,7 +156,6 @@ def cuda_session(
         "use_tf32": "0",
         "enable_cuda_graph": str(int(cuda_graph)),
         "prefer_nhwc": str(int(nhwc)),
-        **(extra or {}),
     }
     if DEVICE == "cpu":
         provider = {}
@@ -222,36 +220,23 @@ def _float16_inputs(path: Path) -> list[Any]:
 class OrtCuda(Backend):
     """One graph of the folder on ORT's CUDA provider: bare session end to end, IO binding device-resident."""
 
-    def __init__(
-        self,
-        name: str,
-        path: Path,
-        precision: str,
-        cuda_graph: bool,
-        nhwc: bool = False,
-        extra: dict[str, str] | None = None,
-    ):
+    def __init__(self, name: str, path: Path, precision: str, cuda_graph: bool, nhwc: bool = False):
         how = "IO binding + captured CUDA graph" if cuda_graph else "bare session; IO binding device-resident"
         how += "; prefer_nhwc=1 (convolutions in NHWC)" if nhwc else ""
-        how += "".join(f"; {key}={value}" for key, value in (extra or {}).items())
         super().__init__(name, f"ONNX Runtime CUDA on {path.name} ({how})", precision, how, "n/a (GPU)")
         self.device_note = ""
         self.memory_note = "n/a: ONNX Runtime's arena is not counted"
-        self.path, self.cuda_graph, self.nhwc, self.extra = path, cuda_graph, nhwc, extra
+        self.path, self.cuda_graph, self.nhwc = path, cuda_graph, nhwc
         self.input_types = {value.name: np.float16 for value in _float16_inputs(path)}
         # Uncaptured: it runs the calls without a CUDA graph, and tells a captured session's output shapes (a
         # captured session's own first plain run would capture a graph writing to buffers of its choosing).
-        self.session = cuda_session(path, nhwc=nhwc, extra=extra)
+        self.session = cuda_session(path, nhwc=nhwc)
         self.bound: dict[tuple, Bound] = {}
 
     def _bound(self, feed: dict[str, np.ndarray]) -> Bound:
         key = tuple((k, v.shape) for k, v in sorted(feed.items()))
         if key not in self.bound:  # a captured CUDA graph holds one shape: one session per shape
-            session = (
-                cuda_session(self.path, cuda_graph=True, nhwc=self.nhwc, extra=self.extra)
-                if self.cuda_graph
-                else self.session
-            )
+            session = cuda_session(self.path, cuda_graph=True, nhwc=self.nhwc) if self.cuda_graph else self.session
             shapes = [value.shape for value in self.session.run(None, feed)]
             self.bound[key] = Bound(session, feed, shapes)
         return self.bound[key]
@@ -445,7 +430,8 @@ def speed(engines: Path, out: Path, folder_name: str, budget_s: float) -> None:
     """The bench's torch rows (eager FP32, AMP, torch.compile AMP; TF32 off), `served` (auto: its multi-batch pick
     and host check), the onnxruntime-cuda runner with and without CUDA graphs, and beside them, on the same
     machine, what the runner did before (inputs through a page-locked copy; for convolutions, NCHW), in one
-    run_benchmark.  ROWS=all adds the variants tried first (cuDNN's HEURISTIC search, float16 inputs and outputs)."""
+    run_benchmark.  ROWS=all adds the variants tried first (cuDNN's HEURISTIC search, float16 inputs and outputs);
+    ROWS=leads keeps served, torch.compile and the runner with CUDA graphs, and adds lead_rows."""
     names = ["served", "torch-amp", "torch-compile", "onnxruntime-cuda", "onnxruntime-cuda-graphs"]
     ours = [runner_choice("rt-pinned-graphs", {}, cuda_graph=True, straight=False)]
     if os.environ.get("ROWS") == "leads":

@@ -150,10 +150,13 @@ build_detached() {  # the folders NAMES build (CPU) after this call returns, fro
 
 served_measure() {  # issue 36: onnxruntime-gpu, then detached: the GPU tests, the bench on both folders, then
 	# ResNet-50's device memory per captured graph and its kernels at batch 32 beside torch.compile's
+	ort_ready && served_launch
+}
+
+ort_ready() {  # the second part joined, onnxruntime-gpu installed, and its CUDA provider placing a node
 	ort_part
 	ort_install || return 1
 	grep -q "^smoke: \['CUDAExecutionProvider'" "$OUT/ort-providers.txt" || { echo "smoke failed: not measuring"; return 1; }
-	served_launch
 }
 
 served_launch() {
@@ -168,9 +171,7 @@ served_launch() {
 
 leads_measure() {  # issue 36, after the profile: served_start, then this (carry .devbundle/ort1), then ort_collect:
 	# ResNet-50 at batch 1/8/32 with each convolution's bias an Add of its own, and float16 I/O with CUDA graphs
-	ort_part
-	ort_install || return 1
-	grep -q "^smoke: \['CUDAExecutionProvider'" "$OUT/ort-providers.txt" || { echo "smoke failed: not measuring"; return 1; }
+	ort_ready || return 1
 	setsid bash -c "export PYTHONPATH=$ORT_SITE:$PYTHONPATH ROWS=leads; \
 		while [ ! -f /tmp/build.rc ]; do sleep 2; done; \
 		BUDGET_S=1 \"$PY\" tools/device/ort_cuda.py speed $ENGINES $RESULTS resnet50-fp16 >$RESULTS/speed.log 2>&1; \
