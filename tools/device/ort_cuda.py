@@ -64,6 +64,7 @@ from trt_pipeline.pipeline.stages.sequence import make_engine
 # ORT_CUDA_DRY_RUN=1 runs every step here on the CPU provider, to check the script without a GPU.
 CUDA = "CPUExecutionProvider" if os.environ.get("ORT_CUDA_DRY_RUN") else "CUDAExecutionProvider"
 DEVICE = "cpu" if os.environ.get("ORT_CUDA_DRY_RUN") else "cuda"
+RUNNER_DEVICE = {} if DEVICE == "cuda" else {"device": "cpu"}  # load_runner's placement: its default on the GPU
 ENCODER = "tools.device.ort_cuda:encoder"
 FOLDERS = {
     "resnet50-fp16": dict(model="resnet50", precision="fp16"),
@@ -138,12 +139,7 @@ def build(engines: Path, calib: Path, names: list[str]) -> None:
 
 
 def cuda_session(
-    path: Path,
-    *,
-    cuda_graph: bool = False,
-    nhwc: bool = False,
-    cuda_only: bool = False,
-    verbose: bool = False,
+    path: Path, *, cuda_graph: bool = False, nhwc: bool = False, cuda_only: bool = False, verbose: bool = False
 ) -> Any:
     import onnxruntime as ort
 
@@ -294,10 +290,9 @@ def runner_choice(
     how = how or "its defaults"
 
     def open_it(context: Context) -> Backend:
-        device = {} if DEVICE == "cuda" else {"device": "cpu"}
         try:
             with tuned(options, straight), bias_split_sessions(split) if split else nullcontext():
-                runner = load_runner(context.folder, "onnxruntime-cuda", cuda_graph=cuda_graph, **device)
+                runner = load_runner(context.folder, "onnxruntime-cuda", cuda_graph=cuda_graph, **RUNNER_DEVICE)
         except PipelineError as error:  # e.g. an INT8 graph with nodes on the CPU, which no CUDA graph captures
             raise Unavailable(f"{error.problem} ({error.fix})") from None
         label = f"onnxruntime-cuda runner on {runner.graph} ({how.lstrip(', ')})"
@@ -407,9 +402,14 @@ def bias_split_sessions(engines: Path) -> Iterator[None]:
         cuda_runner.load_session = original
 
 
-def bare_graph_session(folder: ArtifactFolder) -> Backend:
-    """A bare session with IO binding and a CUDA graph per shape on the FP16 graph (NHWC), as ROWS=all's runs."""
-    return OrtCuda("ort-graph", folder.path / "model.fp16.onnx", "fp16", DEVICE == "cuda", True)
+def bare_choice(name: str) -> Choice:
+    """A bare session with IO binding and a CUDA graph per shape on the FP16 graph (NHWC): the runner's work around
+    each replay left out."""
+
+    def open_it(context: Context) -> Backend:
+        return OrtCuda(name, context.folder.path / "model.fp16.onnx", "fp16", DEVICE == "cuda", True)
+
+    return Choice(name, "a bare ONNX Runtime CUDA session on the FP16 graph", open_it)
 
 
 def lead_rows(engines: Path) -> list[Choice]:
@@ -421,7 +421,7 @@ def lead_rows(engines: Path) -> list[Choice]:
     return [
         runner_choice("rt-biasadd", {}, split=engines),
         runner_choice("rt-biasadd-graphs", {}, cuda_graph=True, split=engines),
-        Choice("ort-graph", "a bare session", lambda context: bare_graph_session(context.folder)),
+        bare_choice("ort-graph"),
         fp16_io_choice("ort-fp16-io-nhwc-graph", DEVICE == "cuda", True, engines),
     ]
 
@@ -551,11 +551,10 @@ def graph_memory(engines: Path, out: Path, folder_name: str = "resnet50-fp16") -
     without CUDA graphs: what each captured graph keeps beyond the uncaptured runner's arena (MAX_GRAPHS's cost)."""
     folder = open_folder(named(engines, folder_name))
     ranges = _integer_ranges(folder)
-    device = {} if DEVICE == "cuda" else {"device": "cpu"}
     result: dict = {"folder": folder_name, "max_graphs": cuda_runner.MAX_GRAPHS}
     for cuda_graph in (False, True) if DEVICE == "cuda" else (False,):  # no CUDA graphs in a dry run
         before = _device_used()
-        runner = load_runner(folder, "onnxruntime-cuda", cuda_graph=cuda_graph, sessions=1, **device)
+        runner = load_runner(folder, "onnxruntime-cuda", cuda_graph=cuda_graph, sessions=1, **RUNNER_DEVICE)
         steps = [{"after": "load", "mb": (_device_used() - before) / 2**20}]
         for batch in (1, 8, 32, 16, 4, 2):
             feed = make_inputs(folder.manifest, ranges, batch, 0)

@@ -56,13 +56,13 @@ def served_line(bench: dict) -> str:
     return f"What `auto` served: {served['description']}" if served else "served: not run"
 
 
-def speed_section(results: Path, title: str, level: str = "###") -> list[str]:
+def speed_section(results: Path, speeds: dict, title: str, level: str = "###") -> list[str]:
+    """Each folder's bench (`speeds`, _speeds of `results`): its table, what auto served and measured, stability."""
     lines = [title, ""]
     for name, heading in {**SPEED, SPEED_INT8: "ResNet-50 (INT8 folder)"}.items():
-        path = results / f"speed-{name}" / "bench.json"
-        if not path.is_file():
+        bench = speeds.get(name)
+        if bench is None:
             continue
-        bench = json.loads(path.read_text())
         table, _ = p50_table(bench)
         verdict = bench["stability"]["verdict"]
         lines += [f"{level} {heading}", "", *table, "", served_line(bench), "", *served_choice(results, name)]
@@ -206,6 +206,12 @@ def main(arguments: argparse.Namespace) -> None:
     earlier = json.loads(arguments.earlier.read_text()) if arguments.earlier else {}
     fp16, int8, probe = (_checked(results, earlier, key) for key in ("fp16", "int8", "probe"))
     carried = "" if (results / "fp16-check.json").is_file() else " (from the earlier run: not rerun)"
+    speeds = _speeds(results)
+    profile, memory = _json(results / "profile-check.json"), _json(results / "graph_memory-check.json")
+    tried = [
+        {"speed": _speeds(path), "profile": _json(path / "profile-check.json"), "path": path, "env": env}
+        for path, env in arguments.tried or []
+    ]
     lines = [
         "# Our graphs on an H100 through ONNX Runtime's CUDA provider (issues 23 and 36)",
         "",
@@ -235,27 +241,24 @@ def main(arguments: argparse.Namespace) -> None:
         *_machine(environment),
         "```",
         "",
-        *speed_section(results, "## 1. Speed: what `auto` serves, the runner, and PyTorch"),
+        *speed_section(results, speeds, "## 1. Speed: what `auto` serves, the runner, and PyTorch"),
     ]
-    lines += profile_section(_json(results / "profile-check.json"), _json(results / "graph_memory-check.json"))
-    lines += ["## 1d. Variants and leads tried in further runs", ""] if arguments.tried else []
-    for run, (tried, tried_environment) in enumerate(arguments.tried or [], start=2):
-        lines += speed_section(tried, f"### Run {run}", level="####")
-        lines += profile_section(_json(tried / "profile-check.json"), None, f"#### Run {run}: where the time goes")
-        lines += ["Its machine:", "", "```", *_machine(tried_environment.read_text()), "```", ""]
+    lines += profile_section(profile, memory)
+    lines += ["## 1d. Variants and leads tried in further runs", ""] if tried else []
+    for run, further in enumerate(tried, start=2):
+        lines += speed_section(further["path"], further["speed"], f"### Run {run}", level="####")
+        lines += profile_section(further["profile"], None, f"#### Run {run}: where the time goes")
+        lines += ["Its machine:", "", "```", *_machine(further["env"].read_text()), "```", ""]
     lines += [f"## Sections 2 to 4{carried}", ""] if carried else []
     lines += [*fp16_section(fp16), *int8_section(int8, None), *rtx_section(probe)]
-    out, speeds = arguments.out, _speeds(results)
+    out = arguments.out
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     record = {
         "speed": speeds,
         "served": {name: _json(results / f"served-{name}.json") for name in SPEED if name in speeds},
-        "tried": [
-            {"speed": _speeds(tried), "profile": _json(tried / "profile-check.json")}
-            for tried, _ in arguments.tried or []
-        ],
-        "profile": _json(results / "profile-check.json"),
-        "graph_memory": _json(results / "graph_memory-check.json"),
+        "tried": [{"speed": further["speed"], "profile": further["profile"]} for further in tried],
+        "profile": profile,
+        "graph_memory": memory,
         "fp16": fp16,
         "int8": int8,
         "probe": probe,

@@ -150,7 +150,7 @@ build_detached() {  # the folders NAMES build (CPU) after this call returns, fro
 
 served_measure() {  # issue 36: onnxruntime-gpu, then detached: the GPU tests, the bench on both folders, then
 	# ResNet-50's device memory per captured graph and its kernels at batch 32 beside torch.compile's
-	ort_ready && served_launch
+	ort_ready && FOLDERS='resnet50-fp16 encoder-fp16' STEPS='graph_memory profile' measure_launch
 }
 
 ort_ready() {  # the second part joined, onnxruntime-gpu installed, and its CUDA provider placing a node
@@ -159,24 +159,19 @@ ort_ready() {  # the second part joined, onnxruntime-gpu installed, and its CUDA
 	grep -q "^smoke: \['CUDAExecutionProvider'" "$OUT/ort-providers.txt" || { echo "smoke failed: not measuring"; return 1; }
 }
 
-served_launch() {
-	setsid bash -c "export PYTHONPATH=$ORT_SITE:$PYTHONPATH; \
-		bash tools/device/run.sh served_tests; \
+measure_launch() {  # detached: TESTS (the GPU tests first, unless 0), then once the folders are built the bench
+	# (ROWS, see ort_cuda.py) on FOLDERS, then each of STEPS; /tmp/measure.done when all is done
+	setsid bash -c "export PYTHONPATH=$ORT_SITE:$PYTHONPATH ROWS=${ROWS:-}; \
+		[ \"${TESTS:-1}\" = 0 ] || bash tools/device/run.sh served_tests; \
 		while [ ! -f /tmp/build.rc ]; do sleep 2; done; \
-		BUDGET_S=1 \"$PY\" tools/device/ort_cuda.py speed $ENGINES $RESULTS resnet50-fp16 encoder-fp16 \
-		>$RESULTS/speed.log 2>&1; \
-		for step in graph_memory profile; do \"$PY\" tools/device/ort_cuda.py \$step $ENGINES $RESULTS \
+		BUDGET_S=1 \"$PY\" tools/device/ort_cuda.py speed $ENGINES $RESULTS $FOLDERS >$RESULTS/speed.log 2>&1; \
+		for step in $STEPS; do \"$PY\" tools/device/ort_cuda.py \$step $ENGINES $RESULTS \
 		>$RESULTS/\$step.log 2>&1; done; echo done >/tmp/measure.done" </dev/null >/dev/null 2>&1 &
 }
 
 leads_measure() {  # issue 36, after the profile: served_start, then this (carry .devbundle/ort1), then ort_collect:
 	# ResNet-50 at batch 1/8/32 with each convolution's bias an Add of its own, and float16 I/O with CUDA graphs
-	ort_ready || return 1
-	setsid bash -c "export PYTHONPATH=$ORT_SITE:$PYTHONPATH ROWS=leads; \
-		while [ ! -f /tmp/build.rc ]; do sleep 2; done; \
-		BUDGET_S=1 \"$PY\" tools/device/ort_cuda.py speed $ENGINES $RESULTS resnet50-fp16 >$RESULTS/speed.log 2>&1; \
-		\"$PY\" tools/device/ort_cuda.py profile $ENGINES $RESULTS >$RESULTS/profile.log 2>&1; \
-		echo done >/tmp/measure.done" </dev/null >/dev/null 2>&1 &
+	ort_ready && ROWS=leads TESTS=0 FOLDERS=resnet50-fp16 STEPS=profile measure_launch
 }
 
 served_tests() {  # the onnxruntime-cuda runner's GPU tests (serve_fixtures needs tritonclient, which is not there)
