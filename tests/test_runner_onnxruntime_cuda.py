@@ -53,6 +53,21 @@ def test_io_binding_computes_what_the_session_computes(bound, model):
             np.testing.assert_array_equal(got[name], expected[name])
 
 
+def test_the_runner_opens_its_graph_with_each_convolutions_bias_as_an_add(bound, folders):
+    """What the GPU serves (pipeline.runners.conv_bias), on the CPU placement too: the previous test's bit-for-bit
+    outputs came from the split graph; a graph without convolutions opens as it is."""
+    import onnx
+
+    graph = onnx.load(str(folders["tiny_cnn"] / "model.onnx"))
+    initializers = {tensor.name for tensor in graph.graph.initializer}
+    convs = sum(node.op_type == "Conv" and node.input[2] in initializers for node in graph.graph.node)
+    assert convs > 0
+    assert bound["tiny_cnn"][0].bias_adds == convs
+    assert f", {convs} convolutions' biases added by an Add of their own" in bound["tiny_cnn"][0].description
+    assert bound["text_classifier"][0].bias_adds == 0
+    assert "biases" not in bound["text_classifier"][0].description
+
+
 def test_a_strided_input_is_copied_into_the_buffer(bound):
     runner, plain = bound["tiny_cnn"]
     strided = np.random.default_rng(6).standard_normal((4, 3, 16, 16), dtype=np.float32).transpose(0, 1, 3, 2)

@@ -20,7 +20,7 @@ import faulthandler
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ def onnxruntime_session(
     level: str | None = None,
     probe_feed: dict | None = None,
     pack_weights: bool = True,
+    disabled_optimizers: Sequence[str] = (),
 ):
     """An ONNX Runtime session on a graph file or a graph's bytes; the CPU provider unless told otherwise (providers:
     names, or (name, provider options) pairs, as InferenceSession takes them).
@@ -66,6 +67,8 @@ def onnxruntime_session(
     them for its kernels (session.disable_prepacking): with external data, which it maps from disk, a session then
     holds no copy of the weights at all (pipeline.evaluation.graph_session, for the build's few runs; the runner
     packs, for speed).
+    disabled_optimizers: ONNX Runtime's graph rewrites to leave out, by name (e.g. one that would undo a rewrite of
+    our own: pipeline.runners.conv_bias).
     """
 
     def open_at(chosen: str):
@@ -77,6 +80,7 @@ def onnxruntime_session(
             allow_spinning=allow_spinning,
             simulate_qdq=simulate_qdq,
             pack_weights=pack_weights,
+            disabled_optimizers=disabled_optimizers,
         )
 
     if level is None:
@@ -93,6 +97,7 @@ def _open(
     allow_spinning: bool = True,
     simulate_qdq: bool = False,
     pack_weights: bool = True,
+    disabled_optimizers: Sequence[str] = (),
 ):
     ort = import_onnxruntime()
     options = ort.SessionOptions()
@@ -106,7 +111,8 @@ def _open(
     if not pack_weights:
         options.add_session_config_entry("session.disable_prepacking", "1")
     model = graph if isinstance(graph, bytes) else str(graph)
-    return ort.InferenceSession(model, options, providers=providers or ["CPUExecutionProvider"])
+    providers = providers or ["CPUExecutionProvider"]
+    return ort.InferenceSession(model, options, providers=providers, disabled_optimizers=list(disabled_optimizers))
 
 
 def level_that_opens(path: Path | str, open_at: Callable[[str], Any], feed: dict | None = None) -> str:

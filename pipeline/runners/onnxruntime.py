@@ -3,7 +3,8 @@ the CPU: ArtifactFolder.servable), on the CUDA provider where a GPU is present."
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -123,18 +124,27 @@ def choose_graph(folder: ArtifactFolder, requested: str | None, *, on_cpu: bool)
     return graph, f"the {graph.precision} graph: the folder's own may not serve ({'; '.join(servable.refused)})"
 
 
-def load_session(folder: ArtifactFolder, graph: str, providers: list[Any], **options: Any) -> Any:
+def load_session(
+    folder: ArtifactFolder,
+    graph: str,
+    providers: list[Any],
+    rewrite: Callable[[Path], Sequence[str]] | None = None,
+    **options: Any,
+) -> Any:
     """A session on the folder's `graph` with `providers` (names, or (name, provider options) pairs), at the
     optimization level the build found ONNX Runtime does not crash at (recorded in the manifest where it was not the
     highest); `options` go to pipeline.core.sessions.onnxruntime_session.  The graph is opened from its private copy
     (ArtifactFolder.private_graph: its data file with it, both checked); the reader's refusal of it (missing, or not
-    the bytes the build wrote) passes as it is.  Files that match the manifest's sha256 were written that way by the
-    build, so ONNX Runtime's refusal of them (a pybind exception type per cause) becomes the fix; and the graph's
-    inputs and outputs must be the manifest's (pipeline.runners.base.check_graph_agrees)."""
+    the bytes the build wrote) passes as it is.  `rewrite` changes that copy before it opens (after its check) and
+    returns the ONNX Runtime rewrites that would undo it, which the session leaves out.  Files that match the
+    manifest's sha256 were written that way by the build, so ONNX Runtime's refusal of them (a pybind exception
+    type per cause) becomes the fix; and the graph's inputs and outputs must be the manifest's
+    (pipeline.runners.base.check_graph_agrees)."""
     level = folder.manifest.onnxruntime_levels.get(graph, OPTIMIZATION_LEVELS[0])
     try:
         with folder.private_graph(graph) as private:
-            session = onnxruntime_session(private, providers, level=level, **options)
+            undo = rewrite(private) if rewrite else ()
+            session = onnxruntime_session(private, providers, level=level, disabled_optimizers=undo, **options)
     except PipelineError:
         raise  # already says what is wrong and what to do
     except Exception as error:  # onnxruntime's Fail, InvalidProtobuf, InvalidGraph, ... share no base but Exception

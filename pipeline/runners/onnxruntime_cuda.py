@@ -26,6 +26,7 @@ from __future__ import annotations
 import queue
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,7 @@ from ..folder.graph_io import GraphTensor
 from ..folder.reader import ArtifactFolder
 from ..folder.rebuild import rebuild_hint
 from .base import BATCH_AXIS, Runner, TensorSpec, _dtype_and_shape, check_feed
+from .conv_bias import KEEP_BIAS_ADD, split_conv_bias
 from .device_memory import DeviceMemory, open_device_memory
 from .onnxruntime import CPU, CUDA, choose_graph, load_session, run_error
 from .tensorrt import _numpy_or_torch_cuda
@@ -49,6 +51,10 @@ DEFAULT_SESSIONS = 2
 # docs/benchmarks/resnet50-h100-cuda.md.  A graph without convolutions runs as before.  fuse_conv_bias stays off:
 # there it made ResNet-50 slower (4.65 vs 3.47 ms at 32 with CUDA graphs).
 TUNING = {"use_tf32": "0", "prefer_nhwc": "1"}
+# Each convolution's bias added by ONNX Runtime's Add, not cuDNN's (pipeline.runners.conv_bias: ResNet-50 at batch 32
+# 2.79 against 3.45 ms with CUDA graphs on an H100).  On the CPU placement too, so that the tests there run the graph
+# the GPU runs.
+SPLIT_CONV_BIAS = True
 # Input shapes a slot captures a CUDA graph for (cuda_graph=True); other shapes run uncaptured.  On the H100 each
 # graph captured after the largest batch's added under 1 MiB to a ResNet-50 slot's 598 MiB: the arena, sized by the
 # largest batch, is the cost, not the number of graphs.
@@ -306,6 +312,7 @@ class OnnxRuntimeCudaRunner(Runner):
         record, which = choose_graph(folder, graph, on_cpu=not on_cuda)
         self.graph = record.file
         self.cuda_graph = cuda_graph
+        self.bias_adds = 0  # convolutions whose bias an Add of its own adds (_split_conv_bias)
         self._dims = _dim_sources(self.manifest.inputs, self.manifest.outputs)
         self._max_shapes = {spec.name: self._max_shape(spec) for spec in (*self.inputs, *self.outputs)}
         self._memory = DeviceBuffers(self.placement, device_memory) if on_cuda else HostBuffers(self.placement)
@@ -326,9 +333,10 @@ class OnnxRuntimeCudaRunner(Runner):
         used = self._slots[0].session.get_providers()
         graphs = f", a CUDA graph captured per input shape (the first {MAX_GRAPHS})" if cuda_graph else ""
         tf32 = ", TF32 off (float32 ops stay float32)" if on_cuda else ""
+        adds = f", {self.bias_adds} convolutions' biases added by an Add of their own" if self.bias_adds else ""
         self.description = (
             f"onnxruntime {ort.__version__} running {self.graph} ({which}) on {', '.join(used)} with IO binding to "
-            f"buffers pre-allocated on {device} at the max shapes{graphs}{tf32}, {sessions} session(s)"
+            f"buffers pre-allocated on {device} at the max shapes{graphs}{tf32}{adds}, {sessions} session(s)"
             + (f", device memory via {self._memory.memory.name}" if isinstance(self._memory, DeviceBuffers) else "")
         )
 
@@ -366,9 +374,16 @@ class OnnxRuntimeCudaRunner(Runner):
         # The CPU provider serves the nodes the CUDA one has no kernel for; with a CUDA graph no compute node may.
         return [(CUDA, options), CPU]
 
+    def _split_conv_bias(self, graph: Path) -> list[str]:
+        """load_session's rewrite: the convolutions' biases as Adds, and ConvAddFusion off where there are any."""
+        if not SPLIT_CONV_BIAS:
+            return []
+        self.bias_adds = split_conv_bias(graph)
+        return KEEP_BIAS_ADD if self.bias_adds else []
+
     def _slot(self) -> _Slot:
         try:
-            session = load_session(self.folder, self.graph, self._provider())
+            session = load_session(self.folder, self.graph, self._provider(), rewrite=self._split_conv_bias)
         except PipelineError as error:
             # ONNX Runtime refuses to open a session for graph capture where a compute node is placed on the CPU
             # ("cannot use the graph capture feature ... all compute graph nodes have not been partitioned to the

@@ -22,7 +22,7 @@ import sys
 import time
 import traceback
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -265,33 +265,34 @@ class OrtCuda(Backend):
 
 
 @contextmanager
-def tuned(options: dict[str, str], straight: bool = True) -> Iterator[None]:
-    """While a runner loads: the onnxruntime-cuda runner's provider options (its TUNING) with `options` on top, and
-    whether numpy inputs go to the GPU straight from the caller's array or through a page-locked copy."""
-    saved = dict(cuda_runner.TUNING), cuda_runner.STRAIGHT_FROM_PAGEABLE
+def tuned(options: dict[str, str], straight: bool = True, split: bool = True) -> Iterator[None]:
+    """While a runner loads: the onnxruntime-cuda runner's provider options (its TUNING) with `options` on top,
+    whether numpy inputs go to the GPU straight from the caller's array or through a page-locked copy, and whether
+    the convolutions' biases are split into Adds (its SPLIT_CONV_BIAS)."""
+    saved = dict(cuda_runner.TUNING), cuda_runner.STRAIGHT_FROM_PAGEABLE, cuda_runner.SPLIT_CONV_BIAS
     cuda_runner.TUNING.update(options)
-    cuda_runner.STRAIGHT_FROM_PAGEABLE = straight
+    cuda_runner.STRAIGHT_FROM_PAGEABLE, cuda_runner.SPLIT_CONV_BIAS = straight, split
     try:
         yield
     finally:
         cuda_runner.TUNING.clear()
         cuda_runner.TUNING.update(saved[0])
-        cuda_runner.STRAIGHT_FROM_PAGEABLE = saved[1]
+        cuda_runner.STRAIGHT_FROM_PAGEABLE, cuda_runner.SPLIT_CONV_BIAS = saved[1:]
 
 
 def runner_choice(
-    name: str, options: dict[str, str], cuda_graph: bool = False, straight: bool = True, split: Path | None = None
+    name: str, options: dict[str, str], cuda_graph: bool = False, straight: bool = True, split: bool = True
 ) -> Choice:
     """The onnxruntime-cuda runner itself (what auto serves) on the folder's engine graph, its TUNING varied; with
-    `split` (a folder to write it in), on conv_bias_split's copy of that graph."""
+    split=False, each convolution adding its bias in cuDNN (as before pipeline.runners.conv_bias)."""
     how = ", ".join(f"{key}={value}" for key, value in options.items())
     how += (", CUDA graphs" if cuda_graph else "") + ("" if straight else ", inputs through a page-locked copy")
-    how += ", each convolution's bias an Add of its own" if split else ""
+    how += "" if split else ", cuDNN adding each convolution's bias"
     how = how or "its defaults"
 
     def open_it(context: Context) -> Backend:
         try:
-            with tuned(options, straight), bias_split_sessions(split) if split else nullcontext():
+            with tuned(options, straight, split):
                 runner = load_runner(context.folder, "onnxruntime-cuda", cuda_graph=cuda_graph, **RUNNER_DEVICE)
         except PipelineError as error:  # e.g. an INT8 graph with nodes on the CPU, which no CUDA graph captures
             raise Unavailable(f"{error.problem} ({error.fix})") from None
@@ -346,62 +347,6 @@ def fp16_io_choice(name: str, cuda_graph: bool, nhwc: bool, engines: Path) -> Ch
     return Choice(name, "ONNX Runtime CUDA on the FP16 graph with float16 inputs and outputs", open_it)
 
 
-def conv_bias_split(source: Path, target: Path) -> Path:
-    """The graph with each convolution's bias taken out into an Add after it (the bias shaped to broadcast over the
-    spatial axes): the same outputs, computed by ONNX Runtime's elementwise Add in place of cuDNN's AddTensor."""
-    import onnx
-    from onnx import helper, numpy_helper
-
-    model = onnx.load(str(source))
-    graph = model.graph
-    weights = {tensor.name: tensor for tensor in graph.initializer}
-    nodes = []
-    for node in graph.node:
-        nodes.append(node)
-        if node.op_type != "Conv" or len(node.input) < 3 or node.input[2] not in weights:
-            continue
-        spatial = len(weights[node.input[1]].dims) - 2
-        bias = numpy_helper.to_array(weights[node.input[2]]).reshape(-1, *[1] * spatial)
-        graph.initializer.append(numpy_helper.from_array(bias, f"{node.input[2]}_spatial"))
-        output = node.output[0]
-        node.output[0] = f"{output}_before_bias"
-        nodes.append(helper.make_node("Add", [node.output[0], f"{node.input[2]}_spatial"], [output]))
-        del node.input[2]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    read = {name for node in graph.node for name in node.input}
-    kept = [tensor for tensor in graph.initializer if tensor.name in read]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
-    onnx.save(model, str(target))
-    return target
-
-
-# ONNX Runtime's rewrite that folds a constant Add after a Conv back into the Conv's bias.
-KEEP_BIAS_ADD = ["ConvAddFusion"]
-
-
-@contextmanager
-def bias_split_sessions(engines: Path) -> Iterator[None]:
-    """While a runner loads (its sessions open then): each session on conv_bias_split's copy of its graph, with
-    ConvAddFusion off so that ONNX Runtime keeps the Adds."""
-    import onnxruntime as ort
-
-    original = cuda_runner.load_session
-
-    def load_split(folder: ArtifactFolder, graph: str, providers: list[Any], **options: Any) -> Any:
-        split = engines / f"bias-split-{graph}"
-        if not split.exists():
-            conv_bias_split(folder.path / graph, split)
-        return ort.InferenceSession(str(split), providers=providers, disabled_optimizers=KEEP_BIAS_ADD)
-
-    cuda_runner.load_session = load_split
-    try:
-        yield
-    finally:
-        cuda_runner.load_session = original
-
-
 def bare_choice(name: str) -> Choice:
     """A bare session with IO binding and a CUDA graph per shape on the FP16 graph (NHWC): the runner's work around
     each replay left out."""
@@ -412,32 +357,23 @@ def bare_choice(name: str) -> Choice:
     return Choice(name, "a bare ONNX Runtime CUDA session on the FP16 graph", open_it)
 
 
-def lead_rows(engines: Path) -> list[Choice]:
-    """The batch-32 profile's leads, beside the runner: ResNet-50's 53 convolutions each had cuDNN add its bias in a
-    kernel of its own (1.27 ms of the 3.35 ms of kernels a call; ONNX Runtime's Relu over the same tensors took 8 us
-    where that took 24), so the bias as an Add; and float16 inputs and outputs bound directly with CUDA graphs (its
-    earlier run computed nothing: the capture bug fixed in OrtCuda), beside the bare session it differs from.
-    Measured and lost: fuse_conv_bias=1, the first convolution padded to 4 channels (docs/benchmarks)."""
-    return [
-        runner_choice("rt-biasadd", {}, split=engines),
-        runner_choice("rt-biasadd-graphs", {}, cuda_graph=True, split=engines),
-        bare_choice("ort-graph"),
-        fp16_io_choice("ort-fp16-io-nhwc-graph", DEVICE == "cuda", True, engines),
-    ]
+def beside_runner() -> list[Choice]:
+    """What the runner with CUDA graphs is measured against beside torch: itself with cuDNN adding each
+    convolution's bias (the default before pipeline.runners.conv_bias), and a bare session with IO binding and a CUDA
+    graph on the FP16 graph as it is (the fastest row before, without the runner's work around each replay)."""
+    return [runner_choice("rt-cudnn-bias-graphs", {}, cuda_graph=True, split=False), bare_choice("ort-graph")]
 
 
 def speed(engines: Path, out: Path, folder_name: str, budget_s: float) -> None:
     """The bench's torch rows (eager FP32, AMP, torch.compile AMP; TF32 off), `served` (auto: its multi-batch pick
     and host check), the onnxruntime-cuda runner with and without CUDA graphs, and beside them, on the same
-    machine, what the runner did before (inputs through a page-locked copy; for convolutions, NCHW), in one
-    run_benchmark.  ROWS=all adds the variants tried first (cuDNN's HEURISTIC search, float16 inputs and outputs);
-    ROWS=leads keeps served, torch.compile and the runner with CUDA graphs, and adds lead_rows."""
+    machine, what the runner did before (inputs through a page-locked copy; for convolutions, NCHW and
+    beside_runner's rows), in one run_benchmark.  ROWS=all adds the variants tried first (cuDNN's HEURISTIC search,
+    float16 inputs and outputs)."""
     names = ["served", "torch-amp", "torch-compile", "onnxruntime-cuda", "onnxruntime-cuda-graphs"]
     ours = [runner_choice("rt-pinned-graphs", {}, cuda_graph=True, straight=False)]
-    if os.environ.get("ROWS") == "leads":
-        names, ours = ["served", "torch-compile", "onnxruntime-cuda-graphs"], lead_rows(engines)
-    elif folder_name.startswith("resnet"):
-        ours += [runner_choice("rt-nchw-graphs", {"prefer_nhwc": "0"}, cuda_graph=True)]
+    if folder_name.startswith("resnet"):
+        ours += [runner_choice("rt-nchw-graphs", {"prefer_nhwc": "0"}, cuda_graph=True), *beside_runner()]
         if os.environ.get("ROWS") == "all":
             ours += [runner_choice(f"rt-heuristic{'-graphs' * g}", HEURISTIC, g) for g in (False, True)]
             ours += [fp16_io_choice(f"ort-fp16-io-nhwc{'-graph' * g}", g, True, engines) for g in (False, True)]
@@ -455,12 +391,11 @@ HEURISTIC = {"cudnn_conv_algo_search": "HEURISTIC"}
 # --------------------------------------------------------------------------- where the time and memory go
 
 
-def profiled(engines: Path) -> list[Choice]:
-    """What `profile` traces: the runner auto serves (with and without CUDA graphs) and torch.compile AMP; with
-    ROWS=leads, lead_rows beside them."""
+def profiled() -> list[Choice]:
+    """What `profile` traces: the runner auto serves (with and without CUDA graphs), torch.compile AMP, and
+    beside_runner's rows."""
     runners = [runner_choice("onnxruntime-cuda", {}), runner_choice("onnxruntime-cuda-graphs", {}, cuda_graph=True)]
-    more = lead_rows(engines) if os.environ.get("ROWS") == "leads" else []
-    return [*runners, *choices_for(["torch-compile"])[1:], *more]  # [0] is the bench's reference, not traced here
+    return [*runners, *choices_for(["torch-compile"])[1:], *beside_runner()]  # [0]: the bench's reference
 
 
 KERNEL = "cpu_op" if DEVICE == "cpu" else "kernel"  # a dry run's trace has no kernels: its CPU ops stand in
@@ -496,7 +431,7 @@ def profile(engines: Path, out: Path, folder_name: str = "resnet50-fp16", batch:
     context = Context(folder=folder, threads=16, cuda=DEVICE == "cuda")
     rows: dict = {}
     with torch_settings(16):  # the bench's: TF32 off
-        for choice in profiled(engines):
+        for choice in profiled():
             try:
                 backend = choice.open(context)
             except Unavailable as why:

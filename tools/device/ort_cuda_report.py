@@ -5,7 +5,7 @@
 
 RESULTS is the unpacked results.tar.gz of `run.sh ort_collect` (speed-*/bench.json, served-*.json, and where the run
 made them profile-check.json and graph_memory-check.json); --tried (once per run, in order), a further run of the
-variants or leads tried (ROWS=all, ROWS=leads), shown as runs 2, 3, ...; --reading, a hand-written markdown section
+variants (ROWS=all) or leads tried, shown as runs 2, 3, ...; --reading, a hand-written markdown section
 on what the numbers say, after the introduction; --earlier, the report this one replaces, whose accuracy checks and
 TensorRT-RTX probe (fp16-check.json, int8-check.json, probe.json of that run) are carried over where RESULTS has
 none.
@@ -222,16 +222,18 @@ def main(arguments: argparse.Namespace) -> None:
         "alternating rounds (the bench harness). `served` is `load_runner(folder)` (auto: its measured pick and its "
         "host check); `onnxruntime-cuda` is the runner on the folder's engine graph with its defaults, `-graphs` "
         "with a CUDA graph per input shape; `rt-*` rows are the same runner with one default changed back (`nchw`: "
-        "prefer_nhwc=0; `pinned`: inputs through a page-locked copy) or one lead tried (`fusebias`: "
-        "fuse_conv_bias=1; `c4`: its 3-channel convolution padded to 4); `ort-*` rows are bare sessions. "
+        "prefer_nhwc=0; `pinned`: inputs through a page-locked copy; `cudnn-bias`: cuDNN adding each convolution's "
+        "bias, as before the runner split them into Adds) or one lead tried (`fusebias`: fuse_conv_bias=1; `c4`: its "
+        "3-channel convolution padded to 4; `biasadd`: the biases as Adds, before the runner did so); `ort-*` rows "
+        "are bare sessions (`ort-graph`: IO binding and a CUDA graph on the FP16 graph as it is). "
         "End to end: numpy in and out; "
         "device-resident: torch CUDA tensors in and out. `torch-amp` and `torch-compile` are AMP FP16, `torch` FP32, "
         "all with TF32 off.",
         "",
         *([arguments.reading.read_text(), ""] if arguments.reading else []),
         "Commands: `python tools/device/bundle.py ort` here; on the device the issue-36 chain in "
-        "tools/device/run.sh's header (served_start, then served_measure or, for the leads, leads_measure, then "
-        "ort_collect); then `python tools/device/ort_cuda_report.py docs/benchmarks/resnet50-h100-cuda RESULTS "
+        "tools/device/run.sh's header (served_start, then served_measure, then ort_collect); then `python "
+        "tools/device/ort_cuda_report.py docs/benchmarks/resnet50-h100-cuda RESULTS "
         "env.txt --tried RESULTS-2 env-2.txt --tried RESULTS-3 env-3.txt --reading READING.md --earlier "
         "docs/benchmarks/resnet50-h100-cuda.json`.",
         "",

@@ -24,7 +24,6 @@
 #     carry .devbundle/ort1: bash tools/device/run.sh served_measure  # onnxruntime-gpu; detached: GPU tests, bench,
 #                                                                     # memory per captured graph, batch-32 kernels
 #     (no carry):            bash tools/device/run.sh ort_collect     # waits (WAIT_S, 540), then results.tar.gz in $OUT
-#   or, for the batch-32 leads (ROWS=leads in ort_cuda.py), leads_measure in served_measure's place.
 # Every log and JSON lands in $OUT.
 set -uo pipefail
 PY=${PY:-/opt/torch/.venv/bin/python3}
@@ -167,11 +166,6 @@ measure_launch() {  # detached: TESTS (the GPU tests first, unless 0), then once
 		BUDGET_S=1 \"$PY\" tools/device/ort_cuda.py speed $ENGINES $RESULTS $FOLDERS >$RESULTS/speed.log 2>&1; \
 		for step in $STEPS; do \"$PY\" tools/device/ort_cuda.py \$step $ENGINES $RESULTS \
 		>$RESULTS/\$step.log 2>&1; done; echo done >/tmp/measure.done" </dev/null >/dev/null 2>&1 &
-}
-
-leads_measure() {  # issue 36, after the profile: served_start, then this (carry .devbundle/ort1), then ort_collect:
-	# ResNet-50 at batch 1/8/32 with each convolution's bias an Add of its own, and float16 I/O with CUDA graphs
-	ort_ready && ROWS=leads TESTS=0 FOLDERS=resnet50-fp16 STEPS=profile measure_launch
 }
 
 served_tests() {  # the onnxruntime-cuda runner's GPU tests (serve_fixtures needs tritonclient, which is not there)
