@@ -43,11 +43,13 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_profile_times_and_traces_each_row(measured: Path) -> None:
     rows = json.loads((measured / "results" / "profile-check.json").read_text())["rows"]
     runners = {"onnxruntime-cuda", "onnxruntime-cuda-graphs", "torch-compile"}
-    assert set(rows) == runners | {"rt-cudnn-bias-graphs", "ort-graph"}
-    for name in ("onnxruntime-cuda", "ort-graph"):
+    assert set(rows) == runners | {"rt-cudnn-bias-graphs", "ort-graph", "ort-graph-copies"}
+    for name in ("onnxruntime-cuda", "ort-graph", "ort-graph-copies"):
         assert rows[name]["wall_us_per_call"] > 0, name
     for name in ("onnxruntime-cuda-graphs", "rt-cudnn-bias-graphs"):  # no CUDA graph on the CPU
         assert "need device='cuda'" in rows[name]["unavailable"]
+    assert "the caller's tensors copied in and out" in rows["ort-graph-copies"]["label"]
+    assert "bias-split" in rows["ort-graph"]["label"]  # the graph as the runner opens it
     assert not list((measured / "results").glob("trace-*.json"))  # each trace removed once read
 
 

@@ -93,6 +93,20 @@ def test_infer_on_device_binds_the_callers_arrays_in_place(bound):
         runner.infer_on_device({**feed, "input_ids": np.asfortranarray(feed["input_ids"])}, outputs)
 
 
+def test_each_call_reads_and_writes_its_own_arrays_though_bindings_are_kept(bound, folders):
+    """A slot keeps its binding while the shapes and addresses stay the same: calls of one shape on other arrays
+    (in place, as infer_on_device binds them) must still read and write those arrays, and a call back on the
+    first ones too (one session, so every call goes through the same binding)."""
+    plain = bound["tiny_cnn"][1]
+    feeds = [_cnn_batch(3, seed=8), _cnn_batch(3, seed=9)]
+    outputs = [{"logits": np.empty((3, 10), np.float32)} for _ in feeds]
+    with load_runner(folders["tiny_cnn"], "onnxruntime-cuda", device="cpu", sessions=1) as runner:
+        for feed, written in [*zip(feeds, outputs, strict=True), (feeds[0], outputs[0])]:
+            written["logits"].fill(np.nan)
+            runner.infer_on_device(feed, written)
+            np.testing.assert_array_equal(written["logits"], plain.infer(feed)["logits"])
+
+
 def test_the_pool_gives_each_thread_its_own_result(bound):
     runner, _ = bound["text_classifier"]
     feeds = [_text_batch(1 + t % 7, seq=3 + t, seed=t) for t in range(8)]

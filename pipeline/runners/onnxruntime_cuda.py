@@ -276,6 +276,8 @@ class _Slot:
     buffers: dict[str, Any]  # tensor name -> buffer
     stream: Any  # the copies into and out of the buffers (None on a host)
     graph_ids: dict[tuple[tuple[int, ...], ...], int] = field(default_factory=dict)  # input shapes -> gpu_graph_id
+    bound: tuple = ()  # the (name, shape, address) of each tensor its binding holds now
+    run_options: dict[str, Any] = field(default_factory=dict)  # gpu_graph_id -> the RunOptions that name it
 
 
 class OnnxRuntimeCudaRunner(Runner):
@@ -411,7 +413,8 @@ class OnnxRuntimeCudaRunner(Runner):
         self._memory.enter()  # this thread's current context, whichever thread created the runner
         try:
             self._stage_inputs(slot, feed)
-            shapes = self._execute(slot, feed, {})
+            shapes = self._output_shapes(feed)
+            self._execute(slot, feed, shapes, {})
             return {
                 spec.name: self._memory.read(slot.buffers[spec.name], spec.dtype, shapes[spec.name], slot.stream)
                 for spec in self.outputs
@@ -447,10 +450,10 @@ class OnnxRuntimeCudaRunner(Runner):
         self._memory.enter()
         try:
             if not self.cuda_graph:
-                self._execute(slot, feed, {**feed, **outputs})
+                self._execute(slot, feed, shapes, {**feed, **outputs})
                 return outputs
             self._stage_inputs(slot, feed)
-            self._execute(slot, feed, {})
+            self._execute(slot, feed, shapes, {})
             for spec in self.outputs:
                 self._memory.copy_out(outputs[spec.name], slot.buffers[spec.name], slot.stream)
             self._memory.finish(slot.stream)
@@ -477,19 +480,25 @@ class OnnxRuntimeCudaRunner(Runner):
             for tensor in self.manifest.outputs
         }
 
-    def _execute(self, slot: _Slot, feed: Mapping[str, Any], in_place: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
-        """Bind this call's shapes (the slot's buffers, or the tensors of `in_place` by name) and run; the output
-        shapes."""
+    def _execute(
+        self, slot: _Slot, feed: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]], in_place: Mapping[str, Any]
+    ) -> None:
+        """Bind this call's inputs and its output `shapes` (the slot's buffers, or the tensors of `in_place` by
+        name) and run."""
         import onnxruntime as ort
 
         where = (self.placement.device_type, self.placement.device_id)
-        shapes = self._output_shapes(feed)
         bound = {**{spec.name: tuple(feed[spec.name].shape) for spec in self.inputs}, **shapes}
         addresses = {name: self._memory.address(in_place.get(name, buffer)) for name, buffer in slot.buffers.items()}
-        for spec in self.inputs:
-            slot.binding.bind_input(spec.name, *where, spec.dtype.type, bound[spec.name], addresses[spec.name])
-        for spec in self.outputs:
-            slot.binding.bind_output(spec.name, *where, spec.dtype.type, bound[spec.name], addresses[spec.name])
+        # The binding keeps what was bound until it is bound again: a call of the shapes and addresses the last one
+        # bound (every call of one batch size into the slot's buffers) binds nothing.
+        binding = tuple((name, bound[name], addresses[name]) for name in slot.buffers)
+        if binding != slot.bound:
+            for spec in self.inputs:
+                slot.binding.bind_input(spec.name, *where, spec.dtype.type, bound[spec.name], addresses[spec.name])
+            for spec in self.outputs:
+                slot.binding.bind_output(spec.name, *where, spec.dtype.type, bound[spec.name], addresses[spec.name])
+            slot.bound = binding
         self._memory.written(list(in_place.values()))
         self._memory.ready(slot.stream)
         # RunOptions only to name a CUDA graph: ONNX Runtime's Python reads gpu_graph_id from any RunOptions it is
@@ -497,15 +506,15 @@ class OnnxRuntimeCudaRunner(Runner):
         # 16 us a call).
         options = None
         if self.cuda_graph:
-            options = ort.RunOptions()
-            options.add_run_config_entry(
-                "gpu_graph_id", _graph_id(slot, tuple(bound[spec.name] for spec in self.inputs))
-            )
+            graph_id = _graph_id(slot, tuple(bound[spec.name] for spec in self.inputs))
+            if graph_id not in slot.run_options:
+                slot.run_options[graph_id] = ort.RunOptions()
+                slot.run_options[graph_id].add_run_config_entry("gpu_graph_id", graph_id)
+            options = slot.run_options[graph_id]
         try:
             slot.session.run_with_iobinding(slot.binding, options)
         except Exception as error:  # names and shapes were checked: what is left is in the values (ORT's types)
             raise run_error(self.graph, error) from None
-        return shapes
 
     # ------------------------------------------------------------------ lifetime
 

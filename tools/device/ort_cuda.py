@@ -21,7 +21,7 @@ import shutil
 import sys
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,7 @@ from trt_pipeline.pipeline.folder.layout import ENGINE, FP32_GRAPH, REFERENCE, S
 from trt_pipeline.pipeline.folder.reader import ArtifactFolder, open_folder
 from trt_pipeline.pipeline.runners import load_runner
 from trt_pipeline.pipeline.runners import onnxruntime_cuda as cuda_runner
+from trt_pipeline.pipeline.runners.conv_bias import KEEP_BIAS_ADD, split_conv_bias
 from trt_pipeline.pipeline.stages import sequence
 from trt_pipeline.pipeline.stages.fp16 import convert_fp16
 from trt_pipeline.pipeline.stages.sequence import make_engine
@@ -139,7 +140,13 @@ def build(engines: Path, calib: Path, names: list[str]) -> None:
 
 
 def cuda_session(
-    path: Path, *, cuda_graph: bool = False, nhwc: bool = False, cuda_only: bool = False, verbose: bool = False
+    path: Path,
+    *,
+    cuda_graph: bool = False,
+    nhwc: bool = False,
+    cuda_only: bool = False,
+    verbose: bool = False,
+    disabled: Sequence[str] = (),
 ) -> Any:
     import onnxruntime as ort
 
@@ -156,7 +163,8 @@ def cuda_session(
     if DEVICE == "cpu":
         provider = {}
     fallback = [] if cuda_only or CUDA == "CPUExecutionProvider" else ["CPUExecutionProvider"]
-    session = ort.InferenceSession(str(path), options, providers=[(CUDA, provider), *fallback])
+    providers = [(CUDA, provider), *fallback]
+    session = ort.InferenceSession(str(path), options, providers=providers, disabled_optimizers=list(disabled))
     if session.get_providers()[0] != CUDA:
         raise RuntimeError(f"the CUDA provider did not load: {session.get_providers()}")
     return session
@@ -216,23 +224,38 @@ def _float16_inputs(path: Path) -> list[Any]:
 class OrtCuda(Backend):
     """One graph of the folder on ORT's CUDA provider: bare session end to end, IO binding device-resident."""
 
-    def __init__(self, name: str, path: Path, precision: str, cuda_graph: bool, nhwc: bool = False):
+    def __init__(
+        self,
+        name: str,
+        path: Path,
+        precision: str,
+        cuda_graph: bool,
+        nhwc: bool = False,
+        copies: bool = False,
+        disabled: Sequence[str] = (),
+    ):
         how = "IO binding + captured CUDA graph" if cuda_graph else "bare session; IO binding device-resident"
         how += "; prefer_nhwc=1 (convolutions in NHWC)" if nhwc else ""
+        how += "; device-resident, the caller's tensors copied in and out each call" if copies else ""
         super().__init__(name, f"ONNX Runtime CUDA on {path.name} ({how})", precision, how, "n/a (GPU)")
         self.device_note = ""
         self.memory_note = "n/a: ONNX Runtime's arena is not counted"
-        self.path, self.cuda_graph, self.nhwc = path, cuda_graph, nhwc
+        self.path, self.cuda_graph, self.nhwc, self.copies, self.disabled = path, cuda_graph, nhwc, copies, disabled
         self.input_types = {value.name: np.float16 for value in _float16_inputs(path)}
         # Uncaptured: it runs the calls without a CUDA graph, and tells a captured session's output shapes (a
         # captured session's own first plain run would capture a graph writing to buffers of its choosing).
-        self.session = cuda_session(path, nhwc=nhwc)
+        self.session = cuda_session(path, nhwc=nhwc, disabled=disabled)
         self.bound: dict[tuple, Bound] = {}
 
     def _bound(self, feed: dict[str, np.ndarray]) -> Bound:
         key = tuple((k, v.shape) for k, v in sorted(feed.items()))
         if key not in self.bound:  # a captured CUDA graph holds one shape: one session per shape
-            session = cuda_session(self.path, cuda_graph=True, nhwc=self.nhwc) if self.cuda_graph else self.session
+            captured = self.cuda_graph
+            session = (
+                cuda_session(self.path, cuda_graph=True, nhwc=self.nhwc, disabled=self.disabled)
+                if captured
+                else self.session
+            )
             shapes = [value.shape for value in self.session.run(None, feed)]
             self.bound[key] = Bound(session, feed, shapes)
         return self.bound[key]
@@ -253,7 +276,26 @@ class OrtCuda(Backend):
         return {name: tensor.float().cpu().numpy() for name, tensor in bound.outputs.items()}
 
     def stage(self, feed: dict[str, np.ndarray]):
-        return self._bound(self._typed(feed)).run
+        """Device-resident: the replay alone on the tensors bound at staging; with `copies`, what a caller of a
+        captured graph does each call, as the runner does: its input tensors copied into the bound ones (on torch's
+        stream, waited for: ONNX Runtime runs on a stream of its own), the replay (ONNX Runtime waits for it), its
+        output tensors written from the bound ones."""
+        bound = self._bound(self._typed(feed))
+        if not self.copies:
+            return bound.run
+        callers = {name: tensor.clone() for name, tensor in bound.inputs.items()}
+        written = {name: torch.empty_like(tensor) for name, tensor in bound.outputs.items()}
+
+        def call() -> None:
+            for name, tensor in callers.items():
+                bound.inputs[name].copy_(tensor)
+            if DEVICE == "cuda":
+                torch.cuda.current_stream().synchronize()
+            bound.run()
+            for name, tensor in written.items():
+                tensor.copy_(bound.outputs[name])
+
+        return call
 
     def sync(self) -> None:
         if DEVICE == "cuda":
@@ -347,21 +389,33 @@ def fp16_io_choice(name: str, cuda_graph: bool, nhwc: bool, engines: Path) -> Ch
     return Choice(name, "ONNX Runtime CUDA on the FP16 graph with float16 inputs and outputs", open_it)
 
 
-def bare_choice(name: str) -> Choice:
-    """A bare session with IO binding and a CUDA graph per shape on the FP16 graph (NHWC): the runner's work around
-    each replay left out."""
+def bare_choice(name: str, engines: Path, copies: bool = False) -> Choice:
+    """A bare session with IO binding and a CUDA graph per shape on the FP16 graph as the runner opens it (NHWC,
+    each convolution's bias an Add: pipeline.runners.conv_bias): the runner's work around each replay left out; with
+    `copies`, all of it but the copies in and out that serving the caller's tensors through a captured graph takes
+    (OrtCuda.stage)."""
 
     def open_it(context: Context) -> Backend:
-        return OrtCuda(name, context.folder.path / "model.fp16.onnx", "fp16", DEVICE == "cuda", True)
+        split = engines / f"{context.folder.path.name}.bias-split.onnx"
+        if not split.exists():
+            shutil.copy(context.folder.path / "model.fp16.onnx", split)
+            split_conv_bias(split)
+        return OrtCuda(name, split, "fp16", DEVICE == "cuda", True, copies, KEEP_BIAS_ADD)
 
     return Choice(name, "a bare ONNX Runtime CUDA session on the FP16 graph", open_it)
 
 
-def beside_runner() -> list[Choice]:
+def beside_runner(engines: Path) -> list[Choice]:
     """What the runner with CUDA graphs is measured against beside torch: itself with cuDNN adding each
     convolution's bias (the default before pipeline.runners.conv_bias), and a bare session with IO binding and a CUDA
-    graph on the FP16 graph as it is (the fastest row before, without the runner's work around each replay)."""
-    return [runner_choice("rt-cudnn-bias-graphs", {}, cuda_graph=True, split=False), bare_choice("ort-graph")]
+    graph on the FP16 graph as the runner opens it: the replay alone (`ort-graph`, the fastest row at batch 1, which
+    reads no new input), and with the copies of the caller's tensors in and out that the runner makes
+    (`ort-graph-copies`: the same work, without the runner's checks and Python)."""
+    return [
+        runner_choice("rt-cudnn-bias-graphs", {}, cuda_graph=True, split=False),
+        bare_choice("ort-graph", engines),
+        bare_choice("ort-graph-copies", engines, copies=True),
+    ]
 
 
 def speed(engines: Path, out: Path, folder_name: str, budget_s: float) -> None:
@@ -373,7 +427,7 @@ def speed(engines: Path, out: Path, folder_name: str, budget_s: float) -> None:
     names = ["served", "torch-amp", "torch-compile", "onnxruntime-cuda", "onnxruntime-cuda-graphs"]
     ours = [runner_choice("rt-pinned-graphs", {}, cuda_graph=True, straight=False)]
     if folder_name.startswith("resnet"):
-        ours += [runner_choice("rt-nchw-graphs", {"prefer_nhwc": "0"}, cuda_graph=True), *beside_runner()]
+        ours += [runner_choice("rt-nchw-graphs", {"prefer_nhwc": "0"}, cuda_graph=True), *beside_runner(engines)]
         if os.environ.get("ROWS") == "all":
             ours += [runner_choice(f"rt-heuristic{'-graphs' * g}", HEURISTIC, g) for g in (False, True)]
             ours += [fp16_io_choice(f"ort-fp16-io-nhwc{'-graph' * g}", g, True, engines) for g in (False, True)]
@@ -391,11 +445,11 @@ HEURISTIC = {"cudnn_conv_algo_search": "HEURISTIC"}
 # --------------------------------------------------------------------------- where the time and memory go
 
 
-def profiled() -> list[Choice]:
+def profiled(engines: Path) -> list[Choice]:
     """What `profile` traces: the runner auto serves (with and without CUDA graphs), torch.compile AMP, and
     beside_runner's rows."""
     runners = [runner_choice("onnxruntime-cuda", {}), runner_choice("onnxruntime-cuda-graphs", {}, cuda_graph=True)]
-    return [*runners, *choices_for(["torch-compile"])[1:], *beside_runner()]  # [0]: the bench's reference
+    return [*runners, *choices_for(["torch-compile"])[1:], *beside_runner(engines)]  # [0]: the bench's reference
 
 
 KERNEL = "cpu_op" if DEVICE == "cpu" else "kernel"  # a dry run's trace has no kernels: its CPU ops stand in
@@ -431,7 +485,7 @@ def profile(engines: Path, out: Path, folder_name: str = "resnet50-fp16", batch:
     context = Context(folder=folder, threads=16, cuda=DEVICE == "cuda")
     rows: dict = {}
     with torch_settings(16):  # the bench's: TF32 off
-        for choice in profiled():
+        for choice in profiled(engines):
             try:
                 backend = choice.open(context)
             except Unavailable as why:

@@ -225,7 +225,10 @@ def main(arguments: argparse.Namespace) -> None:
         "prefer_nhwc=0; `pinned`: inputs through a page-locked copy; `cudnn-bias`: cuDNN adding each convolution's "
         "bias, as before the runner split them into Adds) or one lead tried (`fusebias`: fuse_conv_bias=1; `c4`: its "
         "3-channel convolution padded to 4; `biasadd`: the biases as Adds, before the runner did so); `ort-*` rows "
-        "are bare sessions (`ort-graph`: IO binding and a CUDA graph on the FP16 graph as it is). "
+        "are bare sessions (`ort-graph`: IO binding and a CUDA graph on the FP16 graph as the runner opens it, each "
+        "convolution's bias an Add, replaying on the input bound when staged; `-copies`: the caller's tensors copied "
+        "in and out each call, as the runner does; in runs of 2026-11-26 and before, `ort-graph` ran the FP16 graph "
+        "as it is). "
         "End to end: numpy in and out; "
         "device-resident: torch CUDA tensors in and out. `torch-amp` and `torch-compile` are AMP FP16, `torch` FP32, "
         "all with TF32 off.",
