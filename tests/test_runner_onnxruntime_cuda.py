@@ -14,7 +14,7 @@ from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.folder.layout import graph_record
 from trt_pipeline.pipeline.folder.reader import open_folder
 from trt_pipeline.pipeline.runners import load_runner
-from trt_pipeline.pipeline.runners.fastest import Candidate, find_candidates, usable_providers
+from trt_pipeline.pipeline.runners.fastest import Candidate, find_candidates, host_key, usable_providers
 from trt_pipeline.pipeline.runners.onnxruntime import CPU, CUDA
 from trt_pipeline.pipeline.runners.onnxruntime_cuda import OnnxRuntimeCudaRunner
 
@@ -158,6 +158,22 @@ def test_auto_lists_cuda_candidates_only_where_the_provider_runs(fp16_folder, in
     assert on_cuda == ["model.onnx", "model.int8.onnx"]
     assert [c.label for c in candidates if c.on_cuda] == ["model.onnx on CUDA", "model.int8.onnx on CUDA"]
     assert {c.graph for c in candidates if not c.on_cuda} == {c.graph for c in find_candidates(folder, [CPU])[0]}
+
+
+def test_a_check_cached_for_cuda_candidates_holds_only_while_the_runner_computes_as_it_did(fp16_folder, monkeypatch):
+    """served.json's key (auto's timing and its host check) names how the CUDA runner opens a graph: a cached check
+    of the runner with cuDNN adding the biases is not one of the runner that splits them.  CPU-only keys (this
+    host's) do not change."""
+    from trt_pipeline.pipeline.runners import onnxruntime_cuda
+
+    folder = open_folder(fp16_folder)
+    on_gpu, _ = find_candidates(folder, [CUDA, CPU])
+    on_cpu, _ = find_candidates(folder, [CPU])
+    split, cpu_key = host_key(folder, on_gpu, None), host_key(folder, on_cpu, None)
+    assert split["onnxruntime_cuda"]["split_conv_bias"] is True and cpu_key["onnxruntime_cuda"] is None
+    monkeypatch.setattr(onnxruntime_cuda, "SPLIT_CONV_BIAS", False)
+    assert host_key(folder, on_gpu, None) != split
+    assert host_key(folder, on_cpu, None) == cpu_key
 
 
 def test_a_cuda_candidate_opens_the_binding_runner(folders):

@@ -41,7 +41,7 @@ from .base import Runner
 from .device_memory import available_layers
 from .host_check import SKIP, check_runner, describe, first_passing, refused_on_host
 from .onnxruntime import CPU, CUDA, OnnxRuntimeRunner, choose_providers
-from .onnxruntime_cuda import CaptureRefused, OnnxRuntimeCudaRunner
+from .onnxruntime_cuda import CaptureRefused, OnnxRuntimeCudaRunner, what_the_runner_computes
 
 # Alternating rounds: at least MIN_ROUNDS (a median of fewer says little), then more while within BUDGET_S.
 MIN_ROUNDS, MAX_ROUNDS = 3, 9
@@ -222,6 +222,8 @@ def host_key(folder: ArtifactFolder, candidates: list[Candidate], threads: int |
         # Every file of each graph: its data file too, where it has one.
         "graphs": {c.graph: [folder.artifacts[f].sha256 for f in folder.graph_files(c.graph)] for c in candidates},
         "candidates": [c.label for c in candidates],
+        # How the CUDA runner opens and runs the graphs (its check and timing were of that).
+        "onnxruntime_cuda": what_the_runner_computes() if any(c.on_cuda for c in candidates) else None,
     }
 
 

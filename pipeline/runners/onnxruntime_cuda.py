@@ -65,6 +65,12 @@ UNCAPTURED = "-1"  # ONNX Runtime's gpu_graph_id for a run that neither captures
 STRAIGHT_FROM_PAGEABLE = True
 
 
+def what_the_runner_computes() -> dict[str, Any]:
+    """The settings that change what the runner computes on a graph (a cached host check of it holds only while
+    they stay as they were: pipeline.runners.fastest.host_key)."""
+    return {**TUNING, "split_conv_bias": SPLIT_CONV_BIAS}
+
+
 class CaptureRefused(PipelineError):
     """cuda_graph=True on a graph with nodes ONNX Runtime places on the CPU, which it cannot capture."""
 
