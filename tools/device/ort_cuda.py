@@ -22,7 +22,7 @@ import sys
 import time
 import traceback
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -291,9 +291,7 @@ class OrtCuda(Backend):
             names = [output.name for output in self.session.get_outputs()]
             return {n: v.astype(np.float32) for n, v in zip(names, self.session.run(None, feed), strict=True)}
         bound = self._bound(feed)
-        if self.stream:
-            self.stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.stream) if self.stream else nullcontext():  # one_stream: its copies on it too
+        with self._ordered():
             for name, value in feed.items():
                 bound.inputs[name].copy_(torch.from_numpy(value))
             bound.run()
@@ -301,41 +299,38 @@ class OrtCuda(Backend):
 
     def stage(self, feed: dict[str, np.ndarray]):
         """Device-resident: the replay alone on the tensors bound at staging; with `copies`, what a caller of a
-        captured graph does each call, as the runner does: its input tensors copied into the bound ones (on torch's
-        stream, waited for: ONNX Runtime runs on a stream of its own), the replay (ONNX Runtime waits for it), its
-        output tensors written from the bound ones."""
+        captured graph does each call, as the runner does: its input tensors copied into the bound ones, the replay,
+        its output tensors written from the bound ones (_ordered says on which stream)."""
         bound = self._bound(self._typed(feed))
         if not self.copies:
             return bound.run
         callers = {name: tensor.clone() for name, tensor in bound.inputs.items()}
         written = {name: torch.empty_like(tensor) for name, tensor in bound.outputs.items()}
-        if self.stream:
-            return lambda: self._on_one_stream(bound, callers, written)
 
         def call() -> None:
-            for name, tensor in callers.items():
-                bound.inputs[name].copy_(tensor)
-            if DEVICE == "cuda":
-                torch.cuda.current_stream().synchronize()
-            bound.run()
-            for name, tensor in written.items():
-                tensor.copy_(bound.outputs[name])
+            with self._ordered():
+                for name, tensor in callers.items():
+                    bound.inputs[name].copy_(tensor)
+                if DEVICE == "cuda" and self.stream is None:  # ONNX Runtime runs on a stream of its own
+                    torch.cuda.current_stream().synchronize()
+                bound.run()
+                for name, tensor in written.items():
+                    tensor.copy_(bound.outputs[name])
 
         return call
 
-    def _on_one_stream(self, bound: Bound, callers: dict[str, Any], written: dict[str, Any]) -> None:
-        """The copies in, the replay and the copies out queued on the stream ONNX Runtime computes on, ordered by
-        it alone; that stream waits for the caller's (torch's current) stream first, and the caller's for it after,
-        as a caller's next kernels would."""
-        assert self.stream is not None
+    @contextmanager
+    def _ordered(self) -> Iterator[None]:
+        """Where the copies around a replay go: torch's current stream; with one_stream, the stream ONNX Runtime
+        computes on, ordered by it alone, which waits for the caller's stream first, as the caller's waits for it
+        after (as a caller's next kernels would)."""
+        if self.stream is None:
+            yield
+            return
         caller = torch.cuda.current_stream()
         self.stream.wait_stream(caller)
         with torch.cuda.stream(self.stream):
-            for name, tensor in callers.items():
-                bound.inputs[name].copy_(tensor)
-            bound.run()
-            for name, tensor in written.items():
-                tensor.copy_(bound.outputs[name])
+            yield
         caller.wait_stream(self.stream)
 
     def sync(self) -> None:
@@ -434,7 +429,7 @@ def bare_choice(name: str, engines: Path, copies: bool = False, one_stream: bool
     """A bare session with IO binding and a CUDA graph per shape on the FP16 graph as the runner opens it (NHWC,
     each convolution's bias an Add: pipeline.runners.conv_bias): the runner's work around each replay left out; with
     `copies`, all of it but the copies in and out that serving the caller's tensors through a captured graph takes
-    (OrtCuda.stage); with `one_stream`, those copies and ONNX Runtime's kernels on one stream (OrtCuda._on_one_stream,
+    (OrtCuda.stage); with `one_stream`, those copies and ONNX Runtime's kernels on one stream (OrtCuda._ordered,
     a lead for the runner)."""
 
     def open_it(context: Context) -> Backend:
@@ -442,8 +437,10 @@ def bare_choice(name: str, engines: Path, copies: bool = False, one_stream: bool
         if not split.exists():
             shutil.copy(context.folder.path / "model.fp16.onnx", split)
             split_conv_bias(split)
-        cuda = DEVICE == "cuda"
-        return OrtCuda(name, split, "fp16", cuda, True, copies, KEEP_BIAS_ADD, one_stream)
+        captured = DEVICE == "cuda"
+        return OrtCuda(
+            name, split, "fp16", captured, nhwc=True, copies=copies, disabled=KEEP_BIAS_ADD, one_stream=one_stream
+        )
 
     return Choice(name, "a bare ONNX Runtime CUDA session on the FP16 graph", open_it)
 
