@@ -14,7 +14,7 @@ FOLDER = "resnet-tiny-fp16"  # the dry run's speed folder (tests.toy_models:tiny
 
 
 def _tool(script: str, *arguments: Path | str, cwd: Path) -> None:
-    environment = {**os.environ, "ORT_CUDA_DRY_RUN": "1", "PYTHONPATH": str(ROOT), "ROWS": "", "BUDGET_S": "0.1"}
+    environment = {**os.environ, "ORT_CUDA_DRY_RUN": "1", "PYTHONPATH": str(ROOT), "ROWS": ""}
     done = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "device" / script), *map(str, arguments)],
         cwd=cwd,
@@ -28,18 +28,15 @@ def _tool(script: str, *arguments: Path | str, cwd: Path) -> None:
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The dry run's folder built, then its graph_memory, profile and leads steps run, then the report written
-    (the leads as a further run)."""
+    """The dry run's folder built, then its graph_memory and profile steps run, then the report written."""
     work = tmp_path_factory.mktemp("device")
     engines, results = work / "engines", work / "results"
     _tool("ort_cuda.py", "build", engines, "/nonexistent", FOLDER, cwd=work)
     _tool("ort_cuda.py", "graph_memory", engines, results, FOLDER, cwd=work)
     _tool("ort_cuda.py", "profile", engines, results, FOLDER, cwd=work)
-    _tool("ort_cuda.py", "leads", engines, results, FOLDER, cwd=work)
     (work / "env.txt").write_text("dry run: no GPU\n")
     earlier = ROOT / "docs" / "benchmarks" / "resnet50-h100-cuda.json"
-    leads = ("--tried", results / "leads", work / "env.txt")
-    _tool("ort_cuda_report.py", work / "report", results, work / "env.txt", *leads, "--earlier", earlier, cwd=work)
+    _tool("ort_cuda_report.py", work / "report", results, work / "env.txt", "--earlier", earlier, cwd=work)
     return work
 
 
@@ -55,17 +52,6 @@ def test_profile_times_and_traces_each_row(measured: Path) -> None:
     assert "the caller's tensors copied in and out" in rows["ort-graph-copies"]["label"]
     assert "bias-split" in rows["ort-graph"]["label"]  # the graph as the runner opens it
     assert not list((measured / "results").glob("trace-*.json"))  # each trace removed once read
-
-
-def test_the_leads_run_in_a_process_of_their_own_beside_the_served_runner(measured: Path) -> None:
-    """The one-stream lead shares a stream with ONNX Runtime's CUDA graphs, never run before: it runs after every
-    other step, into leads/ (a further run to the report), and computes what the others compute."""
-    bench = json.loads((measured / "results" / "leads" / f"speed-{FOLDER}" / "bench.json").read_text())
-    timed = {(row["backend"], row["mode"]) for row in bench["results"]}
-    assert ("served", "end-to-end") in timed  # on the CPU, served is ONNX Runtime's CPU runner: no device-resident
-    for name in ("ort-graph-copies", "ort-graph-one-stream"):
-        assert {(name, "end-to-end"), (name, "device-resident")} <= timed, name
-    assert all(row["agreement"]["status"] in ("ok", "reference") for row in bench["results"])
 
 
 def test_graph_memory_steps_through_every_batch(measured: Path) -> None:

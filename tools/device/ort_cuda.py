@@ -147,10 +147,8 @@ def cuda_session(
     cuda_only: bool = False,
     verbose: bool = False,
     disabled: Sequence[str] = (),
-    stream: int | None = None,
 ) -> Any:
-    """A session on ONNX Runtime's CUDA provider (the CPU provider in a dry run); `stream`, a CUDA stream's handle
-    for it to compute on (user_compute_stream), else a stream of its own."""
+    """A session on ONNX Runtime's CUDA provider (the CPU provider in a dry run)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -163,8 +161,6 @@ def cuda_session(
         "enable_cuda_graph": str(int(cuda_graph)),
         "prefer_nhwc": str(int(nhwc)),
     }
-    if stream is not None:
-        provider["user_compute_stream"] = str(stream)
     if DEVICE == "cpu":
         provider = {}
     fallback = [] if cuda_only or CUDA == "CPUExecutionProvider" else ["CPUExecutionProvider"]
@@ -192,21 +188,11 @@ def smoke() -> None:
     print("smoke:", session.get_providers(), session.run(None, {"x": np.array([-1, 0, 1, 2], np.float32)})[0])
 
 
-def run_options(**entries: str) -> Any:
-    """ONNX Runtime RunOptions with these run config entries."""
-    import onnxruntime as ort
-
-    options = ort.RunOptions()
-    for key, value in entries.items():
-        options.add_run_config_entry(key, value)
-    return options
-
-
 class Bound:
     """A session with its inputs and outputs bound to torch CUDA tensors of one shape (fixed addresses)."""
 
-    def __init__(self, session: Any, feed: dict[str, np.ndarray], shapes: list[tuple[int, ...]], options: Any = None):
-        self.session, self.options = session, options
+    def __init__(self, session: Any, feed: dict[str, np.ndarray], shapes: list[tuple[int, ...]]):
+        self.session = session
         self.inputs = {k: torch.from_numpy(v).to(DEVICE) for k, v in feed.items()}
         types = [TORCH_TYPES[output.type] for output in session.get_outputs()]
         names = [output.name for output in session.get_outputs()]
@@ -225,7 +211,7 @@ class Bound:
         bind(name, DEVICE, 0, dtype, list(tensor.shape), tensor.data_ptr())
 
     def run(self) -> None:
-        self.session.run_with_iobinding(self.binding, self.options)
+        self.session.run_with_iobinding(self.binding)
 
 
 def _float16_inputs(path: Path) -> list[Any]:
@@ -248,18 +234,14 @@ class OrtCuda(Backend):
         nhwc: bool = False,
         copies: bool = False,
         disabled: Sequence[str] = (),
-        one_stream: bool = False,
     ):
         how = "IO binding + captured CUDA graph" if cuda_graph else "bare session; IO binding device-resident"
         how += "; prefer_nhwc=1 (convolutions in NHWC)" if nhwc else ""
-        how += "; device-resident, the caller's tensors copied in and out each call" if copies or one_stream else ""
-        how += ", on the stream ONNX Runtime computes on, with no wait in between" if one_stream else ""
+        how += "; device-resident, the caller's tensors copied in and out each call" if copies else ""
         super().__init__(name, f"ONNX Runtime CUDA on {path.name} ({how})", precision, how, "n/a (GPU)")
         self.device_note = ""
         self.memory_note = "n/a: ONNX Runtime's arena is not counted"
-        self.path, self.cuda_graph, self.nhwc, self.disabled = path, cuda_graph, nhwc, disabled
-        self.copies = copies or one_stream
-        self.stream = torch.cuda.Stream() if one_stream and DEVICE == "cuda" else None
+        self.path, self.cuda_graph, self.nhwc, self.disabled, self.copies = path, cuda_graph, nhwc, disabled, copies
         self.input_types = {value.name: np.float16 for value in _float16_inputs(path)}
         # Uncaptured: it runs the calls without a CUDA graph, and tells a captured session's output shapes (a
         # captured session's own first plain run would capture a graph writing to buffers of its choosing).
@@ -269,16 +251,11 @@ class OrtCuda(Backend):
     def _bound(self, feed: dict[str, np.ndarray]) -> Bound:
         key = tuple((k, v.shape) for k, v in sorted(feed.items()))
         if key not in self.bound:  # a captured CUDA graph holds one shape: one session per shape
-            session, options = self.session, None
+            session = self.session
             if self.cuda_graph:
-                stream = self.stream.cuda_stream if self.stream else None
-                session = cuda_session(
-                    self.path, cuda_graph=True, nhwc=self.nhwc, disabled=self.disabled, stream=stream
-                )
-            if self.stream:  # the caller waits on the stream, not ONNX Runtime after each run (where it honours that)
-                options = run_options(disable_synchronize_execution_providers="1", gpu_graph_id="0")
+                session = cuda_session(self.path, cuda_graph=True, nhwc=self.nhwc, disabled=self.disabled)
             shapes = [value.shape for value in self.session.run(None, feed)]
-            self.bound[key] = Bound(session, feed, shapes, options)
+            self.bound[key] = Bound(session, feed, shapes)
         return self.bound[key]
 
     def _typed(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -291,16 +268,15 @@ class OrtCuda(Backend):
             names = [output.name for output in self.session.get_outputs()]
             return {n: v.astype(np.float32) for n, v in zip(names, self.session.run(None, feed), strict=True)}
         bound = self._bound(feed)
-        with self._ordered():
-            for name, value in feed.items():
-                bound.inputs[name].copy_(torch.from_numpy(value))
-            bound.run()
-            return {name: tensor.float().cpu().numpy() for name, tensor in bound.outputs.items()}
+        for name, value in feed.items():
+            bound.inputs[name].copy_(torch.from_numpy(value))
+        bound.run()
+        return {name: tensor.float().cpu().numpy() for name, tensor in bound.outputs.items()}
 
     def stage(self, feed: dict[str, np.ndarray]):
         """Device-resident: the replay alone on the tensors bound at staging; with `copies`, what a caller of a
         captured graph does each call, as the runner does: its input tensors copied into the bound ones, the replay,
-        its output tensors written from the bound ones (_ordered says on which stream)."""
+        its output tensors written from the bound ones."""
         bound = self._bound(self._typed(feed))
         if not self.copies:
             return bound.run
@@ -308,30 +284,15 @@ class OrtCuda(Backend):
         written = {name: torch.empty_like(tensor) for name, tensor in bound.outputs.items()}
 
         def call() -> None:
-            with self._ordered():
-                for name, tensor in callers.items():
-                    bound.inputs[name].copy_(tensor)
-                if DEVICE == "cuda" and self.stream is None:  # ONNX Runtime runs on a stream of its own
-                    torch.cuda.current_stream().synchronize()
-                bound.run()
-                for name, tensor in written.items():
-                    tensor.copy_(bound.outputs[name])
+            for name, tensor in callers.items():
+                bound.inputs[name].copy_(tensor)
+            if DEVICE == "cuda":  # ONNX Runtime runs on a stream of its own
+                torch.cuda.current_stream().synchronize()
+            bound.run()
+            for name, tensor in written.items():
+                tensor.copy_(bound.outputs[name])
 
         return call
-
-    @contextmanager
-    def _ordered(self) -> Iterator[None]:
-        """Where the copies around a replay go: torch's current stream; with one_stream, the stream ONNX Runtime
-        computes on, ordered by it alone, which waits for the caller's stream first, as the caller's waits for it
-        after (as a caller's next kernels would)."""
-        if self.stream is None:
-            yield
-            return
-        caller = torch.cuda.current_stream()
-        self.stream.wait_stream(caller)
-        with torch.cuda.stream(self.stream):
-            yield
-        caller.wait_stream(self.stream)
 
     def sync(self) -> None:
         if DEVICE == "cuda":
@@ -425,12 +386,11 @@ def fp16_io_choice(name: str, cuda_graph: bool, nhwc: bool, engines: Path) -> Ch
     return Choice(name, "ONNX Runtime CUDA on the FP16 graph with float16 inputs and outputs", open_it)
 
 
-def bare_choice(name: str, engines: Path, copies: bool = False, one_stream: bool = False) -> Choice:
+def bare_choice(name: str, engines: Path, copies: bool = False) -> Choice:
     """A bare session with IO binding and a CUDA graph per shape on the FP16 graph as the runner opens it (NHWC,
     each convolution's bias an Add: pipeline.runners.conv_bias): the runner's work around each replay left out; with
     `copies`, all of it but the copies in and out that serving the caller's tensors through a captured graph takes
-    (OrtCuda.stage); with `one_stream`, those copies and ONNX Runtime's kernels on one stream (OrtCuda._ordered,
-    a lead for the runner)."""
+    (OrtCuda.stage)."""
 
     def open_it(context: Context) -> Backend:
         split = engines / f"{context.folder.path.name}.bias-split.onnx"
@@ -438,9 +398,7 @@ def bare_choice(name: str, engines: Path, copies: bool = False, one_stream: bool
             shutil.copy(context.folder.path / "model.fp16.onnx", split)
             split_conv_bias(split)
         captured = DEVICE == "cuda"
-        return OrtCuda(
-            name, split, "fp16", captured, nhwc=True, copies=copies, disabled=KEEP_BIAS_ADD, one_stream=one_stream
-        )
+        return OrtCuda(name, split, "fp16", captured, nhwc=True, copies=copies, disabled=KEEP_BIAS_ADD)
 
     return Choice(name, "a bare ONNX Runtime CUDA session on the FP16 graph", open_it)
 
@@ -458,37 +416,22 @@ def beside_runner(engines: Path) -> list[Choice]:
     ]
 
 
-def lead_rows(engines: Path) -> list[Choice]:
-    """The lead for the runner's 0.04-0.12 ms a call over a replay at batch 1 (docs/benchmarks): the copies in and
-    out on the stream ONNX Runtime computes on (user_compute_stream), with no wait between them and the replay,
-    beside the same copies with the waits (`ort-graph-copies`).  Measured in a process of its own (`leads`), after
-    the others: a stream shared with ONNX Runtime's CUDA graphs has not run here before."""
-    return [
-        bare_choice("ort-graph-copies", engines, copies=True),
-        bare_choice("ort-graph-one-stream", engines, one_stream=True),
-    ]
-
-
-def speed(engines: Path, out: Path, folder_name: str, budget_s: float, leads: bool = False) -> None:
+def speed(engines: Path, out: Path, folder_name: str, budget_s: float) -> None:
     """The bench's torch rows (eager FP32, AMP, torch.compile AMP; TF32 off), `served` (auto: its multi-batch pick
     and host check), the onnxruntime-cuda runner with and without CUDA graphs, and beside them, on the same
     machine, what the runner did before (inputs through a page-locked copy; for convolutions, NCHW and
     beside_runner's rows), in one run_benchmark.  ROWS=all adds the variants tried first (cuDNN's HEURISTIC search,
-    float16 inputs and outputs).  `leads`: served and the runner with CUDA graphs beside lead_rows, auto's pick
-    kept from the run before."""
+    float16 inputs and outputs)."""
     names = ["served", "torch-amp", "torch-compile", "onnxruntime-cuda", "onnxruntime-cuda-graphs"]
     ours = [runner_choice("rt-pinned-graphs", {}, cuda_graph=True, straight=False)]
-    if leads:
-        names, ours = ["served", "onnxruntime-cuda-graphs"], lead_rows(engines)
-    elif folder_name.startswith("resnet"):
+    if folder_name.startswith("resnet"):
         ours += [runner_choice("rt-nchw-graphs", {"prefer_nhwc": "0"}, cuda_graph=True), *beside_runner(engines)]
         if os.environ.get("ROWS") == "all":
             ours += [runner_choice(f"rt-heuristic{'-graphs' * g}", HEURISTIC, g) for g in (False, True)]
             ours += [fp16_io_choice(f"ort-fp16-io-nhwc{'-graph' * g}", g, True, engines) for g in (False, True)]
     policy = TimingPolicy(budget_s=budget_s, iterations=200, rounds=5)
     folder = named(engines, folder_name)
-    if not leads:
-        (folder / SERVED_CHOICE).unlink(missing_ok=True)  # auto measures and checks on this host, in this run
+    (folder / SERVED_CHOICE).unlink(missing_ok=True)  # auto measures and checks on this host, in this run
     report = run_benchmark(folder, backends=names, batches=[1, 8, 32], policy=policy, threads=16, extra=ours)
     write_reports(report, out / f"speed-{folder_name}")
     shutil.copy(folder / SERVED_CHOICE, out / f"served-{folder_name}.json")
@@ -707,15 +650,10 @@ def main(argv: list[str]) -> None:
         return
     out = Path(argv[2])
     out.mkdir(parents=True, exist_ok=True)
-    if command in ("speed", "leads"):  # leads: ResNet-50's lead_rows, into out/leads (a further run to the report)
-        default = ("resnet50-fp16",) if command == "leads" else ("resnet50-fp16", "encoder-fp16", "resnet50-int8")
-        for name in argv[3:] or default:
+    if command == "speed":
+        for name in argv[3:] or ("resnet50-fp16", "encoder-fp16", "resnet50-int8"):
             try:
-                budget_s = float(os.environ.get("BUDGET_S", "3"))
-                if command == "leads":
-                    speed(engines, out / "leads", name, budget_s, leads=True)
-                else:
-                    speed(engines, out, name, budget_s)
+                speed(engines, out, name, float(os.environ.get("BUDGET_S", "3")))
             except Exception:
                 traceback.print_exc()
     elif command in ("fp16", "int8", "profile", "graph_memory"):

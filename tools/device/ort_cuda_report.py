@@ -227,9 +227,9 @@ def main(arguments: argparse.Namespace) -> None:
         "3-channel convolution padded to 4; `biasadd`: the biases as Adds, before the runner did so); `ort-*` rows "
         "are bare sessions (`ort-graph`: IO binding and a CUDA graph on the FP16 graph as the runner opens it, each "
         "convolution's bias an Add, replaying on the input bound when staged; `-copies`: the caller's tensors copied "
-        "in and out each call, as the runner does; `-one-stream`: those copies on the stream ONNX Runtime computes "
-        "on, with no wait between, a lead measured in a process of its own, the run's `leads/`; in runs of "
-        "2026-11-26 and before, `ort-graph` ran the FP16 graph as it is). "
+        "in and out each call, as the runner does; `-one-stream`, a lead tried: those copies on the stream ONNX "
+        "Runtime computes on, with no wait between, measured in a process of its own; in runs of "
+        "commit d215ed2 and before, `ort-graph` ran the FP16 graph as it is). "
         "End to end: numpy in and out; "
         "device-resident: torch CUDA tensors in and out. `torch-amp` and `torch-compile` are AMP FP16, `torch` FP32, "
         "all with TF32 off.",
@@ -237,8 +237,8 @@ def main(arguments: argparse.Namespace) -> None:
         *([arguments.reading.read_text(), ""] if arguments.reading else []),
         "Commands: `python tools/device/bundle.py ort` here; on the device the issue-36 chain in "
         "tools/device/run.sh's header (served_start, then served_measure, then ort_collect); then `python "
-        "tools/device/ort_cuda_report.py docs/benchmarks/resnet50-h100-cuda RESULTS env.txt --tried RESULTS/leads "
-        "env.txt --tried RESULTS-2 env-2.txt --reading READING.md --earlier docs/benchmarks/resnet50-h100-cuda.json`.",
+        "tools/device/ort_cuda_report.py docs/benchmarks/resnet50-h100-cuda RESULTS env.txt --tried RESULTS-2 "
+        "env-2.txt --reading READING.md --earlier docs/benchmarks/resnet50-h100-cuda.json`.",
         "",
         "Machine:",
         "",

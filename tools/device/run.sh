@@ -22,8 +22,7 @@
 # folders), one chain while warm:
 #     carry .devbundle/ort0: bash tools/device/run.sh served_start    # environment, onnxsim; the folders build detached
 #     carry .devbundle/ort1: bash tools/device/run.sh served_measure  # onnxruntime-gpu; detached: GPU tests, bench,
-#                                                                     # memory per captured graph, batch-32 kernels,
-#                                                                     # then the leads (results' leads/)
+#                                                                     # memory per captured graph, batch-32 kernels
 #     (no carry):            bash tools/device/run.sh ort_collect     # waits (WAIT_S, 540), then results.tar.gz in $OUT
 # Every log and JSON lands in $OUT.
 set -uo pipefail
@@ -149,9 +148,8 @@ build_detached() {  # the folders NAMES build (CPU) after this call returns, fro
 }
 
 served_measure() {  # issue 36: onnxruntime-gpu, then detached: the GPU tests, the bench on both folders, then
-	# ResNet-50's device memory per captured graph and its kernels at batch 32 beside torch.compile's, then its
-	# leads in a process of their own (ort_cuda.py lead_rows)
-	ort_ready && FOLDERS='resnet50-fp16 encoder-fp16' STEPS='graph_memory profile leads' measure_launch
+	# ResNet-50's device memory per captured graph and its kernels at batch 32 beside torch.compile's
+	ort_ready && FOLDERS='resnet50-fp16 encoder-fp16' STEPS='graph_memory profile' measure_launch
 }
 
 ort_ready() {  # the second part joined, onnxruntime-gpu installed, and its CUDA provider placing a node
