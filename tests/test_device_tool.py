@@ -14,7 +14,7 @@ FOLDER = "resnet-tiny-fp16"  # the dry run's speed folder (tests.toy_models:tiny
 
 
 def _tool(script: str, *arguments: Path | str, cwd: Path) -> None:
-    environment = {**os.environ, "ORT_CUDA_DRY_RUN": "1", "PYTHONPATH": str(ROOT), "ROWS": ""}
+    environment = {**os.environ, "ORT_CUDA_DRY_RUN": "1", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "device" / script), *map(str, arguments)],
         cwd=cwd,

@@ -147,24 +147,22 @@ build_detached() {  # the folders NAMES build (CPU) after this call returns, fro
 		/nonexistent $* >$RESULTS/build.log 2>&1; echo \$? >/tmp/build.rc" </dev/null >/dev/null 2>&1 &
 }
 
-served_measure() {  # issue 36: onnxruntime-gpu, then detached: the GPU tests, the bench on both folders, then
-	# ResNet-50's device memory per captured graph and its kernels at batch 32 beside torch.compile's
-	ort_ready && FOLDERS='resnet50-fp16 encoder-fp16' STEPS='graph_memory profile' measure_launch
-}
-
-ort_ready() {  # the second part joined, onnxruntime-gpu installed, and its CUDA provider placing a node
+served_measure() {  # issue 36: onnxruntime-gpu, its CUDA provider placing a node, then served_launch
 	ort_part
 	ort_install || return 1
 	grep -q "^smoke: \['CUDAExecutionProvider'" "$OUT/ort-providers.txt" || { echo "smoke failed: not measuring"; return 1; }
+	served_launch
 }
 
-measure_launch() {  # detached: TESTS (the GPU tests first, unless 0), then once the folders are built the bench
-	# (ROWS, see ort_cuda.py) on FOLDERS, then each of STEPS; /tmp/measure.done when all is done
+served_launch() {  # detached: the GPU tests, then once the folders are built the bench on both (ROWS, see
+	# ort_cuda.py), ResNet-50's device memory per captured graph and its kernels at batch 32 beside torch.compile's;
+	# /tmp/measure.done when all is done
 	setsid bash -c "export PYTHONPATH=$ORT_SITE:$PYTHONPATH ROWS=${ROWS:-}; \
-		[ \"${TESTS:-1}\" = 0 ] || bash tools/device/run.sh served_tests; \
+		bash tools/device/run.sh served_tests; \
 		while [ ! -f /tmp/build.rc ]; do sleep 2; done; \
-		BUDGET_S=1 \"$PY\" tools/device/ort_cuda.py speed $ENGINES $RESULTS $FOLDERS >$RESULTS/speed.log 2>&1; \
-		for step in $STEPS; do \"$PY\" tools/device/ort_cuda.py \$step $ENGINES $RESULTS \
+		BUDGET_S=1 \"$PY\" tools/device/ort_cuda.py speed $ENGINES $RESULTS resnet50-fp16 encoder-fp16 \
+		>$RESULTS/speed.log 2>&1; \
+		for step in graph_memory profile; do \"$PY\" tools/device/ort_cuda.py \$step $ENGINES $RESULTS \
 		>$RESULTS/\$step.log 2>&1; done; echo done >/tmp/measure.done" </dev/null >/dev/null 2>&1 &
 }
 
