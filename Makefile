@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Errors then name make variables (CALIB=...) rather than options (--calib); see pipeline/core/mentions.py.
 PIPELINE := TRT_PIPELINE_FRONT_END=make $(PY) -m trt_pipeline
 
-# The settings `make engine` passes on, declared once in pipeline/core/settings.py (tests/test_settings.py
+# The settings `make engine` passes on, declared once in pipeline/core/settings.py (tests/core/test_settings.py
 # checks these lists and the defaults below against it).  Each reaches the command line as the option named
 # from the variable: CALIB_METHOD=x as '--calib-method=x', NO_FLOAT_SEARCH=1 as --no-float-search.  A value
 # is passed once it is set, to nothing too (MODEL= is refused, not replaced by the default); a switch once it

@@ -335,7 +335,7 @@ class Bench:
 
 
 def cnn_bench(out: Path) -> Bench:
-    from tests.test_int8_cnn import PREPROCESS
+    from tests.calibration.test_int8_cnn import PREPROCESS
 
     sets, judged = cnn_sets(out / "data")
 
@@ -346,7 +346,7 @@ def cnn_bench(out: Path) -> Bench:
     data = {name: sorted(p.stem for p in folder.glob("*.png")) for name, folder in {**sets, "judged": judged}.items()}
     return Bench(
         "EfficientNet-Lite0",
-        "tests.test_int8_cnn:efficientnet_lite0",
+        "tests.calibration.test_int8_cnn:efficientnet_lite0",
         sets,
         rows,
         images(judged),

@@ -21,7 +21,7 @@ own scratch folder (make's is the checkout).  The cases are in tools/catalogue_c
     n/a        the case does not apply to this checkout (an option or API it does not have)
 
 This is a tool, not a test: it prints and writes what it finds (JSON and a markdown table) and exits 0.  The
-CI's catalogue is tests/test_bad_inputs.py.
+CI's catalogue is tests/bad_inputs/test_bad_inputs.py.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def image_batch(rows):
     return {"input": np.random.default_rng(0).standard_normal((rows, 3, 16, 16), dtype=np.float32)}
 def build(*options, out=None):  # the command line's `all` on tiny_cnn into WORK/engines (or out): its exit status
     from trt_pipeline.pipeline import cli
-    argv = ["all", "--model", "tests.toy_models:tiny_cnn", "--precision", "fp32", "--batch", "1:2:4"]
+    argv = ["all", "--model", "tests.helpers.toy_models:tiny_cnn", "--precision", "fp32", "--batch", "1:2:4"]
     return cli.main([*argv, "--out", str(out or WORK / "engines"), *options])
 try:
 """

@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-IMAGE_MODEL = "tests.toy_models:tiny_cnn"
-TEXT_MODEL = "tests.toy_models:text_classifier"
+IMAGE_MODEL = "tests.helpers.toy_models:tiny_cnn"
+TEXT_MODEL = "tests.helpers.toy_models:text_classifier"
 BUILD_LIMIT_S = 600
 SERVER_START_S = 120
 FULL_DISK_BYTES = 64 * 1024  # room for a manifest, not for a graph and its engine

@@ -108,7 +108,7 @@ def build(id: str, what: str, options: list[str], expect: str = "error", names: 
     """`python -m trt_pipeline all` with options, into the case's own folder (tiny_cnn unless --model is given)."""
     argv = ["all", "--out", "{work}/engines"]
     if "--model" not in options:
-        argv += ["--model", "tests.toy_models:tiny_cnn"]
+        argv += ["--model", "tests.helpers.toy_models:tiny_cnn"]
     if "--precision" not in options:
         argv += ["--precision", "fp32"]
     return cli(id, what, [*argv, *options], expect, names, **kw)
@@ -399,13 +399,13 @@ def _cli_cases() -> list[Case]:
         build(
             "export-data-dependent-size",
             "an output whose size depends on the input values (x[x > 0.5])",
-            ["--model", "tests.toy_models:score_filter"],
+            ["--model", "tests.helpers.toy_models:score_filter"],
             names=("depends on the input values", "topk"),
         ),
         build(
             "export-both-exporters-bake",
             "a sequence int() bakes for TorchScript and dynamo alike",
-            ["--model", "tests.toy_models:baked_sequence_model"],
+            ["--model", "tests.helpers.toy_models:baked_sequence_model"],
             names=("torchscript:", "dynamo:"),
         ),
         # DYNAMIC
@@ -480,21 +480,21 @@ def _cli_cases() -> list[Case]:
         build("model-no-module", "MODEL=nosuchpkg.mod:f", ["--model", "nosuchpkg.mod:f"], names=("nosuchpkg",)),
         build(
             "model-no-attribute",
-            "MODEL=tests.toy_models:nosuch",
-            ["--model", "tests.toy_models:nosuch"],
+            "MODEL=tests.helpers.toy_models:nosuch",
+            ["--model", "tests.helpers.toy_models:nosuch"],
             names=("nosuch",),
         ),
         build(
             "model-not-callable",
             "MODEL= a module constant",
-            ["--model", "tests.toy_models:EXAMPLE_BATCH"],
+            ["--model", "tests.helpers.toy_models:EXAMPLE_BATCH"],
             names=("EXAMPLE_BATCH",),
         ),
         build(
             "model-module-only",
-            "MODEL=tests.toy_models: (no factory)",
-            ["--model", "tests.toy_models:"],
-            names=("tests.toy_models",),
+            "MODEL=tests.helpers.toy_models: (no factory)",
+            ["--model", "tests.helpers.toy_models:"],
+            names=("tests.helpers.toy_models",),
         ),
         build(
             "factory-raises",
@@ -754,13 +754,13 @@ def _cli_cases() -> list[Case]:
         cli(
             "stage-build-alone",
             "the build stage on a folder no earlier stage wrote",
-            ["build", "--model", "tests.toy_models:tiny_cnn", "--out", "{work}/engines"],
+            ["build", "--model", "tests.helpers.toy_models:tiny_cnn", "--out", "{work}/engines"],
             names=("earlier stages",),
         ),
         cli(
             "stage-parity-alone",
             "the parity stage with nothing exported",
-            ["parity", "--model", "tests.toy_models:tiny_cnn", "--out", "{work}/engines"],
+            ["parity", "--model", "tests.helpers.toy_models:tiny_cnn", "--out", "{work}/engines"],
         ),
         cli(
             "bench-missing-folder",
@@ -873,7 +873,7 @@ def _cli_cases() -> list[Case]:
 
 def _make_cases() -> list[Case]:
     marker = "{marker}"
-    factory = ["MODEL=tests.toy_models:tiny_cnn", "PRECISION=fp32"]
+    factory = ["MODEL=tests.helpers.toy_models:tiny_cnn", "PRECISION=fp32"]
     return [
         make("make-model-shell-quote", "MODEL=x'; touch marker; echo '", [f"MODEL=x'; touch {marker}; echo '"]),
         make("make-model-make-shell", "MODEL=$(shell touch marker)", [f"MODEL=$(shell touch {marker})"]),
@@ -900,7 +900,7 @@ def _make_cases() -> list[Case]:
         make(
             "make-precision-bad",
             "PRECISION=int4",
-            ["MODEL=tests.toy_models:tiny_cnn", "PRECISION=int4"],
+            ["MODEL=tests.helpers.toy_models:tiny_cnn", "PRECISION=int4"],
             names=("int4",),
         ),
         make(

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import torch
 
-from tests import toy_models
+from tests.helpers import toy_models
 from trt_pipeline.pipeline import cli
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.runners import load_runner
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class _RunsCode:
@@ -68,9 +68,9 @@ def test_a_trusted_pickled_module_loads_and_its_torch_runner_asks_again(tmp_path
     [
         (["--model", "resnet18", "--input-shape", "3x100000x100000"], "would take 224 GiB"),
         (["--model", "resnet18", "--batch=-1:2:3"], "--batch=-1:2:3 is not of the form min:opt:max"),
-        (["--model", "tests.toy_models:tiny_cnn", "--keep-fp32", "NoSuchOp"], "--keep-fp32 names ['NoSuchOp']"),
-        (["--model", "tests.toy_models:tiny_cnn", "--target", "h100"], "unknown build target 'h100'"),
-        (["--model", "tests.toy_models:tiny_cnn", "--batch", "1:1:100000000"], "would take 286 GiB"),
+        (["--model", "tests.helpers.toy_models:tiny_cnn", "--keep-fp32", "NoSuchOp"], "--keep-fp32 names ['NoSuchOp']"),
+        (["--model", "tests.helpers.toy_models:tiny_cnn", "--target", "h100"], "unknown build target 'h100'"),
+        (["--model", "tests.helpers.toy_models:tiny_cnn", "--batch", "1:1:100000000"], "would take 286 GiB"),
     ],
     ids=["huge-input-shape", "negative-batch", "unknown-keep-fp32", "unknown-target", "huge-max-batch"],
 )
@@ -83,7 +83,7 @@ def test_bad_settings(argv, expected, tmp_path, capsys):
 def test_an_empty_path_is_refused_not_read_as_the_current_directory(option, capsys):
     # OUT= with nothing after it wrote the artifact folder into the current directory.
     with pytest.raises(SystemExit) as exited:
-        cli.main(["all", "--model", "tests.toy_models:tiny_cnn", option, ""])
+        cli.main(["all", "--model", "tests.helpers.toy_models:tiny_cnn", option, ""])
     err = capsys.readouterr().err
     assert exited.value.code == 2 and f"argument {option}: an empty path" in err and "Traceback" not in err
 
@@ -127,14 +127,22 @@ def test_a_model_whose_output_is_nan_is_not_called_random(tmp_path, capsys, monk
 
 def test_an_out_folder_under_a_file(tmp_path, capsys):
     (tmp_path / "file").write_text("")
-    argv = ["all", "--model", "tests.toy_models:tiny_cnn", "--precision", "fp32", "--out", str(tmp_path / "file" / "x")]
+    argv = [
+        "all",
+        "--model",
+        "tests.helpers.toy_models:tiny_cnn",
+        "--precision",
+        "fp32",
+        "--out",
+        str(tmp_path / "file" / "x"),
+    ]
     assert "a part of the path is a file, not a folder" in _cli_error(argv, capsys)
 
 
 def test_a_file_size_limit_is_named_with_its_fix(tmp_path, capsys):
     # Python ignores SIGXFSZ, so a write past RLIMIT_FSIZE fails with EFBIG: it got the generic "check the disk".
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    argv = ["all", "--model", "tests.toy_models:tiny_cnn", "--precision", "fp32", "--out", str(tmp_path)]
+    argv = ["all", "--model", "tests.helpers.toy_models:tiny_cnn", "--precision", "fp32", "--out", str(tmp_path)]
     resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
     try:
         err = _cli_error(argv, capsys)
@@ -166,7 +174,7 @@ def test_make_variables_run_no_code(model, tmp_path):
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_make_passes_a_quote_in_a_path_intact(tmp_path):
     out = tmp_path / "it's"
-    result = _make("MODEL=tests.toy_models:tiny_cnn", "PRECISION=fp32", f"OUT={out}")
+    result = _make("MODEL=tests.helpers.toy_models:tiny_cnn", "PRECISION=fp32", f"OUT={out}")
     assert result.returncode == 0, result.stderr
     assert (out / "toy_models-tiny_cnn-fp32" / "manifest.json").is_file()
 
@@ -184,7 +192,7 @@ def _built(tmp_path_factory: pytest.TempPathFactory, model: str) -> Path:
     from trt_pipeline.pipeline.stages.sequence import make_engine
 
     out = tmp_path_factory.mktemp("engines")
-    return make_engine(Settings(model=f"tests.toy_models:{model}", precision="fp32", out_root=out))
+    return make_engine(Settings(model=f"tests.helpers.toy_models:{model}", precision="fp32", out_root=out))
 
 
 @pytest.fixture(scope="module")

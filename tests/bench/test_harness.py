@@ -45,7 +45,9 @@ FIXTURE_BACKENDS = [name for name in NAMES if name != "torch-compile"]
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("engines")
-    settings = Settings(model="tests.toy_models:tiny_cnn", precision="fp32", batch=BatchProfile(1, 4, 8), out_root=out)
+    settings = Settings(
+        model="tests.helpers.toy_models:tiny_cnn", precision="fp32", batch=BatchProfile(1, 4, 8), out_root=out
+    )
     return make_engine(settings)
 
 
@@ -222,7 +224,7 @@ def test_int8_row_runs_the_sibling_folders_graph_shaped_for_onnxruntime(folder: 
     kernels."""
     fp32 = shutil.copytree(folder, tmp_path / folder.name)
     np.save(tmp_path / "calib.npy", np.random.default_rng(1).standard_normal((32, 3, 16, 16), dtype=np.float32))
-    settings = Settings(model="tests.toy_models:tiny_cnn", precision="int8", batch=BatchProfile(1, 4, 8))
+    settings = Settings(model="tests.helpers.toy_models:tiny_cnn", precision="int8", batch=BatchProfile(1, 4, 8))
     int8 = make_engine(
         replace(settings, out_root=tmp_path, calib=tmp_path / "calib.npy", calib_samples=32, calib_batch=16)
     )

@@ -24,7 +24,7 @@ from trt_pipeline.pipeline.evaluation import INT8_MAX_ERROR
 from trt_pipeline.pipeline.folder.manifest import Manifest, read_manifest
 from trt_pipeline.pipeline.stages.parity import MUCH_WORSE_RATIO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ROWS, TAIL = 40, 4
 
 

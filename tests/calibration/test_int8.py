@@ -16,7 +16,7 @@ import pytest
 from onnx import numpy_helper
 from PIL import Image
 
-from tests import toy_models
+from tests.helpers import toy_models
 from trt_pipeline.calibration.cache import load_ranges
 from trt_pipeline.calibration.int8 import (
     CACHE_FOLDER,
@@ -598,7 +598,7 @@ def test_int8_smoke_parity_on_random_inputs_fails_only_on_inf_or_nan(tmp_path):
         check_parity(folder / "model.int8.onnx", folder / "reference.npz", precision="int8")
 
 
-# The times the factory below built its model (tests.test_calibration:counted_cnn).
+# The times the factory below built its model (tests.calibration.test_int8:counted_cnn).
 MODEL_LOADS: list[str] = []
 
 
@@ -613,7 +613,7 @@ def test_the_int8_stage_on_model_ready_rows_does_not_load_the_model(tmp_path: Pa
     the copies of the weights it works on."""
     np.save(tmp_path / "rows.npy", np.random.default_rng(0).normal(size=(16, 3, 16, 16)).astype(np.float32))
     settings = Settings(
-        model="tests.test_calibration:counted_cnn",
+        model="tests.calibration.test_int8:counted_cnn",
         precision="int8",
         calib=str(tmp_path / "rows.npy"),
         batch=BatchProfile(1, 2, 4),

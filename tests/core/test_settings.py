@@ -19,10 +19,10 @@ from trt_pipeline.pipeline.core.settings import DECLARED, DEFAULTS, Settings, de
 from trt_pipeline.pipeline.folder.rebuild import make_engine_command
 from trt_pipeline.pipeline.stages.sequence import reuse_key
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MAKEFILE = (ROOT / "Makefile").read_text()
 SWITCHES = {name for name, default in DEFAULTS.items() if isinstance(default, bool)}
-TINY = "tests.toy_models:tiny_cnn"
+TINY = "tests.helpers.toy_models:tiny_cnn"
 
 
 def _make_list(name: str) -> list[str]:

@@ -6,8 +6,8 @@ images, audio), written per case and given as CALIB, as a user would.  The weigh
 may be refused by the agreement gate (pipeline/stages/parity.py): a refusal is a result, recorded with the gate's
 message; a crash is a bug.
 
-The table for a closing note: `.venv/bin/python -m tests.test_coverage [--out coverage.md]` (model x precision:
-pass/fail, parity numbers, INT8 agreement and Q/DQ counts, seconds); --models and --precisions pick a part.
+The table for a closing note: `.venv/bin/python -m tests.end_to_end.test_coverage [--out coverage.md]` (model x
+precision: pass/fail, parity numbers, INT8 agreement and Q/DQ counts, seconds); --models and --precisions pick a part.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests import toy_models
+from tests.helpers import toy_models
 from trt_pipeline.models import canonical_name
 from trt_pipeline.models.spec import ModelSpec
 from trt_pipeline.pipeline.core.errors import PipelineError
@@ -400,7 +400,7 @@ def run_case(case: Case, precision: str, out_root: Path) -> dict:
     from trt_pipeline.pipeline.stages.sequence import make_engine
 
     settings = Settings(
-        model=f"tests.test_coverage:{case.name}",
+        model=f"tests.end_to_end.test_coverage:{case.name}",
         precision=precision,
         batch=BatchProfile(1, 2, 4),
         out_root=out_root,
@@ -586,7 +586,7 @@ def _skip_without_its_exporter(case: Case) -> None:
 def _int8_params() -> list:
     """The INT8 cases: those in INT8_IN_CI run in CI; the rest are skipped unless COVERAGE_INT8=all."""
     every = os.environ.get("COVERAGE_INT8") == "all"
-    reason = "INT8 beyond the CI subset: COVERAGE_INT8=all, or the table (python -m tests.test_coverage)"
+    reason = "INT8 beyond the CI subset: COVERAGE_INT8=all, or the table (python -m tests.end_to_end.test_coverage)"
     return [
         pytest.param(case, id=case.name, marks=() if every or case.name in INT8_IN_CI else pytest.mark.skip(reason))
         for case in CASES

@@ -1,6 +1,6 @@
 """The README's and docs' commands name what exists: every `make` target and variable is the Makefile's, every
 `trt-pipeline` subcommand and option is the command line's, and every link to a docs page resolves to a file.
-(The README's Python blocks run in tests/test_readme.py.)"""
+(The README's Python blocks run in tests/end_to_end/test_readme.py.)"""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from trt_pipeline.pipeline.cli import build_parser
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 MAKEFILE = (ROOT / "Makefile").read_text()
 # Pages about one subcommand: every --option they name is that subcommand's.

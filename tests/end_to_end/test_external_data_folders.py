@@ -18,7 +18,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.serve_fixtures import served
+from tests.helpers.serve_fixtures import served
 from trt_pipeline.models.spec import ModelSpec
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
@@ -250,7 +250,7 @@ def test_make_accuracy_and_the_bench_read_graphs_with_data_files(external, tmp_p
 
 # --------------------------------------------------------------------------- past 2 GB for real
 
-PAST_2GB = "tests.test_external_data_folders:mlp_past_2gb"
+PAST_2GB = "tests.end_to_end.test_external_data_folders:mlp_past_2gb"
 NEEDED_MEMORY = 12 << 30  # measured peak of make engine at 2.4 GB: 5.1 GB; the runner's 3.8 GB (docs/benchmarks)
 NEEDED_DISK = 12 << 30  # model.onnx.data 2.4 GB, model.fp16.onnx 1.2 GB, engine.plan 1.2 GB, the runner's copy
 

@@ -23,9 +23,9 @@ from trt_pipeline.pipeline.runners import load_runner
 from trt_pipeline.pipeline.stages.check import check_onnx
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = "tests.toy_models:tiny_cnn"
-TEXT = "tests.toy_models:text_classifier"
+ROOT = Path(__file__).resolve().parents[2]
+TINY = "tests.helpers.toy_models:tiny_cnn"
+TEXT = "tests.helpers.toy_models:text_classifier"
 
 
 def settings(tmp_path: Path, **changes) -> Settings:
@@ -180,13 +180,13 @@ def test_make_engine_target(tmp_path):
 
 
 def _scripted_tiny_cnn(path: Path) -> None:
-    from tests.toy_models import tiny_cnn
+    from tests.helpers.toy_models import tiny_cnn
 
     torch.jit.save(torch.jit.script(tiny_cnn().module.eval()), str(path))
 
 
 def _exported_tiny_cnn(path: Path) -> None:
-    from tests.toy_models import tiny_cnn
+    from tests.helpers.toy_models import tiny_cnn
 
     spec = tiny_cnn()
     batch = torch.export.Dim("batch", min=1, max=64)

@@ -36,11 +36,11 @@ from trt_pipeline.pipeline.runners.fastest import find_candidates
 from trt_pipeline.pipeline.runners.onnxruntime import CPU
 from trt_pipeline.pipeline.stages.sequence import make_engine, run_stage
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = "tests.toy_models:tiny_cnn"
-OTHER = "tests.folder_models:other_tiny_cnn"
-GATED = "tests.folder_models:gated_tiny_cnn"
-REBUILD = 'make_engine(Settings(model="tests.toy_models:tiny_cnn", precision="fp32"'  # Python's words
+ROOT = Path(__file__).resolve().parents[2]
+TINY = "tests.helpers.toy_models:tiny_cnn"
+OTHER = "tests.helpers.folder_models:other_tiny_cnn"
+GATED = "tests.helpers.folder_models:gated_tiny_cnn"
+REBUILD = 'make_engine(Settings(model="tests.helpers.toy_models:tiny_cnn", precision="fp32"'  # Python's words
 # model.onnx's record in an fp32 folder's manifest (pipeline.folder.layout).
 FP32_RECORD = {"file": "model.onnx", "precision": "fp32", "target": "engine", "evaluation": "plain"}
 FP32_RECORD |= {"gate": "parity_fp32", "postprocess": "none"}

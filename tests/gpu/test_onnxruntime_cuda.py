@@ -9,8 +9,8 @@ from pathlib import Path
 import onnxruntime as ort
 import pytest
 
-from tests.concurrency import assert_each_thread_gets_its_own_result
-from tests.runner_feeds import assert_close, cnn_batch, text_batch
+from tests.helpers.concurrency import assert_each_thread_gets_its_own_result
+from tests.helpers.runner_feeds import assert_close, cnn_batch, text_batch
 from trt_pipeline.pipeline.core.settings import Settings
 from trt_pipeline.pipeline.folder.graph_io import load_reference
 from trt_pipeline.pipeline.folder.reader import open_folder
@@ -27,7 +27,10 @@ pytestmark = [
     ),
 ]
 
-MODELS = {"tiny_cnn": "tests.toy_models:tiny_cnn", "text_classifier": "tests.toy_models:text_classifier"}
+MODELS = {
+    "tiny_cnn": "tests.helpers.toy_models:tiny_cnn",
+    "text_classifier": "tests.helpers.toy_models:text_classifier",
+}
 CASES = [(model, precision) for model in MODELS for precision in ("fp32", "fp16")]
 
 

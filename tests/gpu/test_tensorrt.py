@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.concurrency import assert_each_thread_gets_its_own_result
-from tests.runner_feeds import assert_close, cnn_batch, text_batch
+from tests.helpers.concurrency import assert_each_thread_gets_its_own_result
+from tests.helpers.runner_feeds import assert_close, cnn_batch, text_batch
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.settings import Settings
 from trt_pipeline.pipeline.core.trt_module import describe_gpu
@@ -25,7 +25,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.engine]
 # An fp32 engine may run its convolutions and matmuls in TF32 (10-bit mantissa), which TensorRT
 # allows by default; ONNX Runtime on the CPU runs true fp32.
 ENGINE_RTOL = 1e-2
-MODELS = {"tiny_cnn": "tests.toy_models:tiny_cnn", "text_classifier": "tests.toy_models:text_classifier"}
+MODELS = {
+    "tiny_cnn": "tests.helpers.toy_models:tiny_cnn",
+    "text_classifier": "tests.helpers.toy_models:text_classifier",
+}
 
 
 def _target_options(folder: Path) -> dict:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tests.toy_models import EXAMPLE_BATCH, _seeded
+from tests.helpers.toy_models import EXAMPLE_BATCH, _seeded
 from trt_pipeline.models.spec import ModelSpec
 
 IMAGE_SIZE = 128

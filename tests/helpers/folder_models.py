@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from tests.toy_models import tiny_cnn
+from tests.helpers.toy_models import tiny_cnn
 from trt_pipeline.models.spec import ModelSpec
 
 GATE_TIMEOUT_S = 120  # only a safety net against a test that never opens the gate

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-TOY = "tests.toy_models"
+TOY = "tests.helpers.toy_models"
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
 from trt_pipeline.pipeline.runners import load_runner
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"  # loopback only, always
 IMAGE_MODEL = "toy_models-tiny_cnn-fp32"
 TEXT_MODEL = "toy_models-text_classifier-fp32"
@@ -49,13 +49,17 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="package")
 def folder(engines: Path) -> Path:
     batch = BatchProfile(1, 8, MAX_BATCH)
-    return make_engine(Settings(model="tests.toy_models:tiny_cnn", precision="fp32", batch=batch, out_root=engines))
+    return make_engine(
+        Settings(model="tests.helpers.toy_models:tiny_cnn", precision="fp32", batch=batch, out_root=engines)
+    )
 
 
 @pytest.fixture(scope="package")
 def text_folder(engines: Path) -> Path:
     batch = BatchProfile(1, 4, TEXT_MAX_BATCH)
-    settings = Settings(model="tests.toy_models:text_classifier", precision="fp32", batch=batch, out_root=engines)
+    settings = Settings(
+        model="tests.helpers.toy_models:text_classifier", precision="fp32", batch=batch, out_root=engines
+    )
     return make_engine(settings)
 
 

@@ -2,7 +2,7 @@
 
 Each runs in milliseconds and is seeded, so two calls give the same weights and inputs.
 Keep names and behaviour stable: other engineers' tests load these as
-`tests.toy_models:<name>` through `models.load_model`.
+`tests.helpers.toy_models:<name>` through `models.load_model`.
 """
 
 from __future__ import annotations

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.model_fixtures import TOY, write_module
+from tests.helpers.model_fixtures import TOY, write_module
 from trt_pipeline.models import load_model
 from trt_pipeline.models.inputs import InputShape, parse_dynamic, parse_input_shape
 from trt_pipeline.models.spec import DynamicAxis
 from trt_pipeline.pipeline.core.errors import PipelineError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_tiny_cnn_factory():

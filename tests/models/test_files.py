@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests import toy_models
+from tests.helpers import toy_models
 from trt_pipeline.models import load_model
 from trt_pipeline.pipeline.core.errors import PipelineError
 
@@ -338,7 +338,7 @@ def test_a_graph_that_crashes_at_every_level_is_a_clear_error_through_the_comman
         import sys
         from trt_pipeline.pipeline import cli
         from trt_pipeline.pipeline.core import sessions
-        from tests.test_models_files import _segfault
+        from tests.models.test_files import _segfault
         real = sessions.level_that_opens
         sessions.level_that_opens = lambda path, open_at, feed=None: real(path, lambda level: _segfault(), feed)
         sys.exit(cli.main(["check", "--model", {str(graph)!r}, "--out", {str(tmp_path / "engines")!r},
@@ -391,12 +391,12 @@ def test_the_level_a_build_fell_back_to_is_recorded_and_the_runner_opens_at_it(t
         import sys
         from trt_pipeline.pipeline import cli
         from trt_pipeline.pipeline.core import sessions
-        from tests.test_models_files import _crash_before
+        from tests.models.test_files import _crash_before
         real = sessions.level_that_opens
         sessions.level_that_opens = lambda path, open_at, feed=None: real(
             path, lambda level: _crash_before(open_at, level), feed
         )
-        sys.exit(cli.main(["engine", "--model", "tests.toy_models:tiny_cnn", "--precision", "fp32",
+        sys.exit(cli.main(["engine", "--model", "tests.helpers.toy_models:tiny_cnn", "--precision", "fp32",
                            "--out", {str(out)!r}, "--batch", "1:2:4"]))
         """
     )
@@ -418,9 +418,9 @@ def test_the_level_a_build_fell_back_to_is_recorded_and_the_runner_opens_at_it(t
 def test_a_static_token_sequence_is_warned_about_with_the_dynamic_that_fixes_it(tmp_path: Path, capsys):
     from trt_pipeline.pipeline.stages.export import export_onnx, static_token_sequences
 
-    dynamic = load_model("tests.toy_models:text_classifier")
+    dynamic = load_model("tests.helpers.toy_models:text_classifier")
     assert static_token_sequences(dynamic) is None  # its sequence axis is declared
-    static = load_model("tests.toy_models:text_classifier", dynamic="none")
+    static = load_model("tests.helpers.toy_models:text_classifier", dynamic="none")
     record = export_onnx(static, tmp_path / "model.onnx")
     printed = capsys.readouterr().out
     # input_ids is an integer token input; the float attention_mask is not

@@ -74,7 +74,7 @@ def tiny_roberta():
     return transformers.RobertaModel(config)
 
 
-# Factories as users write them (MODEL=tests.test_hf_models:<name>); the vocabulary goes in a temporary folder.
+# Factories as users write them (MODEL=tests.models.test_huggingface:<name>); the vocabulary goes in a temporary folder.
 _VOCABULARY_DIR: list[Path] = []
 
 
@@ -124,7 +124,7 @@ def vocabulary(tmp_path: Path):
 
 
 def test_bert_with_the_tokenizers_dict_is_bound_by_keyword_with_named_outputs_and_a_dynamic_sequence():
-    spec = models.load_model("tests.test_hf_models:bert_with_tokenizer")
+    spec = models.load_model("tests.models.test_huggingface:bert_with_tokenizer")
     assert isinstance(spec.module, HuggingFaceModule)
     assert list(spec.example_inputs) == ["input_ids", "attention_mask", "token_type_ids"]  # forward()'s order
     assert spec.output_names == ["last_hidden_state", "pooler_output"]
@@ -147,7 +147,7 @@ def test_bert_with_the_tokenizers_dict_is_bound_by_keyword_with_named_outputs_an
 @pytest.mark.parametrize("factory", ["bert_with_tokenizer", "llama_one_row"])
 def test_the_dynamo_exporter_takes_hugging_face_models_as_users_hand_them(factory: str, tmp_path: Path):
     pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript (the build extra)")
-    settings = Settings(model=f"tests.test_hf_models:{factory}", exporter="dynamo", out_root=tmp_path)
+    settings = Settings(model=f"tests.models.test_huggingface:{factory}", exporter="dynamo", out_root=tmp_path)
     for stage in ("export", "check", "simplify", "parity"):
         folder = run_stage(settings, stage)
     manifest = json.loads((folder / "manifest.json").read_text())
@@ -156,29 +156,29 @@ def test_the_dynamo_exporter_takes_hugging_face_models_as_users_hand_them(factor
 
 
 def test_gpt2_with_a_dict_runs_without_its_cache():
-    spec = models.load_model("tests.test_hf_models:gpt2_with_dict")
+    spec = models.load_model("tests.models.test_huggingface:gpt2_with_dict")
     assert spec.output_names == ["last_hidden_state"]  # past_key_values is off, not an output
     assert spec.module.extra_arguments == {"use_cache": False}
 
 
 def test_dynamic_replaces_the_default_sequence_axis_and_none_keeps_it_static():
-    static = models.load_model("tests.test_hf_models:bert_with_tokenizer", dynamic="none")
+    static = models.load_model("tests.models.test_huggingface:bert_with_tokenizer", dynamic="none")
     assert static.dynamic_axes == {}
-    custom = models.load_model("tests.test_hf_models:bert_with_tokenizer", dynamic="input_ids:1=4:8:16")
+    custom = models.load_model("tests.models.test_huggingface:bert_with_tokenizer", dynamic="input_ids:1=4:8:16")
     assert list(custom.dynamic_axes) == ["input_ids"]
     assert custom.dynamic_axes["input_ids"][1].max == 16
 
 
 def test_tokenizer_output_without_tensors_is_a_clear_error():
     with pytest.raises(PipelineError) as error:
-        models.load_model("tests.test_hf_models:bert_with_lists")
+        models.load_model("tests.models.test_huggingface:bert_with_lists")
     assert "BatchEncoding of list" in error.value.problem
     assert "return_tensors='pt'" in (error.value.fix or "")
 
 
 def test_an_input_forward_does_not_take_is_refused():
     with pytest.raises(PipelineError) as error:
-        models.load_model("tests.test_hf_models:bert_with_wrong_name")
+        models.load_model("tests.models.test_huggingface:bert_with_wrong_name")
     assert "['ids']" in error.value.problem and "BertModel.forward" in error.value.problem
 
 
@@ -191,7 +191,7 @@ def test_an_input_forward_does_not_take_is_refused():
     ],
 )
 def test_the_default_sequence_range_ends_at_the_longest_sequence_the_model_embeds(factory: str, longest: int):
-    spec = models.load_model(f"tests.test_hf_models:{factory}")
+    spec = models.load_model(f"tests.models.test_huggingface:{factory}")
     assert {axes[1].max for axes in spec.dynamic_axes.values()} == {longest}
     model = spec.module.model.eval()
 
@@ -221,7 +221,7 @@ def test_a_folders_tokenizer_config_bounds_the_sequence_range_and_is_in_the_fing
 @pytest.mark.slow
 def test_bert_from_the_tokenizers_dict_builds_an_fp16_engine(tmp_path: Path):
     settings = Settings(
-        model="tests.test_hf_models:bert_with_tokenizer",
+        model="tests.models.test_huggingface:bert_with_tokenizer",
         precision="fp16",
         batch=BatchProfile(1, 2, 4),
         out_root=tmp_path / "engines",
@@ -238,23 +238,23 @@ def test_bert_from_the_tokenizers_dict_builds_an_fp16_engine(tmp_path: Path):
     assert manifest["parity_fp16"]["max_rel"] < 3e-2
 
 
-# The transformers architectures tests/test_coverage.py covers (its CASES give some a DYNAMIC=), and RoBERTa: the
-# longest sequence each takes by default (None: no token input, so no sequence axis).
+# The transformers architectures tests/end_to_end/test_coverage.py covers (its CASES give some a DYNAMIC=), and RoBERTa:
+# the longest sequence each takes by default (None: no token input, so no sequence axis).
 DEFAULT_SEQUENCES = {
-    "tests.test_coverage:bert": 32,
-    "tests.test_coverage:distilbert": 32,
-    "tests.test_coverage:gpt2": 32,
-    "tests.test_coverage:t5_encoder": 512,  # relative positions: no limit in the config, the default's 512
-    "tests.test_coverage:bart": 32,
-    "tests.test_coverage:llama": 32,
-    "tests.test_hf_models:roberta_as_loaded": ROBERTA_POSITIONS - 2,
-    "tests.test_coverage:vit": None,
-    "tests.test_coverage:swin": None,
-    "tests.test_coverage:beit": None,
-    "tests.test_coverage:segformer": None,
-    "tests.test_coverage:wav2vec2": None,
-    "tests.test_coverage:hubert": None,
-    "tests.test_coverage:whisper_encoder": None,
+    "tests.end_to_end.test_coverage:bert": 32,
+    "tests.end_to_end.test_coverage:distilbert": 32,
+    "tests.end_to_end.test_coverage:gpt2": 32,
+    "tests.end_to_end.test_coverage:t5_encoder": 512,  # relative positions: no limit in the config, the default's 512
+    "tests.end_to_end.test_coverage:bart": 32,
+    "tests.end_to_end.test_coverage:llama": 32,
+    "tests.models.test_huggingface:roberta_as_loaded": ROBERTA_POSITIONS - 2,
+    "tests.end_to_end.test_coverage:vit": None,
+    "tests.end_to_end.test_coverage:swin": None,
+    "tests.end_to_end.test_coverage:beit": None,
+    "tests.end_to_end.test_coverage:segformer": None,
+    "tests.end_to_end.test_coverage:wav2vec2": None,
+    "tests.end_to_end.test_coverage:hubert": None,
+    "tests.end_to_end.test_coverage:whisper_encoder": None,
 }
 
 
@@ -321,7 +321,7 @@ def test_a_folder_without_weights_or_config_names_the_form(tmp_path: Path):
 
 def test_hidden_states_a_tuple_in_the_output_are_outputs_named_by_their_place(vocabulary):
     """ModelOutput.hidden_states is a tuple (embeddings, then each layer): each is an output, hidden_states.<i>."""
-    spec = models.load_model("tests.test_hf_models:bert_with_hidden_states")
+    spec = models.load_model("tests.models.test_huggingface:bert_with_hidden_states")
     layers = [f"hidden_states.{i}" for i in range(3)]  # the embeddings and 2 layers
     assert spec.output_names == ["last_hidden_state", "pooler_output", *layers]
     with torch.inference_mode():

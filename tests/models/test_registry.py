@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests import toy_models
-from tests.model_fixtures import TOY, write_module
+from tests.helpers import toy_models
+from tests.helpers.model_fixtures import TOY, write_module
 from trt_pipeline.models import canonical_name, known_models, load_model
 from trt_pipeline.models.registry import ALIASES, REGISTRY
 from trt_pipeline.models.resnet import RANDOM_INIT_NOTE, build_resnet
@@ -46,7 +46,7 @@ def test_canonical_names(tmp_path: Path):
     checkpoint.write_bytes(b"not read by canonical_name")
     assert canonical_name("resnet") == "resnet50"
     assert canonical_name("ResNet18") == "resnet18"
-    assert canonical_name("tests.toy_models:tiny_cnn") == "toy_models-tiny_cnn"
+    assert canonical_name("tests.helpers.toy_models:tiny_cnn") == "toy_models-tiny_cnn"
     assert canonical_name("pkg.sub.nets:Zoo.make") == "nets-Zoo.make"
     assert canonical_name(str(checkpoint)) == "my_net.v2"
 

@@ -15,7 +15,7 @@ import pytest
 from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Runs in a fresh interpreter where the GPU-only packages cannot be imported at all.
 BARE_IMPORT = textwrap.dedent(
@@ -74,7 +74,9 @@ RUNTIME = textwrap.dedent(
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("engines")
-    settings = Settings(model="tests.toy_models:tiny_cnn", precision="fp32", batch=BatchProfile(1, 2, 4), out_root=out)
+    settings = Settings(
+        model="tests.helpers.toy_models:tiny_cnn", precision="fp32", batch=BatchProfile(1, 2, 4), out_root=out
+    )
     return make_engine(settings)
 
 

@@ -14,7 +14,7 @@ import trt_pipeline
 from trt_pipeline.pipeline.cli import main
 from trt_pipeline.pipeline.core.extras import EXTRA_OF_MODULE, missing_module_error, requirements
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_version_is_the_installed_distribution(capsys):

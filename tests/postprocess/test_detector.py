@@ -1,5 +1,6 @@
-"""A YOLO-style detector as users bring one (tests/detector_models.py), exported and simplified by the pipeline's
-stages, with NMS appended: its detections through ONNX Runtime are the PyTorch model's head through the reference NMS.
+"""A YOLO-style detector as users bring one (tests/helpers/detector_models.py), exported and simplified by the
+pipeline's stages, with NMS appended: its detections through ONNX Runtime are the PyTorch model's head through the
+reference NMS.
 
 The images are scenes of flat-coloured squares on a dark background (what the random-weight detector answers
 with clusters of overlapping boxes), a blank image (no detection) and a busy one (more than K).
@@ -13,8 +14,8 @@ import onnx
 import pytest
 import torch
 
-from tests.detector_models import ANCHORS, CLASSES, IMAGE_SIZE, scenes, yolo_detector
-from tests.test_nms import assert_same_detections
+from tests.helpers.detections import assert_same_detections
+from tests.helpers.detector_models import ANCHORS, CLASSES, IMAGE_SIZE, scenes, yolo_detector
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.postprocess.nms import NmsConfig, reference_nms
 from trt_pipeline.pipeline.postprocess.nms_graph import append_nms

@@ -15,6 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from tests.helpers.detections import assert_same_detections
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.postprocess.nms import OUTPUTS, NmsConfig, decode, overlaps, reference_nms
@@ -137,19 +138,6 @@ def sessions() -> dict:
 
 def run(session, head: np.ndarray) -> dict[str, np.ndarray]:
     return dict(zip([o.name for o in session.get_outputs()], session.run(None, {"x": head}), strict=True))
-
-
-def assert_same_detections(
-    actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], box_atol: float = 1e-6, score_atol: float = 1e-7
-) -> None:
-    """Same count, classes and dtypes; boxes and scores within the tolerances (the same head: to the rounding)."""
-    assert list(actual) == list(OUTPUTS)
-    np.testing.assert_array_equal(actual["count"], expected["count"])
-    np.testing.assert_array_equal(actual["classes"], expected["classes"])
-    np.testing.assert_allclose(actual["boxes"], expected["boxes"], rtol=1e-6, atol=box_atol)
-    np.testing.assert_allclose(actual["scores"], expected["scores"], rtol=1e-6, atol=score_atol)
-    for name in OUTPUTS:
-        assert actual[name].dtype == expected[name].dtype, name
 
 
 @pytest.mark.parametrize("batch", [1, 4, 13])

@@ -74,7 +74,15 @@ def test_unlabelled_model_is_compared_with_fp32_on_calib(tmp_path, capsys):
     """A model with no labelled set: agreement and cosine vs FP32 on CALIB, through the command line."""
     calib = tmp_path / "calib.npy"
     np.save(calib, np.random.default_rng(0).standard_normal((48, 3, 16, 16), dtype=np.float32))
-    argv = ["accuracy", "--model", "tests.toy_models:tiny_cnn", "--calib", str(calib), "--methods", "max,percentile"]
+    argv = [
+        "accuracy",
+        "--model",
+        "tests.helpers.toy_models:tiny_cnn",
+        "--calib",
+        str(calib),
+        "--methods",
+        "max,percentile",
+    ]
     assert cli.main([*argv, "--out", str(tmp_path / "engines")]) == 0
     report = json.loads((tmp_path / "engines" / "toy_models-tiny_cnn-fp32" / "accuracy.json").read_text())
     int8 = {"int8-max", "int8-percentile", "int8-max-ort", "int8-percentile-ort"}
@@ -102,7 +110,7 @@ def test_unlabelled_model_is_compared_with_fp32_on_calib(tmp_path, capsys):
 
 
 def test_unlabelled_model_without_calib_is_a_clear_error(tmp_path, capsys):
-    argv = ["accuracy", "--model", "tests.toy_models:tiny_cnn", "--out", str(tmp_path)]
+    argv = ["accuracy", "--model", "tests.helpers.toy_models:tiny_cnn", "--out", str(tmp_path)]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "has no labelled held-out set" in err and "--calib" in err  # the command line's terms (make's under make)

@@ -23,7 +23,7 @@ from trt_pipeline.pipeline.runners.fastest import _first_served, find_candidates
 from trt_pipeline.pipeline.runners.onnxruntime import CPU
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
-TINY = "tests.toy_models:tiny_cnn"
+TINY = "tests.helpers.toy_models:tiny_cnn"
 
 
 def _build(root: Path, model: str = TINY, **settings) -> Path:

@@ -1,6 +1,6 @@
 """backend="onnxruntime-cuda" without a GPU: its IO binding, pool and checks run here on ONNX Runtime's CPU provider
 (device="cpu": the same code, the placement a parameter), a host without the CUDA provider is refused with the fix,
-and auto lists CUDA candidates only where the provider runs.  On a GPU: tests/test_runner_onnxruntime_cuda_gpu.py."""
+and auto lists CUDA candidates only where the provider runs.  On a GPU: tests/gpu/test_onnxruntime_cuda.py."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from tests.concurrency import assert_each_thread_gets_its_own_result
-from tests.test_runners import _cnn_batch, _text_batch
+from tests.helpers.concurrency import assert_each_thread_gets_its_own_result
+from tests.helpers.runner_feeds import cnn_batch, text_batch
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.folder.layout import graph_record
 from trt_pipeline.pipeline.folder.reader import open_folder
@@ -18,8 +18,7 @@ from trt_pipeline.pipeline.runners.fastest import Candidate, find_candidates, ho
 from trt_pipeline.pipeline.runners.onnxruntime import CPU, CUDA
 from trt_pipeline.pipeline.runners.onnxruntime_cuda import OnnxRuntimeCudaRunner
 
-# `folders` (fp32 tiny_cnn and text_classifier), `fp16_folder` and `int8_folder` come from tests/test_runners.py.
-pytest_plugins = ["tests.test_runners"]
+# `folders` (fp32 tiny_cnn and text_classifier), `fp16_folder` and `int8_folder`: tests/helpers/runner_folders.py.
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +36,8 @@ def bound(folders):
 
 def _feeds(model: str) -> list[dict[str, np.ndarray]]:
     if model == "tiny_cnn":
-        return [_cnn_batch(1), _cnn_batch(32, seed=2), _cnn_batch(70, seed=3)]  # 70: chunked into 32 + 32 + 6
-    return [_text_batch(1, seq=1), _text_batch(5, seq=64, seed=4), _text_batch(40, seq=7, seed=5)]
+        return [cnn_batch(1), cnn_batch(32, seed=2), cnn_batch(70, seed=3)]  # 70: chunked into 32 + 32 + 6
+    return [text_batch(1, seq=1), text_batch(5, seq=64, seed=4), text_batch(40, seq=7, seed=5)]
 
 
 @pytest.mark.parametrize("model", ["tiny_cnn", "text_classifier"])
@@ -77,7 +76,7 @@ def test_a_strided_input_is_copied_into_the_buffer(bound):
 
 def test_infer_on_device_binds_the_callers_arrays_in_place(bound):
     runner, plain = bound["text_classifier"]
-    feed = _text_batch(6, seq=9, seed=7)
+    feed = text_batch(6, seq=9, seed=7)
     outputs = {"logits": np.full((6, 4), np.nan, np.float32), "tokens": np.full((6, 9, 8), np.nan, np.float32)}
     returned = runner.infer_on_device(feed, outputs)
     assert returned is outputs
@@ -87,7 +86,7 @@ def test_infer_on_device_binds_the_callers_arrays_in_place(bound):
     with pytest.raises(PipelineError, match=r"output tensor 'tokens' is float32 \(6, 8, 8\), this call writes"):
         runner.infer_on_device(feed, {**outputs, "tokens": np.empty((6, 8, 8), np.float32)})
     with pytest.raises(PipelineError, match="more than the profile's max batch 32"):
-        runner.infer_on_device(_text_batch(33, seq=2), outputs)
+        runner.infer_on_device(text_batch(33, seq=2), outputs)
     # Bound in place, so a strided array would be read as if contiguous: refused (infer() copies it instead).
     with pytest.raises(PipelineError, match="tensor 'input_ids' is not contiguous"):
         runner.infer_on_device({**feed, "input_ids": np.asfortranarray(feed["input_ids"])}, outputs)
@@ -98,7 +97,7 @@ def test_each_call_reads_and_writes_its_own_arrays_though_bindings_are_kept(boun
     (in place, as infer_on_device binds them) must still read and write those arrays, and a call back on the
     first ones too (one session, so every call goes through the same binding)."""
     plain = bound["tiny_cnn"][1]
-    feeds = [_cnn_batch(3, seed=8), _cnn_batch(3, seed=9)]
+    feeds = [cnn_batch(3, seed=8), cnn_batch(3, seed=9)]
     outputs = [{"logits": np.empty((3, 10), np.float32)} for _ in feeds]
     with load_runner(folders["tiny_cnn"], "onnxruntime-cuda", device="cpu", sessions=1) as runner:
         for feed, written in [*zip(feeds, outputs, strict=True), (feeds[0], outputs[0])]:
@@ -109,7 +108,7 @@ def test_each_call_reads_and_writes_its_own_arrays_though_bindings_are_kept(boun
 
 def test_the_pool_gives_each_thread_its_own_result(bound):
     runner, _ = bound["text_classifier"]
-    feeds = [_text_batch(1 + t % 7, seq=3 + t, seed=t) for t in range(8)]
+    feeds = [text_batch(1 + t % 7, seq=3 + t, seed=t) for t in range(8)]
     assert_each_thread_gets_its_own_result(runner, feeds, calls=10)
 
 
@@ -121,7 +120,7 @@ def test_inputs_are_checked_and_a_closed_runner_refuses(folders):
         runner.infer({"input": np.zeros((2, 3, 16, 15), np.float32)})
     runner.close()
     with pytest.raises(PipelineError, match="this runner was closed"):
-        runner.infer(_cnn_batch(1))
+        runner.infer(cnn_batch(1))
 
 
 def test_bad_options_are_refused(folders):

@@ -10,18 +10,18 @@ import os
 import re
 import shutil
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.concurrency import assert_each_thread_gets_its_own_result
+from tests.helpers.concurrency import assert_each_thread_gets_its_own_result
+from tests.helpers.runner_feeds import cnn_batch, text_batch
+from tests.helpers.runner_folders import MODELS
 from trt_pipeline.pipeline.core.compare import compare_outputs
 from trt_pipeline.pipeline.core.cpu import int8_cpu_kind
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
-from trt_pipeline.pipeline.core.settings import Settings
 from trt_pipeline.pipeline.core.trt_module import gpu_present
 from trt_pipeline.pipeline.folder.graph_io import load_reference
 from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, SERVED_CHOICE, graph_record
@@ -32,21 +32,9 @@ from trt_pipeline.pipeline.runners import fastest, load_runner
 from trt_pipeline.pipeline.runners.device_memory import available_layers, open_device_memory
 from trt_pipeline.pipeline.runners.fastest import Candidate, ranked
 from trt_pipeline.pipeline.runners.tensorrt import built_for, check_gpu_target
-from trt_pipeline.pipeline.stages.sequence import make_engine
 
 FP32_RTOL = 1e-4  # same graph, same inputs: only float reassociation between PyTorch and ONNX Runtime
 BACKENDS = ("onnxruntime", "torch")
-MODELS = {"tiny_cnn": "tests.toy_models:tiny_cnn", "text_classifier": "tests.toy_models:text_classifier"}
-
-
-@pytest.fixture(scope="session")
-def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """fp32 artifact folders (ONNX, reference.npz, engine.plan built ahead of time by tensorrt_rtx)."""
-    root = tmp_path_factory.mktemp("engines")
-    return {
-        name: make_engine(Settings(model=model, precision="fp32", out_root=root, builder="tensorrt_rtx"))
-        for name, model in MODELS.items()
-    }
 
 
 @pytest.fixture(scope="session")
@@ -69,16 +57,6 @@ def _edit_manifest(folder: Path, edit) -> None:
     path.write_text(json.dumps(manifest))
 
 
-def _cnn_batch(rows: int, seed: int = 0) -> dict[str, np.ndarray]:
-    return {"input": np.random.default_rng(seed).standard_normal((rows, 3, 16, 16), dtype=np.float32)}
-
-
-def _text_batch(rows: int, seq: int = 12, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    mask = (rng.random((rows, seq)) > 0.2).astype(np.float32)
-    return {"input_ids": rng.integers(0, 100, (rows, seq), dtype=np.int64), "attention_mask": mask}
-
-
 # --------------------------------------------------------------------------- results
 
 
@@ -95,7 +73,7 @@ def test_runner_matches_pytorch_reference(runners, folders, model, backend):
 
 @pytest.mark.parametrize("model", MODELS)
 def test_onnxruntime_and_torch_runners_agree(runners, model):
-    feeds = [_cnn_batch(5, seed=3)] if model == "tiny_cnn" else [_text_batch(5, seq=3, seed=3), _text_batch(7, 64)]
+    feeds = [cnn_batch(5, seed=3)] if model == "tiny_cnn" else [text_batch(5, seq=3, seed=3), text_batch(7, 64)]
     for feed in feeds:
         ort_out, torch_out = runners[model, "onnxruntime"].infer(feed), runners[model, "torch"].infer(feed)
         assert set(ort_out) == {spec.name for spec in runners[model, "onnxruntime"].outputs}
@@ -148,11 +126,11 @@ def test_onnxruntime_runner_runs_the_manifest_graph(folders, tmp_path):
     _edit_manifest(folder, lambda m: m.update(graphs=graphs, artifacts={**m["artifacts"], **renamed}))
     with load_runner(folder, "onnxruntime") as runner:
         assert "renamed.onnx" in runner.description
-        assert runner.infer(_cnn_batch(2))["logits"].shape == (2, 10)
+        assert runner.infer(cnn_batch(2))["logits"].shape == (2, 10)
     (folder / "renamed.onnx").unlink()
     with pytest.raises(PipelineError, match="renamed.onnx is missing") as caught:
         load_runner(folder, "onnxruntime")
-    assert 'make_engine(Settings(model="tests.toy_models:tiny_cnn", precision="fp32"' in str(caught.value.fix)
+    assert 'make_engine(Settings(model="tests.helpers.toy_models:tiny_cnn", precision="fp32"' in str(caught.value.fix)
     _edit_manifest(folder, lambda m: m.update(graphs=[{**graph, "file": "gone.onnx"} for graph in graphs]))
     with pytest.raises(PipelineError, match="names gone.onnx as its graph but records no sha256"):
         load_runner(folder, "onnxruntime")
@@ -166,7 +144,7 @@ def test_a_graph_onnxruntime_refuses_is_a_clear_error(folders, tmp_path):
     _edit_manifest(folder, lambda m: m.update(artifacts={**m["artifacts"], **recorded}))
     with pytest.raises(PipelineError, match="ONNX Runtime cannot load .*model.onnx: InvalidProtobuf") as caught:
         load_runner(folder, "onnxruntime")
-    assert 'make_engine(Settings(model="tests.toy_models:tiny_cnn"' in str(caught.value.fix)
+    assert 'make_engine(Settings(model="tests.helpers.toy_models:tiny_cnn"' in str(caught.value.fix)
 
 
 def _truncate(graph: Path, other: Path) -> None:
@@ -226,20 +204,13 @@ def test_a_manifest_that_does_not_describe_its_graph_is_refused_at_load(folders,
     with pytest.raises(PipelineError, match=re.escape(disagreement)) as caught:
         load_runner(folder, backend, **options)
     assert "does not describe its graph model.onnx" in caught.value.problem
-    assert caught.value.fix.startswith('rebuild the folder: make_engine(Settings(model="tests.toy_models:tiny_cnn"')
-
-
-@pytest.fixture(scope="session")
-def int8_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tiny_cnn calibrated on 32 random images: model.int8.onnx (TensorRT) and the graphs for ORT's CPU kernels."""
-    root = tmp_path_factory.mktemp("int8")
-    np.save(root / "calib.npy", _cnn_batch(32, seed=1)["input"])
-    settings = Settings(model=MODELS["tiny_cnn"], precision="int8", out_root=root, calib=root / "calib.npy")
-    return make_engine(replace(settings, calib_samples=32, calib_batch=16))
+    assert caught.value.fix.startswith(
+        'rebuild the folder: make_engine(Settings(model="tests.helpers.toy_models:tiny_cnn"'
+    )
 
 
 def test_int8_folder_on_the_cpu_runs_the_graph_shaped_for_it(int8_folder):
-    feed = _cnn_batch(4, seed=5)
+    feed = cnn_batch(4, seed=5)
     with load_runner(int8_folder, "onnxruntime", providers=["CPUExecutionProvider"]) as runner:
         graph = graph_record(
             "int8", CPU_TARGETS[int8_cpu_kind()]
@@ -258,13 +229,6 @@ def test_int8_folder_on_the_cpu_runs_the_graph_shaped_for_it(int8_folder):
     np.testing.assert_array_equal(tensorrt_shaped, simulated)
     # Two quantizations of one model from the same ranges: close, not equal (uint8 vs int8 weights, fused kernels).
     assert compare_outputs({"logits": tensorrt_shaped}, {"logits": cpu_logits}, rtol=0.2)["logits"].ok
-
-
-@pytest.fixture(scope="session")
-def fp16_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tiny_cnn in FP16: model.fp16.onnx beside model.onnx, both past their gates."""
-    root = tmp_path_factory.mktemp("fp16")
-    return make_engine(Settings(model=MODELS["tiny_cnn"], precision="fp16", out_root=root, builder="tensorrt_rtx"))
 
 
 def _served_record(folder: Path) -> dict:
@@ -320,7 +284,7 @@ def test_auto_serves_the_fastest_graph_the_folder_promises_the_accuracy_of(
         # TensorRT-shaped INT8 graph is not timed on the CPU where the graph for its kernels exists.
         assert set(record["key"]["graphs"]) == expected
         _assert_serves_the_fastest_measured(runner, record)
-        assert runner.infer(_cnn_batch(2))["logits"].shape == (2, 10)
+        assert runner.infer(cnn_batch(2))["logits"].shape == (2, 10)
 
 
 def test_a_candidate_far_behind_at_a_batch_is_not_timed_at_the_next(fp16_folder, tmp_path, monkeypatch):
@@ -438,7 +402,7 @@ def test_a_measurement_cache_that_does_not_validate_is_measured_again_and_rewrit
             runner.description
         )
         assert problem in runner.description
-        assert runner.infer(_cnn_batch(2))["logits"].shape == (2, 10)
+        assert runner.infer(cnn_batch(2))["logits"].shape == (2, 10)
     again = _served_record(folder)
     assert all(isinstance(ms, float) for medians in again["ms"].values() for ms in medians.values())
     with load_runner(folder) as runner:  # the rewritten cache serves the next load
@@ -469,7 +433,7 @@ def test_explicit_graph_or_backend_skips_the_measurement(fp16_folder, tmp_path):
 def test_graph_option_picks_a_file_of_the_folder_and_refuses_others(folders):
     with load_runner(folders["tiny_cnn"], "onnxruntime", graph="model.onnx") as runner:
         assert runner.graph == "model.onnx"
-        assert runner.infer(_cnn_batch(2))["logits"].shape == (2, 10)
+        assert runner.infer(cnn_batch(2))["logits"].shape == (2, 10)
     for other in ("../model.onnx", "model.fp16.onnx", "reference.npz"):
         with pytest.raises(PipelineError, match=f"graph='{re.escape(other)}' is not one of the graphs") as caught:
             load_runner(folders["tiny_cnn"], "onnxruntime", graph=other)
@@ -477,7 +441,7 @@ def test_graph_option_picks_a_file_of_the_folder_and_refuses_others(folders):
 
 
 def test_thread_and_spinning_options_reach_the_session(folders, runners):
-    feed = _cnn_batch(3, seed=9)
+    feed = cnn_batch(3, seed=9)
     with load_runner(folders["tiny_cnn"], "onnxruntime", intra_op_threads=1, allow_spinning=False) as runner:
         options = runner.session.get_session_options()
         assert options.intra_op_num_threads == 1
@@ -544,25 +508,25 @@ def test_the_torch_runner_refuses_a_cuda_device_it_has_not_before_loading_the_mo
 BAD_FEEDS = {
     "missing": ({"attention_mask": np.ones((2, 12), np.float32)}, r"missing \['input_ids'\]"),
     "unexpected": (
-        {**_text_batch(2), "extra": np.zeros(2, np.float32)},
+        {**text_batch(2), "extra": np.zeros(2, np.float32)},
         r"unexpected \['extra'\]",
     ),
     "dtype": (
-        {**_text_batch(2), "attention_mask": np.ones((2, 12), np.float64)},
+        {**text_batch(2), "attention_mask": np.ones((2, 12), np.float64)},
         "input 'attention_mask' has dtype float64, expected float32",
     ),
     "rank": (
-        {**_text_batch(2), "input_ids": np.zeros((2, 12, 1), np.int64)},
+        {**text_batch(2), "input_ids": np.zeros((2, 12, 1), np.int64)},
         r"input 'input_ids' has shape \(2, 12, 1\), expected \(-1, -1\)",
     ),
     "batch": (
-        {**_text_batch(2), "attention_mask": np.ones((3, 12), np.float32)},
+        {**text_batch(2), "attention_mask": np.ones((3, 12), np.float32)},
         "input 'attention_mask' has batch 3 but 'input_ids' has batch 2",
     ),
-    "range": (_text_batch(2, seq=65), r"size 65 on axis 1, outside the range \[1, 64\]"),
-    "type": ({**_text_batch(2), "input_ids": [[1, 2]]}, "input 'input_ids' is a list, expected a numpy array"),
-    "empty": (_text_batch(0), "empty batch"),
-    "an array, not a dict": (_text_batch(2)["input_ids"], "the inputs are a ndarray, not a dict of input name"),
+    "range": (text_batch(2, seq=65), r"size 65 on axis 1, outside the range \[1, 64\]"),
+    "type": ({**text_batch(2), "input_ids": [[1, 2]]}, "input 'input_ids' is a list, expected a numpy array"),
+    "empty": (text_batch(0), "empty batch"),
+    "an array, not a dict": (text_batch(2)["input_ids"], "the inputs are a ndarray, not a dict of input name"),
 }
 
 
@@ -581,14 +545,14 @@ def test_a_closed_runner_refuses_every_call(folders, backend):
     runner.close()
     runner.close()  # closing twice is harmless
     with pytest.raises(PipelineError, match="this runner was closed") as caught:
-        runner.infer(_cnn_batch(1))
+        runner.infer(cnn_batch(1))
     assert "load_runner" in str(caught.value.fix)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_nan_and_inf_pass_through_as_sent(runners, backend):
     # The policy every front end shares (README, "Serving"): inputs are not scanned for NaN or inf.
-    feed = _cnn_batch(2)
+    feed = cnn_batch(2)
     feed["input"][0, 0, 0, :3] = [np.nan, np.inf, -np.inf]
     logits = runners["tiny_cnn", backend].infer(feed)["logits"]
     assert np.isnan(logits[0]).all() and np.isfinite(logits[1]).all()
@@ -606,7 +570,7 @@ def test_fixed_dim_mismatch_names_expected_and_got(runners):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_batch_above_max_is_chunked(runners, folders, backend):
     runner = runners["tiny_cnn", backend]
-    feed = _cnn_batch(2 * runner.max_batch + 6, seed=7)
+    feed = cnn_batch(2 * runner.max_batch + 6, seed=7)
     session = onnxruntime_session(folders["tiny_cnn"] / "model.onnx")
     (expected,) = session.run(["logits"], feed)  # one bare call on all 70 rows
     logits = runner.infer(feed)["logits"]
@@ -616,9 +580,9 @@ def test_batch_above_max_is_chunked(runners, folders, backend):
 
 def test_batch_above_max_can_raise_instead(folders):
     with load_runner(folders["tiny_cnn"], "onnxruntime", split_large_batches=False) as runner:
-        assert runner.infer(_cnn_batch(32))["logits"].shape == (32, 10)
+        assert runner.infer(cnn_batch(32))["logits"].shape == (32, 10)
         with pytest.raises(PipelineError, match="batch of 33 rows is larger than the profile's max batch 32"):
-            runner.infer(_cnn_batch(33))
+            runner.infer(cnn_batch(33))
 
 
 # --------------------------------------------------------------------------- threads
@@ -628,7 +592,7 @@ def test_batch_above_max_can_raise_instead(folders):
 def test_concurrent_calls_each_get_their_own_result(runners, backend):
     runner = runners["text_classifier", backend]
     # Different batch sizes and sequence lengths per thread, so a mix-up cannot go unnoticed.
-    feeds = [_text_batch(1 + t % 5, seq=4 + t, seed=t) for t in range(16)]
+    feeds = [text_batch(1 + t % 5, seq=4 + t, seed=t) for t in range(16)]
     assert_each_thread_gets_its_own_result(runner, feeds)
 
 
@@ -654,7 +618,7 @@ def test_engine_runner_refuses_a_corrupted_or_truncated_plan(folders, tmp_path):
         (folder / "engine.plan").write_bytes(broken)
         with pytest.raises(PipelineError, match="truncated, corrupted or replaced") as caught:
             load_runner(folder, "tensorrt")
-        assert 'make_engine(Settings(model="tests.toy_models:tiny_cnn", precision="fp32"' in str(caught.value)
+        assert 'make_engine(Settings(model="tests.helpers.toy_models:tiny_cnn", precision="fp32"' in str(caught.value)
     (folder / "engine.plan").unlink()
     with pytest.raises(PipelineError, match="engine.plan is missing"):
         load_runner(folder, "tensorrt")
@@ -669,7 +633,7 @@ def test_engine_runner_refuses_an_engine_from_another_tensorrt(folders, tmp_path
         load_runner(folder, "tensorrt")
     built_in = folders["tiny_cnn"].parent  # the hint rebuilds where the settings put it
     rebuild = (
-        'make_engine(Settings(model="tests.toy_models:tiny_cnn", precision="fp32", builder="tensorrt_rtx", '
+        'make_engine(Settings(model="tests.helpers.toy_models:tiny_cnn", precision="fp32", builder="tensorrt_rtx", '
         f'out_root="{built_in}", force=True))'
     )
     assert rebuild in str(e.value)

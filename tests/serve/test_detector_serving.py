@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.detector_models import scenes
-from tests.serve_fixtures import FORMS, Server, client, infer_input, served
-from tests.test_nms import assert_same_detections
+from tests.helpers.detections import assert_same_detections
+from tests.helpers.detector_models import scenes
+from tests.helpers.serve_fixtures import FORMS, Server, client, infer_input, served
 from trt_pipeline import load_runner
 from trt_pipeline.pipeline.cli import main as cli_main
 from trt_pipeline.pipeline.core.settings import Settings
@@ -26,7 +26,7 @@ from trt_pipeline.pipeline.postprocess.nms import OUTPUTS
 from trt_pipeline.pipeline.stages.sequence import make_engine
 from trt_pipeline.pipeline.triton.server import running_triton, startup_problem
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NAME = "detector_models-yolo_detector-fp16"  # <model>-<precision>, as serve and the repository name it
 DATATYPES = {"boxes": "FP32", "scores": "FP32", "classes": "INT32", "count": "INT32"}
 pytestmark = pytest.mark.slow
@@ -38,7 +38,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("detector")
     np.save(root / "scenes.npy", scenes(96, seed=1).numpy())
     settings = Settings(
-        model="tests.detector_models:yolo_detector",
+        model="tests.helpers.detector_models:yolo_detector",
         precision="fp16",
         batch="1:2:8",
         postprocess="nms",

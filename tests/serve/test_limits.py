@@ -1,6 +1,6 @@
 """The service against clients that cost it more than their requests: a body of 60 MB of JSON, clients that send
-a byte every 2 s, clients that hang up mid-body.  Servers on 127.0.0.1 (tests.serve_fixtures.served); every client
-loop is bounded by a deadline, and nothing asserts on speed."""
+a byte every 2 s, clients that hang up mid-body.  Servers on 127.0.0.1 (tests.helpers.serve_fixtures.served); every
+client loop is bounded by a deadline, and nothing asserts on speed."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.serve_fixtures import IMAGE_MODEL, Server, metric, served
+from tests.helpers.serve_fixtures import IMAGE_MODEL, Server, metric, served
 
 READ_TIMEOUT_S = 3  # the guarded server's: a client trickling a byte every 2 s is cut off after it
 PAUSE_S = 2.0

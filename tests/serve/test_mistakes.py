@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.serve_fixtures import (
+from tests.helpers.serve_fixtures import (
     FORMS,
     IMAGE_MODEL,
     ITEM_SHAPE,

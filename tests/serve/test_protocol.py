@@ -12,7 +12,7 @@ import pytest
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from tests.serve_fixtures import (
+from tests.helpers.serve_fixtures import (
     FORMS,
     IMAGE_MODEL,
     MAX_BATCH,
@@ -192,7 +192,7 @@ def test_the_requests_binary_data_output_is_the_default_for_named_outputs(server
 def test_nested_outputs_are_served_by_their_paths(engines: Path) -> None:
     """{"logits": a, "aux": (b, c)}: the service offers logits, aux.0 and aux.1, over both protocols, one by one or
     all, equal to the ONNX Runtime runner's."""
-    settings = Settings(model="tests.toy_models:nested_outputs", precision="fp32", out_root=engines)
+    settings = Settings(model="tests.helpers.toy_models:nested_outputs", precision="fp32", out_root=engines)
     nested = make_engine(settings)
     batch = np.random.default_rng(4).standard_normal((3, 6), dtype=np.float32)
     with load_runner(nested, "onnxruntime") as local:

@@ -1,6 +1,6 @@
 """FP16 as the engine computes it: the faithful check, the automatic FP32 fallback, --keep-fp32, the diagnosis.
 
-tests.toy_models:overflow_ffn has a feed-forward block whose hidden values reach ~1e5 (beyond float16's
+tests.helpers.toy_models:overflow_ffn has a feed-forward block whose hidden values reach ~1e5 (beyond float16's
 65504); ONNX Runtime's CPU provider runs its float16 graph in float32 and sees nothing wrong.
 """
 
@@ -28,7 +28,7 @@ from trt_pipeline.pipeline.stages.fp16 import calibration_cases
 from trt_pipeline.pipeline.stages.fp16_overflow import Case, TensorStats
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
-OVERFLOW = "tests.toy_models:overflow_ffn"
+OVERFLOW = "tests.helpers.toy_models:overflow_ffn"
 BLOCK = ["/up/Gemm", "/Relu", "/down/Gemm"]  # the nodes that hold the large values
 
 

@@ -1,6 +1,6 @@
-"""A YOLO-style detector (tests/detector_models.py) through `make engine ... POSTPROCESS=nms` at FP32, FP16 and INT8
-(calibrated on scenes like the detector's): the folder holds the raw head's graphs for the precision gates and the NMS
-graphs that serve (pipeline/stages/postprocess.py), and every graph that serves here returns the reference NMS of
+"""A YOLO-style detector (tests/helpers/detector_models.py) through `make engine ... POSTPROCESS=nms` at FP32, FP16 and
+INT8 (calibrated on scenes like the detector's): the folder holds the raw head's graphs for the precision gates and the
+NMS graphs that serve (pipeline/stages/postprocess.py), and every graph that serves here returns the reference NMS of
 the head it computes, with detections that agree with PyTorch's head + the reference NMS, on every batch size of
 the profile.  The NMS gate fails where the graph's NMS is not the reference's or its detections depart."""
 
@@ -15,8 +15,8 @@ import pytest
 import torch
 from onnx import helper, numpy_helper
 
-from tests.detector_models import IMAGE_SIZE, scenes, yolo_detector
-from tests.test_nms import assert_same_detections
+from tests.helpers.detections import assert_same_detections
+from tests.helpers.detector_models import IMAGE_SIZE, scenes, yolo_detector
 from trt_pipeline import load_runner
 from trt_pipeline.pipeline.bench.harness import agreement
 from trt_pipeline.pipeline.cli import main as cli_main
@@ -34,7 +34,7 @@ from trt_pipeline.pipeline.postprocess.nms_graph import append_nms
 from trt_pipeline.pipeline.stages.postprocess import Judged, check_nms
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
-MODEL = "tests.detector_models:yolo_detector"
+MODEL = "tests.helpers.detector_models:yolo_detector"
 BATCH = BatchProfile(1, 2, 8)
 K = 20
 NMS = {"postprocess": "nms", "nms_candidates": 200, "nms_max_detections": K}
@@ -240,7 +240,7 @@ def test_the_calibration_scenes_give_the_detector_detections_to_judge(module):
 
 def test_postprocess_nms_on_a_model_without_a_detection_head_is_refused_with_the_fix(tmp_path: Path, capsys):
     out = tmp_path / "engines"
-    argv = ["engine", "--model", "tests.toy_models:tiny_cnn", "--precision", "fp32", "--postprocess", "nms"]
+    argv = ["engine", "--model", "tests.helpers.toy_models:tiny_cnn", "--precision", "fp32", "--postprocess", "nms"]
     assert cli_main([*argv, "--batch", "1:2:4", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "error: NMS needs a float head [batch, 4 + classes, anchors]; 'logits' is ['batch', 10]" in err

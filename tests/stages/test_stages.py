@@ -10,7 +10,7 @@ import onnx
 import pytest
 import torch
 
-from tests import toy_models
+from tests.helpers import toy_models
 from trt_pipeline.models.spec import DynamicAxis, ModelSpec
 from trt_pipeline.pipeline.core.compare import compare
 from trt_pipeline.pipeline.core.errors import PipelineError
@@ -198,7 +198,7 @@ def test_torch_transformer_encoder_exports_with_its_fast_path_off(tmp_path):
     from trt_pipeline.pipeline.stages.sequence import make_engine
 
     before = torch.backends.mha.get_fastpath_enabled()
-    settings = Settings(model="tests.toy_models:transformer_encoder", precision="fp16", out_root=tmp_path)
+    settings = Settings(model="tests.helpers.toy_models:transformer_encoder", precision="fp16", out_root=tmp_path)
     manifest = json.loads((make_engine(settings) / "manifest.json").read_text())
     assert manifest["complete"] and manifest["parity_fp16"]["max_rel"] < 0.03
     assert torch.backends.mha.get_fastpath_enabled() == before  # restored after the export
@@ -209,7 +209,7 @@ def test_a_sequence_length_baked_into_the_graph_is_named_by_check(tmp_path):
     from trt_pipeline.pipeline.core.settings import Settings
     from trt_pipeline.pipeline.stages.sequence import make_engine
 
-    settings = Settings(model="tests.toy_models:baked_sequence_model", precision="fp32", out_root=tmp_path)
+    settings = Settings(model="tests.helpers.toy_models:baked_sequence_model", precision="fp32", out_root=tmp_path)
     with pytest.raises(PipelineError, match=r"does not run with inputs x \[2, 12, 8\]: a size was baked") as caught:
         make_engine(settings)
     assert "Reshape node" in str(caught.value) and "x.shape[1]" in caught.value.fix
@@ -238,7 +238,7 @@ def test_a_sequence_axis_torchscript_bakes_inside_multihead_attention_is_exporte
         export_onnx(spec, tmp_path / "model.onnx", tmp_path / "reference.npz", exporter="torchscript")
 
     settings = Settings(
-        model="tests.toy_models:transformer_encoder", precision="fp32", dynamic="x:1=1:8:16", out_root=tmp_path
+        model="tests.helpers.toy_models:transformer_encoder", precision="fp32", dynamic="x:1=1:8:16", out_root=tmp_path
     )
     folder = make_engine(settings)
     manifest = open_folder(folder).manifest
@@ -255,7 +255,7 @@ def test_nested_outputs_are_flattened_with_their_paths_the_same_in_the_graph_man
     from trt_pipeline.pipeline.runners import load_runner
     from trt_pipeline.pipeline.stages.sequence import make_engine
 
-    folder = make_engine(Settings(model="tests.toy_models:nested_outputs", precision="fp32", out_root=tmp_path))
+    folder = make_engine(Settings(model="tests.helpers.toy_models:nested_outputs", precision="fp32", out_root=tmp_path))
     names = ["logits", "aux.0", "aux.1"]
     assert [output.name for output in onnx.load(str(folder / "model.onnx")).graph.output] == names
     assert [output.name for output in open_folder(folder).manifest.outputs] == names

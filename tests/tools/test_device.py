@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-FOLDER = "resnet-tiny-fp16"  # the dry run's speed folder (tests.toy_models:tiny_cnn)
+ROOT = Path(__file__).resolve().parents[2]
+FOLDER = "resnet-tiny-fp16"  # the dry run's speed folder (tests.helpers.toy_models:tiny_cnn)
 
 
 def _tool(script: str, *arguments: Path | str, cwd: Path) -> None:

@@ -27,14 +27,14 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny(engines: Path) -> Path:
-    return make_engine(Settings(model="tests.toy_models:tiny_cnn", precision="fp32", out_root=engines))
+    return make_engine(Settings(model="tests.helpers.toy_models:tiny_cnn", precision="fp32", out_root=engines))
 
 
 @pytest.fixture(scope="module")
 def text(engines: Path) -> Path:
     batch = BatchProfile(1, 4, 16)
     return make_engine(
-        Settings(model="tests.toy_models:text_classifier", precision="fp16", batch=batch, out_root=engines)
+        Settings(model="tests.helpers.toy_models:text_classifier", precision="fp16", batch=batch, out_root=engines)
     )
 
 
@@ -132,7 +132,7 @@ def test_a_swapped_graph_is_refused(tiny: Path, tmp_path: Path) -> None:
 
 
 def test_the_python_form_runs_our_runner_inside_triton(tiny: Path, tmp_path: Path) -> None:
-    """What `--backend python` writes; tests/test_triton_server.py serves it with a real tritonserver."""
+    """What `--backend python` writes; tests/triton/test_server.py serves it with a real tritonserver."""
     model_dir, why = write_repository(tiny, tmp_path, backend="python", runner_backend="onnxruntime")
     assert "Python backend" in why
     config = parse((model_dir / "config.pbtxt").read_text())
@@ -145,7 +145,7 @@ def test_the_python_form_runs_our_runner_inside_triton(tiny: Path, tmp_path: Pat
     for name in ("model.onnx", "engine.plan"):
         assert sha256_file(artifacts / name) == sha256_file(tiny / name)
     assert read_manifest(artifacts) == read_manifest(tiny)
-    source = Path(__file__).resolve().parents[1] / "pipeline" / "triton" / "python_model.py"
+    source = Path(__file__).resolve().parents[2] / "pipeline" / "triton" / "python_model.py"
     assert (model_dir / "1" / "model.py").read_bytes() == source.read_bytes()
 
 

@@ -26,7 +26,7 @@ import tritonclient.http as httpclient
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from tests.serve_fixtures import (
+from tests.helpers.serve_fixtures import (
     FORMS,
     IMAGE_MODEL,
     RTOL,

@@ -71,9 +71,9 @@ FOLDERS = {
     "resnet50-fp16": dict(model="resnet50", precision="fp16"),
     "resnet50-int8": dict(model="resnet50", precision="int8"),
     "encoder-fp16": dict(model=ENCODER, precision="fp16"),
-    "overflow_ffn-fp16": dict(model="tests.toy_models:overflow_ffn", precision="fp16"),
+    "overflow_ffn-fp16": dict(model="tests.helpers.toy_models:overflow_ffn", precision="fp16"),
     "resnet18-int8": dict(model="resnet18", precision="int8"),  # the dry run's INT8 folder
-    "resnet-tiny-fp16": dict(model="tests.toy_models:tiny_cnn", precision="fp16"),  # the dry run's speed folder
+    "resnet-tiny-fp16": dict(model="tests.helpers.toy_models:tiny_cnn", precision="fp16"),  # the dry run's speed folder
 }
 TORCH_TYPES = {"tensor(float)": torch.float32, "tensor(float16)": torch.float16, "tensor(int64)": torch.int64}
 
