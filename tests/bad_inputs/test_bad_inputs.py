@@ -7,6 +7,7 @@ reach Python as data, never as shell or make code.
 
 from __future__ import annotations
 
+import inspect
 import os
 import resource
 import shutil
@@ -17,7 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import toy_models
+from tests.bad_inputs.cases import BAD_SETTINGS, BadSetting, build_argv
+from tests.helpers import bad_factories, toy_models
 from trt_pipeline.pipeline import cli
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.runners import load_runner
@@ -63,20 +65,10 @@ def test_a_trusted_pickled_module_loads_and_its_torch_runner_asks_again(tmp_path
         assert runner.infer({"input": np.zeros((2, 3, 16, 16), np.float32)})["output"].shape[0] == 2
 
 
-@pytest.mark.parametrize(
-    ("argv", "expected"),
-    [
-        (["--model", "resnet18", "--input-shape", "3x100000x100000"], "would take 224 GiB"),
-        (["--model", "resnet18", "--batch=-1:2:3"], "--batch=-1:2:3 is not of the form min:opt:max"),
-        (["--model", "tests.helpers.toy_models:tiny_cnn", "--keep-fp32", "NoSuchOp"], "--keep-fp32 names ['NoSuchOp']"),
-        (["--model", "tests.helpers.toy_models:tiny_cnn", "--target", "h100"], "unknown build target 'h100'"),
-        (["--model", "tests.helpers.toy_models:tiny_cnn", "--batch", "1:1:100000000"], "would take 286 GiB"),
-    ],
-    ids=["huge-input-shape", "negative-batch", "unknown-keep-fp32", "unknown-target", "huge-max-batch"],
-)
-def test_bad_settings(argv, expected, tmp_path, capsys):
-    err = _cli_error(["all", "--precision", "fp16", *argv, "--out", str(tmp_path / "engines")], capsys)
-    assert expected in err
+@pytest.mark.parametrize("setting", BAD_SETTINGS, ids=lambda setting: setting.id)
+def test_bad_settings(setting: BadSetting, tmp_path, capsys):
+    err = _cli_error(build_argv(list(setting.options), str(tmp_path / "engines")), capsys)
+    assert all(name in err for name in setting.names), err
 
 
 @pytest.mark.parametrize("option", ["--out", "--weights", "--calib"])
@@ -96,32 +88,21 @@ def test_weights_that_are_not_a_torch_file(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    ("statement", "raised"),
-    [("raise ValueError('no weights here')", "ValueError: no weights here"), ("sys.exit(0)", "SystemExit: 0")],
+    ("factory", "raised"),
+    [("raises", "ValueError: no weights here"), ("exits", "SystemExit: 0")],
     ids=["raises", "exits-0"],  # sys.exit(0) ended the run with status 0 and no word
 )
-def test_a_factory_that_raises_is_named_with_its_message(statement, raised, tmp_path, capsys, monkeypatch):
-    module = f"factory_{raised.split(':')[0].lower()}"  # one module name per case: imports are cached
-    (tmp_path / f"{module}.py").write_text(f"import sys\ndef build():\n    {statement}\n")
-    monkeypatch.chdir(tmp_path)
-    err = _cli_error(["all", "--model", f"{module}:build", "--out", str(tmp_path / "engines")], capsys)
-    assert f"the factory raised {raised} (at " in err and f"{module}.py:3)" in err
+def test_a_factory_that_raises_is_named_with_its_message(factory, raised, tmp_path, capsys):
+    model = f"tests.helpers.bad_factories:{factory}"
+    err = _cli_error(["all", "--model", model, "--out", str(tmp_path / "engines")], capsys)
+    line = inspect.getsourcelines(getattr(bad_factories, factory))[1] + 1  # the raise, on the function's first line
+    assert f"the factory raised {raised} (at " in err and f"bad_factories.py:{line})" in err
 
 
-NAN_FACTORY = """import torch
-class Nan(torch.nn.Module):
-    def forward(self, x):
-        return x * float("nan")
-def build():
-    return Nan(), torch.zeros(2, 4)
-"""
-
-
-def test_a_model_whose_output_is_nan_is_not_called_random(tmp_path, capsys, monkeypatch):
+def test_a_model_whose_output_is_nan_is_not_called_random(tmp_path, capsys):
     # NaN != NaN: the determinism check read it as an output that changed between two calls.
-    (tmp_path / "nan_factory.py").write_text(NAN_FACTORY)
-    monkeypatch.chdir(tmp_path)
-    err = _cli_error(["all", "--model", "nan_factory:build", "--out", str(tmp_path / "engines")], capsys)
+    model = "tests.helpers.bad_factories:nan_model"
+    err = _cli_error(["all", "--model", model, "--out", str(tmp_path / "engines")], capsys)
     assert "output 0 holds NaN for the example inputs" in err and "randomness" not in err
 
 
