@@ -23,7 +23,7 @@ from trt_pipeline.pipeline import cli
 from trt_pipeline.pipeline.bench import TimingPolicy, run_benchmark, write_reports
 from trt_pipeline.pipeline.bench.backends import NAMES
 from trt_pipeline.pipeline.bench.harness import make_inputs, stability
-from trt_pipeline.pipeline.bench.timing import MIN_SAMPLES, Share, measure, round_spread, summarize
+from trt_pipeline.pipeline.bench.timing import MIN_SAMPLES, round_spread
 from trt_pipeline.pipeline.core.cpu import cpu_instruction_sets, instruction_sets_text, int8_cpu_kind
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
@@ -328,27 +328,6 @@ def test_bad_batch_list_on_the_command_line(capsys) -> None:
     assert "--batches '1,x'" in capsys.readouterr().err
 
 
-def test_measure_times_exactly_the_calls_after_warm_up() -> None:
-    calls: list[int] = []
-    samples = measure(lambda: calls.append(1), lambda: None, Share(warmup=3, iterations=7, budget_s=60, min_samples=1))
-    assert len(calls) == 10
-    assert len(samples) == 7
-    assert all(s >= 0 for s in samples)
-
-
-def test_measure_stops_at_the_budget_but_not_below_the_minimum() -> None:
-    calls: list[int] = []
-    share = Share(warmup=1, iterations=1000, budget_s=1e-9, min_samples=4)
-    assert len(measure(lambda: calls.append(1), lambda: None, share)) == 4
-
-
-def test_summary_statistics() -> None:
-    stats = summarize([0.001, 0.002, 0.003, 0.010], batch=2)
-    assert (stats.p50_ms, stats.mean_ms, stats.min_ms, stats.max_ms) == pytest.approx((2.5, 4.0, 1.0, 10.0))
-    assert (stats.p10_ms, stats.p90_ms) == pytest.approx((1.3, 7.9))
-    assert stats.items_per_s == pytest.approx(800.0)  # batch / p50, not batch / mean (500)
-
-
 def test_round_spread_and_the_stability_verdict() -> None:
     spread = round_spread([[0.010, 0.011, 0.012], [0.020], [0.010, 0.012]])
     assert spread["round_p50_ms"] == pytest.approx([11.0, 20.0, 11.0])
@@ -366,15 +345,6 @@ def test_round_spread_and_the_stability_verdict() -> None:
     assert busy["verdict"].startswith("unstable: rerun on an idle machine (1 of 2 rows")
     assert busy["worst"][0] == {"backend": "b", "batch": 1, "mode": "end-to-end", "spread": 0.5}
     assert stability([row("a", 0.5)], TimingPolicy(rounds=1), load)["status"] == "not judged"
-
-
-def test_policy_rounds_share_the_iterations_and_budget() -> None:
-    policy = TimingPolicy(warmup=4, iterations=100, budget_s=10, rounds=5)
-    first, later = policy.share(0), policy.share(3)
-    assert (first.warmup, later.warmup) == (4, 1)
-    assert first.iterations * policy.rounds == 100
-    assert first.budget_s == pytest.approx(2.0)
-    assert first.min_samples * policy.rounds >= MIN_SAMPLES
 
 
 def test_inputs_follow_the_manifest_shapes_dtypes_and_integer_ranges() -> None:

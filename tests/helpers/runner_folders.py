@@ -3,6 +3,8 @@ fp32 tiny_cnn and text_classifier, tiny_cnn in FP16, and tiny_cnn calibrated to 
 
 from __future__ import annotations
 
+import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,3 +45,16 @@ def fp16_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tiny_cnn in FP16: model.fp16.onnx beside model.onnx, both past their gates."""
     root = tmp_path_factory.mktemp("fp16")
     return make_engine(Settings(model=MODELS["tiny_cnn"], precision="fp16", out_root=root, builder="tensorrt_rtx"))
+
+
+def copy_folder(folder: Path, tmp_path: Path) -> Path:
+    """A copy of a shared folder that a test may change."""
+    return Path(shutil.copytree(folder, tmp_path / folder.name))
+
+
+def edit_manifest(folder: Path, edit) -> None:
+    """Change a copied folder's manifest.json in place: `edit` takes the parsed JSON and changes it."""
+    path = folder / "manifest.json"
+    manifest = json.loads(path.read_text())
+    edit(manifest)
+    path.write_text(json.dumps(manifest))

@@ -4,12 +4,10 @@ and the engine runner's refusals that happen before any GPU is touched."""
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import os
 import re
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,20 +15,18 @@ import pytest
 
 from tests.helpers.concurrency import assert_each_thread_gets_its_own_result
 from tests.helpers.runner_feeds import cnn_batch, text_batch
-from tests.helpers.runner_folders import MODELS
+from tests.helpers.runner_folders import MODELS, copy_folder, edit_manifest
 from trt_pipeline.pipeline.core.compare import compare_outputs
 from trt_pipeline.pipeline.core.cpu import int8_cpu_kind
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.trt_module import gpu_present
 from trt_pipeline.pipeline.folder.graph_io import load_reference
-from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, SERVED_CHOICE, graph_record
+from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, graph_record
 from trt_pipeline.pipeline.folder.manifest import Manifest
 from trt_pipeline.pipeline.folder.provenance import describe_artifacts
-from trt_pipeline.pipeline.folder.reader import open_folder
-from trt_pipeline.pipeline.runners import fastest, load_runner
+from trt_pipeline.pipeline.runners import load_runner
 from trt_pipeline.pipeline.runners.device_memory import available_layers, open_device_memory
-from trt_pipeline.pipeline.runners.fastest import Candidate, ranked
 from trt_pipeline.pipeline.runners.tensorrt import built_for, check_gpu_target
 
 FP32_RTOL = 1e-4  # same graph, same inputs: only float reassociation between PyTorch and ONNX Runtime
@@ -44,17 +40,6 @@ def runners(folders: dict[str, Path]):
     yield made
     for runner in made.values():
         runner.close()
-
-
-def _copy(folder: Path, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(folder, tmp_path / folder.name))
-
-
-def _edit_manifest(folder: Path, edit) -> None:
-    path = folder / "manifest.json"
-    manifest = json.loads(path.read_text())
-    edit(manifest)
-    path.write_text(json.dumps(manifest))
 
 
 # --------------------------------------------------------------------------- results
@@ -107,7 +92,7 @@ def test_auto_picks_a_backend_and_says_why(folders, caplog):
 
 
 def test_auto_without_engine_plan_says_so(folders, tmp_path):
-    folder = _copy(folders["tiny_cnn"], tmp_path)
+    folder = copy_folder(folders["tiny_cnn"], tmp_path)
     (folder / "engine.plan").unlink()
     with load_runner(folder) as runner:
         assert runner.backend == "onnxruntime"
@@ -115,7 +100,7 @@ def test_auto_without_engine_plan_says_so(folders, tmp_path):
 
 
 def test_onnxruntime_runner_runs_the_manifest_graph(folders, tmp_path):
-    folder = _copy(folders["tiny_cnn"], tmp_path)
+    folder = copy_folder(folders["tiny_cnn"], tmp_path)
     shutil.copy(folder / "model.onnx", folder / "renamed.onnx")
     (folder / "model.onnx").unlink()
     renamed = describe_artifacts(folder, ["renamed.onnx"])
@@ -123,7 +108,7 @@ def test_onnxruntime_runner_runs_the_manifest_graph(folders, tmp_path):
     graphs = [
         {**record, "file": "renamed.onnx"} for record in json.loads((folder / "manifest.json").read_text())["graphs"]
     ]
-    _edit_manifest(folder, lambda m: m.update(graphs=graphs, artifacts={**m["artifacts"], **renamed}))
+    edit_manifest(folder, lambda m: m.update(graphs=graphs, artifacts={**m["artifacts"], **renamed}))
     with load_runner(folder, "onnxruntime") as runner:
         assert "renamed.onnx" in runner.description
         assert runner.infer(cnn_batch(2))["logits"].shape == (2, 10)
@@ -131,17 +116,17 @@ def test_onnxruntime_runner_runs_the_manifest_graph(folders, tmp_path):
     with pytest.raises(PipelineError, match="renamed.onnx is missing") as caught:
         load_runner(folder, "onnxruntime")
     assert 'make_engine(Settings(model="tests.helpers.toy_models:tiny_cnn", precision="fp32"' in str(caught.value.fix)
-    _edit_manifest(folder, lambda m: m.update(graphs=[{**graph, "file": "gone.onnx"} for graph in graphs]))
+    edit_manifest(folder, lambda m: m.update(graphs=[{**graph, "file": "gone.onnx"} for graph in graphs]))
     with pytest.raises(PipelineError, match="names gone.onnx as its graph but records no sha256"):
         load_runner(folder, "onnxruntime")
 
 
 def test_a_graph_onnxruntime_refuses_is_a_clear_error(folders, tmp_path):
     # Bytes that match the recorded sha256 (so the folder layer passes them) but are no ONNX model.
-    folder = _copy(folders["tiny_cnn"], tmp_path)
+    folder = copy_folder(folders["tiny_cnn"], tmp_path)
     (folder / "model.onnx").write_bytes(b"not an onnx graph")
     recorded = {name: dataclasses.asdict(a) for name, a in describe_artifacts(folder, ["model.onnx"]).items()}
-    _edit_manifest(folder, lambda m: m.update(artifacts={**m["artifacts"], **recorded}))
+    edit_manifest(folder, lambda m: m.update(artifacts={**m["artifacts"], **recorded}))
     with pytest.raises(PipelineError, match="ONNX Runtime cannot load .*model.onnx: InvalidProtobuf") as caught:
         load_runner(folder, "onnxruntime")
     assert 'make_engine(Settings(model="tests.helpers.toy_models:tiny_cnn"' in str(caught.value.fix)
@@ -169,7 +154,7 @@ def _fifo(graph: Path, other: Path) -> None:
 def test_the_readers_refusal_of_a_graph_is_the_one_message(folders, tmp_path, backend, damage, refusal):
     # It was wrapped as "ONNX Runtime cannot load ...: PipelineError: ..." with a second fix saying the build wrote the
     # graph this way (its sha256 matches): the opposite of the reader's finding.
-    folder = _copy(folders["tiny_cnn"], tmp_path)
+    folder = copy_folder(folders["tiny_cnn"], tmp_path)
     damage(folder / "model.onnx", folders["text_classifier"] / "model.onnx")
     options = {"device": "cpu"} if backend == "onnxruntime-cuda" else {}
     with pytest.raises(PipelineError, match=refusal) as caught:
@@ -198,8 +183,8 @@ def test_the_readers_refusal_of_a_graph_is_the_one_message(folders, tmp_path, ba
 def test_a_manifest_that_does_not_describe_its_graph_is_refused_at_load(folders, tmp_path, backend, edit, disagreement):
     # An edited input shape was blamed on the caller's correct input ("has shape (8, 16), expected (-1, 32)"), and
     # following the dtype fix led to ONNX Runtime's own error.
-    folder = _copy(folders["tiny_cnn"], tmp_path)
-    _edit_manifest(folder, edit)
+    folder = copy_folder(folders["tiny_cnn"], tmp_path)
+    edit_manifest(folder, edit)
     options = {"device": "cpu"} if backend == "onnxruntime-cuda" else {}
     with pytest.raises(PipelineError, match=re.escape(disagreement)) as caught:
         load_runner(folder, backend, **options)
@@ -229,205 +214,6 @@ def test_int8_folder_on_the_cpu_runs_the_graph_shaped_for_it(int8_folder):
     np.testing.assert_array_equal(tensorrt_shaped, simulated)
     # Two quantizations of one model from the same ranges: close, not equal (uint8 vs int8 weights, fused kernels).
     assert compare_outputs({"logits": tensorrt_shaped}, {"logits": cpu_logits}, rtol=0.2)["logits"].ok
-
-
-def _served_record(folder: Path) -> dict:
-    return json.loads((folder / SERVED_CHOICE).read_text())
-
-
-def _assert_serves_the_fastest_measured(runner, record: dict) -> None:
-    """The served graph, of those timed at every recorded batch, has the least worst ratio to the fastest there (a
-    tiny model's calls are quick enough for all three of the profile's), and the description shows every
-    measurement."""
-    by_batch = record["ms"]
-    assert list(by_batch) == ["8", "32", "1"]  # opt, max, min
-    labels = list(by_batch["8"])
-
-    def worst(label: str) -> tuple[int, float]:
-        timed = [medians for medians in by_batch.values() if label in medians]
-        return -len(timed), max(medians[label] / min(medians.values()) for medians in timed)
-
-    assert record["served"] == min(labels, key=worst) == f"{runner.graph} on CPU"
-    for batch, medians in by_batch.items():
-        assert f"batch {batch}: " in runner.description
-        for label, ms in medians.items():
-            assert f"{label} {ms:.2f} ms" in runner.description
-
-
-def test_auto_picks_the_graph_least_slow_at_its_worst_batch_not_the_fastest_at_one():
-    """As on the H100 (docs/benchmarks/resnet50-h100-cuda.md): FP32 a little faster at the opt batch, FP16 much
-    faster at the max one: FP16 is served (worst ratio 1.03 against 1.26)."""
-    fp32 = Candidate(graph_record("fp32"), ("CUDAExecutionProvider",))
-    fp16 = Candidate(graph_record("fp16"), ("CUDAExecutionProvider",))
-    by_batch = {8: {fp32: 3.53, fp16: 3.63}, 32: {fp32: 8.27, fp16: 6.55}, 1: {fp32: 1.86, fp16: 1.81}}
-    assert ranked(by_batch) == [fp16, fp32]
-    assert ranked({8: by_batch[8]}) == [fp32, fp16]
-    # A candidate left behind at the opt batch (not timed at the others) ranks after those timed at every batch.
-    cpu = Candidate(graph_record("fp32"), ("CPUExecutionProvider",))
-    assert ranked({8: {**by_batch[8], cpu: 40.0}, 32: by_batch[32], 1: by_batch[1]}) == [fp16, fp32, cpu]
-
-
-@pytest.mark.parametrize(
-    ("precision", "graphs"),
-    [("fp32", {"model.onnx"}), ("fp16", {"model.onnx", "model.fp16.onnx"}), ("int8", {"model.onnx", "int8-cpu"})],
-)
-def test_auto_serves_the_fastest_graph_the_folder_promises_the_accuracy_of(
-    folders, fp16_folder, int8_folder, tmp_path, precision, graphs
-):
-    folder = _copy({"fp32": folders["tiny_cnn"], "fp16": fp16_folder, "int8": int8_folder}[precision], tmp_path)
-    expected = {
-        graph_record("int8", CPU_TARGETS[int8_cpu_kind()]).file if name == "int8-cpu" else name for name in graphs
-    }
-    with load_runner(folder) as runner:
-        record = _served_record(folder)
-        # Never a graph less accurate than the folder's precision (an fp32 folder never serves INT8), and the
-        # TensorRT-shaped INT8 graph is not timed on the CPU where the graph for its kernels exists.
-        assert set(record["key"]["graphs"]) == expected
-        _assert_serves_the_fastest_measured(runner, record)
-        assert runner.infer(cnn_batch(2))["logits"].shape == (2, 10)
-
-
-def test_a_candidate_far_behind_at_a_batch_is_not_timed_at_the_next(fp16_folder, tmp_path, monkeypatch):
-    """On an H100 the CPU's graphs of ResNet-50, 11x to 83x behind the CUDA ones, spent auto's whole budget at the
-    opt batch, so the CUDA graphs were compared at that batch alone.  With BEHIND at 1, only the fastest at a batch
-    (those tied with it, at the microsecond the medians keep) go on to the next, and one of them is served."""
-    monkeypatch.setattr(fastest, "BEHIND", 1.0)
-    folder = _copy(fp16_folder, tmp_path)
-    with load_runner(folder) as runner:
-        record = _served_record(folder)
-        _assert_serves_the_fastest_measured(runner, record)
-    by_batch = list(record["ms"].values())
-    assert len(by_batch[0]) == 2, by_batch  # model.onnx and model.fp16.onnx on the CPU
-    for medians, following in itertools.pairwise(by_batch):
-        assert list(following) == [label for label, ms in medians.items() if ms == min(medians.values())], by_batch
-    with load_runner(folder) as again:  # a measurement with candidates left behind is a cache like any other
-        assert "measured earlier" in again.description and again.graph == runner.graph
-
-
-class _Slowed:
-    """A real runner whose every call takes `seconds` longer: a candidate far behind the others, as the CPU's graphs
-    are on a GPU host."""
-
-    def __init__(self, runner, seconds: float):
-        self.runner, self.seconds = runner, seconds
-
-    def infer(self, feed):
-        time.sleep(self.seconds)
-        return self.runner.infer(feed)
-
-
-def test_a_candidate_left_behind_does_not_use_up_the_budget_of_the_others(fp16_folder, monkeypatch):
-    """Its calls (here 0.05 s each, at least four: more than the budget) do not count: the candidates still timed go
-    on to the max and min batches, which the whole measurement's time had stopped at the opt batch."""
-    monkeypatch.setattr(fastest, "BUDGET_S", 0.1)
-    folder = open_folder(fp16_folder)
-    fp32, fp16 = (Candidate(graph_record(p), ("CPUExecutionProvider",)) for p in ("fp32", "fp16"))
-    with (
-        load_runner(folder, "onnxruntime", graph=fp32.graph) as fast,
-        load_runner(folder, "onnxruntime", graph=fp16.graph) as slow,
-    ):
-        by_batch, _ = fastest.measure_batches({fp32: fast, fp16: _Slowed(slow, 0.05)}, folder)
-    assert {batch: list(medians) for batch, medians in by_batch.items()} == {8: [fp32, fp16], 32: [fp32], 1: [fp32]}
-
-
-def test_auto_never_serves_a_graph_whose_gate_failed(int8_folder, tmp_path):
-    folder = _copy(int8_folder, tmp_path)
-    cpu_graph = graph_record("int8", CPU_TARGETS[int8_cpu_kind()]).file
-    _edit_manifest(folder, lambda m: m["agreement_int8"]["graphs"].update({cpu_graph: {"left_out": "too far off"}}))
-    with load_runner(folder) as runner:
-        assert f"not candidates: {cpu_graph}: it failed the INT8 agreement gate (too far off)" in runner.description
-        record = _served_record(folder)
-        # The TensorRT-shaped INT8 graph (its Q/DQ simulated in float) stands in for the CPU graph left out.
-        assert set(record["key"]["graphs"]) == {"model.onnx", "model.int8.onnx"}
-        _assert_serves_the_fastest_measured(runner, record)
-
-
-def test_auto_reuses_its_measurement_under_the_same_key_and_measures_again_under_another(fp16_folder, tmp_path):
-    folder = _copy(fp16_folder, tmp_path)
-    with load_runner(folder):
-        record = _served_record(folder)
-    # The cache is what decides under the same key: make it name the slower graph, checked on this host as the
-    # faster one was, and that one is served.
-    opt = record["ms"]["8"]
-    slower = max(opt, key=opt.get)
-    checks = {slower: record["checks"][record["served"]]}
-    (folder / SERVED_CHOICE).write_text(json.dumps({**record, "served": slower, "checks": checks}))
-    with load_runner(folder) as runner:
-        assert f"{runner.graph} on CPU" == slower
-        assert f"cached in {SERVED_CHOICE}" in runner.description
-    # Another onnxruntime version recorded: the key differs, so the graphs are timed again and the cache rewritten.
-    (folder / SERVED_CHOICE).write_text(json.dumps({**record, "key": {**record["key"], "onnxruntime": "0.0.0"}}))
-    with load_runner(folder) as runner:
-        assert "measured now" in runner.description
-        again = _served_record(folder)
-        assert again["key"] == record["key"]
-        _assert_serves_the_fastest_measured(runner, again)
-
-
-def _time_of_opt_batch(value) -> object:
-    def damage(path: Path) -> None:
-        record = json.loads(path.read_text())
-        record["ms"]["8"]["model.onnx on CPU"] = value
-        path.write_text(json.dumps(record))
-
-    return damage
-
-
-DAMAGED_CACHES = {
-    "fast": (_time_of_opt_batch("fast"), "the time of model.onnx on CPU at batch 8 is 'fast', not a number"),
-    "null": (_time_of_opt_batch(None), "at batch 8 is None, not a number of milliseconds"),
-    "true": (_time_of_opt_batch(True), "at batch 8 is True, not a number of milliseconds"),
-    "nan": (_time_of_opt_batch(float("nan")), "at batch 8 is nan, not a number of milliseconds"),
-    "batch-word": (lambda path: path.write_text('{"key": {}, "ms": {"many": {}}, "served": "x"}'), "batch 'many'"),
-    "not-json": (lambda path: path.write_bytes(b"\xff{"), "not JSON"),
-    # Sparse: 1.5 GiB that take no disk, and were read (5 s, 3 GB) at every load.
-    "huge": (lambda path: os.truncate(path, 1536 << 20), "1610612736 bytes, more than a measurement takes"),
-    "fifo": (lambda path: (path.unlink(), os.mkfifo(path)), "not a plain file"),
-    "dev-zero": (lambda path: (path.unlink(), path.symlink_to("/dev/zero")), "not a plain file"),
-}
-
-
-@pytest.mark.parametrize("case", DAMAGED_CACHES)
-def test_a_measurement_cache_that_does_not_validate_is_measured_again_and_rewritten(folders, tmp_path, case):
-    # A cache with the right key but "fast" or null for a time made every auto load fail (ValueError from the
-    # description's format), and `serve` answered 503 until someone deleted the file.
-    damage, problem = DAMAGED_CACHES[case]
-    folder = _copy(folders["tiny_cnn"], tmp_path)
-    with load_runner(folder):
-        pass
-    damage(folder / SERVED_CHOICE)
-    with load_runner(folder) as runner:
-        assert "measured now, medians of" in runner.description
-        assert f"cached in {SERVED_CHOICE}, replacing it: {SERVED_CHOICE} there held no valid measurement (" in (
-            runner.description
-        )
-        assert problem in runner.description
-        assert runner.infer(cnn_batch(2))["logits"].shape == (2, 10)
-    again = _served_record(folder)
-    assert all(isinstance(ms, float) for medians in again["ms"].values() for ms in medians.values())
-    with load_runner(folder) as runner:  # the rewritten cache serves the next load
-        assert "measured earlier with this host's key" in runner.description
-
-
-def test_a_cache_that_does_not_validate_where_it_cannot_be_rewritten_is_ignored_saying_so(folders, tmp_path):
-    folder = _copy(folders["tiny_cnn"], tmp_path)
-    with load_runner(folder):
-        pass
-    _time_of_opt_batch("fast")(folder / SERVED_CHOICE)
-    (folder / f".{SERVED_CHOICE}.{os.getpid()}.tmp").mkdir()  # where the rewrite goes first: the write fails
-    with load_runner(folder) as runner:
-        assert "not cached: " in runner.description and "so every load measures again; " in runner.description
-        assert f"{SERVED_CHOICE} there held no valid measurement (the time of model.onnx on CPU" in runner.description
-        assert runner.description.count("is 'fast', not a number of milliseconds): ignored") == 1
-
-
-def test_explicit_graph_or_backend_skips_the_measurement(fp16_folder, tmp_path):
-    folder = _copy(fp16_folder, tmp_path)
-    with load_runner(folder, graph="model.fp16.onnx") as runner:
-        assert runner.graph == "model.fp16.onnx"
-    with load_runner(folder, "onnxruntime") as runner:
-        assert runner.graph == "model.fp16.onnx"  # the engine's graph, as asked: no measuring
-    assert not (folder / SERVED_CHOICE).exists()
 
 
 def test_graph_option_picks_a_file_of_the_folder_and_refuses_others(folders):
@@ -610,7 +396,7 @@ def test_load_runner_refuses_a_missing_folder_and_unknown_backend(folders, tmp_p
 
 
 def test_engine_runner_refuses_a_corrupted_or_truncated_plan(folders, tmp_path):
-    folder = _copy(folders["tiny_cnn"], tmp_path)
+    folder = copy_folder(folders["tiny_cnn"], tmp_path)
     plan = (folder / "engine.plan").read_bytes()
     corrupted = bytearray(plan)
     corrupted[len(plan) // 2] ^= 0xFF
@@ -625,8 +411,8 @@ def test_engine_runner_refuses_a_corrupted_or_truncated_plan(folders, tmp_path):
 
 
 def test_engine_runner_refuses_an_engine_from_another_tensorrt(folders, tmp_path):
-    folder = _copy(folders["tiny_cnn"], tmp_path)
-    _edit_manifest(folder, lambda m: m["build"]["builder"].update(version="1.0.0.1"))
+    folder = copy_folder(folders["tiny_cnn"], tmp_path)
+    edit_manifest(folder, lambda m: m["build"]["builder"].update(version="1.0.0.1"))
     with pytest.raises(
         PipelineError, match=r"built with tensorrt_rtx 1\.0\.0\.1, but this machine runs tensorrt_rtx"
     ) as e:
@@ -640,8 +426,8 @@ def test_engine_runner_refuses_an_engine_from_another_tensorrt(folders, tmp_path
 
 
 def test_engine_runner_refuses_a_skipped_build(folders, tmp_path):
-    folder = _copy(folders["tiny_cnn"], tmp_path)
-    _edit_manifest(folder, lambda m: m.update(build={"status": "skipped", "reason": "no TensorRT builder"}))
+    folder = copy_folder(folders["tiny_cnn"], tmp_path)
+    edit_manifest(folder, lambda m: m.update(build={"status": "skipped", "reason": "no TensorRT builder"}))
     with pytest.raises(PipelineError, match="the build was skipped \\(no TensorRT builder\\)") as caught:
         load_runner(folder, "tensorrt")
     assert "backend='onnxruntime'" in str(caught.value)
