@@ -18,14 +18,23 @@ accuracy`) draws the same rows, and the calibration cache can key on it.
 Too few rows to hold out HELD_OUT_FLOOR and still fit on FIT_FLOOR (fewer than 16): nothing is held out;
 the gate judges in-sample and says so (the build warns; STRICT_CALIB=1 refuses).  A k-fold estimate would
 calibrate k times for a set too small to stand for served data anyway: more rows is the fix, not more folds.
+
+`read_calibration` reads the data and cuts it so, once per run: the INT8 stage, its agreement gate, the FP16
+scan and the detections' gate all take the one CalibrationParts it returns.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+
+from ..models.spec import ImagePreprocess
+from ..pipeline.core.settings import DEFAULTS
+from ..pipeline.folder.records import CalibrationSplit
+from .readers import CalibrationData, CalibrationSource, graph_inputs, read_calibration_data, rows_of
 
 HELD_OUT_SHARE = 0.2
 # A mean over fewer rows is decided by one odd row; fewer fit rows than this are no calibration set.
@@ -71,3 +80,42 @@ def split_rows(count: int) -> HoldoutSplit:
         f"consecutive rows at the end of each of {blocks} equal segments (rows {', '.join(spans)}); fit on the rest"
     )
     return HoldoutSplit(np.flatnonzero(~held_out), np.flatnonzero(held_out), rule)
+
+
+@dataclass(frozen=True)
+class CalibrationParts:
+    """The calibration data as read (its description says where it came from), in batches of `batch` rows, and the
+    same data cut by split_rows: the rows ranges and smoothing are fit on, the rows the agreement gate judges them on
+    (None where the set is too small to hold any out), and the split's record."""
+
+    data: CalibrationData
+    fit: CalibrationData
+    held_out: CalibrationData | None
+    split: CalibrationSplit
+    batch: int
+
+
+def read_calibration(
+    source: CalibrationSource,
+    fp32_path: Path,
+    preprocess: ImagePreprocess | None,
+    *,
+    samples: int = DEFAULTS["calib_samples"],
+    batch: int = DEFAULTS["calib_batch"],
+) -> CalibrationParts:
+    """The calibration data, checked against the FP32 graph's inputs, cut to `samples` rows in batches of `batch`
+    (Settings' defaults unless told: --calib-samples, --calib-batch) and split."""
+    data = read_calibration_data(source, graph_inputs(fp32_path), preprocess, samples=samples, batch=batch)
+    return _split_calibration(data, batch)
+
+
+def _split_calibration(data: CalibrationData, batch: int) -> CalibrationParts:
+    """`data` cut into the rows calibration fits on and the rows it never sees (the same rows for every reader
+    of the same data: the split depends on the row count alone)."""
+    split = split_rows(data.samples)
+    record = CalibrationSplit(split.rule, split.rows, tuple(int(row) for row in split.held_out))
+    if not len(split.held_out):
+        return CalibrationParts(data, data, None, record, batch)
+    fit = rows_of(data, split.fit, batch, f"the {len(split.fit)} rows fit on")
+    held_out = rows_of(data, split.held_out, batch, f"the {len(split.held_out)} held-out rows")
+    return CalibrationParts(data, fit, held_out, record, batch)
