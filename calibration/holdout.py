@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -86,13 +87,39 @@ def split_rows(count: int) -> HoldoutSplit:
 class CalibrationParts:
     """The calibration data as read (its description says where it came from), in batches of `batch` rows, and the
     same data cut by split_rows: the rows ranges and smoothing are fit on, the rows the agreement gate judges them on
-    (None where the set is too small to hold any out), and the split's record."""
+    (None where the set is too small to hold any out), and the split's record.  The parts are cut on first use: the
+    FP16 scan reads the data whole, and each part is a copy of its rows."""
 
     data: CalibrationData
-    fit: CalibrationData
-    held_out: CalibrationData | None
-    split: CalibrationSplit
     batch: int
+
+    @cached_property
+    def holdout(self) -> HoldoutSplit:
+        """Which rows are fit on and which held out (the same rows for every reader of the same data: the split
+        depends on the row count alone)."""
+        return split_rows(self.data.samples)
+
+    @property
+    def split(self) -> CalibrationSplit:
+        """The split as the manifest records it."""
+        holdout = self.holdout
+        return CalibrationSplit(holdout.rule, holdout.rows, tuple(int(row) for row in holdout.held_out))
+
+    @cached_property
+    def fit(self) -> CalibrationData:
+        """The rows calibration fits on: every row where none can be held out."""
+        fit, held_out = self.holdout.fit, self.holdout.held_out
+        if not len(held_out):
+            return self.data
+        return rows_of(self.data, fit, self.batch, f"the {len(fit)} rows fit on")
+
+    @cached_property
+    def held_out(self) -> CalibrationData | None:
+        """The rows calibration never sees; None where the set is too small to hold any out."""
+        held_out = self.holdout.held_out
+        if not len(held_out):
+            return None
+        return rows_of(self.data, held_out, self.batch, f"the {len(held_out)} held-out rows")
 
 
 def read_calibration(
@@ -104,18 +131,6 @@ def read_calibration(
     batch: int = DEFAULTS["calib_batch"],
 ) -> CalibrationParts:
     """The calibration data, checked against the FP32 graph's inputs, cut to `samples` rows in batches of `batch`
-    (Settings' defaults unless told: --calib-samples, --calib-batch) and split."""
+    (Settings' defaults unless told: --calib-samples, --calib-batch), to be split as split_rows says."""
     data = read_calibration_data(source, graph_inputs(fp32_path), preprocess, samples=samples, batch=batch)
-    return _split_calibration(data, batch)
-
-
-def _split_calibration(data: CalibrationData, batch: int) -> CalibrationParts:
-    """`data` cut into the rows calibration fits on and the rows it never sees (the same rows for every reader
-    of the same data: the split depends on the row count alone)."""
-    split = split_rows(data.samples)
-    record = CalibrationSplit(split.rule, split.rows, tuple(int(row) for row in split.held_out))
-    if not len(split.held_out):
-        return CalibrationParts(data, data, None, record, batch)
-    fit = rows_of(data, split.fit, batch, f"the {len(split.fit)} rows fit on")
-    held_out = rows_of(data, split.held_out, batch, f"the {len(split.held_out)} held-out rows")
-    return CalibrationParts(data, fit, held_out, record, batch)
+    return CalibrationParts(data, batch)
