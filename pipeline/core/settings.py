@@ -244,7 +244,7 @@ class Settings:
         "rows its ranges were fit on, or none could be held out",
         precisions=INT8_ONLY,
     )
-    # Try leaving the op where the held-out error starts in float (calibration/int8.py); False: every op INT8.
+    # Try leaving the op where the held-out error starts in float (calibration/float_search.py); False: every op INT8.
     float_search: bool = setting(
         True,
         make="NO_FLOAT_SEARCH",

@@ -27,8 +27,9 @@ import numpy as np
 
 from ... import models
 from ...calibration.budget import fit_budget
-from ...calibration.holdout import HoldoutSplit, split_rows
-from ...calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph
+from ...calibration.holdout import CalibrationParts, HoldoutSplit, read_calibration, split_rows
+from ...calibration.int8 import CACHE_FOLDER, make_int8_graph
+from ...calibration.int8_records import CalibrationConfig
 from ...calibration.readers import CalibrationSource, Feed, graph_inputs, read_calibration_data
 from ...models.digits import load_split
 from ..cli import add_settings_arguments, given_settings
@@ -152,9 +153,12 @@ def measure_accuracy(
     evaluation = _evaluation_set(settings, name, folder / FP32_GRAPH, preprocess, eval_source)
     graphs = {"fp32": (folder / FP32_GRAPH, graph_record(Precision.FP32)), "fp16": _fp16(folder, settings, preprocess)}
     calibration: dict[str, dict] = {}
+    samples, batch = settings.calib_samples, settings.calib_batch
+    # Read once for every method: each calibrates on the same rows, as make engine's candidates do.
+    parts = read_calibration(evaluation.calibration, folder / FP32_GRAPH, preprocess, samples=samples, batch=batch)
     for method in methods:
         wanted = budget if method == methods[0] else None
-        int8, calibration[method] = _int8(folder, settings, method, evaluation, preprocess, wanted)
+        int8, calibration[method] = _int8(folder, settings, method, evaluation, parts, wanted)
         graphs |= int8
     report = _report(name, folder, evaluation, graphs, calibration)
     write_json(folder / "accuracy.json", report)
@@ -178,7 +182,12 @@ def _fp16(folder: Path, settings: Settings, preprocess) -> Graph:
 
 
 def _int8(
-    folder: Path, settings: Settings, method: str, evaluation: EvaluationSet, preprocess, budget: float | None
+    folder: Path,
+    settings: Settings,
+    method: str,
+    evaluation: EvaluationSet,
+    calibration: CalibrationParts,
+    budget: float | None,
 ) -> tuple[dict[str, Graph], dict]:
     """({label: graph}, the calibration record) of `method`'s INT8 graphs: TensorRT's, the one ONNX Runtime's
     kernels run on this kind of CPU (where its quantizer could make it), and with `budget` the one to that budget,
@@ -192,8 +201,7 @@ def _int8(
         result = make_int8_graph(
             fp32,
             path,
-            evaluation.calibration,
-            preprocess=preprocess,
+            calibration,
             config=replace(CalibrationConfig.from_settings(settings), methods=(method,)),  # SMOOTH= as make engine
             cache_folder=folder / CACHE_FOLDER,
             cpu_out_paths=cpu_paths,

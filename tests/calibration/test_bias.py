@@ -13,9 +13,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trt_pipeline.calibration import int8, qdq, qdq_cpu
+from trt_pipeline.calibration import float_search, int8, qdq, qdq_cpu
 from trt_pipeline.calibration.bias import correct_biases
-from trt_pipeline.calibration.int8 import CalibrationConfig, _cpu_graph, make_int8_graph
+from trt_pipeline.calibration.holdout import read_calibration
+from trt_pipeline.calibration.int8 import _cpu_graph, make_int8_graph
+from trt_pipeline.calibration.int8_records import CalibrationConfig
 from trt_pipeline.calibration.qdq import quantize_qdq
 from trt_pipeline.calibration.qdq_cpu import int8_kernel_counts, quantize_for_cpu
 from trt_pipeline.pipeline.core.cpu import NO_VNNI, VNNI
@@ -52,8 +54,8 @@ def _depthwise_case(folder) -> tuple:
     fp32 = folder / "model.onnx"
     _depthwise_graph(fp32)
     np.save(folder / "calibration.npy", _rows(0, 64))
-    config = CalibrationConfig(("max",), 64, 16)
-    return fp32, {"source": folder / "calibration.npy", "preprocess": None, "config": config,
+    calibration = read_calibration(folder / "calibration.npy", fp32, None, samples=64, batch=16)
+    return fp32, {"calibration": calibration, "config": CalibrationConfig(("max",)),
                   "cache_folder": folder / "calibration"}  # fmt: skip
 
 
@@ -83,7 +85,7 @@ def test_judging_writes_the_fp32_graph_corrected_for_the_kept_candidate_alone(tm
     pick is made."""
     (fp32, arguments), scratch = _depthwise_case(tmp_path), tmp_path / "scratch"
     scratch.mkdir()
-    arguments["config"] = CalibrationConfig(("max", "percentile"), 64, 16)
+    arguments["config"] = CalibrationConfig(("max", "percentile"))
     result = make_int8_graph(fp32, tmp_path / "model.int8.onnx", **arguments, judge=int8_judge(fp32), scratch=scratch)
     candidates = result.calibration["search"]["candidates"]
     assert [candidate["biases_corrected"] for candidate in candidates] == [True, True], candidates
@@ -107,7 +109,7 @@ def test_judging_holds_two_candidates_graphs_at_a_time(tmp_path):
     disk peak)."""
     (fp32, arguments), scratch = _depthwise_case(tmp_path), tmp_path / "scratch"
     scratch.mkdir()
-    arguments["config"] = CalibrationConfig(("max", "percentile", "entropy"), 64, 16)
+    arguments["config"] = CalibrationConfig(("max", "percentile", "entropy"))
     judge, held = int8_judge(fp32), []
 
     def counting_judge(graph, rows):
@@ -153,11 +155,11 @@ def test_a_float_search_try_that_loses_is_removed_as_it_loses(tmp_path, monkeypa
     """A try of the float search that is not kept is never read again: its Q/DQ graph goes at once (the 1.1B LM's,
     1.3 GB, stayed in the scratch through the CPU graphs, at the stage's disk peak).  The search is made to try the
     depthwise conv (the only one, so the try, with no INT8 left, loses)."""
-    monkeypatch.setattr(int8, "FLOAT_SEARCH_FROM", 0.0)
-    monkeypatch.setattr(int8, "node_tolerance", lambda precision: 0.0)
+    monkeypatch.setattr(float_search, "FLOAT_SEARCH_FROM", 0.0)
+    monkeypatch.setattr(float_search, "node_tolerance", lambda precision: 0.0)
     (fp32, arguments), scratch = _depthwise_case(tmp_path), tmp_path / "scratch"
     scratch.mkdir()
-    arguments["config"] = CalibrationConfig(("max",), 64, 16, float_search=True)
+    arguments["config"] = CalibrationConfig(("max",), float_search=True)
     result = make_int8_graph(fp32, tmp_path / "model.int8.onnx", **arguments, judge=int8_judge(fp32), scratch=scratch)
     assert [tried["kept_in_float"] for tried in result.calibration["float_search"]["tried"]] == [False]
     assert list((scratch / "float").iterdir()) == []
@@ -192,8 +194,8 @@ def _matmul_int8(folder, **options):
     fp32, rows = folder / "model.onnx", folder / "calibration.npy"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(fp32))
     np.save(rows, np.random.default_rng(1).standard_normal((32, WIDE)).astype(np.float32))
-    config = CalibrationConfig(("max",), 32, 16)
-    return make_int8_graph(fp32, folder / "model.int8.onnx", rows, preprocess=None, config=config,
+    calibration = read_calibration(rows, fp32, None, samples=32, batch=16)
+    return make_int8_graph(fp32, folder / "model.int8.onnx", calibration, config=CalibrationConfig(("max",)),
                            cache_folder=folder / "calibration", **options)  # fmt: skip
 
 
@@ -284,8 +286,8 @@ def test_the_corrected_graphs_of_an_fp32_graph_with_a_data_file_reference_its_we
     a file size limit under the weights stops any copy of them; copies in the scratch took the weights twice over
     on a 2.4 GB MLP.  The float search is made to try the conv whatever its error (it starts past 0.05 of the
     output, at the first node past INT8's node tolerance)."""
-    monkeypatch.setattr(int8, "FLOAT_SEARCH_FROM", 0.0)
-    monkeypatch.setattr(int8, "node_tolerance", lambda precision: 0.0)
+    monkeypatch.setattr(float_search, "FLOAT_SEARCH_FROM", 0.0)
+    monkeypatch.setattr(float_search, "node_tolerance", lambda precision: 0.0)
     channels = 64
     rng = np.random.default_rng(0)
     kernels = [(rng.standard_normal((channels, channels, 3, 3)) / 24).astype(np.float32) for _ in range(2)]
@@ -313,9 +315,8 @@ def test_the_corrected_graphs_of_an_fp32_graph_with_a_data_file_reference_its_we
         result = make_int8_graph(
             fp32,
             out,
-            tmp_path / "calibration.npy",
-            preprocess=None,
-            config=CalibrationConfig(("max",), 64, 16, float_search=True),
+            read_calibration(tmp_path / "calibration.npy", fp32, None, samples=64, batch=16),
+            config=CalibrationConfig(("max",), float_search=True),
             cache_folder=tmp_path / "calibration",
             cpu_out_paths={kind: out.with_name(graph_record("int8", t).file) for kind, t in CPU_TARGETS.items()},
             judge=int8_judge(fp32),

@@ -18,7 +18,9 @@ import pytest
 
 from trt_pipeline.calibration.budget import fit_budget, quantized_layers
 from trt_pipeline.calibration.cache import read_cache
-from trt_pipeline.calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph
+from trt_pipeline.calibration.holdout import read_calibration
+from trt_pipeline.calibration.int8 import CACHE_FOLDER, make_int8_graph
+from trt_pipeline.calibration.int8_records import CalibrationConfig
 from trt_pipeline.calibration.qdq import quantize_qdq
 from trt_pipeline.models.digits import PREPROCESS, load_split
 from trt_pipeline.pipeline import cli
@@ -38,9 +40,8 @@ def digits(tmp_path_factory) -> tuple[Path, object, np.ndarray]:
     record = make_int8_graph(
         fp32,
         out / "model.int8.onnx",
-        out / "train.npy",
-        preprocess=PREPROCESS,
-        config=CalibrationConfig(("max",), 256, 64),
+        read_calibration(out / "train.npy", fp32, PREPROCESS, samples=256, batch=64),
+        config=CalibrationConfig(("max",)),
         cache_folder=out / CACHE_FOLDER,
     )
     return fp32, read_cache(Path(record.calibration["cache_file"])).ranges, train

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from trt_pipeline.calibration import readers
 from trt_pipeline.calibration.holdout import split_rows
 from trt_pipeline.calibration.int8 import calibration_sample
 from trt_pipeline.models.digits import load_split
@@ -45,6 +46,23 @@ def _narrow(digits: np.ndarray, kinds: int, path: Path) -> Path:
 
 def _build(calib: Path, out: Path, *options: str) -> list[str]:
     return ["engine", "--model", "digits", "--precision", "int8", "--calib", str(calib), *options, "--out", str(out)]
+
+
+def test_an_int8_build_reads_its_calibration_data_once(digits, tmp_path, monkeypatch):
+    """The INT8 stage and its agreement gate take the one record the run read and split (sequence.Run.calibration),
+    so the rows a graph was fit on and the rows its gate holds out cannot differ (the FP16 scan and the NMS gate
+    take it too).  Every read of a .npy goes through readers._arrays_from_numpy_file: counted on its way through."""
+    reads: list[Path] = []
+    read = readers._arrays_from_numpy_file
+
+    def counted(path: Path, inputs: list) -> dict:
+        reads.append(path)
+        return read(path, inputs)
+
+    monkeypatch.setattr(readers, "_arrays_from_numpy_file", counted)
+    np.save(tmp_path / "broad.npy", digits[:ROWS])
+    assert cli.main(_build(tmp_path / "broad.npy", tmp_path / "engines", "--calib-batch", "8")) == 0
+    assert reads == [tmp_path / "broad.npy"]
 
 
 def test_split_is_deterministic_spread_and_recorded(digits, tmp_path):

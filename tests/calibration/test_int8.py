@@ -18,13 +18,9 @@ from PIL import Image
 
 from tests.helpers import toy_models
 from trt_pipeline.calibration.cache import load_ranges
-from trt_pipeline.calibration.int8 import (
-    CACHE_FOLDER,
-    CalibrationConfig,
-    Int8Result,
-    calibration_sample,
-    make_int8_graph,
-)
+from trt_pipeline.calibration.holdout import read_calibration
+from trt_pipeline.calibration.int8 import CACHE_FOLDER, calibration_sample, make_int8_graph
+from trt_pipeline.calibration.int8_records import CalibrationConfig, Int8Result
 from trt_pipeline.calibration.photos import PHOTOS, export_calibration_images
 from trt_pipeline.calibration.preprocess import load_image
 from trt_pipeline.calibration.qdq import qdq_problems
@@ -83,9 +79,8 @@ def int8(fp32, train_npy, tmp_path_factory) -> tuple[Path, Int8Result]:
     record = make_int8_graph(
         fp32,
         folder / "model.int8.onnx",
-        train_npy,
-        preprocess=PREPROCESS,
-        config=CalibrationConfig(("max",), SAMPLES, BATCH),
+        read_calibration(train_npy, fp32, PREPROCESS, samples=SAMPLES, batch=BATCH),
+        config=CalibrationConfig(("max",)),
         cache_folder=folder / CACHE_FOLDER,
         cpu_out_paths={kind: folder / cpu_graph(kind) for kind in CPU_TARGETS},
     )
@@ -357,10 +352,12 @@ def test_readers_agree_on_npy_npz_and_callable(fp32, split, tmp_path):
 
 
 def test_cache_hit_miss_recalibrate_and_corruption(fp32, train_npy, tmp_path, capsys):
+    calibration = read_calibration(train_npy, fp32, PREPROCESS, samples=SAMPLES, batch=BATCH)
+
     def build(method: str = "max", recalibrate: bool = False) -> dict:
-        config = CalibrationConfig((method,), SAMPLES, BATCH, recalibrate)
-        args = (fp32, tmp_path / "model.int8.onnx", train_npy)
-        result = make_int8_graph(*args, preprocess=PREPROCESS, config=config, cache_folder=tmp_path / CACHE_FOLDER)
+        config = CalibrationConfig((method,), recalibrate=recalibrate)
+        args = (fp32, tmp_path / "model.int8.onnx", calibration)
+        result = make_int8_graph(*args, config=config, cache_folder=tmp_path / CACHE_FOLDER)
         return result.as_json()
 
     first = build()["calibration"]
@@ -574,13 +571,12 @@ def test_int8_smoke_parity_on_random_inputs_fails_only_on_inf_or_nan(tmp_path):
         folder.mkdir()
         onnx.save(model, str(folder / "model.onnx"))
         np.savez(folder / "calib.npz", x=np.random.default_rng(0).uniform(-0.01, 0.01, (32, 4)).astype(np.float32))
-        config = CalibrationConfig(("max",), 32, 16)
+        calibration = read_calibration(folder / "calib.npz", folder / "model.onnx", None, samples=32, batch=16)
         make_int8_graph(
             folder / "model.onnx",
             folder / "model.int8.onnx",
-            folder / "calib.npz",
-            preprocess=None,
-            config=config,
+            calibration,
+            config=CalibrationConfig(("max",)),
             cache_folder=folder / CACHE_FOLDER,
         )
         return folder

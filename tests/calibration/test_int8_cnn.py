@@ -14,7 +14,9 @@ import json
 import numpy as np
 import pytest
 
-from trt_pipeline.calibration.int8 import CACHE_FOLDER, CalibrationConfig, calibration_sample, make_int8_graph
+from trt_pipeline.calibration.holdout import read_calibration
+from trt_pipeline.calibration.int8 import CACHE_FOLDER, calibration_sample, make_int8_graph
+from trt_pipeline.calibration.int8_records import CalibrationConfig
 from trt_pipeline.calibration.photos import export_calibration_images
 from trt_pipeline.calibration.preprocess import load_image
 from trt_pipeline.models.spec import ImagePreprocess, ModelSpec
@@ -73,9 +75,8 @@ def test_tensorrt_int8_graph_of_a_trained_depthwise_cnn_keeps_the_known_photos(t
         / "model.onnx"
     )
     int8 = tmp_path / "model.int8.onnx"
-    make_int8_graph(
-        fp32, int8, photos, preprocess=PREPROCESS, config=CalibrationConfig(), cache_folder=tmp_path / CACHE_FOLDER
-    )
+    calibration = read_calibration(photos, fp32, PREPROCESS)
+    make_int8_graph(fp32, int8, calibration, config=CalibrationConfig(), cache_folder=tmp_path / CACHE_FOLDER)
     names = sorted(path.stem for path in photos.glob("*.png"))
     images = np.stack([load_image(photos / f"{name}.png", PREPROCESS) for name in names])
     expected = onnxruntime_session(fp32).run(None, {"input": images})[0]

@@ -18,7 +18,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trt_pipeline.calibration.bias import correct_biases
-from trt_pipeline.calibration.int8 import CalibrationConfig, calibrated_graph, make_int8_graph
+from trt_pipeline.calibration.holdout import read_calibration
+from trt_pipeline.calibration.int8 import calibrated_graph, make_int8_graph
+from trt_pipeline.calibration.int8_records import CalibrationConfig
 from trt_pipeline.calibration.qdq import quantize_qdq
 from trt_pipeline.calibration.ranges import (
     QUANTIZED_OPS,
@@ -169,11 +171,12 @@ def test_the_stage_runs_each_graph_twice_over_the_fit_rows_and_not_at_all_on_a_c
     scales are known only then: both ranges, then its means), where each candidate took three before; the same four
     from the cache with no pass, the same graph again; without smoothing, two passes for both methods."""
     graph, rows = model
+    calibration = read_calibration(rows, graph, None, samples=ROWS, batch=BATCH)
 
     def build(alphas: tuple[float | None, ...], out: Path) -> dict:
-        config = CalibrationConfig(("percentile", "max"), ROWS, BATCH, smooth_alphas=alphas)
+        config = CalibrationConfig(("percentile", "max"), smooth_alphas=alphas)
         int8, judge = out / "model.int8.onnx", int8_judge(graph)
-        record = make_int8_graph(graph, int8, rows, preprocess=None, config=config, cache_folder=out, judge=judge)
+        record = make_int8_graph(graph, int8, calibration, config=config, cache_folder=out, judge=judge)
         return record.calibration
 
     first = build((0.5, None), tmp_path / "both")

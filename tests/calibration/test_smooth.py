@@ -19,12 +19,9 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from trt_pipeline.calibration.cache import read_cache
-from trt_pipeline.calibration.int8 import (
-    CACHE_FOLDER,
-    CalibrationConfig,
-    calibrated_graph,
-    make_int8_graph,
-)
+from trt_pipeline.calibration.holdout import read_calibration
+from trt_pipeline.calibration.int8 import CACHE_FOLDER, calibrated_graph, make_int8_graph
+from trt_pipeline.calibration.int8_records import CalibrationConfig
 from trt_pipeline.calibration.qdq import qdq_problems, quantize_qdq
 from trt_pipeline.calibration.ranges import collect_statistics
 from trt_pipeline.calibration.readers import CalibrationData
@@ -171,9 +168,8 @@ def test_a_cpu_graph_that_cannot_be_made_is_recorded_and_the_tensorrt_graph_kept
     record = make_int8_graph(
         fp32,
         tmp_path / "model.int8.onnx",
-        calib,
-        preprocess=None,
-        config=CalibrationConfig(("max",), 32, 16),
+        read_calibration(calib, fp32, None, samples=32, batch=16),
+        config=CalibrationConfig(("max",)),
         cache_folder=tmp_path / CACHE_FOLDER,
         cpu_out_paths={
             kind: tmp_path / "taken" / graph_record("int8", target).file for kind, target in CPU_TARGETS.items()
@@ -260,11 +256,12 @@ def test_smoothing_keeps_int8_close_on_outlier_channels(tmp_path):
     np.savez(calib, **_tokens(64, seed=2))
     held_out = _tokens(64, seed=3)
     expected = onnxruntime_session(fp32).run(None, held_out)[0].reshape(-1, 64)
+    calibration = read_calibration(calib, fp32, None, samples=64, batch=16)
 
     def error(alpha: float | None) -> float:
         int8 = tmp_path / f"model.int8.{alpha}.onnx"
-        config = CalibrationConfig(("max",), 64, 16, smooth_alphas=(alpha,))
-        make_int8_graph(fp32, int8, calib, preprocess=None, config=config, cache_folder=tmp_path / CACHE_FOLDER)
+        config = CalibrationConfig(("max",), smooth_alphas=(alpha,))
+        make_int8_graph(fp32, int8, calibration, config=config, cache_folder=tmp_path / CACHE_FOLDER)
         actual = onnxruntime_session(int8, simulate_qdq=True).run(None, held_out)[0].reshape(-1, 64)
         return float(np.mean(np.linalg.norm(actual - expected, axis=1) / np.linalg.norm(expected, axis=1)))
 
@@ -326,8 +323,9 @@ def test_diagnosis_does_not_blame_a_minus_inf_attention_mask(tmp_path):
     calib = tmp_path / "calibration.npz"
     np.savez(calib, **_attention_inputs(32, seed=1))
     int8 = tmp_path / "model.int8.onnx"
-    config = CalibrationConfig(("max",), 32, 16, smooth_alphas=(0.5,))
-    make_int8_graph(fp32, int8, calib, preprocess=None, config=config, cache_folder=tmp_path / CACHE_FOLDER)
+    config = CalibrationConfig(("max",), smooth_alphas=(0.5,))
+    calibration = read_calibration(calib, fp32, None, samples=32, batch=16)
+    make_int8_graph(fp32, int8, calibration, config=config, cache_folder=tmp_path / CACHE_FOLDER)
     compared = compare_layers(fp32, int8, _attention_inputs(1, seed=2), graph_record("int8"))
     errors = {error.tensor: error for error in compared}
     assert errors["mask_bias"].rel == 0 and errors["masked"].rel < node_tolerance("int8")
@@ -361,7 +359,8 @@ def test_a_trained_sentence_encoder_in_int8_stays_within_cosine_0_99_on_held_out
 
     int8 = tmp_path / "model.int8.max.onnx"
     config = CalibrationConfig(("max",), smooth_alphas=(DEFAULT_SMOOTH_ALPHA,))
-    make_int8_graph(folder / FP32_GRAPH, int8, calib, preprocess=None, config=config, cache_folder=tmp_path / "max")
+    calibration = read_calibration(calib, folder / FP32_GRAPH, None)
+    make_int8_graph(folder / FP32_GRAPH, int8, calibration, config=config, cache_folder=tmp_path / "max")
     cosine = encoder.cosines(folder / FP32_GRAPH, int8, held_out, simulate_qdq=True)
     assert cosine.min() >= 0.99, f"max ranges: min {cosine.min():.4f} mean {cosine.mean():.4f}"
 
