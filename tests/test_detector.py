@@ -15,8 +15,9 @@ import torch
 
 from tests.detector_models import ANCHORS, CLASSES, IMAGE_SIZE, scenes, yolo_detector
 from tests.test_nms import assert_same_detections
+from trt_pipeline.pipeline.core.nms_config import NmsConfig
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
-from trt_pipeline.pipeline.postprocess.nms import NmsConfig, reference_nms
+from trt_pipeline.pipeline.postprocess.nms import reference_nms
 from trt_pipeline.pipeline.postprocess.nms_graph import append_nms
 from trt_pipeline.pipeline.stages.export import export_onnx
 from trt_pipeline.pipeline.stages.simplify import simplify_onnx

@@ -16,8 +16,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.core.nms_config import NmsConfig
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
-from trt_pipeline.pipeline.postprocess.nms import OUTPUTS, NmsConfig, decode, overlaps, reference_nms
+from trt_pipeline.pipeline.postprocess.nms import OUTPUTS, decode, overlaps, reference_nms
 from trt_pipeline.pipeline.postprocess.nms_graph import append_nms
 
 CLASSES = 3

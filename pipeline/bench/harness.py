@@ -23,6 +23,7 @@ import torch
 from ..core.compare import compare_outputs
 from ..core.errors import PipelineError
 from ..core.mentions import render
+from ..core.nms_config import NmsConfig
 from ..core.precision import Precision
 from ..core.settings import engine_command, mention
 from ..evaluation import RTOL
@@ -31,7 +32,7 @@ from ..folder.graph_io import load_reference
 from ..folder.layout import REFERENCE as REFERENCE_FILE
 from ..folder.manifest import Manifest
 from ..folder.reader import open_folder
-from ..postprocess.nms import NmsConfig, detections_of
+from ..postprocess.nms import detections_of
 from ..stages.export import random_inputs
 from .backends import REFERENCE, Backend, Choice, Context, Unavailable, choices_for
 from .environment import describe_environment, load_average, physical_cores

@@ -26,6 +26,7 @@ from ...models.spec import ModelSpec
 from ..core.cpu import int8_cpu_kind
 from ..core.errors import PipelineError
 from ..core.mentions import render
+from ..core.nms_config import NmsConfig
 from ..core.precision import Precision
 from ..core.sessions import levels_below_full
 from ..core.settings import OPSET, POSTPROCESS_NMS, POSTPROCESS_NONE, Settings, deciding, mention
@@ -49,7 +50,6 @@ from ..folder.manifest import read_manifest, record_stage, update_manifest
 from ..folder.provenance import artifact_problems, describe_artifacts, package_versions
 from ..folder.rebuild import make_engine_command
 from ..folder.records import BuildRecord, GraphRecord, ModelRecord, PostprocessRecord, StageRecord, Target
-from ..postprocess.nms import NmsConfig
 from .build import build_engine
 from .check import check_onnx
 from .export import export_onnx, parity_batches, release_module, write_reference
