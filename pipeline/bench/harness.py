@@ -25,6 +25,7 @@ from ..core.errors import PipelineError
 from ..core.mentions import render
 from ..core.nms_config import NmsConfig
 from ..core.precision import Precision
+from ..core.random_inputs import random_inputs
 from ..core.settings import engine_command, mention
 from ..evaluation import RTOL
 from ..evaluation.detections import MIN_AGREEMENT, detection_agreement
@@ -33,7 +34,6 @@ from ..folder.layout import REFERENCE as REFERENCE_FILE
 from ..folder.manifest import Manifest
 from ..folder.reader import open_folder
 from ..postprocess.nms import detections_of
-from ..stages.export import random_inputs
 from .backends import REFERENCE, Backend, Choice, Context, Unavailable, choices_for
 from .environment import describe_environment, load_average, physical_cores
 from .report import DEVICE_RESIDENT, END_TO_END, agreement_text

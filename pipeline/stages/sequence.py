@@ -22,6 +22,7 @@ from typing import TypeVar
 from ... import models
 from ...calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph, split_calibration
 from ...calibration.readers import CalibrationData, graph_inputs, is_image_folder, read_calibration_data
+from ...models.prepare import prepare
 from ...models.spec import ModelSpec
 from ..core.cpu import int8_cpu_kind
 from ..core.errors import PipelineError
@@ -65,7 +66,6 @@ from .onnx_model import (
 )
 from .parity import check_int8_agreement, check_parity
 from .postprocess import Judged, append_postprocess, check_nms, held_out_rows
-from .prepare import prepare
 from .simplify import simplify_onnx
 
 VERSIONED_PACKAGES = ("torch", "onnx", "onnxsim", "onnxruntime-gpu", "onnxruntime", "numpy")
