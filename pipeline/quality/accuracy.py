@@ -531,9 +531,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     given = given_settings(args)
-    # Checked as the settings of no precision in particular (accuracy makes every one), so without CALIB_METHOD,
-    # which changes INT8 builds only and would be refused at the default PRECISION; its methods are read as an INT8
-    # build reads them.
+    # CALIB_METHOD names the INT8 methods compared, read as an INT8 build reads it.  The other settings are checked
+    # without it, at the default PRECISION (accuracy makes every precision), which would refuse it as INT8's alone.
     methods = list(Settings(calib_method=given.pop("calib_method", DEFAULTS["calib_method"])).calib_methods())
     settings = Settings(**{**ACCURACY_DEFAULTS, **given}).check()
     if args.accuracy_budget is not None and not args.accuracy_budget >= 0:
