@@ -38,8 +38,8 @@ import numpy as np
 
 from trt_pipeline import models
 from trt_pipeline.calibration.photos import PHOTOS, views
-from trt_pipeline.calibration.preprocess import load_image
 from trt_pipeline.calibration.share import compute_shapes, int8_share, macs_by_op
+from trt_pipeline.models.preprocess import load_image
 from trt_pipeline.pipeline.core.compute import COMPUTE_OPS
 from trt_pipeline.pipeline.core.cpu import cpu_instruction_sets, cpu_model, instruction_sets_text, int8_cpu_kind
 from trt_pipeline.pipeline.core.errors import PipelineError

@@ -23,7 +23,9 @@ import torch
 from ..core.compare import compare_outputs
 from ..core.errors import PipelineError
 from ..core.mentions import render
+from ..core.nms_config import NmsConfig
 from ..core.precision import Precision
+from ..core.random_inputs import random_inputs
 from ..core.settings import engine_command, mention
 from ..evaluation import RTOL
 from ..evaluation.detections import MIN_AGREEMENT, detection_agreement
@@ -31,8 +33,7 @@ from ..folder.graph_io import load_reference
 from ..folder.layout import REFERENCE as REFERENCE_FILE
 from ..folder.manifest import Manifest
 from ..folder.reader import open_folder
-from ..postprocess.nms import NmsConfig, detections_of
-from ..stages.export import random_inputs
+from ..postprocess.nms import detections_of
 from .backends import REFERENCE, Backend, Choice, Context, Unavailable, choices_for
 from .environment import describe_environment, load_average, physical_cores
 from .report import DEVICE_RESIDENT, END_TO_END, agreement_text

@@ -8,9 +8,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..postprocess.nms import BOX_FORMATS, NmsConfig
 from .errors import PipelineError
 from .mentions import span
+from .nms_config import BOX_FORMATS, NmsConfig
 from .precision import PRECISIONS, Precision
 
 OPSET = 17  # fixed: TensorRT 10/11 and ONNX Runtime all read it; recorded in the manifest

@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import PipelineError
+from ..core.nms_config import NmsConfig
 from ..core.precision import PRECISIONS
 from ..core.sessions import OPTIMIZATION_LEVELS
 from ..core.settings import POSTPROCESS_NMS, BatchProfile
-from ..postprocess.nms import NmsConfig
 from .artifacts import write_json
 from .graph_io import GraphTensor
 from .layout import ARTIFACT_LAYOUT, MANIFEST

@@ -36,7 +36,7 @@ class TorchRunner(Runner):
         import torch
 
         from ... import models
-        from ..stages.prepare import prepare
+        from ...models.prepare import prepare
 
         super().__init__(folder, split_large_batches=split_large_batches)
         self.device = _torch_device(device)  # before the model loads: a typo should not cost a model load
@@ -66,8 +66,8 @@ class TorchRunner(Runner):
     def _run(self, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
         import torch
 
+        from ...models.prepare import flatten_outputs
         from ...models.spec import call_module
-        from ..stages.prepare import flatten_outputs
 
         tensors = {
             spec.name: torch.from_numpy(np.ascontiguousarray(feed[spec.name])).to(self.device) for spec in self.inputs

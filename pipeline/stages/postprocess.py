@@ -36,6 +36,7 @@ import onnx
 
 from ..core.compare import compare
 from ..core.errors import PipelineError
+from ..core.nms_config import NmsConfig
 from ..core.precision import Precision
 from ..core.sessions import onnxruntime_session
 from ..core.settings import BatchProfile, mention
@@ -45,7 +46,7 @@ from ..evaluation.detections import MIN_AGREEMENT, SAME_RTOL, DetectionAgreement
 from ..folder.artifacts import atomic_path
 from ..folder.graph_io import graph_io, load_reference
 from ..folder.records import GraphRecord
-from ..postprocess.nms import OUTPUTS, NmsConfig, reference_nms
+from ..postprocess.nms import OUTPUTS, reference_nms
 from ..postprocess.nms_graph import append_nms
 
 Feeds = dict[str, np.ndarray]

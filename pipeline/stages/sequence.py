@@ -24,10 +24,12 @@ from ...calibration.holdout import CalibrationParts, read_calibration
 from ...calibration.int8 import CACHE_FOLDER, make_int8_graph
 from ...calibration.int8_records import CalibrationConfig
 from ...calibration.readers import is_image_folder
+from ...models.prepare import prepare
 from ...models.spec import ModelSpec
 from ..core.cpu import int8_cpu_kind
 from ..core.errors import PipelineError
 from ..core.mentions import render
+from ..core.nms_config import NmsConfig
 from ..core.precision import Precision
 from ..core.sessions import levels_below_full
 from ..core.settings import OPSET, POSTPROCESS_NMS, POSTPROCESS_NONE, Settings, deciding, mention
@@ -51,7 +53,6 @@ from ..folder.manifest import read_manifest, record_stage, update_manifest
 from ..folder.provenance import artifact_problems, describe_artifacts, package_versions
 from ..folder.rebuild import make_engine_command
 from ..folder.records import BuildRecord, GraphRecord, ModelRecord, PostprocessRecord, StageRecord, Target
-from ..postprocess.nms import NmsConfig
 from .build import build_engine
 from .check import check_onnx
 from .export import export_onnx, parity_batches, release_module, write_reference
@@ -67,7 +68,6 @@ from .onnx_model import (
 )
 from .parity import check_int8_agreement, check_parity
 from .postprocess import Judged, append_postprocess, check_nms, held_out_rows
-from .prepare import prepare
 from .simplify import simplify_onnx
 
 VERSIONED_PACKAGES = ("torch", "onnx", "onnxsim", "onnxruntime-gpu", "onnxruntime", "numpy")

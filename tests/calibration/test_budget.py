@@ -83,7 +83,7 @@ def test_budget_keeps_the_most_sensitive_layers_in_float_until_it_holds(digits, 
 
 def test_accuracy_budget_from_the_command_line(tmp_path, capsys):
     code = cli.main(
-        ["accuracy", "--model", "digits", "--methods", "max", "--accuracy-budget", "0.5", "--out", str(tmp_path)]
+        ["accuracy", "--model", "digits", "--calib-method", "max", "--accuracy-budget", "0.5", "--out", str(tmp_path)]
     )
     assert code == 0
     report = json.loads((tmp_path / "digits-fp32" / "accuracy.json").read_text())

@@ -22,7 +22,6 @@ from trt_pipeline.calibration.holdout import read_calibration
 from trt_pipeline.calibration.int8 import CACHE_FOLDER, calibration_sample, make_int8_graph
 from trt_pipeline.calibration.int8_records import CalibrationConfig, Int8Result
 from trt_pipeline.calibration.photos import PHOTOS, export_calibration_images
-from trt_pipeline.calibration.preprocess import load_image
 from trt_pipeline.calibration.qdq import qdq_problems
 from trt_pipeline.calibration.qdq_cpu import (
     as_tensors_data,
@@ -33,6 +32,7 @@ from trt_pipeline.calibration.qdq_cpu import (
 from trt_pipeline.calibration.ranges import collect_statistics
 from trt_pipeline.calibration.readers import graph_inputs, read_calibration_data
 from trt_pipeline.models.digits import PREPROCESS, load_split
+from trt_pipeline.models.preprocess import load_image
 from trt_pipeline.models.spec import ImagePreprocess
 from trt_pipeline.pipeline import cli
 from trt_pipeline.pipeline.core.cpu import NO_VNNI, VNNI, int8_cpu_kind

@@ -18,7 +18,7 @@ from trt_pipeline.calibration.holdout import read_calibration
 from trt_pipeline.calibration.int8 import CACHE_FOLDER, calibration_sample, make_int8_graph
 from trt_pipeline.calibration.int8_records import CalibrationConfig
 from trt_pipeline.calibration.photos import export_calibration_images
-from trt_pipeline.calibration.preprocess import load_image
+from trt_pipeline.models.preprocess import load_image
 from trt_pipeline.models.spec import ImagePreprocess, ModelSpec
 from trt_pipeline.pipeline.core.cpu import int8_cpu_kind
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session

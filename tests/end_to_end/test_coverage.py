@@ -450,11 +450,11 @@ def _unseen_sizes(folder: Path) -> dict:
     dynamic-axis sizes no stage ran (the reference runs the example's size and each axis's max), on random inputs
     drawn as the reference's are (integers in the range of the reference's own)."""
     from trt_pipeline.pipeline.core.compare import compare
+    from trt_pipeline.pipeline.core.random_inputs import random_inputs
     from trt_pipeline.pipeline.folder.graph_io import load_reference
     from trt_pipeline.pipeline.folder.layout import REFERENCE
     from trt_pipeline.pipeline.folder.reader import open_folder
     from trt_pipeline.pipeline.runners import load_runner
-    from trt_pipeline.pipeline.stages.export import random_inputs
 
     opened = open_folder(folder)
     manifest = opened.manifest

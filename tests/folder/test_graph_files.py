@@ -15,6 +15,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
+from trt_pipeline.models.prepare import prepare
 from trt_pipeline.models.spec import ModelSpec
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
@@ -25,7 +26,6 @@ from trt_pipeline.pipeline.folder.graph_files import data_files, gather_weights,
 from trt_pipeline.pipeline.folder.graph_io import load_reference
 from trt_pipeline.pipeline.stages.check import check_onnx
 from trt_pipeline.pipeline.stages.export import export_onnx, write_reference
-from trt_pipeline.pipeline.stages.prepare import prepare
 from trt_pipeline.pipeline.stages.simplify import simplify_onnx
 
 PROFILE = BatchProfile(1, 2, 4)

@@ -95,6 +95,11 @@ CODE_FOLDERS = ("pipeline", "models", "calibration")
 RUNS_OUTSIDE_THE_PACKAGE = {"pipeline/triton/python_model.py"}
 
 
+def _code_files() -> list[Path]:
+    files = [p for folder in CODE_FOLDERS for p in sorted((ROOT / folder).rglob("*.py"))]
+    return [p for p in files if p.relative_to(ROOT).as_posix() not in RUNS_OUTSIDE_THE_PACKAGE]
+
+
 def _target(path: Path, node: ast.ImportFrom) -> tuple[Path, list[str]]:
     """Where a relative import points, from the importing file's own folder: the folder and the dotted rest."""
     base = path.parent
@@ -140,8 +145,7 @@ def _unresolved(path: Path) -> list[str]:
 def test_every_internal_import_names_a_file_of_the_checkout_by_path_alone():
     """An import inside the code leads a reader (or a tool that does not follow links) to its file: relative, from
     the importing file's own folder."""
-    files = [p for folder in CODE_FOLDERS for p in sorted((ROOT / folder).rglob("*.py"))]
-    files = [p for p in files if p.relative_to(ROOT).as_posix() not in RUNS_OUTSIDE_THE_PACKAGE]
+    files = _code_files()
     assert len(files) > 50
     assert [problem for path in files for problem in _unresolved(path)] == []
 
@@ -212,8 +216,7 @@ class _Imports(ast.NodeVisitor):
 
 
 def _package_imports() -> dict[str, list[Import]]:
-    files = [p for folder in CODE_FOLDERS for p in sorted((ROOT / folder).rglob("*.py"))]
-    files = [p for p in files if p.relative_to(ROOT).as_posix() not in RUNS_OUTSIDE_THE_PACKAGE]
+    files = _code_files()
     imports = {}
     for path in files:
         visitor = _Imports(path)
@@ -251,14 +254,84 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
+def _arrows() -> dict[str, dict[str, str]]:
+    """The package's import graph: module -> {module it imports: where}, each relative import counted wherever it
+    stands, inside a function or under `if TYPE_CHECKING:` (mypy reads those: modules whose types name each other
+    still need each other)."""
+    arrows: dict[str, dict[str, str]] = {}
+    for path in _code_files():
+        found = arrows.setdefault(_module_name(path), {})
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                for target in _internal_targets(path, node):
+                    found.setdefault(target, f"{path.relative_to(ROOT)}:{node.lineno}")
+        found.pop(_module_name(path), None)
+    return arrows
+
+
 def test_the_package_imports_no_module_that_imports_it_back():
-    """No import cycle among the package's modules, counting the imports inside functions too (a cycle a deferred
-    import hides is still a cycle: two modules that each need the other are one module, or a third owns what they
-    share)."""
-    imports = _package_imports()
-    edges = {module: {target for i in found for target in i.internal} - {module} for module, found in imports.items()}
-    assert len(edges) > 50 and _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert _cycles(edges) == []
+    """No import cycle among the package's modules, counting the imports inside functions and the type-only ones too
+    (a cycle a deferred or a type-only import hides is still a cycle: two modules that each need the other are one
+    module, or a third owns what they share)."""
+    arrows = _arrows()
+    assert len(arrows) > 50 and _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({module: set(targets) for module, targets in arrows.items()}) == []
+
+
+def _floor(module: str) -> str:
+    """The folder a module stands in: models, calibration, pipeline.core, pipeline.stages, ... (pipeline/cli.py and
+    pipeline/__init__.py stand alone)."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "pipeline" else parts[0]
+
+
+def test_no_two_folders_import_each_other():
+    """Each piece two folders share lives on a floor below both (core <-> postprocess was the NMS settings' type,
+    calibration <-> models the image preprocessing): the folders' import graph has no cycle either."""
+    between: dict[str, set[str]] = {}
+    for module, targets in _arrows().items():
+        between.setdefault(_floor(module), set()).update(_floor(t) for t in targets if _floor(t) != _floor(module))
+    assert {"models", "calibration", "pipeline.core", "pipeline.stages", "pipeline.cli"} <= set(between)
+    assert _cycles(between) == []
+
+
+def test_the_ground_floor_imports_nothing_above_it():
+    """core/ is what every other folder stands on, so it imports only itself."""
+    upward = [
+        f"{where}: {module} -> {target}"
+        for module, targets in _arrows().items()
+        if _floor(module) == "pipeline.core"
+        for target, where in targets.items()
+        if _floor(target) != "pipeline.core"
+    ]
+    assert upward == []
+
+
+# The runtime: what a service installs and runs.  A build stage (pipeline/stages) loads torch, onnx and the builders;
+# what the runtime shares with the build lives below both (core/, models/).
+RUNTIME_FOLDERS = ("pipeline.runners", "pipeline.serve", "pipeline.bench")
+
+
+def test_the_runtime_reaches_no_build_stage():
+    """No module of runners/, serve/ or bench/ imports a build stage, directly or through the modules it imports
+    (deferred and type-only imports counted)."""
+    arrows = _arrows()
+    reached = []
+    for start in (module for module in arrows if _floor(module) in RUNTIME_FOLDERS):
+        came_from: dict[str, str] = {start: ""}
+        pending = [start]
+        while pending:
+            module = pending.pop()
+            for target in arrows[module]:
+                if target not in came_from:
+                    came_from[target], pending = module, [*pending, target]
+        for stage in sorted(m for m in came_from if _floor(m) == "pipeline.stages"):
+            chain = [stage]
+            while came_from[chain[-1]]:
+                chain.append(came_from[chain[-1]])
+            reached.append(" <- ".join(chain))
+    assert sum(_floor(module) in RUNTIME_FOLDERS for module in arrows) > 20
+    assert reached == []
 
 
 # The base dependency (pyproject.toml's [project] dependencies); every other installed package comes with an extra.

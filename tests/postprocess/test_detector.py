@@ -16,8 +16,9 @@ import torch
 
 from tests.helpers.detections import assert_same_detections
 from tests.helpers.detector_models import ANCHORS, CLASSES, IMAGE_SIZE, scenes, yolo_detector
+from trt_pipeline.pipeline.core.nms_config import NmsConfig
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
-from trt_pipeline.pipeline.postprocess.nms import NmsConfig, reference_nms
+from trt_pipeline.pipeline.postprocess.nms import reference_nms
 from trt_pipeline.pipeline.postprocess.nms_graph import append_nms
 from trt_pipeline.pipeline.stages.export import export_onnx
 from trt_pipeline.pipeline.stages.simplify import simplify_onnx

@@ -17,8 +17,9 @@ from onnx import TensorProto, helper
 
 from tests.helpers.detections import assert_same_detections
 from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.core.nms_config import NmsConfig
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
-from trt_pipeline.pipeline.postprocess.nms import OUTPUTS, NmsConfig, decode, overlaps, reference_nms
+from trt_pipeline.pipeline.postprocess.nms import OUTPUTS, decode, overlaps, reference_nms
 from trt_pipeline.pipeline.postprocess.nms_graph import append_nms
 
 CLASSES = 3

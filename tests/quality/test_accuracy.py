@@ -74,15 +74,8 @@ def test_unlabelled_model_is_compared_with_fp32_on_calib(tmp_path, capsys):
     """A model with no labelled set: agreement and cosine vs FP32 on CALIB, through the command line."""
     calib = tmp_path / "calib.npy"
     np.save(calib, np.random.default_rng(0).standard_normal((48, 3, 16, 16), dtype=np.float32))
-    argv = [
-        "accuracy",
-        "--model",
-        "tests.helpers.toy_models:tiny_cnn",
-        "--calib",
-        str(calib),
-        "--methods",
-        "max,percentile",
-    ]
+    # CALIB_METHOD=auto's two methods
+    argv = ["accuracy", "--model", "tests.helpers.toy_models:tiny_cnn", "--calib", str(calib)]
     assert cli.main([*argv, "--out", str(tmp_path / "engines")]) == 0
     report = json.loads((tmp_path / "engines" / "toy_models-tiny_cnn-fp32" / "accuracy.json").read_text())
     int8 = {"int8-max", "int8-percentile", "int8-max-ort", "int8-percentile-ort"}
@@ -117,8 +110,21 @@ def test_unlabelled_model_without_calib_is_a_clear_error(tmp_path, capsys):
 
 
 def test_unknown_method_is_a_clear_error(capsys):
-    assert cli.main(["accuracy", "--methods", "max,kl"]) == 2
-    assert "unknown calibration method(s) ['kl']" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["accuracy", "--calib-method", "kl"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "argument --calib-method: invalid choice: 'kl'" in err and "Traceback" not in err
+
+
+def test_one_calibration_method_is_named_as_make_engine_names_it(tmp_path):
+    """accuracy reads CALIB_METHOD as the build does (no second spelling of it): one method, and given with the
+    default PRECISION it is not refused as an INT8-only setting, since accuracy makes every precision."""
+    calib = tmp_path / "calib.npy"
+    np.save(calib, np.random.default_rng(0).standard_normal((24, 3, 16, 16), dtype=np.float32))
+    argv = ["accuracy", "--model", "tests.toy_models:tiny_cnn", "--calib", str(calib), "--calib-method", "entropy"]
+    assert cli.main([*argv, "--out", str(tmp_path / "engines")]) == 0
+    report = json.loads((tmp_path / "engines" / "toy_models-tiny_cnn-fp32" / "accuracy.json").read_text())
+    assert set(report["results"]) == {"fp32", "fp16", "int8-entropy", "int8-entropy-ort"}
 
 
 # QEMU's model of an AVX2 CPU without AVX-512 or VNNI: qemu-user (TCG) executes its instructions, and

@@ -22,6 +22,7 @@ from trt_pipeline.pipeline.bench.harness import agreement
 from trt_pipeline.pipeline.cli import main as cli_main
 from trt_pipeline.pipeline.core.cpu import int8_cpu_kind
 from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.core.nms_config import NmsConfig
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
 from trt_pipeline.pipeline.evaluation import simulates_qdq
@@ -29,7 +30,7 @@ from trt_pipeline.pipeline.evaluation.detections import MIN_AGREEMENT, detection
 from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, artifact_names, folder_graphs
 from trt_pipeline.pipeline.folder.reader import open_folder
 from trt_pipeline.pipeline.folder.records import GraphRecord, Target
-from trt_pipeline.pipeline.postprocess.nms import OUTPUTS, NmsConfig, reference_nms
+from trt_pipeline.pipeline.postprocess.nms import OUTPUTS, reference_nms
 from trt_pipeline.pipeline.postprocess.nms_graph import append_nms
 from trt_pipeline.pipeline.stages.postprocess import Judged, check_nms
 from trt_pipeline.pipeline.stages.sequence import make_engine

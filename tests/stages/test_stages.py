@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.helpers import toy_models
+from trt_pipeline.models.prepare import prepare
 from trt_pipeline.models.spec import DynamicAxis, ModelSpec
 from trt_pipeline.pipeline.core.compare import compare
 from trt_pipeline.pipeline.core.errors import PipelineError
@@ -20,7 +21,6 @@ from trt_pipeline.pipeline.stages.check import check_onnx
 from trt_pipeline.pipeline.stages.export import export_onnx, parity_batches, write_reference
 from trt_pipeline.pipeline.stages.fp16 import convert_fp16
 from trt_pipeline.pipeline.stages.parity import check_parity
-from trt_pipeline.pipeline.stages.prepare import prepare
 from trt_pipeline.pipeline.stages.simplify import simplify_onnx
 
 PROFILE = BatchProfile(1, 4, 8)

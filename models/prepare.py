@@ -1,4 +1,5 @@
-"""Stage 1: put a loaded model in inference mode and prove that it is.
+"""Stage 1: put a loaded model in inference mode and prove that it is (the build runs it first, stages/sequence.py;
+the PyTorch runner runs it on the model it loads, so it lives with the models, below both).
 
 Exporting a model still in training mode is the most common silent failure of
 this whole field: dropout stays active and BatchNorm normalises with the batch's
@@ -9,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from ...models.spec import ModelSpec, call_module, named_outputs
-from ..core.errors import PipelineError
-from ..core.settings import mention_name
+from ..pipeline.core.errors import PipelineError
+from ..pipeline.core.settings import mention_name
+from .spec import ModelSpec, call_module, named_outputs
 
 BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
 

@@ -1,6 +1,6 @@
 """Image preprocessing, implemented once: calibration, the runner and the benchmark all call these.
 
-A model declares its preprocessing as `ModelSpec.preprocess` (models/spec.py ImagePreprocess);
+A model declares its preprocessing as `ModelSpec.preprocess` (ImagePreprocess, in spec.py beside this file);
 calibration must see exactly what inference sees, or the INT8 scales are fitted to the wrong
 distribution.  The steps follow torchvision's classification recipe: resize the shorter side to
 `resize` (bilinear), center-crop `crop` x `crop`, scale to 0..1, normalise per channel, HWC -> CHW.
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..models.spec import ImagePreprocess
 from ..pipeline.core.errors import PipelineError
+from .spec import ImagePreprocess
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
