@@ -41,6 +41,7 @@ from trt_pipeline.models.spec import ImagePreprocess
 from trt_pipeline.pipeline import cli
 from trt_pipeline.pipeline.core.cpu import NO_VNNI, VNNI, int8_cpu_kind
 from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
 from trt_pipeline.pipeline.folder.artifacts import write_npz
@@ -588,14 +589,14 @@ def test_int8_smoke_parity_on_random_inputs_fails_only_on_inf_or_nan(tmp_path):
     noise = np.random.default_rng(1).standard_normal((8, 4)).astype(np.float32)
     folder = graph([], "y")
     write_npz(folder / "reference.npz", {"case0/in/x": noise, "case0/out/y": noise})
-    record = check_parity(folder / "model.int8.onnx", folder / "reference.npz", precision="int8")
+    record = check_parity(folder / "model.int8.onnx", folder / "reference.npz", graph=graph_record(Precision.INT8))
     assert record["max_rel"] > 5 and "smoke: fails on inf/NaN only" in record["summary"]
 
     folder = graph([helper.make_node("Div", ["y", "ninefold"], ["ratio"])], "ratio")  # 0 / 0 where x is 0
     zero = np.zeros((1, 4), np.float32)
     write_npz(folder / "reference.npz", {"case0/in/x": zero, "case0/out/ratio": np.ones((1, 4), np.float32)})
     with pytest.raises(PipelineError, match="disagrees with PyTorch"):
-        check_parity(folder / "model.int8.onnx", folder / "reference.npz", precision="int8")
+        check_parity(folder / "model.int8.onnx", folder / "reference.npz", graph=graph_record(Precision.INT8))
 
 
 # The times the factory below built its model (tests.test_calibration:counted_cnn).

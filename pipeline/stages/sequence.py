@@ -209,11 +209,12 @@ def run_simplify(run: Run) -> None:
 
 def run_parity(run: Run) -> None:
     reference = _require(run, REFERENCE)
-    run.stage("parity_fp32", check_parity, _require(run, FP32_GRAPH), reference, precision="fp32")
+    fp32 = graph_record(Precision.FP32)
+    run.stage(fp32.gate, check_parity, _require(run, fp32.file), reference, graph=fp32)
 
 
 def run_precision(run: Run) -> None:
-    precision = Precision(run.settings.precision)
+    precision = run.settings.precision
     if precision is Precision.FP32:
         return
     engine = graph_record(precision)
@@ -224,7 +225,7 @@ def run_precision(run: Run) -> None:
         _int8_stage(run, engine)
     reference = _require(run, REFERENCE)
     target = _require(run, engine.file)
-    run.stage(engine.gate, check_parity, target, reference, precision=precision, against_fp32=judged)
+    run.stage(engine.gate, check_parity, target, reference, graph=engine, against_fp32=judged)
 
 
 def _fp16_stage(run: Run, engine: GraphRecord) -> tuple[Case, ...]:
@@ -267,7 +268,7 @@ def _int8_stage(run: Run, engine: GraphRecord) -> None:
     update_manifest(run.folder, calibration=result.calibration, graphs=graphs)
     for graph in written.values():
         graph_path, reference = _require(run, graph.file), _require(run, REFERENCE)
-        run.stage(graph.gate, check_parity, graph_path, reference, precision=graph.precision, target=graph.target)
+        run.stage(graph.gate, check_parity, graph_path, reference, graph=graph)
     for graph in _check_int8_agreement(run, source, engine, written):
         _leave_out_graph(run, graph, "it departs from FP32 on the calibration data (agreement_int8 in the manifest)")
 
