@@ -55,7 +55,7 @@ SAMPLES, BATCH = 128, 32
 
 def cpu_graph(kind: str) -> str:
     """The file of the INT8 graph for ONNX Runtime's kernels on this kind of CPU."""
-    return graph_record("int8", CPU_TARGETS[kind]).file
+    return graph_record(Precision.INT8, CPU_TARGETS[kind]).file
 
 
 @pytest.fixture(scope="module")
@@ -290,7 +290,7 @@ def test_make_engine_int8_from_an_image_folder(split, tmp_path):
     folder = tmp_path / "engines" / "digits-int8"
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["complete"]
-    assert [graph["file"] for graph in manifest["graphs"]] == [graph.file for graph in folder_graphs("int8")]
+    assert [graph["file"] for graph in manifest["graphs"]] == [graph.file for graph in folder_graphs(Precision.INT8)]
     assert manifest["graphs"][1] == {
         "file": "model.int8.onnx",
         "precision": "int8",
@@ -510,7 +510,7 @@ def test_int8_gate_passes_the_calibrated_graph_and_fails_a_wrong_scale(int8, fp3
         check_int8_agreement(fp32, [int8[0], tmp_path / "model.int8.onnx"], batches)
     assert "the first node past it is" in str(caught.value) and "diagnose" in caught.value.fix
     # An optional graph (a CPU-shaped one) past the gate is left out, not an error: the engine's graph stands in.
-    shaped = graph_record("int8", CPU_TARGETS[NO_VNNI])
+    shaped = graph_record(Precision.INT8, CPU_TARGETS[NO_VNNI])
     shutil.copy(tmp_path / "model.int8.onnx", tmp_path / shaped.file)
     record = check_int8_agreement(fp32, [int8[0]], batches, optional={tmp_path / shaped.file: shaped})
     assert record.graphs["model.int8.onnx"].left_out is None

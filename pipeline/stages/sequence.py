@@ -28,7 +28,7 @@ from ..core.errors import PipelineError
 from ..core.mentions import render
 from ..core.precision import Precision
 from ..core.sessions import levels_below_full
-from ..core.settings import OPSET, POSTPROCESS_NMS, POSTPROCESS_NONE, Settings, deciding, mention
+from ..core.settings import OPSET, Postprocess, Settings, deciding, mention
 from ..core.trt_module import import_trt
 from ..evaluation.agreement import int8_judge
 from ..folder.artifacts import build_lock, sha256_file
@@ -350,8 +350,8 @@ def run_postprocess(run: Run) -> None:
         return
     manifest = read_manifest(run.folder)
     listed = (manifest.graphs if manifest else ()) or folder_graphs(run.settings.precision)  # int8: less left-out
-    heads = [graph for graph in listed if graph.postprocess == POSTPROCESS_NONE]
-    served = [postprocessed(graph, POSTPROCESS_NMS) for graph in heads]
+    heads = [graph for graph in listed if graph.postprocess is Postprocess.NONE]
+    served = [postprocessed(graph, Postprocess.NMS) for graph in heads]
     paths = [_require(run, graph.file) for graph in heads]
     record = run.stage("nms", append_postprocess, paths, [run.path(graph.file) for graph in served], config)
     head_outputs = graph_io(run.path(FP32_GRAPH)).outputs
@@ -360,7 +360,7 @@ def run_postprocess(run: Run) -> None:
         run.folder,
         graphs=(*heads, *served),
         outputs=graph_io(run.path(served[0].file)).outputs,
-        postprocess=PostprocessRecord(POSTPROCESS_NMS, record["config"], head_outputs),
+        postprocess=PostprocessRecord(Postprocess.NMS, record["config"], head_outputs),
     )
     rows = _held_out_detections(run, head)
     for graph in served:
