@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from trt_pipeline.models.spec import DynamicAxis, ModelSpec
+from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, graph_record
 
 SEQ = 32  # tokens per sentence, padded: the calibration .npz needs one shape
@@ -177,7 +178,7 @@ def main() -> None:
         for smooth in args.smooth.split(","):
             (alpha,) = Settings(smooth=smooth).smooth_alphas()
             folder = args.out / f"{method}-smooth-{smooth}"
-            cpu = folder / graph_record("int8", CPU_TARGETS[kind]).file
+            cpu = folder / graph_record(Precision.INT8, CPU_TARGETS[kind]).file
             make_int8_graph(
                 fp32,
                 folder / "model.int8.onnx",

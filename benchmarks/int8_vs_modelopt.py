@@ -43,6 +43,7 @@ from trt_pipeline.models.preprocess import load_image
 from trt_pipeline.pipeline.core.compute import COMPUTE_OPS
 from trt_pipeline.pipeline.core.cpu import cpu_instruction_sets, cpu_model, instruction_sets_text, int8_cpu_kind
 from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.settings import Settings
 from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, graph_record
@@ -376,7 +377,7 @@ def quantize_all(bench: Bench, fp32: Path, set_name: str, out: Path) -> dict[str
         folder = out / "-".join(["ours", *(f"{k}-{v}" for k, v in options.items())])
         graph, seconds, verdict = ours(bench.model, bench.sets[set_name], folder, options)
         graphs[label] = (graph, seconds, f"make_engine {verdict}")
-        served = graph.parent / graph_record("int8", CPU_TARGETS[int8_cpu_kind()]).file
+        served = graph.parent / graph_record(Precision.INT8, CPU_TARGETS[int8_cpu_kind()]).file
         if not options and served.is_file():  # a CPU graph past its gate is left out of the folder
             graphs[SERVED_CPU] = (served, seconds, f"{served.name}, this CPU's ({int8_cpu_kind()}), on ORT's kernels")
     for label, op_types in ORT_OP_TYPES.items():

@@ -147,7 +147,7 @@ def measure_accuracy(
         )
     # Only what decides the FP32 artifacts: calibration options must not invalidate their reuse.
     folder = make_engine(
-        Settings(model=settings.model, precision="fp32", weights=settings.weights, out_root=settings.out_root)
+        Settings(model=settings.model, precision=Precision.FP32, weights=settings.weights, out_root=settings.out_root)
     )
     preprocess = models.load_model(settings.model, weights=settings.weights).preprocess
     evaluation = _evaluation_set(settings, name, folder / FP32_GRAPH, preprocess, eval_source)

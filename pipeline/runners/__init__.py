@@ -81,7 +81,7 @@ def _checked_engine(folder: ArtifactFolder, runner: Runner, why: str) -> tuple[R
     """The engine's runner where it passes the host check, else the fastest ONNX Runtime graph that does (the
     engine's options do not apply to it), and why.  Not cached: an engine is checked at every load (a GPU runs the
     reference cases in well under a second)."""
-    check = {folder.engine: check_runner(folder, folder.precision, runner)}
+    check = {folder.engine: check_runner(folder, folder.engine_graph, runner)}
     if check[folder.engine].passed:
         return runner, f"{why}; {describe(check)}"
     runner.close()

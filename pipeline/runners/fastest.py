@@ -29,6 +29,7 @@ import numpy as np
 
 from ..core.cpu import cpu_instruction_sets, cpu_model, int8_cpu_kind
 from ..core.errors import PipelineError
+from ..core.precision import Precision
 from ..core.trt_module import describe_gpu
 from ..evaluation.host import HostCheck
 from ..folder.artifacts import write_json
@@ -62,7 +63,7 @@ class Candidate:
         return self.record.file
 
     @property
-    def precision(self) -> str:
+    def precision(self) -> Precision:
         return self.record.precision
 
     @property
@@ -135,7 +136,7 @@ def _first_served(
         return ranked[0], {}
     by_label = {candidate.label: candidate for candidate in ranked}
     label, checks = first_passing(
-        list(by_label), lambda label: check_runner(folder, by_label[label].precision, runners[by_label[label]])
+        list(by_label), lambda label: check_runner(folder, by_label[label].record, runners[by_label[label]])
     )
     if label is None:
         raise refused_on_host(folder, checks)

@@ -100,12 +100,12 @@ def choose_graph(folder: ArtifactFolder, requested: str | None, *, on_cpu: bool)
                 f"graph={requested!r} is not one of the graphs of {folder.path}",
                 f"give one of them ({', '.join(graphs)}) or leave graph=None",
             )
-        if graph.postprocess != folder.postprocess:  # the raw head of a POSTPROCESS=nms folder: not its outputs
-            served = sorted(graph.file for graph in folder.graphs if graph.postprocess == folder.postprocess)
+        if graph.postprocess is not folder.postprocess:  # the raw head of a POSTPROCESS=nms folder: not its outputs
+            served = sorted(graph.file for graph in folder.graphs if graph.postprocess is folder.postprocess)
             outputs = ", ".join(tensor.name for tensor in folder.manifest.outputs)
             raise PipelineError(
-                f"graph={requested!r} ends in {graph.postprocess!r} post-processing; {folder.path} serves "
-                f"{folder.postprocess!r} (its manifest's outputs: {outputs})",
+                f"graph={requested!r} ends in {graph.postprocess.value!r} post-processing; {folder.path} serves "
+                f"{folder.postprocess.value!r} (its manifest's outputs: {outputs})",
                 f"give one of {', '.join(served)}, or leave graph=None",
             )
         return graph, "asked for"

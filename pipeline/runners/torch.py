@@ -51,7 +51,7 @@ class TorchRunner(Runner):
         prepare(spec)  # eval mode, gradients off, proven; the same stage the export ran
         if amp and self.device.type != "cuda":
             raise PipelineError("amp=True needs a CUDA device", "pass amp=False, or device='cuda' on a GPU machine")
-        self.amp = self.device.type == "cuda" and (amp if amp is not None else folder.precision == Precision.FP16)
+        self.amp = self.device.type == "cuda" and (amp if amp is not None else folder.precision is Precision.FP16)
         self.module = spec.module.to(self.device)
         # The model's own outputs; with POSTPROCESS=nms the head becomes the detections, by the reference NMS.
         self._output_dtypes = {tensor.name: tensor.numpy_dtype for tensor in folder.manifest.head_outputs()}

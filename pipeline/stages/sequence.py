@@ -32,7 +32,7 @@ from ..core.mentions import render
 from ..core.nms_config import NmsConfig
 from ..core.precision import Precision
 from ..core.sessions import levels_below_full
-from ..core.settings import OPSET, POSTPROCESS_NMS, POSTPROCESS_NONE, Settings, deciding, mention
+from ..core.settings import OPSET, Postprocess, Settings, deciding, mention
 from ..core.trt_module import import_trt
 from ..evaluation.agreement import int8_judge
 from ..folder.artifacts import build_lock, sha256_file
@@ -225,11 +225,12 @@ def run_simplify(run: Run) -> None:
 
 def run_parity(run: Run) -> None:
     reference = _require(run, REFERENCE)
-    run.stage("parity_fp32", check_parity, _require(run, FP32_GRAPH), reference, precision="fp32")
+    fp32 = graph_record(Precision.FP32)
+    run.stage(fp32.gate, check_parity, _require(run, fp32.file), reference, graph=fp32)
 
 
 def run_precision(run: Run) -> None:
-    precision = Precision(run.settings.precision)
+    precision = run.settings.precision
     if precision is Precision.FP32:
         return
     engine = graph_record(precision)
@@ -240,7 +241,7 @@ def run_precision(run: Run) -> None:
         _int8_stage(run, engine)
     reference = _require(run, REFERENCE)
     target = _require(run, engine.file)
-    run.stage(engine.gate, check_parity, target, reference, precision=precision, against_fp32=judged)
+    run.stage(engine.gate, check_parity, target, reference, graph=engine, against_fp32=judged)
 
 
 def _fp16_stage(run: Run, engine: GraphRecord) -> tuple[Case, ...]:
@@ -283,7 +284,7 @@ def _int8_stage(run: Run, engine: GraphRecord) -> None:
     update_manifest(run.folder, calibration=result.calibration, graphs=graphs)
     for graph in written.values():
         graph_path, reference = _require(run, graph.file), _require(run, REFERENCE)
-        run.stage(graph.gate, check_parity, graph_path, reference, precision=graph.precision, target=graph.target)
+        run.stage(graph.gate, check_parity, graph_path, reference, graph=graph)
     for graph in _check_int8_agreement(run, source, calibration, engine, written):
         _leave_out_graph(run, graph, "it departs from FP32 on the calibration data (agreement_int8 in the manifest)")
 
@@ -350,8 +351,8 @@ def run_postprocess(run: Run) -> None:
         return
     manifest = read_manifest(run.folder)
     listed = (manifest.graphs if manifest else ()) or folder_graphs(run.settings.precision)  # int8: less left-out
-    heads = [graph for graph in listed if graph.postprocess == POSTPROCESS_NONE]
-    served = [postprocessed(graph, POSTPROCESS_NMS) for graph in heads]
+    heads = [graph for graph in listed if graph.postprocess is Postprocess.NONE]
+    served = [postprocessed(graph, Postprocess.NMS) for graph in heads]
     paths = [_require(run, graph.file) for graph in heads]
     record = run.stage("nms", append_postprocess, paths, [run.path(graph.file) for graph in served], config)
     head_outputs = graph_io(run.path(FP32_GRAPH)).outputs
@@ -360,7 +361,7 @@ def run_postprocess(run: Run) -> None:
         run.folder,
         graphs=(*heads, *served),
         outputs=graph_io(run.path(served[0].file)).outputs,
-        postprocess=PostprocessRecord(POSTPROCESS_NMS, record["config"], head_outputs),
+        postprocess=PostprocessRecord(Postprocess.NMS, record["config"], head_outputs),
     )
     rows = _held_out_detections(run, head)
     for graph in served:

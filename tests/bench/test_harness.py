@@ -26,6 +26,7 @@ from trt_pipeline.pipeline.bench.harness import make_inputs, stability
 from trt_pipeline.pipeline.bench.timing import MIN_SAMPLES, round_spread
 from trt_pipeline.pipeline.core.cpu import cpu_instruction_sets, instruction_sets_text, int8_cpu_kind
 from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
 from trt_pipeline.pipeline.evaluation import RTOL
 from trt_pipeline.pipeline.folder.graph_io import GraphTensor
@@ -183,8 +184,8 @@ def record_int8_graph(folder: Path) -> None:
     manifest = read_manifest(folder)
     assert manifest is not None
     artifacts = {**manifest.artifacts, **describe_artifacts(folder, ["model.int8.onnx"])}
-    graphs = (graph_record("fp32"), graph_record("int8"))
-    gate = {graph_record("int8").gate: {"max_abs": 0.0, "max_rel": 0.0, "rtol": RTOL["int8"]}}
+    graphs = (graph_record(Precision.FP32), graph_record(Precision.INT8))
+    gate = {graph_record(Precision.INT8).gate: {"max_abs": 0.0, "max_rel": 0.0, "rtol": RTOL[Precision.INT8]}}
     update_manifest(folder, precision="int8", graphs=graphs, artifacts=artifacts, stages={**manifest.stages, **gate})
 
 
@@ -199,7 +200,9 @@ def test_int8_graph_is_benchmarked_and_a_broken_backend_does_not_stop_the_others
     result = run_benchmark(good, backends=["onnxruntime-int8"], batches=[2], policy=QUICK, progress=lambda _: None)
     rows = {r["backend"]: r for r in result["results"]}
     assert rows["onnxruntime-int8"]["status"] == "ok"
-    assert rows["onnxruntime-int8"]["agreement"]["rtol"] == RTOL["int8"]  # judged with the INT8 parity tolerance
+    assert (
+        rows["onnxruntime-int8"]["agreement"]["rtol"] == RTOL[Precision.INT8]
+    )  # judged with the INT8 parity tolerance
     assert rows["onnxruntime-int8"]["agreement"]["status"] == "ok"
     int8_record = next(b for b in result["backends"] if b["name"] == "onnxruntime-int8")
     # quantize_dynamic makes the Conv a ConvInteger and the Linear a DynamicQuantizeMatMul: both int8 kernels.
@@ -235,7 +238,7 @@ def test_int8_row_runs_the_sibling_folders_graph_shaped_for_onnxruntime(folder: 
     records = {b["name"]: b for b in result["backends"]}
     assert records["onnxruntime"]["label"] == "ONNX Runtime FP32 (runner) on model.onnx"
     assert "running model.onnx (asked for)" in records["onnxruntime"]["description"]
-    graph = graph_record("int8", CPU_TARGETS[int8_cpu_kind()]).file
+    graph = graph_record(Precision.INT8, CPU_TARGETS[int8_cpu_kind()]).file
     assert records["onnxruntime-int8"]["label"] == f"ONNX Runtime INT8 (runner) on {int8 / graph}"
     # No graph= for this row: the runner itself picks the CPU-shaped graph, as it would in a service.
     assert f"{graph} (the int8 graph for ONNX Runtime's CPU kernels, for " in records["onnxruntime-int8"]["description"]

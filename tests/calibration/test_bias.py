@@ -21,6 +21,7 @@ from trt_pipeline.calibration.int8_records import CalibrationConfig
 from trt_pipeline.calibration.qdq import quantize_qdq
 from trt_pipeline.calibration.qdq_cpu import int8_kernel_counts, quantize_for_cpu
 from trt_pipeline.pipeline.core.cpu import NO_VNNI, VNNI
+from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.evaluation.agreement import int8_judge
 from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, graph_record
@@ -142,7 +143,7 @@ def test_the_int8_stage_writes_nothing_in_the_systems_temporary_folder(tmp_path,
     went on, and a CPU served the slower Q/DQ graph)."""
     (fp32, arguments), out = _depthwise_case(tmp_path), tmp_path / "folder" / "model.int8.onnx"
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-folder"))
-    cpu = {kind: out.with_name(graph_record("int8", target).file) for kind, target in CPU_TARGETS.items()}
+    cpu = {kind: out.with_name(graph_record(Precision.INT8, target).file) for kind, target in CPU_TARGETS.items()}
     result = make_int8_graph(fp32, out, **arguments, cpu_out_paths=cpu, judge=int8_judge(fp32))
     assert {kind: graph.failed for kind, graph in result.cpu.items()} == dict.fromkeys(CPU_TARGETS)
     assert sorted(path.name for path in out.parent.iterdir()) == sorted([out.name, *result.written_cpu_graphs.values()])
@@ -176,7 +177,7 @@ def test_the_kept_q_dq_graph_is_not_held_twice_while_the_cpu_graphs_are_made(tmp
         return cpu_graph(chosen, path, *rest)
 
     monkeypatch.setattr(int8, "_cpu_graph", watched)
-    cpu = {kind: out.with_name(graph_record("int8", target).file) for kind, target in CPU_TARGETS.items()}
+    cpu = {kind: out.with_name(graph_record(Precision.INT8, target).file) for kind, target in CPU_TARGETS.items()}
     make_int8_graph(fp32, out, **arguments, cpu_out_paths=cpu, judge=int8_judge(fp32))
     assert seen == [(True, False)] * len(CPU_TARGETS)
 
@@ -202,7 +203,7 @@ def _matmul_int8(folder, **options):
 def test_the_int8_kernels_are_counted_without_a_copy_of_the_weights_on_disk(tmp_path):
     """ONNX Runtime's optimized graph, read back for its nodes alone, has its weights written to /dev/null: a file
     size limit under the graph's weights stops a copy of them (its write failed, and the CPU graph with it)."""
-    graph = tmp_path / graph_record("int8", CPU_TARGETS[VNNI]).file
+    graph = tmp_path / graph_record(Precision.INT8, CPU_TARGETS[VNNI]).file
     _matmul_int8(tmp_path, cpu_out_paths={VNNI: graph})
     scratch = tmp_path / "scratch"
     scratch.mkdir()
@@ -231,7 +232,7 @@ def test_a_cpu_graph_quantized_only_to_read_its_rounding_is_gone_before_the_corr
 
     monkeypatch.setattr(int8, "quantize_for_cpu", watched)
     out = tmp_path / "model.int8.onnx"
-    cpu = {NO_VNNI: out.with_name(graph_record("int8", CPU_TARGETS[NO_VNNI]).file)}
+    cpu = {NO_VNNI: out.with_name(graph_record(Precision.INT8, CPU_TARGETS[NO_VNNI]).file)}
     result = make_int8_graph(fp32, out, **arguments, cpu_out_paths=cpu, judge=int8_judge(fp32), scratch=scratch)
     assert "bias_correction" in result.cpu[NO_VNNI].details  # the branch that quantizes twice
     assert present == [[], []], present
@@ -273,7 +274,7 @@ def test_a_cpu_graph_the_disk_has_no_room_for_stops_the_stage(tmp_path):
     resource.setrlimit(resource.RLIMIT_FSIZE, (WIDE**2 // 2, hard))  # int8 weights: one byte each
     try:
         with pytest.raises(OSError) as refused:
-            _cpu_graph(chosen, tmp_path / graph_record("int8", CPU_TARGETS[VNNI]).file, VNNI, None, scratch)
+            _cpu_graph(chosen, tmp_path / graph_record(Precision.INT8, CPU_TARGETS[VNNI]).file, VNNI, None, scratch)
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     assert refused.value.errno == errno.EFBIG
@@ -318,7 +319,9 @@ def test_the_corrected_graphs_of_an_fp32_graph_with_a_data_file_reference_its_we
             read_calibration(tmp_path / "calibration.npy", fp32, None, samples=64, batch=16),
             config=CalibrationConfig(("max",), float_search=True),
             cache_folder=tmp_path / "calibration",
-            cpu_out_paths={kind: out.with_name(graph_record("int8", t).file) for kind, t in CPU_TARGETS.items()},
+            cpu_out_paths={
+                kind: out.with_name(graph_record(Precision.INT8, t).file) for kind, t in CPU_TARGETS.items()
+            },
             judge=int8_judge(fp32),
         )
     finally:

@@ -37,6 +37,7 @@ from trt_pipeline.models.spec import ImagePreprocess
 from trt_pipeline.pipeline import cli
 from trt_pipeline.pipeline.core.cpu import NO_VNNI, VNNI, int8_cpu_kind
 from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
 from trt_pipeline.pipeline.folder.artifacts import write_npz
@@ -50,7 +51,7 @@ SAMPLES, BATCH = 128, 32
 
 def cpu_graph(kind: str) -> str:
     """The file of the INT8 graph for ONNX Runtime's kernels on this kind of CPU."""
-    return graph_record("int8", CPU_TARGETS[kind]).file
+    return graph_record(Precision.INT8, CPU_TARGETS[kind]).file
 
 
 @pytest.fixture(scope="module")
@@ -284,7 +285,7 @@ def test_make_engine_int8_from_an_image_folder(split, tmp_path):
     folder = tmp_path / "engines" / "digits-int8"
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["complete"]
-    assert [graph["file"] for graph in manifest["graphs"]] == [graph.file for graph in folder_graphs("int8")]
+    assert [graph["file"] for graph in manifest["graphs"]] == [graph.file for graph in folder_graphs(Precision.INT8)]
     assert manifest["graphs"][1] == {
         "file": "model.int8.onnx",
         "precision": "int8",
@@ -506,7 +507,7 @@ def test_int8_gate_passes_the_calibrated_graph_and_fails_a_wrong_scale(int8, fp3
         check_int8_agreement(fp32, [int8[0], tmp_path / "model.int8.onnx"], batches)
     assert "the first node past it is" in str(caught.value) and "diagnose" in caught.value.fix
     # An optional graph (a CPU-shaped one) past the gate is left out, not an error: the engine's graph stands in.
-    shaped = graph_record("int8", CPU_TARGETS[NO_VNNI])
+    shaped = graph_record(Precision.INT8, CPU_TARGETS[NO_VNNI])
     shutil.copy(tmp_path / "model.int8.onnx", tmp_path / shaped.file)
     record = check_int8_agreement(fp32, [int8[0]], batches, optional={tmp_path / shaped.file: shaped})
     assert record.graphs["model.int8.onnx"].left_out is None
@@ -584,14 +585,14 @@ def test_int8_smoke_parity_on_random_inputs_fails_only_on_inf_or_nan(tmp_path):
     noise = np.random.default_rng(1).standard_normal((8, 4)).astype(np.float32)
     folder = graph([], "y")
     write_npz(folder / "reference.npz", {"case0/in/x": noise, "case0/out/y": noise})
-    record = check_parity(folder / "model.int8.onnx", folder / "reference.npz", precision="int8")
+    record = check_parity(folder / "model.int8.onnx", folder / "reference.npz", graph=graph_record(Precision.INT8))
     assert record["max_rel"] > 5 and "smoke: fails on inf/NaN only" in record["summary"]
 
     folder = graph([helper.make_node("Div", ["y", "ninefold"], ["ratio"])], "ratio")  # 0 / 0 where x is 0
     zero = np.zeros((1, 4), np.float32)
     write_npz(folder / "reference.npz", {"case0/in/x": zero, "case0/out/ratio": np.ones((1, 4), np.float32)})
     with pytest.raises(PipelineError, match="disagrees with PyTorch"):
-        check_parity(folder / "model.int8.onnx", folder / "reference.npz", precision="int8")
+        check_parity(folder / "model.int8.onnx", folder / "reference.npz", graph=graph_record(Precision.INT8))
 
 
 # The times the factory below built its model (tests.calibration.test_int8:counted_cnn).

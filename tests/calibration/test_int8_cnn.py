@@ -21,6 +21,7 @@ from trt_pipeline.calibration.photos import export_calibration_images
 from trt_pipeline.models.preprocess import load_image
 from trt_pipeline.models.spec import ImagePreprocess, ModelSpec
 from trt_pipeline.pipeline.core.cpu import int8_cpu_kind
+from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.settings import Settings
 from trt_pipeline.pipeline.evaluation import evaluation_session
@@ -117,8 +118,8 @@ def test_int8_of_the_trained_depthwise_cnn_holds_on_the_photos_its_ranges_never_
     sample = calibration_sample(folder)  # the held-out rows the gate judged
     assert sample is not None and len(sample["input"]) == 8
     expected = onnxruntime_session(folder / "model.onnx").run(None, sample)[0]
-    served = graph_record("int8", CPU_TARGETS[int8_cpu_kind()])  # ONNX Runtime's int8 kernels on this CPU
-    for graph in (graph_record("int8"), served):  # each evaluated as its record says
+    served = graph_record(Precision.INT8, CPU_TARGETS[int8_cpu_kind()])  # ONNX Runtime's int8 kernels on this CPU
+    for graph in (graph_record(Precision.INT8), served):  # each evaluated as its record says
         actual = evaluation_session(graph, folder / graph.file).run(None, sample)[0]
         cosine = np.sum(expected * actual, 1) / (np.linalg.norm(expected, axis=1) * np.linalg.norm(actual, axis=1))
         assert cosine.min() >= 0.98, (graph, cosine)

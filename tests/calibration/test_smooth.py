@@ -29,6 +29,7 @@ from trt_pipeline.calibration.smooth import smooth_graph, smoothable, smoothing_
 from trt_pipeline.models.spec import DynamicAxis, ModelSpec
 from trt_pipeline.pipeline.core.cpu import int8_cpu_kind
 from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.settings import AUTO_CALIB_METHODS, DEFAULT_SMOOTH_ALPHA, Settings
 from trt_pipeline.pipeline.evaluation import node_tolerance
@@ -115,8 +116,8 @@ def test_bert_int8_builds_every_graph_and_passes_the_gate(bert_int8):
     manifest = json.loads((bert_int8 / "manifest.json").read_text())
     assert manifest["complete"] is True
     # The CPU graphs are written for transformers too.
-    assert [graph["file"] for graph in manifest["graphs"]] == [graph.file for graph in folder_graphs("int8")]
-    for graph in folder_graphs("int8"):
+    assert [graph["file"] for graph in manifest["graphs"]] == [graph.file for graph in folder_graphs(Precision.INT8)]
+    for graph in folder_graphs(Precision.INT8):
         assert (bert_int8 / graph.file).is_file()
     agreement = manifest["agreement_int8"]
     judged = agreement["graphs"]["model.int8.onnx"]["judged"]
@@ -172,7 +173,7 @@ def test_a_cpu_graph_that_cannot_be_made_is_recorded_and_the_tensorrt_graph_kept
         config=CalibrationConfig(("max",)),
         cache_folder=tmp_path / CACHE_FOLDER,
         cpu_out_paths={
-            kind: tmp_path / "taken" / graph_record("int8", target).file for kind, target in CPU_TARGETS.items()
+            kind: tmp_path / "taken" / graph_record(Precision.INT8, target).file for kind, target in CPU_TARGETS.items()
         },
     )
     assert (tmp_path / "model.int8.onnx").is_file()
@@ -180,7 +181,7 @@ def test_a_cpu_graph_that_cannot_be_made_is_recorded_and_the_tensorrt_graph_kept
     assert record.written_cpu_graphs == {}
     for kind, target in CPU_TARGETS.items():
         assert str(record.cpu[kind].failed).startswith(("FileExistsError", "NotADirectoryError"))
-        assert f"{graph_record('int8', target).file} ({kind}) not written" in record.summary
+        assert f"{graph_record(Precision.INT8, target).file} ({kind}) not written" in record.summary
         assert record.as_json()["qdq_onnxruntime_cpu"][kind] == {
             "graph": record.cpu[kind].graph,
             "failed": record.cpu[kind].failed,
@@ -326,11 +327,11 @@ def test_diagnosis_does_not_blame_a_minus_inf_attention_mask(tmp_path):
     config = CalibrationConfig(("max",), smooth_alphas=(0.5,))
     calibration = read_calibration(calib, fp32, None, samples=32, batch=16)
     make_int8_graph(fp32, int8, calibration, config=config, cache_folder=tmp_path / CACHE_FOLDER)
-    compared = compare_layers(fp32, int8, _attention_inputs(1, seed=2), graph_record("int8"))
+    compared = compare_layers(fp32, int8, _attention_inputs(1, seed=2), graph_record(Precision.INT8))
     errors = {error.tensor: error for error in compared}
-    assert errors["mask_bias"].rel == 0 and errors["masked"].rel < node_tolerance("int8")
-    assert 0 < errors["y"].rel < node_tolerance("int8")  # the quantization error is still measured
-    assert first_past(list(errors.values()), node_tolerance("int8")) is None
+    assert errors["mask_bias"].rel == 0 and errors["masked"].rel < node_tolerance(Precision.INT8)
+    assert 0 < errors["y"].rel < node_tolerance(Precision.INT8)  # the quantization error is still measured
+    assert first_past(list(errors.values()), node_tolerance(Precision.INT8)) is None
 
 
 @pytest.mark.slow
@@ -382,7 +383,7 @@ def test_a_trained_sentence_encoder_calibrated_on_templated_sentences_holds_on_p
     folder = make_engine(Settings(model=model, precision="int8", calib=sets["narrow"], out_root=tmp_path))
     cosine = encoder.cosines(folder / FP32_GRAPH, folder / "model.int8.onnx", judged, simulate_qdq=True)
     assert cosine.min() >= 0.98 and cosine.mean() >= 0.99, f"min {cosine.min():.4f} mean {cosine.mean():.4f}"
-    served = graph_record("int8", CPU_TARGETS[int8_cpu_kind()]).file  # the gate judges this CPU's graph
+    served = graph_record(Precision.INT8, CPU_TARGETS[int8_cpu_kind()]).file  # the gate judges this CPU's graph
     assert "left_out" not in json.loads((folder / "manifest.json").read_text())["agreement_int8"]["graphs"][served]
     cosine = encoder.cosines(folder / FP32_GRAPH, folder / served, judged, simulate_qdq=False)
     assert cosine.min() >= 0.98 and cosine.mean() >= 0.99, f"{served}: min {cosine.min():.4f} mean {cosine.mean():.4f}"

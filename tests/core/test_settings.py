@@ -15,7 +15,15 @@ from trt_pipeline.pipeline import cli
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.mentions import COMMAND_LINE, MAKE, PYTHON, option_of, render, spoken_in
 from trt_pipeline.pipeline.core.precision import Precision
-from trt_pipeline.pipeline.core.settings import DECLARED, DEFAULTS, Settings, deciding, engine_command, mention
+from trt_pipeline.pipeline.core.settings import (
+    DECLARED,
+    DEFAULTS,
+    Postprocess,
+    Settings,
+    deciding,
+    engine_command,
+    mention,
+)
 from trt_pipeline.pipeline.folder.rebuild import make_engine_command
 from trt_pipeline.pipeline.stages.sequence import reuse_key
 
@@ -278,8 +286,10 @@ def test_the_nms_settings_reach_nmsconfig_and_decide_only_an_nms_folder():
     assert config is not None and (config.iou_threshold, config.max_detections, config.class_aware) == (0.6, 20, False)
     assert Settings().nms_config() is None
     nms_names = {name for name, declared in DECLARED.items() if declared.postprocess}
-    assert nms_names <= set(deciding(Precision.INT8, "nms")) and not nms_names & set(deciding(Precision.INT8))
+    assert nms_names <= set(deciding(Precision.INT8, Postprocess.NMS)) and not nms_names & set(deciding(Precision.INT8))
     plain = Settings(precision="fp16", postprocess="nms")
+    checked = Settings(precision="fp16", postprocess="nms").check()  # text once, where Settings takes it
+    assert checked.precision is Precision.FP16 and checked.postprocess is Postprocess.NMS
     assert reuse_key(plain, "m") != reuse_key(Settings(precision="fp16"), "m")
     assert reuse_key(plain, "m") != reuse_key(Settings(precision="fp16", postprocess="nms", nms_iou_threshold=0.6), "m")
     with spoken_in(MAKE):

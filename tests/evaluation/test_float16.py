@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.evaluation import evaluation_session
 from trt_pipeline.pipeline.evaluation.float16 import faithful_copy
@@ -34,7 +35,7 @@ def test_the_faithful_copy_rounds_and_overflows_where_onnxruntime_does_not(tmp_p
     assert np.isfinite(plain).all()  # ONNX Runtime's CPU provider: float32 inside, no overflow
     assert np.isinf(faithful[0]) and faithful[1] == np.float16(np.float16(0.1234567) * np.float16(1000))
     # The evaluation the record of an FP16 graph asks for is the faithful one; as ONNX Runtime serves it, plain.
-    fp16 = graph_record("fp16")
+    fp16 = graph_record(Precision.FP16)
     (judged,) = evaluation_session(fp16, tmp_path / "fp16.onnx").run(None, x)
     (served,) = evaluation_session(fp16, tmp_path / "fp16.onnx", faithful_fp16=False).run(None, x)
     assert np.array_equal(judged, faithful, equal_nan=True) and np.array_equal(served, plain)

@@ -19,7 +19,8 @@ import pytest
 
 from trt_pipeline.pipeline.core.cpu import NO_VNNI, VNNI, int8_cpu_kind
 from trt_pipeline.pipeline.core.errors import PipelineError
-from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
+from trt_pipeline.pipeline.core.precision import Precision
+from trt_pipeline.pipeline.core.settings import BatchProfile, Postprocess, Settings
 from trt_pipeline.pipeline.folder.artifacts import LOCK, build_lock, running_build, temporary_name
 from trt_pipeline.pipeline.folder.layout import (
     ARTIFACT_LAYOUT,
@@ -31,6 +32,7 @@ from trt_pipeline.pipeline.folder.layout import (
 from trt_pipeline.pipeline.folder.manifest import Manifest, read_manifest
 from trt_pipeline.pipeline.folder.provenance import describe_artifacts
 from trt_pipeline.pipeline.folder.reader import open_folder
+from trt_pipeline.pipeline.folder.records import GraphRecord, PostprocessRecord, encode
 from trt_pipeline.pipeline.runners import BACKENDS, load_runner
 from trt_pipeline.pipeline.runners.fastest import find_candidates
 from trt_pipeline.pipeline.runners.onnxruntime import CPU
@@ -190,7 +192,20 @@ def test_the_manifest_is_typed_and_stays_readable_json(built):
     assert raw["inputs"] == [{"name": "input", "dtype": "float32", "shape": ["batch", 3, 16, 16]}]
     assert raw["parity_fp32"]["max_rel"] == manifest.parity("parity_fp32").max_rel < 1e-4
     assert manifest.build is not None and raw["build"]["builder"]["module"] == manifest.builder().module
-    assert list(raw["timings"])[-1] == "build" and set(raw["artifacts"]) == set(artifact_names(folder_graphs("fp32")))
+    assert list(raw["timings"])[-1] == "build"
+    assert set(raw["artifacts"]) == set(artifact_names(folder_graphs(Precision.FP32)))
+    # Text once, where JSON comes in: a Precision read, its value written.
+    assert manifest.precision is Precision.FP32 and raw["precision"] == "fp32"
+
+
+def test_a_graphs_post_processing_is_read_from_json_as_postprocess_and_written_as_its_value():
+    nms_record = {**FP32_RECORD, "file": "model.nms.onnx", "gate": "nms_fp32", "postprocess": "nms"}
+    graph = GraphRecord.from_json(nms_record)
+    assert graph.postprocess is Postprocess.NMS and graph.precision is Precision.FP32
+    assert encode(graph) == nms_record
+    raw = {"kind": "nms", "config": {}, "head_outputs": [{"name": "head", "dtype": "float32", "shape": ["batch", 7]}]}
+    record = PostprocessRecord.from_json(raw)
+    assert record.kind is Postprocess.NMS and record.as_json() == raw
 
 
 def test_the_runner_on_a_cpu_takes_the_graph_the_manifest_lists_for_its_kind_of_cpu(folder):
@@ -211,6 +226,7 @@ def test_the_runner_on_a_cpu_takes_the_graph_the_manifest_lists_for_its_kind_of_
 
 def test_a_finished_folder_opens_and_each_graph_is_read_checked(built):
     opened = open_folder(built)
+    assert opened.precision is Precision.FP32 and opened.postprocess is Postprocess.NONE
     assert (opened.model, opened.precision, opened.graph, opened.engine) == (
         "toy_models-tiny_cnn",
         "fp32",
@@ -418,7 +434,7 @@ def test_a_cpu_graph_a_rebuild_cannot_make_leaves_no_earlier_graph_behind(int8_b
     by a file): its record says why, and the earlier build's graph of that name is gone from the folder (listed
     nowhere, it still passed for this build's to whoever opened the folder's files)."""
     copy = Path(shutil.copytree(int8_built, tmp_path / int8_built.name))
-    failing, kept = (graph_record("int8", CPU_TARGETS[kind]).file for kind in (VNNI, NO_VNNI))
+    failing, kept = (graph_record(Precision.INT8, CPU_TARGETS[kind]).file for kind in (VNNI, NO_VNNI))
     (copy / temporary_name(copy / failing)).write_text("taken")
     int8 = dataclasses.replace(
         settings(tmp_path), precision="int8", calib=int8_built.parent / "calib.npy", calib_samples=32, calib_batch=16

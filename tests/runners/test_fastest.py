@@ -15,6 +15,7 @@ import pytest
 from tests.helpers.runner_feeds import cnn_batch
 from tests.helpers.runner_folders import copy_folder, edit_manifest
 from trt_pipeline.pipeline.core.cpu import int8_cpu_kind
+from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, SERVED_CHOICE, graph_record
 from trt_pipeline.pipeline.folder.reader import open_folder
 from trt_pipeline.pipeline.runners import fastest, load_runner
@@ -47,13 +48,13 @@ def _assert_serves_the_fastest_measured(runner, record: dict) -> None:
 def test_auto_picks_the_graph_least_slow_at_its_worst_batch_not_the_fastest_at_one():
     """As on the H100 (docs/benchmarks/resnet50-h100-cuda.md): FP32 a little faster at the opt batch, FP16 much
     faster at the max one: FP16 is served (worst ratio 1.03 against 1.26)."""
-    fp32 = Candidate(graph_record("fp32"), ("CUDAExecutionProvider",))
-    fp16 = Candidate(graph_record("fp16"), ("CUDAExecutionProvider",))
+    fp32 = Candidate(graph_record(Precision.FP32), ("CUDAExecutionProvider",))
+    fp16 = Candidate(graph_record(Precision.FP16), ("CUDAExecutionProvider",))
     by_batch = {8: {fp32: 3.53, fp16: 3.63}, 32: {fp32: 8.27, fp16: 6.55}, 1: {fp32: 1.86, fp16: 1.81}}
     assert ranked(by_batch) == [fp16, fp32]
     assert ranked({8: by_batch[8]}) == [fp32, fp16]
     # A candidate left behind at the opt batch (not timed at the others) ranks after those timed at every batch.
-    cpu = Candidate(graph_record("fp32"), ("CPUExecutionProvider",))
+    cpu = Candidate(graph_record(Precision.FP32), ("CPUExecutionProvider",))
     assert ranked({8: {**by_batch[8], cpu: 40.0}, 32: by_batch[32], 1: by_batch[1]}) == [fp16, fp32, cpu]
 
 
@@ -66,7 +67,7 @@ def test_auto_serves_the_fastest_graph_the_folder_promises_the_accuracy_of(
 ):
     folder = copy_folder({"fp32": folders["tiny_cnn"], "fp16": fp16_folder, "int8": int8_folder}[precision], tmp_path)
     expected = {
-        graph_record("int8", CPU_TARGETS[int8_cpu_kind()]).file if name == "int8-cpu" else name for name in graphs
+        graph_record(Precision.INT8, CPU_TARGETS[int8_cpu_kind()]).file if name == "int8-cpu" else name for name in graphs
     }
     with load_runner(folder) as runner:
         record = _served_record(folder)
@@ -111,7 +112,7 @@ def test_a_candidate_left_behind_does_not_use_up_the_budget_of_the_others(fp16_f
     on to the max and min batches, which the whole measurement's time had stopped at the opt batch."""
     monkeypatch.setattr(fastest, "BUDGET_S", 0.1)
     folder = open_folder(fp16_folder)
-    fp32, fp16 = (Candidate(graph_record(p), ("CPUExecutionProvider",)) for p in ("fp32", "fp16"))
+    fp32, fp16 = (Candidate(graph_record(p), ("CPUExecutionProvider",)) for p in (Precision.FP32, Precision.FP16))
     with (
         load_runner(folder, "onnxruntime", graph=fp32.graph) as fast,
         load_runner(folder, "onnxruntime", graph=fp16.graph) as slow,
@@ -122,7 +123,7 @@ def test_a_candidate_left_behind_does_not_use_up_the_budget_of_the_others(fp16_f
 
 def test_auto_never_serves_a_graph_whose_gate_failed(int8_folder, tmp_path):
     folder = copy_folder(int8_folder, tmp_path)
-    cpu_graph = graph_record("int8", CPU_TARGETS[int8_cpu_kind()]).file
+    cpu_graph = graph_record(Precision.INT8, CPU_TARGETS[int8_cpu_kind()]).file
     edit_manifest(folder, lambda m: m["agreement_int8"]["graphs"].update({cpu_graph: {"left_out": "too far off"}}))
     with load_runner(folder) as runner:
         assert f"not candidates: {cpu_graph}: it failed the INT8 agreement gate (too far off)" in runner.description

@@ -11,6 +11,7 @@ import pytest
 from tests.helpers.concurrency import assert_each_thread_gets_its_own_result
 from tests.helpers.runner_feeds import cnn_batch, text_batch
 from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.folder.layout import graph_record
 from trt_pipeline.pipeline.folder.reader import open_folder
 from trt_pipeline.pipeline.runners import load_runner
@@ -178,7 +179,7 @@ def test_a_check_cached_for_cuda_candidates_holds_only_while_the_runner_computes
 def test_a_cuda_candidate_opens_the_binding_runner(folders):
     """What auto opens for a CUDA candidate is the onnxruntime-cuda runner; here its CUDA check refuses it, naming
     the gpu extra, where the provider is missing."""
-    candidate = Candidate(graph_record("fp32"), (CUDA, CPU))
+    candidate = Candidate(graph_record(Precision.FP32), (CUDA, CPU))
     folder = open_folder(folders["tiny_cnn"])
     if CUDA in usable_providers():
         with candidate.open(folder, {"intra_op_threads": 2}) as runner:

@@ -19,6 +19,7 @@ from tests.helpers.runner_folders import MODELS, copy_folder, edit_manifest
 from trt_pipeline.pipeline.core.compare import compare_outputs
 from trt_pipeline.pipeline.core.cpu import int8_cpu_kind
 from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.trt_module import gpu_present
 from trt_pipeline.pipeline.folder.graph_io import load_reference
@@ -198,7 +199,7 @@ def test_int8_folder_on_the_cpu_runs_the_graph_shaped_for_it(int8_folder):
     feed = cnn_batch(4, seed=5)
     with load_runner(int8_folder, "onnxruntime", providers=["CPUExecutionProvider"]) as runner:
         graph = graph_record(
-            "int8", CPU_TARGETS[int8_cpu_kind()]
+            Precision.INT8, CPU_TARGETS[int8_cpu_kind()]
         ).file  # the one for this kind of CPU: with VNNI, or without
         assert runner.graph == graph
         assert f"running {graph} (the int8 graph for ONNX Runtime's CPU kernels, for " in runner.description

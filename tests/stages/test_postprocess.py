@@ -23,8 +23,9 @@ from trt_pipeline.pipeline.cli import main as cli_main
 from trt_pipeline.pipeline.core.cpu import int8_cpu_kind
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.nms_config import NmsConfig
+from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
-from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
+from trt_pipeline.pipeline.core.settings import BatchProfile, Postprocess, Settings
 from trt_pipeline.pipeline.evaluation import simulates_qdq
 from trt_pipeline.pipeline.evaluation.detections import MIN_AGREEMENT, detection_agreement
 from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, artifact_names, folder_graphs
@@ -120,7 +121,10 @@ def test_the_folder_holds_the_raw_heads_graphs_and_the_nms_graphs_that_serve(bui
     manifest = json.loads((folder / "manifest.json").read_text())
     graphs = [GraphRecord.from_json(graph) for graph in manifest["graphs"]]
     heads = [graph for graph in graphs if graph.postprocess == "none"]
-    assert graphs == [*heads, *(graph for graph in folder_graphs(precision, "nms") if graph.postprocess == "nms")]
+    assert graphs == [
+        *heads,
+        *(graph for graph in folder_graphs(precision, Postprocess.NMS) if graph.postprocess == "nms"),
+    ]
     assert [graph.file for graph in heads] == [graph.file for graph in folder_graphs(precision)]  # as without NMS
     assert set(manifest["artifacts"]) == set(artifact_names(graphs))
     assert manifest["outputs"] == [
@@ -223,11 +227,11 @@ def test_the_bench_compares_detections_not_relative_error(module):
         head = module(images).numpy()
     expected = reference_nms(head, CONFIG).as_outputs()
     moved = reference_nms(head * np.array([1.001, 1, 1, 1, 1, 1, 1], np.float32)[:, None], CONFIG).as_outputs()
-    assert agreement(expected, moved, "fp16", detections=True)["status"] == "ok"  # boxes a pixel off: the same
+    assert agreement(expected, moved, Precision.FP16, detections=True)["status"] == "ok"  # boxes a pixel off: the same
     scaled = head.copy()
     scaled[:, 4:] *= 0.6
-    wrong = agreement(expected, reference_nms(scaled, CONFIG).as_outputs(), "fp16", detections=True)
-    assert wrong["status"] == "mismatch" and wrong["agreement"] < MIN_AGREEMENT["fp16"]
+    wrong = agreement(expected, reference_nms(scaled, CONFIG).as_outputs(), Precision.FP16, detections=True)
+    assert wrong["status"] == "mismatch" and wrong["agreement"] < MIN_AGREEMENT[Precision.FP16]
 
 
 def test_the_calibration_scenes_give_the_detector_detections_to_judge(module):

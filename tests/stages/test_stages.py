@@ -15,8 +15,10 @@ from trt_pipeline.models.prepare import prepare
 from trt_pipeline.models.spec import DynamicAxis, ModelSpec
 from trt_pipeline.pipeline.core.compare import compare
 from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.core.settings import BatchProfile
 from trt_pipeline.pipeline.folder.graph_io import load_reference
+from trt_pipeline.pipeline.folder.layout import graph_record
 from trt_pipeline.pipeline.stages.check import check_onnx
 from trt_pipeline.pipeline.stages.export import export_onnx, parity_batches, write_reference
 from trt_pipeline.pipeline.stages.fp16 import convert_fp16
@@ -41,7 +43,7 @@ def test_export_check_simplify_parity_fp16(factory, tmp_path):
     assert all(io["shape"][0] == "batch" for io in checked["inputs"] + checked["outputs"])
     assert [o.version for o in onnx.load(str(graph)).opset_import if o.domain == ""] == [17]
     simplify_onnx(graph, graph)
-    fp32 = check_parity(graph, reference, precision="fp32")
+    fp32 = check_parity(graph, reference, graph=graph_record(Precision.FP32))
     assert fp32["max_rel"] < 1e-4
     assert {1, 4, 8} <= {case["batch"] for case in fp32["cases"]}
     half = tmp_path / "model.fp16.onnx"
@@ -51,7 +53,7 @@ def test_export_check_simplify_parity_fp16(factory, tmp_path):
     assert all(v.type.tensor_type.elem_type != onnx.TensorProto.FLOAT16 for v in model.graph.input)
     assert any(i.data_type == onnx.TensorProto.FLOAT16 for i in model.graph.initializer)
     assert model.graph.output[0].type.tensor_type.elem_type == float_io
-    assert check_parity(half, reference, precision="fp16")["max_rel"] < 1e-2
+    assert check_parity(half, reference, graph=graph_record(Precision.FP16))["max_rel"] < 1e-2
 
 
 def test_batch_axis_really_dynamic_at_three_sizes(tmp_path):
@@ -72,7 +74,7 @@ def test_multi_input_dynamic_sequence_axis(tmp_path):
     assert shapes["tokens"][:2] == ["batch", "seq"]
     sequence_lengths = {case[0]["input_ids"].shape[1] for case in load_reference(reference)}
     assert sequence_lengths == {12, 64}  # the example length, and the declared maximum
-    check_parity(graph, reference, precision="fp32")
+    check_parity(graph, reference, graph=graph_record(Precision.FP32))
 
 
 def test_prepare_proves_eval_mode_and_counts_layers():
@@ -131,7 +133,7 @@ def test_parity_fails_with_a_clear_message_past_tolerance(tmp_path):
     bias.CopyFrom(onnx.numpy_helper.from_array(values, bias.name))
     onnx.save(model, str(graph))
     with pytest.raises(PipelineError, match="disagrees with PyTorch at batch 1 on output 'logits'"):
-        check_parity(graph, reference, precision="fp32")
+        check_parity(graph, reference, graph=graph_record(Precision.FP32))
 
 
 def test_simplify_keeps_the_checked_graph_when_onnxsim_fails(tmp_path, capsys):
@@ -298,7 +300,8 @@ def test_an_op_torchscript_cannot_convert_is_exported_by_dynamo_with_its_splits_
     assert record["exporter"] == "dynamo" and "enable_gqa" in record["passed_over"]["torchscript"]
     splits = [node for node in onnx.load(str(tmp_path / "model.onnx")).graph.node if node.op_type == "Split"]
     assert splits and not any(a.name == "num_outputs" for node in splits for a in node.attribute)
-    check_parity(tmp_path / "model.onnx", tmp_path / "reference.npz", precision="fp32")  # the sequence at 16 too
+    # the sequence at 16 too
+    check_parity(tmp_path / "model.onnx", tmp_path / "reference.npz", graph=graph_record(Precision.FP32))
 
 
 def test_the_dynamo_graph_is_written_in_opset_17_where_onnxs_converter_has_no_adapter(tmp_path):
@@ -312,7 +315,7 @@ def test_the_dynamo_graph_is_written_in_opset_17_where_onnxs_converter_has_no_ad
     assert record["exporter"] == "dynamo" and record["opset"] == 17
     graph = onnx.load(str(tmp_path / "model.onnx"))
     assert {"Pad", "ReduceMean", "Resize", "Split"} <= {node.op_type for node in graph.graph.node}
-    check_parity(tmp_path / "model.onnx", tmp_path / "reference.npz", precision="fp32")
+    check_parity(tmp_path / "model.onnx", tmp_path / "reference.npz", graph=graph_record(Precision.FP32))
 
 
 def test_an_opset_18_node_with_no_opset_17_form_is_named():
