@@ -362,7 +362,7 @@ def test_a_candidate_left_behind_does_not_use_up_the_budget_of_the_others(fp16_f
         load_runner(folder, "onnxruntime", graph=fp32.graph) as fast,
         load_runner(folder, "onnxruntime", graph=fp16.graph) as slow,
     ):
-        by_batch, _ = fastest.measure_batches({fp32: fast, fp16: _Slowed(slow, 0.05)}, folder)
+        by_batch, _ = fastest.measure_batches({fp32: fast, fp16: _Slowed(slow, 0.05)}, folder, {})
     assert {batch: list(medians) for batch, medians in by_batch.items()} == {8: [fp32, fp16], 32: [fp32], 1: [fp32]}
 
 
