@@ -21,7 +21,7 @@ from ..core.trt_module import describe_gpu, gpu_present, import_trt
 from ..evaluation.host import HostCheck
 from ..folder.reader import ArtifactFolder, open_folder
 from .base import Runner, TensorSpec
-from .candidate import Failure
+from .candidate import Failure, close_quietly
 from .fastest import fastest_onnxruntime_runner
 from .host_check import check_runner, describe
 from .onnxruntime import OnnxRuntimeRunner
@@ -103,7 +103,7 @@ def _auto_engine(folder: ArtifactFolder, options: dict[str, Any], why: str, *, v
         check = {folder.engine: HostCheck(False, f"its check raised {Failure.of(error, 'checking it').reason}", 0.0)}
     if check[folder.engine].passed:
         return runner, f"{why}; {describe(check)}"
-    runner.close()
+    close_quietly(runner)
     fallback, measured = fastest_onnxruntime_runner(folder, {}, verify=True)
     return fallback, f"{why}, but {describe(check)}; so {measured}"
 

@@ -8,6 +8,7 @@ fix that error calls for) and the next candidate is tried.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,8 @@ from .base import Runner
 from .host_check import check_runner
 from .onnxruntime import CPU, CUDA, CUDA_FIX, OnnxRuntimeRunner, is_cuda_error
 from .onnxruntime_cuda import CaptureRefused, OnnxRuntimeCudaRunner
+
+log = logging.getLogger(__name__)
 
 # The fix for an error nothing here explains (no PipelineError, no CUDA error): its message is all that is known.
 REPORT = (
@@ -97,6 +100,15 @@ class Failure:
         if is_cuda_error(words):
             return cls(f"{doing}: a CUDA error inside ONNX Runtime's kernels ({words})", CUDA_FIX)
         return cls(f"{doing}: {words}", REPORT)
+
+
+def close_quietly(runner: Runner) -> None:
+    """Close a runner auto does not serve.  What closing raises is logged, not raised: the load goes on to the next
+    candidate (a CUDA context a fault had poisoned made closing raise 'cuMemFree failed' on an H200)."""
+    try:
+        runner.close()
+    except Exception as error:
+        log.warning("closing %r raised %s: %s", runner, type(error).__name__, error)
 
 
 def profile_batches(folder: ArtifactFolder) -> list[int]:

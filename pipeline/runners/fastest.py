@@ -23,7 +23,6 @@ choice, so a later load with the same key proves nothing again.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import stat
@@ -44,7 +43,7 @@ from ..folder.layout import SERVED_CHOICE
 from ..folder.reader import ArtifactFolder
 from ..folder.rebuild import rebuild_hint
 from .base import Runner
-from .candidate import Candidate, Failure, profile_batches, timing_feed
+from .candidate import Candidate, Failure, close_quietly, profile_batches, timing_feed
 from .device_memory import available_layers
 from .host_check import SKIP, describe, refused_on_host
 from .onnxruntime import CPU, CUDA, choose_providers
@@ -55,9 +54,6 @@ from .proving import RISKY_IN_A_CHILD, Isolation, prove_in_child
 MIN_ROUNDS, MAX_ROUNDS = 3, 9
 BUDGET_S = 1.5
 BEHIND = 3.0  # times the fastest at a batch: not timed at the next batches (measure_batches)
-
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -137,7 +133,7 @@ def _measure_and_serve(
     finally:
         for candidate, runner in runners.items():
             if candidate != served:
-                _close(runner)
+                close_quietly(runner)
     trials.ms = {batch: {c.label: t for c, t in medians.items()} for batch, medians in by_batch.items()}
     cached_note = _save_choice(folder, key, served, trials)
     how = f"{note}measured now, medians of {rounds} rounds; {cached_note}"
@@ -184,15 +180,6 @@ def _none_served(folder: ArtifactFolder, trials: Trials) -> PipelineError:
     )
 
 
-def _close(runner: Runner) -> None:
-    """Close a runner auto does not serve.  What closing raises is logged, not raised: the load goes on (a CUDA
-    context a fault has poisoned made closing raise 'cuMemFree failed')."""
-    try:
-        runner.close()
-    except Exception as error:
-        log.warning("closing %r raised %s: %s", runner, type(error).__name__, error)
-
-
 def usable_providers() -> list[str]:
     """The ONNX Runtime providers that can serve here: CUDA where onnxruntime-gpu, a GPU and a device-memory layer
     (pycuda or cuda-python, for the onnxruntime-cuda runner's buffers) are all present (the engine could not run, or
@@ -225,7 +212,7 @@ def measure_batches(
         timed = {candidate: timed[candidate] for candidate, ms in medians.items() if ms <= BEHIND * fastest}
         spent_s += sum(medians[candidate] for candidate in timed) * (rounds + 1) / 1e3  # with the warm-up call
     for candidate in [candidate for candidate in runners if candidate.label in skipped]:
-        _close(runners.pop(candidate))
+        close_quietly(runners.pop(candidate))
     kept = {batch: {c: ms for c, ms in medians.items() if c in runners} for batch, medians in by_batch.items()}
     return {batch: medians for batch, medians in kept.items() if medians}, first_rounds
 
@@ -324,7 +311,7 @@ def _open_all(
                 skipped[candidate.label] = Failure.of(error, "opening it")
     except BaseException:  # interrupted: nothing stays open
         for runner in runners.values():
-            _close(runner)
+            close_quietly(runner)
         raise
     return runners
 

@@ -41,7 +41,7 @@ DIED_FIX = (
     "the other candidates serve without it; to see why it fails, load it alone in a new process "
     "(load_runner(folder, backend='onnxruntime-cuda', graph=...)), and report it with the folder's manifest.json"
 )
-WORDS_QUOTED = 3  # the child's last lines of output quoted when it dies
+WORDS_QUOTED, LINE_QUOTED = 3, 400  # the child's last lines of output quoted when it dies, and their length
 
 
 def risky(candidate: Candidate) -> bool:
@@ -123,7 +123,9 @@ def _verdict(child: subprocess.CompletedProcess, stage: str, path: Path) -> Host
 
 
 def _last_words(output: bytes | None) -> str:
-    lines = [line for line in (output or b"").decode(errors="replace").splitlines() if line.strip()]
+    """The child's last lines of output, each cut to LINE_QUOTED characters: the reason goes in served.json, which
+    a load reads only while it is small (fastest.SERVED_MAX_BYTES)."""
+    lines = [line[:LINE_QUOTED] for line in (output or b"").decode(errors="replace").splitlines() if line.strip()]
     return f"; its last output: {' | '.join(lines[-WORDS_QUOTED:])}" if lines else ""
 
 
