@@ -134,6 +134,16 @@ def test_a_candidate_whose_process_dies_is_skipped_and_the_next_one_serves(folde
     assert sorted(_starts(starts)) == ["model.fp16.onnx", "model.onnx"]
 
 
+def test_unchecked_a_candidate_whose_process_dies_is_skipped_too(folder: Path, monkeypatch):
+    """verify=False serves unchecked, not unsafely: a risky candidate still proves in a child that it runs."""
+    monkeypatch.setenv(FAULTS, json.dumps({"model.fp16.onnx": "segfault"}))
+    runner, why = fastest_onnxruntime_runner(open_folder(folder), {}, verify=False, isolation=_isolating())
+    with runner:
+        assert runner.graph == "model.onnx" and "not checked on this host" in why
+        assert f"skipped: {FP16}: the candidate's process died with signal 11 (SIGSEGV)" in why
+    assert _served(folder)["checks"] == {}
+
+
 def test_a_child_that_does_not_finish_in_time_is_killed_and_its_candidate_skipped(folder: Path, monkeypatch):
     monkeypatch.setenv(FAULTS, json.dumps({"model.fp16.onnx": "hang"}))
     fp16_alone = _isolating(isolate=lambda candidate: candidate.graph == "model.fp16.onnx", timeout_s=5.0)

@@ -177,3 +177,22 @@ def test_a_cached_choice_that_was_never_checked_here_is_measured_and_checked_aga
     with load_runner(folder) as runner:
         assert "measured now" in runner.description and "checked on this host" in runner.description
     assert all(check["passed"] for check in _checks(folder).values())
+
+
+def test_a_check_that_raises_skips_its_candidate_with_the_reason_and_the_next_serves(int8_folder: Path, tmp_path: Path):
+    """A check that fails for a reason of its own (the INT8 check reads the held-out rows: here bytes np.load
+    refuses) is no reason to give up the load: the candidate is skipped, saying why, and the next one is checked."""
+    folder = _copy(int8_folder, tmp_path)
+    (folder / CALIBRATION_SAMPLE).write_bytes(b"not a numpy file")
+    opened = open_folder(folder)
+    candidates, _ = find_candidates(opened, [CPU])
+    int8, fp32 = (next(c for c in candidates if c.precision == precision) for precision in ("int8", "fp32"))
+    runners = {candidate: candidate.open(opened, {}) for candidate in (int8, fp32)}
+    trials = Trials()
+    try:
+        served = _first_served(opened, runners, [int8, fp32], trials, verify=True)
+    finally:
+        for runner in runners.values():
+            runner.close()
+    assert served == fp32 and list(trials.checks) == [fp32.label] and trials.checks[fp32.label].passed
+    assert trials.skipped[int8.label].reason.startswith("running its host check: ")
