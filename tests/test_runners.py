@@ -409,6 +409,11 @@ def _time_of_opt_batch(value) -> object:
     return damage
 
 
+def _skipped_as_words(path: Path) -> None:
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "skipped": {"model.fp16.onnx on CPU": "it failed"}}))
+
+
 DAMAGED_CACHES = {
     "fast": (_time_of_opt_batch("fast"), "the time of model.onnx on CPU at batch 8 is 'fast', not a number"),
     "null": (_time_of_opt_batch(None), "at batch 8 is None, not a number of milliseconds"),
@@ -416,6 +421,7 @@ DAMAGED_CACHES = {
     "nan": (_time_of_opt_batch(float("nan")), "at batch 8 is nan, not a number of milliseconds"),
     "batch-word": (lambda path: path.write_text('{"key": {}, "ms": {"many": {}}, "served": "x"}'), "batch 'many'"),
     "not-json": (lambda path: path.write_bytes(b"\xff{"), "not JSON"),
+    "skipped-words": (_skipped_as_words, "its skipped candidates are {'model.fp16.onnx on CPU': 'it failed'}"),
     # Sparse: 1.5 GiB that take no disk, and were read (5 s, 3 GB) at every load.
     "huge": (lambda path: os.truncate(path, 1536 << 20), "1610612736 bytes, more than a measurement takes"),
     "fifo": (lambda path: (path.unlink(), os.mkfifo(path)), "not a plain file"),

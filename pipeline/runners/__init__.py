@@ -100,7 +100,7 @@ def _auto_engine(folder: ArtifactFolder, options: dict[str, Any], why: str, *, v
     try:
         check = {folder.engine: check_runner(folder, folder.precision, runner)}
     except Exception as error:  # as a failed check, with what it raised
-        check = {folder.engine: HostCheck(False, f"its check raised {Failure.of(error, 'checking it').reason}", 0.0)}
+        check = {folder.engine: HostCheck(False, Failure.of(error, "its check raised").reason, 0.0)}
     if check[folder.engine].passed:
         return runner, f"{why}; {describe(check)}"
     close_quietly(runner)

@@ -270,7 +270,8 @@ def measure(
     """({candidate: median ms per call}, rounds): one warm-up call each, then alternating rounds (every other round
     in reverse order, so no candidate always runs right after the same one) until the budget is spent.  A candidate
     whose call raises is timed no more, and left out, its reason in `skipped`."""
-    order = [candidate for candidate in runners if _timed_call(candidate, runners[candidate], feed, batch, skipped)]
+    warmed = {candidate: _timed_call(candidate, runners[candidate], feed, batch, skipped) for candidate in runners}
+    order = [candidate for candidate, ms in warmed.items() if ms is not None]
     times: dict[Candidate, list[float]] = {candidate: [] for candidate in order}
     start, rounds = time.perf_counter(), 0
     while times and (rounds < MIN_ROUNDS or (rounds < MAX_ROUNDS and time.perf_counter() - start < BUDGET_S)):
