@@ -10,8 +10,6 @@ measurement (runners/fastest.py, served.json), so a host pays for it once per ke
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
 import numpy as np
 
 from ..core.cpu import int8_cpu_kind
@@ -41,17 +39,6 @@ def check_runner(folder: ArtifactFolder, graph: GraphRecord, runner: Runner) -> 
         cases = [(inputs, detections_of(expected, nms)) for inputs, expected in cases]
     sample = held_out_sample(folder) if graph.precision is Precision.INT8 else None
     return check_on_host(runner.infer, graph.precision, cases, sample, detections=nms is not None)
-
-
-def first_passing(ranked: Sequence[str], check: Callable[[str], HostCheck]) -> tuple[str | None, dict[str, HostCheck]]:
-    """The first of `ranked` (labels, fastest first) whose check passes (None where none does), and every check
-    made on the way."""
-    checks: dict[str, HostCheck] = {}
-    for label in ranked:
-        checks[label] = check(label)
-        if checks[label].passed:
-            return label, checks
-    return None, checks
 
 
 def held_out_sample(folder: ArtifactFolder) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None:

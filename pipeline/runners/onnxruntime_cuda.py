@@ -521,7 +521,7 @@ class OnnxRuntimeCudaRunner(Runner):
         try:
             slot.session.run_with_iobinding(slot.binding, options)
         except Exception as error:  # names and shapes were checked: what is left is in the values (ORT's types)
-            raise run_error(self.graph, error) from None
+            raise run_error(self.graph, error, self.inputs) from None
 
     # ------------------------------------------------------------------ lifetime
 

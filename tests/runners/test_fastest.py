@@ -67,7 +67,8 @@ def test_auto_serves_the_fastest_graph_the_folder_promises_the_accuracy_of(
 ):
     folder = copy_folder({"fp32": folders["tiny_cnn"], "fp16": fp16_folder, "int8": int8_folder}[precision], tmp_path)
     expected = {
-        graph_record(Precision.INT8, CPU_TARGETS[int8_cpu_kind()]).file if name == "int8-cpu" else name for name in graphs
+        graph_record(Precision.INT8, CPU_TARGETS[int8_cpu_kind()]).file if name == "int8-cpu" else name
+        for name in graphs
     }
     with load_runner(folder) as runner:
         record = _served_record(folder)
@@ -117,7 +118,7 @@ def test_a_candidate_left_behind_does_not_use_up_the_budget_of_the_others(fp16_f
         load_runner(folder, "onnxruntime", graph=fp32.graph) as fast,
         load_runner(folder, "onnxruntime", graph=fp16.graph) as slow,
     ):
-        by_batch, _ = fastest.measure_batches({fp32: fast, fp16: _Slowed(slow, 0.05)}, folder)
+        by_batch, _ = fastest.measure_batches({fp32: fast, fp16: _Slowed(slow, 0.05)}, folder, {})
     assert {batch: list(medians) for batch, medians in by_batch.items()} == {8: [fp32, fp16], 32: [fp32], 1: [fp32]}
 
 
@@ -164,6 +165,11 @@ def _time_of_opt_batch(value) -> object:
     return damage
 
 
+def _skipped_as_words(path: Path) -> None:
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "skipped": {"model.fp16.onnx on CPU": "it failed"}}))
+
+
 DAMAGED_CACHES = {
     "fast": (_time_of_opt_batch("fast"), "the time of model.onnx on CPU at batch 8 is 'fast', not a number"),
     "null": (_time_of_opt_batch(None), "at batch 8 is None, not a number of milliseconds"),
@@ -171,6 +177,7 @@ DAMAGED_CACHES = {
     "nan": (_time_of_opt_batch(float("nan")), "at batch 8 is nan, not a number of milliseconds"),
     "batch-word": (lambda path: path.write_text('{"key": {}, "ms": {"many": {}}, "served": "x"}'), "batch 'many'"),
     "not-json": (lambda path: path.write_bytes(b"\xff{"), "not JSON"),
+    "skipped-words": (_skipped_as_words, "its skipped candidates are {'model.fp16.onnx on CPU': 'it failed'}"),
     # Sparse: 1.5 GiB that take no disk, and were read (5 s, 3 GB) at every load.
     "huge": (lambda path: os.truncate(path, 1536 << 20), "1610612736 bytes, more than a measurement takes"),
     "fifo": (lambda path: (path.unlink(), os.mkfifo(path)), "not a plain file"),

@@ -19,7 +19,7 @@ from trt_pipeline.pipeline.folder.layout import CALIBRATION_SAMPLE, SERVED_CHOIC
 from trt_pipeline.pipeline.folder.provenance import describe_artifacts
 from trt_pipeline.pipeline.folder.reader import open_folder
 from trt_pipeline.pipeline.runners import load_runner
-from trt_pipeline.pipeline.runners.fastest import _first_served, find_candidates
+from trt_pipeline.pipeline.runners.fastest import Trials, _first_served, find_candidates
 from trt_pipeline.pipeline.runners.onnxruntime import CPU
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
@@ -97,7 +97,9 @@ def test_the_next_fastest_serves_when_the_fastest_fails_its_gate_here(fp16_folde
     fp32, fp16 = (next(c for c in candidates if c.precision == precision) for precision in ("fp32", "fp16"))
     runners = {candidate: candidate.open(opened, {}) for candidate in candidates}
     try:
-        served, checks = _first_served(opened, runners, [fp16, fp32], verify=True)  # as if fp16 were the faster
+        trials = Trials()
+        served = _first_served(opened, runners, [fp16, fp32], trials, verify=True)  # as if fp16 were the faster
+        checks = trials.checks
     finally:
         for runner in runners.values():
             runner.close()
@@ -151,12 +153,16 @@ def test_an_int8_graph_is_held_to_the_int8_gate_on_the_held_out_rows_against_fp3
     fp32 = next(candidate for candidate in candidates if candidate.precision == "fp32")
     runners = {candidate: candidate.open(opened, {}) for candidate in (int8, fp32)}
     try:
-        served, checks = _first_served(opened, runners, [int8, fp32], verify=True)
+        trials = Trials()
+        served = _first_served(opened, runners, [int8, fp32], trials, verify=True)
+        checks = trials.checks
         assert served == int8 and "INT8 off FP32 by" in checks[int8.label].verdict
         # Rows far outside the calibrated ranges: the input's Q/DQ clips them, and INT8 departs from FP32 there.
         with np.load(folder / CALIBRATION_SAMPLE) as sample:
             np.savez(folder / CALIBRATION_SAMPLE, **{name: sample[name] * 100 for name in sample.files})
-        served, checks = _first_served(opened, runners, [int8, fp32], verify=True)
+        trials = Trials()
+        served = _first_served(opened, runners, [int8, fp32], trials, verify=True)
+        checks = trials.checks
     finally:
         for runner in runners.values():
             runner.close()
@@ -171,3 +177,22 @@ def test_a_cached_choice_that_was_never_checked_here_is_measured_and_checked_aga
     with load_runner(folder) as runner:
         assert "measured now" in runner.description and "checked on this host" in runner.description
     assert all(check["passed"] for check in _checks(folder).values())
+
+
+def test_a_check_that_raises_skips_its_candidate_with_the_reason_and_the_next_serves(int8_folder: Path, tmp_path: Path):
+    """A check that fails for a reason of its own (the INT8 check reads the held-out rows: here bytes np.load
+    refuses) is no reason to give up the load: the candidate is skipped, saying why, and the next one is checked."""
+    folder = _copy(int8_folder, tmp_path)
+    (folder / CALIBRATION_SAMPLE).write_bytes(b"not a numpy file")
+    opened = open_folder(folder)
+    candidates, _ = find_candidates(opened, [CPU])
+    int8, fp32 = (next(c for c in candidates if c.precision == precision) for precision in ("int8", "fp32"))
+    runners = {candidate: candidate.open(opened, {}) for candidate in (int8, fp32)}
+    trials = Trials()
+    try:
+        served = _first_served(opened, runners, [int8, fp32], trials, verify=True)
+    finally:
+        for runner in runners.values():
+            runner.close()
+    assert served == fp32 and list(trials.checks) == [fp32.label] and trials.checks[fp32.label].passed
+    assert trials.skipped[int8.label].reason.startswith("running its host check: ")

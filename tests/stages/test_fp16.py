@@ -17,7 +17,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 from trt_pipeline.calibration.readers import CalibrationData
 from trt_pipeline.pipeline.core.errors import PipelineError
-from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
 from trt_pipeline.pipeline.evaluation.float16 import faithful_session
