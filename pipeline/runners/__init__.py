@@ -92,6 +92,9 @@ def _checked_engine(folder: ArtifactFolder, runner: Runner, why: str) -> tuple[R
 def _choose_backend(folder: ArtifactFolder) -> tuple[str, str]:
     """("tensorrt", why) where the engine can run on this machine, else ("onnxruntime", why not)."""
     manifest = folder.manifest
+    skipped = folder.engine_skipped()
+    if skipped is not None:
+        return "onnxruntime", f"auto: no engine was built into {folder.path} ({skipped})"
     if not folder.has(folder.engine):
         return "onnxruntime", f"auto: {folder.path} has no {folder.engine}"
     if not gpu_present():
