@@ -9,20 +9,23 @@ alternate rows (pipeline.bench: the GC paused, the clock stopped after the devic
 Each model runs in a process of its own (a CUDA error is sticky for the process that meets it, and the next model
 must not inherit it); one that fails records its error and the sweep goes on.
 
-    python benchmarks/gpu_models.py --models resnet50,convnext --out docs/benchmarks/gpu-models \\
-        [--merge docs/benchmarks/gpu-models.json] [--engines /tmp/engines] [--build-only]
-    python benchmarks/gpu_models.py --dry-run --models tiny-cnn,tiny-bert --out /tmp/dry   # on a CPU, seconds
+    python benchmarks/gpu_models.py --group 1 --out OUT [--engines /tmp/engines] [--model-timeout-s 300]
+    python benchmarks/gpu_models.py --models resnet50,bert --out OUT          # any of MODELS
+    python benchmarks/gpu_models.py --dry-run --group dry --out /tmp/dry      # on a CPU: tiny models, a minute
+    python benchmarks/gpu_models.py --merge RUN1.json RUN2.json --out docs/benchmarks/gpu-models   # measures nothing
 
 writes OUT.json ({"device", "versions", "models": {NAME: {"error", "description", "batches": {"1": {"served",
 "torch-amp", "torch-compile", "torch-compile-reduce-overhead", "served_cosine", "served_max_abs"}, ...},
-"skipped"}}}), OUT.md, and each model's whole bench report and log under OUT-logs/.  --merge adds the models of an
-earlier run on the same GPU and software (a model measured again takes the new numbers).
+"skipped": {row: why}}}}) and OUT.md after each model, and each model's log and whole bench report under
+OUT-logs/.  --merge joins runs of the same GPU and software (a model measured again takes the later numbers).
 
-On the GPU machine (no network, no TensorRT; onnxruntime-gpu from the bundle: python tools/device/bundle.py ort),
-two device calls, right after each other, the second one with a third of the sweep (SWEEP=1, 2 or 3, about 8
-minutes each; see tools/device/run.sh):
-    carry .devbundle/ort0:  SWEEP=1 bash tools/device/run.sh sweep_start   # onnxsim; the folders build detached
-    carry .devbundle/ort1:  SWEEP=1 bash tools/device/run.sh sweep         # onnxruntime-gpu; the sweep; JSON in $OUT
+On the GPU machine (no network, no TensorRT; onnxruntime-gpu and onnxsim from `python tools/device/bundle.py ort`,
+which writes .devbundle/ort0 and ort1), one group (SWEEP=1..5) a session, in two device calls right after each other:
+    carry .devbundle/ort0, timeout_s 120:  SWEEP=1 bash tools/device/run.sh sweep_start   # environment, onnxsim
+    carry .devbundle/ort1, timeout_s 600:  SWEEP=1 bash tools/device/run.sh sweep         # onnxruntime-gpu, the group
+then, here, with the files it brought back (gpu-models-1.json, its .md and logs):
+    python benchmarks/gpu_models.py --merge docs/benchmarks/gpu-models.json gpu-models-1.json \
+        --out docs/benchmarks/gpu-models      # the first run: --merge gpu-models-1.json alone
 """
 
 from __future__ import annotations
@@ -101,11 +104,15 @@ TINY = {
     "tiny-bert": Model(folder(sweep_models.tiny_bert_folder, "tiny-bert"), "token ids + mask, sequence 16"),
 }
 MODELS = {**SWEEP, **TINY}
-# A third of the sweep per GPU run (about 8 minutes each with the builds): tools/device/run.sh's SWEEP=1|2|3.
-THIRDS = {
-    "1": "resnet50,convnext,bert,distilbert",
-    "2": "efficientnet,mobilenetv3,vit,swin",
-    "3": "detector,whisper-encoder,vit-1b",
+# A part of the sweep per GPU run (a model's build, its torch.compiles and timing take minutes there, and a session
+# has 15 minutes of device time): tools/device/run.sh's SWEEP=1..5; "dry" is the CPU's.
+GROUPS = {
+    "1": "resnet50,convnext,mobilenetv3",
+    "2": "efficientnet,vit,swin",
+    "3": "bert,distilbert",
+    "4": "detector,whisper-encoder",
+    "5": "vit-1b",  # a 4 GB export and four torch copies of 1B parameters: alone
+    "dry": "tiny-cnn,tiny-bert",
 }
 
 
@@ -217,23 +224,27 @@ def environment(dry_run: bool) -> tuple[str, dict]:
     return f"{'dry run on ' if dry_run else ''}CPU: {cpu_model()}", versions
 
 
-def merged(report: dict, earlier_path: Path) -> dict:
-    """`report` with the models of an earlier run on the same device and software beside its own."""
-    earlier = json.loads(earlier_path.read_text())
-    for key in ("device", "versions"):
-        if earlier[key] != report[key]:
-            raise PipelineError(
-                f"{earlier_path} was measured on another {key} ({earlier[key]}, this run {report[key]}): its numbers "
-                "do not belong in one table with these",
-                "merge runs of the same GPU and software only, or start a new report without --merge",
-            )
-    return {**report, "models": {**earlier["models"], **report["models"]}}
+def merged(reports: list[dict]) -> dict:
+    """One report of runs on the same device and software (a model measured again takes the later numbers)."""
+    first = reports[0]
+    for report in reports[1:]:
+        for key in ("device", "versions"):
+            if report[key] != first[key]:
+                raise PipelineError(
+                    f"the runs were measured on another {key} ({first[key]}; {report[key]}): their numbers do not "
+                    "belong in one table",
+                    "merge runs of the same GPU and software only",
+                )
+    return {**first, "models": {name: r for report in reports for name, r in report["models"].items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
     if args.child:
         one_model(args.child, args.engines, args.dry_run, args.logs, args.logs / f"{args.child}.result.json")
+        return 0
+    if args.merge:
+        write(args.out, merged([json.loads(path.read_text()) for path in args.merge]), _command())
         return 0
     names = [name.strip() for name in args.models.split(",")]
     unknown = [name for name in names if name not in MODELS]
@@ -249,30 +260,38 @@ def main(argv: list[str] | None = None) -> int:
     logs = Path(f"{args.out}-logs")
     logs.mkdir(parents=True, exist_ok=True)
     device, versions = environment(args.dry_run)
-    report = {"device": device, "versions": versions, "models": {n: run_model(n, args, logs) for n in names}}
-    if args.merge is not None:
-        report = merged(report, args.merge)
-    Path(f"{args.out}.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
-    Path(f"{args.out}.md").write_text(markdown(report, " ".join(["python benchmarks/gpu_models.py", *sys.argv[1:]])))
-    print(f"wrote {args.out}.json and {args.out}.md", flush=True)
+    report: dict = {"device": device, "versions": versions, "models": {}}
+    for name in names:  # written after each model: a run cut short keeps what it measured
+        report["models"][name] = run_model(name, args, logs)
+        write(args.out, report, _command())
     return 0
+
+
+def write(out: Path, report: dict, command: str) -> None:
+    Path(f"{out}.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    Path(f"{out}.md").write_text(markdown(report, command))
+    print(f"wrote {out}.json and {out}.md", flush=True)
+
+
+def _command() -> str:
+    return " ".join(["python benchmarks/gpu_models.py", *sys.argv[1:]])
 
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default=",".join(SWEEP), help=f"comma-separated, of {', '.join(MODELS)}")
-    parser.add_argument("--third", choices=sorted(THIRDS), help="a third of the sweep (replaces --models)")
+    parser.add_argument("--group", choices=sorted(GROUPS), help="a part of the sweep (replaces --models)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "gpu-models")
     parser.add_argument("--engines", type=Path, default=ROOT / "engines" / "gpu-models")
-    parser.add_argument("--merge", type=Path, help="an earlier run's JSON, on the same GPU and software")
+    parser.add_argument("--merge", type=Path, nargs="+", help="no measuring: these runs' JSON as one report in OUT")
     parser.add_argument("--dry-run", action="store_true", help="on the CPU: no GPU rows, short timings")
     parser.add_argument("--build-only", action="store_true", help="build the folders, measure nothing")
     parser.add_argument("--model-timeout-s", type=float, default=600.0)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--logs", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.third:
-        args.models = THIRDS[args.third]
+    if args.group:
+        args.models = GROUPS[args.group]
     return args
 
 

@@ -15,8 +15,7 @@ from trt_pipeline.pipeline.core.errors import PipelineError
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("sweep")
-    assert main(["--dry-run", "--models", "tiny-cnn,tiny-bert", "--out", str(work / "dry")]
-                + ["--engines", str(work / "engines")]) == 0  # fmt: skip
+    assert main(["--dry-run", "--group", "dry", "--out", str(work / "dry"), "--engines", str(work / "engines")]) == 0
     return work
 
 
@@ -56,12 +55,13 @@ def test_a_model_that_fails_records_its_error_and_the_sweep_goes_on(tmp_path: Pa
     assert "tiny-cnn | error |" in out.with_suffix(".md").read_text()
 
 
-def test_merging_keeps_earlier_models_of_the_same_gpu_only(tmp_path: Path) -> None:
-    def run(device: str, model: str) -> dict:
-        return {"device": device, "versions": {"torch": "2.11"}, "models": {model: {"error": None}}}
-
-    earlier = tmp_path / "earlier.json"
-    earlier.write_text(json.dumps(run("NVIDIA H100", "resnet50")))
-    assert set(merged(run("NVIDIA H100", "bert"), earlier)["models"]) == {"resnet50", "bert"}
+def test_runs_of_the_same_gpu_merge_into_one_report_and_others_are_refused(swept: Path, tmp_path: Path) -> None:
+    dry = json.loads((swept / "dry.json").read_text())
+    later = {**dry, "models": {"tiny-cnn": {**dry["models"]["tiny-cnn"], "description": "measured again"}}}
+    (tmp_path / "later.json").write_text(json.dumps(later))
+    main(["--merge", str(swept / "dry.json"), str(tmp_path / "later.json"), "--out", str(tmp_path / "merged")])
+    models = json.loads((tmp_path / "merged.json").read_text())["models"]
+    assert set(models) == {"tiny-cnn", "tiny-bert"} and models["tiny-cnn"]["description"] == "measured again"
+    assert "| tiny-bert | " in (tmp_path / "merged.md").read_text()
     with pytest.raises(PipelineError, match="measured on another device"):
-        merged(run("NVIDIA H200", "bert"), earlier)
+        merged([dry, {**dry, "device": "NVIDIA H200"}])
