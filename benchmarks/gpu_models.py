@@ -363,4 +363,8 @@ def goal_line(models: dict, batch: str) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except PipelineError as error:  # a mistake in what was asked: its fix, no traceback
+        print(f"error: {error.problem}\nfix: {error.fix}", file=sys.stderr)
+        sys.exit(2)
