@@ -20,7 +20,7 @@ writes OUT.json ({"device", "versions", "models": {NAME: {"error", "description"
 OUT-logs/.  --merge joins runs of the same GPU and software (a model measured again takes the later numbers).
 
 On the GPU machine (no network, no TensorRT; onnxruntime-gpu and onnxsim from `python tools/device/bundle.py ort`,
-which writes .devbundle/ort0 and ort1), one group (SWEEP=1..5) a session, in two device calls right after each other:
+which writes .devbundle/ort0 and ort1), one group a session (SWEEP=1..6, or MODELS=a,b), in two device calls:
     carry .devbundle/ort0, timeout_s 120:  SWEEP=1 bash tools/device/run.sh sweep_start   # environment, onnxsim
     carry .devbundle/ort1, timeout_s 600:  SWEEP=1 bash tools/device/run.sh sweep         # onnxruntime-gpu, the group
 then, here, with the files it brought back (gpu-models-1.json, its .md and logs):
@@ -104,14 +104,16 @@ TINY = {
     "tiny-bert": Model(folder(sweep_models.tiny_bert_folder, "tiny-bert"), "token ids + mask, sequence 16"),
 }
 MODELS = {**SWEEP, **TINY}
-# A part of the sweep per GPU run (a model's build, its torch.compiles and timing take minutes there, and a session
-# has 15 minutes of device time): tools/device/run.sh's SWEEP=1..5; "dry" is the CPU's.
+# A part of the sweep per GPU run, about 8 minutes of the 15 a session has on the device (a model's build, its
+# auto measuring its candidates, two torch.compiles at three batch sizes, then the timing: 2 to 4 minutes each):
+# tools/device/run.sh's SWEEP=1..6 ("dry" is the CPU's).
 GROUPS = {
-    "1": "resnet50,convnext,mobilenetv3",
-    "2": "efficientnet,vit,swin",
+    "1": "resnet50,convnext",
+    "2": "mobilenetv3,efficientnet",
     "3": "bert,distilbert",
-    "4": "detector,whisper-encoder",
-    "5": "vit-1b",  # a 4 GB export and four torch copies of 1B parameters: alone
+    "4": "vit,swin",
+    "5": "detector,whisper-encoder",
+    "6": "vit-1b",  # a 4 GB export and four torch copies of 1B parameters: alone
     "dry": "tiny-cnn,tiny-bert",
 }
 

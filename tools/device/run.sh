@@ -25,7 +25,7 @@
 #                                                                     # memory per captured graph, batch-32 kernels
 #     (no carry):            bash tools/device/run.sh ort_collect     # waits (WAIT_S, 540), then results.tar.gz in $OUT
 # Issue 54 (benchmarks/gpu_models.py: the sweep built by make_engine, served by load_runner, beside torch), one group
-# a session (SWEEP=1..5, benchmarks/gpu_models.py GROUPS); python tools/device/bundle.py ort first; two calls while warm:
+# a session (SWEEP=1..6: gpu_models.py GROUPS; or MODELS=a,b), python tools/device/bundle.py ort first, two calls:
 #     carry .devbundle/ort0, timeout_s 120: SWEEP=1 bash tools/device/run.sh sweep_start  # environment, onnxsim
 #     carry .devbundle/ort1, timeout_s 600: SWEEP=1 bash tools/device/run.sh sweep        # onnxruntime-gpu, the group
 # (here, with no GPU: OUT=/tmp/out PY=.venv/bin/python SWEEP=dry DRY=1 bash tools/device/run.sh sweep_measure)
@@ -191,13 +191,18 @@ sweep() {  # issue 54: onnxruntime-gpu from both parts, its CUDA provider placin
 	sweep_measure
 }
 
-sweep_measure() {  # group SWEEP, each model built then measured in a process of its own; cut at SWEEP_S (480 s) so
-	# that the call (600 s, the install first) returns what was measured (gpu-models-$SWEEP.json: after each model)
+sweep_measure() {  # group SWEEP (or MODELS), each model built then measured in a process of its own; cut at
+	# SWEEP_S (480 s) so that the call (600 s, the install first) returns what was measured (the JSON: after each model)
+	local which name
+	if [ -n "${MODELS:-}" ]; then
+		which=(--models "$MODELS") name="gpu-models-${MODELS//,/-}"
+	else
+		which=(--group "${SWEEP:?SWEEP=1..6 (or MODELS=a,b) names the models}") name="gpu-models-$SWEEP"
+	fi
 	PYTHONPATH="$ORT_SITE:$PYTHONPATH" timeout "${SWEEP_S:-480}" "$PY" benchmarks/gpu_models.py ${DRY:+--dry-run} \
-		--group "${SWEEP:?SWEEP=1..5 names the group}" --engines "$ENGINES" --out "$OUT/gpu-models-$SWEEP" \
-		--model-timeout-s "${MODEL_S:-420}"
+		"${which[@]}" --engines "$ENGINES" --out "$OUT/$name" --model-timeout-s "${MODEL_S:-420}"
 	echo "sweep: exit $?"
-	tail -n 60 "$OUT/gpu-models-$SWEEP.md"
+	tail -n 60 "$OUT/$name.md"
 }
 
 ort_part() {  # the part(s) this call carried, kept in /tmp while the machine stays warm
