@@ -45,8 +45,9 @@ from .tensorrt import _numpy_or_torch_cuda
 
 DEFAULT_SESSIONS = 2
 # The CUDA provider's options that decide speed (one owner; the runner's provider_options= changes them per runner,
-# as tools/device/ort_cuda.py does to measure variants of them on a GPU).  use_tf32=0 keeps float32 ops float32, as the gates judged them.  prefer_nhwc=1: convolutions in NHWC, which
-# cuDNN's tensor-core kernels take without transposes; on an H100, ResNet-50's FP16 graph with CUDA graphs ran
+# as tools/device/ort_cuda.py does to measure variants of them on a GPU).  use_tf32=0 keeps float32 ops float32, as
+# the gates judged them.  prefer_nhwc=1: convolutions in NHWC, which cuDNN's tensor-core kernels take without
+# transposes; on an H100, ResNet-50's FP16 graph with CUDA graphs ran
 # device-resident at 2.80 against 3.48 ms in NCHW at batch 32, 0.60 against 0.85 at 1 (run 1)
 # (docs/benchmarks/resnet50-h100-cuda.md; cuDNN's HEURISTIC search changed nothing in an earlier run of it).  A graph
 # without convolutions runs as before.  fuse_conv_bias stays off: there it made ResNet-50 slower (4.65 vs 3.47 ms at
