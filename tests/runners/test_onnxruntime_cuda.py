@@ -142,7 +142,7 @@ def test_what_the_defaults_were_measured_against_is_an_option(bound, folders):
     folder = folders["tiny_cnn"]
     with load_runner(folder, "onnxruntime-cuda", device="cpu", split_conv_bias=False) as whole:
         assert whole.bias_adds == 0 and "biases" not in whole.description
-        feed = _cnn_batch(4, seed=6)
+        feed = cnn_batch(4, seed=6)
         np.testing.assert_allclose(whole.infer(feed)["logits"], bound["tiny_cnn"][0].infer(feed)["logits"], rtol=1e-5)
     with pytest.raises(PipelineError, match="enable_cuda_graph, which the runner sets") as refused:
         load_runner(folder, "onnxruntime-cuda", device="cpu", provider_options={"enable_cuda_graph": "1"})
