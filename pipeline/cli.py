@@ -13,6 +13,7 @@ import importlib
 import os
 import sys
 from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from .core.errors import PipelineError
 from .core.extras import missing_module_error
 from .core.mentions import COMMAND_LINE, MAKE, PROG, option_of, render, spoken_in
 from .core.precision import Precision
-from .core.settings import DECLARED, DEFAULTS, Declared, Settings, mention
+from .core.settings import DECLARED, DEFAULTS, SWITCH_OFF, SWITCH_ON, Declared, Settings, mention, read_switch
 
 # The Makefile sets this, so errors speak make's language (CALIB=...) there and the command line's (--calib) here.
 FRONT_END_VARIABLE = "TRT_PIPELINE_FRONT_END"
@@ -87,11 +88,13 @@ def add_settings_arguments(
 
 
 def _argument(name: str, default: object) -> dict:
-    """add_argument's keywords for a setting: a bool is a switch that sets the value opposite its default."""
+    """add_argument's keywords for a setting: a bool is a switch that sets the value opposite its default, given
+    bare (--force) or with a word read_switch reads (--force=0, as the Makefile passes FORCE=0)."""
     declared = DECLARED[name]
     common = {"dest": name, "default": argparse.SUPPRESS, "help": _help(declared, default)}
     if isinstance(default, bool):
-        return {**common, "action": "store_false" if default else "store_true"}
+        words = "|".join(SWITCH_ON + SWITCH_OFF)
+        return {**common, "nargs": "?", "const": not default, "type": partial(read_switch, name), "metavar": words}
     parse = given_path if declared.parse is Path else declared.parse
     return {
         **common,
