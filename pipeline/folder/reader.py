@@ -34,7 +34,7 @@ from ..core.precision import Precision
 from ..core.settings import POSTPROCESS_NONE
 from .artifacts import atomic_path, running_build
 from .graph_files import data_file_name
-from .layout import ARTIFACT_LAYOUT, CPU_TARGETS
+from .layout import ARTIFACT_LAYOUT, CPU_TARGETS, NESTED_ARTIFACTS
 from .manifest import Manifest, require_manifest
 from .onnx_wire import external_locations
 from .rebuild import rebuild_hint
@@ -315,10 +315,13 @@ def _why_unfinished(manifest: Manifest) -> str:
 
 
 def _require_named_files(folder: ArtifactFolder) -> None:
-    """Every file the manifest names is a plain file name of the folder (never a path out of it) with a sha256."""
+    """Every file the manifest names is a plain file name of the folder (never a path out of it), or one of the
+    layout's NESTED_ARTIFACTS, with a sha256."""
     named = {_graph_key(graph, folder.precision, folder.postprocess): graph.file for graph in folder.graphs}
     named["engine"] = folder.engine
     for key, name in [*named.items(), *((f"artifacts[{name!r}]", name) for name in folder.artifacts)]:
+        if name in NESTED_ARTIFACTS:
+            continue
         if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name:
             raise PipelineError(
                 f"the manifest of {folder.path} names {name!r} as its {key}, which is not a file name inside the "
