@@ -8,6 +8,7 @@ import itertools
 import json
 import os
 import re
+import resource
 import shutil
 import time
 from dataclasses import replace
@@ -185,7 +186,11 @@ def _fifo(graph: Path, other: Path) -> None:
 @pytest.mark.parametrize("backend", ["onnxruntime", "onnxruntime-cuda"])
 @pytest.mark.parametrize(
     ("damage", "refusal"),
-    [(_truncate, "is not the file this folder's build wrote"), (_swap, "is not the file"), (_fifo, "is missing")],
+    [
+        (_truncate, "is not the file this folder's build wrote"),
+        (_swap, "is not the file"),
+        (_fifo, "is not a regular file but a FIFO"),
+    ],
     ids=["truncated", "swapped", "fifo"],
 )
 def test_the_readers_refusal_of_a_graph_is_the_one_message(folders, tmp_path, backend, damage, refusal):
@@ -200,6 +205,29 @@ def test_the_readers_refusal_of_a_graph_is_the_one_message(folders, tmp_path, ba
     assert (
         caught.value.fix.startswith("rebuild the folder: make_engine(Settings(")
         and "sha256 matches" not in caught.value.fix
+    )
+
+
+@pytest.mark.parametrize(
+    ("backend", "name"),
+    [("onnxruntime", "model.onnx"), ("onnxruntime-cuda", "model.onnx"), ("auto", "reference.npz")],  # auto: its check
+)
+def test_a_file_of_another_size_is_refused_before_any_byte_is_copied(folders, tmp_path, backend, name):
+    """A 1 GiB sparse file in place of an artifact was copied whole into the temporary folder (3.2 GB written for a
+    graph) before its size was compared.  The size comes first: with writes limited to 16 MiB (RLIMIT_FSIZE), a copy
+    would fail with EFBIG (Python ignores SIGXFSZ) and be blamed on the temporary folder."""
+    folder = _copy(folders["tiny_cnn"], tmp_path)
+    os.truncate(folder / name, 1 << 30)
+    options = {"device": "cpu"} if backend == "onnxruntime-cuda" else {}
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 20, hard))
+    try:
+        with pytest.raises(PipelineError) as caught:
+            load_runner(folder, backend, **options)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert f"{name} is not the file this folder's build wrote: 1073741824 bytes where the build wrote" in str(
+        caught.value
     )
 
 
