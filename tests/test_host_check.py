@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -213,3 +214,11 @@ def test_deleted_held_out_rows_are_said_to_be_unchecked(int8_folder: Path, tmp_p
     check = _int8_check(folder)
     assert check.passed and "INT8 off FP32" not in check.verdict  # nothing was run on them: never "checked"
     assert f"the held-out calibration rows not checked: {folder / CALIBRATION_SAMPLE} is missing" in check.verdict
+
+
+def test_held_out_rows_that_are_no_regular_file_are_named_as_such(int8_folder: Path, tmp_path: Path):
+    folder = _copy(int8_folder, tmp_path)
+    (folder / CALIBRATION_SAMPLE).unlink()
+    os.mkfifo(folder / CALIBRATION_SAMPLE)  # it was called missing
+    with pytest.raises(PipelineError, match=f"{CALIBRATION_SAMPLE} is not a regular file but a FIFO"):
+        _int8_check(folder)

@@ -183,15 +183,21 @@ def _fifo(graph: Path, other: Path) -> None:
     os.mkfifo(graph)
 
 
+def _dev_zero(graph: Path, other: Path) -> None:
+    graph.unlink()
+    graph.symlink_to("/dev/zero")
+
+
 @pytest.mark.parametrize("backend", ["onnxruntime", "onnxruntime-cuda"])
 @pytest.mark.parametrize(
     ("damage", "refusal"),
     [
         (_truncate, "is not the file this folder's build wrote"),
         (_swap, "is not the file"),
-        (_fifo, "is not a regular file but a FIFO"),
+        (_fifo, "is not a regular file but a FIFO"),  # "is missing": it is there
+        (_dev_zero, "is not a regular file but a device file"),
     ],
-    ids=["truncated", "swapped", "fifo"],
+    ids=["truncated", "swapped", "fifo", "dev-zero"],
 )
 def test_the_readers_refusal_of_a_graph_is_the_one_message(folders, tmp_path, backend, damage, refusal):
     # It was wrapped as "ONNX Runtime cannot load ...: PipelineError: ..." with a second fix saying the build wrote the
@@ -217,6 +223,7 @@ def test_a_file_of_another_size_is_refused_before_any_byte_is_copied(folders, tm
     graph) before its size was compared.  The size comes first: with writes limited to 16 MiB (RLIMIT_FSIZE), a copy
     would fail with EFBIG (Python ignores SIGXFSZ) and be blamed on the temporary folder."""
     folder = _copy(folders["tiny_cnn"], tmp_path)
+    (folder / SERVED_CHOICE).unlink(missing_ok=True)  # auto checks afresh, reading reference.npz
     os.truncate(folder / name, 1 << 30)
     options = {"device": "cpu"} if backend == "onnxruntime-cuda" else {}
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)

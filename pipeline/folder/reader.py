@@ -121,8 +121,9 @@ class ArtifactFolder:
         return None
 
     def has(self, name: str) -> bool:
-        """Is `name` an artifact of the folder, still on disk (not checked: read() checks)?"""
-        return name in self.artifacts and (self.path / name).is_file()
+        """Is `name` an artifact of the folder, still on disk, of whatever kind (not checked: read() checks, and
+        refuses what is not a regular file)?"""
+        return name in self.artifacts and os.path.lexists(self.path / name)
 
     def read(self, name: str) -> bytes:
         """The bytes of the artifact `name`, read once and checked against the sha256 the build recorded.
