@@ -71,13 +71,25 @@ def test_a_trusted_pickled_module_loads_and_its_torch_runner_asks_again(tmp_path
         (["--model", "tests.toy_models:tiny_cnn", "--keep-fp32", "NoSuchOp"], "--keep-fp32 names ['NoSuchOp']"),
         (["--model", "tests.toy_models:tiny_cnn", "--target", "h100"], "unknown build target 'h100'"),
         (["--model", "tests.toy_models:tiny_cnn", "--batch", "1:1:100000000"], "would take 286 GiB"),
+        (
+            ["--model", "tests.detector_models:yolo_detector", "--postprocess", "nms", "--nms-score-threshold", "5"],
+            "NMS score threshold 5 is not in [0, 1): the head's scores are after their sigmoid",
+        ),
         # The Conv fixes the channels: the folder advertised 1:3:3 and failed at run time with a fix about token ids.
         (
             ["--model", "tests.toy_models:tiny_cnn", "--dynamic", "input:1"],
             "fix: the model fixes an axis declared dynamic, input:1 (1:3:3, run at 1): leave it out of --dynamic",
         ),
     ],
-    ids=["huge-input-shape", "negative-batch", "unknown-keep-fp32", "unknown-target", "huge-max-batch", "fixed-axis"],
+    ids=[
+        "huge-input-shape",
+        "negative-batch",
+        "unknown-keep-fp32",
+        "unknown-target",
+        "huge-max-batch",
+        "score-above-1",
+        "fixed-axis",
+    ],
 )
 def test_bad_settings(argv, expected, tmp_path, capsys):
     err = _cli_error(["all", "--precision", "fp16", *argv, "--out", str(tmp_path / "engines")], capsys)

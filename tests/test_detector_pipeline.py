@@ -195,6 +195,22 @@ def test_the_gate_refuses_an_nms_that_is_not_the_reference_nms_of_its_own_head(b
     assert record["max_rel"] <= 1e-5 and record["detections"]["reference"]["agreement"] == 1.0
 
 
+def test_a_gate_that_saw_no_detection_refuses_the_build(built, module, tmp_path: Path):
+    """Inputs on which the head scores nothing above the threshold (black images here; any image at
+    NMS_SCORE_THRESHOLD=5, refused by NmsConfig since): 0 of 0 expected detections found, agreement 1.000, a gate
+    that could not have failed.  It passed, and the detector was built."""
+    folder = built("fp32")
+    blank = torch.zeros(2, 3, IMAGE_SIZE, IMAGE_SIZE)
+    with torch.inference_mode():
+        head = module(blank).numpy()
+    reference = tmp_path / "reference.npz"
+    np.savez(reference, **{"case0/in/images": blank.numpy(), "case0/out/head": head})
+    with pytest.raises(PipelineError, match="model.nms.onnx's gate saw no detection on the reference inputs") as caught:
+        check_nms(folder / "model.nms.onnx", reference, CONFIG, "head", graph=_record("fp32"), batch=BATCH)
+    assert "the threshold 0.25): a gate with nothing to judge checks nothing" in caught.value.problem
+    assert "nms_score_threshold=<below 0.0" in (caught.value.fix or "") and "calib=" in (caught.value.fix or "")
+
+
 def test_the_gate_refuses_detections_that_depart_from_pytorchs_and_judges_int8_on_held_out_rows(
     built, module, tmp_path: Path
 ):
