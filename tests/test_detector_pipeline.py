@@ -31,6 +31,7 @@ from trt_pipeline.pipeline.folder.reader import open_folder
 from trt_pipeline.pipeline.folder.records import GraphRecord, Target
 from trt_pipeline.pipeline.postprocess.nms import OUTPUTS, NmsConfig, reference_nms
 from trt_pipeline.pipeline.postprocess.nms_graph import append_nms
+from trt_pipeline.pipeline.serve.protocol import InputTensor, ModelIO, ServeError, decode_inputs
 from trt_pipeline.pipeline.stages.postprocess import Judged, check_nms
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
@@ -262,3 +263,23 @@ def test_postprocess_nms_on_a_model_without_a_detection_head_is_refused_with_the
     assert "error: NMS needs a float head [batch, 4 + classes, anchors]; 'logits' is ['batch', 10]" in err
     assert "fix: append NMS to the raw detection head" in err and "Traceback" not in err
     assert not list(out.rglob("*.nms.onnx"))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf], ids=["nan", "inf"])
+def test_an_image_that_is_not_finite_is_refused_not_answered_with_no_detection(built, bad: float):
+    """A classifier returns NaN for such an image (the service's policy: passed to the model as sent); a detector's NMS
+    dropped every candidate and answered count 0, "nothing detected".  Refused instead, by the runner and the
+    service alike, naming the image."""
+    folder = built("fp32")
+    images = scenes(3, seed=5).numpy()
+    images[1] = bad
+    with load_runner(folder, "onnxruntime") as runner:
+        with pytest.raises(PipelineError, match=r"input 'images' holds NaN or infinity in image 1 \(of 3\)") as caught:
+            runner.infer({"images": images})
+        assert "would answer count 0 (nothing detected)" in caught.value.problem
+        assert runner.infer({"images": images[[0, 2]]})["count"].shape == (2, 1)  # the finite ones are answered
+    model = ModelIO.from_manifest(open_folder(folder).manifest)
+    sent = InputTensor("images", "FP32", list(images.shape), raw=images.tobytes())
+    with pytest.raises(ServeError, match="holds NaN or infinity in image 1") as refused:
+        decode_inputs(model, [sent])
+    assert refused.value.status == 400
