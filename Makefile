@@ -8,9 +8,11 @@ PIPELINE := TRT_PIPELINE_FRONT_END=make $(PY) -m trt_pipeline
 
 # The settings `make engine` passes on, declared once in pipeline/core/settings.py (tests/core/test_settings.py
 # checks these lists and the defaults below against it).  Each reaches the command line as the option named
-# from the variable: CALIB_METHOD=x as '--calib-method=x', NO_FLOAT_SEARCH=1 as --no-float-search.  A value
-# is passed once it is set, to nothing too (MODEL= is refused, not replaced by the default); a switch once it
-# is not empty.  The defaults below are the ones bench and serve share; every other one is Python's.
+# from the variable: CALIB_METHOD=x as '--calib-method=x', NO_FLOAT_SEARCH=1 as '--no-float-search=1'.  A value
+# is passed once it is set, to nothing too (MODEL= is refused, not replaced by the default); a switch's word once
+# it is not empty (FORCE=0 as '--force=0'), which Python alone reads (settings.py read_switch: 1/yes/true on,
+# 0/no/false or nothing off, anything else refused): make's "not empty" would take 0 for on.  The defaults below
+# are the ones bench and serve share; every other one is Python's.
 SETTING_VALUES := MODEL PRECISION BATCH WEIGHTS INPUT_SHAPE DYNAMIC OUT WORKSPACE_MIB BUILDER EXPORTER TARGET \
 	KEEP_FP32 CALIB CALIB_METHOD CALIB_SAMPLES CALIB_BATCH SMOOTH POSTPROCESS NMS_BOX_FORMAT NMS_SCORE_THRESHOLD \
 	NMS_IOU_THRESHOLD NMS_CANDIDATES NMS_MAX_DETECTIONS NMS_HEAD
@@ -45,7 +47,7 @@ option = $(shell printf %s '$(1)' | tr A-Z_ a-z-)
 given = $(or $(value $(1)),$(filter-out file default undefined,$(origin $(1))))
 # No $(strip): it would squeeze the spaces inside a value.
 PIPELINE_ARGS = $(foreach name,$(SETTING_VALUES),$(if $(call given,$(name)),$(call arg,$(call option,$(name)),$(name)))) \
-	$(foreach name,$(SETTING_SWITCHES),$(if $(value $(name)),--$(call option,$(name))))
+	$(foreach name,$(SETTING_SWITCHES),$(if $(value $(name)),$(call arg,$(call option,$(name)),$(name))))
 
 .PHONY: venv engine bench serve calibration-images accuracy test lint typecheck clean
 
@@ -94,7 +96,7 @@ calibration-images: $(STAMP)
 accuracy: $(STAMP)
 	$(PIPELINE) accuracy $(call arg,model,MODEL) $(call arg,out,OUT) $(if $(value WEIGHTS),$(call arg,weights,WEIGHTS)) \
 		$(if $(value CALIB),$(call arg,calib,CALIB)) $(if $(value CALIB_METHOD),$(call arg,calib-method,CALIB_METHOD)) \
-		$(if $(value RECALIBRATE),--recalibrate) \
+		$(if $(value RECALIBRATE),$(call arg,recalibrate,RECALIBRATE)) \
 		$(if $(value ACCURACY_BUDGET),$(call arg,accuracy-budget,ACCURACY_BUDGET))
 
 lint: $(STAMP)

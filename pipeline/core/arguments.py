@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from .mentions import option_of
 from .precision import Precision
-from .settings import DECLARED, DEFAULTS, Declared, Settings
+from .settings import DECLARED, DEFAULTS, SWITCH_OFF, SWITCH_ON, Declared, Settings, read_switch
 
 # The settings that name an artifact folder, engines/<model>-<precision> (Settings.artifact_dir): what a command
 # that reads a folder (bench, serve) takes instead of the folder's path.
@@ -37,11 +38,13 @@ def add_settings_arguments(
 
 
 def _argument(name: str, default: object) -> dict:
-    """add_argument's keywords for a setting: a bool is a switch that sets the value opposite its default."""
+    """add_argument's keywords for a setting: a bool is a switch that sets the value opposite its default, given
+    bare (--force) or with a word read_switch reads (--force=0, as the Makefile passes FORCE=0)."""
     declared = DECLARED[name]
     common = {"dest": name, "default": argparse.SUPPRESS, "help": _help(declared, default)}
     if isinstance(default, bool):
-        return {**common, "action": "store_false" if default else "store_true"}
+        words = "|".join(SWITCH_ON + SWITCH_OFF)
+        return {**common, "nargs": "?", "const": not default, "type": partial(read_switch, name), "metavar": words}
     parse = given_path if declared.parse is Path else declared.parse
     return {
         **common,

@@ -33,6 +33,12 @@ class NmsConfig:
         if self.box_format not in BOX_FORMATS:
             raise PipelineError(f"NMS box format {self.box_format!r} is unknown", f"give one of {BOX_FORMATS}")
         _require_finite("score threshold", self.score_threshold, "give a score, e.g. 0.25 (after the sigmoid)")
+        if not 0 <= self.score_threshold < 1:  # a sigmoid's scores lie in (0, 1): none is above 1 or more
+            raise PipelineError(
+                f"NMS score threshold {self.score_threshold:g} is not in [0, 1): the head's scores are after their "
+                "sigmoid, in (0, 1), so a detector with it could never detect anything",
+                "give a score in [0, 1), e.g. 0.25",
+            )
         _require_finite("IoU threshold", self.iou_threshold, "give an IoU between 0 and 1, e.g. 0.45")
         if not 0 <= self.iou_threshold <= 1:
             raise PipelineError(f"NMS IoU threshold {self.iou_threshold} is not in [0, 1]", "give e.g. 0.45")

@@ -128,7 +128,7 @@ def setting(
 
     make: its make variable; the command line's option is named from it (CALIB_METHOD: --calib-method,
       core/mentions.py option_of), and so is the Makefile's argument.  A bool is a switch given as NO_FLOAT_SEARCH=1
-      / --no-float-search, which sets the value opposite its default.
+      / --no-float-search (or --no-float-search=yes), which sets the value opposite its default (read_switch).
     precisions: the precisions whose artifacts it changes; given for another it would do nothing, so it is refused.
     decides: it decides the folder's artifacts: the reuse key holds it (for its precisions) and the command that
       writes the folder again repeats it.  False: how a run goes (FORCE), or where the folder lies (OUT).
@@ -137,6 +137,26 @@ def setting(
     """
     declared = Declared(make, help, precisions, decides, parse, choices, postprocess)
     return field(default=default, metadata={SETTING: declared})
+
+
+# The words a switch is given as, in any case; nothing (FORCE=) is off too.  The Makefile passes a switch's word as
+# it was given (FORCE=0 as --force=0) and read_switch alone reads it: make's own test ("not empty") would take 0, no
+# and false for on, and a mistyped word silently for either.
+SWITCH_ON = ("1", "yes", "true")
+SWITCH_OFF = ("0", "no", "false")
+
+
+def read_switch(name: str, word: str) -> bool:
+    """The value of switch setting `name` given as `word`: on sets it opposite its default, off leaves the default;
+    any other word is refused with the accepted ones."""
+    folded = word.strip().lower()
+    if folded not in (*SWITCH_ON, *SWITCH_OFF, ""):
+        raise PipelineError(
+            f"{mention_name(name)} is a switch, on or off, and {word!r} is neither",
+            f"give {mention(**{name: SWITCH_ON[0]})} (or {', '.join(SWITCH_ON[1:])}) to switch it on; "
+            f"{', '.join(SWITCH_OFF)} or nothing leaves it off (any case)",
+        )
+    return (folded in SWITCH_ON) != DEFAULTS[name]
 
 
 @dataclass

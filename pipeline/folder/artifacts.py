@@ -127,15 +127,16 @@ def _open_lock(folder: Path, flags: int) -> IO[str]:
     except OSError as error:
         if error.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
             raise
-        raise _not_a_lock(path, _kind(os.lstat(path))) from None
+        raise _not_a_lock(path, file_kind(os.lstat(path))) from None
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
         os.close(fd)
-        raise _not_a_lock(path, _kind(info))
+        raise _not_a_lock(path, file_kind(info))
     return os.fdopen(fd, "r+" if flags & os.O_RDWR else "r")
 
 
-def _kind(info: os.stat_result) -> str:
+def file_kind(info: os.stat_result) -> str:
+    """What a file that is not a plain file of one name is, in words (a FIFO, a symbolic link, ...)."""
     if stat.S_ISLNK(info.st_mode):
         return "a symbolic link"
     if stat.S_ISREG(info.st_mode):  # a plain file under another name too: writing it would change that file

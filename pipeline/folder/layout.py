@@ -22,8 +22,11 @@ CACHE_FOLDER = "calibration"  # INT8's calibration cache, inside the artifact fo
 # the rows it refused on), model-ready, kept in the cache folder: `trt-pipeline diagnose` compares an INT8 graph
 # with FP32 on them (reference.npz's random inputs are clipped by the input's Q/DQ), and a host checks its INT8
 # graph on them before it serves (pipeline/runners/host_check.py).
+# An artifact of an INT8 folder, with its sha256 like the graphs: the host check reads it.
 SAMPLE = "sample.npz"
 CALIBRATION_SAMPLE = f"{CACHE_FOLDER}/{SAMPLE}"
+# The artifacts inside a sub-folder of the folder: the only names with a "/" a manifest may list.
+NESTED_ARTIFACTS = (CALIBRATION_SAMPLE,)
 
 # The shape of a folder and its manifest, recorded in it as "layout".  Bump it when the stages write
 # different artifacts or manifest entries: a folder of another layout is rebuilt, never reused, and
@@ -98,8 +101,11 @@ def cpu_kind(target: Target) -> str:
 
 
 def artifact_names(graphs: Iterable[GraphRecord]) -> list[str]:
-    """The files a finished folder with these graphs lists in its manifest, with their sha256."""
-    return list(dict.fromkeys([FP32_GRAPH, REFERENCE, *(graph.file for graph in graphs), ENGINE]))
+    """The files a finished folder with these graphs lists in its manifest, with their sha256: an INT8 folder's
+    calibration sample too."""
+    graphs = tuple(graphs)
+    sample = [CALIBRATION_SAMPLE] if any(graph.precision == Precision.INT8 for graph in graphs) else []
+    return list(dict.fromkeys([FP32_GRAPH, REFERENCE, *(graph.file for graph in graphs), ENGINE, *sample]))
 
 
 def _gate(precision: Precision, target: Target, postprocess: Postprocess) -> str:

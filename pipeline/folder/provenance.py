@@ -13,8 +13,8 @@ from .records import Artifact
 
 def describe_artifacts(folder: Path, names: list[str]) -> dict[str, Artifact]:
     """sha256 and size of each artifact present in the folder."""
-    paths = [Path(folder) / name for name in names]
-    return {p.name: Artifact(sha256_file(p), p.stat().st_size) for p in paths if p.is_file()}
+    paths = {name: Path(folder) / name for name in names}
+    return {name: Artifact(sha256_file(p), p.stat().st_size) for name, p in paths.items() if p.is_file()}
 
 
 def artifact_problems(folder: Path, artifacts: dict[str, Artifact]) -> list[str]:

@@ -22,19 +22,23 @@ It imports neither torch, onnx nor any build stage: serving an ONNX graph needs 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
+import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from ..core.errors import PipelineError, no_room
 from ..core.precision import Precision
 from ..core.settings import Postprocess
-from .artifacts import atomic_path, running_build
+from .artifacts import atomic_path, file_kind, running_build
 from .graph_files import data_file_name
-from .layout import ARTIFACT_LAYOUT, CPU_TARGETS
+from .layout import ARTIFACT_LAYOUT, CPU_TARGETS, NESTED_ARTIFACTS
 from .manifest import Manifest, require_manifest
 from .onnx_wire import external_locations
 from .rebuild import rebuild_hint
@@ -123,8 +127,9 @@ class ArtifactFolder:
         return build.skipped if build is not None else None
 
     def has(self, name: str) -> bool:
-        """Is `name` an artifact of the folder, still on disk (not checked: read() checks)?"""
-        return name in self.artifacts and (self.path / name).is_file()
+        """Is `name` an artifact of the folder, still on disk, of whatever kind (not checked: read() checks, and
+        refuses what is not a regular file)?"""
+        return name in self.artifacts and os.path.lexists(self.path / name)
 
     def read(self, name: str) -> bytes:
         """The bytes of the artifact `name`, read once and checked against the sha256 the build recorded.
@@ -132,8 +137,8 @@ class ArtifactFolder:
         Callers load these bytes, not the path: bytes checked and then loaded from disk again could be another
         file by then.  (A graph goes to ONNX Runtime through private_graph, which keeps the same promise.)
         """
-        path = self._listed(name)
-        data = path.read_bytes()
+        with self._open_recorded(name) as reading:
+            data = reading.read()
         self._require_recorded(name, len(data), hashlib.sha256(data).hexdigest())
         return data
 
@@ -146,10 +151,9 @@ class ArtifactFolder:
     def copy_artifact(self, name: str, target: Path) -> None:
         """Copy the artifact `name` to `target` a block at a time, checking the bytes copied against the sha256 the
         build recorded; `target` appears only when they match (written under a temporary name, then renamed)."""
-        source = self._listed(name)
         digest, size = hashlib.sha256(), 0
-        with atomic_path(target) as temporary:
-            with open(source, "rb") as reading, open(temporary, "wb") as writing:
+        with self._open_recorded(name) as reading, atomic_path(target) as temporary:
+            with open(temporary, "wb") as writing:
                 for block in iter(lambda: reading.read(1 << 20), b""):
                     digest.update(block)
                     writing.write(block)
@@ -212,26 +216,55 @@ class ArtifactFolder:
                 f"rebuild the folder: {self.rebuild_hint()}",
             )
 
-    def _listed(self, name: str) -> Path:
-        """The path of the artifact `name`, which the manifest lists and which is on disk."""
+    @contextlib.contextmanager
+    def _open_recorded(self, name: str) -> Iterator[BinaryIO]:
+        """The artifact `name`, which the manifest lists, open for reading once the open file is found to be a
+        regular file of the size the build recorded: anything else is refused before a byte of it is read or
+        copied (a 1 GiB sparse file put there was copied whole into the temporary folder before its size was
+        compared; a FIFO would block the reader, /dev/zero never end).  O_NONBLOCK opens a FIFO at once, to be
+        refused; the checks are on the file opened, not on a name that could change in between."""
         if name not in self.artifacts:
             raise PipelineError(
                 f"{name!r} is not an artifact of {self.path} (its manifest lists {', '.join(self.artifacts)})",
                 "name one of those",
             )
         path = self.path / name
-        if not path.is_file():
-            raise PipelineError(f"{path} is missing", f"rebuild the folder: {self.rebuild_hint()}")
-        return path
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise PipelineError(f"{path} is missing", f"rebuild the folder: {self.rebuild_hint()}") from None
+        except OSError as error:
+            if error.errno != errno.ENXIO:  # a socket opens as nothing: anything else is the file system's to say
+                raise
+            raise self._not_a_regular_file(path, "a socket") from None
+        with os.fdopen(fd, "rb") as reading:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise self._not_a_regular_file(path, file_kind(info))
+            self._require_recorded(name, info.st_size)
+            yield reading
 
-    def _require_recorded(self, name: str, size: int, sha256: str) -> None:
+    def _not_a_regular_file(self, path: Path, kind: str) -> PipelineError:
+        return PipelineError(
+            f"{path} is not a regular file but {kind} (through a symbolic link, where it is one): readers load only "
+            "the files the build wrote",
+            f"rebuild the folder: {self.rebuild_hint()}",
+        )
+
+    def _require_recorded(self, name: str, size: int, sha256: str | None = None) -> None:
+        """The artifact's size (and, once its bytes are read, their sha256) as the build recorded them."""
         recorded = self.artifacts[name]
-        if size != recorded.bytes or sha256 != recorded.sha256:
-            raise PipelineError(
-                f"{self.path / name} is not the file this folder's build wrote: {size} bytes with a sha256 other "
-                f"than the manifest's ({recorded.bytes} bytes); it was truncated, corrupted or replaced",
-                f"rebuild the folder: {self.rebuild_hint()}",
-            )
+        if size != recorded.bytes:
+            found = f"{size} bytes where the build wrote {recorded.bytes}"
+        elif sha256 is not None and sha256 != recorded.sha256:
+            found = f"{size} bytes with a sha256 other than the manifest's"
+        else:
+            return
+        raise PipelineError(
+            f"{self.path / name} is not the file this folder's build wrote: {found}; it was truncated, corrupted or "
+            "replaced",
+            f"rebuild the folder: {self.rebuild_hint()}",
+        )
 
     def rebuild_hint(self, *, force: bool = False) -> str:
         """The `make engine` command that writes this folder again (force: FORCE=1, past an up-to-date folder)."""
@@ -322,11 +355,14 @@ def _why_unfinished(manifest: Manifest) -> str:
 
 
 def _require_named_files(folder: ArtifactFolder) -> None:
-    """Every file the manifest names is a plain file name of the folder (never a path out of it) with a sha256."""
+    """Every file the manifest names is a plain file name of the folder (never a path out of it), or one of the
+    layout's NESTED_ARTIFACTS, with a sha256."""
     named = {_graph_key(graph, folder.precision, folder.postprocess): graph.file for graph in folder.graphs}
     if folder.engine_skipped() is None:
         named["engine"] = folder.engine
     for key, name in [*named.items(), *((f"artifacts[{name!r}]", name) for name in folder.artifacts)]:
+        if name in NESTED_ARTIFACTS:
+            continue
         if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name:
             raise PipelineError(
                 f"the manifest of {folder.path} names {name!r} as its {key}, which is not a file name inside the "

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import PipelineError
-from ..core.settings import engine_command, mention, mention_name
+from ..core.settings import Postprocess, engine_command, mention, mention_name
 from ..folder.graph_io import GraphTensor
 from ..folder.manifest import Manifest
 from ..folder.reader import ArtifactFolder
@@ -175,6 +175,24 @@ def check_feed(feed: Mapping[str, Any], specs: list[TensorSpec], describe=_dtype
     return batch
 
 
+def refuse_non_finite_images(feed: Mapping[str, Any], specs: list[TensorSpec]) -> None:
+    """A detector's (POSTPROCESS=nms) float inputs must be finite.  Non-finite inputs otherwise pass to the model as
+    sent, and a classifier's NaN outputs carry them back; NMS drops every candidate whose score is not a number (NaN
+    is not above the threshold), so an image it could not score would come back as count 0, "nothing detected".
+    Host arrays only: a device tensor (infer_on_device) stays on its device, unread."""
+    for spec in specs:
+        value = feed[spec.name]
+        if spec.dtype.kind != "f" or not isinstance(value, np.ndarray) or np.isfinite(value).all():
+            continue
+        images = np.flatnonzero(~np.isfinite(value.reshape(len(value), -1)).all(axis=1))
+        raise PipelineError(
+            f"input {spec.name!r} holds NaN or infinity in image {', '.join(map(str, images[:8]))} (of {len(value)}): "
+            "the detector's NMS drops every candidate whose score is not a number, so it would answer count 0 "
+            "(nothing detected) for an image it could not score",
+            "send finite values: a classifier's outputs carry a NaN back, a detector's count cannot",
+        )
+
+
 def _refuse_non_mapping(feed: object, specs: list[TensorSpec]) -> None:
     # An array would otherwise reach `name in feed`, which numpy answers by comparing every element.
     example = ", ".join(f"{spec.name!r}: array" for spec in specs)
@@ -226,6 +244,8 @@ class Runner:
         """Validate the feed, run it (in chunks of max_batch rows when larger), return host arrays by name."""
         self._refuse_if_closed()
         batch = self._check(feed)
+        if self.folder.postprocess is Postprocess.NMS:
+            refuse_non_finite_images(feed, self.inputs)
         if batch <= self.max_batch:
             return self._run(feed)
         if not self.split_large_batches:

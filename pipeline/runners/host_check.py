@@ -10,6 +10,8 @@ measurement (runners/fastest.py, served.json), so a host pays for it once per ke
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 
 from ..core.cpu import int8_cpu_kind
@@ -37,18 +39,21 @@ def check_runner(folder: ArtifactFolder, graph: GraphRecord, runner: Runner) -> 
     cases = load_reference(folder.read(REFERENCE))
     if nms is not None:
         cases = [(inputs, detections_of(expected, nms)) for inputs, expected in cases]
-    sample = held_out_sample(folder) if graph.precision is Precision.INT8 else None
-    return check_on_host(runner.infer, graph.precision, cases, sample, detections=nms is not None)
+    if graph.precision is not Precision.INT8:
+        return check_on_host(runner.infer, graph.precision, cases, detections=nms is not None)
+    return check_on_host(runner.infer, graph.precision, cases, held_out_sample(folder), detections=nms is not None)
 
 
-def held_out_sample(folder: ArtifactFolder) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None:
+def held_out_sample(folder: ArtifactFolder) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | str:
     """(the calibration rows the INT8 gate judged, the outputs of the folder's FP32 graph (its NMS graph, where it ends
-    in NMS) on them here), or None where the folder kept none.  The rows are data the build wrote beside its cache,
-    not a graph: at worst a changed file makes the check refuse."""
-    path = folder.path / CALIBRATION_SAMPLE
-    if not path.is_file():
-        return None
-    with np.load(path) as sample:
+    in NMS) on them here), or why there are none to check, which the check's verdict then states.  The rows are an
+    artifact, read as the build wrote them (their sha256 checked, ArtifactFolder.read): a changed file is refused,
+    naming it, before anything reads it."""
+    if CALIBRATION_SAMPLE not in folder.artifacts:
+        return f"the manifest records no {CALIBRATION_SAMPLE} (the build kept none; a rebuild keeps them)"
+    if not folder.has(CALIBRATION_SAMPLE):
+        return f"{folder.path / CALIBRATION_SAMPLE} is missing (a rebuild writes it again)"
+    with np.load(io.BytesIO(folder.read(CALIBRATION_SAMPLE))) as sample:
         inputs = {name: sample[name] for name in sample.files}
     on_cpu = folder.servable(int8_cpu_kind()).on_cpu
     fp32_graph = next(graph.file for graph in on_cpu if graph.precision is Precision.FP32)

@@ -25,7 +25,7 @@ from ..core.errors import PipelineError
 from ..core.settings import mention
 from ..folder.graph_io import GraphTensor
 from ..folder.manifest import Manifest
-from ..runners.base import BATCH_AXIS, TensorSpec, check_feed, max_batch, tensor_specs
+from ..runners.base import BATCH_AXIS, TensorSpec, check_feed, max_batch, refuse_non_finite_images, tensor_specs
 from ..triton.repository import TRITON_DTYPES, model_name
 
 # numpy dtype name -> the protocol's datatype: Triton's model-config type without its TYPE_ prefix.
@@ -71,6 +71,8 @@ class ModelIO:
     # {integer input: rows of the table it indexes}, for ids that feed an embedding's Gather directly; filled
     # once the runner loads (Service.load reads it from the graph with embedding_rows).
     vocabularies: dict[str, int] = field(default_factory=dict)
+    # A detector (POSTPROCESS=nms): its float inputs must be finite (runners.base.refuse_non_finite_images).
+    detects: bool = False
 
     @classmethod
     def from_manifest(cls, manifest: Manifest, name: str | None = None, max_items: int | None = None) -> ModelIO:
@@ -86,6 +88,7 @@ class ModelIO:
             outputs=tensor_specs(manifest, "outputs"),
             max_items=max_items or profile_max,
             shared_axes=_shared_axes(manifest.inputs),
+            detects=manifest.nms() is not None,
         )
         for spec in [*model.inputs, *model.outputs]:
             if spec.dtype.name not in DATATYPES:
@@ -161,6 +164,11 @@ def decode_inputs(model: ModelIO, tensors: Sequence[InputTensor]) -> tuple[dict[
     items = check_shapes(model, declared)
     feed = {tensor.name: _array(specs[tensor.name], tensor) for tensor in tensors}
     check_ids(model, feed)
+    if model.detects:
+        try:
+            refuse_non_finite_images(feed, model.inputs)
+        except PipelineError as error:
+            raise bad_request(f"{error.problem}; {error.fix}") from None
     return feed, items
 
 

@@ -347,11 +347,13 @@ def sample_inputs(spec: ModelSpec, batch: int, seed: int, axis_sizes: dict[str, 
 
 
 def reference_cases(spec: ModelSpec, batch: BatchProfile) -> list[tuple[int, dict[str, int]]]:
-    """(batch, extra-axis sizes) cases: the parity batches, plus each extra axis at its max."""
+    """(batch, extra-axis sizes) cases: the parity batches, plus each extra axis at its max and at its min.  The
+    min too: DYNAMIC=input:1 on a convolution's channels (range 1:3:3, the example's 3 its max) was never run at
+    another size, so the folder advertised a range the Conv cannot take and failed at run time."""
     cases: list[tuple[int, dict[str, int]]] = [(b, {}) for b in parity_batches(batch)]
-    extra = {d.name: d.max for axes in spec.dynamic_axes.values() for d in axes.values()}
-    if extra:
-        cases.append((2, extra))
+    declared = [d for axes in spec.dynamic_axes.values() for d in axes.values()]
+    highs, lows = {d.name: d.max for d in declared}, {d.name: d.min for d in declared}
+    cases += [(2, sizes) for sizes in ([highs] if highs == lows else [highs, lows]) if sizes]
     return cases
 
 
@@ -361,19 +363,24 @@ def write_reference(spec: ModelSpec, batch: BatchProfile, path: Path) -> dict:
     arrays: dict[str, np.ndarray] = {}
     for index, (size, axis_sizes) in enumerate(reference_cases(spec, batch)):
         feed = sample_inputs(spec, size, seed=index, axis_sizes=axis_sizes)
-        result = _reference_outputs(spec, feed)
+        result = _reference_outputs(spec, feed, axis_sizes)
         arrays.update({f"case{index}/in/{name}": t.numpy() for name, t in feed.items()})
         arrays.update({f"case{index}/out/{name}": t.numpy() for name, t in zip(outputs, result, strict=True)})
     write_npz(path, arrays)
     return {"summary": f"{path.name}: PyTorch outputs at batch sizes {parity_batches(batch)}"}
 
 
-def _reference_outputs(spec: ModelSpec, feed: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    """PyTorch's outputs on one case; a model that cannot run at a size its profile declares is the user's to fix."""
+def _reference_outputs(
+    spec: ModelSpec, feed: dict[str, torch.Tensor], axis_sizes: dict[str, int]
+) -> list[torch.Tensor]:
+    """PyTorch's outputs on one case (`axis_sizes`: the declared axes it sets); a model that cannot run at a size its
+    profile declares is the user's to fix."""
     try:
         with torch.inference_mode():
             return flatten_outputs(call_module(spec.module, feed))
     except (RuntimeError, ValueError, IndexError) as error:
+        if axis_sizes:
+            raise _fixed_axis(spec, feed, axis_sizes, error) from None
         raise refused_sizes(
             spec.name,
             "PyTorch",
@@ -382,6 +389,28 @@ def _reference_outputs(spec: ModelSpec, feed: dict[str, torch.Tensor]) -> list[t
             f"narrow {mention_name('batch')} or the {mention_name('dynamic')} range to sizes the model takes, or "
             "make forward() take those sizes",
         ) from None
+
+
+def _fixed_axis(
+    spec: ModelSpec, feed: dict[str, torch.Tensor], axis_sizes: dict[str, int], error: Exception
+) -> PipelineError:
+    """The model refused a declared dynamic axis at a size of its range (batch 2 ran): it fixes that axis (a
+    convolution's channels, a Linear's features), which a dynamic range cannot change."""
+    declared = [
+        f"{name}:{axis} ({axis_range.min}:{axis_range.opt}:{axis_range.max}, run at {axis_sizes[axis_range.name]})"
+        for name, axes in spec.dynamic_axes.items()
+        for axis, axis_range in axes.items()
+        if axis_range.name in axis_sizes
+    ]
+    return refused_sizes(
+        spec.name,
+        "PyTorch",
+        feed,
+        error,
+        f"the model fixes an axis declared dynamic, {' or '.join(declared)}: leave it out of "
+        f"{mention_name('dynamic')} ({mention(dynamic='none')} for no axis besides the batch), or give it a range "
+        "of sizes forward() takes",
+    )
 
 
 def refused_sizes(subject: str, runtime: str, feed: dict, error: Exception, fix: str) -> PipelineError:

@@ -114,6 +114,8 @@ def check_nms(
     for label in gated:
         if not records[label].passes(graph.precision):
             raise _agreement_error(nms_path, graph, label, records[label])
+    if gated and not any(records[label].expected or records[label].actual for label in gated):
+        raise _nothing_judged(nms_path, config, [case for case in judged if case.label in gated])
     batches = sorted({_rows(case.feeds) for case in judged if case.label == "reference"})
     worst = {"max_abs": max(error[0] for error in errors), "max_rel": max(error[1] for error in errors)}
     return _record(nms_path, graph, batches, worst, records, gated)
@@ -183,6 +185,19 @@ def _agreement_error(nms_path: Path, graph: GraphRecord, label: str, agreement: 
         f"{folder} names where INT8 departs), or build {mention(precision=Precision.FP16)}",
     }
     return PipelineError(problem, fixes[graph.precision])
+
+
+def _nothing_judged(nms_path: Path, config: NmsConfig, judged: list[Judged]) -> PipelineError:
+    """No detection on any input the gate judges, expected or found: an agreement of 1.0 that could not have failed
+    (0 of 0 found), so nothing was checked, and a detector that finds nothing there may find nothing served."""
+    best = max(float(np.max(case.head[:, 4:], initial=0.0)) for case in judged)
+    labels = " and ".join(dict.fromkeys(case.label for case in judged))
+    return PipelineError(
+        f"{nms_path.name}'s gate saw no detection on the {labels} inputs, expected or found (the head's best score "
+        f"there {best:.3g}, the threshold {config.score_threshold:g}): a gate with nothing to judge checks nothing",
+        f"give {mention(nms_score_threshold=f'<below {best:.3g}>')}, under the scores your detections have, or give "
+        f"{mention(calib='<images like the served ones>')} at fp16 or int8 so the gate judges detections on them",
+    )
 
 
 def _record(

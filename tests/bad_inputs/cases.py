@@ -383,6 +383,25 @@ BAD_SETTINGS = (
         ("would take 286 GiB",),
         limit=240,
     ),
+    BadSetting(
+        "nms-score-above-1",
+        "NMS_SCORE_THRESHOLD=5 (scores are after a sigmoid: nothing could ever be detected)",
+        (
+            "--model",
+            "tests.helpers.detector_models:yolo_detector",
+            "--postprocess",
+            "nms",
+            "--nms-score-threshold",
+            "5",
+        ),
+        ("NMS score threshold 5 is not in [0, 1): the head's scores are after their sigmoid",),
+    ),
+    BadSetting(
+        "dynamic-fixed-axis",
+        "DYNAMIC=input:1 on the channels a Conv fixes (the folder advertised 1:3:3 and failed at run time)",
+        ("--dynamic", "input:1"),
+        ("fix: the model fixes an axis declared dynamic, input:1 (1:3:3, run at 1): leave it out of --dynamic",),
+    ),
 )
 
 

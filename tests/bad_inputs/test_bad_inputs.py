@@ -160,6 +160,51 @@ def test_make_passes_a_quote_in_a_path_intact(tmp_path):
     assert (out / "toy_models-tiny_cnn-fp32" / "manifest.json").is_file()
 
 
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+@pytest.mark.parametrize("word", ["0", "no", "False", ""])
+def test_a_switch_given_as_off_is_off(word, tmp_path):
+    # make passed --trust-model-file for any word but nothing: TRUST_MODEL_FILE=0 ran the pickle's code.
+    crafted, marker = tmp_path / "model.pt", tmp_path / "EXECUTED"
+    torch.save(_RunsCode(marker), crafted)
+    result = _make(f"MODEL={crafted}", f"TRUST_MODEL_FILE={word}", "PRECISION=fp32", f"OUT={tmp_path}/engines")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "loading it runs code the file contains" in result.stderr and "TRUST_MODEL_FILE=1" in result.stderr
+    assert not marker.exists()
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_a_switch_given_as_yes_is_on(tmp_path):
+    crafted, marker = tmp_path / "model.pt", tmp_path / "EXECUTED"
+    torch.save(_RunsCode(marker), crafted)
+    _make(f"MODEL={crafted}", "TRUST_MODEL_FILE=yes", "PRECISION=fp32", f"OUT={tmp_path}/engines")
+    assert marker.exists()  # trusted: its code ran (what it unpickles to is no model, so the run fails after)
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+@pytest.mark.parametrize("word", ["maybe", "2", "on", "y"])
+def test_a_switch_given_another_word_is_refused_before_anything_runs(word, tmp_path):
+    crafted, marker = tmp_path / "model.pt", tmp_path / "EXECUTED"
+    torch.save(_RunsCode(marker), crafted)
+    result = _make(f"MODEL={crafted}", f"TRUST_MODEL_FILE={word}", "PRECISION=fp32", f"OUT={tmp_path}/engines")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"error: TRUST_MODEL_FILE is a switch, on or off, and {word!r} is neither" in result.stderr
+    assert "fix: give TRUST_MODEL_FILE=1 (or yes, true) to switch it on; 0, no, false or nothing" in result.stderr
+    assert not marker.exists() and not (tmp_path / "engines").exists()
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_force_0_reuses_the_folder_and_force_true_rebuilds_it(tmp_path):
+    build = ["MODEL=tests.helpers.toy_models:tiny_cnn", "PRECISION=fp32", f"OUT={tmp_path}"]
+    assert _make(*build).returncode == 0
+    manifest = tmp_path / "toy_models-tiny_cnn-fp32" / "manifest.json"
+    written = manifest.read_bytes()
+    kept = _make(*build, "FORCE=0")
+    assert kept.returncode == 0 and "up to date" in kept.stdout, kept.stderr
+    assert manifest.read_bytes() == written
+    rebuilt = _make(*build, "FORCE=TRUE")
+    assert rebuilt.returncode == 0 and "up to date" not in rebuilt.stdout, rebuilt.stderr
+
+
 @pytest.mark.parametrize("text", ["[1, 2]", '"a string"', "\xff\xfe"], ids=["list", "string", "not-utf8"])
 def test_a_manifest_that_is_not_a_json_object(text, tmp_path):
     (tmp_path / "manifest.json").write_bytes(text.encode("latin-1"))

@@ -18,6 +18,8 @@ from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.core.settings import (
     DECLARED,
     DEFAULTS,
+    SWITCH_OFF,
+    SWITCH_ON,
     Postprocess,
     Settings,
     deciding,
@@ -75,8 +77,8 @@ def test_make_engine_passes_each_setting_to_its_declared_option():
     assert command.returncode == 0, command.stderr
     for name, value in given.items():
         assert f"'{option_of(DECLARED[name].make)}={value}'" in command.stdout, name
-    for name in SWITCHES:
-        assert f" {option_of(DECLARED[name].make)}" in command.stdout, name
+    for name in SWITCHES:  # a switch's word as given: Python reads it (settings.read_switch)
+        assert f"'{option_of(DECLARED[name].make)}=1'" in command.stdout, name
     # Unset, only the variables with a default here are passed; one set to nothing is passed as nothing.
     bare = _make("CALIB=", dry_run=True).stdout
     assert "'--calib='" in bare and "--smooth" not in bare and "'--model=resnet'" in bare
@@ -111,6 +113,19 @@ def test_the_options_table_has_a_row_per_setting_that_agrees_with_its_declaratio
         shown = "" if DEFAULTS[name] is None or name in SWITCHES else f"`{DEFAULTS[name]}`"
         changes = "all" if declared.precisions == tuple(Precision) else ", ".join(declared.precisions)
         assert by_variable[declared.make] == (option_of(declared.make), shown, changes), declared.make
+
+
+def test_the_options_doc_states_the_words_a_switch_reads():
+    def words(listed: tuple[str, ...]) -> str:
+        return ", ".join(f"`{word}`" for word in listed[:-1]) + f" or `{listed[-1]}`"
+
+    text = (ROOT / "docs" / "options.md").read_text()
+    assert (
+        f"is on when given {words(SWITCH_ON)}, and off when given {', '.join(f'`{w}`' for w in SWITCH_OFF)} or "
+        "nothing, in any case" in text
+    )
+    for name in SWITCHES:
+        assert f"`{DECLARED[name].make}`" in text.split("A switch (", 1)[1].split(")", 1)[0], name
 
 
 # --------------------------------------------------------------------------- the reuse key and the rebuild

@@ -164,6 +164,17 @@ def test_a_missing_data_file_is_refused(fp16_folder):
         load_runner(fp16_folder, backend="onnxruntime")
 
 
+@pytest.mark.parametrize(
+    ("kind", "make"), [("a FIFO", os.mkfifo), ("a device file", lambda p: p.symlink_to("/dev/zero"))]
+)
+def test_a_data_file_that_is_no_regular_file_is_named_as_such(fp16_folder, kind, make):
+    data = fp16_folder / "model.fp16.onnx.data"
+    data.unlink()
+    make(data)  # it was called missing; read, /dev/zero would never end and a FIFO block
+    with pytest.raises(PipelineError, match=f"model.fp16.onnx.data is not a regular file but {kind}"):
+        load_runner(fp16_folder, backend="onnxruntime")
+
+
 def test_a_graph_keeping_weights_outside_the_folder_is_refused_though_the_manifest_agrees(fp16_folder):
     """The graph rewritten to name a file outside the folder, and its sha256 recorded as if the build wrote it:
     refused by name, before ONNX Runtime is given anything."""

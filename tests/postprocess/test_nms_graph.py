@@ -221,6 +221,10 @@ def test_the_subgraph_is_made_of_fixed_size_ops_and_builds_with_tensorrt_rtx(tmp
         ({"box_format": "xywh"}, "box format 'xywh' is unknown", "cxcywh"),
         ({"iou_threshold": 1.5}, "IoU threshold 1.5 is not in [0, 1]", "0.45"),
         ({"score_threshold": float("nan")}, "score threshold nan is not a finite number", "0.25"),
+        # scores are after their sigmoid: at 5 (or 1) the detector never detects, and its gates passed on 0 of 0
+        ({"score_threshold": 5}, "score threshold 5 is not in [0, 1)", "give a score in [0, 1), e.g. 0.25"),
+        ({"score_threshold": 1.0}, "score threshold 1 is not in [0, 1)", "0.25"),
+        ({"score_threshold": -0.5}, "score threshold -0.5 is not in [0, 1)", "0.25"),
         ({"candidates": 0}, "candidates 0 is not a whole number", "1000"),
         ({"max_detections": True}, "max detections True is not a whole number", "100"),
         ({"candidates": 5000}, "more than TensorRT's TopK takes (3840)", "at most 3840"),

@@ -121,7 +121,15 @@ def test_one_calibration_method_is_named_as_make_engine_names_it(tmp_path):
     default PRECISION it is not refused as an INT8-only setting, since accuracy makes every precision."""
     calib = tmp_path / "calib.npy"
     np.save(calib, np.random.default_rng(0).standard_normal((24, 3, 16, 16), dtype=np.float32))
-    argv = ["accuracy", "--model", "tests.toy_models:tiny_cnn", "--calib", str(calib), "--calib-method", "entropy"]
+    argv = [
+        "accuracy",
+        "--model",
+        "tests.helpers.toy_models:tiny_cnn",
+        "--calib",
+        str(calib),
+        "--calib-method",
+        "entropy",
+    ]
     assert cli.main([*argv, "--out", str(tmp_path / "engines")]) == 0
     report = json.loads((tmp_path / "engines" / "toy_models-tiny_cnn-fp32" / "accuracy.json").read_text())
     assert set(report["results"]) == {"fp32", "fp16", "int8-entropy", "int8-entropy-ort"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -15,11 +16,13 @@ from onnx import numpy_helper
 
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.settings import Settings
+from trt_pipeline.pipeline.evaluation.host import HostCheck
 from trt_pipeline.pipeline.folder.layout import CALIBRATION_SAMPLE, SERVED_CHOICE
 from trt_pipeline.pipeline.folder.provenance import describe_artifacts
 from trt_pipeline.pipeline.folder.reader import open_folder
 from trt_pipeline.pipeline.runners import load_runner
 from trt_pipeline.pipeline.runners.fastest import Trials, _first_served, find_candidates
+from trt_pipeline.pipeline.runners.host_check import check_runner
 from trt_pipeline.pipeline.runners.onnxruntime import CPU
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
@@ -55,8 +58,13 @@ def _off_its_gate(folder: Path, graph: str) -> None:
     weight = next(t for t in model.graph.initializer if numpy_helper.to_array(t).dtype.kind == "f" and t.dims)
     weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * 1.5, weight.name))
     onnx.save(model, str(folder / graph))
+    _record(folder, graph)
+
+
+def _record(folder: Path, artifact: str) -> None:
+    """The artifact's sha256 and size in the manifest, as if the build had written the file as it is now."""
     manifest = json.loads((folder / "manifest.json").read_text())
-    manifest["artifacts"][graph] = dataclasses.asdict(describe_artifacts(folder, [graph])[graph])
+    manifest["artifacts"][artifact] = dataclasses.asdict(describe_artifacts(folder, [artifact])[artifact])
     (folder / "manifest.json").write_text(json.dumps(manifest))
 
 
@@ -157,11 +165,13 @@ def test_an_int8_graph_is_held_to_the_int8_gate_on_the_held_out_rows_against_fp3
         served = _first_served(opened, runners, [int8, fp32], trials, verify=True)
         checks = trials.checks
         assert served == int8 and "INT8 off FP32 by" in checks[int8.label].verdict
-        # Rows far outside the calibrated ranges: the input's Q/DQ clips them, and INT8 departs from FP32 there.
+        # Rows far outside the calibrated ranges: the input's Q/DQ clips them, and INT8 departs from FP32 there
+        # (recorded in the manifest as if the build had kept them: the sample is an artifact with its sha256).
         with np.load(folder / CALIBRATION_SAMPLE) as sample:
             np.savez(folder / CALIBRATION_SAMPLE, **{name: sample[name] * 100 for name in sample.files})
+        _record(folder, CALIBRATION_SAMPLE)
         trials = Trials()
-        served = _first_served(opened, runners, [int8, fp32], trials, verify=True)
+        served = _first_served(open_folder(folder), runners, [int8, fp32], trials, verify=True)
         checks = trials.checks
     finally:
         for runner in runners.values():
@@ -196,3 +206,45 @@ def test_a_check_that_raises_skips_its_candidate_with_the_reason_and_the_next_se
             runner.close()
     assert served == fp32 and list(trials.checks) == [fp32.label] and trials.checks[fp32.label].passed
     assert trials.skipped[int8.label].reason.startswith("running its host check: ")
+
+
+def _int8_check(folder: Path) -> HostCheck:
+    """The host check of the folder's INT8 graph for this CPU, whatever would be measured fastest."""
+    opened = open_folder(folder)
+    candidates, _ = find_candidates(opened, [CPU])
+    candidate = next(candidate for candidate in candidates if candidate.precision == "int8")
+    with candidate.open(opened, {}) as runner:
+        return check_runner(opened, candidate.record, runner)
+
+
+def test_the_held_out_rows_are_an_artifact_checked_like_the_graphs(int8_folder: Path, tmp_path: Path):
+    assert CALIBRATION_SAMPLE in open_folder(int8_folder).artifacts
+    folder = _copy(int8_folder, tmp_path)
+    (folder / CALIBRATION_SAMPLE).write_bytes(b"not a numpy file")  # a raw ValueError from np.load
+    with pytest.raises(PipelineError, match=f"{CALIBRATION_SAMPLE} is not the file this folder's build wrote"):
+        _int8_check(folder)
+
+
+def test_held_out_rows_saved_under_another_input_name_blame_the_file_not_the_caller(int8_folder: Path, tmp_path):
+    folder = _copy(int8_folder, tmp_path)
+    with np.load(folder / CALIBRATION_SAMPLE) as sample:
+        np.savez(folder / CALIBRATION_SAMPLE, images=sample["input"])  # "pass exactly ['input']" blamed the caller
+    with pytest.raises(PipelineError, match=f"{CALIBRATION_SAMPLE} is not the file this folder's build wrote") as error:
+        _int8_check(folder)
+    assert "rebuild the folder" in str(error.value) and "pass exactly" not in str(error.value)
+
+
+def test_deleted_held_out_rows_are_said_to_be_unchecked(int8_folder: Path, tmp_path: Path):
+    folder = _copy(int8_folder, tmp_path)
+    (folder / CALIBRATION_SAMPLE).unlink()
+    check = _int8_check(folder)
+    assert check.passed and "INT8 off FP32" not in check.verdict  # nothing was run on them: never "checked"
+    assert f"the held-out calibration rows not checked: {folder / CALIBRATION_SAMPLE} is missing" in check.verdict
+
+
+def test_held_out_rows_that_are_no_regular_file_are_named_as_such(int8_folder: Path, tmp_path: Path):
+    folder = _copy(int8_folder, tmp_path)
+    (folder / CALIBRATION_SAMPLE).unlink()
+    os.mkfifo(folder / CALIBRATION_SAMPLE)  # it was called missing
+    with pytest.raises(PipelineError, match=f"{CALIBRATION_SAMPLE} is not a regular file but a FIFO"):
+        _int8_check(folder)

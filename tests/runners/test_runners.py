@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import re
+import resource
 import shutil
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.trt_module import gpu_present
 from trt_pipeline.pipeline.folder.graph_io import load_reference
-from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, graph_record
+from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, SERVED_CHOICE, graph_record
 from trt_pipeline.pipeline.folder.manifest import Manifest
 from trt_pipeline.pipeline.folder.provenance import describe_artifacts
 from trt_pipeline.pipeline.runners import load_runner
@@ -146,11 +147,21 @@ def _fifo(graph: Path, other: Path) -> None:
     os.mkfifo(graph)
 
 
+def _dev_zero(graph: Path, other: Path) -> None:
+    graph.unlink()
+    graph.symlink_to("/dev/zero")
+
+
 @pytest.mark.parametrize("backend", ["onnxruntime", "onnxruntime-cuda"])
 @pytest.mark.parametrize(
     ("damage", "refusal"),
-    [(_truncate, "is not the file this folder's build wrote"), (_swap, "is not the file"), (_fifo, "is missing")],
-    ids=["truncated", "swapped", "fifo"],
+    [
+        (_truncate, "is not the file this folder's build wrote"),
+        (_swap, "is not the file"),
+        (_fifo, "is not a regular file but a FIFO"),  # "is missing": it is there
+        (_dev_zero, "is not a regular file but a device file"),
+    ],
+    ids=["truncated", "swapped", "fifo", "dev-zero"],
 )
 def test_the_readers_refusal_of_a_graph_is_the_one_message(folders, tmp_path, backend, damage, refusal):
     # It was wrapped as "ONNX Runtime cannot load ...: PipelineError: ..." with a second fix saying the build wrote the
@@ -164,6 +175,30 @@ def test_the_readers_refusal_of_a_graph_is_the_one_message(folders, tmp_path, ba
     assert (
         caught.value.fix.startswith("rebuild the folder: make_engine(Settings(")
         and "sha256 matches" not in caught.value.fix
+    )
+
+
+@pytest.mark.parametrize(
+    ("backend", "name"),
+    [("onnxruntime", "model.onnx"), ("onnxruntime-cuda", "model.onnx"), ("auto", "reference.npz")],  # auto: its check
+)
+def test_a_file_of_another_size_is_refused_before_any_byte_is_copied(folders, tmp_path, backend, name):
+    """A 1 GiB sparse file in place of an artifact was copied whole into the temporary folder (3.2 GB written for a
+    graph) before its size was compared.  The size comes first: with writes limited to 16 MiB (RLIMIT_FSIZE), a copy
+    would fail with EFBIG (Python ignores SIGXFSZ) and be blamed on the temporary folder."""
+    folder = copy_folder(folders["tiny_cnn"], tmp_path)
+    (folder / SERVED_CHOICE).unlink(missing_ok=True)  # auto checks afresh, reading reference.npz
+    os.truncate(folder / name, 1 << 30)
+    options = {"device": "cpu"} if backend == "onnxruntime-cuda" else {}
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 20, hard))
+    try:
+        with pytest.raises(PipelineError) as caught:
+            load_runner(folder, backend, **options)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert f"{name} is not the file this folder's build wrote: 1073741824 bytes where the build wrote" in str(
+        caught.value
     )
 
 

@@ -33,6 +33,7 @@ from trt_pipeline.pipeline.folder.reader import open_folder
 from trt_pipeline.pipeline.folder.records import GraphRecord, Target
 from trt_pipeline.pipeline.postprocess.nms import OUTPUTS, reference_nms
 from trt_pipeline.pipeline.postprocess.nms_graph import append_nms
+from trt_pipeline.pipeline.serve.protocol import InputTensor, ModelIO, ServeError, decode_inputs
 from trt_pipeline.pipeline.stages.postprocess import Judged, check_nms
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
@@ -200,6 +201,22 @@ def test_the_gate_refuses_an_nms_that_is_not_the_reference_nms_of_its_own_head(b
     assert record["max_rel"] <= 1e-5 and record["detections"]["reference"]["agreement"] == 1.0
 
 
+def test_a_gate_that_saw_no_detection_refuses_the_build(built, module, tmp_path: Path):
+    """Inputs on which the head scores nothing above the threshold (black images here; any image at
+    NMS_SCORE_THRESHOLD=5, refused by NmsConfig since): 0 of 0 expected detections found, agreement 1.000, a gate
+    that could not have failed.  It passed, and the detector was built."""
+    folder = built("fp32")
+    blank = torch.zeros(2, 3, IMAGE_SIZE, IMAGE_SIZE)
+    with torch.inference_mode():
+        head = module(blank).numpy()
+    reference = tmp_path / "reference.npz"
+    np.savez(reference, **{"case0/in/images": blank.numpy(), "case0/out/head": head})
+    with pytest.raises(PipelineError, match="model.nms.onnx's gate saw no detection on the reference inputs") as caught:
+        check_nms(folder / "model.nms.onnx", reference, CONFIG, "head", graph=_record("fp32"), batch=BATCH)
+    assert "the threshold 0.25): a gate with nothing to judge checks nothing" in caught.value.problem
+    assert "nms_score_threshold=<below 0.0" in (caught.value.fix or "") and "calib=" in (caught.value.fix or "")
+
+
 def test_the_gate_refuses_detections_that_depart_from_pytorchs_and_judges_int8_on_held_out_rows(
     built, module, tmp_path: Path
 ):
@@ -251,3 +268,23 @@ def test_postprocess_nms_on_a_model_without_a_detection_head_is_refused_with_the
     assert "error: NMS needs a float head [batch, 4 + classes, anchors]; 'logits' is ['batch', 10]" in err
     assert "fix: append NMS to the raw detection head" in err and "Traceback" not in err
     assert not list(out.rglob("*.nms.onnx"))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf], ids=["nan", "inf"])
+def test_an_image_that_is_not_finite_is_refused_not_answered_with_no_detection(built, bad: float):
+    """A classifier returns NaN for such an image (the service's policy: passed to the model as sent); a detector's NMS
+    dropped every candidate and answered count 0, "nothing detected".  Refused instead, by the runner and the
+    service alike, naming the image."""
+    folder = built("fp32")
+    images = scenes(3, seed=5).numpy()
+    images[1] = bad
+    with load_runner(folder, "onnxruntime") as runner:
+        with pytest.raises(PipelineError, match=r"input 'images' holds NaN or infinity in image 1 \(of 3\)") as caught:
+            runner.infer({"images": images})
+        assert "would answer count 0 (nothing detected)" in caught.value.problem
+        assert runner.infer({"images": images[[0, 2]]})["count"].shape == (2, 1)  # the finite ones are answered
+    model = ModelIO.from_manifest(open_folder(folder).manifest)
+    sent = InputTensor("images", "FP32", list(images.shape), raw=images.tobytes())
+    with pytest.raises(ServeError, match="holds NaN or infinity in image 1") as refused:
+        decode_inputs(model, [sent])
+    assert refused.value.status == 400
