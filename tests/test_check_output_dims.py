@@ -12,10 +12,14 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from tests import toy_models
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
 from trt_pipeline.pipeline.folder.manifest import MANIFEST
 from trt_pipeline.pipeline.runners import load_runner
+from trt_pipeline.pipeline.stages.export import export_onnx, write_reference
+from trt_pipeline.pipeline.stages.output_dims import dim_size
+from trt_pipeline.pipeline.stages.prepare import prepare
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
 PROFILE = BatchProfile(1, 2, 4)
@@ -27,6 +31,93 @@ def _output_dims(graph: Path) -> dict[str, list]:
         output.name: [d.dim_param or d.dim_value for d in output.type.tensor_type.shape.dim]
         for output in model.graph.output
     }
+
+
+def _exported(spec, folder: Path) -> tuple[Path, dict]:
+    """The spec's model.onnx from the TorchScript exporter (the one that names an output dim after its node), checked
+    on its reference."""
+    prepare(spec)
+    write_reference(spec, PROFILE, folder / "reference.npz")
+    graph = folder / "model.onnx"
+    record = export_onnx(spec, graph, folder / "reference.npz", exporter="torchscript")
+    return graph, record
+
+
+def test_an_encoders_output_follows_the_inputs_sequence(tmp_path: Path):
+    graph, _ = _exported(toy_models.sequence_encoder(), tmp_path)
+    assert _output_dims(graph) == {"hidden": ["batch", "seq", 16]}
+
+
+def test_dims_computed_from_an_input_dim_are_named_by_their_expression_and_served(tmp_path: Path):
+    """A strided convolution's height and a doubled sequence: named by the expression symbolic shape inference gives,
+    which says the size at every input size (checked here where the reference did not go), in the graph and the
+    manifest.  The binding runner has no input dim of that name to size a buffer by: ONNX Runtime allocates them."""
+    folder = make_engine(Settings(model="tests.toy_models:computed_dims", precision="fp32", out_root=tmp_path))
+    dims = _output_dims(folder / "model.onnx")
+    manifest = json.loads((folder / MANIFEST).read_text())
+    assert {output["name"]: output["shape"] for output in manifest["outputs"]} == dims
+    assert dims["features"][:2] == ["batch", 4] and dims["features"][3] == 8
+    assert dims["doubled"][0] == "batch" and dims["doubled"][2] == 4
+    height, doubled = dims["features"][2], dims["doubled"][1]
+    for size in range(8, 33):
+        assert dim_size(height, {"height": size}) == (size - 1) // 2 + 1
+        assert dim_size(doubled, {"seq": size}) == 2 * size
+    rng = np.random.default_rng(0)
+    with load_runner(folder, "onnxruntime-cuda", device="cpu") as runner, load_runner(folder, "onnxruntime") as plain:
+        assert "outputs ['doubled', 'features'] allocated by ONNX Runtime at each run" in runner.description
+        for rows, size in ((1, 9), (3, 30)):
+            feed = {
+                "image": rng.standard_normal((rows, 3, size, 16), dtype=np.float32),
+                "tokens": rng.standard_normal((rows, size, 4), dtype=np.float32),
+            }
+            got, want = runner.infer(feed), plain.infer(feed)
+            assert got["features"].shape == (rows, 4, (size - 1) // 2 + 1, 8)
+            for name in want:
+                np.testing.assert_array_equal(got[name], want[name])
+
+
+def test_dim_size_reads_expressions_and_never_runs_python():
+    assert dim_size("sequence", {"sequence": 7}) == 7
+    assert dim_size("2*sequence", {"sequence": 7}) == 14
+    assert dim_size("floor(height/2 - 1/2) + 1", {"height": 9}) == 5
+    assert dim_size("Min(64, sequence) + Mod(sequence, 3)", {"sequence": 70}) == 65
+    assert dim_size("sequence**2", {"sequence": 3}) == 9
+    assert dim_size("sequence/2", {"sequence": 3}) is None  # not a whole size
+    assert dim_size("LayerNormalizationlast_hidden_state_dim_1", {"sequence": 3}) is None
+    assert dim_size("__import__('os').getpid()", {}) is None
+    assert dim_size("sequence.real", {"sequence": 3}) is None
+    assert dim_size("2**sequence", {"sequence": 99999}) is None
+
+
+def test_a_distilbert_folders_last_hidden_state_is_batch_sequence_hidden_in_every_graph_and_the_manifest(
+    tmp_path: Path,
+):
+    """The folder save_pretrained writes (MODEL=<folder>, FP16): the TorchScript exporter named axis 1
+    LayerNormalizationlast_hidden_state_dim_1; the check names it after the inputs' sequence, simplify and the FP16
+    graph keep it, and the binding runner serves the folder."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.DistilBertConfig(
+        vocab_size=30, dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=64
+    )
+    transformers.DistilBertModel(config).save_pretrained(tmp_path / "distilbert")
+    settings = Settings(model=str(tmp_path / "distilbert"), precision="fp16", batch=PROFILE, out_root=tmp_path)
+    folder = make_engine(settings)
+    expected = ["batch", "sequence", 32]
+    for graph in ("model.onnx", "model.fp16.onnx"):
+        assert _output_dims(folder / graph) == {"last_hidden_state": expected}, graph
+    manifest = json.loads((folder / MANIFEST).read_text())
+    assert manifest["outputs"] == [{"name": "last_hidden_state", "dtype": "float32", "shape": expected}]
+    rng = np.random.default_rng(0)
+    with load_runner(folder, "onnxruntime-cuda", device="cpu") as runner, load_runner(folder, "onnxruntime") as plain:
+        assert "allocated by ONNX Runtime" not in runner.description  # every output has buffers sized ahead
+        for rows, length in ((1, 5), (3, 17)):
+            feed = {
+                "input_ids": rng.integers(1, 30, (rows, length)),
+                "attention_mask": np.ones((rows, length), dtype=np.int64),
+            }
+            got, want = runner.infer(feed), plain.infer(feed)
+            assert got["last_hidden_state"].shape == (rows, length, 32)
+            np.testing.assert_array_equal(got["last_hidden_state"], want["last_hidden_state"])
 
 
 # ---------------------------------------------------------------- a size only the data decides
