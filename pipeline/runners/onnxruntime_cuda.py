@@ -337,16 +337,7 @@ class OnnxRuntimeCudaRunner(Runner):
         self.cuda_graph = cuda_graph
         self.bias_adds = 0  # convolutions whose bias an Add of its own adds (_split_conv_bias)
         self._dims = _dim_sources(self.manifest.inputs)
-        # Outputs with a dim no input names (a count only the data decides, or an expression of input dims): ONNX
-        # Runtime allocates them at each run, sized as the run finds them (_sized_by_run).
-        self._sized_by_run = _sized_by_run(self.manifest.outputs, self._dims)
-        if cuda_graph and self._sized_by_run:
-            raise CaptureRefused(
-                f"cuda_graph=True: outputs {sorted(self._sized_by_run)} of {self.graph} have sizes the inputs' do "
-                "not give (a data-dependent or computed dim), which ONNX Runtime allocates at each run; a captured "
-                "CUDA graph replays fixed addresses",
-                "load without cuda_graph (each run then allocates those outputs on the device and copies them out)",
-            )
+        self._sized_by_run = _sized_by_run(self.manifest.outputs, self._dims, self.graph, cuda_graph)
         self._max_shapes = {
             spec.name: self._max_shape(spec)
             for spec in (*self.inputs, *self.outputs)
@@ -367,19 +358,23 @@ class OnnxRuntimeCudaRunner(Runner):
                 self._release()
         for slot in self._slots:
             self._idle.put(slot)
+        self.description = f"onnxruntime {ort.__version__} running {self.graph} ({which}) " + self._described(device)
+
+    def _described(self, device: str) -> str:
+        """What the description says after the graph: the providers, buffers, captures and rewrites."""
         used = self._slots[0].session.get_providers()
-        graphs = f", a CUDA graph captured per input shape (the first {MAX_GRAPHS})" if cuda_graph else ""
-        tf32 = ", TF32 off (float32 ops stay float32)" if on_cuda else ""
-        adds = f", {self.bias_adds} convolutions' biases added by an Add of their own" if self.bias_adds else ""
         by_run = (
-            f", outputs {sorted(self._sized_by_run)} allocated by ONNX Runtime at each run (sizes the data decides) "
+            f", outputs {sorted(self._sized_by_run)} allocated by ONNX Runtime at each run (sizes no input dim gives) "
             "and copied out, so no CUDA graph"
             if self._sized_by_run
             else ""
         )
-        self.description = (
-            f"onnxruntime {ort.__version__} running {self.graph} ({which}) on {', '.join(used)} with IO binding to "
-            f"buffers pre-allocated on {device} at the max shapes{by_run}{graphs}{tf32}{adds}, {sessions} session(s)"
+        graphs = f", a CUDA graph captured per input shape (the first {MAX_GRAPHS})" if self.cuda_graph else ""
+        tf32 = ", TF32 off (float32 ops stay float32)" if isinstance(self._memory, DeviceBuffers) else ""
+        adds = f", {self.bias_adds} convolutions' biases added by an Add of their own" if self.bias_adds else ""
+        return (
+            f"on {', '.join(used)} with IO binding to buffers pre-allocated on {device} at the max shapes{by_run}"
+            f"{graphs}{tf32}{adds}, {len(self._slots)} session(s)"
             + (f", device memory via {self._memory.memory.name}" if isinstance(self._memory, DeviceBuffers) else "")
         )
 
@@ -632,12 +627,23 @@ def _dim_sources(inputs: Sequence[GraphTensor]) -> dict[str, tuple[str, int]]:
     return sources
 
 
-def _sized_by_run(outputs: Sequence[GraphTensor], sources: Mapping[str, tuple[str, int]]) -> frozenset[str]:
+def _sized_by_run(
+    outputs: Sequence[GraphTensor], sources: Mapping[str, tuple[str, int]], graph: str, cuda_graph: bool
+) -> frozenset[str]:
     """The outputs with a dim that is neither fixed nor an input's dim: a size only the data decides (NonZero's
     count), one the check stage could not tie to the inputs, or an expression of input dims ("2*sequence",
-    stages/output_dims.py).  Their buffers cannot be sized ahead: ONNX Runtime allocates them at each run."""
-    return frozenset(
+    stages/output_dims.py).  Their buffers cannot be sized ahead: ONNX Runtime allocates them at each run, which a
+    CUDA graph cannot replay (CaptureRefused)."""
+    sized_by_run = frozenset(
         tensor.name
         for tensor in outputs
         if any(not isinstance(dim, int) and dim not in sources for dim in tensor.shape)
     )
+    if cuda_graph and sized_by_run:
+        raise CaptureRefused(
+            f"cuda_graph=True: outputs {sorted(sized_by_run)} of {graph} have sizes the inputs' do not give (a "
+            "data-dependent or computed dim), which ONNX Runtime allocates at each run; a captured CUDA graph replays "
+            "fixed addresses",
+            "load without cuda_graph (each run then allocates those outputs on the device and copies them out)",
+        )
+    return sized_by_run
