@@ -4,11 +4,13 @@ Where no engine runs (a Hopper GPU, whose TensorRT-RTX refuses it, with no full 
 the folder's graph as it is (an FP16 graph computes in real float16 on the GPU, unlike on the CPU provider), its
 inputs and outputs bound to buffers allocated once at the profile's max shapes, so a call allocates nothing.
 
-An output with a dim no input gives (a count only the data decides, as NonZero's; the check stage names every dim
-that follows from the inputs after them: stages/output_dims.py) has no max shape: it is bound to the device alone,
-ONNX Runtime allocates it at each run at the size the run finds, and the runner copies it out.  Such a graph runs
-without a CUDA graph, whose replay needs every address fixed: cuda_graph=True is refused for it (CaptureRefused,
-which auto's candidate then opens uncaptured).
+The check stage names every output dim that follows from the inputs' after them, or by an expression of them
+("2*seq", a strided convolution's "floor(height/2 - 1/2) + 1": stages/output_dims.py); the runner sizes such a buffer
+by the expression's largest value over the inputs' ranges.  An output with a dim the inputs do not give (a count
+only the data decides, as NonZero's) has no max shape: it is bound to the device alone, ONNX Runtime allocates it at
+each run at the size the run finds, and the runner copies it out.  Such a graph runs without a CUDA graph, whose
+replay needs every address fixed: cuda_graph=True is refused for it (CaptureRefused, which auto's candidate then
+opens uncaptured).
 
 Every float32 op stays float32: the CUDA provider's `use_tf32` is 0 (its default, 1, lets cuBLAS/cuDNN round FP32
 matmuls and convolutions to TF32's 10-bit mantissa, which the gates never judged).
@@ -29,6 +31,7 @@ ONNX Runtime's CPU provider (numpy buffers), which is how they are tested on mac
 
 from __future__ import annotations
 
+import itertools
 import queue
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,7 +43,7 @@ import numpy as np
 from ..core.errors import PipelineError
 from ..core.settings import mention_name
 from ..core.trt_module import gpu_present
-from ..folder.graph_io import GraphTensor
+from ..folder.graph_io import Dim, GraphTensor, dim_size
 from ..folder.reader import ArtifactFolder
 from ..folder.rebuild import rebuild_hint
 from .base import BATCH_AXIS, Runner, TensorSpec, _dtype_and_shape, check_feed
@@ -337,12 +340,16 @@ class OnnxRuntimeCudaRunner(Runner):
         self.cuda_graph = cuda_graph
         self.bias_adds = 0  # convolutions whose bias an Add of its own adds (_split_conv_bias)
         self._dims = _dim_sources(self.manifest.inputs)
-        self._sized_by_run = _sized_by_run(self.manifest.outputs, self._dims, self.graph, cuda_graph)
-        self._max_shapes = {
-            spec.name: self._max_shape(spec)
-            for spec in (*self.inputs, *self.outputs)
-            if spec.name not in self._sized_by_run
-        }
+        ranges = self._dim_ranges()
+        self._sized_by_run = _sized_by_run(self.manifest.outputs, ranges, self.graph, cuda_graph)
+        self._max_shapes = {spec.name: self._max_shape(spec) for spec in self.inputs}
+        self._max_shapes.update(
+            {
+                tensor.name: tuple(_largest(dim, ranges) for dim in tensor.shape)  # type: ignore[misc]
+                for tensor in self.manifest.outputs
+                if tensor.name not in self._sized_by_run
+            }
+        )
         self._memory = DeviceBuffers(self.placement, device_memory) if on_cuda else HostBuffers(self.placement)
         self._slots: list[_Slot] = []
         self._idle: queue.Queue[_Slot] = queue.Queue()
@@ -380,8 +387,21 @@ class OnnxRuntimeCudaRunner(Runner):
 
     # ------------------------------------------------------------------ loading
 
+    def _dim_ranges(self) -> dict[str, tuple[int, int]]:
+        """(min, max) of each named input dim: the batch's from the profile, the others' from their DYNAMIC range."""
+        ranges: dict[str, tuple[int, int]] = {}
+        for tensor in self.manifest.inputs:
+            for axis, dim in enumerate(tensor.shape):
+                if isinstance(dim, str) and axis == BATCH_AXIS:
+                    ranges.setdefault(
+                        dim, (1, self.max_batch)
+                    )  # below the profile's min: only widens _largest's search
+                elif isinstance(dim, str) and dim in self.manifest.axis_ranges:
+                    ranges.setdefault(dim, (self.manifest.axis_ranges[dim][0], self.manifest.axis_ranges[dim][2]))
+        return ranges
+
     def _max_shape(self, spec: TensorSpec) -> tuple[int, ...]:
-        """The largest shape of a tensor: the profile's max batch, each named dim at the top of its range."""
+        """The largest shape of an input: the profile's max batch, each named dim at the top of its range."""
         tensors = self.manifest.inputs + self.manifest.outputs
         dims = next(tensor.shape for tensor in tensors if tensor.name == spec.name)
         shape = []
@@ -533,11 +553,20 @@ class OnnxRuntimeCudaRunner(Runner):
         """The shape of each output the inputs size, from this call's inputs: its named dims are sizes of input dims
         of the same name (not the outputs ONNX Runtime allocates: _sized_by_run)."""
         sizes = {dim: tuple(feed[name].shape)[axis] for dim, (name, axis) in self._dims.items()}
-        return {
-            tensor.name: tuple(dim if isinstance(dim, int) else sizes[dim] for dim in tensor.shape)  # type: ignore[index]
+        shapes = {
+            tensor.name: tuple(_size(dim, sizes) for dim in tensor.shape)
             for tensor in self.manifest.outputs
             if tensor.name not in self._sized_by_run
         }
+        for name, shape in shapes.items():
+            if any(size > largest for size, largest in zip(shape, self._max_shapes[name], strict=True)):
+                # Only an expression not largest at its range's ends gets here (_largest); never past the buffer.
+                raise PipelineError(
+                    f"output {name!r} of this call is {shape}, past the {self._max_shapes[name]} its buffer holds "
+                    "(a dim whose expression is largest inside its inputs' range)",
+                    "use backend='onnxruntime', which allocates each output at each call",
+                )
+        return shapes
 
     def _execute(
         self, slot: _Slot, feed: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]], in_place: Mapping[str, Any]
@@ -627,17 +656,40 @@ def _dim_sources(inputs: Sequence[GraphTensor]) -> dict[str, tuple[str, int]]:
     return sources
 
 
+def _size(dim: Dim, sizes: dict[str, int]) -> int:
+    """The size of an output dim the inputs' dims give (_sized_by_run: fixed, an input's dim, or an expression of
+    them) at a call's input dim `sizes`."""
+    if isinstance(dim, int):
+        return dim
+    size = (sizes[dim] if dim in sizes else dim_size(dim, sizes)) if isinstance(dim, str) else None
+    if size is None:  # a bug, not a caller's mistake: _sized_by_run leaves such outputs to ONNX Runtime
+        raise ValueError(f"output dim {dim!r} is not given by the input dims {sizes}")
+    return size
+
+
+def _largest(dim: Dim, ranges: dict[str, tuple[int, int]]) -> int | None:
+    """The largest size of an output dim over its inputs' ranges, None where the inputs' dims do not give it.  An
+    expression (a convolution's "floor(height/2 - 1/2) + 1", "2*seq") is taken at every corner of the ranges: its
+    largest where it grows or shrinks with each dim, as such sizes do (_output_shapes refuses any other)."""
+    if isinstance(dim, int):
+        return dim
+    if dim is None:
+        return None
+    names = list(ranges)
+    corners = itertools.product(*(ranges[name] for name in names))
+    sizes = [dim_size(dim, dict(zip(names, corner, strict=True))) for corner in corners]
+    return None if any(size is None for size in sizes) else max(sizes)  # type: ignore[type-var]
+
+
 def _sized_by_run(
-    outputs: Sequence[GraphTensor], sources: Mapping[str, tuple[str, int]], graph: str, cuda_graph: bool
+    outputs: Sequence[GraphTensor], ranges: dict[str, tuple[int, int]], graph: str, cuda_graph: bool
 ) -> frozenset[str]:
-    """The outputs with a dim that is neither fixed nor an input's dim: a size only the data decides (NonZero's
-    count), one the check stage could not tie to the inputs, or an expression of input dims ("2*sequence",
-    stages/output_dims.py).  Their buffers cannot be sized ahead: ONNX Runtime allocates them at each run, which a
-    CUDA graph cannot replay (CaptureRefused)."""
+    """The outputs with a dim the inputs' dims do not give: a size only the data decides (NonZero's count), or one
+    the check stage could not tie to the inputs (stages/output_dims.py names every dim it can after them).  Their
+    buffers cannot be sized ahead: ONNX Runtime allocates them at each run, which a CUDA graph cannot replay
+    (CaptureRefused)."""
     sized_by_run = frozenset(
-        tensor.name
-        for tensor in outputs
-        if any(not isinstance(dim, int) and dim not in sources for dim in tensor.shape)
+        tensor.name for tensor in outputs if any(_largest(dim, ranges) is None for dim in tensor.shape)
     )
     if cuda_graph and sized_by_run:
         raise CaptureRefused(

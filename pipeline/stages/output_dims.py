@@ -19,38 +19,13 @@ has: a size only the data decides (NonZero's count) stays data-dependent, as doe
 
 from __future__ import annotations
 
-import ast
-import math
-import operator
-from collections.abc import Callable
-from fractions import Fraction
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
 
 from ..folder.graph_files import atomic_graph, graph_without_weights, write_graph
-from ..folder.graph_io import Dim, graph_io, load_reference
-
-# What sympy writes in a dim expression: the operators and the functions symbolic shape inference uses.
-_OPERATORS: dict[type, Callable[[Fraction, Fraction], Any]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
-}
-_FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "floor": math.floor,
-    "ceiling": math.ceil,
-    "Min": min,
-    "Max": max,
-    "Mod": operator.mod,
-}
-_MAX_EXPONENT = 8  # sympy writes sequence*sequence as sequence**2; no real dim is a larger power
+from ..folder.graph_io import Dim, dim_size, graph_io, load_reference
 
 # (the size of each named input dim, each output's shape) in one reference case
 Case = tuple[dict[str, int], dict[str, tuple[int, ...]]]
@@ -126,32 +101,3 @@ def _holds(name: str, output: str, axis: int, case: Case) -> bool:
     sizes, shapes = case
     shape = shapes.get(output)
     return shape is not None and axis < len(shape) and dim_size(name, sizes) == shape[axis]
-
-
-def dim_size(expression: str, sizes: dict[str, int]) -> int | None:
-    """The size a dim name or expression over named dims ("sequence", "2*sequence", "floor(height/2) + 1") takes at
-    `sizes`; None where it names another dim or is not such an expression.  Parsed, never evaluated as Python."""
-    try:
-        value = _evaluate(ast.parse(expression, mode="eval").body, sizes)
-    except (SyntaxError, KeyError, ValueError, TypeError, ZeroDivisionError):
-        return None
-    return int(value) if value.denominator == 1 else None
-
-
-def _evaluate(node: ast.expr, sizes: dict[str, int]) -> Fraction:
-    if isinstance(node, ast.Constant) and type(node.value) is int:
-        return Fraction(node.value)
-    if isinstance(node, ast.Name):
-        return Fraction(sizes[node.id])
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return -_evaluate(node.operand, sizes)
-    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-        left, right = _evaluate(node.left, sizes), _evaluate(node.right, sizes)
-        if isinstance(node.op, ast.Pow) and (right.denominator != 1 or not 0 <= right <= _MAX_EXPONENT):
-            raise ValueError(f"the power {right} in a dim expression")
-        return Fraction(_OPERATORS[type(node.op)](left, right))
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS:
-        if node.keywords:
-            raise ValueError("keywords in a dim expression")
-        return Fraction(_FUNCTIONS[node.func.id](*(_evaluate(arg, sizes) for arg in node.args)))
-    raise ValueError(f"not a dim expression: {ast.dump(node)}")
