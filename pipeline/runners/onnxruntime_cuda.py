@@ -342,6 +342,13 @@ class OnnxRuntimeCudaRunner(Runner):
         self._dims = _dim_sources(self.manifest.inputs)
         ranges = self._dim_ranges()
         self._sized_by_run = _sized_by_run(self.manifest.outputs, ranges, self.graph, cuda_graph)
+        # Outputs with a dim computed from the inputs' ("2*seq"): _output_shapes checks that a call fits their buffers.
+        self._computed = [
+            tensor.name
+            for tensor in self.manifest.outputs
+            if tensor.name not in self._sized_by_run
+            and any(isinstance(dim, str) and dim not in ranges for dim in tensor.shape)
+        ]
         self._max_shapes = {spec.name: self._max_shape(spec) for spec in self.inputs}
         self._max_shapes.update(
             {
@@ -551,14 +558,18 @@ class OnnxRuntimeCudaRunner(Runner):
 
     def _output_shapes(self, feed: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         """The shape of each output the inputs size, from this call's inputs: its named dims are sizes of input dims
-        of the same name (not the outputs ONNX Runtime allocates: _sized_by_run)."""
+        of the same name or expressions of them (not the outputs ONNX Runtime allocates: _sized_by_run)."""
         sizes = {dim: tuple(feed[name].shape)[axis] for dim, (name, axis) in self._dims.items()}
         shapes = {
-            tensor.name: tuple(_size(dim, sizes) for dim in tensor.shape)
+            tensor.name: tuple(
+                dim if isinstance(dim, int) else sizes[dim] if dim in sizes else _size(dim, sizes)  # type: ignore[index]
+                for dim in tensor.shape
+            )
             for tensor in self.manifest.outputs
             if tensor.name not in self._sized_by_run
         }
-        for name, shape in shapes.items():
+        for name in self._computed:
+            shape = shapes[name]
             if any(size > largest for size, largest in zip(shape, self._max_shapes[name], strict=True)):
                 # Only an expression not largest at its range's ends gets here (_largest); never past the buffer.
                 raise PipelineError(
