@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Errors then name make variables (CALIB=...) rather than options (--calib); see pipeline/core/mentions.py.
 PIPELINE := TRT_PIPELINE_FRONT_END=make $(PY) -m trt_pipeline
 
-# The settings `make engine` passes on, declared once in pipeline/core/settings.py (tests/test_settings.py
+# The settings `make engine` passes on, declared once in pipeline/core/settings.py (tests/core/test_settings.py
 # checks these lists and the defaults below against it).  Each reaches the command line as the option named
 # from the variable: CALIB_METHOD=x as '--calib-method=x', NO_FLOAT_SEARCH=1 as --no-float-search.  A value
 # is passed once it is set, to nothing too (MODEL= is refused, not replaced by the default); a switch once it
@@ -88,11 +88,13 @@ serve: $(STAMP)
 calibration-images: $(STAMP)
 	$(PIPELINE) calibration-images --out calibration/samples
 
-# Top-1 of FP32, FP16 and INT8 (every calibration method) on MODEL's labelled held-out set (MODEL=digits),
-# or for other models agreement with FP32 on CALIB; writes accuracy.json/.md into engines/<model>-fp32/.
+# Top-1 of FP32, FP16 and INT8 (each method CALIB_METHOD names: auto's percentile and max by default) on MODEL's
+# labelled held-out set (MODEL=digits), or for other models agreement with FP32 on CALIB; writes accuracy.json/.md
+# into engines/<model>-fp32/.
 accuracy: $(STAMP)
 	$(PIPELINE) accuracy $(call arg,model,MODEL) $(call arg,out,OUT) $(if $(value WEIGHTS),$(call arg,weights,WEIGHTS)) \
-		$(if $(value CALIB),$(call arg,calib,CALIB)) $(if $(value RECALIBRATE),--recalibrate) \
+		$(if $(value CALIB),$(call arg,calib,CALIB)) $(if $(value CALIB_METHOD),$(call arg,calib-method,CALIB_METHOD)) \
+		$(if $(value RECALIBRATE),--recalibrate) \
 		$(if $(value ACCURACY_BUDGET),$(call arg,accuracy-budget,ACCURACY_BUDGET))
 
 lint: $(STAMP)

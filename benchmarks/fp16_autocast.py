@@ -43,7 +43,7 @@ from trt_pipeline.pipeline.folder.graph_io import load_reference  # noqa: E402
 from trt_pipeline.pipeline.stages.fp16_overflow import Case, TensorStats, fp32_compute_share  # noqa: E402
 
 MODELS = {  # label: (--model, --batch)
-    "overflow_ffn": ("tests.toy_models:overflow_ffn", "1:8:32"),
+    "overflow_ffn": ("tests.helpers.toy_models:overflow_ffn", "1:8:32"),
     "ResNet-50": ("resnet", "1:8:32"),
     "BERT-base encoder seq 32": ("benchmarks._encoders:bert_base", "1:4:8"),
     "T5-small encoder seq 32": ("benchmarks._encoders:t5_small", "1:4:8"),

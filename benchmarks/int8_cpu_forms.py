@@ -109,7 +109,7 @@ def _onnx_artifacts(settings) -> Path:
 
 def resnet50(scratch: Path, batches: list[int], budget_s: float) -> dict:
     from trt_pipeline.calibration.photos import export_calibration_images
-    from trt_pipeline.calibration.preprocess import IMAGE_SUFFIXES, load_image
+    from trt_pipeline.models.preprocess import IMAGE_SUFFIXES, load_image
     from trt_pipeline.models.spec import ImagePreprocess
     from trt_pipeline.pipeline.core.settings import Settings
 

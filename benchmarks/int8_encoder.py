@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from trt_pipeline.models.spec import DynamicAxis, ModelSpec
+from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, graph_record
 
 SEQ = 32  # tokens per sentence, padded: the calibration .npz needs one shape
@@ -149,7 +150,9 @@ def cosines(fp32_graph: Path, int8_graph: Path, tokens: dict[str, np.ndarray], *
 
 
 def main() -> None:
-    from trt_pipeline.calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph
+    from trt_pipeline.calibration.holdout import read_calibration
+    from trt_pipeline.calibration.int8 import CACHE_FOLDER, make_int8_graph
+    from trt_pipeline.calibration.int8_records import CalibrationConfig
     from trt_pipeline.pipeline.core.cpu import int8_cpu_kind
     from trt_pipeline.pipeline.core.settings import Settings
     from trt_pipeline.pipeline.stages.sequence import make_engine
@@ -170,17 +173,17 @@ def main() -> None:
     tokens = tokenize(held_out)
     print(f"{len(calibration)} calibration sentences, {len(held_out)} held out")
     kind = int8_cpu_kind()
+    parts = read_calibration(calib, fp32, None, samples=256, batch=16)
     for method in args.methods.split(","):
         for smooth in args.smooth.split(","):
             (alpha,) = Settings(smooth=smooth).smooth_alphas()
             folder = args.out / f"{method}-smooth-{smooth}"
-            cpu = folder / graph_record("int8", CPU_TARGETS[kind]).file
-            record = make_int8_graph(
+            cpu = folder / graph_record(Precision.INT8, CPU_TARGETS[kind]).file
+            make_int8_graph(
                 fp32,
                 folder / "model.int8.onnx",
-                calib,
-                preprocess=None,
-                config=CalibrationConfig((method,), 256, 16, smooth_alphas=(alpha,)),
+                parts,
+                config=CalibrationConfig((method,), smooth_alphas=(alpha,)),
                 cache_folder=folder / CACHE_FOLDER,
                 cpu_out_paths={} if args.no_cpu else {kind: cpu},
             )
@@ -189,18 +192,16 @@ def main() -> None:
                 if graph.is_file():
                     values = cosines(fp32, graph, tokens, simulate_qdq=simulate)
                     print(f"{label} {graph.name}: cosine to FP32 min {values.min():.4f} mean {values.mean():.4f}")
-            print(f"{label} gate: {_gate(fp32, folder / 'model.int8.onnx', calib, record)}", flush=True)
+            print(f"{label} gate: {_gate(fp32, folder / 'model.int8.onnx', parts.data.batches)}", flush=True)
 
 
-def _gate(fp32: Path, int8: Path, calib: Path, record) -> str:
+def _gate(fp32: Path, int8: Path, batches: list[dict[str, np.ndarray]]) -> str:
     """The pipeline's INT8 gate on the calibration data: its summary, or the first sentence of its refusal."""
-    from trt_pipeline.calibration.readers import graph_inputs, read_calibration_data
     from trt_pipeline.pipeline.core.errors import PipelineError
     from trt_pipeline.pipeline.stages.parity import check_int8_agreement
 
-    data = read_calibration_data(calib, graph_inputs(fp32), None, samples=record.calibration["samples"], batch=16)
     try:
-        return "pass: " + check_int8_agreement(fp32, [int8], data.batches).summary
+        return "pass: " + check_int8_agreement(fp32, [int8], batches).summary
     except PipelineError as error:
         return f"refused: {error}"
 

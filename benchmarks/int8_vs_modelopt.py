@@ -38,11 +38,12 @@ import numpy as np
 
 from trt_pipeline import models
 from trt_pipeline.calibration.photos import PHOTOS, views
-from trt_pipeline.calibration.preprocess import load_image
 from trt_pipeline.calibration.share import compute_shapes, int8_share, macs_by_op
+from trt_pipeline.models.preprocess import load_image
 from trt_pipeline.pipeline.core.compute import COMPUTE_OPS
 from trt_pipeline.pipeline.core.cpu import cpu_instruction_sets, cpu_model, instruction_sets_text, int8_cpu_kind
 from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.settings import Settings
 from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, graph_record
@@ -335,7 +336,7 @@ class Bench:
 
 
 def cnn_bench(out: Path) -> Bench:
-    from tests.test_int8_cnn import PREPROCESS
+    from tests.calibration.test_int8_cnn import PREPROCESS
 
     sets, judged = cnn_sets(out / "data")
 
@@ -346,7 +347,7 @@ def cnn_bench(out: Path) -> Bench:
     data = {name: sorted(p.stem for p in folder.glob("*.png")) for name, folder in {**sets, "judged": judged}.items()}
     return Bench(
         "EfficientNet-Lite0",
-        "tests.test_int8_cnn:efficientnet_lite0",
+        "tests.calibration.test_int8_cnn:efficientnet_lite0",
         sets,
         rows,
         images(judged),
@@ -376,7 +377,7 @@ def quantize_all(bench: Bench, fp32: Path, set_name: str, out: Path) -> dict[str
         folder = out / "-".join(["ours", *(f"{k}-{v}" for k, v in options.items())])
         graph, seconds, verdict = ours(bench.model, bench.sets[set_name], folder, options)
         graphs[label] = (graph, seconds, f"make_engine {verdict}")
-        served = graph.parent / graph_record("int8", CPU_TARGETS[int8_cpu_kind()]).file
+        served = graph.parent / graph_record(Precision.INT8, CPU_TARGETS[int8_cpu_kind()]).file
         if not options and served.is_file():  # a CPU graph past its gate is left out of the folder
             graphs[SERVED_CPU] = (served, seconds, f"{served.name}, this CPU's ({int8_cpu_kind()}), on ORT's kernels")
     for label, op_types in ORT_OP_TYPES.items():

@@ -32,8 +32,9 @@ sys.path.insert(0, str(ROOT))
 
 from trt_pipeline.pipeline.bench.timing import TimingPolicy, measure, round_spread, summarize  # noqa: E402
 from trt_pipeline.pipeline.core.cpu import cpu_instruction_sets, cpu_model, instruction_sets_text  # noqa: E402
+from trt_pipeline.pipeline.core.nms_config import NmsConfig  # noqa: E402
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session  # noqa: E402
-from trt_pipeline.pipeline.postprocess.nms import NmsConfig, decode, reference_nms  # noqa: E402
+from trt_pipeline.pipeline.postprocess.nms import decode, reference_nms  # noqa: E402
 from trt_pipeline.pipeline.postprocess.nms_graph import append_nms  # noqa: E402
 
 CLASSES, ANCHORS = 80, 8400  # YOLOv8 at 640x640: 80x80 + 40x40 + 20x20 cells

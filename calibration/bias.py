@@ -22,10 +22,25 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ..pipeline.folder.artifacts import temporary_name
 from ..pipeline.folder.graph_files import graph_without_weights, write_graph
 from .readers import Feed
 
 CORRECTED_OPS = ("Conv", "Gemm", "MatMul")  # a MatMul's bias is the constant of the one Add reading its output
+
+
+def corrected_path(source: Path, kind: str | None) -> Path:
+    """Where the graph `source` with its biases corrected goes (for the engine's graph, kind None, a kind of CPU's,
+    or the float search's): beside it, where write_graph references the weights it keeps (none copied: onnx loads
+    no external data out of the graph's folder, nor through a link), under this process's temporary name for
+    _corrected_name(kind).  In the scratch it goes with the scratch; beside the artifact folder's FP32 graph
+    (candidates without smoothing calibrate from it where it has a data file: past 2 GB) the INT8 stage deletes
+    it, and the next build a killed run's.  A copy in the scratch took the weights twice over on a 2.4 GB MLP."""
+    return source.parent / temporary_name(source.parent / _corrected_name(kind))
+
+
+def _corrected_name(kind: str | None) -> str:
+    return f"model.calibrated.corrected{f'-{kind}' if kind else ''}.onnx"
 
 
 def correct_biases(

@@ -18,14 +18,24 @@ accuracy`) draws the same rows, and the calibration cache can key on it.
 Too few rows to hold out HELD_OUT_FLOOR and still fit on FIT_FLOOR (fewer than 16): nothing is held out;
 the gate judges in-sample and says so (the build warns; STRICT_CALIB=1 refuses).  A k-fold estimate would
 calibrate k times for a set too small to stand for served data anyway: more rows is the fix, not more folds.
+
+`read_calibration` reads the data and cuts it so, once per run: the INT8 stage, its agreement gate, the FP16
+scan and the detections' gate all take the one CalibrationParts it returns.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
 
 import numpy as np
+
+from ..models.spec import ImagePreprocess
+from ..pipeline.core.settings import DEFAULTS
+from ..pipeline.folder.records import CalibrationSplit
+from .readers import CalibrationData, CalibrationSource, graph_inputs, read_calibration_data, rows_of
 
 HELD_OUT_SHARE = 0.2
 # A mean over fewer rows is decided by one odd row; fewer fit rows than this are no calibration set.
@@ -71,3 +81,56 @@ def split_rows(count: int) -> HoldoutSplit:
         f"consecutive rows at the end of each of {blocks} equal segments (rows {', '.join(spans)}); fit on the rest"
     )
     return HoldoutSplit(np.flatnonzero(~held_out), np.flatnonzero(held_out), rule)
+
+
+@dataclass(frozen=True)
+class CalibrationParts:
+    """The calibration data as read (its description says where it came from), in batches of `batch` rows, and the
+    same data cut by split_rows: the rows ranges and smoothing are fit on, the rows the agreement gate judges them on
+    (None where the set is too small to hold any out), and the split's record.  The parts are cut on first use: the
+    FP16 scan reads the data whole, and each part is a copy of its rows."""
+
+    data: CalibrationData
+    batch: int
+
+    @cached_property
+    def holdout(self) -> HoldoutSplit:
+        """Which rows are fit on and which held out (the same rows for every reader of the same data: the split
+        depends on the row count alone)."""
+        return split_rows(self.data.samples)
+
+    @property
+    def split(self) -> CalibrationSplit:
+        """The split as the manifest records it."""
+        holdout = self.holdout
+        return CalibrationSplit(holdout.rule, holdout.rows, tuple(int(row) for row in holdout.held_out))
+
+    @cached_property
+    def fit(self) -> CalibrationData:
+        """The rows calibration fits on: every row where none can be held out."""
+        fit, held_out = self.holdout.fit, self.holdout.held_out
+        if not len(held_out):
+            return self.data
+        return rows_of(self.data, fit, self.batch, f"the {len(fit)} rows fit on")
+
+    @cached_property
+    def held_out(self) -> CalibrationData | None:
+        """The rows calibration never sees; None where the set is too small to hold any out."""
+        held_out = self.holdout.held_out
+        if not len(held_out):
+            return None
+        return rows_of(self.data, held_out, self.batch, f"the {len(held_out)} held-out rows")
+
+
+def read_calibration(
+    source: CalibrationSource,
+    fp32_path: Path,
+    preprocess: ImagePreprocess | None,
+    *,
+    samples: int = DEFAULTS["calib_samples"],
+    batch: int = DEFAULTS["calib_batch"],
+) -> CalibrationParts:
+    """The calibration data, checked against the FP32 graph's inputs, cut to `samples` rows in batches of `batch`
+    (Settings' defaults unless told: --calib-samples, --calib-batch), to be split as split_rows says."""
+    data = read_calibration_data(source, graph_inputs(fp32_path), preprocess, samples=samples, batch=batch)
+    return CalibrationParts(data, batch)

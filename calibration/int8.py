@@ -1,16 +1,16 @@
 """INT8: FP32 graph + calibration data -> model.int8.onnx with calibrated Q/DQ pairs (the precision's one module;
-FP16's is pipeline/stages/fp16.py).
+FP16's is pipeline/stages/fp16.py).  Its records are calibration/int8_records.py's; the data comes in read and
+split once per run (calibration/holdout.py read_calibration -> CalibrationParts).
 
 make_int8_graph composes the steps, each a function from typed values to a typed value:
-  read_calibration     the data, checked and split: the rows the agreement gate judges held out
-                       (calibration/holdout.py) -> CalibrationParts
-  build_candidates     per calibration method and smoothing alpha, scales, ranges and input means fit on the other
+  keep_sample          the first rows the agreement gate judges, kept in the cache folder (SAMPLE) for diagnose
+  build_candidates     per calibration method and smoothing alpha, scales, ranges and input means fit on the fit
                        rows (from the cache, or from two passes over them per graph, whatever the methods:
                        calibration/ranges.py on the FP32 graph, whose maxima give calibration/smooth.py's scales,
                        then on each smoothed graph) and its Q/DQ graph, made as judging asks for it -> Candidate each
   judge_candidates     each judged on the held-out rows with its biases corrected where that helps
                        (calibration/bias.py), the best kept -> Search
-  search_float         the op where the held-out error starts tried in float -> Search
+  search_float         the op where the held-out error starts tried in float (calibration/float_search.py) -> Search
   write_int8_graphs    the Q/DQ graph for TensorRT (model.int8.onnx) and, from the same ranges, one for ONNX
                        Runtime's kernels per kind of CPU (pipeline.folder.layout: with VNNI or without; see
                        calibration/qdq_cpu.py) -> Int8Graphs
@@ -31,16 +31,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from ..models.spec import ImagePreprocess
-from ..pipeline.core.compute import COMPUTE_OPS
 from ..pipeline.core.errors import no_room
-from ..pipeline.core.precision import Precision
 from ..pipeline.core.sessions import opens_like
-from ..pipeline.core.settings import DEFAULTS
-from ..pipeline.evaluation import node_tolerance
 from ..pipeline.evaluation.agreement import Judge
-from ..pipeline.evaluation.layers import compare_layers, first_past
-from ..pipeline.folder.artifacts import scratch_folder, temporary_name, write_npz
+from ..pipeline.folder.artifacts import scratch_folder, write_npz
 from ..pipeline.folder.graph_files import (
     copy_graph,
     data_files,
@@ -49,153 +43,32 @@ from ..pipeline.folder.graph_files import (
     remove_graph,
     write_graph,
 )
-from ..pipeline.folder.layout import CACHE_FOLDER, SAMPLE, graph_record
-from ..pipeline.folder.records import CalibrationSplit, RowsAgreement
-from .bias import correct_biases
+from ..pipeline.folder.layout import CACHE_FOLDER, SAMPLE
+from .bias import correct_biases, corrected_path
 from .cache import CacheLookup, cache_key, cache_path, load_ranges, save_ranges
-from .holdout import split_rows
+from .float_search import search_float
+from .holdout import CalibrationParts
+from .int8_records import (
+    QDQ_GRAPH,
+    CalibrationConfig,
+    Candidate,
+    CpuGraph,
+    Fitted,
+    Int8Graphs,
+    Int8Result,
+    Search,
+)
 from .qdq import constants_as_initializers, quantize_qdq
 from .qdq_cpu import WEIGHT_FORMS, WEIGHTS_FOR, quantize_for_cpu
-from .ranges import Alike, collect_statistics, method_options
-from .readers import CalibrationData, CalibrationSource, graph_inputs, read_calibration_data, rows_of
+from .ranges import Alike, collect_statistics
+from .readers import CalibrationData
 from .share import compute_shapes, int8_share, macs_by_op
-from .smooth import (
-    smooth_graph,
-    smoothable,
-    smoothed_tensors,
-    smoothing_options,
-    smoothing_record,
-    smoothing_scales,
-)
+from .smooth import smooth_graph, smoothable, smoothed_tensors, smoothing_record, smoothing_scales
 
 # The first rows the agreement gate judges (pipeline/folder/layout.py SAMPLE), SAMPLE_ROWS of them.
 SAMPLE_ROWS = 8
-# After the pick of method and smoothing, the quantized op where the held-out error starts (the first node past the
-# gate's level, traced back to its Conv/Gemm/MatMul) is tried in float, up to FLOAT_OPS_TRIED times.  It stays in
-# float when the held-out error falls by FLOAT_MIN_GAIN or more and by at least FLOAT_GAIN_PER_SHARE times the share
-# of the multiply-adds it takes out of INT8 (accuracy bought per compute given up), while INT8 still computes
-# MIN_INT8_SHARE of them (ModelOpt leaves 0.33% of EfficientNet-Lite0 in float, its classifier).  On
-# EfficientNet-Lite0 that is the first block's depthwise conv: 0.94% of the compute, a quarter of the error.
-FLOAT_OPS_TRIED = 2
-FLOAT_SEARCH_FROM = 0.05  # held-out error (of the output's norm) under which none is tried (ResNet-50 on photos: 0.025)
-FLOAT_MIN_GAIN = 0.1
-FLOAT_GAIN_PER_SHARE = 10.0
-MIN_INT8_SHARE = 0.99
 TENSORRT_WEIGHTS = ("QInt8", True, False)  # qdq.quantize_qdq's weights as a qdq_cpu.WEIGHT_FORMS entry
-QDQ_GRAPH = "model.qdq.onnx"  # each candidate's Q/DQ graph, in its scratch folder
-CORRECTED_QDQ_GRAPH = "model.qdq.corrected.onnx"  # beside it: that graph with its biases corrected
-
-
-@dataclass(frozen=True)
-class CalibrationConfig:
-    """The calibration part of Settings (CALIB_METHOD, --calib-samples, --calib-batch, --recalibrate, SMOOTH).
-
-    methods: the calibration methods (calibration/ranges.py), each with each smoothing alpha a candidate graph;
-    with a judge and held-out rows the one with the lower held-out error is kept, else the first (Settings:
-    CALIB_METHOD=auto tries percentile and max).
-    smooth_alphas: SmoothQuant's alphas for the activations MatMul/Gemm read (calibration/smooth.py; None: not
-    smoothed), each a candidate graph; with a judge and held-out rows the one with the lower held-out error is kept,
-    else the first.  Off unless asked for here; Settings (SMOOTH=auto) tries 0.9 and off for the pipeline.
-    float_search: with a judge and held-out rows, try leaving the op where the held-out error starts in float
-    (FLOAT_OPS_TRIED); on for the pipeline unless NO_FLOAT_SEARCH.
-    Called directly (a test, a benchmark), it builds one candidate with no search unless told; the pipeline's
-    search comes from Settings through from_settings, the one place the two meet.
-    """
-
-    methods: tuple[str, ...] = ("percentile",)
-    samples: int = DEFAULTS["calib_samples"]
-    batch: int = DEFAULTS["calib_batch"]
-    recalibrate: bool = False
-    smooth_alphas: tuple[float | None, ...] = (None,)
-    float_search: bool = False
-
-    @classmethod
-    def from_settings(cls, settings) -> CalibrationConfig:
-        return cls(
-            methods=settings.calib_methods(),
-            samples=settings.calib_samples,
-            batch=settings.calib_batch,
-            recalibrate=settings.recalibrate,
-            smooth_alphas=settings.smooth_alphas(),
-            float_search=settings.float_search,
-        )
-
-    @staticmethod
-    def options(method: str, alpha: float | None) -> dict:
-        """One candidate's calibrator options and smoothing: what the manifest records and the cache key covers."""
-        return {**method_options(method), "smooth_alpha": alpha, **smoothing_options(alpha)}
-
-
-@dataclass(frozen=True)
-class CalibrationParts:
-    """The calibration data, and the same data cut by calibration/holdout.py: the rows ranges and smoothing are fit
-    on, the rows the agreement gate judges them on (None where the set is too small to hold any out), and the
-    split's record."""
-
-    data: CalibrationData
-    fit: CalibrationData
-    held_out: CalibrationData | None
-    split: CalibrationSplit
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One way of quantizing the graph (a calibration method and a smoothing alpha): its calibrated FP32 graph,
-    ranges, the weights' input means there (bias correction's) and Q/DQ graph, and how it was judged.
-    collect_seconds and collect_passes: those of the passes over the fit rows its smoothing's graph took (shared
-    by every candidate of the same alpha; 0 where the cache had it all)."""
-
-    method: str
-    alpha: float | None
-    calibrated: Path
-    ranges: object
-    scales: dict[str, np.ndarray]
-    means: dict[str, np.ndarray]
-    lookup: CacheLookup
-    cache_file: Path
-    collect_seconds: float
-    collect_passes: int
-    qdq: Path
-    structure: dict
-    held_out: RowsAgreement | None = None
-    float_ops: tuple[str, ...] = ()
-    # Where `calibrated` has every Conv/Gemm bias corrected (calibration/bias.py; the CPU graphs, which quantize
-    # every op, are made from it): the graph before, FP32's equal, from which ops kept in float are quantized.
-    uncorrected: Path | None = None
-    bias_correction: dict | None = None  # the held-out errors before and after it, and whether it was kept
-
-    @property
-    def fp32_equal(self) -> Path:
-        """Its calibrated graph before any bias correction: equal to the FP32 graph in exact arithmetic."""
-        return self.uncorrected or self.calibrated
-
-    def as_record(self) -> dict:
-        """Its method, alpha and held-out numbers as compared (its biases corrected where that was kept)."""
-        judged = self.held_out
-        numbers = {"error_mean": judged.error_mean, "cosine_min": judged.cosine_min} if judged else {}
-        held_out = {f"held_out_{k}": float(f"{v:.6g}") for k, v in numbers.items()}
-        corrected = {"biases_corrected": self.bias_correction["kept"]} if self.bias_correction else {}
-        return {"method": self.method, "smooth_alpha": self.alpha, **held_out, **corrected}
-
-    @property
-    def label(self) -> str:
-        return f"{self.method}, {_alpha_text(self.alpha)}"
-
-
-@dataclass(frozen=True)
-class Fitted:
-    """What the fit rows gave one smoothing alpha: its scales, the FP32 graph smoothed with them (calibrated_graph),
-    the ranges measured on that graph by method (not those the cache had), the weights' input means there, the
-    channel maxima measured on the way (the unsmoothed graph's, where scales were to come from them), and the passes
-    over the fit rows and seconds that took."""
-
-    scales: dict[str, np.ndarray]
-    calibrated: Path
-    ranges: dict[str, object]
-    means: dict[str, np.ndarray]
-    maxima: dict[str, np.ndarray]
-    passes: int
-    seconds: float
+CORRECTED_QDQ_GRAPH = "model.qdq.corrected.onnx"  # beside a candidate's QDQ_GRAPH: it with its biases corrected
 
 
 @dataclass(frozen=True)
@@ -207,108 +80,40 @@ class _Cached:
     lookup: CacheLookup
 
 
-@dataclass(frozen=True)
-class Search:
-    """Every candidate tried, judged on the held-out rows where there is a judge, and the one kept; the weights'
-    input means at its smoothing (bias correction's, None where nothing was judged), its ops' multiply-adds, and
-    the record of the float search (None where it did not run)."""
-
-    tried: tuple[Candidate, ...]
-    chosen: Candidate
-    means: dict[str, np.ndarray] | None
-    macs: dict[str, int]
-    float_search: dict | None = None
-
-
-@dataclass(frozen=True)
-class CpuGraph:
-    """One graph for ONNX Runtime's CPU kernels: its structure and kernels, or why it could not be made."""
-
-    graph: str
-    details: dict
-    failed: str | None = None
-
-    def as_json(self) -> dict:
-        return {"graph": self.graph, "failed": self.failed} if self.failed else {"graph": self.graph, **self.details}
-
-
-@dataclass(frozen=True)
-class Int8Graphs:
-    """What was written: the engine's Q/DQ graph (its file name), the CPU graphs by kind of CPU, and the share of
-    the compute the engine's graph runs in INT8."""
-
-    engine: str
-    cpu: dict[str, CpuGraph]
-    share: dict
-
-
-@dataclass(frozen=True)
-class Int8Result:
-    """The INT8 stage's result: the calibration record (the manifest's `calibration`), the engine graph's Q/DQ
-    structure, the CPU graphs by kind (those not written say why), the stage's line, and the kept candidate (its
-    ranges, and its calibrated graph before any correction, fp32_equal: the FP32 graph, or a file of the scratch
-    folder, valid while it is)."""
-
-    calibration: dict
-    qdq: dict
-    cpu: dict[str, CpuGraph]
-    summary: str
-    chosen: Candidate
-
-    @property
-    def written_cpu_graphs(self) -> dict[str, str]:
-        """{kind of CPU: graph file} of the CPU graphs written."""
-        return {kind: graph.graph for kind, graph in self.cpu.items() if graph.failed is None}
-
-    def as_json(self) -> dict:
-        cpu = {"qdq_onnxruntime_cpu": {kind: graph.as_json() for kind, graph in self.cpu.items()}} if self.cpu else {}
-        return {"summary": self.summary, "calibration": self.calibration, "qdq": self.qdq, **cpu}
-
-
 def make_int8_graph(
     fp32_path: Path,
     out_path: Path,
-    source: CalibrationSource,
+    calibration: CalibrationParts,
     *,
-    preprocess: ImagePreprocess | None,
     config: CalibrationConfig,
     cache_folder: Path,
     cpu_out_paths: dict[str, Path] | None = None,
     judge: Judge | None = None,
     scratch: Path | None = None,
 ) -> Int8Result:
-    """Calibrate (or reuse cached ranges) and write the Q/DQ graph (and the CPU-shaped ones to `cpu_out_paths`,
-    by kind of CPU, when given).  Several candidates (config.methods x config.smooth_alphas), a `judge` and
-    held-out rows: each candidate is built and judged on the held-out rows, the best kept.  scratch: where the
-    candidates' graphs go (kept by the caller, for the result's chosen candidate); by default a folder beside
-    `out_path`, removed on return (artifacts.scratch_folder says why there)."""
-    parts = read_calibration(fp32_path, source, preprocess, config, cache_folder)
+    """Calibrate (or reuse cached ranges) on `calibration` (read against `fp32_path`'s inputs) and write the Q/DQ
+    graph (and the CPU-shaped ones to `cpu_out_paths`, by kind of CPU, when given).  Several candidates
+    (config.methods x config.smooth_alphas), a `judge` and held-out rows: each candidate is built and judged on the
+    held-out rows, the best kept.  scratch: where the candidates' graphs go (kept by the caller, for the result's
+    chosen candidate); by default a folder beside `out_path`, removed on return (artifacts.scratch_folder says why
+    there)."""
+    keep_sample(calibration, cache_folder)
     with contextlib.ExitStack() as stack:
         keep_chosen = scratch is not None  # the caller reads the kept candidate's graphs after
         scratch = scratch or stack.enter_context(scratch_folder(out_path, "int8-scratch"))
         stack.callback(_remove_beside, fp32_path)
-        candidates = build_candidates(fp32_path, parts, config, cache_folder, scratch, judged=judge is not None)
-        search = judge_candidates(candidates, parts, judge, scratch)
-        search = search_float(search, parts, config, judge, scratch / "float")
+        candidates = build_candidates(fp32_path, calibration, config, cache_folder, scratch, judged=judge is not None)
+        search = judge_candidates(candidates, calibration, judge, scratch)
+        search = search_float(search, calibration, config, judge, scratch / "float")
         written = write_int8_graphs(search, out_path, cpu_out_paths or {}, scratch, keep_chosen=keep_chosen)
-    return int8_result(fp32_path, config, parts, search, written)
+    return int8_result(fp32_path, config, calibration, search, written)
 
 
-def read_calibration(
-    fp32_path: Path,
-    source: CalibrationSource,
-    preprocess: ImagePreprocess | None,
-    config: CalibrationConfig,
-    cache_folder: Path,
-) -> CalibrationParts:
-    """The calibration data, checked against the graph's inputs and split; its first judged rows kept (SAMPLE)."""
-    data = read_calibration_data(
-        source, graph_inputs(fp32_path), preprocess, samples=config.samples, batch=config.batch
-    )
-    parts = split_calibration(data, config.batch)
+def keep_sample(parts: CalibrationParts, cache_folder: Path) -> None:
+    """The first SAMPLE_ROWS rows the agreement gate judges (held out, or all where none are), kept in the cache
+    folder (SAMPLE) for calibration_sample's readers."""
     judged = (parts.held_out or parts.fit).batches[0]
     write_npz(cache_folder / SAMPLE, {name: array[:SAMPLE_ROWS] for name, array in judged.items()})
-    return parts
 
 
 def build_candidates(
@@ -325,7 +130,7 @@ def build_candidates(
     misses allow (_fit_smoothings).  Each Q/DQ graph is made as the next candidate is asked for, so that judging
     holds two at a time, not all of them (a quarter of the weights each)."""
     choices = _choices(fp32_path, config, judged=judged and parts.held_out is not None)
-    cached = {(m, a): _cached(fp32_path, parts.fit, config, m, a, cache_folder) for m, a in choices}
+    cached = {(m, a): _cached(fp32_path, parts, config, m, a, cache_folder) for m, a in choices}
     fitted = _fit_smoothings(fp32_path, parts.fit, cached, scratch)
     for index, (method, alpha) in enumerate(choices):
         yield _candidate(method, alpha, cached[(method, alpha)], fitted[alpha], parts.fit, config, scratch / str(index))
@@ -359,17 +164,6 @@ def judge_candidates(
 
 def _held_out_error(candidate: Candidate) -> float:
     return candidate.held_out.error_mean if candidate.held_out else 0.0
-
-
-def search_float(
-    search: Search, parts: CalibrationParts, config: CalibrationConfig, judge: Judge | None, scratch: Path
-) -> Search:
-    """The kept candidate with the ops kept in float that earned it (_keep_float), where the float search is on and
-    the candidates were judged; else as it was."""
-    if judge is None or parts.held_out is None or search.means is None or not config.float_search:
-        return search
-    chosen, record = _keep_float(search.chosen, search.means, parts.held_out.batches, judge, search.macs, scratch)
-    return replace(search, chosen=chosen, float_search=record)
 
 
 def write_int8_graphs(
@@ -407,7 +201,7 @@ def _calibration_record(
         "smoothing": _smoothing_record(fp32_path, chosen.scales, chosen.alpha),
         "source": parts.data.description,
         "samples": parts.data.samples,
-        "batch": config.batch,
+        "batch": parts.batch,
         "batches": len(parts.data.batches),
         "data_sha256": parts.data.digest,
         "split": parts.split.as_json(),
@@ -482,11 +276,12 @@ def _choices(fp32_path: Path, config: CalibrationConfig, *, judged: bool) -> lis
 
 
 def _cached(
-    fp32_path: Path, fit: CalibrationData, config: CalibrationConfig, method: str, alpha: float | None, folder: Path
+    fp32_path: Path, parts: CalibrationParts, config: CalibrationConfig, method: str, alpha: float | None, folder: Path
 ) -> _Cached:
-    """The cache file of one method's and smoothing alpha's ranges fit on `fit`, and what it holds."""
+    """The cache file of one method's and smoothing alpha's ranges fit on the fit rows, and what it holds."""
     # Keyed on the fit rows' own sha256: ranges fit on all rows (before the split, or another split) never match.
-    options = {**config.options(method, alpha), "samples": fit.samples, "batch": config.batch}
+    fit = parts.fit
+    options = {**config.options(method, alpha), "samples": fit.samples, "batch": parts.batch}
     key = cache_key(graph_digest(fp32_path), fit.digest, options)
     file = cache_path(folder, method, key)
     lookup = load_ranges(file, key, recalibrate=config.recalibrate)
@@ -641,7 +436,7 @@ def _with_corrected_graph(candidate: Candidate, scratch: Path) -> Candidate:
     only (their int8 rounding is read from the corrected Q/DQ graph: its weights are the candidate's)."""
     if not candidate.bias_correction or not candidate.bias_correction["kept"]:
         return candidate
-    corrected = _beside(candidate.calibrated, None)
+    corrected = corrected_path(candidate.calibrated, None)
     correct_biases(candidate.calibrated, candidate.qdq, candidate.means, corrected)
     return replace(candidate, calibrated=corrected, uncorrected=candidate.calibrated)
 
@@ -661,128 +456,15 @@ def _in_scratch(path: Path, scratch: Path) -> bool:
     return path.resolve().is_relative_to(scratch.resolve())
 
 
-def _beside(source: Path, kind: str | None) -> Path:
-    """Where the graph `source` with its biases corrected goes (for the engine's graph, kind None, a kind of CPU's,
-    or the float search's): beside it, where write_graph references the weights it keeps (none copied: onnx loads
-    no external data out of the graph's folder, nor through a link), under this process's temporary name for
-    _corrected_name(kind).  In the scratch it goes with the scratch; beside the artifact folder's FP32 graph
-    (candidates without smoothing calibrate from it where it has a data file: past 2 GB) _remove_beside deletes
-    it, and the next build a killed run's.  A copy in the scratch took the weights twice over on a 2.4 GB MLP."""
-    return source.parent / temporary_name(source.parent / _corrected_name(kind))
-
-
 def _remove_beside(source: Path) -> None:
-    """Delete the corrected graphs _beside wrote beside `source` (the artifact folder's FP32 graph), where it did."""
+    """Delete the corrected graphs corrected_path puts beside `source` (the artifact folder's FP32 graph), where
+    there are any."""
     for kind in (None, *WEIGHTS_FOR):
-        remove_graph(_beside(source, kind))
-
-
-def _corrected_name(kind: str | None) -> str:
-    return f"model.calibrated.corrected{f'-{kind}' if kind else ''}.onnx"
-
-
-def _quantized(
-    candidate: Candidate, exclude: tuple[str, ...], means: dict[str, np.ndarray] | None, scratch: Path
-) -> tuple[Path, dict]:
-    """(Q/DQ graph, its structure) for the candidate's FP32 graph (before any correction) with the ops in `exclude`
-    left in float, written in `scratch`; with `means` (the candidate's), its biases corrected for the rounding of
-    the weights it quantizes, which are the candidate's Q/DQ graph's (the same weights, the same ranges)."""
-    scratch.mkdir(parents=True)
-    calibrated, qdq = candidate.fp32_equal, scratch / QDQ_GRAPH
-    if means is None:
-        return qdq, quantize_qdq(calibrated, qdq, candidate.ranges, exclude=exclude)
-    corrected = _beside(calibrated, "float-search")
-    try:
-        correct_biases(calibrated, candidate.qdq, means, corrected, skip=exclude)
-        return qdq, quantize_qdq(corrected, qdq, candidate.ranges, exclude=exclude)
-    finally:
-        remove_graph(corrected)  # the quantizer's input alone
+        remove_graph(corrected_path(source, kind))
 
 
 def _number(value: float) -> float:
     return float(f"{value:.6g}")
-
-
-def _keep_float(
-    chosen: Candidate,
-    means: dict[str, np.ndarray],
-    held_out: list[dict[str, np.ndarray]],
-    judge: Judge,
-    macs: dict[str, int],
-    scratch: Path,
-) -> tuple[Candidate, dict]:
-    """(the candidate with the ops kept in float that earned it, the record of every op tried): see FLOAT_OPS_TRIED."""
-    assert chosen.held_out is not None  # _correct_biases judged every candidate
-    current, error = chosen, chosen.held_out.error_mean
-    tried: list[dict] = []
-    if error < FLOAT_SEARCH_FROM:
-        return current, {"rule": f"not tried: held-out error {error:.3g} < {FLOAT_SEARCH_FROM}"}
-    for attempt in range(FLOAT_OPS_TRIED):
-        op = _where_error_starts(current, held_out[0])
-        if op is None or op in current.float_ops:
-            break
-        float_ops = (*current.float_ops, op)
-        correct = means if current.uncorrected else None
-        path, structure = _quantized(current, float_ops, correct, scratch / str(attempt))
-        share = int8_share(path, macs)["int8_compute_share"]
-        agreement = judge(path, held_out)
-        gain = 1 - agreement.error_mean / error
-        given_up = int8_share(current.qdq, macs)["int8_compute_share"] - share
-        kept = gain >= max(FLOAT_MIN_GAIN, FLOAT_GAIN_PER_SHARE * given_up) and share >= MIN_INT8_SHARE
-        tried.append(
-            {
-                "op": op,
-                "held_out_error_mean": float(f"{agreement.error_mean:.6g}"),
-                "held_out_cosine_min": float(f"{agreement.cosine_min:.6g}"),
-                "int8_compute_share": float(f"{share:.6g}"),
-                "kept_in_float": kept,
-            }
-        )
-        if not kept:  # its graphs are never read again (the 1.1B LM's 1.3 GB try stayed through the CPU graphs)
-            shutil.rmtree(path.parent, ignore_errors=True)
-            break
-        if current.qdq.parent.parent == scratch:  # the try this one replaces
-            shutil.rmtree(current.qdq.parent, ignore_errors=True)
-        current = replace(current, qdq=path, structure=structure, held_out=agreement, float_ops=float_ops)
-        error = agreement.error_mean
-    rule = (
-        f"the quantized op where the held-out error starts, kept in float when that cuts it by {FLOAT_MIN_GAIN:.0%} "
-        f"and by {FLOAT_GAIN_PER_SHARE:g}x the share of the compute it leaves in float, with {MIN_INT8_SHARE:.0%} of "
-        f"the multiply-adds still INT8; up to {FLOAT_OPS_TRIED}, judged on the held-out rows"
-    )
-    return current, {"rule": rule, "tried": tried}
-
-
-def _where_error_starts(candidate: Candidate, inputs: dict[str, np.ndarray]) -> str | None:
-    """The Conv/Gemm/MatMul feeding the first node past the gate's level on these rows (trt-pipeline diagnose's
-    first node), traced back through the ops between them; None where no node is past it."""
-    # FP32's equal, not the corrected graph: corrected biases are no reference.
-    errors = compare_layers(candidate.fp32_equal, candidate.qdq, inputs, graph_record(Precision.INT8))
-    first = first_past(errors, node_tolerance(Precision.INT8))
-    if first is None:
-        return None
-    model = graph_without_weights(candidate.calibrated)
-    producer = {output: node for node in model.graph.node for output in node.output}
-    node = next(node for node in model.graph.node if node.name == first.node)
-    while node is not None and node.op_type not in COMPUTE_OPS:
-        node = producer.get(node.input[0]) if node.input else None
-    return node.name if node is not None else None
-
-
-def _alpha_text(alpha: float | None) -> str:
-    return f"alpha {alpha:g}" if alpha else "off"
-
-
-def split_calibration(data: CalibrationData, batch: int) -> CalibrationParts:
-    """`data` cut into the rows calibration fits on and the rows it never sees (the same rows for every reader
-    of the same data: the split depends on the row count alone)."""
-    split = split_rows(data.samples)
-    record = CalibrationSplit(split.rule, split.rows, tuple(int(row) for row in split.held_out))
-    if not len(split.held_out):
-        return CalibrationParts(data, data, None, record)
-    fit = rows_of(data, split.fit, batch, f"the {len(split.fit)} rows fit on")
-    held_out = rows_of(data, split.held_out, batch, f"the {len(split.held_out)} held-out rows")
-    return CalibrationParts(data, fit, held_out, record)
 
 
 def calibration_sample(folder: Path) -> dict[str, np.ndarray] | None:
@@ -847,7 +529,7 @@ def _cpu_graph(
         folder = scratch / kind
         folder.mkdir(parents=True)
         quantize_for_cpu(chosen.uncorrected, folder / path.name, chosen.ranges, weights=weights)
-        corrected = _beside(chosen.uncorrected, kind)
+        corrected = corrected_path(chosen.uncorrected, kind)
         correction = correct_biases(chosen.uncorrected, folder / path.name, means, corrected)
         shutil.rmtree(folder)  # its rounding is read: not on disk beside the graph written next
         record = quantize_for_cpu(corrected, path, chosen.ranges, weights=weights)

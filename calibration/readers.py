@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..models.preprocess import IMAGE_SUFFIXES, image_shape, load_image
 from ..models.spec import ImagePreprocess
 from ..pipeline.core.errors import PipelineError
 from ..pipeline.core.mentions import command
 from ..pipeline.core.settings import mention, mention_name
 from ..pipeline.folder.graph_files import graph_without_weights
 from ..pipeline.folder.graph_io import graph_io
-from .preprocess import IMAGE_SUFFIXES, image_shape, load_image
 
 if TYPE_CHECKING:
     import onnx

@@ -98,7 +98,7 @@ def load_model(
         spec.dynamic_axes = inputs.dynamic_axes_from_requests(requests, spec.example_inputs, dynamic)
     inputs.check_dynamic_axes(spec)
 
-    # A registry model on its own example inputs is proven by tests/test_models_registry.py; skipping the
+    # A registry model on its own example inputs is proven by tests/models/test_registry.py; skipping the
     # check saves a ResNet-50 forward pass (seconds on a busy CPU) on every run.
     if kind != "registry" or shapes is not None:
         outputs = forward_check.run_example_forward(spec.module, spec.example_inputs, input_shape)

@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..calibration.preprocess import normalize
 from ..pipeline.core.errors import PipelineError
 from ..pipeline.folder.artifacts import sha256_file
+from .preprocess import normalize
 from .spec import ImagePreprocess, ModelSpec
 from .state_dicts import apply_state_dict, read_state_dict
 

@@ -12,15 +12,12 @@ import errno
 import importlib
 import os
 import sys
-from collections.abc import Iterable
-from pathlib import Path
-from typing import Any
 
+from .core.arguments import add_settings_arguments, settings_from
 from .core.errors import PipelineError
 from .core.extras import missing_module_error
-from .core.mentions import COMMAND_LINE, MAKE, PROG, option_of, render, spoken_in
-from .core.precision import Precision
-from .core.settings import DECLARED, DEFAULTS, Declared, Settings, mention
+from .core.mentions import COMMAND_LINE, MAKE, PROG, render, spoken_in
+from .core.settings import mention
 
 # The Makefile sets this, so errors speak make's language (CALIB=...) there and the command line's (--calib) here.
 FRONT_END_VARIABLE = "TRT_PIPELINE_FRONT_END"
@@ -39,7 +36,7 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "accuracy": (
         "trt_pipeline.pipeline.quality.accuracy",
-        "top-1 of the FP32, FP16 and INT8 graphs (each calibration method) through ONNX Runtime",
+        "top-1 of the FP32, FP16 and INT8 graphs (each method --calib-method names) through ONNX Runtime",
     ),
     "triton": (
         "trt_pipeline.pipeline.triton.repository",
@@ -66,64 +63,6 @@ STAGE_HELP = {
     "postprocess": "with --postprocess nms: append NMS to each graph that serves (model.nms.onnx, ...) and check it",
     "build": "serialize engine.plan with TensorRT (GPU) or TensorRT-RTX (no GPU needed)",
 }
-
-
-def given_path(text: str) -> Path:
-    """A path option's value; an empty one (OUT= with nothing after it) would mean the current directory."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("an empty path (it would mean the current directory); give a path")
-    return Path(text)
-
-
-def add_settings_arguments(
-    parser: argparse.ArgumentParser, names: Iterable[str] = tuple(DECLARED), defaults: dict[str, Any] | None = None
-) -> None:
-    """An option for each of `names` (every setting by default), from its declaration (core/settings.py).  An
-    option not given leaves no attribute (argparse.SUPPRESS), so `given_settings` tells what the user gave;
-    `defaults`: a command's own defaults where they differ from the declaration's (shown in its help)."""
-    for name in names:
-        default = (defaults or {}).get(name, DEFAULTS[name])
-        parser.add_argument(option_of(DECLARED[name].make), **_argument(name, default))
-
-
-def _argument(name: str, default: object) -> dict:
-    """add_argument's keywords for a setting: a bool is a switch that sets the value opposite its default."""
-    declared = DECLARED[name]
-    common = {"dest": name, "default": argparse.SUPPRESS, "help": _help(declared, default)}
-    if isinstance(default, bool):
-        return {**common, "action": "store_false" if default else "store_true"}
-    parse = given_path if declared.parse is Path else declared.parse
-    return {
-        **common,
-        "type": parse,
-        "choices": declared.choices,
-        "metavar": None if declared.choices else declared.make,
-    }
-
-
-def _help(declared: Declared, default: object) -> str:
-    """The declared help with the precisions (or the post-processing) it is for, its default and its make variable
-    (argparse's %% escaped)."""
-    text = declared.help
-    if declared.precisions != tuple(Precision):
-        text = f"{' and '.join(declared.precisions)}: {text}"
-    if declared.postprocess is not None:
-        text = f"{declared.postprocess}: {text}"
-    if default is not None and not isinstance(default, bool):
-        text += f" (default: {default})"
-    return f"{text} [{declared.make}]".replace("%", "%%")
-
-
-def given_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The settings the options gave, by field name (add_settings_arguments leaves out those not given)."""
-    return {name: getattr(args, name) for name in DECLARED if hasattr(args, name)}
-
-
-def settings_from(args: argparse.Namespace) -> Settings:
-    """The options' settings, checked: an option given for a precision it does not change is refused, even
-    at its default value."""
-    given = given_settings(args)
-    return Settings(**given).check(given=given)
 
 
 def _run_stage(args: argparse.Namespace) -> int:

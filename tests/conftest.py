@@ -59,4 +59,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # Fixtures that several test files share, defined once.
-pytest_plugins = ["tests.model_fixtures", "tests.serve_fixtures"]
+pytest_plugins = ["tests.helpers.model_fixtures", "tests.helpers.runner_folders", "tests.helpers.serve_fixtures"]

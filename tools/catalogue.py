@@ -8,7 +8,8 @@ Each case runs in its own process under a time limit: the command line and the r
 forked from a warm interpreter (tools/catalogue_forker.py: torch is imported once, not per case), `make` as a
 plain subprocess; the service cases are requests to one started server.  PYTHONPATH points at the checkout
 under test (--code), so an older checkout can be measured with this tool; the working directory is the case's
-own scratch folder (make's is the checkout).  The cases are in tools/catalogue_cases.py; each outcome is one of:
+own scratch folder (make's is the checkout).  The cases are in tests/bad_inputs/cases.py, beside the bad-input
+tests that share their tables; each outcome is one of:
 
     clear      exit 2 (or a 4xx) with a message that names the problem and a fix, no traceback
     recovered  a correct success where succeeding is right
@@ -21,7 +22,7 @@ own scratch folder (make's is the checkout).  The cases are in tools/catalogue_c
     n/a        the case does not apply to this checkout (an option or API it does not have)
 
 This is a tool, not a test: it prints and writes what it finds (JSON and a markdown table) and exits 0.  The
-CI's catalogue is tests/test_bad_inputs.py.
+CI's catalogue is tests/bad_inputs/test_bad_inputs.py.
 """
 
 from __future__ import annotations
@@ -40,10 +41,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+TOOLS = Path(__file__).resolve().parent
+# The tool's own tree, whatever --code names: the fixtures beside it, the case tables the tests use.
+sys.path[:0] = [str(TOOLS), str(TOOLS.parent)]
 
-from catalogue_cases import Case, Outcome, cases  # noqa: E402
 from catalogue_fixtures import Fixtures  # noqa: E402
+
+from tests.bad_inputs.cases import Case, Outcome, cases  # noqa: E402
 
 VERDICTS = ("clear", "recovered", "traceback", "unclear", "silent", "stall", "crash", "code-ran", "n/a", "tool-error")
 BAD = ("traceback", "unclear", "silent", "stall", "crash", "code-ran")
@@ -74,7 +78,7 @@ def image_batch(rows):
     return {"input": np.random.default_rng(0).standard_normal((rows, 3, 16, 16), dtype=np.float32)}
 def build(*options, out=None):  # the command line's `all` on tiny_cnn into WORK/engines (or out): its exit status
     from trt_pipeline.pipeline import cli
-    argv = ["all", "--model", "tests.toy_models:tiny_cnn", "--precision", "fp32", "--batch", "1:2:4"]
+    argv = ["all", "--model", "tests.helpers.toy_models:tiny_cnn", "--precision", "fp32", "--batch", "1:2:4"]
     return cli.main([*argv, "--out", str(out or WORK / "engines"), *options])
 try:
 """
@@ -89,7 +93,7 @@ class Forker:
     """tools/catalogue_forker.py for one checkout: cases fork from an interpreter that has imported torch."""
 
     def __init__(self, code: Path, env: dict[str, str]):
-        script = Path(__file__).resolve().parent / "catalogue_forker.py"
+        script = TOOLS / "catalogue_forker.py"
         self.process = subprocess.Popen(
             [sys.executable, str(script)], cwd=code, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )

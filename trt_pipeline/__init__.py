@@ -32,7 +32,7 @@ _API = {
     "PipelineError": "trt_pipeline.pipeline.core.errors",
     "make_engine": "trt_pipeline.pipeline.stages.sequence",
     "run_stage": "trt_pipeline.pipeline.stages.sequence",
-    "prepare": "trt_pipeline.pipeline.stages.prepare",
+    "prepare": "trt_pipeline.models.prepare",
     "export_onnx": "trt_pipeline.pipeline.stages.export",
     "check_onnx": "trt_pipeline.pipeline.stages.check",
     "simplify_onnx": "trt_pipeline.pipeline.stages.simplify",

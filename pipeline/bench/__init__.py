@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 
 from ... import models
-from ..cli import add_settings_arguments, given_settings
+from ..core.arguments import FOLDER_SETTINGS, add_settings_arguments, given_settings
 from ..core.errors import PipelineError
 from ..core.settings import Settings
 from ..folder.rebuild import make_engine_command
@@ -27,8 +27,6 @@ from .report import DEVICE_RESIDENT, END_TO_END, markdown_table, write_reports
 from .timing import TimingPolicy
 
 __all__ = ["TimingPolicy", "add_arguments", "main", "run_benchmark", "write_reports"]
-# The settings that name the folder (engines/<model>-<precision>), as `make engine` was given them.
-FOLDER_SETTINGS = ("model", "precision", "out_root")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -54,7 +54,7 @@ class Context:
 class Backend:
     """One way of running the model, wrapped so the harness times every backend the same way."""
 
-    def __init__(self, name: str, label: str, precision: str, description: str, threads: str):
+    def __init__(self, name: str, label: str, precision: Precision, description: str, threads: str):
         self.name = name
         self.label = label
         self.precision = precision  # of the arithmetic, for the agreement tolerance
@@ -88,7 +88,7 @@ class Backend:
 class RunnerBackend(Backend):
     """A runner from pipeline.runners, timed through `infer`: exactly what a service calls."""
 
-    def __init__(self, name: str, label: str, precision: str, runner: Runner, threads: str):
+    def __init__(self, name: str, label: str, precision: Precision, runner: Runner, threads: str):
         super().__init__(name, label, precision, runner.description, threads)
         self.runner = runner
 
@@ -102,7 +102,7 @@ class RunnerBackend(Backend):
 class TorchBackend(RunnerBackend):
     """The PyTorch runner; on CUDA also device-resident, with torch.cuda's peak-memory counter."""
 
-    def __init__(self, name: str, label: str, precision: str, runner: TorchRunner, threads: str):
+    def __init__(self, name: str, label: str, precision: Precision, runner: TorchRunner, threads: str):
         super().__init__(name, label, precision, runner, threads)
         self.device = runner.device
         self.on_cuda = runner.device.type == "cuda"
@@ -168,7 +168,9 @@ class SessionBackend(Backend):
         used = ", ".join(self.session.get_providers())
         description = f"onnxruntime {ort.__version__} bare InferenceSession on {graph}, {used} ({why}), "
         description += "ORT_ENABLE_ALL, sequential"
-        super().__init__(name, label, "fp32", description, f"intra_op_num_threads={threads}, inter_op_num_threads=1")
+        super().__init__(
+            name, label, Precision.FP32, description, f"intra_op_num_threads={threads}, inter_op_num_threads=1"
+        )
 
     def infer(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return dict(zip(self.output_names, self.session.run(self.output_names, feed), strict=True))
@@ -184,24 +186,24 @@ def _require_cuda(context: Context) -> None:
 
 def open_torch(context: Context) -> Backend:
     runner: Any = load_runner(context.folder, backend="torch", amp=False)
-    return TorchBackend(REFERENCE, "PyTorch eager FP32", "fp32", runner, _torch_threads(context))
+    return TorchBackend(REFERENCE, "PyTorch eager FP32", Precision.FP32, runner, _torch_threads(context))
 
 
 def open_torch_amp(context: Context) -> Backend:
     _require_cuda(context)
     runner: Any = load_runner(context.folder, backend="torch", device="cuda", amp=True)
-    return TorchBackend("torch-amp", "PyTorch eager AMP FP16", "fp16", runner, _torch_threads(context))
+    return TorchBackend("torch-amp", "PyTorch eager AMP FP16", Precision.FP16, runner, _torch_threads(context))
 
 
 def open_torch_compile(context: Context) -> Backend:
     """torch.compile, default backend (inductor): AMP FP16 on a GPU; FP32 on a CPU, where inductor writes C++."""
     if context.cuda:
         runner: Any = load_runner(context.folder, backend="torch", device="cuda", amp=True)
-        label, precision = "PyTorch torch.compile AMP FP16", "fp16"
+        label, precision = "PyTorch torch.compile AMP FP16", Precision.FP16
     else:
         compiler = _inductor_cpp_compiler()
         runner = load_runner(context.folder, backend="torch", device="cpu", amp=False)
-        label, precision = "PyTorch torch.compile FP32 (CPU)", "fp32"
+        label, precision = "PyTorch torch.compile FP32 (CPU)", Precision.FP32
         runner.description += f"; inductor compiles with {compiler}"
     # The runner calls `self.module`; compiling it in place keeps the runner's own host-copy path, so this row
     # differs from eager by the compiler alone.  Compilation happens in each batch's first (untimed) call,
@@ -252,7 +254,7 @@ def open_onnxruntime(context: Context) -> Backend:
     graph = _fp32_graph(context.folder)
     runner = _onnxruntime_runner(context.folder, graph)
     threads = "ORT default: one intra-op thread per physical core"
-    return RunnerBackend("onnxruntime", f"ONNX Runtime FP32 (runner) on {graph}", "fp32", runner, threads)
+    return RunnerBackend("onnxruntime", f"ONNX Runtime FP32 (runner) on {graph}", Precision.FP32, runner, threads)
 
 
 def open_onnxruntime_session(context: Context) -> Backend:
@@ -270,21 +272,23 @@ def open_onnxruntime_int8(context: Context) -> Backend:
     graph = folder / runner.graph
     threads = "ORT default: one intra-op thread per physical core"
     label = f"ONNX Runtime INT8 (runner) on {graph}"
-    return _onnxruntime_backend("onnxruntime-int8", label, "int8", runner, graph, threads)
+    return _onnxruntime_backend("onnxruntime-int8", label, Precision.INT8, runner, graph, threads)
 
 
-def _precision_of(folder: ArtifactFolder, graph: str) -> str:
+def _precision_of(folder: ArtifactFolder, graph: str) -> Precision:
     """The precision the folder's graph `graph` computes in, as its manifest records it."""
     record = folder.record(graph)
     assert record is not None  # a runner serves one of the folder's graphs (runners/onnxruntime.py choose_graph)
-    return str(record.precision)
+    return record.precision
 
 
-def _onnxruntime_backend(name: str, label: str, precision: str, runner: Any, graph: Path, threads: str) -> Backend:
+def _onnxruntime_backend(
+    name: str, label: str, precision: Precision, runner: Any, graph: Path, threads: str
+) -> Backend:
     """The runner as a backend; an INT8 graph on the CPU provider also says how much of it really runs in int8."""
     backend = RunnerBackend(name, label, precision, runner, threads)
     on_cpu = "CPUExecutionProvider" in runner.description and "CUDAExecutionProvider" not in runner.description
-    if precision == Precision.INT8 and on_cpu:
+    if precision is Precision.INT8 and on_cpu:
         backend.description += f"; {int8_execution_note(graph)}"
     return backend
 
@@ -312,7 +316,7 @@ class DeviceRunnerBackend(RunnerBackend):
     """A GPU runner with infer_on_device (the engine's, onnxruntime-cuda's); device-resident through it (torch CUDA
     tensors in and out)."""
 
-    def __init__(self, name: str, label: str, precision: str, runner: Any):
+    def __init__(self, name: str, label: str, precision: Precision, runner: Any):
         super().__init__(name, label, precision, runner, "n/a (GPU)")
         self.device_note = ""
         self.memory_note = f"n/a: the {runner.backend} runner does not report its device allocations"
@@ -431,7 +435,7 @@ def choices_for(names: list[str] | None) -> list[Choice]:
 
 def _int8_folder(folder: ArtifactFolder) -> Path:
     """This folder if it was built for int8, else the sibling engines/<model>-int8/ (load_runner checks it)."""
-    if folder.precision == Precision.INT8:
+    if folder.precision is Precision.INT8:
         return folder.path
     sibling = folder.path.parent / f"{folder.model}-int8"
     if not (sibling / MANIFEST).is_file():

@@ -23,7 +23,9 @@ import torch
 from ..core.compare import compare_outputs
 from ..core.errors import PipelineError
 from ..core.mentions import render
+from ..core.nms_config import NmsConfig
 from ..core.precision import Precision
+from ..core.random_inputs import random_inputs
 from ..core.settings import engine_command, mention
 from ..evaluation import RTOL
 from ..evaluation.detections import MIN_AGREEMENT, detection_agreement
@@ -31,8 +33,7 @@ from ..folder.graph_io import load_reference
 from ..folder.layout import REFERENCE as REFERENCE_FILE
 from ..folder.manifest import Manifest
 from ..folder.reader import open_folder
-from ..postprocess.nms import NmsConfig, detections_of
-from ..stages.export import random_inputs
+from ..postprocess.nms import detections_of
 from .backends import REFERENCE, Backend, Choice, Context, Unavailable, choices_for
 from .environment import describe_environment, load_average, physical_cores
 from .report import DEVICE_RESIDENT, END_TO_END, agreement_text
@@ -125,7 +126,7 @@ def check_reference_model(backends: list[Backend], reference_path: Path, nms: Nm
         return {"status": "n/a", "reason": "PyTorch eager FP32 did not open"}
     inputs, expected = load_reference(reference_path)[0]  # the model's own outputs; nms: what the runners return
     expected = expected if nms is None else detections_of(expected, nms)
-    result = agreement(expected, torch_backend.infer(inputs), "fp32", detections=nms is not None)
+    result = agreement(expected, torch_backend.infer(inputs), Precision.FP32, detections=nms is not None)
     if result["status"] == "ok":
         result["summary"] = "PyTorch reproduces the outputs stored at build time (reference.npz)"
     else:
@@ -138,7 +139,11 @@ def check_reference_model(backends: list[Backend], reference_path: Path, nms: Nm
 
 
 def agreement(
-    reference: dict[str, np.ndarray] | None, outputs: dict[str, np.ndarray], precision: str, *, detections: bool = False
+    reference: dict[str, np.ndarray] | None,
+    outputs: dict[str, np.ndarray],
+    precision: Precision,
+    *,
+    detections: bool = False,
 ) -> dict:
     """The worst output's difference from PyTorch eager FP32, judged with the parity tolerance of `precision`;
     `detections` (a POSTPROCESS=nms folder): the detections matched instead (pipeline/evaluation/detections.py), as a
@@ -161,7 +166,9 @@ def agreement(
     }
 
 
-def detections_agreement(reference: dict[str, np.ndarray], outputs: dict[str, np.ndarray], precision: str) -> dict:
+def detections_agreement(
+    reference: dict[str, np.ndarray], outputs: dict[str, np.ndarray], precision: Precision
+) -> dict:
     """NMS outputs against PyTorch eager FP32 + the reference NMS: the matched share, gated as the build's NMS gate.
     INT8 on the benchmark's random inputs (clipped by its input's Q/DQ) is recorded, not judged, as at the build,
     which judges it on the held-out calibration rows (the manifest's nms_int8)."""
@@ -170,7 +177,7 @@ def detections_agreement(reference: dict[str, np.ndarray], outputs: dict[str, np
     except (KeyError, ValueError, IndexError) as error:  # a missing output or a wrong shape is a wrong answer
         return {"status": "mismatch", "reason": f"not detections like PyTorch's: {type(error).__name__}: {error}"}
     status = "ok" if matched.passes(precision) else "mismatch"
-    if precision == Precision.INT8:
+    if precision is Precision.INT8:
         status = "not judged on random inputs"
     return {"status": status, "min_agreement": MIN_AGREEMENT[precision], **matched.as_record()}
 

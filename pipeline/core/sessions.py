@@ -26,6 +26,7 @@ from typing import Any
 
 from .errors import PipelineError
 from .extras import import_onnxruntime
+from .precision import Precision
 from .settings import mention
 
 # Highest first: the order a crashing graph is retried in.  Names as in onnxruntime.GraphOptimizationLevel.
@@ -147,8 +148,8 @@ def level_that_opens(path: Path | str, open_at: Callable[[str], Any], feed: dict
         f"ONNX Runtime crashed {doing} {path} at every optimization level ({'; '.join(crashes)}): a bug in ONNX "
         "Runtime on this graph, not in your model",
         f"try another onnxruntime version (pip install -U onnxruntime, or onnxruntime-gpu), or "
-        f"{mention(precision='fp32')} if only the FP16 or INT8 graph crashes; {mention(keep_fp32='<op type>')} keeps "
-        "the ops around the crash in FP32",
+        f"{mention(precision=Precision.FP32)} if only the FP16 or INT8 graph crashes; "
+        f"{mention(keep_fp32='<op type>')} keeps the ops around the crash in FP32",
     )
 
 

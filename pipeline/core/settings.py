@@ -5,12 +5,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from ..postprocess.nms import BOX_FORMATS, NmsConfig
 from .errors import PipelineError
 from .mentions import span
+from .nms_config import BOX_FORMATS, NmsConfig
 from .precision import PRECISIONS, Precision
 
 OPSET = 17  # fixed: TensorRT 10/11 and ONNX Runtime all read it; recorded in the manifest
@@ -40,11 +41,24 @@ DEFAULT_SMOOTH_ALPHA = 0.9
 # TensorRT always builds for the GPU it runs on); current: the GPU present at build time; or a
 # comma-separated list of TensorRT-RTX compute capabilities, e.g. sm86,sm89.
 TARGETS = ("default", "current")
-# What the served graphs end in: the model's own outputs, or (nms) a detector's raw head thinned by greedy NMS into
-# detections of fixed sizes, appended to each graph the folder serves (pipeline/stages/postprocess.py).
-POSTPROCESS_NONE = "none"
-POSTPROCESS_NMS = "nms"
-POSTPROCESSES = (POSTPROCESS_NONE, POSTPROCESS_NMS)
+
+
+class Postprocess(str, Enum):
+    """What the served graphs end in: the model's own outputs, or (nms) a detector's raw head thinned by greedy NMS
+    into detections of fixed sizes, appended to each graph the folder serves (pipeline/stages/postprocess.py).  A
+    str, as Precision is: it compares equal to its value and is written to JSON as "nms"."""
+
+    NONE = "none"
+    NMS = "nms"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+POSTPROCESSES: tuple[str, ...] = tuple(postprocess.value for postprocess in Postprocess)
 _NMS = NmsConfig()  # the NMS settings' defaults are NmsConfig's
 
 
@@ -96,7 +110,7 @@ class Declared:
     decides: bool
     parse: Callable[[str], Any]
     choices: tuple[str, ...] | None
-    postprocess: str | None
+    postprocess: Postprocess | None
 
 
 def setting(
@@ -108,7 +122,7 @@ def setting(
     decides: bool = True,
     parse: Callable[[str], Any] = str,
     choices: tuple[str, ...] | None = None,
-    postprocess: str | None = None,
+    postprocess: Postprocess | None = None,
 ) -> Any:
     """A Settings field, declared once for every front end.
 
@@ -140,7 +154,8 @@ class Settings:
         help="registry name (resnet = resnet50, resnet18..152), package.module:factory, or a checkpoint, "
         "TorchScript (.pt), torch.export (.pt2) or ONNX file",
     )
-    precision: Precision | str = setting(  # check() makes a str a Precision
+    # check() reads a str as Precision, so Settings(precision="int8") is what the command line takes.
+    precision: Precision = setting(
         Precision.FP16,
         make="PRECISION",
         help="the engine's precision (int8 needs calibration data)",
@@ -244,7 +259,7 @@ class Settings:
         "rows its ranges were fit on, or none could be held out",
         precisions=INT8_ONLY,
     )
-    # Try leaving the op where the held-out error starts in float (calibration/int8.py); False: every op INT8.
+    # Try leaving the op where the held-out error starts in float (calibration/float_search.py); False: every op INT8.
     float_search: bool = setting(
         True,
         make="NO_FLOAT_SEARCH",
@@ -252,8 +267,9 @@ class Settings:
         precisions=INT8_ONLY,
     )
     force: bool = setting(False, make="FORCE", help="rebuild even when the folder is up to date", decides=False)
-    postprocess: str = setting(
-        POSTPROCESS_NONE,
+    # check() reads a str as Postprocess, as it does PRECISION.
+    postprocess: Postprocess = setting(
+        Postprocess.NONE,
         make="POSTPROCESS",
         help="what the served graphs end in: none (the model's outputs), or nms: a YOLO-style head [batch, "
         "4 + classes, anchors] thinned by greedy NMS into boxes, scores, classes and count of fixed sizes",
@@ -264,47 +280,47 @@ class Settings:
         make="NMS_BOX_FORMAT",
         help="the head's boxes: cxcywh (YOLOv8) or xyxy",
         choices=BOX_FORMATS,
-        postprocess=POSTPROCESS_NMS,
+        postprocess=Postprocess.NMS,
     )
     nms_score_threshold: float = setting(
         _NMS.score_threshold,
         make="NMS_SCORE_THRESHOLD",
         help="a candidate counts only with a score above it (scores after their sigmoid)",
         parse=float,
-        postprocess=POSTPROCESS_NMS,
+        postprocess=Postprocess.NMS,
     )
     nms_iou_threshold: float = setting(
         _NMS.iou_threshold,
         make="NMS_IOU_THRESHOLD",
         help="a kept box suppresses another with IoU above it",
         parse=float,
-        postprocess=POSTPROCESS_NMS,
+        postprocess=Postprocess.NMS,
     )
     nms_candidates: int = setting(
         _NMS.candidates,
         make="NMS_CANDIDATES",
         help="the best-scored anchors per image that NMS considers (at most 3840, TensorRT's TopK limit)",
         parse=int,
-        postprocess=POSTPROCESS_NMS,
+        postprocess=Postprocess.NMS,
     )
     nms_max_detections: int = setting(
         _NMS.max_detections,
         make="NMS_MAX_DETECTIONS",
         help="K: the rows per image of the outputs, padded past the detections (at most the candidates)",
         parse=int,
-        postprocess=POSTPROCESS_NMS,
+        postprocess=Postprocess.NMS,
     )
     nms_class_agnostic: bool = setting(
         not _NMS.class_aware,
         make="NMS_CLASS_AGNOSTIC",
         help="boxes of different classes suppress each other too (by default they never do)",
-        postprocess=POSTPROCESS_NMS,
+        postprocess=Postprocess.NMS,
     )
     nms_head: str | None = setting(
         _NMS.head,
         make="NMS_HEAD",
         help="the output holding the head, where the model has several (the others stay outputs)",
-        postprocess=POSTPROCESS_NMS,
+        postprocess=Postprocess.NMS,
     )
 
     def check(self, given: Iterable[str] = ()) -> Settings:
@@ -314,11 +330,8 @@ class Settings:
         default, or any named in `given` (the options the command line was given, whatever their value).
         """
         self._check_precision()
-        if self.postprocess not in POSTPROCESSES:
-            raise PipelineError(
-                f"unknown post-processing {self.postprocess!r}", f"use one of {', '.join(POSTPROCESSES)}"
-            )
-        refuse_unused(Precision(self.precision), self.postprocess, {*given, *self._changed()})
+        self._check_postprocess()
+        refuse_unused(self.precision, self.postprocess, {*given, *self._changed()})
         self._read_text()
         self.nms_config()
         if self.builder not in BUILDERS:
@@ -343,6 +356,13 @@ class Settings:
                 f"use one of {', '.join(PRECISIONS)} ({mention(precision=Precision.FP16)} is the default)",
             )
         self.precision = Precision(self.precision)
+
+    def _check_postprocess(self) -> None:
+        if self.postprocess not in POSTPROCESSES:
+            raise PipelineError(
+                f"unknown post-processing {self.postprocess!r}", f"use one of {', '.join(POSTPROCESSES)}"
+            )
+        self.postprocess = Postprocess(self.postprocess)
 
     def _changed(self) -> list[str]:
         """The settings whose value is not their default."""
@@ -403,7 +423,7 @@ class Settings:
     def nms_config(self) -> NmsConfig | None:
         """The NMS settings as NmsConfig (which refuses a bad value, named here as the settings give it); None
         unless POSTPROCESS=nms."""
-        if self.postprocess != POSTPROCESS_NMS:
+        if self.postprocess != Postprocess.NMS:
             return None
         try:
             return NmsConfig(
@@ -439,7 +459,7 @@ DECLARED: dict[str, Declared] = {item.name: item.metadata[SETTING] for item in f
 DEFAULTS: dict[str, Any] = Settings().as_record()
 
 
-def deciding(precision: Precision | str, postprocess: str = POSTPROCESS_NONE) -> tuple[str, ...]:
+def deciding(precision: Precision, postprocess: Postprocess = Postprocess.NONE) -> tuple[str, ...]:
     """The settings that decide a folder of this precision's (and post-processing's) artifacts (the reuse key's,
     positively listed)."""
     return tuple(
@@ -449,7 +469,7 @@ def deciding(precision: Precision | str, postprocess: str = POSTPROCESS_NONE) ->
     )
 
 
-def refuse_unused(precision: Precision, postprocess: str, names: Iterable[str]) -> None:
+def refuse_unused(precision: Precision, postprocess: Postprocess, names: Iterable[str]) -> None:
     """A setting given for a precision whose artifacts it does not change, or for a post-processing it does not
     configure, would be ignored in silence: refuse it, naming what it changes."""
     for name in sorted(names, key=list(DECLARED).index):

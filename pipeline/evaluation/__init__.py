@@ -26,7 +26,7 @@ CPU_PROVIDER = "CPUExecutionProvider"
 # [-1, 1]: 0.58 of the output scale; a model whose float mask input gets noise: 0.97, with 0.007 on its
 # calibration data).  So it fails only on inf or NaN; its error is recorded beside 1.0 for reference, and
 # INT8's gate is the agreement on the calibration data (INT8_MAX_ERROR).
-RTOL: dict[str, float] = {Precision.FP32: 1e-3, Precision.FP16: 3e-2, Precision.INT8: 1.0}
+RTOL: dict[Precision, float] = {Precision.FP32: 1e-3, Precision.FP16: 3e-2, Precision.INT8: 1.0}
 # INT8's gate, on the calibration data (inputs like the ones served): the mean over rows of
 # |int8 - fp32| / |fp32| (Euclidean norms of each row's output).  It sees what a cosine cannot: a ReLU
 # network with one weight scale off by 10x has all its outputs 10x too large and a cosine near 1.
@@ -35,11 +35,11 @@ RTOL: dict[str, float] = {Precision.FP32: 1e-3, Precision.FP16: 3e-2, Precision.
 INT8_MAX_ERROR = 0.2
 
 
-def node_tolerance(precision: Precision | str) -> float:
+def node_tolerance(precision: Precision) -> float:
     """How far a node's output may be from FP32's, relative to its scale: FP16's parity tolerance; for INT8 its
     gate's level on the calibration data (INT8_MAX_ERROR), not the 1.0 of the smoke check on random inputs,
     under which no node of a refused graph would ever be named."""
-    return INT8_MAX_ERROR if precision == Precision.INT8 else RTOL[precision]
+    return INT8_MAX_ERROR if precision is Precision.INT8 else RTOL[precision]
 
 
 def simulates_qdq(graph: GraphRecord, providers: list[Any] | None = None) -> bool:

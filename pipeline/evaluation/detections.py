@@ -31,7 +31,7 @@ MATCH_IOU = 0.5
 # documented margins: docs/detection.md).  FP32 differs from PyTorch by reassociation only: a detection may flip
 # only where a score or an overlap lies within ~1e-6 of its threshold.  FP16 and INT8 move scores by up to their
 # tolerances (node_tolerance), which flips the detections near a threshold: a few in a hundred at FP16, more at INT8.
-MIN_AGREEMENT: dict[str, float] = {Precision.FP32: 0.99, Precision.FP16: 0.95, Precision.INT8: 0.85}
+MIN_AGREEMENT: dict[Precision, float] = {Precision.FP32: 0.99, Precision.FP16: 0.95, Precision.INT8: 0.85}
 # The graph's NMS against the reference NMS of its own head: boxes and scores to this share of their scale.
 SAME_RTOL = 1e-5
 
@@ -55,7 +55,7 @@ class DetectionAgreement:
         larger = max(self.expected, self.actual)
         return self.matched / larger if larger else 1.0
 
-    def passes(self, precision: Precision | str) -> bool:
+    def passes(self, precision: Precision) -> bool:
         return self.agreement >= MIN_AGREEMENT[precision] and self.score_max_diff <= node_tolerance(precision)
 
     def summary(self) -> str:

@@ -62,7 +62,7 @@ class HostCheck:
 
 def check_on_host(
     infer: Infer,
-    precision: Precision | str,
+    precision: Precision,
     cases: Cases,
     sample: tuple[Feeds, Feeds] | None = None,
     *,
@@ -73,7 +73,7 @@ def check_on_host(
     outputs are POSTPROCESS=nms's (the expected ones the reference NMS of the head), judged as the build's NMS gate
     judges them (pipeline/evaluation/detections.py)."""
     started = time.perf_counter()
-    judge = _Judge(Precision(precision), detections)
+    judge = _Judge(precision, detections)
     outputs = [infer(inputs) for inputs, _ in cases]
     checks = [_reference_cases(judge, cases, outputs), _rows_alone(infer, judge, cases, outputs)]
     if judge.precision is Precision.INT8 and sample is not None:

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from ..core.cpu import NO_VNNI, VNNI
 from ..core.precision import Precision
-from ..core.settings import POSTPROCESS_NONE
+from ..core.settings import Postprocess
 from .records import Evaluation, GraphRecord, Target
 
 MANIFEST = "manifest.json"
@@ -58,37 +58,36 @@ _ENGINE_EVALUATION = {
 
 
 def graph_record(
-    precision: Precision | str, target: Target = Target.ENGINE, postprocess: str = POSTPROCESS_NONE
+    precision: Precision, target: Target = Target.ENGINE, postprocess: Postprocess = Postprocess.NONE
 ) -> GraphRecord:
     """The record of the graph `precision` writes for `target`, or (postprocess) of that graph with the
     post-processing appended (the NMS graph of the head graph; evaluated as the head graph is)."""
-    precision = Precision(precision)
     evaluation = _ENGINE_EVALUATION[precision] if target is Target.ENGINE else Evaluation.ONNXRUNTIME_INT8
     file = postprocessed_file(GRAPH_FILES[precision][target], postprocess)
     return GraphRecord(file, precision, target, evaluation, _gate(precision, target, postprocess), postprocess)
 
 
-def postprocessed_file(file: str, postprocess: str) -> str:
+def postprocessed_file(file: str, postprocess: Postprocess) -> str:
     """model.fp16.onnx -> model.fp16.nms.onnx: the graph with the post-processing appended; `file` where none."""
-    return file if postprocess == POSTPROCESS_NONE else f"{file.removesuffix('.onnx')}.{postprocess}.onnx"
+    return file if postprocess is Postprocess.NONE else f"{file.removesuffix('.onnx')}.{postprocess}.onnx"
 
 
-def postprocessed(graph: GraphRecord, postprocess: str) -> GraphRecord:
+def postprocessed(graph: GraphRecord, postprocess: Postprocess) -> GraphRecord:
     """The record of `graph` with the post-processing appended."""
     return graph_record(graph.precision, graph.target, postprocess)
 
 
-def precision_graphs(precision: Precision | str) -> tuple[GraphRecord, ...]:
+def precision_graphs(precision: Precision) -> tuple[GraphRecord, ...]:
     """The graphs the precision stage writes, the engine's first."""
-    return tuple(graph_record(precision, target) for target in GRAPH_FILES[Precision(precision)])
+    return tuple(graph_record(precision, target) for target in GRAPH_FILES[precision])
 
 
-def folder_graphs(precision: Precision | str, postprocess: str = POSTPROCESS_NONE) -> tuple[GraphRecord, ...]:
+def folder_graphs(precision: Precision, postprocess: Postprocess = Postprocess.NONE) -> tuple[GraphRecord, ...]:
     """Every graph a finished folder of this precision holds: model.onnx, then the precision's own; with a
     post-processing, then each of them with it appended (the graphs that serve)."""
     graphs = (graph_record(Precision.FP32), *precision_graphs(precision))
     heads = tuple({graph.file: graph for graph in graphs}.values())
-    if postprocess == POSTPROCESS_NONE:
+    if postprocess is Postprocess.NONE:
         return heads
     return (*heads, *(postprocessed(graph, postprocess) for graph in heads))
 
@@ -103,10 +102,10 @@ def artifact_names(graphs: Iterable[GraphRecord]) -> list[str]:
     return list(dict.fromkeys([FP32_GRAPH, REFERENCE, *(graph.file for graph in graphs), ENGINE]))
 
 
-def _gate(precision: Precision, target: Target, postprocess: str) -> str:
+def _gate(precision: Precision, target: Target, postprocess: Postprocess) -> str:
     """The stage whose record says the graph passed its gate: a head graph's parity against PyTorch's reference
     outputs (parity_fp16), an NMS graph's against the reference NMS (nms_fp16: pipeline/stages/postprocess.py)."""
-    stage = "parity" if postprocess == POSTPROCESS_NONE else postprocess
+    stage = "parity" if postprocess is Postprocess.NONE else postprocess
     if target is Target.ENGINE:
         return f"{stage}_{precision}"
     return f"{stage}_{precision}_onnxruntime_{cpu_kind(target).replace('-', '_')}"

@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import PipelineError
-from ..core.precision import PRECISIONS
+from ..core.nms_config import NmsConfig
+from ..core.precision import PRECISIONS, Precision
 from ..core.sessions import OPTIMIZATION_LEVELS
-from ..core.settings import POSTPROCESS_NMS, BatchProfile
-from ..postprocess.nms import NmsConfig
+from ..core.settings import BatchProfile, Postprocess
 from .artifacts import write_json
 from .graph_io import GraphTensor
 from .layout import ARTIFACT_LAYOUT, MANIFEST
@@ -52,7 +52,7 @@ class Manifest:
     reuse_key: str | None = None
     created: str | None = None
     model: ModelRecord | None = None
-    precision: str | None = None
+    precision: Precision | None = None
     opset: int | None = None
     exporter: str | None = None  # who made model.onnx: torchscript or dynamo (stages/export.py); None: an ONNX MODEL
     settings: dict | None = None  # Settings.as_record(): what a rebuild repeats
@@ -88,7 +88,7 @@ class Manifest:
 
     def nms(self) -> NmsConfig | None:
         """The NMS the served graphs end in (POSTPROCESS=nms), or None where they end in the model's outputs."""
-        if self.postprocess is None or self.postprocess.kind != POSTPROCESS_NMS:
+        if self.postprocess is None or self.postprocess.kind is not Postprocess.NMS:
             return None
         return NmsConfig(**self.postprocess.config)
 
@@ -151,11 +151,13 @@ class Manifest:
         )
 
 
-def _precision(raw: dict) -> str | None:
+def _precision(raw: dict) -> Precision | None:
     precision = raw.get("precision")
-    if precision is not None and precision not in PRECISIONS:
+    if precision is None:
+        return None
+    if precision not in PRECISIONS:
         raise DamagedManifest(f"its precision is {precision!r}, not one of {', '.join(PRECISIONS)}")
-    return precision
+    return Precision(precision)
 
 
 def _batch_profile(raw: Any) -> BatchProfile:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ..core.errors import PipelineError, no_room
 from ..core.precision import Precision
-from ..core.settings import POSTPROCESS_NONE
+from ..core.settings import Postprocess
 from .artifacts import atomic_path, running_build
 from .graph_files import data_file_name
 from .layout import ARTIFACT_LAYOUT, CPU_TARGETS
@@ -51,11 +51,11 @@ class ArtifactFolder:
     path: Path
     manifest: Manifest = field(repr=False)  # the whole record, typed
     model: str  # the model's canonical name (resnet50, toy_models-tiny_cnn)
-    precision: str
+    precision: Precision
     graphs: tuple[GraphRecord, ...]  # every graph of the folder, model.onnx first (pipeline.folder.layout)
     engine: str
     artifacts: dict[str, Artifact]
-    postprocess: str = POSTPROCESS_NONE  # what the served graphs end in (the manifest's postprocess record)
+    postprocess: Postprocess = Postprocess.NONE  # what the served graphs end in (the manifest's postprocess record)
 
     @property
     def engine_graph(self) -> GraphRecord:
@@ -94,9 +94,9 @@ class ArtifactFolder:
     def _gated(self) -> tuple[list[GraphRecord], list[str]]:
         """(the graphs as accurate as the folder's precision promises whose gates passed, "file: why not" of the
         others), model.onnx first."""
-        allowed = Precision(self.precision).at_least_as_accurate()
+        allowed = self.precision.at_least_as_accurate()
         passed, refused = [], []
-        served = (g for g in self.graphs if g.precision in allowed and g.postprocess == self.postprocess)
+        served = (g for g in self.graphs if g.precision in allowed and g.postprocess is self.postprocess)
         for graph in served:
             failure = self._gate_failure(graph)
             if failure is None:
@@ -255,10 +255,11 @@ def open_folder(path: str | Path, hint: str | None = None) -> ArtifactFolder:
     _require_layout(path, manifest)
     _require_complete(path, manifest)
     missing = [key for key in _REQUIRED if not getattr(manifest, key)]
-    postprocess = manifest.postprocess.kind if manifest.postprocess is not None else POSTPROCESS_NONE
-    if not any(_builds_the_engine(graph, str(manifest.precision), postprocess) for graph in manifest.graphs):
-        missing.append(f"the {manifest.precision} graph for the {Target.ENGINE} among its graphs")
-    if missing:
+    precision = manifest.precision
+    postprocess = manifest.postprocess.kind if manifest.postprocess is not None else Postprocess.NONE
+    if precision is None or not any(_builds_the_engine(graph, precision, postprocess) for graph in manifest.graphs):
+        missing.append(f"the {precision} graph for the {Target.ENGINE} among its graphs")
+    if missing or precision is None:  # a missing precision is among them already
         raise PipelineError(
             f"the manifest of {path} lacks {', '.join(missing)}, which every finished build records",
             f"rebuild the folder: {rebuild_hint(manifest, path)}",
@@ -267,7 +268,7 @@ def open_folder(path: str | Path, hint: str | None = None) -> ArtifactFolder:
         path=path,
         manifest=manifest,
         model=manifest.model.name,  # type: ignore[union-attr]  # checked above with the other required fields
-        precision=str(manifest.precision),
+        precision=precision,
         graphs=manifest.graphs,
         engine=str(manifest.engine),
         artifacts=manifest.artifacts,
@@ -345,12 +346,12 @@ class Servable:
     refused: tuple[str, ...]
 
 
-def _builds_the_engine(graph: GraphRecord, precision: str, postprocess: str) -> bool:
-    return graph.target is Target.ENGINE and graph.precision == precision and graph.postprocess == postprocess
+def _builds_the_engine(graph: GraphRecord, precision: Precision, postprocess: Postprocess) -> bool:
+    return graph.target is Target.ENGINE and graph.precision is precision and graph.postprocess is postprocess
 
 
-def _graph_key(graph: GraphRecord, precision: str, postprocess: str) -> str:
+def _graph_key(graph: GraphRecord, precision: Precision, postprocess: Postprocess) -> str:
     if _builds_the_engine(graph, precision, postprocess):
         return "graph"
     key = f"graph for {graph.target}" if graph.target is not Target.ENGINE else f"{graph.precision} graph"
-    return key if graph.postprocess == POSTPROCESS_NONE else f"{key} ({graph.postprocess})"
+    return key if graph.postprocess is Postprocess.NONE else f"{key} ({graph.postprocess})"

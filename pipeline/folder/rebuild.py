@@ -9,15 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..core.settings import DEFAULTS, PRECISIONS, deciding, engine_command
 
-if TYPE_CHECKING:
-    from .manifest import Manifest
+
+class Recorded(Protocol):
+    """What a hint reads of a folder's record (a Manifest): the settings it was written with.  Typed by what it
+    reads, not by Manifest, which names this module's hint in its own errors: the two would import each other."""
+
+    @property
+    def settings(self) -> dict | None: ...
 
 
-def rebuild_hint(manifest: Manifest | None, folder: Path | None = None, *, force: bool = False) -> str:
+def rebuild_hint(manifest: Recorded | None, folder: Path | None = None, *, force: bool = False) -> str:
     """The command that writes this folder again: from the manifest's settings, else from the folder's name
     (engines/<model>-<precision>).  force: FORCE=1 too, for a folder the pipeline would reuse."""
     named = _name_parts(Path(folder)) if folder is not None else None

@@ -13,7 +13,7 @@ from enum import Enum
 from typing import Any, Protocol
 
 from ..core.precision import Precision
-from ..core.settings import POSTPROCESS_NONE, POSTPROCESSES
+from ..core.settings import POSTPROCESSES, Postprocess
 from .graph_io import GraphTensor
 
 
@@ -63,7 +63,7 @@ class Evaluation(_Named):
 class GraphRecord:
     """One graph of a folder: its file, the precision it computes in, the target it is shaped for, how the gates
     evaluate it, its gate (the manifest stage whose recorded pass it needs before it may serve), and the
-    post-processing its outputs end in (core/settings.py POSTPROCESSES: "none", the model's own outputs; "nms", the
+    post-processing its outputs end in (core/settings.py Postprocess: NONE, the model's own outputs; NMS, the
     detections).  A folder serves only the graphs of its own post-processing: with POSTPROCESS=nms, the graphs of
     the raw head stay for the precision gates and diagnose, and the NMS graphs serve."""
 
@@ -72,7 +72,7 @@ class GraphRecord:
     target: Target
     evaluation: Evaluation
     gate: str
-    postprocess: str = POSTPROCESS_NONE
+    postprocess: Postprocess = Postprocess.NONE
 
     @classmethod
     def from_json(cls, raw: Any) -> GraphRecord:
@@ -88,7 +88,7 @@ class GraphRecord:
                 Target(raw["target"]),
                 Evaluation(raw["evaluation"]),
                 raw["gate"],
-                raw["postprocess"],
+                Postprocess(raw["postprocess"]),
             )
         except ValueError as error:
             raise DamagedManifest(f"its graphs hold {raw!r}: {error}") from None
@@ -99,12 +99,16 @@ class PostprocessRecord:
     """What the served graphs end in (POSTPROCESS=nms): the kind, its settings (NmsConfig's fields), and the raw
     head's outputs, which the graphs of the raw head keep and reference.npz holds."""
 
-    kind: str
+    kind: Postprocess
     config: dict
     head_outputs: tuple[GraphTensor, ...]
 
     def as_json(self) -> dict:
-        return {"kind": self.kind, "config": self.config, "head_outputs": [t.as_record() for t in self.head_outputs]}
+        return {
+            "kind": self.kind.value,
+            "config": self.config,
+            "head_outputs": [t.as_record() for t in self.head_outputs],
+        }
 
     @classmethod
     def from_json(cls, raw: Any) -> PostprocessRecord:
@@ -117,7 +121,7 @@ class PostprocessRecord:
             or not all(isinstance(o, dict) and {"name", "dtype", "shape"} <= set(o) for o in outputs)
         ):
             raise DamagedManifest(f"its postprocess is {raw!r}, not a kind, its settings and the head's outputs")
-        return cls(raw["kind"], raw["config"], tuple(GraphTensor.from_record(o) for o in outputs))
+        return cls(Postprocess(raw["kind"]), raw["config"], tuple(GraphTensor.from_record(o) for o in outputs))
 
 
 @dataclass(frozen=True)

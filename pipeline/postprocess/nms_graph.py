@@ -31,8 +31,9 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..core.errors import PipelineError
+from ..core.nms_config import NmsConfig
 from ..core.settings import OPSET
-from .nms import OUTPUTS, PADDING_CLASS, NmsConfig
+from .nms import OUTPUTS, PADDING_CLASS
 
 PREFIX = "nms/"  # every node and constant of the subgraph is named under it (a precision pass can keep them fp32)
 FLOAT_HEADS = (TensorProto.FLOAT, TensorProto.FLOAT16)

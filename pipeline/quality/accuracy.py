@@ -27,16 +27,17 @@ import numpy as np
 
 from ... import models
 from ...calibration.budget import fit_budget
-from ...calibration.holdout import HoldoutSplit, split_rows
-from ...calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph
+from ...calibration.holdout import CalibrationParts, HoldoutSplit, read_calibration, split_rows
+from ...calibration.int8 import CACHE_FOLDER, make_int8_graph
+from ...calibration.int8_records import CalibrationConfig
 from ...calibration.readers import CalibrationSource, Feed, graph_inputs, read_calibration_data
 from ...models.digits import load_split
-from ..cli import add_settings_arguments, given_settings
+from ..core.arguments import add_settings_arguments, given_settings
 from ..core.cpu import int8_cpu_kind
 from ..core.errors import PipelineError
 from ..core.mentions import command
 from ..core.precision import Precision
-from ..core.settings import CALIB_METHODS, Settings, mention
+from ..core.settings import DEFAULTS, Settings, mention
 from ..evaluation import evaluation_session
 from ..evaluation.agreement import int8_judge
 from ..folder.artifacts import scratch_folder, write_bytes, write_json
@@ -146,15 +147,18 @@ def measure_accuracy(
         )
     # Only what decides the FP32 artifacts: calibration options must not invalidate their reuse.
     folder = make_engine(
-        Settings(model=settings.model, precision="fp32", weights=settings.weights, out_root=settings.out_root)
+        Settings(model=settings.model, precision=Precision.FP32, weights=settings.weights, out_root=settings.out_root)
     )
     preprocess = models.load_model(settings.model, weights=settings.weights).preprocess
     evaluation = _evaluation_set(settings, name, folder / FP32_GRAPH, preprocess, eval_source)
     graphs = {"fp32": (folder / FP32_GRAPH, graph_record(Precision.FP32)), "fp16": _fp16(folder, settings, preprocess)}
     calibration: dict[str, dict] = {}
+    samples, batch = settings.calib_samples, settings.calib_batch
+    # Read once for every method: each calibrates on the same rows, as make engine's candidates do.
+    parts = read_calibration(evaluation.calibration, folder / FP32_GRAPH, preprocess, samples=samples, batch=batch)
     for method in methods:
         wanted = budget if method == methods[0] else None
-        int8, calibration[method] = _int8(folder, settings, method, evaluation, preprocess, wanted)
+        int8, calibration[method] = _int8(folder, settings, method, evaluation, parts, wanted)
         graphs |= int8
     report = _report(name, folder, evaluation, graphs, calibration)
     write_json(folder / "accuracy.json", report)
@@ -178,7 +182,12 @@ def _fp16(folder: Path, settings: Settings, preprocess) -> Graph:
 
 
 def _int8(
-    folder: Path, settings: Settings, method: str, evaluation: EvaluationSet, preprocess, budget: float | None
+    folder: Path,
+    settings: Settings,
+    method: str,
+    evaluation: EvaluationSet,
+    calibration: CalibrationParts,
+    budget: float | None,
 ) -> tuple[dict[str, Graph], dict]:
     """({label: graph}, the calibration record) of `method`'s INT8 graphs: TensorRT's, the one ONNX Runtime's
     kernels run on this kind of CPU (where its quantizer could make it), and with `budget` the one to that budget,
@@ -192,8 +201,7 @@ def _int8(
         result = make_int8_graph(
             fp32,
             path,
-            evaluation.calibration,
-            preprocess=preprocess,
+            calibration,
             config=replace(CalibrationConfig.from_settings(settings), methods=(method,)),  # SMOOTH= as make engine
             cache_folder=folder / CACHE_FOLDER,
             cpu_out_paths=cpu_paths,
@@ -502,17 +510,24 @@ def _budget_markdown(method: str, budget: dict, labelled: bool) -> list[str]:
 
 
 # The settings `accuracy` reads, each as its declaration says (core/settings.py); MODEL defaults to the digits CNN,
-# the registry model with a labelled held-out set.
-ACCURACY_SETTINGS = ("model", "weights", "out_root", "calib", "calib_samples", "calib_batch", "recalibrate")
+# the registry model with a labelled held-out set.  CALIB_METHOD names the INT8 methods compared, as it names those
+# `make engine` tries (auto: percentile and max).
+ACCURACY_SETTINGS = (
+    "model",
+    "weights",
+    "out_root",
+    "calib",
+    "calib_method",
+    "calib_samples",
+    "calib_batch",
+    "recalibrate",
+)
 ACCURACY_DEFAULTS = {"model": "digits"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_settings_arguments(parser, ACCURACY_SETTINGS, ACCURACY_DEFAULTS)
     parser.add_argument("--eval", type=Path, help="evaluate on this data instead of CALIB (same formats)")
-    parser.add_argument(
-        "--methods", default=",".join(CALIB_METHODS), help=f"calibration methods, comma-separated ({CALIB_METHODS})"
-    )
     parser.add_argument(
         "--accuracy-budget",
         type=float,
@@ -523,11 +538,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in CALIB_METHODS]
-    if unknown or not methods:
-        raise PipelineError(f"unknown calibration method(s) {unknown or methods}", f"use some of {CALIB_METHODS}")
-    settings = Settings(**{**ACCURACY_DEFAULTS, **given_settings(args)}).check()
+    given = given_settings(args)
+    # CALIB_METHOD names the INT8 methods compared, read as an INT8 build reads it.  The other settings are checked
+    # without it, at the default PRECISION (accuracy makes every precision), which would refuse it as INT8's alone.
+    methods = list(Settings(calib_method=given.pop("calib_method", DEFAULTS["calib_method"])).calib_methods())
+    settings = Settings(**{**ACCURACY_DEFAULTS, **given}).check()
     if args.accuracy_budget is not None and not args.accuracy_budget >= 0:
         raise PipelineError(f"--accuracy-budget {args.accuracy_budget} is not a loss", "give 0 or more, e.g. 0.5")
     measure_accuracy(settings, methods, args.eval, args.accuracy_budget)

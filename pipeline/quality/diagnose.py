@@ -16,6 +16,7 @@ import numpy as np
 
 from ...calibration.int8 import calibration_sample
 from ..core.errors import PipelineError
+from ..core.precision import Precision
 from ..core.settings import mention
 from ..evaluation import node_tolerance
 from ..evaluation.layers import compare_layers, first_past
@@ -45,11 +46,11 @@ def main(args: argparse.Namespace) -> int:
 def diagnose_folder(folder: Path) -> dict:
     """Compare the folder's graph with its FP32 graph (on _inputs); write diagnosis.json/.md."""
     manifest = require_manifest(folder)
-    precision = manifest.precision or "unknown"
-    if precision not in ("fp16", "int8"):
+    precision = manifest.precision
+    if precision not in (Precision.FP16, Precision.INT8):
         raise PipelineError(
-            f"{folder} holds a {precision} graph: there is no lower precision to compare with FP32",
-            f"diagnose a folder built with {mention(precision='fp16')} or {mention(precision='int8')}",
+            f"{folder} holds a {precision or 'unknown'} graph: there is no lower precision to compare with FP32",
+            f"diagnose a folder built with {mention(precision=Precision.FP16)} or {mention(precision=Precision.INT8)}",
         )
     inputs, data = _inputs(folder, precision)
     graph = graph_record(precision)
@@ -70,10 +71,10 @@ def diagnose_folder(folder: Path) -> dict:
     return report
 
 
-def _inputs(folder: Path, precision: str) -> tuple[dict[str, np.ndarray], str]:
+def _inputs(folder: Path, precision: Precision) -> tuple[dict[str, np.ndarray], str]:
     """(inputs, what they are): an INT8 folder's calibration sample, where it kept one (reference.npz's inputs are
     random, and the input's Q/DQ clips what lies outside the calibrated range), else the first reference case."""
-    sample = calibration_sample(folder) if precision == "int8" else None
+    sample = calibration_sample(folder) if precision is Precision.INT8 else None
     if sample is not None:
         return sample, "the first calibration rows the INT8 gate judged (held out from calibration where it could)"
     return load_reference(Path(folder) / REFERENCE)[0][0], "the first reference case"

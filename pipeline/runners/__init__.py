@@ -18,8 +18,10 @@ from typing import Any
 
 from ..core.errors import PipelineError
 from ..core.trt_module import describe_gpu, gpu_present, import_trt
+from ..evaluation.host import HostCheck
 from ..folder.reader import ArtifactFolder, open_folder
 from .base import Runner, TensorSpec
+from .candidate import Failure, close_quietly
 from .fastest import fastest_onnxruntime_runner
 from .host_check import check_runner, describe
 from .onnxruntime import OnnxRuntimeRunner
@@ -54,6 +56,11 @@ def load_runner(
     verify (auto only): what auto picks is first run on the folder's own cases and held to its gate on this host
     (pipeline.runners.host_check): a graph that fails does not serve, the next fastest does, or the load is refused
     with what was measured.  Cached with the measurement in served.json; False serves unchecked.
+
+    auto never lets one candidate take the load down: one that fails to open, to be timed or its check, for any
+    reason, is skipped (its reason in runner.description and served.json) and the next is tried; a GPU candidate
+    proves itself in a child process first (pipeline.runners.proving).  Only where none can serve is the load
+    refused, with every candidate's reason.
     """
     if backend not in BACKENDS:
         raise PipelineError(f"unknown runner backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
@@ -68,23 +75,35 @@ def load_runner(
     if measure and backend == "onnxruntime":
         runner, measured = fastest_onnxruntime_runner(folder, options, verify=verify)
         why = f"{why}; {measured}"
+    elif measure and backend == "tensorrt":
+        runner, why = _auto_engine(folder, options, why, verify=verify)
     else:
         runner = runner_class(folder, **options)
-        if measure and verify:  # auto picked the engine: checked as any graph that serves
-            runner, why = _checked_engine(folder, runner, why)
     runner.description = f"{runner.description}; picked because {why}"
     log.info("runner for %s: %s", folder.path, runner.description)
     return runner
 
 
-def _checked_engine(folder: ArtifactFolder, runner: Runner, why: str) -> tuple[Runner, str]:
-    """The engine's runner where it passes the host check, else the fastest ONNX Runtime graph that does (the
-    engine's options do not apply to it), and why.  Not cached: an engine is checked at every load (a GPU runs the
-    reference cases in well under a second)."""
-    check = {folder.engine: check_runner(folder, folder.precision, runner)}
+def _auto_engine(folder: ArtifactFolder, options: dict[str, Any], why: str, *, verify: bool) -> tuple[Runner, str]:
+    """The engine's runner where it opens and (to `verify`) passes the host check, else the fastest ONNX Runtime graph
+    that does (the engine's options do not apply to it), and why.  Whatever the engine raises, opening or checked,
+    sends auto on to the graphs.  Not cached: an engine is checked at every load (a GPU runs the reference cases in
+    well under a second)."""
+    try:
+        runner = TensorRTRunner(folder, **options)
+    except Exception as error:  # anything at all: the graphs may serve
+        failed = Failure.of(error, "opening it")
+        fallback, measured = fastest_onnxruntime_runner(folder, {}, verify=verify)
+        return fallback, f"{why}, but {folder.engine} failed {failed.reason}; so {measured}"
+    if not verify:
+        return runner, why
+    try:
+        check = {folder.engine: check_runner(folder, folder.engine_graph, runner)}
+    except Exception as error:  # as a failed check, with what it raised
+        check = {folder.engine: HostCheck(False, Failure.of(error, "its check raised").reason, 0.0)}
     if check[folder.engine].passed:
         return runner, f"{why}; {describe(check)}"
-    runner.close()
+    close_quietly(runner)
     fallback, measured = fastest_onnxruntime_runner(folder, {}, verify=True)
     return fallback, f"{why}, but {describe(check)}; so {measured}"
 

@@ -11,6 +11,13 @@ docs/benchmarks/resnet50-h100-cuda.md).  The candidate served is the one whose t
 each measured batch, is worst least (ranked()), of those that pass the host check.  The choice is cached in the folder
 (SERVED_CHOICE) keyed by all that decides the speed: the CPU and its instruction sets, the GPU, the onnxruntime
 version, the thread count and the candidates' sha256.  A different key measures again.
+
+A candidate that cannot serve, whatever it raises while it opens, is timed or is checked (a PipelineError, an error of
+ONNX Runtime, a CUDA error), is skipped, its reason in runner.description and served.json, and the next one is tried;
+only where none can serve does the load fail, with every candidate's reason and the fixes its errors call for.  A
+risky candidate (Candidate.risky: the onnxruntime-cuda runner's) proves itself in a child process first
+(runners/proving.py), so a sticky CUDA error never reaches the process that serves; its verdict is cached with the
+choice, so a later load with the same key proves nothing again.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import os
 import stat
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,16 +39,16 @@ from ..core.errors import PipelineError
 from ..core.trt_module import describe_gpu
 from ..evaluation.host import HostCheck
 from ..folder.artifacts import write_json
-from ..folder.graph_io import load_reference
-from ..folder.layout import REFERENCE, SERVED_CHOICE
+from ..folder.layout import SERVED_CHOICE
 from ..folder.reader import ArtifactFolder
 from ..folder.rebuild import rebuild_hint
-from ..folder.records import GraphRecord
 from .base import Runner
+from .candidate import Candidate, Failure, close_quietly, profile_batches, timing_feed
 from .device_memory import available_layers
-from .host_check import SKIP, check_runner, describe, first_passing, refused_on_host
-from .onnxruntime import CPU, CUDA, OnnxRuntimeRunner, choose_providers
-from .onnxruntime_cuda import CaptureRefused, OnnxRuntimeCudaRunner, what_the_runner_computes
+from .host_check import SKIP, describe, refused_on_host
+from .onnxruntime import CPU, CUDA, choose_providers
+from .onnxruntime_cuda import what_the_runner_computes
+from .proving import RISKY_IN_A_CHILD, Isolation, prove_in_child
 
 # Alternating rounds: at least MIN_ROUNDS (a median of fewer says little), then more while within BUDGET_S.
 MIN_ROUNDS, MAX_ROUNDS = 3, 9
@@ -49,57 +56,58 @@ BUDGET_S = 1.5
 BEHIND = 3.0  # times the fastest at a batch: not timed at the next batches (measure_batches)
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """One graph of the folder on one ONNX Runtime provider (the CPU provider is always the last fallback).  On the
-    CUDA provider the candidate is the onnxruntime-cuda runner (IO binding to buffers on the GPU), which serves it."""
+@dataclass
+class Trials:
+    """What auto found of its candidates on this host: their times ({batch: {label: ms}}), the host checks made (in
+    this process or, for a risky candidate, in a child's), and the candidates skipped, with why and the fix."""
 
-    record: GraphRecord
-    providers: tuple[str, ...]
-
-    @property
-    def graph(self) -> str:
-        return self.record.file
-
-    @property
-    def precision(self) -> str:
-        return self.record.precision
-
-    @property
-    def label(self) -> str:
-        return f"{self.graph} on {self.providers[0].removesuffix('ExecutionProvider')}"
-
-    @property
-    def on_cuda(self) -> bool:
-        return self.providers[0] == CUDA
-
-    def open(self, folder: ArtifactFolder, options: dict[str, Any]) -> Runner:
-        """Its runner; the CUDA runner takes only the options both runners share (the CPU's threads do not apply),
-        with a CUDA graph per input shape where ONNX Runtime can capture the graph (on an H100 it took ResNet-50's
-        FP16 graph from 1.26 to 0.65 ms at batch 1 and the encoder's from 1.42 to 1.19 ms at 32)."""
-        if self.on_cuda:
-            shared = {name: value for name, value in options.items() if name == "split_large_batches"}
-            try:
-                return OnnxRuntimeCudaRunner(folder, graph=self.graph, cuda_graph=True, **shared)
-            except CaptureRefused:  # nodes on the CPU: they run between the CUDA kernels, uncaptured
-                return OnnxRuntimeCudaRunner(folder, graph=self.graph, **shared)
-        return OnnxRuntimeRunner(folder, **{**options, "graph": self.graph, "providers": list(self.providers)})
+    ms: dict[int, dict[str, float]] = field(default_factory=dict)
+    checks: dict[str, HostCheck] = field(default_factory=dict)
+    skipped: dict[str, Failure] = field(default_factory=dict)
 
 
 def fastest_onnxruntime_runner(
-    folder: ArtifactFolder, options: dict[str, Any], *, verify: bool = True
+    folder: ArtifactFolder, options: dict[str, Any], *, verify: bool = True, isolation: Isolation = RISKY_IN_A_CHILD
 ) -> tuple[Runner, str]:
     """(the runner on the fastest candidate, why it won: what was measured, or that the cache said so).  verify: the
-    fastest that passes the host check serves (runners/host_check.py); its result is cached with the times."""
+    fastest that passes the host check serves (runners/host_check.py); its result is cached with the times.
+    isolation: which candidates prove themselves in a child process first, and how (runners/proving.py)."""
     candidates, refused = find_candidates(folder, usable_providers())
     key = host_key(folder, candidates, options.get("intra_op_threads"))
     cached = _cached_choice(folder, key, candidates, verify=verify)
+    note = ""
     if cached is not None:
-        winner, ms, checks = cached
-        runner = winner.open(folder, options)
-        how = f"measured earlier with this host's key, cached in {SERVED_CHOICE}"
-        return runner, _why(winner, ms, how, refused, checks)
-    return _measure_and_serve(folder, candidates, key, options, refused, verify=verify)
+        winner, trials = cached
+        try:
+            runner = winner.open(folder, options)
+        except Exception as error:  # anything at all: measured again, the others may serve
+            note = f"{winner.label}, served under this key before, failed {Failure.of(error, 'opening it').reason}; "
+        else:
+            how = f"measured earlier with this host's key, cached in {SERVED_CHOICE}"
+            return runner, _why(winner, trials, how, refused)
+    trials = Trials()
+    _prove_isolated(folder, candidates, options, trials, verify=verify, isolation=isolation)
+    return _measure_and_serve(folder, candidates, key, options, refused, trials, verify=verify, note=note)
+
+
+def _prove_isolated(
+    folder: ArtifactFolder,
+    candidates: list[Candidate],
+    options: dict[str, Any],
+    trials: Trials,
+    *,
+    verify: bool,
+    isolation: Isolation,
+) -> None:
+    """Each candidate `isolation` isolates, proved in a child process: its check into trials.checks (to `verify`), or
+    why it gave none into trials.skipped.  Only one whose check passed is opened here."""
+    for candidate in candidates:
+        if isolation.isolate(candidate):
+            verdict = prove_in_child(folder, candidate, options, verify=verify, isolation=isolation)
+            if isinstance(verdict, Failure):
+                trials.skipped[candidate.label] = verdict
+            elif verify:
+                trials.checks[candidate.label] = verdict
 
 
 def _measure_and_serve(
@@ -108,38 +116,68 @@ def _measure_and_serve(
     key: dict[str, Any],
     options: dict[str, Any],
     refused: list[str],
+    trials: Trials,
     *,
     verify: bool,
+    note: str,
 ) -> tuple[Runner, str]:
-    runners = _open_all(folder, candidates, options)
+    """Open, time and check the candidates not yet ruled out, serve the first of them that passes, and cache it."""
+    failed = set(trials.skipped) | {label for label, check in trials.checks.items() if not check.passed}
+    runners = _open_all(folder, [c for c in candidates if c.label not in failed], options, trials.skipped)
     served: Candidate | None = None
     try:
-        by_batch, rounds = measure_batches(runners, folder)
-        served, checks = _first_served(folder, runners, ranked(by_batch), verify=verify)
+        by_batch, rounds = measure_batches(runners, folder, trials.skipped)
+        if not by_batch:
+            raise _none_served(folder, trials)
+        served = _first_served(folder, runners, ranked(by_batch), trials, verify=verify)
     finally:
         for candidate, runner in runners.items():
             if candidate != served:
-                runner.close()
-    ms = {batch: {candidate.label: t for candidate, t in medians.items()} for batch, medians in by_batch.items()}
-    cached_note = _save_choice(folder, key, served, ms, checks)
-    how = f"measured now, medians of {rounds} rounds; {cached_note}"
-    return runners[served], _why(served, ms, how, refused, checks)
+                close_quietly(runner)
+    trials.ms = {batch: {c.label: t for c, t in medians.items()} for batch, medians in by_batch.items()}
+    cached_note = _save_choice(folder, key, served, trials)
+    how = f"{note}measured now, medians of {rounds} rounds; {cached_note}"
+    return runners[served], _why(served, trials, how, refused)
 
 
 def _first_served(
-    folder: ArtifactFolder, runners: dict[Candidate, Runner], ranked: list[Candidate], *, verify: bool
-) -> tuple[Candidate, dict[str, HostCheck]]:
+    folder: ArtifactFolder, runners: dict[Candidate, Runner], ranked: list[Candidate], trials: Trials, *, verify: bool
+) -> Candidate:
     """The fastest candidate, or with `verify` the fastest that passes the host check (a PipelineError where none
-    does), and the checks made."""
+    does): checked here, or in the child process it proved itself in (trials.checks has that check already)."""
     if not verify:
-        return ranked[0], {}
-    by_label = {candidate.label: candidate for candidate in ranked}
-    label, checks = first_passing(
-        list(by_label), lambda label: check_runner(folder, by_label[label].precision, runners[by_label[label]])
+        return ranked[0]
+    for candidate in ranked:
+        check = trials.checks.get(candidate.label) or _check(folder, candidate, runners[candidate], trials)
+        if check is not None and check.passed:
+            return candidate
+    raise _none_served(folder, trials)
+
+
+def _check(folder: ArtifactFolder, candidate: Candidate, runner: Runner, trials: Trials) -> HostCheck | None:
+    """The candidate's host check, recorded in `trials`; None where it raised (skipped, with why)."""
+    try:
+        check = candidate.check(folder, runner)
+    except Exception as error:  # anything at all: the next candidate is checked
+        trials.skipped[candidate.label] = Failure.of(error, "running its host check")
+        return None
+    trials.checks[candidate.label] = check
+    return check
+
+
+def _none_served(folder: ArtifactFolder, trials: Trials) -> PipelineError:
+    """No candidate can serve: every one's reason, and the fixes their errors call for."""
+    refused = refused_on_host(folder, trials.checks)
+    if not trials.skipped:  # every one ran, and computed here what its build did not
+        return refused
+    reasons = [f"{label}: {failure.reason}" for label, failure in trials.skipped.items()]
+    reasons += [f"{label}: refused on this host: {c.verdict}" for label, c in trials.checks.items() if not c.passed]
+    fixes = [failure.fix for failure in trials.skipped.values()]
+    if any(not check.passed for check in trials.checks.values()):
+        fixes.append(str(refused.fix))
+    return PipelineError(
+        f"no candidate can serve {folder.path} on this host ({'; '.join(reasons)})", "; or ".join(dict.fromkeys(fixes))
     )
-    if label is None:
-        raise refused_on_host(folder, checks)
-    return by_label[label], checks
 
 
 def usable_providers() -> list[str]:
@@ -150,34 +188,33 @@ def usable_providers() -> list[str]:
     return providers if CUDA not in providers or available_layers() else [CPU]
 
 
-def profile_batches(folder: ArtifactFolder) -> list[int]:
-    """The batches timed, in order while the budget lasts: the profile's opt, then its max, then its min."""
-    profile = folder.manifest.batch_profile  # open_folder requires one
-    assert profile is not None
-    return list(dict.fromkeys([profile.opt, profile.max, profile.min]))
-
-
 def measure_batches(
-    runners: dict[Candidate, Runner], folder: ArtifactFolder
+    runners: dict[Candidate, Runner], folder: ArtifactFolder, skipped: dict[str, Failure]
 ) -> tuple[dict[int, dict[Candidate, float]], int]:
     """({batch: {candidate: median ms}}, rounds at the first batch): the opt batch always, the next ones only
     while the calls of the candidates still timed have taken BUDGET_S or less (on a GPU all three; on a CPU a large
     model's opt batch alone).  A candidate BEHIND times the fastest at a batch is not timed at the next ones, and its
     calls do not count: it cannot be served ahead of one timed at every batch (ranked()), and on an H100 the CPU's
     graphs of ResNet-50 (11x to 83x behind) spent the whole budget at the opt batch, so the CUDA graphs were
-    compared at that batch alone."""
+    compared at that batch alone.  A candidate whose call raises leaves the race and `runners` (closed), its reason in
+    `skipped`; none of its times are kept."""
     by_batch: dict[int, dict[Candidate, float]] = {}
     first_rounds, spent_s = 0, 0.0
     timed = dict(runners)
     for batch in profile_batches(folder):
-        if by_batch and spent_s > BUDGET_S:
+        if not timed or (by_batch and spent_s > BUDGET_S):
             break
-        medians, rounds = measure(timed, timing_feed(folder, batch))
+        medians, rounds = measure(timed, timing_feed(folder, batch), batch, skipped)
+        if not medians:
+            break
         by_batch[batch], first_rounds = medians, first_rounds or rounds
         fastest = min(medians.values())
         timed = {candidate: timed[candidate] for candidate, ms in medians.items() if ms <= BEHIND * fastest}
         spent_s += sum(medians[candidate] for candidate in timed) * (rounds + 1) / 1e3  # with the warm-up call
-    return by_batch, first_rounds
+    for candidate in [candidate for candidate in runners if candidate.label in skipped]:
+        close_quietly(runners.pop(candidate))
+    kept = {batch: {c: ms for c, ms in medians.items() if c in runners} for batch, medians in by_batch.items()}
+    return {batch: medians for batch, medians in kept.items() if medians}, first_rounds
 
 
 def ranked(by_batch: dict[int, dict[Candidate, float]]) -> list[Candidate]:
@@ -227,48 +264,65 @@ def host_key(folder: ArtifactFolder, candidates: list[Candidate], threads: int |
     }
 
 
-def timing_feed(folder: ArtifactFolder, batch: int) -> dict[str, np.ndarray]:
-    """The first reference case's inputs (real sizes and token ids in range), its rows repeated to `batch`."""
-    inputs, _ = load_reference(folder.read(REFERENCE))[0]
-    return {name: np.take(array, np.arange(batch) % len(array), axis=0) for name, array in inputs.items()}
-
-
-def measure(runners: dict[Candidate, Runner], feed: dict[str, np.ndarray]) -> tuple[dict[Candidate, float], int]:
+def measure(
+    runners: dict[Candidate, Runner], feed: dict[str, np.ndarray], batch: int, skipped: dict[str, Failure]
+) -> tuple[dict[Candidate, float], int]:
     """({candidate: median ms per call}, rounds): one warm-up call each, then alternating rounds (every other round
-    in reverse order, so no candidate always runs right after the same one) until the budget is spent."""
-    for runner in runners.values():
-        runner.infer(feed)
-    order = list(runners)
+    in reverse order, so no candidate always runs right after the same one) until the budget is spent.  A candidate
+    whose call raises is timed no more, and left out, its reason in `skipped`."""
+    warmed = {candidate: _timed_call(candidate, runners[candidate], feed, batch, skipped) for candidate in runners}
+    order = [candidate for candidate, ms in warmed.items() if ms is not None]
     times: dict[Candidate, list[float]] = {candidate: [] for candidate in order}
     start, rounds = time.perf_counter(), 0
-    while rounds < MIN_ROUNDS or (rounds < MAX_ROUNDS and time.perf_counter() - start < BUDGET_S):
+    while times and (rounds < MIN_ROUNDS or (rounds < MAX_ROUNDS and time.perf_counter() - start < BUDGET_S)):
         for candidate in order if rounds % 2 == 0 else reversed(order):
-            begin = time.perf_counter()
-            runners[candidate].infer(feed)
-            times[candidate].append((time.perf_counter() - begin) * 1e3)
+            ms = _timed_call(candidate, runners[candidate], feed, batch, skipped) if candidate in times else None
+            if ms is None:
+                times.pop(candidate, None)
+            else:
+                times[candidate].append(ms)
         rounds += 1
     # Rounded to the microsecond the cache stores: the pick, the description and served.json say the same numbers.
     return {candidate: round(statistics.median(ms), 3) for candidate, ms in times.items()}, rounds
 
 
-def _open_all(folder: ArtifactFolder, candidates: list[Candidate], options: dict[str, Any]) -> dict[Candidate, Runner]:
+def _timed_call(
+    candidate: Candidate, runner: Runner, feed: dict[str, np.ndarray], batch: int, skipped: dict[str, Failure]
+) -> float | None:
+    """Milliseconds of one call, or None where it raised (anything at all: the reason goes to `skipped`)."""
+    begin = time.perf_counter()
+    try:
+        runner.infer(feed)
+    except Exception as error:
+        skipped[candidate.label] = Failure.of(error, f"timing it at batch {batch}")
+        return None
+    return (time.perf_counter() - begin) * 1e3
+
+
+def _open_all(
+    folder: ArtifactFolder, candidates: list[Candidate], options: dict[str, Any], skipped: dict[str, Failure]
+) -> dict[Candidate, Runner]:
+    """The candidates' runners; one that fails to open, for any reason, is left out with why in `skipped`."""
     runners: dict[Candidate, Runner] = {}
     try:
         for candidate in candidates:
-            runners[candidate] = candidate.open(folder, options)
-    except BaseException:
+            try:
+                runners[candidate] = candidate.open(folder, options)
+            except Exception as error:  # anything at all: the others may serve
+                skipped[candidate.label] = Failure.of(error, "opening it")
+    except BaseException:  # interrupted: nothing stays open
         for runner in runners.values():
-            runner.close()
+            close_quietly(runner)
         raise
     return runners
 
 
 def _cached_choice(
     folder: ArtifactFolder, key: dict[str, Any], candidates: list[Candidate], *, verify: bool
-) -> tuple[Candidate, dict[int, dict[str, float]], dict[str, HostCheck]] | None:
-    """(winner, {batch: ms by label}, the host checks made) from SERVED_CHOICE where it was measured under this key
-    (and, to `verify`, its winner passed the host check), else None.  A cache file that is not what _save_choice
-    writes is measured again and overwritten (_save_choice says so)."""
+) -> tuple[Candidate, Trials] | None:
+    """(winner, what was found: times, host checks, candidates skipped) from SERVED_CHOICE where it was measured
+    under this key (and, to `verify`, its winner passed the host check), else None.  A cache file that is not what
+    _save_choice writes is measured again and overwritten (_save_choice says so)."""
     record, _ = _read_record(folder)
     if record is None or record["key"] != key:
         return None
@@ -279,7 +333,9 @@ def _cached_choice(
     served_check = checks.get(record["served"])
     if not labels <= set(by_label) or (verify and not (served_check and served_check.passed)):
         return None
-    return by_label[record["served"]], ms, {label: check for label, check in checks.items() if check}
+    skipped = {label: Failure(**failure) for label, failure in record.get("skipped", {}).items()}
+    trials = Trials(ms, {label: check for label, check in checks.items() if check}, skipped)
+    return by_label[record["served"]], trials
 
 
 # What _save_choice writes is a few hundred bytes a candidate: a file far larger is no cache of it, and is not read.
@@ -318,8 +374,8 @@ def _read_bounded(path: Path) -> bytes:
 
 
 def _record_problem(record: Any) -> str:
-    """What makes `record` other than {"key": {...}, "ms": {"<batch>": {label: ms}}, "served": label} ("" if
-    nothing)."""
+    """What makes `record` other than {"key": {...}, "ms": {"<batch>": {label: ms}}, "served": label, "checks":
+    {label: HostCheck}, "skipped": {label: {"reason": ..., "fix": ...}}} ("" if nothing)."""
     if not isinstance(record, dict) or not isinstance(record.get("key"), dict):
         return "no key"
     if not isinstance(record.get("served"), str):
@@ -336,27 +392,33 @@ def _record_problem(record: Any) -> str:
     checks = record.get("checks", {})
     if not isinstance(checks, dict) or not all(HostCheck.from_json(check) for check in checks.values()):
         return f"its host checks are {checks!r}, not what a check records"
+    skipped = record.get("skipped", {})
+    if not isinstance(skipped, dict) or not all(_is_failure(failure) for failure in skipped.values()):
+        return f"its skipped candidates are {skipped!r}, not what a skip records"
     return ""
+
+
+def _is_failure(raw: Any) -> bool:
+    return isinstance(raw, dict) and set(raw) == {"reason", "fix"} and all(isinstance(v, str) for v in raw.values())
 
 
 def _is_milliseconds(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
-def _save_choice(
-    folder: ArtifactFolder,
-    key: dict[str, Any],
-    winner: Candidate,
-    ms: dict[int, dict[str, float]],
-    checks: dict[str, HostCheck],
-) -> str:
-    """Write the choice to SERVED_CHOICE ({batch: ms by label}, the batches in the order measured); what
-    happened, for the description (a read-only folder is served anyway, measured at every load), including what was
-    wrong with a cache file it replaces (or, read-only, ignores)."""
+def _save_choice(folder: ArtifactFolder, key: dict[str, Any], winner: Candidate, trials: Trials) -> str:
+    """Write the choice to SERVED_CHOICE ({batch: ms by label}, the batches in the order measured, the host checks and
+    the candidates skipped); what happened, for the description (a read-only folder is served anyway, measured at
+    every load), including what was wrong with a cache file it replaces (or, read-only, ignores)."""
     _, problem = _read_record(folder)
     damaged = f"{SERVED_CHOICE} there held no valid measurement ({problem})" if problem else ""
-    record = {"key": key, "ms": {str(batch): medians for batch, medians in ms.items()}, "served": winner.label}
-    record["checks"] = {label: check.as_json() for label, check in checks.items()}
+    record = {
+        "key": key,
+        "ms": {str(batch): medians for batch, medians in trials.ms.items()},
+        "served": winner.label,
+        "checks": {label: check.as_json() for label, check in trials.checks.items()},
+        "skipped": {label: {"reason": failure.reason, "fix": failure.fix} for label, failure in trials.skipped.items()},
+    }
     try:
         write_json(folder.path / SERVED_CHOICE, record)
     except OSError as error:
@@ -369,15 +431,15 @@ def _fastest_first(medians: dict[str, float]) -> str:
     return ", ".join(f"{label} {t:.2f} ms" for label, t in sorted(medians.items(), key=lambda item: item[1]))
 
 
-def _why(
-    winner: Candidate, ms: dict[int, dict[str, float]], how: str, refused: list[str], checks: dict[str, HostCheck]
-) -> str:
-    """What was measured (ms per call by candidate, by batch), why the winner won and what the host check found, for
-    runner.description."""
-    timed = "; ".join(f"batch {batch}: {_fastest_first(medians)}" for batch, medians in ms.items())
-    batches = ", ".join(str(batch) for batch in ms)
+def _why(winner: Candidate, trials: Trials, how: str, refused: list[str]) -> str:
+    """What was measured (ms per call by candidate, by batch), why the winner won, which candidates were skipped and
+    why, and what the host check found, for runner.description."""
+    timed = "; ".join(f"batch {batch}: {_fastest_first(medians)}" for batch, medians in trials.ms.items())
+    batches = ", ".join(str(batch) for batch in trials.ms)
     fastest = (
-        "the fastest" if all(check.passed for check in checks.values()) else "the fastest that passed the host check"
+        "the fastest"
+        if all(check.passed for check in trials.checks.values())
+        else "the fastest that passed the host check"
     )
     text = (
         f"{winner.label} ({winner.precision}) was {fastest} over batch {batches} ({how}; the least "
@@ -385,4 +447,7 @@ def _why(
     )
     if refused:
         text += f"; not candidates: {'; '.join(refused)}"
+    if trials.skipped:
+        text += "; skipped: " + "; ".join(f"{label}: {failure.reason}" for label, failure in trials.skipped.items())
+    checks = trials.checks
     return f"{text}; {describe(checks)}" if checks else f"{text}; not checked on this host ({SKIP})"

@@ -10,8 +10,6 @@ measurement (runners/fastest.py, served.json), so a host pays for it once per ke
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
 import numpy as np
 
 from ..core.cpu import int8_cpu_kind
@@ -21,6 +19,7 @@ from ..evaluation.host import HostCheck, check_on_host
 from ..folder.graph_io import load_reference
 from ..folder.layout import CALIBRATION_SAMPLE, REFERENCE
 from ..folder.reader import ArtifactFolder
+from ..folder.records import GraphRecord
 from ..postprocess.nms import detections_of
 from .base import Runner
 from .onnxruntime import CPU, OnnxRuntimeRunner
@@ -29,27 +28,17 @@ from .onnxruntime import CPU, OnnxRuntimeRunner
 SKIP = "load_runner(..., verify=False)"
 
 
-def check_runner(folder: ArtifactFolder, precision: Precision | str, runner: Runner) -> HostCheck:
-    """`runner` (serving a graph of `precision`) on the folder's reference cases and, for INT8, its held-out
-    calibration rows against the FP32 graph run here.  A folder that ends in NMS (POSTPROCESS=nms) is judged on
-    detections: PyTorch's head through the reference NMS is what its reference cases expect."""
-    precision, nms = Precision(precision), folder.manifest.nms()
+def check_runner(folder: ArtifactFolder, graph: GraphRecord, runner: Runner) -> HostCheck:
+    """`runner` (serving `graph`, a graph of the folder or the engine built from it) on the folder's reference cases
+    at the graph's precision and, for INT8, its held-out calibration rows against the FP32 graph run here.  A folder
+    that ends in NMS (POSTPROCESS=nms) is judged on detections: PyTorch's head through the reference NMS is what its
+    reference cases expect."""
+    nms = folder.manifest.nms()
     cases = load_reference(folder.read(REFERENCE))
     if nms is not None:
         cases = [(inputs, detections_of(expected, nms)) for inputs, expected in cases]
-    sample = held_out_sample(folder) if precision is Precision.INT8 else None
-    return check_on_host(runner.infer, precision, cases, sample, detections=nms is not None)
-
-
-def first_passing(ranked: Sequence[str], check: Callable[[str], HostCheck]) -> tuple[str | None, dict[str, HostCheck]]:
-    """The first of `ranked` (labels, fastest first) whose check passes (None where none does), and every check
-    made on the way."""
-    checks: dict[str, HostCheck] = {}
-    for label in ranked:
-        checks[label] = check(label)
-        if checks[label].passed:
-            return label, checks
-    return None, checks
+    sample = held_out_sample(folder) if graph.precision is Precision.INT8 else None
+    return check_on_host(runner.infer, graph.precision, cases, sample, detections=nms is not None)
 
 
 def held_out_sample(folder: ArtifactFolder) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None:
@@ -61,7 +50,8 @@ def held_out_sample(folder: ArtifactFolder) -> tuple[dict[str, np.ndarray], dict
         return None
     with np.load(path) as sample:
         inputs = {name: sample[name] for name in sample.files}
-    fp32_graph = next(graph.file for graph in folder.servable(int8_cpu_kind()).on_cpu if graph.precision == "fp32")
+    on_cpu = folder.servable(int8_cpu_kind()).on_cpu
+    fp32_graph = next(graph.file for graph in on_cpu if graph.precision is Precision.FP32)
     with OnnxRuntimeRunner(folder, graph=fp32_graph, providers=[CPU]) as fp32:
         return inputs, fp32.infer(inputs)
 

@@ -3,6 +3,7 @@ the CPU: ArtifactFolder.servable), on the CUDA provider where a GPU is present."
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from ..folder.layout import cpu_kind
 from ..folder.reader import ArtifactFolder
 from ..folder.rebuild import rebuild_hint
 from ..folder.records import GraphRecord, Target
-from .base import Runner, check_graph_agrees
+from .base import Runner, TensorSpec, check_graph_agrees
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -100,12 +101,12 @@ def choose_graph(folder: ArtifactFolder, requested: str | None, *, on_cpu: bool)
                 f"graph={requested!r} is not one of the graphs of {folder.path}",
                 f"give one of them ({', '.join(graphs)}) or leave graph=None",
             )
-        if graph.postprocess != folder.postprocess:  # the raw head of a POSTPROCESS=nms folder: not its outputs
-            served = sorted(graph.file for graph in folder.graphs if graph.postprocess == folder.postprocess)
+        if graph.postprocess is not folder.postprocess:  # the raw head of a POSTPROCESS=nms folder: not its outputs
+            served = sorted(graph.file for graph in folder.graphs if graph.postprocess is folder.postprocess)
             outputs = ", ".join(tensor.name for tensor in folder.manifest.outputs)
             raise PipelineError(
-                f"graph={requested!r} ends in {graph.postprocess!r} post-processing; {folder.path} serves "
-                f"{folder.postprocess!r} (its manifest's outputs: {outputs})",
+                f"graph={requested!r} ends in {graph.postprocess.value!r} post-processing; {folder.path} serves "
+                f"{folder.postprocess.value!r} (its manifest's outputs: {outputs})",
                 f"give one of {', '.join(served)}, or leave graph=None",
             )
         return graph, "asked for"
@@ -148,8 +149,13 @@ def load_session(
     except PipelineError:
         raise  # already says what is wrong and what to do
     except Exception as error:  # onnxruntime's Fail, InvalidProtobuf, InvalidGraph, ... share no base but Exception
+        words = f"{type(error).__name__}: {error}"
+        if is_cuda_error(words):  # the GPU failed, not the file
+            raise PipelineError(
+                f"ONNX Runtime cannot load {folder.path / graph}: {CUDA_WORDS} ({words})", CUDA_FIX
+            ) from None
         raise PipelineError(
-            f"ONNX Runtime cannot load {folder.path / graph}: {type(error).__name__}: {error}",
+            f"ONNX Runtime cannot load {folder.path / graph}: {words}",
             f"the build wrote it this way (its sha256 matches): rebuild the folder: {rebuild_hint(folder.manifest)}",
         ) from None
     check_graph_agrees(folder, graph, _graph_tensors(session.get_inputs()), _graph_tensors(session.get_outputs()))
@@ -228,14 +234,49 @@ class OnnxRuntimeRunner(Runner):
         try:
             results = self.session.run(self._output_names, feed if isinstance(feed, dict) else dict(feed))
         except Exception as error:  # names and shapes were checked: what is left is in the values (ORT's types)
-            raise run_error(self.graph, error) from None
+            raise run_error(self.graph, error, self.inputs) from None
         return dict(zip(self._output_names, results, strict=True))
 
 
-def run_error(graph: str, error: Exception) -> PipelineError:
-    """ONNX Runtime failed on inputs whose names and shapes were checked: what is left is in the values."""
+def run_error(graph: str, error: Exception, inputs: Sequence[TensorSpec]) -> PipelineError:
+    """ONNX Runtime failed on `inputs` whose names, dtypes and shapes were checked: the fix names a cause only where
+    the error shows it.  An index out of range with integer inputs: their values (token ids past an embedding's
+    rows).  A CUDA error: the GPU (CUDA_FIX).  Anything else: ONNX Runtime's message is all that is known."""
+    words = f"{type(error).__name__}: {error}"
+    problem = f"ONNX Runtime could not run {graph} on these inputs: {words}"
+    if is_cuda_error(words):
+        return PipelineError(f"ONNX Runtime could not run {graph}: {CUDA_WORDS} ({words})", CUDA_FIX)
+    integers = [spec.name for spec in inputs if np.issubdtype(spec.dtype, np.integer)]
+    if integers and _INDEX_ERROR.search(words):
+        return PipelineError(
+            problem,
+            f"check the values of the integer input(s) {integers}: an index among them is outside what the model "
+            "indexes (token ids must lie within the range the model was built for: an embedding's rows)",
+        )
     return PipelineError(
-        f"ONNX Runtime could not run {graph} on these inputs: {type(error).__name__}: {error}",
-        "check the input values: integer inputs such as token ids must lie within the range the model "
-        "was built for (an embedding's rows)",
+        problem,
+        "the inputs' names, dtypes and shapes are the manifest's, and ONNX Runtime's message is all that is known of "
+        "the cause: report it with the folder's manifest.json and this message",
     )
+
+
+# ONNX Runtime's words for an index past its tensor (Gather: "indices element out of data bounds, idx=... must be
+# within the inclusive range"; GatherElements, ScatterND: "out of range", "invalid indice").
+_INDEX_ERROR = re.compile(r"out of (data )?bounds|out of range|outside the range|invalid ind", re.IGNORECASE)
+# How ONNX Runtime's CUDA provider and the CUDA libraries word their failures ("CUDA failure 716: misaligned address"
+# from cuda_graph.cc on an H200; "CUDA error cudaErrorIllegalAddress"; cuBLAS and cuDNN statuses).
+_CUDA_ERROR = re.compile(r"CUDA failure|CUDA error|CUDA_ERROR_|cudaError|CUBLAS_STATUS_|CUDNN_STATUS_|CUDNN_FE")
+CUDA_WORDS = (
+    "a CUDA error inside ONNX Runtime's kernels, which is sticky: this process's CUDA context may fail every later "
+    "call, and freeing its memory may fail too"
+)
+CUDA_FIX = (
+    "serve from a new process with another candidate: load_runner(folder) (auto proves each GPU candidate in a child "
+    "process first and skips one that fails) or backend='onnxruntime' (a plain session, no CUDA graphs or buffers of "
+    f"the runner's own), or providers=[{CPU!r}]; and report it with the folder's manifest.json and this message"
+)
+
+
+def is_cuda_error(words: str) -> bool:
+    """Whether an error's words are a CUDA failure's (_CUDA_ERROR)."""
+    return _CUDA_ERROR.search(words) is not None

@@ -621,7 +621,7 @@ class OnnxRuntimeCudaRunner(Runner):
         try:
             slot.session.run_with_iobinding(slot.binding, options)
         except Exception as error:  # names and shapes were checked: what is left is in the values (ORT's types)
-            raise run_error(self.graph, error) from None
+            raise run_error(self.graph, error, self.inputs) from None
         if not self._sized_by_run:
             return {}
         values = slot.binding.get_outputs()  # in the order bound: self.outputs'

@@ -36,7 +36,7 @@ class TorchRunner(Runner):
         import torch
 
         from ... import models
-        from ..stages.prepare import prepare
+        from ...models.prepare import prepare
 
         super().__init__(folder, split_large_batches=split_large_batches)
         self.device = _torch_device(device)  # before the model loads: a typo should not cost a model load
@@ -51,7 +51,7 @@ class TorchRunner(Runner):
         prepare(spec)  # eval mode, gradients off, proven; the same stage the export ran
         if amp and self.device.type != "cuda":
             raise PipelineError("amp=True needs a CUDA device", "pass amp=False, or device='cuda' on a GPU machine")
-        self.amp = self.device.type == "cuda" and (amp if amp is not None else folder.precision == Precision.FP16)
+        self.amp = self.device.type == "cuda" and (amp if amp is not None else folder.precision is Precision.FP16)
         self.module = spec.module.to(self.device)
         # The model's own outputs; with POSTPROCESS=nms the head becomes the detections, by the reference NMS.
         self._output_dtypes = {tensor.name: tensor.numpy_dtype for tensor in folder.manifest.head_outputs()}
@@ -66,8 +66,8 @@ class TorchRunner(Runner):
     def _run(self, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
         import torch
 
+        from ...models.prepare import flatten_outputs
         from ...models.spec import call_module
-        from ..stages.prepare import flatten_outputs
 
         tensors = {
             spec.name: torch.from_numpy(np.ascontiguousarray(feed[spec.name])).to(self.device) for spec in self.inputs

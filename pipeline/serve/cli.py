@@ -12,8 +12,9 @@ import asyncio
 import socket
 from pathlib import Path
 
+from ..core.arguments import FOLDER_SETTINGS, add_settings_arguments, given_settings
 from ..core.errors import PipelineError
-from ..core.settings import PRECISIONS, Settings
+from ..core.settings import Settings
 from ..runners import BACKENDS
 from .config import ServeConfig
 
@@ -43,10 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = CLIENTS
     defaults = ServeConfig()
-    parser.add_argument("folder", nargs="?", type=Path, help="artifact folder, e.g. engines/resnet50-fp16")
-    parser.add_argument("--model", help="instead of a folder: the MODEL it was built from (with --precision, --out)")
-    parser.add_argument("--precision", default="fp16", choices=PRECISIONS, help="with --model [PRECISION]")
-    parser.add_argument("--out", type=Path, default=Path("engines"), help="with --model: the artifact root [OUT]")
+    parser.add_argument("folder", nargs="?", type=Path, help="artifact folder, e.g. engines/resnet50-fp16 (or --model)")
+    # Instead of a folder, the settings it was built with, as `make engine` takes them; no MODEL by default: a folder
+    # or MODEL must be given.
+    add_settings_arguments(parser, FOLDER_SETTINGS, {"model": None})
     parser.add_argument(
         "--backend", default="auto", choices=BACKENDS, help="runner backend (auto: the engine if it runs here)"
     )
@@ -84,13 +85,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def resolve_folder(args: argparse.Namespace) -> Path:
     """The folder given, or the one `make engine` writes for --model/--precision/--out."""
+    given = given_settings(args)
     if args.folder is not None:
         folder = args.folder
-    elif args.model:
+    elif given.get("model"):
         from ... import models
 
-        settings = Settings(model=args.model, precision=args.precision, out_root=args.out)
-        folder = settings.artifact_dir(models.canonical_name(args.model))
+        settings = Settings(**given)
+        folder = settings.artifact_dir(models.canonical_name(settings.model))
     else:
         raise PipelineError("no artifact folder given", "trt-pipeline serve engines/<model>-<precision>")
     return folder

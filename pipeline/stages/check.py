@@ -91,7 +91,7 @@ def _run_every_case(onnx_path: Path, reference: Path) -> None:
     """The graph must run at every size the reference holds; ONNX Runtime's refusal names the node.
 
     Here, before simplify, and not left to parity: onnxsim folds such a baked Reshape into a graph that runs
-    at the other size with wrong shapes (measured on tests.toy_models:baked_sequence_model).
+    at the other size with wrong shapes (measured on tests.helpers.toy_models:baked_sequence_model).
     """
     session = graph_session(onnx_path)
     for inputs, _ in load_reference(reference):

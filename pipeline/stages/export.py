@@ -20,16 +20,17 @@ import numpy as np
 import onnx
 import torch
 
+from ...models.prepare import flatten_outputs
 from ...models.spec import ModelSpec, call_module, first_line, named_outputs, needs_keywords
 from ..core.errors import PipelineError
 from ..core.mentions import render
+from ..core.random_inputs import random_inputs
 from ..core.settings import OPSET, BatchProfile, mention, mention_name
 from ..folder.artifacts import write_npz
 from ..folder.graph_files import atomic_graph, gather_weights
 from .check import check_onnx
 from .opset17 import SOURCE as DYNAMO_OPSET
 from .opset17 import convert_to_opset_17
-from .prepare import flatten_outputs
 
 BATCH_AXIS = "batch"
 SUGGESTED_MAX_SEQUENCE = 512  # the longest sequence a suggested DYNAMIC range covers (BERT's)
@@ -326,47 +327,6 @@ def parity_batches(batch: BatchProfile) -> list[int]:
         sizes = sorted({*sizes, extra})
         extra += 1
     return sizes
-
-
-def random_inputs(
-    inputs: list[dict], batch: int, seed: int, *, axis_sizes: dict[str, int], int_ranges: dict[str, tuple[int, int]]
-) -> dict[str, np.ndarray]:
-    """Random arrays for input records {name, dtype, shape}: dim 0 is `batch`, named dims take `axis_sizes`.
-
-    Floats are standard normal, integers uniform within int_ranges[name] (inclusive), booleans coin flips.
-    The export's reference and the benchmark both draw their inputs here.
-    """
-    rng = np.random.default_rng([seed, batch])
-    feed: dict[str, np.ndarray] = {}
-    for record in inputs:
-        name, dtype = record["name"], np.dtype(record["dtype"])
-        dims = record["shape"]
-        shape = tuple(
-            batch if axis == 0 else (d if isinstance(d, int) else axis_sizes[d]) for axis, d in enumerate(dims)
-        )
-        _refuse_huge_batch(name, shape, dtype)
-        if dtype.kind == "f":
-            feed[name] = rng.standard_normal(shape).astype(dtype)
-        elif dtype.kind == "b":
-            feed[name] = rng.random(shape) > 0.5
-        else:
-            low, high = int_ranges[name]
-            feed[name] = rng.integers(low, high + 1, shape).astype(dtype)
-    return feed
-
-
-# The largest random batch of one input: the reference runs the profile's max batch through PyTorch and ONNX Runtime.
-RANDOM_MAX_BYTES = 1 << 30
-
-
-def _refuse_huge_batch(name: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
-    nbytes = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
-    if nbytes > RANDOM_MAX_BYTES:
-        raise PipelineError(
-            f"a batch of {shape[0]} rows of input {name!r} {list(shape)} would take {nbytes / 2**30:.3g} GiB",
-            f"lower the max of {mention(batch='min:opt:max')}: a batch may take at most {RANDOM_MAX_BYTES >> 30} GiB "
-            "per input",
-        )
 
 
 def sample_inputs(spec: ModelSpec, batch: int, seed: int, axis_sizes: dict[str, int] | None = None) -> dict:

@@ -212,7 +212,7 @@ TINY, LARGEST = 5.96e-08, 65504.0
 
 def to_float16(values: np.ndarray) -> np.ndarray:
     """float32 values as ONNX Runtime's converter writes them (onnxruntime.transformers.float16
-    convert_np_to_float16, equal bit for bit: tests/test_float16.py): cast, then the few values past its bounds set
+    convert_np_to_float16, equal bit for bit: tests/stages/test_fp16.py): cast, then the few values past its bounds set
     to them.  Two passes over the values where the converter's own makes a dozen (and logs their extremes): 0.05 s
     against 0.39 s for 16M values, 13 s of the FP16 stage's 30 s at 2.4 GB of weights."""
     with np.errstate(over="ignore"):

@@ -23,6 +23,7 @@ import onnx
 
 from ..core.errors import PipelineError
 from ..core.mentions import render
+from ..core.random_inputs import random_inputs
 from ..core.settings import OPSET, BatchProfile, mention, mention_name
 from ..evaluation import graph_session
 from ..folder.artifacts import sha256_file, write_npz
@@ -275,7 +276,7 @@ def reference_cases(source: OnnxModel, batch: BatchProfile) -> list[tuple[int, d
 
 def write_onnx_reference(source: OnnxModel, onnx_path: Path, batch: BatchProfile, path: Path) -> dict:
     """reference.npz from the imported FP32 graph itself, on random inputs at every case's sizes."""
-    from .export import random_inputs, refused_sizes
+    from .export import refused_sizes
 
     records = [
         {

@@ -20,7 +20,7 @@ from ..evaluation.agreement import fp32_outputs, outputs_agreement
 from ..evaluation.layers import first_bad_node_text
 from ..folder.graph_io import load_reference
 from ..folder.layout import FP32_GRAPH, graph_record
-from ..folder.records import CalibrationSplit, Evaluation, GraphAgreement, GraphRecord, Int8Agreement, Target
+from ..folder.records import CalibrationSplit, Evaluation, GraphAgreement, GraphRecord, Int8Agreement
 
 if TYPE_CHECKING:
     from .fp16_overflow import Case
@@ -43,12 +43,11 @@ def check_parity(
     onnx_path: Path,
     reference_path: Path,
     *,
-    precision: str,
-    target: Target = Target.ENGINE,
+    graph: GraphRecord,
     against_fp32: Sequence[Case] = (),
 ) -> dict:
-    """Run every reference case through the graph `precision` writes for `target` (pipeline.folder.layout), at
-    `onnx_path`; raise PipelineError past the tolerance.
+    """Run every reference case through `graph` (its record: pipeline.folder.layout), at `onnx_path`; raise
+    PipelineError past the tolerance.
 
     The graph is evaluated as its record says (pipeline/evaluation): a float16 graph as the engine stores it (every
     float16 tensor rounded, overflow to inf), not as ONNX Runtime's CPU provider would run it (in float32
@@ -56,7 +55,6 @@ def check_parity(
     which have no PyTorch outputs, judged against the FP32 graph beside the graph (model.onnx) at the same
     tolerance (fp16: the calibration runs with the largest activations).
     """
-    graph = graph_record(precision, target)
     reference = load_reference(reference_path)
     session = _gate_session(graph, onnx_path, reference[0][0])
     judged = _judged_cases(onnx_path, reference, against_fp32)

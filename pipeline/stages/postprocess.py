@@ -36,16 +36,17 @@ import onnx
 
 from ..core.compare import compare
 from ..core.errors import PipelineError
+from ..core.nms_config import NmsConfig
 from ..core.precision import Precision
 from ..core.sessions import onnxruntime_session
-from ..core.settings import BatchProfile, mention
+from ..core.settings import BatchProfile, Postprocess, mention
 from ..evaluation import evaluation_session, node_tolerance, probe_graph, simulates_qdq
 from ..evaluation.agreement import fp32_outputs
 from ..evaluation.detections import MIN_AGREEMENT, SAME_RTOL, DetectionAgreement, detection_agreement, same_detections
 from ..folder.artifacts import atomic_path
 from ..folder.graph_io import graph_io, load_reference
 from ..folder.records import GraphRecord
-from ..postprocess.nms import OUTPUTS, NmsConfig, reference_nms
+from ..postprocess.nms import OUTPUTS, reference_nms
 from ..postprocess.nms_graph import append_nms
 
 Feeds = dict[str, np.ndarray]
@@ -145,8 +146,9 @@ def _nms_error(nms_path: Path, graph: GraphRecord, case: Judged, why: str) -> Pi
     return PipelineError(
         f"{nms_path.name}'s NMS departs from the reference NMS of its own head ({graph.evaluation} evaluation) "
         f"at batch {_rows(case.feeds)} of the {case.label} inputs: {why}",
-        f"a bug of the NMS subgraph or of ONNX Runtime's kernels: build without it ({mention(postprocess='none')}) "
-        "and apply reference_nms (pipeline/postprocess/nms.py) to the served head, and report the case",
+        "a bug of the NMS subgraph or of ONNX Runtime's kernels: build without it "
+        f"({mention(postprocess=Postprocess.NONE)}) and apply reference_nms (pipeline/postprocess/nms.py) to the "
+        "served head, and report the case",
     )
 
 
@@ -176,9 +178,9 @@ def _agreement_error(nms_path: Path, graph: GraphRecord, label: str, agreement: 
         Precision.FP32: "ONNX Runtime computes the head otherwise than PyTorch: compare them with the ONNX Runtime "
         "runner and the parity_fp32 record",
         Precision.FP16: f"keep the head's last layers in FP32 ({mention(keep_fp32='<node or op type>')}; "
-        f"trt-pipeline diagnose {folder} names where FP16 departs), or build {mention(precision='fp32')}",
+        f"trt-pipeline diagnose {folder} names where FP16 departs), or build {mention(precision=Precision.FP32)}",
         Precision.INT8: f"calibrate on images like the served ones ({mention(calib='...')}; trt-pipeline diagnose "
-        f"{folder} names where INT8 departs), or build {mention(precision='fp16')}",
+        f"{folder} names where INT8 departs), or build {mention(precision=Precision.FP16)}",
     }
     return PipelineError(problem, fixes[graph.precision])
 

@@ -20,15 +20,19 @@ from pathlib import Path
 from typing import TypeVar
 
 from ... import models
-from ...calibration.int8 import CACHE_FOLDER, CalibrationConfig, make_int8_graph, split_calibration
-from ...calibration.readers import CalibrationData, graph_inputs, is_image_folder, read_calibration_data
+from ...calibration.holdout import CalibrationParts, read_calibration
+from ...calibration.int8 import CACHE_FOLDER, make_int8_graph
+from ...calibration.int8_records import CalibrationConfig
+from ...calibration.readers import is_image_folder
+from ...models.prepare import prepare
 from ...models.spec import ModelSpec
 from ..core.cpu import int8_cpu_kind
 from ..core.errors import PipelineError
 from ..core.mentions import render
+from ..core.nms_config import NmsConfig
 from ..core.precision import Precision
 from ..core.sessions import levels_below_full
-from ..core.settings import OPSET, POSTPROCESS_NMS, POSTPROCESS_NONE, Settings, deciding, mention
+from ..core.settings import OPSET, Postprocess, Settings, deciding, mention
 from ..core.trt_module import import_trt
 from ..evaluation.agreement import int8_judge
 from ..folder.artifacts import build_lock, sha256_file
@@ -49,7 +53,6 @@ from ..folder.manifest import read_manifest, record_stage, update_manifest
 from ..folder.provenance import artifact_problems, describe_artifacts, package_versions
 from ..folder.rebuild import make_engine_command
 from ..folder.records import BuildRecord, GraphRecord, ModelRecord, PostprocessRecord, StageRecord, Target
-from ..postprocess.nms import NmsConfig
 from .build import build_engine
 from .check import check_onnx
 from .export import export_onnx, parity_batches, release_module, write_reference
@@ -65,7 +68,6 @@ from .onnx_model import (
 )
 from .parity import check_int8_agreement, check_parity
 from .postprocess import Judged, append_postprocess, check_nms, held_out_rows
-from .prepare import prepare
 from .simplify import simplify_onnx
 
 VERSIONED_PACKAGES = ("torch", "onnx", "onnxsim", "onnxruntime-gpu", "onnxruntime", "numpy")
@@ -85,6 +87,7 @@ class Run:
     _loaded: ModelSpec | None = None
     _prepared: bool = False
     _onnx: OnnxModel | None = None
+    _calibration: CalibrationParts | None = None
 
     @classmethod
     def start(cls, settings: Settings) -> Run:
@@ -113,6 +116,19 @@ class Run:
             settings = self.settings
             self._onnx = open_onnx_model(Path(settings.model), settings.input_shape, settings.dynamic)
         return self._onnx
+
+    @property
+    def calibration(self) -> CalibrationParts | None:
+        """CALIB, read once per run (on first use, by the precision stage or the NMS gate) against the FP32 graph's
+        inputs, up to --calib-samples, and split as the INT8 gate holds rows out (calibration/holdout.py); None
+        without CALIB.  Every stage that reads it takes this one record: the data and its split cannot differ
+        between the graph and its gates."""
+        settings = self.settings
+        if self._calibration is None and settings.calib is not None:
+            fp32, preprocess = _require(self, FP32_GRAPH), _preprocess(self)
+            samples, batch = settings.calib_samples, settings.calib_batch
+            self._calibration = read_calibration(settings.calib, fp32, preprocess, samples=samples, batch=batch)
+        return self._calibration
 
     @property
     def fingerprint(self) -> str:
@@ -209,11 +225,12 @@ def run_simplify(run: Run) -> None:
 
 def run_parity(run: Run) -> None:
     reference = _require(run, REFERENCE)
-    run.stage("parity_fp32", check_parity, _require(run, FP32_GRAPH), reference, precision="fp32")
+    fp32 = graph_record(Precision.FP32)
+    run.stage(fp32.gate, check_parity, _require(run, fp32.file), reference, graph=fp32)
 
 
 def run_precision(run: Run) -> None:
-    precision = Precision(run.settings.precision)
+    precision = run.settings.precision
     if precision is Precision.FP32:
         return
     engine = graph_record(precision)
@@ -224,7 +241,7 @@ def run_precision(run: Run) -> None:
         _int8_stage(run, engine)
     reference = _require(run, REFERENCE)
     target = _require(run, engine.file)
-    run.stage(engine.gate, check_parity, target, reference, precision=precision, against_fp32=judged)
+    run.stage(engine.gate, check_parity, target, reference, graph=engine, against_fp32=judged)
 
 
 def _fp16_stage(run: Run, engine: GraphRecord) -> tuple[Case, ...]:
@@ -233,7 +250,7 @@ def _fp16_stage(run: Run, engine: GraphRecord) -> tuple[Case, ...]:
     real inputs overflow where the reference inputs (often random) do not, and a fallback chosen from them must
     be seen to hold on them; only a few runs (LARGEST_CASES), so the gate costs about what it did."""
     source = _require(run, FP32_GRAPH)
-    calibration = _calibration_data(run, source) if run.settings.calib is not None else None
+    calibration = run.calibration.data if run.calibration is not None else None
     reference = _require(run, REFERENCE)
     result = run.stage("fp16", make_fp16_graph, source, run.path(engine.file), reference, run.settings, calibration)
     if result.calibration is not None:
@@ -246,15 +263,15 @@ def _int8_stage(run: Run, engine: GraphRecord) -> None:
     quantizer could not make is left out of the folder's graphs (the int8 record says why); the runner on such a
     CPU then takes the engine's graph.  Settings.check() has already refused int8 without CALIB.  The model is
     loaded, not prepared: calibration only needs its declared image preprocessing."""
-    source = _require(run, FP32_GRAPH)
+    source, calibration = _require(run, FP32_GRAPH), run.calibration
+    assert calibration is not None  # Settings.check() refuses int8 without CALIB
     cpu = {kind: graph_record(Precision.INT8, target) for kind, target in CPU_TARGETS.items()}
     result = run.stage(
         "int8",
         make_int8_graph,
         source,
         run.path(engine.file),
-        run.settings.calib,
-        preprocess=_preprocess(run),
+        calibration,
         config=CalibrationConfig.from_settings(run.settings),
         cache_folder=run.path(CACHE_FOLDER),
         cpu_out_paths={kind: run.path(graph.file) for kind, graph in cpu.items()},
@@ -267,22 +284,9 @@ def _int8_stage(run: Run, engine: GraphRecord) -> None:
     update_manifest(run.folder, calibration=result.calibration, graphs=graphs)
     for graph in written.values():
         graph_path, reference = _require(run, graph.file), _require(run, REFERENCE)
-        run.stage(graph.gate, check_parity, graph_path, reference, precision=graph.precision, target=graph.target)
-    for graph in _check_int8_agreement(run, source, engine, written):
+        run.stage(graph.gate, check_parity, graph_path, reference, graph=graph)
+    for graph in _check_int8_agreement(run, source, calibration, engine, written):
         _leave_out_graph(run, graph, "it departs from FP32 on the calibration data (agreement_int8 in the manifest)")
-
-
-def _calibration_data(run: Run, fp32: Path) -> CalibrationData:
-    """CALIB as the graphs' stages read it: checked against the FP32 graph's inputs, up to --calib-samples."""
-    settings = run.settings
-    assert settings.calib is not None  # the callers check it
-    return read_calibration_data(
-        settings.calib,
-        graph_inputs(fp32),
-        _preprocess(run),
-        samples=settings.calib_samples,
-        batch=settings.calib_batch,
-    )
 
 
 def _preprocess(run: Run):
@@ -295,7 +299,7 @@ def _preprocess(run: Run):
 
 
 def _check_int8_agreement(
-    run: Run, fp32: Path, engine: GraphRecord, cpu_graphs: dict[str, GraphRecord]
+    run: Run, fp32: Path, parts: CalibrationParts, engine: GraphRecord, cpu_graphs: dict[str, GraphRecord]
 ) -> list[GraphRecord]:
     """INT8's gate, on the calibration rows held out from the ranges' fit (with the fit rows' numbers beside them):
     the engine's graph, and the CPU graph this CPU's runner serves; returns the CPU graphs to leave out.  Where
@@ -306,8 +310,6 @@ def _check_int8_agreement(
     accurate as the engine).  The CPU graph for the other kind of CPU is not judged here: this CPU's kernels do
     not run it as its own CPU does (U8S8 saturates without VNNI).
     """
-    # Settings.check() refuses int8 without CALIB; the same rows the int8 stage split (calibration/holdout.py).
-    parts = split_calibration(_calibration_data(run, fp32), run.settings.calib_batch)
     served = cpu_graphs.get(int8_cpu_kind())
     agreement = run.stage(
         "agreement_int8",
@@ -349,8 +351,8 @@ def run_postprocess(run: Run) -> None:
         return
     manifest = read_manifest(run.folder)
     listed = (manifest.graphs if manifest else ()) or folder_graphs(run.settings.precision)  # int8: less left-out
-    heads = [graph for graph in listed if graph.postprocess == POSTPROCESS_NONE]
-    served = [postprocessed(graph, POSTPROCESS_NMS) for graph in heads]
+    heads = [graph for graph in listed if graph.postprocess is Postprocess.NONE]
+    served = [postprocessed(graph, Postprocess.NMS) for graph in heads]
     paths = [_require(run, graph.file) for graph in heads]
     record = run.stage("nms", append_postprocess, paths, [run.path(graph.file) for graph in served], config)
     head_outputs = graph_io(run.path(FP32_GRAPH)).outputs
@@ -359,7 +361,7 @@ def run_postprocess(run: Run) -> None:
         run.folder,
         graphs=(*heads, *served),
         outputs=graph_io(run.path(served[0].file)).outputs,
-        postprocess=PostprocessRecord(POSTPROCESS_NMS, record["config"], head_outputs),
+        postprocess=PostprocessRecord(Postprocess.NMS, record["config"], head_outputs),
     )
     rows = _held_out_detections(run, head)
     for graph in served:
@@ -388,10 +390,10 @@ def _check_nms_graph(run: Run, graph: GraphRecord, config: NmsConfig, head: str,
 def _held_out_detections(run: Run, head: str) -> list[Judged]:
     """With CALIB: the calibration rows the INT8 gate holds out (calibration/holdout.py; every row where none can
     be), with the FP32 graph's head on them, which the lower precisions' detections are judged against."""
-    if run.settings.calib is None:
+    parts = run.calibration
+    if parts is None:
         return []
     fp32 = _require(run, FP32_GRAPH)
-    parts = split_calibration(_calibration_data(run, fp32), run.settings.calib_batch)
     rows, label = (parts.held_out, "held-out calibration") if parts.held_out else (parts.fit, "calibration")
     return held_out_rows(fp32, head, rows.batches, label)
 

@@ -108,7 +108,7 @@ def bundle_onnxruntime_gpu() -> list[Path]:
 
 def build_aot_engine(into: Path) -> None:
     """tiny_cnn at FP32 with TensorRT-RTX's default targets (8.0/8.6/8.9/12.0): does it run on SM 9.0?"""
-    command = [sys.executable, "-m", "trt_pipeline", "all", "--model", "tests.toy_models:tiny_cnn"]
+    command = [sys.executable, "-m", "trt_pipeline", "all", "--model", "tests.helpers.toy_models:tiny_cnn"]
     command += ["--precision", "fp32", "--builder", "tensorrt_rtx", "--out", str(into / "aot")]
     subprocess.run(command, check=True, cwd=ROOT)
 

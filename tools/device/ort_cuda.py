@@ -48,6 +48,7 @@ from trt_pipeline.pipeline.bench.report import write_reports
 from trt_pipeline.pipeline.bench.timing import TimingPolicy
 from trt_pipeline.pipeline.core.compare import compare
 from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.settings import Settings
 from trt_pipeline.pipeline.core.trt_module import import_trt
@@ -71,9 +72,9 @@ FOLDERS = {
     "resnet50-fp16": dict(model="resnet50", precision="fp16"),
     "resnet50-int8": dict(model="resnet50", precision="int8"),
     "encoder-fp16": dict(model=ENCODER, precision="fp16"),
-    "overflow_ffn-fp16": dict(model="tests.toy_models:overflow_ffn", precision="fp16"),
+    "overflow_ffn-fp16": dict(model="tests.helpers.toy_models:overflow_ffn", precision="fp16"),
     "resnet18-int8": dict(model="resnet18", precision="int8"),  # the dry run's INT8 folder
-    "resnet-tiny-fp16": dict(model="tests.toy_models:tiny_cnn", precision="fp16"),  # the dry run's speed folder
+    "resnet-tiny-fp16": dict(model="tests.helpers.toy_models:tiny_cnn", precision="fp16"),  # the dry run's speed folder
 }
 TORCH_TYPES = {"tensor(float)": torch.float32, "tensor(float16)": torch.float16, "tensor(int64)": torch.int64}
 
@@ -229,7 +230,7 @@ class OrtCuda(Backend):
         self,
         name: str,
         path: Path,
-        precision: str,
+        precision: Precision,
         cuda_graph: bool,
         nhwc: bool = False,
         copies: bool = False,
@@ -381,7 +382,7 @@ def fp16_io_choice(name: str, cuda_graph: bool, nhwc: bool, engines: Path) -> Ch
 
     def open_it(context: Context) -> Backend:
         graph = without_edge_casts(context.folder.path / "model.fp16.onnx", engines / "model.fp16-io.onnx")
-        return OrtCuda(name, graph, "fp16", cuda_graph, nhwc)
+        return OrtCuda(name, graph, Precision.FP16, cuda_graph, nhwc)
 
     return Choice(name, "ONNX Runtime CUDA on the FP16 graph with float16 inputs and outputs", open_it)
 
@@ -398,7 +399,7 @@ def bare_choice(name: str, engines: Path, copies: bool = False) -> Choice:
             shutil.copy(context.folder.path / "model.fp16.onnx", split)
             split_conv_bias(split)
         captured = DEVICE == "cuda"
-        return OrtCuda(name, split, "fp16", captured, nhwc=True, copies=copies, disabled=KEEP_BIAS_ADD)
+        return OrtCuda(name, split, Precision.FP16, captured, nhwc=True, copies=copies, disabled=KEEP_BIAS_ADD)
 
     return Choice(name, "a bare ONNX Runtime CUDA session on the FP16 graph", open_it)
 

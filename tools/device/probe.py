@@ -78,7 +78,11 @@ def attempt(name: str, step, *args) -> dict:
 
 def build_here(root: Path) -> dict:
     settings = Settings(
-        model="tests.toy_models:tiny_cnn", precision="fp32", builder="tensorrt_rtx", target="current", out_root=root
+        model="tests.helpers.toy_models:tiny_cnn",
+        precision="fp32",
+        builder="tensorrt_rtx",
+        target="current",
+        out_root=root,
     )
     started = time.perf_counter()
     folder = make_engine(settings)

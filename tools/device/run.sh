@@ -89,7 +89,7 @@ main() {
 	while [ ! -f /tmp/pycuda.rc ]; do sleep 2; done
 	echo "pycuda build: exit $(cat /tmp/pycuda.rc)"; tail -c 3000 /tmp/pycuda.log >"$OUT/pycuda-build-tail.log"
 	[ "$(cat /tmp/pycuda.rc)" = 0 ] && export PYTHONPATH="$SITE:/tmp/site-pycuda:$PWD"
-	"$PY" -m pytest -m gpu -v -rs -p no:cacheprovider tests/test_device_memory_gpu.py tests/test_runner_gpu.py >"$OUT/pytest-gpu.log" 2>&1
+	"$PY" -m pytest -m gpu -v -rs -p no:cacheprovider tests/gpu/test_device_memory.py tests/gpu/test_tensorrt.py >"$OUT/pytest-gpu.log" 2>&1
 	echo "pytest -m gpu: exit $?"; tail -15 "$OUT/pytest-gpu.log"
 	wait
 	echo "engine fp16: exit $(cat /tmp/engine-fp16.rc)"; tail -12 /tmp/engine-fp16.log
@@ -118,7 +118,7 @@ ort_builds() {
 ort_measure() {  # after the builds: the onnxruntime-cuda runner's GPU tests, speed, then the FP16 and INT8 checks,
 	# detached (a call lasts 10 minutes at most)
 	setsid bash -c "while [ ! -f /tmp/build.rc ]; do sleep 2; done; export PYTHONPATH=$ORT_SITE:$PYTHONPATH; \
-		\"$PY\" -m pytest -m gpu -v -rs -p no:cacheprovider tests/test_runner_onnxruntime_cuda_gpu.py \
+		\"$PY\" -m pytest -m gpu -v -rs -p no:cacheprovider tests/gpu/test_onnxruntime_cuda.py \
 		>$RESULTS/pytest-gpu.log 2>&1; \
 		for step in speed fp16 int8; do \"$PY\" tools/device/ort_cuda.py \$step /tmp/engines $RESULTS \
 		>$RESULTS/\$step.log 2>&1; done; echo done >/tmp/measure.done" </dev/null >/dev/null 2>&1 &
@@ -167,8 +167,8 @@ served_launch() {  # detached: the GPU tests, then once the folders are built th
 }
 
 served_tests() {  # the onnxruntime-cuda runner's GPU tests (serve_fixtures needs tritonclient, which is not there)
-	PYTHONPATH="$ORT_SITE:$PYTHONPATH" "$PY" -m pytest -m gpu -v -rs -p no:cacheprovider -p no:tests.serve_fixtures \
-		tests/test_runner_onnxruntime_cuda_gpu.py tests/test_device_memory_gpu.py >"$RESULTS/pytest-gpu.log" 2>&1
+	PYTHONPATH="$ORT_SITE:$PYTHONPATH" "$PY" -m pytest -m gpu -v -rs -p no:cacheprovider -p no:tests.helpers.serve_fixtures \
+		tests/gpu/test_onnxruntime_cuda.py tests/gpu/test_device_memory.py >"$RESULTS/pytest-gpu.log" 2>&1
 	echo "pytest -m gpu: exit $?"; tail -25 "$RESULTS/pytest-gpu.log"
 }
 

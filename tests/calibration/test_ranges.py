@@ -1,0 +1,235 @@
+"""INT8 calibration runs each graph over the fit rows twice at most, whatever the candidates (calibration/ranges.py):
+the ranges of every method from one pass, ONNX Runtime's calibrators' own bit for bit, for max, percentile and
+entropy, on a graph unsmoothed and smoothed; the stage takes two passes per graph for all its candidates and none on
+a cache hit; and a candidate's bias-corrected Q/DQ graph, written without quantizing its weights again, is the one
+the quantizer makes of the corrected graph, and opens at the level its original was probed at.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from trt_pipeline.calibration.bias import correct_biases
+from trt_pipeline.calibration.holdout import read_calibration
+from trt_pipeline.calibration.int8 import calibrated_graph, make_int8_graph
+from trt_pipeline.calibration.int8_records import CalibrationConfig
+from trt_pipeline.calibration.qdq import quantize_qdq
+from trt_pipeline.calibration.ranges import (
+    QUANTIZED_OPS,
+    Alike,
+    collect_statistics,
+    method_options,
+)
+from trt_pipeline.calibration.readers import CalibrationData, graph_inputs, read_calibration_data
+from trt_pipeline.calibration.smooth import smoothable, smoothed_tensors, smoothing_scales
+from trt_pipeline.pipeline.core.sessions import OPTIMIZATION_LEVELS, onnxruntime_session, opens_like, probed_level
+from trt_pipeline.pipeline.evaluation.agreement import int8_judge
+
+ROWS, BATCH = 40, 16
+METHODS = ("max", "percentile", "entropy")
+
+
+def _graph(path: Path) -> Path:
+    """x -> Conv -> Relu -> Conv (sharing the first one's bias) -> Relu -> Conv (no bias) -> GlobalAveragePool ->
+    Flatten -> Mul (two channels 30x and 20x the rest: something to smooth) -> MatMul + Add -> Relu -> Gemm (transB):
+    every kind of op the ranges, the smoothing and the bias correction treat."""
+    rng = np.random.default_rng(0)
+
+    def constant(name: str, *shape: int, scale: float = 0.3) -> onnx.TensorProto:
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+
+    gain = numpy_helper.from_array(np.array([30, 1, 1, 20, 1, 1, 1, 1], np.float32), "gain")
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2", "b1"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+        helper.make_node("Conv", ["r2", "w3"], ["c3"], name="conv3"),
+        helper.make_node("GlobalAveragePool", ["c3"], ["pooled"], name="pool"),
+        helper.make_node("Flatten", ["pooled"], ["flat"], name="flatten"),
+        helper.make_node("Mul", ["flat", "gain"], ["loud"], name="loud"),
+        helper.make_node("MatMul", ["loud", "w4"], ["mm"], name="matmul"),
+        helper.make_node("Add", ["mm", "b4"], ["biased"], name="bias_add"),
+        helper.make_node("Relu", ["biased"], ["hidden"], name="relu3"),
+        helper.make_node("Gemm", ["hidden", "w5", "b5"], ["y"], transB=1, name="gemm"),
+    ]
+    weights = [
+        constant("w1", 8, 4, 3, 3),
+        constant("b1", 8),
+        constant("w2", 8, 8, 3, 3, scale=0.15),
+        constant("w3", 8, 8, 1, 1),
+        gain,
+        constant("w4", 8, 16),
+        constant("b4", 16),
+        constant("w5", 4, 16),
+        constant("b5", 4),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "collection",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        weights,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+@pytest.fixture
+def model(tmp_path) -> tuple[Path, Path]:
+    """(the graph, its calibration rows as .npz): later rows larger, so the histograms grow bins as batches come."""
+    rows = np.random.default_rng(1).standard_normal((ROWS, 4, 6, 6)) * np.linspace(0.5, 2.0, ROWS)[:, None, None, None]
+    np.savez(tmp_path / "rows.npz", x=rows.astype(np.float32))
+    return _graph(tmp_path / "model.onnx"), tmp_path / "rows.npz"
+
+
+def _data(graph: Path, rows: Path) -> CalibrationData:
+    return read_calibration_data(rows, graph_inputs(graph), None, samples=ROWS, batch=BATCH)  # 16, 16 and 8 rows
+
+
+class _OneBatch:
+    """ONNX Runtime's CalibrationDataReader protocol over one batch."""
+
+    def __init__(self, feed: dict) -> None:
+        self.feed: dict | None = feed
+
+    def get_next(self) -> dict | None:
+        feed, self.feed = self.feed, None
+        return feed
+
+
+def _calibrator_ranges(graph: Path, data: CalibrationData, method: str, scratch: Path):
+    """ONNX Runtime's own calibrator for `method`, run as the stage ran it before its pass was shared: symmetric,
+    our options, one batch per collect_data."""
+    from onnxruntime.quantization import CalibrationMethod
+    from onnxruntime.quantization.calibrate import create_calibrator
+
+    kind = {"max": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile}.get(
+        method, CalibrationMethod.Entropy
+    )
+    options = {key: value for key, value in method_options(method).items() if key not in ("method", "op_types")}
+    calibrator = create_calibrator(
+        graph,
+        list(QUANTIZED_OPS),
+        augmented_model_path=str(scratch / f"augmented-{method}.onnx"),
+        calibrate_method=kind,
+        providers=["CPUExecutionProvider"],
+        extra_options={"symmetric": True, **options},
+    )
+    with contextlib.redirect_stdout(io.StringIO()):
+        for feed in data.batches:
+            calibrator.collect_data(_OneBatch(feed))
+        return calibrator.compute_data()
+
+
+def _as_cached(ranges) -> str:
+    """The ranges as the calibration cache stores them (every value, shape and dtype)."""
+    from onnxruntime.quantization.calibrate import CalibrationCacheEncoder
+
+    return json.dumps(ranges.to_dict(), cls=CalibrationCacheEncoder, sort_keys=True)
+
+
+@pytest.mark.parametrize("smoothed", [False, True], ids=["unsmoothed", "smoothed"])
+def test_one_pass_gives_every_method_the_calibrators_own_ranges(model, tmp_path, smoothed):
+    """The smoothed graph as the stage measures it: the tensors before the smoothed ops' outputs are the unsmoothed
+    graph's, their ranges taken from its pass; the rest measured."""
+    graph, rows = model
+    data = _data(graph, rows)
+    alike = None
+    if smoothed:
+        unsmoothed = onnx.load(str(graph))
+        groups = smoothable(unsmoothed)
+        first = collect_statistics(graph, data, METHODS, maxima_of=list(groups))
+        scales = smoothing_scales(unsmoothed, groups, first.maxima, 0.5)
+        assert set(scales) == {"loud", "hidden"} and scales["loud"].max() / scales["loud"].min() > 3
+        alike = Alike(first.ranges, smoothed_tensors(unsmoothed, scales) or set())
+        assert alike.changed == {"mm", "biased", "hidden", "y"}
+        graph = calibrated_graph(graph, scales, tmp_path / "smoothed.onnx")
+    collected = collect_statistics(graph, data, METHODS, alike=alike)
+    assert collected.passes == 1 and len(data.batches) == 3  # one pass for the three methods
+    for method in METHODS:
+        expected = _calibrator_ranges(graph, data, method, tmp_path)
+        assert len(expected.keys()) >= 8
+        assert _as_cached(collected.ranges[method]) == _as_cached(expected), method
+    peaks = {method: collected.ranges[method]["c2"].range_value[1] for method in METHODS}
+    assert peaks["percentile"] < peaks["max"]  # the methods do differ on these rows: a comparison that can fail
+    if alike is not None:  # six of the smoothed graph's ten calibrated tensors were not measured again
+        assert set(alike.reused("max", list(collected.ranges["max"].keys()))) == {"x", "c1", "r1", "c2", "r2", "c3"}
+
+
+def test_the_stage_runs_each_graph_twice_over_the_fit_rows_and_not_at_all_on_a_cache_hit(model, tmp_path):
+    """Percentile and max, smoothed and not: four candidates from four passes, two per graph (the unsmoothed graph:
+    both methods' ranges, then its means and the maxima the smoothing scales come from; the smoothed graph, whose
+    scales are known only then: both ranges, then its means), where each candidate took three before; the same four
+    from the cache with no pass, the same graph again; without smoothing, two passes for both methods."""
+    graph, rows = model
+    calibration = read_calibration(rows, graph, None, samples=ROWS, batch=BATCH)
+
+    def build(alphas: tuple[float | None, ...], out: Path) -> dict:
+        config = CalibrationConfig(("percentile", "max"), smooth_alphas=alphas)
+        int8, judge = out / "model.int8.onnx", int8_judge(graph)
+        record = make_int8_graph(graph, int8, calibration, config=config, cache_folder=out, judge=judge)
+        return record.calibration
+
+    first = build((0.5, None), tmp_path / "both")
+    assert len(first["search"]["candidates"]) == 4
+    assert (first["cache"], first["collect_passes"]) == ("miss", 4)
+    written = (tmp_path / "both" / "model.int8.onnx").read_bytes()
+    again = build((0.5, None), tmp_path / "both")
+    assert (again["cache"], again["collect_passes"], again["collect_seconds"]) == ("hit", 0, 0)
+    assert (tmp_path / "both" / "model.int8.onnx").read_bytes() == written  # the cached ranges, scales and means
+    assert again["search"] == first["search"]
+    unsmoothed = build((None,), tmp_path / "unsmoothed")
+    assert len(unsmoothed["search"]["candidates"]) == 2 and unsmoothed["collect_passes"] == 2
+
+
+def test_a_corrected_qdq_graph_is_the_one_the_quantizer_makes_of_the_corrected_graph(model, tmp_path):
+    """correct_biases with quantized_out: the Q/DQ graph with the corrected biases, node for node and constant for
+    constant what quantize_qdq makes of the corrected FP32 graph: a bias shared by two Convs (the quantizer gave each
+    a copy), a Conv with none, a MatMul's bias Add and a Gemm's bias."""
+    graph, rows = model
+    data = _data(graph, rows)
+    collected = collect_statistics(graph, data, ("max",), means=True)
+    quantize_qdq(graph, tmp_path / "qdq.onnx", collected.ranges["max"])
+    correction = correct_biases(
+        graph,
+        tmp_path / "qdq.onnx",
+        collected.means,
+        tmp_path / "corrected.onnx",
+        quantized_out=tmp_path / "corrected.qdq.onnx",
+    )
+    assert correction["ops"] == 5 and correction["largest"] > 0
+    quantize_qdq(tmp_path / "corrected.onnx", tmp_path / "requantized.onnx", collected.ranges["max"])
+    patched = onnx.load(str(tmp_path / "corrected.qdq.onnx")).graph
+    requantized = onnx.load(str(tmp_path / "requantized.onnx")).graph
+    assert [_node(node) for node in patched.node] == [_node(node) for node in requantized.node]
+    constants = {init.name: numpy_helper.to_array(init) for init in requantized.initializer}
+    assert {init.name for init in patched.initializer} == set(constants)
+    for init in patched.initializer:
+        value = numpy_helper.to_array(init)
+        assert value.dtype == constants[init.name].dtype and np.array_equal(value, constants[init.name]), init.name
+
+
+def _node(node: onnx.NodeProto) -> tuple:
+    return node.op_type, node.name, list(node.input), list(node.output), [a.SerializeToString() for a in node.attribute]
+
+
+def test_a_graph_that_differs_in_constants_alone_takes_the_level_its_original_was_probed_at(model, tmp_path):
+    """The judge probes each candidate's Q/DQ graph; the same graph with corrected biases takes its level (opens_like)
+    instead of a probe of its own, and a file never probed has none."""
+    graph, _ = model
+    corrected = tmp_path / "corrected.onnx"
+    corrected.write_bytes(graph.read_bytes())
+    assert probed_level(graph) is None and probed_level(corrected) is None
+    onnxruntime_session(graph)  # probed in a child, as any graph file is
+    assert probed_level(graph) == OPTIMIZATION_LEVELS[0] and probed_level(corrected) is None
+    opens_like(corrected, graph)
+    assert probed_level(corrected) == OPTIMIZATION_LEVELS[0]

@@ -1,0 +1,329 @@
+"""Hugging Face transformers models as users hold them: a loaded model with the tokenizer's dict, or a folder.
+
+Every model is a tiny config built here (nothing is downloaded); the tokenizer is a real BertTokenizer on a
+vocabulary written by the test.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from trt_pipeline import models
+from trt_pipeline.models.huggingface import SEQUENCE_AXIS, HuggingFaceModule
+from trt_pipeline.pipeline.core.errors import PipelineError
+from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
+from trt_pipeline.pipeline.stages.sequence import make_engine, run_stage
+
+transformers = pytest.importorskip("transformers")
+
+VOCABULARY = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "a", "dog"]
+MAX_POSITIONS = 64
+
+
+def _tokenize(vocabulary_file: Path):
+    """A real tokenizer's BatchEncoding (input_ids, token_type_ids, attention_mask: not forward()'s order)."""
+    tokenizer = transformers.BertTokenizer(str(vocabulary_file))
+    return tokenizer(["the cat sat", "a dog sat on the mat"], padding=True, return_tensors="pt")
+
+
+def _vocabulary(tmp: Path) -> Path:
+    path = tmp / "vocab.txt"
+    path.write_text("\n".join(VOCABULARY))
+    return path
+
+
+def tiny_bert(**overrides):
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=len(VOCABULARY),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=MAX_POSITIONS,
+        **overrides,
+    )
+    return transformers.BertModel(config)
+
+
+def tiny_gpt2():
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=len(VOCABULARY), n_embd=32, n_layer=2, n_head=2, n_positions=MAX_POSITIONS
+    )
+    return transformers.GPT2Model(config)
+
+
+ROBERTA_POSITIONS = 130  # a small config's position table (roberta-base: 514)
+
+
+def tiny_roberta():
+    torch.manual_seed(0)
+    config = transformers.RobertaConfig(
+        vocab_size=len(VOCABULARY),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=ROBERTA_POSITIONS,
+    )
+    return transformers.RobertaModel(config)
+
+
+# Factories as users write them (MODEL=tests.models.test_huggingface:<name>); the vocabulary goes in a temporary folder.
+_VOCABULARY_DIR: list[Path] = []
+
+
+def bert_with_tokenizer():
+    return tiny_bert(), _tokenize(_VOCABULARY_DIR[0] / "vocab.txt")
+
+
+def bert_with_hidden_states():
+    return tiny_bert(output_hidden_states=True), _tokenize(_VOCABULARY_DIR[0] / "vocab.txt")
+
+
+def llama_one_row():
+    """A causal LM handed over with one row of token ids, as language models usually are."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=len(VOCABULARY), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=MAX_POSITIONS,
+    )  # fmt: skip
+    return transformers.LlamaForCausalLM(config), {"input_ids": torch.randint(0, len(VOCABULARY), (1, 8))}
+
+
+def gpt2_with_dict():
+    encoded = _tokenize(_VOCABULARY_DIR[0] / "vocab.txt")
+    return tiny_gpt2(), {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+
+
+def roberta_as_loaded():
+    """A RoBERTa handed over as loaded, with a batch of token ids (no padding) and its mask."""
+    ids = torch.randint(3, len(VOCABULARY), (2, 8), generator=torch.Generator().manual_seed(0))
+    return tiny_roberta(), {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def bert_with_lists():
+    encoded = transformers.BertTokenizer(str(_VOCABULARY_DIR[0] / "vocab.txt"))(["the cat"])  # no return_tensors
+    return tiny_bert(), encoded
+
+
+def bert_with_wrong_name():
+    encoded = _tokenize(_VOCABULARY_DIR[0] / "vocab.txt")
+    return tiny_bert(), {"ids": encoded["input_ids"]}
+
+
+@pytest.fixture(autouse=True)
+def vocabulary(tmp_path: Path):
+    _VOCABULARY_DIR[:] = [tmp_path]
+    return _vocabulary(tmp_path)
+
+
+def test_bert_with_the_tokenizers_dict_is_bound_by_keyword_with_named_outputs_and_a_dynamic_sequence():
+    spec = models.load_model("tests.models.test_huggingface:bert_with_tokenizer")
+    assert isinstance(spec.module, HuggingFaceModule)
+    assert list(spec.example_inputs) == ["input_ids", "attention_mask", "token_type_ids"]  # forward()'s order
+    assert spec.output_names == ["last_hidden_state", "pooler_output"]
+    axes = {name: axes[1] for name, axes in spec.dynamic_axes.items()}
+    assert set(axes) == {"input_ids", "attention_mask", "token_type_ids"}
+    assert {(a.name, a.min, a.opt, a.max) for a in axes.values()} == {(SEQUENCE_AXIS, 1, 8, MAX_POSITIONS)}
+    # The wrapper computes what the model does when called by keyword.
+    inner = spec.module.model.eval()
+    encoded = dict(spec.example_inputs)
+    with torch.no_grad():
+        expected = inner(**encoded).last_hidden_state
+        actual = spec.module(*encoded.values())["last_hidden_state"]
+    torch.testing.assert_close(actual, expected)
+
+
+# Hugging Face models as users hand them, through the dynamo exporter (EXPORTER=auto picks it past 1 GiB, so every
+# large language model meets these): HuggingFaceModule's forward(*inputs) is one parameter to torch.export (the
+# inputs' dynamic shapes go in as one tuple), and torch.export specializes a dimension whose example is 1 (Llama
+# handed over with one row of token ids had its batch of 1 baked into the graph).
+@pytest.mark.parametrize("factory", ["bert_with_tokenizer", "llama_one_row"])
+def test_the_dynamo_exporter_takes_hugging_face_models_as_users_hand_them(factory: str, tmp_path: Path):
+    pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript (the build extra)")
+    settings = Settings(model=f"tests.models.test_huggingface:{factory}", exporter="dynamo", out_root=tmp_path)
+    for stage in ("export", "check", "simplify", "parity"):
+        folder = run_stage(settings, stage)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["exporter"] == "dynamo"
+    assert manifest["parity_fp32"]["max_rel"] < 1e-3  # at every reference batch (1, 8, 32), the sequence dynamic
+
+
+def test_gpt2_with_a_dict_runs_without_its_cache():
+    spec = models.load_model("tests.models.test_huggingface:gpt2_with_dict")
+    assert spec.output_names == ["last_hidden_state"]  # past_key_values is off, not an output
+    assert spec.module.extra_arguments == {"use_cache": False}
+
+
+def test_dynamic_replaces_the_default_sequence_axis_and_none_keeps_it_static():
+    static = models.load_model("tests.models.test_huggingface:bert_with_tokenizer", dynamic="none")
+    assert static.dynamic_axes == {}
+    custom = models.load_model("tests.models.test_huggingface:bert_with_tokenizer", dynamic="input_ids:1=4:8:16")
+    assert list(custom.dynamic_axes) == ["input_ids"]
+    assert custom.dynamic_axes["input_ids"][1].max == 16
+
+
+def test_tokenizer_output_without_tensors_is_a_clear_error():
+    with pytest.raises(PipelineError) as error:
+        models.load_model("tests.models.test_huggingface:bert_with_lists")
+    assert "BatchEncoding of list" in error.value.problem
+    assert "return_tensors='pt'" in (error.value.fix or "")
+
+
+def test_an_input_forward_does_not_take_is_refused():
+    with pytest.raises(PipelineError) as error:
+        models.load_model("tests.models.test_huggingface:bert_with_wrong_name")
+    assert "['ids']" in error.value.problem and "BertModel.forward" in error.value.problem
+
+
+@pytest.mark.parametrize(
+    ("factory", "longest"),
+    [
+        ("bert_with_tokenizer", MAX_POSITIONS),
+        ("gpt2_with_dict", MAX_POSITIONS),
+        ("roberta_as_loaded", ROBERTA_POSITIONS - 2),  # positions count from its padding index (1) + 1
+    ],
+)
+def test_the_default_sequence_range_ends_at_the_longest_sequence_the_model_embeds(factory: str, longest: int):
+    spec = models.load_model(f"tests.models.test_huggingface:{factory}")
+    assert {axes[1].max for axes in spec.dynamic_axes.values()} == {longest}
+    model = spec.module.model.eval()
+
+    def run(length: int) -> None:
+        ids = torch.full((1, length), 5)
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=torch.ones_like(ids), **spec.module.extra_arguments)
+
+    run(longest)
+    with pytest.raises((IndexError, RuntimeError)):  # one more has no position to embed: the range is the longest
+        run(longest + 1)
+
+
+def test_a_folders_tokenizer_config_bounds_the_sequence_range_and_is_in_the_fingerprint(tmp_path: Path):
+    folder = tmp_path / "tiny-roberta"
+    tiny_roberta().save_pretrained(folder)
+    assert models.load_model(str(folder)).dynamic_axes["input_ids"][1].max == ROBERTA_POSITIONS - 2
+    unset = models.load_model(str(folder)).fingerprint
+    (folder / "tokenizer_config.json").write_text(json.dumps({"model_max_length": int(1e30)}))  # saved unset
+    assert models.load_model(str(folder)).dynamic_axes["input_ids"][1].max == ROBERTA_POSITIONS - 2
+    (folder / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 40}))
+    spec = models.load_model(str(folder))
+    assert spec.dynamic_axes["input_ids"][1].max == 40
+    assert spec.fingerprint != unset
+
+
+@pytest.mark.slow
+def test_bert_from_the_tokenizers_dict_builds_an_fp16_engine(tmp_path: Path):
+    settings = Settings(
+        model="tests.models.test_huggingface:bert_with_tokenizer",
+        precision="fp16",
+        batch=BatchProfile(1, 2, 4),
+        out_root=tmp_path / "engines",
+        builder="tensorrt_rtx",
+    )
+    folder = make_engine(settings)
+    from trt_pipeline.pipeline.folder.layout import MANIFEST
+
+    manifest = json.loads((folder / MANIFEST).read_text())  # as written on disk
+    assert [i["name"] for i in manifest["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert all(i["shape"] == ["batch", SEQUENCE_AXIS] for i in manifest["inputs"])
+    assert [o["name"] for o in manifest["outputs"]] == ["last_hidden_state", "pooler_output"]
+    assert manifest["axis_ranges"] == {SEQUENCE_AXIS: [1, 8, MAX_POSITIONS]}
+    assert manifest["parity_fp16"]["max_rel"] < 3e-2
+
+
+# The transformers architectures tests/end_to_end/test_coverage.py covers (its CASES give some a DYNAMIC=), and RoBERTa:
+# the longest sequence each takes by default (None: no token input, so no sequence axis).
+DEFAULT_SEQUENCES = {
+    "tests.end_to_end.test_coverage:bert": 32,
+    "tests.end_to_end.test_coverage:distilbert": 32,
+    "tests.end_to_end.test_coverage:gpt2": 32,
+    "tests.end_to_end.test_coverage:t5_encoder": 512,  # relative positions: no limit in the config, the default's 512
+    "tests.end_to_end.test_coverage:bart": 32,
+    "tests.end_to_end.test_coverage:llama": 32,
+    "tests.models.test_huggingface:roberta_as_loaded": ROBERTA_POSITIONS - 2,
+    "tests.end_to_end.test_coverage:vit": None,
+    "tests.end_to_end.test_coverage:swin": None,
+    "tests.end_to_end.test_coverage:beit": None,
+    "tests.end_to_end.test_coverage:segformer": None,
+    "tests.end_to_end.test_coverage:wav2vec2": None,
+    "tests.end_to_end.test_coverage:hubert": None,
+    "tests.end_to_end.test_coverage:whisper_encoder": None,
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", list(DEFAULT_SEQUENCES), ids=lambda model: model.split(":")[1])
+def test_every_covered_architecture_builds_with_the_defaults_alone(model: str, tmp_path: Path):
+    """No DYNAMIC=: the sequence axis the loader gives token inputs runs in PyTorch and ONNX Runtime at its longest
+    (the reference and the check run it there) and TensorRT-RTX builds its profile."""
+    pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX is not installed: pip install tensorrt-rtx-cu13")
+    from trt_pipeline.pipeline.folder.manifest import MANIFEST
+
+    settings = Settings(
+        model=model, precision="fp32", batch=BatchProfile(1, 2, 4), out_root=tmp_path, builder="tensorrt_rtx"
+    )
+    folder = make_engine(settings)
+    manifest = json.loads((folder / MANIFEST).read_text())  # as written on disk
+    longest = DEFAULT_SEQUENCES[model]
+    assert {name: bounds[2] for name, bounds in manifest["axis_ranges"].items()} == (
+        {SEQUENCE_AXIS: longest} if longest else {}
+    )
+    assert manifest["build"]["engine_bytes"] > 0
+
+
+# ---------------------------------------------------------------- a save_pretrained folder
+
+
+@pytest.mark.parametrize("safe_serialization", [True, False], ids=["safetensors", "bin"])
+def test_a_save_pretrained_folder_loads_with_derived_token_inputs(tmp_path: Path, safe_serialization: bool):
+    folder = tmp_path / "tiny-bert"
+    model = transformers.BertForSequenceClassification(tiny_bert().config)
+    model.save_pretrained(folder, safe_serialization=safe_serialization)
+    spec = models.load_model(str(folder))
+    assert spec.name == "tiny-bert"
+    assert isinstance(spec.module.model, transformers.BertForSequenceClassification)  # config's architectures
+    assert list(spec.example_inputs) == ["input_ids", "attention_mask"]
+    assert spec.output_names == ["logits"]
+    with torch.no_grad():  # eval mode: prepare's job in the pipeline
+        expected = model.eval()(**spec.example_inputs).logits
+        actual = spec.module.eval()(*spec.example_inputs.values())["logits"]
+    torch.testing.assert_close(actual, expected)
+
+
+def test_the_folders_weights_are_in_the_fingerprint(tmp_path: Path):
+    folder = tmp_path / "tiny-bert"
+    tiny_bert().save_pretrained(folder)
+    before = models.load_model(str(folder)).fingerprint
+    torch.manual_seed(1)
+    transformers.BertModel(tiny_bert().config).save_pretrained(folder)
+    assert models.load_model(str(folder)).fingerprint != before
+
+
+def test_a_folder_without_weights_or_config_names_the_form(tmp_path: Path):
+    folder = tmp_path / "no-weights"
+    tiny_bert().config.save_pretrained(folder)
+    with pytest.raises(PipelineError) as error:
+        models.load_model(str(folder))
+    assert "no weights" in error.value.problem and "model.safetensors" in (error.value.fix or "")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(PipelineError) as error:
+        models.load_model(str(empty))
+    assert "without config.json" in error.value.problem and "pytorch_model.bin" in (error.value.fix or "")
+
+
+def test_hidden_states_a_tuple_in_the_output_are_outputs_named_by_their_place(vocabulary):
+    """ModelOutput.hidden_states is a tuple (embeddings, then each layer): each is an output, hidden_states.<i>."""
+    spec = models.load_model("tests.models.test_huggingface:bert_with_hidden_states")
+    layers = [f"hidden_states.{i}" for i in range(3)]  # the embeddings and 2 layers
+    assert spec.output_names == ["last_hidden_state", "pooler_output", *layers]
+    with torch.inference_mode():
+        outputs = spec.module(*spec.example_inputs.values())
+    assert list(outputs) == spec.output_names and outputs["hidden_states.2"].shape == outputs["last_hidden_state"].shape

@@ -1,0 +1,75 @@
+"""tests/ mirrors the code: a folder per package (a module's test is found by its path, e.g. runners/fastest.py's
+in tests/runners/test_fastest.py), a few folders of tests that span packages, and helpers apart from tests.
+
+A new test goes into the folder of the package it tests, never flat in tests/ (conftest.py alone stays there,
+for the markers).  Every folder is a Python package, so two test files of the same name in two folders do not
+clash."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = ROOT / "tests"
+# Folders of tests that no single package owns, and what each holds.
+SPANNING = {
+    "end_to_end": "the whole pipeline, the Makefile, the README and docs, the command line as a user runs it",
+    "gpu": "the tests marked gpu, that need a real GPU",
+    "package": "the installed package as a whole: imports, extras, the API, this layout",
+    "bad_inputs": "the bad-input cases (cases.py), shared by their tests and tools/catalogue.py",
+    "tools": "the scripts under tools/",
+    "helpers": "toy models, fixtures and comparisons the tests share: no tests",
+}
+DATA_MODULES = {"bad_inputs/cases.py"}  # tables of cases, not tests and not helpers
+
+
+def code_packages() -> list[str]:
+    """The packages whose tests have a folder of their own: pipeline's subpackages, calibration and models."""
+    pipeline = sorted(path.parent.name for path in (ROOT / "pipeline").glob("*/__init__.py"))
+    return [*pipeline, "calibration", "models"]
+
+
+def test_every_package_has_its_folder_of_tests():
+    missing = [name for name in code_packages() if not list((TESTS / name).glob("test_*.py"))]
+    assert not missing, f"no tests/<package>/test_*.py for {missing}: put each package's tests in its folder"
+
+
+def test_no_test_file_lies_flat_in_tests():
+    flat = sorted(path.name for path in TESTS.glob("*.py") if path.name not in ("__init__.py", "conftest.py"))
+    assert not flat, f"{flat} lie flat in tests/: move each into the folder of the package it tests"
+
+
+def test_every_folder_is_a_package_named_after_code_or_a_spanning_theme():
+    folders = sorted(path for path in TESTS.iterdir() if path.is_dir() and path.name != "__pycache__")
+    unknown = [path.name for path in folders if path.name not in {*code_packages(), *SPANNING}]
+    assert not unknown, f"tests/{unknown} names no package of the code and no folder of SPANNING in {__name__}"
+    no_init = [path.name for path in folders if not (path / "__init__.py").is_file()]
+    assert not no_init, f"tests/{no_init} lack __init__.py: test files of the same name would clash"
+
+
+def test_helpers_live_apart_from_tests():
+    modules = [path.relative_to(TESTS).as_posix() for path in TESTS.glob("*/*.py")]
+    misplaced = [
+        module
+        for module in modules
+        if not module.startswith("helpers/")
+        and module not in DATA_MODULES
+        and not Path(module).name.startswith("test_")
+        and Path(module).name != "__init__.py"
+    ]
+    assert not misplaced, f"{misplaced} are no tests: move them to tests/helpers/"
+    tests_in_helpers = [module for module in modules if module.startswith("helpers/test_")]
+    assert not tests_in_helpers, f"{tests_in_helpers} are tests among the helpers"
+
+
+def test_no_test_module_imports_another():
+    """What two test files share is a helper: a test module imported by another is collected twice."""
+    imports = re.compile(r"^\s*from (tests\.\w+\.test_\w+) import", re.MULTILINE)
+    crossing = {
+        path.relative_to(TESTS).as_posix(): name
+        for path in TESTS.glob("*/*.py")
+        for name in imports.findall(path.read_text())
+        if name != ".".join(path.relative_to(ROOT).with_suffix("").parts)  # a child process importing its own file
+    }
+    assert not crossing, f"{crossing}: move what they share to tests/helpers/"
