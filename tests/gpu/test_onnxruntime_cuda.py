@@ -157,19 +157,18 @@ def test_auto_checks_on_the_gpu_what_it_serves_and_caches_the_check(folders, mod
 
 
 def test_an_output_the_data_sizes_is_served_from_onnx_runtimes_device_allocation(tmp_path):
-    """The column filter of tests/test_check_output_dims.py on the CUDA provider: no CUDA graph (refused with the
-    reason auto falls back on), host arrays and torch CUDA tensors out at the size each call's data gives."""
+    """The column filter (tests/helpers/output_dims.py) on the CUDA provider: no CUDA graph (refused with the reason
+    auto falls back on), host arrays and torch CUDA tensors out at the size each call's data gives."""
     import numpy as np
     import torch
 
-    from tests.test_check_output_dims import PROFILE, _column_filter, _rows
+    from tests.helpers.output_dims import column_filter_folder, column_rows
     from tools.device.ort_cuda import builder_here, graphs_only_build
 
-    source = _column_filter(tmp_path / "column_filter.onnx")
     with pytest.MonkeyPatch.context() as patch:
         if not builder_here():
             patch.setitem(sequence.STAGES, "build", graphs_only_build)
-        folder = make_engine(Settings(model=str(source), precision="fp32", batch=PROFILE, out_root=tmp_path))
+        folder = column_filter_folder(tmp_path)
     with pytest.raises(onnxruntime_cuda.CaptureRefused, match=r"outputs \['kept'\] .* have sizes the inputs'"):
         load_runner(folder, "onnxruntime-cuda", cuda_graph=True)
     with (
@@ -177,7 +176,7 @@ def test_an_output_the_data_sizes_is_served_from_onnx_runtimes_device_allocation
         load_runner(folder, "onnxruntime", providers=[CPU]) as cpu,
     ):
         assert "outputs ['kept'] allocated by ONNX Runtime at each run" in runner.description
-        for feed in (_rows(4, seed=1), _rows(1, seed=2), _rows(3, seed=3)):
+        for feed in (column_rows(4, seed=1), column_rows(1, seed=2), column_rows(3, seed=3)):
             expected = cpu.infer(feed)
             got = runner.infer(feed)
             np.testing.assert_array_equal(got["kept"], expected["kept"])  # a slice of the input: exact
