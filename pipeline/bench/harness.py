@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..core.compare import compare_outputs
+from ..core.compare import compare_outputs, cosine
 from ..core.errors import PipelineError
 from ..core.mentions import render
 from ..core.nms_config import NmsConfig
@@ -163,6 +163,7 @@ def agreement(
         "rtol": rtol,
         "max_abs": worst.max_abs,
         "max_rel": worst.max_rel,
+        "cosine": cosine(reference, outputs),
     }
 
 

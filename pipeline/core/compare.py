@@ -52,3 +52,14 @@ def compare_outputs(
     if missing:
         raise ValueError(f"outputs missing from the result: {missing}")
     return {name: compare(reference[name], actual[name], rtol=rtol, atol=atol) for name in reference}
+
+
+def cosine(reference: dict[str, np.ndarray], actual: dict[str, np.ndarray]) -> float:
+    """The cosine between all of `actual`'s outputs and all of `reference`'s, each flattened in the reference's
+    order (1.0: the same direction; a scale-free summary beside max_abs); NaN where an output is not finite."""
+    ref = np.concatenate([reference[name].astype(np.float64).ravel() for name in reference])
+    got = np.concatenate([actual[name].astype(np.float64).ravel() for name in reference])
+    if not np.all(np.isfinite(got)):
+        return float("nan")
+    norms = float(np.linalg.norm(ref) * np.linalg.norm(got))
+    return float(ref @ got / norms) if norms > 0 else float(np.array_equal(ref, got))

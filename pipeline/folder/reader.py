@@ -116,6 +116,12 @@ class ArtifactFolder:
             return f"it failed the INT8 agreement gate ({judged.left_out})"
         return None
 
+    def engine_skipped(self) -> str | None:
+        """Why no engine was built into the folder (the build found no TensorRT; its graphs serve through ONNX
+        Runtime), or None where one was."""
+        build = self.manifest.build
+        return build.skipped if build is not None else None
+
     def has(self, name: str) -> bool:
         """Is `name` an artifact of the folder, still on disk (not checked: read() checks)?"""
         return name in self.artifacts and (self.path / name).is_file()
@@ -318,7 +324,8 @@ def _why_unfinished(manifest: Manifest) -> str:
 def _require_named_files(folder: ArtifactFolder) -> None:
     """Every file the manifest names is a plain file name of the folder (never a path out of it) with a sha256."""
     named = {_graph_key(graph, folder.precision, folder.postprocess): graph.file for graph in folder.graphs}
-    named["engine"] = folder.engine
+    if folder.engine_skipped() is None:
+        named["engine"] = folder.engine
     for key, name in [*named.items(), *((f"artifacts[{name!r}]", name) for name in folder.artifacts)]:
         if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name:
             raise PipelineError(

@@ -111,6 +111,9 @@ def _auto_engine(folder: ArtifactFolder, options: dict[str, Any], why: str, *, v
 def _choose_backend(folder: ArtifactFolder) -> tuple[str, str]:
     """("tensorrt", why) where the engine can run on this machine, else ("onnxruntime", why not)."""
     manifest = folder.manifest
+    skipped = folder.engine_skipped()
+    if skipped is not None:
+        return "onnxruntime", f"auto: no engine was built into {folder.path} ({skipped})"
     if not folder.has(folder.engine):
         return "onnxruntime", f"auto: {folder.path} has no {folder.engine}"
     if not gpu_present():

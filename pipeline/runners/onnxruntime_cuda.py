@@ -53,9 +53,10 @@ from .onnxruntime import CPU, CUDA, choose_graph, load_session, run_error
 from .tensorrt import _numpy_or_torch_cuda
 
 DEFAULT_SESSIONS = 2
-# The CUDA provider's options that decide speed (one owner; tools/device/ort_cuda.py measures variants of them on a
-# GPU).  use_tf32=0 keeps float32 ops float32, as the gates judged them.  prefer_nhwc=1: convolutions in NHWC, which
-# cuDNN's tensor-core kernels take without transposes; on an H100, ResNet-50's FP16 graph with CUDA graphs ran
+# The CUDA provider's options that decide speed (one owner; the runner's provider_options= changes them per runner,
+# as tools/device/ort_cuda.py does to measure variants of them on a GPU).  use_tf32=0 keeps float32 ops float32, as
+# the gates judged them.  prefer_nhwc=1: convolutions in NHWC, which cuDNN's tensor-core kernels take without
+# transposes; on an H100, ResNet-50's FP16 graph with CUDA graphs ran
 # device-resident at 2.80 against 3.48 ms in NCHW at batch 32, 0.60 against 0.85 at 1 (run 1)
 # (docs/benchmarks/resnet50-h100-cuda.md; cuDNN's HEURISTIC search changed nothing in an earlier run of it).  A graph
 # without convolutions runs as before.  fuse_conv_bias stays off: there it made ResNet-50 slower (4.65 vs 3.47 ms at
@@ -71,8 +72,11 @@ SPLIT_CONV_BIAS = True
 MAX_GRAPHS = 8
 UNCAPTURED = "-1"  # ONNX Runtime's gpu_graph_id for a run that neither captures nor replays
 # A contiguous numpy input goes to the GPU straight from the caller's array, not through a page-locked copy: on an
-# H100, ResNet-50's 19 MB batch of 32 took 4.76 ms end to end against 5.70 (tools/device/ort_cuda.py measures both).
+# H100, ResNet-50's 19 MB batch of 32 took 4.76 ms end to end against 5.70 (tools/device/ort_cuda.py measures both,
+# the second with the runner's pinned_inputs=True).
 STRAIGHT_FROM_PAGEABLE = True
+# The provider options the runner sets from its own keywords (device=, cuda_graph=), not from provider_options=.
+OWN_PROVIDER_OPTIONS = {"device_id": "device", "enable_cuda_graph": "cuda_graph"}
 
 
 def what_the_runner_computes() -> dict[str, Any]:
@@ -193,10 +197,10 @@ class DeviceBuffers(HostBuffers):
     each with a page-locked twin for asynchronous copies on its slot's stream.  Values "on the device" are
     contiguous torch CUDA tensors on this GPU, used in place (torch works on the same primary context)."""
 
-    def __init__(self, placement: Placement, layer: str = "auto"):
+    def __init__(self, placement: Placement, layer: str = "auto", straight: bool = STRAIGHT_FROM_PAGEABLE):
         super().__init__(placement)
         self.memory: DeviceMemory = open_device_memory(layer, placement.device_id)
-        self.straight = STRAIGHT_FROM_PAGEABLE
+        self.straight = straight
         self._buffers: list[_DeviceBuffer] = []
         self._streams: list[Any] = []
 
@@ -311,6 +315,10 @@ class OnnxRuntimeCudaRunner(Runner):
     float16).  device: "cuda", "cuda:<n>", or "cpu" (the same binding on the CPU provider).  sessions: the pool's
     size.  cuda_graph: capture and replay one CUDA graph per input shape.  device_memory: the device-memory layer
     of the GPU buffers ("auto", "pycuda", "cuda-python"; pipeline.runners.device_memory).
+
+    What the defaults were measured against, to measure again (auto always opens the defaults): provider_options,
+    the CUDA provider's options over TUNING's (e.g. {"prefer_nhwc": "0"}); split_conv_bias=False, each
+    convolution adding its bias in cuDNN; pinned_inputs=True, numpy inputs copied through a page-locked buffer.
     """
 
     backend = "onnxruntime-cuda"
@@ -325,11 +333,16 @@ class OnnxRuntimeCudaRunner(Runner):
         cuda_graph: bool = False,
         device_memory: str = "auto",
         split_large_batches: bool = True,
+        provider_options: dict[str, str] | None = None,
+        split_conv_bias: bool = SPLIT_CONV_BIAS,
+        pinned_inputs: bool = not STRAIGHT_FROM_PAGEABLE,
     ):
         import onnxruntime as ort
 
         super().__init__(folder, split_large_batches=split_large_batches)
         self.placement = Placement.parse(device)
+        self.provider_options = {**TUNING, **_checked_provider_options(provider_options or {})}
+        self.split_conv_bias = split_conv_bias
         on_cuda = self.placement.device_type == "cuda"
         if cuda_graph and not on_cuda:
             raise PipelineError("cuda_graph=True captures CUDA graphs, which need device='cuda'", "load on a GPU")
@@ -357,7 +370,11 @@ class OnnxRuntimeCudaRunner(Runner):
                 if tensor.name not in self._sized_by_run
             }
         )
-        self._memory = DeviceBuffers(self.placement, device_memory) if on_cuda else HostBuffers(self.placement)
+        self._memory = (
+            DeviceBuffers(self.placement, device_memory, straight=not pinned_inputs)
+            if on_cuda
+            else HostBuffers(self.placement)
+        )
         self._slots: list[_Slot] = []
         self._idle: queue.Queue[_Slot] = queue.Queue()
         loaded = False
@@ -372,9 +389,11 @@ class OnnxRuntimeCudaRunner(Runner):
                 self._release()
         for slot in self._slots:
             self._idle.put(slot)
-        self.description = f"onnxruntime {ort.__version__} running {self.graph} ({which}) " + self._described(device)
+        self.description = f"onnxruntime {ort.__version__} running {self.graph} ({which}) " + self._described(
+            device, provider_options
+        )
 
-    def _described(self, device: str) -> str:
+    def _described(self, device: str, provider_options: dict[str, str] | None) -> str:
         """What the description says after the graph: the providers, buffers, captures and rewrites."""
         used = self._slots[0].session.get_providers()
         by_run = (
@@ -384,11 +403,18 @@ class OnnxRuntimeCudaRunner(Runner):
             else ""
         )
         graphs = f", a CUDA graph captured per input shape (the first {MAX_GRAPHS})" if self.cuda_graph else ""
-        tf32 = ", TF32 off (float32 ops stay float32)" if isinstance(self._memory, DeviceBuffers) else ""
+        on_cuda = isinstance(self._memory, DeviceBuffers)
+        tf32 = ", TF32 off (float32 ops stay float32)" if on_cuda and self.provider_options["use_tf32"] == "0" else ""
         adds = f", {self.bias_adds} convolutions' biases added by an Add of their own" if self.bias_adds else ""
+        given = f", provider options {provider_options}" if provider_options and on_cuda else ""
+        pinned = (
+            ", numpy inputs through a page-locked copy"
+            if isinstance(self._memory, DeviceBuffers) and not self._memory.straight
+            else ""
+        )
         return (
             f"on {', '.join(used)} with IO binding to buffers pre-allocated on {device} at the max shapes{by_run}"
-            f"{graphs}{tf32}{adds}, {len(self._slots)} session(s)"
+            f"{graphs}{tf32}{adds}{given}{pinned}, {len(self._slots)} session(s)"
             + (f", device memory via {self._memory.memory.name}" if isinstance(self._memory, DeviceBuffers) else "")
         )
 
@@ -400,9 +426,8 @@ class OnnxRuntimeCudaRunner(Runner):
         for tensor in self.manifest.inputs:
             for axis, dim in enumerate(tensor.shape):
                 if isinstance(dim, str) and axis == BATCH_AXIS:
-                    ranges.setdefault(
-                        dim, (1, self.max_batch)
-                    )  # below the profile's min: only widens _largest's search
+                    # From 1, not the profile's min: a wider range only widens _largest's search.
+                    ranges.setdefault(dim, (1, self.max_batch))
                 elif isinstance(dim, str) and dim in self.manifest.axis_ranges:
                     ranges.setdefault(dim, (self.manifest.axis_ranges[dim][0], self.manifest.axis_ranges[dim][2]))
         return ranges
@@ -432,7 +457,7 @@ class OnnxRuntimeCudaRunner(Runner):
         if self.placement.device_type == "cpu":
             return [CPU]
         options = {
-            **TUNING,
+            **self.provider_options,
             "device_id": str(self.placement.device_id),
             "enable_cuda_graph": "1" if self.cuda_graph else "0",
         }
@@ -441,7 +466,7 @@ class OnnxRuntimeCudaRunner(Runner):
 
     def _split_conv_bias(self, graph: Path) -> list[str]:
         """load_session's rewrite: the convolutions' biases as Adds, and ConvAddFusion off where there are any."""
-        if not SPLIT_CONV_BIAS:
+        if not self.split_conv_bias:
             return []
         self.bias_adds = split_conv_bias(graph)
         return KEEP_BIAS_ADD if self.bias_adds else []
@@ -647,6 +672,18 @@ class OnnxRuntimeCudaRunner(Runner):
         context; also used when loading fails halfway."""
         self._slots.clear()
         self._memory.close()
+
+
+def _checked_provider_options(options: dict[str, str]) -> dict[str, str]:
+    """provider_options= less the ones the runner's own keywords set (refused, with the keyword to use)."""
+    owned = sorted(set(options) & set(OWN_PROVIDER_OPTIONS))
+    if owned:
+        keywords = ", ".join(f"{OWN_PROVIDER_OPTIONS[name]}=" for name in owned)
+        raise PipelineError(
+            f"provider_options sets {', '.join(owned)}, which the runner sets from its own keywords",
+            f"give {keywords} instead",
+        )
+    return options
 
 
 def _graph_id(slot: _Slot, shapes: tuple[tuple[int, ...], ...]) -> str:

@@ -47,6 +47,9 @@ def _matches(value: Any, hint: Any) -> bool:
         return any(_matches(value, option) for option in typing.get_args(hint))
     if typing.get_origin(hint) is list:
         return isinstance(value, list) and all(_matches(item, typing.get_args(hint)[0]) for item in value)
+    if typing.get_origin(hint) is dict:
+        key, item = typing.get_args(hint)
+        return isinstance(value, dict) and all(_matches(k, key) and _matches(v, item) for k, v in value.items())
     if hint is type(None):
         return value is None
     if hint in (int, float):  # True is no count: bool is an int to Python, not to a caller
@@ -62,6 +65,9 @@ def _words(hint: Any) -> str:
         return " or ".join(_words(option) for option in typing.get_args(hint))
     if typing.get_origin(hint) is list:
         return f"a list of {_words(typing.get_args(hint)[0]).removeprefix('a ')}s"
+    if typing.get_origin(hint) is dict:
+        key, item = (_words(arg).removeprefix("a ") for arg in typing.get_args(hint))
+        return f"a dict of {key}s to {item}s"
     return _WORDS.get(hint, getattr(hint, "__name__", str(hint)))
 
 

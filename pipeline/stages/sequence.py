@@ -399,15 +399,27 @@ def _held_out_detections(run: Run, head: str) -> list[Judged]:
 
 
 def run_build(run: Run) -> None:
+    """engine.plan from the engine's graph.  With BUILDER=auto on a host where no TensorRT imports (a Hopper GPU
+    machine has none that builds or runs an engine: docs/runner.md), the folder is finished without one: its checked
+    graphs serve through ONNX Runtime, and the manifest's build record says why no engine was built.  A builder
+    asked for by name must be there."""
     precision, postprocess = run.settings.precision, run.settings.postprocess
     graph = _require(run, graph_record(precision, postprocess=postprocess).file)
     try:
         import_trt(run.settings.builder)
     except PipelineError as error:
         update_manifest(run.folder, build=BuildRecord(skipped=error.problem))
-        raise PipelineError(
-            f"the ONNX artifacts are in {run.folder}, but no engine was built: {error.problem}", error.fix
-        ) from None
+        if run.settings.builder != "auto":
+            raise PipelineError(
+                f"the ONNX artifacts are in {run.folder}, but no engine was built: {error.problem}", error.fix
+            ) from None
+        run.path(ENGINE).unlink(missing_ok=True)  # an earlier build's engine is not this folder's
+        print(
+            f"{'build':<12} no engine: {error.problem}; the folder's checked graphs serve through ONNX Runtime "
+            f"(load_runner); for an engine: {error.fix}, then rebuild",
+            flush=True,
+        )
+        return
     manifest = read_manifest(run.folder)
     run.stage("build", _build, run, graph, manifest.axis_ranges if manifest is not None else {})
 
@@ -468,7 +480,7 @@ def _make_engine(run: Run) -> Path:
     settings = run.settings
     key = reuse_key(settings, run.fingerprint)
     # RECALIBRATE=1 means fresh ranges, so it never reuses a finished folder.
-    if not (settings.force or settings.recalibrate) and _up_to_date(run.folder, key):
+    if not (settings.force or settings.recalibrate) and _up_to_date(run.folder, key, settings.builder):
         same = "same model, weights, settings and versions"
         print(render(f"up to date   {run.folder} ({same}; {mention(force=True)} rebuilds)"))
         return run.folder
@@ -553,14 +565,25 @@ def _input_axis_ranges(spec: ModelSpec) -> dict[str, list[int]]:
     }
 
 
-def _up_to_date(folder: Path, key: str) -> bool:
+def _up_to_date(folder: Path, key: str, builder: str) -> bool:
+    """A finished folder of the same key, its artifacts intact; one finished without an engine only while no
+    builder imports here (installing one makes the next make_engine build the engine)."""
     manifest = read_manifest(folder)
     return (
         manifest is not None
         and manifest.complete
         and manifest.reuse_key == key
         and not artifact_problems(folder, manifest.artifacts)
+        and not (manifest.build is not None and manifest.build.skipped is not None and _imports(builder))
     )
+
+
+def _imports(builder: str) -> bool:
+    try:
+        import_trt(builder)
+    except PipelineError:
+        return False
+    return True
 
 
 def _require(run: Run, name: str) -> Path:

@@ -132,17 +132,46 @@ def test_each_stage_runs_alone_on_what_is_on_disk(tmp_path, capsys):
     assert (tmp_path / "toy_models-tiny_cnn-fp16" / "engine.plan").is_file()
 
 
-def test_missing_builder_still_writes_onnx_and_says_what_to_install(tmp_path, monkeypatch):
-    # Hide both TensorRT modules from the import system, as on a machine where neither is installed.
+def _hide_tensorrt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hide both TensorRT modules from the import system, as on a machine where neither is installed."""
     for name in ("tensorrt", "tensorrt_rtx"):
         monkeypatch.setitem(sys.modules, name, None)
+
+
+def test_a_builder_asked_for_by_name_must_be_there(tmp_path, monkeypatch):
+    _hide_tensorrt(monkeypatch)
     with pytest.raises(PipelineError, match="no engine was built") as raised:
-        make_engine(settings(tmp_path))
+        make_engine(settings(tmp_path, builder="tensorrt_rtx"))
     assert "tensorrt-rtx" in str(raised.value) or "trt-pipeline[rtx]" in str(raised.value)
     folder = tmp_path / "toy_models-tiny_cnn-fp16"
     assert (folder / "model.fp16.onnx").is_file() and not (folder / "engine.plan").exists()
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["complete"] is False and manifest["build"]["status"] == "skipped"
+
+
+def test_with_no_builder_the_folder_is_finished_without_an_engine(tmp_path, monkeypatch):
+    """BUILDER=auto on a host with no TensorRT (a Hopper GPU machine): the checked graphs, a finished manifest that
+    says why no engine was built, served through ONNX Runtime; an earlier build's engine goes, and once a builder
+    imports the next make_engine builds the engine."""
+    folder = make_engine(settings(tmp_path))
+    assert (folder / "engine.plan").is_file()
+    with monkeypatch.context() as hidden:
+        _hide_tensorrt(hidden)
+        assert make_engine(settings(tmp_path, force=True)) == folder
+        manifest = json.loads((folder / "manifest.json").read_text())
+        assert manifest["complete"] is True and manifest["build"]["status"] == "skipped"
+        assert "tensorrt" in manifest["build"]["reason"].lower()
+        assert not (folder / "engine.plan").exists() and "engine.plan" not in manifest["artifacts"]
+        with load_runner(folder) as runner:
+            assert runner.backend == "onnxruntime"
+            assert f"no engine was built into {folder}" in runner.description
+        with pytest.raises(PipelineError, match="the build was skipped"):
+            load_runner(folder, "tensorrt")
+        make_engine(settings(tmp_path))  # still no builder: up to date
+        assert not (folder / "engine.plan").exists()
+    make_engine(settings(tmp_path))  # a builder imports again: the engine is built
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert (folder / "engine.plan").is_file() and "status" not in manifest["build"]
 
 
 def test_an_interrupted_build_leaves_nothing_that_loads(tmp_path):

@@ -16,7 +16,6 @@ from trt_pipeline.pipeline.folder.graph_io import load_reference
 from trt_pipeline.pipeline.folder.reader import open_folder
 from trt_pipeline.pipeline.runners import load_runner, onnxruntime_cuda
 from trt_pipeline.pipeline.runners.onnxruntime import CPU, CUDA
-from trt_pipeline.pipeline.stages import sequence
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
 pytestmark = [
@@ -37,15 +36,11 @@ CASES = [(model, precision) for model in MODELS for precision in ("fp32", "fp16"
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
     root = tmp_path_factory.mktemp("ort-cuda")
-    with pytest.MonkeyPatch.context() as patch:
-        from tools.device.ort_cuda import builder_here, graphs_only_build
-
-        if not builder_here():  # a Hopper machine has no TensorRT: these tests need the graphs alone
-            patch.setitem(sequence.STAGES, "build", graphs_only_build)
-        return {
-            (model, precision): make_engine(Settings(model=MODELS[model], precision=precision, out_root=root))
-            for model, precision in CASES
-        }
+    # A Hopper machine has no TensorRT: make_engine finishes the folders with their graphs alone.
+    return {
+        (model, precision): make_engine(Settings(model=MODELS[model], precision=precision, out_root=root))
+        for model, precision in CASES
+    }
 
 
 @pytest.mark.parametrize(("model", "precision"), CASES)
@@ -97,6 +92,19 @@ def test_cuda_graphs_on_and_off_give_the_same_outputs(folders, precision):
         outputs = {"logits": torch.empty((4, 10), dtype=torch.float32, device="cuda")}
         graphs.infer_on_device({"input": torch.from_numpy(feed["input"]).cuda()}, outputs)
         assert_close(plain.infer(feed), {"logits": outputs["logits"].cpu().numpy()}, rtol=1e-5)
+
+
+def test_the_runners_options_change_how_it_runs_not_what_it_computes(folders):
+    """What the defaults were measured against (NCHW convolutions, cuDNN adding each bias, inputs through a
+    page-locked copy), as options of the runner: the same FP32 outputs (TF32 off either way)."""
+    folder = folders["tiny_cnn", "fp32"]
+    varied = {"provider_options": {"prefer_nhwc": "0"}, "split_conv_bias": False, "pinned_inputs": True}
+    with load_runner(folder, "onnxruntime-cuda") as default, load_runner(folder, "onnxruntime-cuda", **varied) as other:
+        assert "provider options {'prefer_nhwc': '0'}" in other.description and "page-locked" in other.description
+        assert other.bias_adds == 0 < default.bias_adds
+        for rows in (1, 8, 32):
+            feed = cnn_batch(rows, seed=rows)
+            assert_close(default.infer(feed), other.infer(feed), rtol=1e-4)
 
 
 def test_shapes_past_max_graphs_run_uncaptured_with_the_same_outputs(folders, monkeypatch):

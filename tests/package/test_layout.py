@@ -19,6 +19,7 @@ SPANNING = {
     "package": "the installed package as a whole: imports, extras, the API, this layout",
     "bad_inputs": "the bad-input cases (cases.py), shared by their tests and tools/catalogue.py",
     "tools": "the scripts under tools/",
+    "benchmarks": "the benchmarks under benchmarks/, run dry on the CPU",
     "helpers": "toy models, fixtures and comparisons the tests share: no tests",
 }
 DATA_MODULES = {"bad_inputs/cases.py"}  # tables of cases, not tests and not helpers

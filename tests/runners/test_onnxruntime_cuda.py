@@ -139,6 +139,21 @@ def test_bad_options_are_refused(folders):
         load_runner(folder, "onnxruntime-cuda", intra_op_threads=2)
 
 
+def test_what_the_defaults_were_measured_against_is_an_option(bound, folders):
+    """The bias split off (split_conv_bias=False) opens the graph as it is, computing what the split one does;
+    provider_options may not set what the runner's own keywords set, and maps strings to strings."""
+    folder = folders["tiny_cnn"]
+    with load_runner(folder, "onnxruntime-cuda", device="cpu", split_conv_bias=False) as whole:
+        assert whole.bias_adds == 0 and "biases" not in whole.description
+        feed = cnn_batch(4, seed=6)
+        np.testing.assert_allclose(whole.infer(feed)["logits"], bound["tiny_cnn"][0].infer(feed)["logits"], rtol=1e-5)
+    with pytest.raises(PipelineError, match="enable_cuda_graph, which the runner sets") as refused:
+        load_runner(folder, "onnxruntime-cuda", device="cpu", provider_options={"enable_cuda_graph": "1"})
+    assert refused.value.fix == "give cuda_graph= instead"
+    with pytest.raises(PipelineError, match="takes a dict of strings to strings or None"):
+        load_runner(folder, "onnxruntime-cuda", device="cpu", provider_options={"prefer_nhwc": 0})
+
+
 @pytest.mark.skipif(CUDA in ort.get_available_providers(), reason="this onnxruntime has the CUDA provider")
 def test_a_host_without_the_cuda_provider_is_refused_with_the_fix(folders):
     with pytest.raises(PipelineError) as caught:

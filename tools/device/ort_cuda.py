@@ -1,15 +1,16 @@
 """On the GPU machine: our graphs on ONNX Runtime's CUDA provider (onnxruntime-gpu), for issues 23 and 36.
 
     python tools/device/ort_cuda.py build ENGINES CALIB [NAME...]  # FOLDERS (ResNet-50 FP16 + INT8, an encoder, ...)
-    python tools/device/ort_cuda.py speed ENGINES OUT [NAME...]   # bench rows: torch, served, the CUDA runner, variants
+    python tools/device/ort_cuda.py speed ENGINES OUT [NAME...]   # bench rows: served, the CUDA runner, variants
     python tools/device/ort_cuda.py fp16 ENGINES OUT               # the faithful FP16 check (CPU) vs real float16 (GPU)
     python tools/device/ort_cuda.py int8 ENGINES OUT               # the Q/DQ graph on CUDA vs its CPU simulation
     python tools/device/ort_cuda.py profile ENGINES OUT            # ResNet-50 FP16 at batch 32: each row's kernels
     python tools/device/ort_cuda.py graph_memory ENGINES OUT       # device memory per captured CUDA graph
 
-The speed rows are the bench's own (torch eager FP32, AMP, torch.compile; `served`, which is auto with its host
-check; the onnxruntime-cuda runner with and without CUDA graphs) and the same runner with one of its defaults
-changed back or varied (runner_choice), every row timed by the bench harness, alternating rounds, in one process.
+The speed rows are the bench's own (`served`, which is auto with its host check; the onnxruntime-cuda runner with
+and without CUDA graphs) and the same runner with one of its defaults changed back or varied through its options
+(runner_choice), every row timed by the bench harness, alternating rounds, in one process.  Served against torch
+(AMP, torch.compile, reduce-overhead) on a sweep of models is benchmarks/gpu_models.py's.
 The accuracy checks use bare sessions (cuda_session); FP32 sessions run with use_tf32=0, so FP32 stays FP32.
 """
 
@@ -21,8 +22,7 @@ import shutil
 import sys
 import time
 import traceback
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,15 +51,13 @@ from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.settings import Settings
-from trt_pipeline.pipeline.core.trt_module import import_trt
 from trt_pipeline.pipeline.evaluation.float16 import faithful_session
 from trt_pipeline.pipeline.folder.graph_io import load_reference
-from trt_pipeline.pipeline.folder.layout import ENGINE, FP32_GRAPH, REFERENCE, SERVED_CHOICE
+from trt_pipeline.pipeline.folder.layout import FP32_GRAPH, REFERENCE, SERVED_CHOICE
 from trt_pipeline.pipeline.folder.reader import ArtifactFolder, open_folder
 from trt_pipeline.pipeline.runners import load_runner
 from trt_pipeline.pipeline.runners import onnxruntime_cuda as cuda_runner
 from trt_pipeline.pipeline.runners.conv_bias import KEEP_BIAS_ADD, split_conv_bias
-from trt_pipeline.pipeline.stages import sequence
 from trt_pipeline.pipeline.stages.fp16 import convert_fp16
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
@@ -98,36 +96,20 @@ def encoder() -> ModelSpec:
     return ModelSpec(name="encoder", module=_Encoder(), example_inputs=example, output_names=["last_hidden_state"])
 
 
-def builder_here() -> bool:
-    try:
-        import_trt("auto")
-    except PipelineError:
-        return False
-    return True
-
-
-def graphs_only_build(run: Any) -> None:
-    """The build stage on a Hopper machine, which has no TensorRT that builds or runs an engine (GPU.md): an empty
-    engine.plan stands in, so the folder is complete and readable.  Nothing there loads it: auto finds no TensorRT
-    and serves the folder's graphs through ONNX Runtime, which is what the device measures."""
-    run.path(ENGINE).write_bytes(b"")
-
-
 def named(engines: Path, name: str) -> Path:
     """The folder built for FOLDERS[name], by that name (the build links it there)."""
     return engines / "named" / name
 
 
 def build(engines: Path, calib: Path, names: list[str]) -> None:
-    if not builder_here():
-        print("no TensorRT here: an empty engine.plan stands in for the engine (graphs_only_build)", flush=True)
-        sequence.STAGES["build"] = graphs_only_build
+    """FOLDERS[names] (every one by default); on a Hopper machine, with no TensorRT, each without an engine (its
+    graphs, which auto serves through ONNX Runtime)."""
     for name in names or FOLDERS:
         options = FOLDERS[name]
         started = time.perf_counter()
         extra = {"calib": calib} if options["precision"] == "int8" else {}
         try:
-            folder = make_engine(Settings(**options, out_root=engines, **extra))  # an engine where a builder is here
+            folder = make_engine(Settings(**options, out_root=engines, **extra))
             named(engines, name).parent.mkdir(exist_ok=True)
             named(engines, name).unlink(missing_ok=True)
             named(engines, name).symlink_to(folder.resolve())
@@ -304,36 +286,21 @@ class OrtCuda(Backend):
         self.session = None
 
 
-@contextmanager
-def tuned(options: dict[str, str], straight: bool = True, split: bool = True) -> Iterator[None]:
-    """While a runner loads: the onnxruntime-cuda runner's provider options (its TUNING) with `options` on top,
-    whether numpy inputs go to the GPU straight from the caller's array or through a page-locked copy, and whether
-    the convolutions' biases are split into Adds (its SPLIT_CONV_BIAS)."""
-    saved = dict(cuda_runner.TUNING), cuda_runner.STRAIGHT_FROM_PAGEABLE, cuda_runner.SPLIT_CONV_BIAS
-    cuda_runner.TUNING.update(options)
-    cuda_runner.STRAIGHT_FROM_PAGEABLE, cuda_runner.SPLIT_CONV_BIAS = straight, split
-    try:
-        yield
-    finally:
-        cuda_runner.TUNING.clear()
-        cuda_runner.TUNING.update(saved[0])
-        cuda_runner.STRAIGHT_FROM_PAGEABLE, cuda_runner.SPLIT_CONV_BIAS = saved[1:]
-
-
 def runner_choice(
     name: str, options: dict[str, str], cuda_graph: bool = False, straight: bool = True, split: bool = True
 ) -> Choice:
-    """The onnxruntime-cuda runner itself (what auto serves) on the folder's engine graph, its TUNING varied; with
-    split=False, each convolution adding its bias in cuDNN (as before pipeline.runners.conv_bias)."""
+    """The onnxruntime-cuda runner itself (what auto serves) on the folder's engine graph, `options` over its
+    provider options; straight=False, numpy inputs through a page-locked copy; split=False, each convolution adding
+    its bias in cuDNN (as before pipeline.runners.conv_bias): the runner's own options, as a user gives them."""
     how = ", ".join(f"{key}={value}" for key, value in options.items())
     how += (", CUDA graphs" if cuda_graph else "") + ("" if straight else ", inputs through a page-locked copy")
     how += "" if split else ", cuDNN adding each convolution's bias"
     how = how or "its defaults"
 
     def open_it(context: Context) -> Backend:
+        varied = {"provider_options": options, "split_conv_bias": split, "pinned_inputs": not straight}
         try:
-            with tuned(options, straight, split):
-                runner = load_runner(context.folder, "onnxruntime-cuda", cuda_graph=cuda_graph, **RUNNER_DEVICE)
+            runner = load_runner(context.folder, "onnxruntime-cuda", cuda_graph=cuda_graph, **varied, **RUNNER_DEVICE)
         except PipelineError as error:  # e.g. an INT8 graph with nodes on the CPU, which no CUDA graph captures
             raise Unavailable(f"{error.problem} ({error.fix})") from None
         label = f"onnxruntime-cuda runner on {runner.graph} ({how.lstrip(', ')})"
@@ -418,12 +385,12 @@ def beside_runner(engines: Path) -> list[Choice]:
 
 
 def speed(engines: Path, out: Path, folder_name: str, budget_s: float) -> None:
-    """The bench's torch rows (eager FP32, AMP, torch.compile AMP; TF32 off), `served` (auto: its multi-batch pick
-    and host check), the onnxruntime-cuda runner with and without CUDA graphs, and beside them, on the same
-    machine, what the runner did before (inputs through a page-locked copy; for convolutions, NCHW and
+    """`served` (auto: its multi-batch pick and host check; the bench's torch eager FP32 is the reference), the
+    onnxruntime-cuda runner with and without CUDA graphs, and beside them, on the same machine, what the runner did
+    before (inputs through a page-locked copy; for convolutions, NCHW and
     beside_runner's rows), in one run_benchmark.  ROWS=all adds the variants tried first (cuDNN's HEURISTIC search,
     float16 inputs and outputs)."""
-    names = ["served", "torch-amp", "torch-compile", "onnxruntime-cuda", "onnxruntime-cuda-graphs"]
+    names = ["served", "onnxruntime-cuda", "onnxruntime-cuda-graphs"]
     ours = [runner_choice("rt-pinned-graphs", {}, cuda_graph=True, straight=False)]
     if folder_name.startswith("resnet"):
         ours += [runner_choice("rt-nchw-graphs", {"prefer_nhwc": "0"}, cuda_graph=True), *beside_runner(engines)]

@@ -24,6 +24,11 @@
 #     carry .devbundle/ort1: bash tools/device/run.sh served_measure  # onnxruntime-gpu; detached: GPU tests, bench,
 #                                                                     # memory per captured graph, batch-32 kernels
 #     (no carry):            bash tools/device/run.sh ort_collect     # waits (WAIT_S, 540), then results.tar.gz in $OUT
+# Issue 54 (benchmarks/gpu_models.py: the sweep built by make_engine, served by load_runner, beside torch), one group
+# a session (SWEEP=1..6: gpu_models.py GROUPS; or MODELS=a,b), python tools/device/bundle.py ort first, two calls:
+#     carry .devbundle/ort0, timeout_s 120: SWEEP=1 bash tools/device/run.sh sweep_start  # environment, onnxsim
+#     carry .devbundle/ort1, timeout_s 600: SWEEP=1 bash tools/device/run.sh sweep        # onnxruntime-gpu, the group
+# (here, with no GPU: OUT=/tmp/out PY=.venv/bin/python SWEEP=dry DRY=1 bash tools/device/run.sh sweep_measure)
 # Every log and JSON lands in $OUT.
 set -uo pipefail
 PY=${PY:-/opt/torch/.venv/bin/python3}
@@ -170,6 +175,34 @@ served_tests() {  # the onnxruntime-cuda runner's GPU tests (serve_fixtures need
 	PYTHONPATH="$ORT_SITE:$PYTHONPATH" "$PY" -m pytest -m gpu -v -rs -p no:cacheprovider -p no:tests.helpers.serve_fixtures \
 		tests/gpu/test_onnxruntime_cuda.py tests/gpu/test_device_memory.py >"$RESULTS/pytest-gpu.log" 2>&1
 	echo "pytest -m gpu: exit $?"; tail -25 "$RESULTS/pytest-gpu.log"
+}
+
+sweep_start() {  # issue 54: the environment, and onnxsim (the folders' simplify stage) from the first part
+	machine_env
+	cat "$OUT/env.txt"
+	ort_part
+	install_wheels "$ORT_PARTS"/onnxsim-*.whl
+}
+
+sweep() {  # issue 54: onnxruntime-gpu from both parts, its CUDA provider placing a node, then the group
+	ort_part
+	ort_install || return 1
+	grep -q "^smoke: \['CUDAExecutionProvider'" "$OUT/ort-providers.txt" || { echo "smoke failed: not measuring"; return 1; }
+	sweep_measure
+}
+
+sweep_measure() {  # group SWEEP (or MODELS), each model built then measured in a process of its own; cut at
+	# SWEEP_S (480 s) so that the call (600 s, the install first) returns what was measured (the JSON: after each model)
+	local which name
+	if [ -n "${MODELS:-}" ]; then
+		which=(--models "$MODELS") name="gpu-models-${MODELS//,/-}"
+	else
+		which=(--group "${SWEEP:?SWEEP=1..6 (or MODELS=a,b) names the models}") name="gpu-models-$SWEEP"
+	fi
+	PYTHONPATH="$ORT_SITE:$PYTHONPATH" timeout "${SWEEP_S:-480}" "$PY" benchmarks/gpu_models.py ${DRY:+--dry-run} \
+		"${which[@]}" --engines "$ENGINES" --out "$OUT/$name" --model-timeout-s "${MODEL_S:-420}"
+	echo "sweep: exit $?"
+	tail -n 60 "$OUT/$name.md"
 }
 
 ort_part() {  # the part(s) this call carried, kept in /tmp while the machine stays warm

@@ -1,0 +1,173 @@
+"""The models benchmarks/gpu_models.py sweeps, with random (seeded) weights: no download, as on the GPU machine.
+
+Each is what users deploy, made from its library's own definition: torchvision's CNNs, transformers' configs (ViT,
+Swin, a Whisper encoder, a ViT-g-sized 1B-parameter model), BERT and DistilBERT as `save_pretrained` writes them,
+and a YOLO-style detector on torchvision's ResNet-18.  A factory is loaded as MODEL=benchmarks.sweep_models:<name>;
+a folder writer writes the folder MODEL= then names.  The tiny ones are what the dry run on a CPU builds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+Factory = tuple[nn.Module, Any]
+
+
+def _torchvision(name: str, size: int = 224) -> Factory:
+    import torchvision
+
+    torch.manual_seed(0)
+    return getattr(torchvision.models, name)(weights=None).eval(), torch.randn(1, 3, size, size)
+
+
+def resnet50() -> Factory:
+    return _torchvision("resnet50")
+
+
+def convnext_tiny() -> Factory:
+    return _torchvision("convnext_tiny")
+
+
+def efficientnet_b0() -> Factory:
+    return _torchvision("efficientnet_b0")
+
+
+def mobilenet_v3_large() -> Factory:
+    return _torchvision("mobilenet_v3_large")
+
+
+def vit_base() -> Factory:
+    """ViT-B/16 (transformers' ViTConfig defaults: 12 layers, hidden 768), 224x224 images."""
+    import transformers
+
+    torch.manual_seed(0)
+    return transformers.ViTModel(transformers.ViTConfig()).eval(), {"pixel_values": torch.randn(1, 3, 224, 224)}
+
+
+def swin_tiny() -> Factory:
+    """Swin-T (transformers' SwinConfig defaults: depths 2/2/6/2, window 7), 224x224 images."""
+    import transformers
+
+    torch.manual_seed(0)
+    return transformers.SwinModel(transformers.SwinConfig()).eval(), {"pixel_values": torch.randn(1, 3, 224, 224)}
+
+
+def whisper_encoder() -> Factory:
+    """Whisper-base's encoder (6 layers, width 512, 8 heads): 80 mel bins x 3000 frames (30 s) in."""
+    import transformers
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    torch.manual_seed(0)
+    config = transformers.WhisperConfig(
+        d_model=512, encoder_layers=6, encoder_attention_heads=8, encoder_ffn_dim=2048, num_mel_bins=80
+    )
+    return WhisperEncoder(config).eval(), {"input_features": torch.randn(1, 80, 3000)}
+
+
+def vit_giant() -> Factory:
+    """ViT-g/14 sized (40 layers, hidden 1408, 16 heads, MLP 6144): 1.01G parameters, 4.0 GB in FP32, past protobuf's
+    2 GB, so its graphs keep their weights in data files beside them."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(
+        hidden_size=1408, num_hidden_layers=40, num_attention_heads=16, intermediate_size=6144, patch_size=14
+    )
+    return transformers.ViTModel(config).eval(), {"pixel_values": torch.randn(1, 3, 224, 224)}
+
+
+class YoloStyleDetector(nn.Module):
+    """torchvision's ResNet-18 trunk (features at strides 8, 16, 32) with an anchor-free head per level, decoded in
+    the graph as YOLOv8 exports it: [batch, 4 + 80 classes, 8400 anchors] at 640x640, boxes as cx, cy, w, h in
+    pixels, class scores after their sigmoid (POSTPROCESS=nms's input)."""
+
+    def __init__(self, classes: int = 80) -> None:
+        import torchvision
+
+        super().__init__()
+        trunk = torchvision.models.resnet18(weights=None)
+        self.stem = nn.Sequential(trunk.conv1, trunk.bn1, trunk.relu, trunk.maxpool, trunk.layer1, trunk.layer2)
+        self.deeper = nn.ModuleList([trunk.layer3, trunk.layer4])
+        self.heads = nn.ModuleList([nn.Conv2d(channels, 4 + classes, 1) for channels in (128, 256, 512)])
+        for head in self.heads:
+            nn.init.constant_(head.bias[4:], -4.0)  # YOLO's prior: most anchors see nothing
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        features = [self.stem(images)]
+        for stage in self.deeper:
+            features.append(stage(features[-1]))
+        levels = [
+            _decode(head(level), 8 * 2**index)
+            for index, (head, level) in enumerate(zip(self.heads, features, strict=True))
+        ]
+        return torch.cat(levels, dim=2)
+
+
+def _decode(raw: torch.Tensor, stride: int) -> torch.Tensor:
+    height, width = raw.shape[2:]
+    ys = (torch.arange(height, dtype=raw.dtype) + 0.5) * stride
+    xs = (torch.arange(width, dtype=raw.dtype) + 0.5) * stride
+    centre_y, centre_x = torch.meshgrid(ys, xs, indexing="ij")
+    distances = nn.functional.softplus(raw[:, :4]) * stride
+    x1, y1 = centre_x - distances[:, 0], centre_y - distances[:, 1]
+    x2, y2 = centre_x + distances[:, 2], centre_y + distances[:, 3]
+    boxes = torch.stack([(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1], dim=1)
+    return torch.cat([boxes, torch.sigmoid(raw[:, 4:])], dim=1).flatten(2)
+
+
+def yolo_detector() -> Factory:
+    torch.manual_seed(0)
+    return YoloStyleDetector().eval(), torch.rand(1, 3, 640, 640)
+
+
+def _save_pretrained(model_class: str, config: Any, into: Path) -> Path:
+    import transformers
+
+    if not (into / "config.json").is_file():
+        torch.manual_seed(0)
+        getattr(transformers, model_class)(config).save_pretrained(into)
+    return into
+
+
+def bert_base_folder(into: Path) -> Path:
+    import transformers
+
+    return _save_pretrained("BertModel", transformers.BertConfig(), into)
+
+
+def distilbert_folder(into: Path) -> Path:
+    import transformers
+
+    return _save_pretrained("DistilBertModel", transformers.DistilBertConfig(), into)
+
+
+# ---------------------------------------------------------------- the dry run's (CPU, seconds to build)
+
+
+class _TinyCnn(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AvgPool2d(2))
+        self.classifier = nn.Linear(8 * 16 * 16, 10)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(images).flatten(1))
+
+
+def tiny_cnn() -> Factory:
+    torch.manual_seed(0)
+    return _TinyCnn().eval(), torch.randn(1, 3, 32, 32)
+
+
+def tiny_bert_folder(into: Path) -> Path:
+    import transformers
+
+    config = transformers.BertConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64,
+    )  # fmt: skip
+    return _save_pretrained("BertModel", config, into)

@@ -1,0 +1,67 @@
+"""benchmarks/gpu_models.py in its dry run on the CPU: a session with a GPU lent has minutes of device time, so the
+sweep must run end to end here first (two tiny models built through make_engine and served through load_runner)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.gpu_models import BATCHES, ROWS, main, merged
+from trt_pipeline.pipeline.core.errors import PipelineError
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("sweep")
+    assert main(["--dry-run", "--group", "dry", "--out", str(work / "dry"), "--engines", str(work / "engines")]) == 0
+    return work
+
+
+def test_the_report_has_the_issues_shape_and_served_agrees_with_pytorch(swept: Path) -> None:
+    report = json.loads((swept / "dry.json").read_text())
+    assert set(report) == {"device", "versions", "models"} and "CPU" in report["device"]
+    assert {"torch", "onnxruntime", "transformers"} <= set(report["versions"])
+    assert set(report["models"]) == {"tiny-cnn", "tiny-bert"}
+    for name, record in report["models"].items():
+        assert record["error"] is None, name
+        assert "picked because auto" in record["description"]  # what load_runner(folder) served, and why
+        assert set(record["batches"]) == {str(batch) for batch in BATCHES}
+        for row in record["batches"].values():
+            assert set(row) == {*ROWS, "served_cosine", "served_max_abs"}
+            assert row["served"] > 0 and row["served_cosine"] > 0.9999 and row["served_max_abs"] < 1e-2
+            assert row["torch-amp"] is row["torch-compile-reduce-overhead"] is row["torch-compile"] is None
+        assert "CUDA" in record["skipped"]["torch-amp"] and "CUDA" in record["skipped"]["torch-compile-reduce-overhead"]
+        assert "dry run" in record["skipped"]["torch-compile"]
+    bench = json.loads((swept / "dry-logs" / "tiny-cnn-bench.json").read_text())  # the harness's whole report
+    served = next(backend for backend in bench["backends"] if backend["name"] == "served")
+    assert served["description"] == report["models"]["tiny-cnn"]["description"]
+
+
+def test_the_markdown_gives_each_batch_and_what_auto_served(swept: Path) -> None:
+    text = (swept / "dry.md").read_text()
+    assert all(f"## Batch {batch}" in text for batch in BATCHES)
+    assert "| tiny-bert | " in text and "Goal: not judged" in text
+    assert "torch-amp not run: needs a CUDA GPU" in text
+
+
+def test_a_model_that_fails_records_its_error_and_the_sweep_goes_on(tmp_path: Path) -> None:
+    out = tmp_path / "timed-out"
+    main(["--dry-run", "--models", "tiny-cnn", "--out", str(out), "--engines", str(tmp_path / "engines")]
+         + ["--model-timeout-s", "0.5"])  # fmt: skip
+    record = json.loads(out.with_suffix(".json").read_text())["models"]["tiny-cnn"]
+    assert "ran past --model-timeout-s 0.5" in record["error"] and record["batches"] == {}
+    assert "tiny-cnn | error |" in out.with_suffix(".md").read_text()
+
+
+def test_runs_of_the_same_gpu_merge_into_one_report_and_others_are_refused(swept: Path, tmp_path: Path) -> None:
+    dry = json.loads((swept / "dry.json").read_text())
+    later = {**dry, "models": {"tiny-cnn": {**dry["models"]["tiny-cnn"], "description": "measured again"}}}
+    (tmp_path / "later.json").write_text(json.dumps(later))
+    main(["--merge", str(swept / "dry.json"), str(tmp_path / "later.json"), "--out", str(tmp_path / "merged")])
+    models = json.loads((tmp_path / "merged.json").read_text())["models"]
+    assert set(models) == {"tiny-cnn", "tiny-bert"} and models["tiny-cnn"]["description"] == "measured again"
+    assert "| tiny-bert | " in (tmp_path / "merged.md").read_text()
+    with pytest.raises(PipelineError, match="measured on another device"):
+        merged([dry, {**dry, "device": "NVIDIA H200"}])
