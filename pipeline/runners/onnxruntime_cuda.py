@@ -741,9 +741,9 @@ def _sized_by_run(
     )
     if cuda_graph and sized_by_run:
         raise CaptureRefused(
-            f"cuda_graph=True: outputs {sorted(sized_by_run)} of {graph} have sizes the inputs' do not give (a "
-            "data-dependent or computed dim), which ONNX Runtime allocates at each run; a captured CUDA graph replays "
-            "fixed addresses",
+            f"cuda_graph=True: outputs {sorted(sized_by_run)} of {graph} have sizes the inputs' dims do not give (a "
+            "data-dependent dim, or one the check stage could not tie to them), which ONNX Runtime allocates at each "
+            "run; a captured CUDA graph replays fixed addresses",
             "load without cuda_graph (each run then allocates those outputs on the device and copies them out)",
         )
     return sized_by_run
