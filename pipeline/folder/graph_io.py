@@ -7,10 +7,15 @@ and onnx is imported on first use only: the manifest (read by runners and the se
 
 from __future__ import annotations
 
+import ast
 import io
+import math
+import operator
+from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,7 +27,8 @@ if TYPE_CHECKING:
     import onnx
 
 # A dim as the file declares it: a fixed size, the name of a symbolic dim ("batch", "seq"), or None for a
-# dynamic dim with no name.
+# dynamic dim with no name.  An output's name may be an expression over the inputs' dims ("2*seq": the check stage
+# names it so, stages/output_dims.py), whose size dim_size computes.
 Dim = int | str | None
 DYNAMIC = -1  # how a dim that is not a fixed size is written where only numbers are allowed
 
@@ -102,3 +108,52 @@ def load_reference(source: Path | str | bytes) -> list[tuple[dict[str, np.ndarra
             inputs, outputs = cases.setdefault(int(case.removeprefix("case")), ({}, {}))
             (inputs if kind == "in" else outputs)[name] = data[key]
     return [cases[i] for i in sorted(cases)]
+
+
+# What sympy writes in a dim expression: the operators and the functions symbolic shape inference uses.
+_OPERATORS: dict[type, Callable[[Fraction, Fraction], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "floor": math.floor,
+    "ceiling": math.ceil,
+    "Min": min,
+    "Max": max,
+    "Mod": operator.mod,
+}
+_MAX_EXPONENT = 8  # sympy writes sequence*sequence as sequence**2; no real dim is a larger power
+
+
+def dim_size(expression: str, sizes: dict[str, int]) -> int | None:
+    """The size a dim name or expression over named dims ("sequence", "2*sequence", "floor(height/2) + 1") takes at
+    `sizes`; None where it names another dim or is not such an expression.  Parsed, never evaluated as Python."""
+    try:
+        value = _evaluate(ast.parse(expression, mode="eval").body, sizes)
+    except (SyntaxError, KeyError, ValueError, TypeError, ZeroDivisionError):
+        return None
+    return int(value) if value.denominator == 1 else None
+
+
+def _evaluate(node: ast.expr, sizes: dict[str, int]) -> Fraction:
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return Fraction(node.value)
+    if isinstance(node, ast.Name):
+        return Fraction(sizes[node.id])
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_evaluate(node.operand, sizes)
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        left, right = _evaluate(node.left, sizes), _evaluate(node.right, sizes)
+        if isinstance(node.op, ast.Pow) and (right.denominator != 1 or not 0 <= right <= _MAX_EXPONENT):
+            raise ValueError(f"the power {right} in a dim expression")
+        return Fraction(_OPERATORS[type(node.op)](left, right))
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS:
+        if node.keywords:
+            raise ValueError("keywords in a dim expression")
+        return Fraction(_FUNCTIONS[node.func.id](*(_evaluate(arg, sizes) for arg in node.args)))
+    raise ValueError(f"not a dim expression: {ast.dump(node)}")

@@ -4,6 +4,14 @@ Where no engine runs (a Hopper GPU, whose TensorRT-RTX refuses it, with no full 
 the folder's graph as it is (an FP16 graph computes in real float16 on the GPU, unlike on the CPU provider), its
 inputs and outputs bound to buffers allocated once at the profile's max shapes, so a call allocates nothing.
 
+The check stage names every output dim that follows from the inputs' after them, or by an expression of them
+("2*seq", a strided convolution's "floor(height/2 - 1/2) + 1": stages/output_dims.py); the runner sizes such a buffer
+by the expression's largest value over the inputs' ranges.  An output with a dim the inputs do not give (a count
+only the data decides, as NonZero's) has no max shape: it is bound to the device alone, ONNX Runtime allocates it at
+each run at the size the run finds, and the runner copies it out.  Such a graph runs without a CUDA graph, whose
+replay needs every address fixed: cuda_graph=True is refused for it (CaptureRefused, which auto's candidate then
+opens uncaptured).
+
 Every float32 op stays float32: the CUDA provider's `use_tf32` is 0 (its default, 1, lets cuBLAS/cuDNN round FP32
 matmuls and convolutions to TF32's 10-bit mantissa, which the gates never judged).
 
@@ -23,6 +31,7 @@ ONNX Runtime's CPU provider (numpy buffers), which is how they are tested on mac
 
 from __future__ import annotations
 
+import itertools
 import queue
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +43,7 @@ import numpy as np
 from ..core.errors import PipelineError
 from ..core.settings import mention_name
 from ..core.trt_module import gpu_present
-from ..folder.graph_io import GraphTensor
+from ..folder.graph_io import Dim, GraphTensor, dim_size
 from ..folder.reader import ArtifactFolder
 from ..folder.rebuild import rebuild_hint
 from .base import BATCH_AXIS, Runner, TensorSpec, _dtype_and_shape, check_feed
@@ -166,6 +175,10 @@ class HostBuffers:
     def read(self, buffer: Any, dtype: np.dtype, shape: tuple[int, ...], stream: Any) -> np.ndarray:
         return buffer[: _nbytes(dtype, shape)].view(dtype).reshape(shape).copy()  # the next call reuses the buffer
 
+    def copy_from_run(self, value: Any, allocated: Any, stream: Any) -> None:
+        """An output ONNX Runtime allocated in the run (an OrtValue of `value`'s size) into the caller's `value`."""
+        np.copyto(value, allocated.numpy())
+
     def written(self, values: list[Any]) -> None:
         """The caller's own writes to `values` have landed: nothing is queued on a host."""
 
@@ -236,6 +249,10 @@ class DeviceBuffers(HostBuffers):
 
     def copy_out(self, value: Any, buffer: Any, stream: Any) -> None:
         self.memory.d2d_async(int(value.data_ptr()), buffer.address, value.numel() * value.element_size(), stream)
+
+    def copy_from_run(self, value: Any, allocated: Any, stream: Any) -> None:
+        # The run has synchronized its stream (ONNX Runtime's default), so the value is complete on the device.
+        self.memory.d2d_async(int(value.data_ptr()), allocated.data_ptr(), value.numel() * value.element_size(), stream)
 
     def read(self, buffer: Any, dtype: np.dtype, shape: tuple[int, ...], stream: Any) -> np.ndarray:
         nbytes = _nbytes(dtype, shape)
@@ -335,8 +352,24 @@ class OnnxRuntimeCudaRunner(Runner):
         self.graph = record.file
         self.cuda_graph = cuda_graph
         self.bias_adds = 0  # convolutions whose bias an Add of its own adds (_split_conv_bias)
-        self._dims = _dim_sources(self.manifest.inputs, self.manifest.outputs)
-        self._max_shapes = {spec.name: self._max_shape(spec) for spec in (*self.inputs, *self.outputs)}
+        self._dims = _dim_sources(self.manifest.inputs)
+        ranges = self._dim_ranges()
+        self._sized_by_run = _sized_by_run(self.manifest.outputs, ranges, self.graph, cuda_graph)
+        # Outputs with a dim computed from the inputs' ("2*seq"): _output_shapes checks that a call fits their buffers.
+        self._computed = [
+            tensor.name
+            for tensor in self.manifest.outputs
+            if tensor.name not in self._sized_by_run
+            and any(isinstance(dim, str) and dim not in ranges for dim in tensor.shape)
+        ]
+        self._max_shapes = {spec.name: self._max_shape(spec) for spec in self.inputs}
+        self._max_shapes.update(
+            {
+                tensor.name: tuple(_largest(dim, ranges) for dim in tensor.shape)  # type: ignore[misc]
+                for tensor in self.manifest.outputs
+                if tensor.name not in self._sized_by_run
+            }
+        )
         self._memory = (
             DeviceBuffers(self.placement, device_memory, straight=not pinned_inputs)
             if on_cuda
@@ -356,23 +389,51 @@ class OnnxRuntimeCudaRunner(Runner):
                 self._release()
         for slot in self._slots:
             self._idle.put(slot)
+        self.description = f"onnxruntime {ort.__version__} running {self.graph} ({which}) " + self._described(
+            device, provider_options
+        )
+
+    def _described(self, device: str, provider_options: dict[str, str] | None) -> str:
+        """What the description says after the graph: the providers, buffers, captures and rewrites."""
         used = self._slots[0].session.get_providers()
-        graphs = f", a CUDA graph captured per input shape (the first {MAX_GRAPHS})" if cuda_graph else ""
+        by_run = (
+            f", outputs {sorted(self._sized_by_run)} allocated by ONNX Runtime at each run (sizes no input dim gives) "
+            "and copied out, so no CUDA graph"
+            if self._sized_by_run
+            else ""
+        )
+        graphs = f", a CUDA graph captured per input shape (the first {MAX_GRAPHS})" if self.cuda_graph else ""
+        on_cuda = isinstance(self._memory, DeviceBuffers)
         tf32 = ", TF32 off (float32 ops stay float32)" if on_cuda and self.provider_options["use_tf32"] == "0" else ""
         adds = f", {self.bias_adds} convolutions' biases added by an Add of their own" if self.bias_adds else ""
         given = f", provider options {provider_options}" if provider_options and on_cuda else ""
-        pinned = ", numpy inputs through a page-locked copy" if pinned_inputs and on_cuda else ""
-        self.description = (
-            f"onnxruntime {ort.__version__} running {self.graph} ({which}) on {', '.join(used)} with IO binding to "
-            f"buffers pre-allocated on {device} at the max shapes{graphs}{tf32}{adds}{given}{pinned}, "
-            f"{sessions} session(s)"
+        pinned = (
+            ", numpy inputs through a page-locked copy"
+            if isinstance(self._memory, DeviceBuffers) and not self._memory.straight
+            else ""
+        )
+        return (
+            f"on {', '.join(used)} with IO binding to buffers pre-allocated on {device} at the max shapes{by_run}"
+            f"{graphs}{tf32}{adds}{given}{pinned}, {len(self._slots)} session(s)"
             + (f", device memory via {self._memory.memory.name}" if isinstance(self._memory, DeviceBuffers) else "")
         )
 
     # ------------------------------------------------------------------ loading
 
+    def _dim_ranges(self) -> dict[str, tuple[int, int]]:
+        """(min, max) of each named input dim: the batch's from the profile, the others' from their DYNAMIC range."""
+        ranges: dict[str, tuple[int, int]] = {}
+        for tensor in self.manifest.inputs:
+            for axis, dim in enumerate(tensor.shape):
+                if isinstance(dim, str) and axis == BATCH_AXIS:
+                    # From 1, not the profile's min: a wider range only widens _largest's search.
+                    ranges.setdefault(dim, (1, self.max_batch))
+                elif isinstance(dim, str) and dim in self.manifest.axis_ranges:
+                    ranges.setdefault(dim, (self.manifest.axis_ranges[dim][0], self.manifest.axis_ranges[dim][2]))
+        return ranges
+
     def _max_shape(self, spec: TensorSpec) -> tuple[int, ...]:
-        """The largest shape of a tensor: the profile's max batch, each named dim at the top of its range."""
+        """The largest shape of an input: the profile's max batch, each named dim at the top of its range."""
         tensors = self.manifest.inputs + self.manifest.outputs
         dims = next(tensor.shape for tensor in tensors if tensor.name == spec.name)
         shape = []
@@ -427,6 +488,7 @@ class OnnxRuntimeCudaRunner(Runner):
         buffers = {
             spec.name: self._memory.alloc(_nbytes(spec.dtype, self._max_shapes[spec.name]))
             for spec in (*self.inputs, *self.outputs)
+            if spec.name in self._max_shapes  # not the outputs ONNX Runtime allocates
         }
         return _Slot(session, session.io_binding(), buffers, self._memory.stream())
 
@@ -441,9 +503,11 @@ class OnnxRuntimeCudaRunner(Runner):
         try:
             self._stage_inputs(slot, feed)
             shapes = self._output_shapes(feed)
-            self._execute(slot, feed, shapes, {})
+            by_run = self._execute(slot, feed, shapes, {})
             return {
-                spec.name: self._memory.read(slot.buffers[spec.name], spec.dtype, shapes[spec.name], slot.stream)
+                spec.name: by_run[spec.name].numpy()  # a copy to the host (onnxruntime-gpu copies from the device)
+                if spec.name in by_run
+                else self._memory.read(slot.buffers[spec.name], spec.dtype, shapes[spec.name], slot.stream)
                 for spec in self.outputs
             }
         finally:
@@ -460,7 +524,9 @@ class OnnxRuntimeCudaRunner(Runner):
         arrays on device='cpu'), results written into the caller's `outputs` (contiguous, of the output's dtype and
         exact shape), no host copy, at most max_batch rows.  Returns `outputs` once written.  The caller's tensors
         are bound in place; with a CUDA graph, whose addresses are fixed, they are copied into and out of its
-        buffers on the device."""
+        buffers on the device.  An output whose size the run decides (a data-dependent dim) is allocated by ONNX
+        Runtime and copied into the caller's tensor on the device, which must have the size this call writes (an
+        infer() on the same inputs returns it), else the call is refused after the run."""
         self._refuse_if_closed()
         batch = self._check(feed)
         if batch > self.max_batch:
@@ -472,12 +538,13 @@ class OnnxRuntimeCudaRunner(Runner):
             self._memory.on_device(spec.name, feed[spec.name])
         shapes = self._output_shapes(feed)
         for spec in self.outputs:
-            self._check_output(spec, shapes[spec.name], outputs)
+            self._check_output(spec, shapes.get(spec.name), outputs)
         slot = self._idle.get()
         self._memory.enter()
         try:
             if not self.cuda_graph:
-                self._execute(slot, feed, shapes, {**feed, **outputs})
+                by_run = self._execute(slot, feed, shapes, {**feed, **outputs})
+                self._take(by_run, outputs, slot.stream)
                 return outputs
             self._stage_inputs(slot, feed)
             self._execute(slot, feed, shapes, {})
@@ -489,29 +556,59 @@ class OnnxRuntimeCudaRunner(Runner):
             self._memory.leave()
             self._idle.put(slot)
 
-    def _check_output(self, spec: TensorSpec, shape: tuple[int, ...], outputs: Mapping[str, Any]) -> None:
+    def _check_output(self, spec: TensorSpec, shape: tuple[int, ...] | None, outputs: Mapping[str, Any]) -> None:
+        """The caller's tensor for an output: its dtype, and its shape where the inputs give it (`shape`; None for
+        an output whose size the run decides, checked after the run by _take)."""
         if spec.name not in outputs:
             raise PipelineError(f"no tensor given for output {spec.name!r}", f"pass outputs={{{spec.name!r}: tensor}}")
         dtype, given = self._memory.on_device(spec.name, outputs[spec.name])
-        if dtype != spec.dtype or tuple(given) != shape:
+        if dtype != spec.dtype or (shape is not None and tuple(given) != shape):
             raise PipelineError(
                 f"output tensor {spec.name!r} is {dtype} {tuple(given)}, this call writes {spec.dtype} {shape}",
                 f"allocate it with dtype {spec.dtype} and shape {shape} on {self.placement.device_type}",
             )
 
+    def _take(self, by_run: Mapping[str, Any], outputs: Mapping[str, Any], stream: Any) -> None:
+        """The outputs ONNX Runtime allocated in this run (OrtValues) into the caller's tensors of the same size."""
+        for name, value in by_run.items():
+            shape = tuple(value.shape())
+            if tuple(outputs[name].shape) != shape:
+                raise PipelineError(
+                    f"output {name!r} of this call is {shape} (a size its data decides), the tensor given is "
+                    f"{tuple(outputs[name].shape)}",
+                    "allocate it at the size this call writes: infer() on the same inputs returns the output",
+                )
+            self._memory.copy_from_run(outputs[name], value, stream)
+        self._memory.finish(stream)
+
     def _output_shapes(self, feed: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
-        """Each output's shape from this call's inputs: its named dims are sizes of input dims of the same name."""
+        """The shape of each output the inputs size, from this call's inputs: its named dims are sizes of input dims
+        of the same name or expressions of them (not the outputs ONNX Runtime allocates: _sized_by_run)."""
         sizes = {dim: tuple(feed[name].shape)[axis] for dim, (name, axis) in self._dims.items()}
-        return {
-            tensor.name: tuple(dim if isinstance(dim, int) else sizes[dim] for dim in tensor.shape)  # type: ignore[index]
+        shapes = {
+            tensor.name: tuple(
+                dim if isinstance(dim, int) else sizes[dim] if dim in sizes else _size(dim, sizes)  # type: ignore[index]
+                for dim in tensor.shape
+            )
             for tensor in self.manifest.outputs
+            if tensor.name not in self._sized_by_run
         }
+        for name in self._computed:
+            shape = shapes[name]
+            if any(size > largest for size, largest in zip(shape, self._max_shapes[name], strict=True)):
+                # Only an expression not largest at its range's ends gets here (_largest); never past the buffer.
+                raise PipelineError(
+                    f"output {name!r} of this call is {shape}, past the {self._max_shapes[name]} its buffer holds "
+                    "(a dim whose expression is largest inside its inputs' range)",
+                    "use backend='onnxruntime', which allocates each output at each call",
+                )
+        return shapes
 
     def _execute(
         self, slot: _Slot, feed: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]], in_place: Mapping[str, Any]
-    ) -> None:
+    ) -> dict[str, Any]:
         """Bind this call's inputs and its output `shapes` (the slot's buffers, or the tensors of `in_place` by
-        name) and run."""
+        name) and run; returns the outputs ONNX Runtime allocated (_sized_by_run), as OrtValues by name."""
         import onnxruntime as ort
 
         where = (self.placement.device_type, self.placement.device_id)
@@ -523,9 +620,17 @@ class OnnxRuntimeCudaRunner(Runner):
         if binding != slot.bound:
             for spec in self.inputs:
                 slot.binding.bind_input(spec.name, *where, spec.dtype.type, bound[spec.name], addresses[spec.name])
-            for spec in self.outputs:
-                slot.binding.bind_output(spec.name, *where, spec.dtype.type, bound[spec.name], addresses[spec.name])
+            for spec in self.outputs:  # in this order always: get_outputs() lists them so
+                if spec.name in self._sized_by_run:
+                    slot.binding.bind_output(spec.name, *where)
+                else:
+                    slot.binding.bind_output(spec.name, *where, spec.dtype.type, bound[spec.name], addresses[spec.name])
             slot.bound = binding
+        else:
+            # A run leaves the value it allocated bound, which the next run would take as given and refuse at another
+            # size: bound to the device again, each run allocates its own.
+            for name in self._sized_by_run:
+                slot.binding.bind_output(name, *where)
         self._memory.written(list(in_place.values()))
         self._memory.ready(slot.stream)
         # RunOptions only to name a CUDA graph: ONNX Runtime's Python reads gpu_graph_id from any RunOptions it is
@@ -542,6 +647,14 @@ class OnnxRuntimeCudaRunner(Runner):
             slot.session.run_with_iobinding(slot.binding, options)
         except Exception as error:  # names and shapes were checked: what is left is in the values (ORT's types)
             raise run_error(self.graph, error, self.inputs) from None
+        if not self._sized_by_run:
+            return {}
+        values = slot.binding.get_outputs()  # in the order bound: self.outputs'
+        return {
+            spec.name: value
+            for spec, value in zip(self.outputs, values, strict=True)
+            if spec.name in self._sized_by_run
+        }
 
     # ------------------------------------------------------------------ lifetime
 
@@ -581,19 +694,56 @@ def _graph_id(slot: _Slot, shapes: tuple[tuple[int, ...], ...]) -> str:
     return str(slot.graph_ids.setdefault(shapes, len(slot.graph_ids)))
 
 
-def _dim_sources(inputs: Sequence[GraphTensor], outputs: Sequence[GraphTensor]) -> dict[str, tuple[str, int]]:
-    """Named dim -> (input name, axis) where its size is read at each call (the first input that has it).  An output
-    dim no input names has a data-dependent size: its buffer could not be bound ahead, so it is refused at load."""
+def _dim_sources(inputs: Sequence[GraphTensor]) -> dict[str, tuple[str, int]]:
+    """Named dim -> (input name, axis) where its size is read at each call (the first input that has it)."""
     sources: dict[str, tuple[str, int]] = {}
     for tensor in inputs:
         for axis, dim in enumerate(tensor.shape):
             if isinstance(dim, str):
                 sources.setdefault(dim, (tensor.name, axis))
-    for tensor in outputs:
-        if any(not isinstance(dim, int) and dim not in sources for dim in tensor.shape):
-            raise PipelineError(
-                f"output {tensor.name!r} has a data-dependent shape {list(tensor.shape)}, which IO binding to buffers "
-                "allocated ahead does not support",
-                "use backend='onnxruntime', or export the model with outputs whose shape follows from the inputs'",
-            )
     return sources
+
+
+def _size(dim: Dim, sizes: dict[str, int]) -> int:
+    """The size of an output dim the inputs' dims give (_sized_by_run: fixed, an input's dim, or an expression of
+    them) at a call's input dim `sizes`."""
+    if isinstance(dim, int):
+        return dim
+    size = (sizes[dim] if dim in sizes else dim_size(dim, sizes)) if isinstance(dim, str) else None
+    if size is None:  # a bug, not a caller's mistake: _sized_by_run leaves such outputs to ONNX Runtime
+        raise ValueError(f"output dim {dim!r} is not given by the input dims {sizes}")
+    return size
+
+
+def _largest(dim: Dim, ranges: dict[str, tuple[int, int]]) -> int | None:
+    """The largest size of an output dim over its inputs' ranges, None where the inputs' dims do not give it.  An
+    expression (a convolution's "floor(height/2 - 1/2) + 1", "2*seq") is taken at every corner of the ranges: its
+    largest where it grows or shrinks with each dim, as such sizes do (_output_shapes refuses any other)."""
+    if isinstance(dim, int):
+        return dim
+    if dim is None:
+        return None
+    names = list(ranges)
+    corners = itertools.product(*(ranges[name] for name in names))
+    sizes = [dim_size(dim, dict(zip(names, corner, strict=True))) for corner in corners]
+    return None if any(size is None for size in sizes) else max(sizes)  # type: ignore[type-var]
+
+
+def _sized_by_run(
+    outputs: Sequence[GraphTensor], ranges: dict[str, tuple[int, int]], graph: str, cuda_graph: bool
+) -> frozenset[str]:
+    """The outputs with a dim the inputs' dims do not give: a size only the data decides (NonZero's count), or one
+    the check stage could not tie to the inputs (stages/output_dims.py names every dim it can after them).  Their
+    buffers cannot be sized ahead: ONNX Runtime allocates them at each run, which a CUDA graph cannot replay
+    (CaptureRefused)."""
+    sized_by_run = frozenset(
+        tensor.name for tensor in outputs if any(_largest(dim, ranges) is None for dim in tensor.shape)
+    )
+    if cuda_graph and sized_by_run:
+        raise CaptureRefused(
+            f"cuda_graph=True: outputs {sorted(sized_by_run)} of {graph} have sizes the inputs' dims do not give (a "
+            "data-dependent dim, or one the check stage could not tie to them), which ONNX Runtime allocates at each "
+            "run; a captured CUDA graph replays fixed addresses",
+            "load without cuda_graph (each run then allocates those outputs on the device and copies them out)",
+        )
+    return sized_by_run

@@ -12,6 +12,7 @@ from ..core.settings import OPSET, mention_name
 from ..evaluation import graph_session
 from ..folder.graph_files import data_files, graph_beside, graph_without_weights
 from ..folder.graph_io import graph_io, load_reference
+from .output_dims import name_output_dims
 
 # Files this process checked, by what identifies their bytes (files_key), with the reference they ran on: the record.
 _CHECKED: dict[tuple, dict] = {}
@@ -23,15 +24,36 @@ def check_onnx(onnx_path: Path, reference: Path | None = None) -> dict:
     With `reference` (reference.npz), the graph also runs on every case's inputs: each batch size and each
     declared dynamic axis at a second size, so a size baked in at export is caught here, naming the node.
     Every step reads the graph by its path or without its weights, so a graph past 2 GB (external data) is
-    checked as one below it.  Files this process checked already (the export checks the graph it keeps, and the
-    check stage of the same run meets the same files) are not checked again: the weights are touched once.
+    checked as one below it.  With `reference`, the output dims that follow from the inputs' dims are named after
+    them first (stages/output_dims.py: the graph is rewritten where a name changes, and the record's
+    "renamed_output_dims" says which).  Files this process checked already (the export checks the graph it keeps,
+    and the check stage of the same run meets the same files) are not checked again: the weights are touched once.
     """
-    key = (files_key([onnx_path, *data_files(onnx_path)]), files_key([reference]) if reference else None)
+    key = _files(onnx_path, reference)
     if key not in _CHECKED:
-        _CHECKED[key] = _check(Path(onnx_path), reference)
+        renamed = name_output_dims(Path(onnx_path), reference) if reference is not None else {}
+        key = _files(onnx_path, reference)  # a renamed dim rewrote the graph
+        _CHECKED[key] = _with_renamed(_check(Path(onnx_path), reference), renamed)
         return dict(_CHECKED[key])  # a copy: the caller adds to its record
     earlier = _CHECKED[key]
     return {**earlier, "summary": earlier["summary"] + " (the same files, checked earlier in this run)"}
+
+
+def _with_renamed(record: dict, renamed: dict[str, dict[int, str]]) -> dict:
+    if not renamed:
+        return record
+    named = ", ".join(f"{output}[{axis}] = {name}" for output, axes in renamed.items() for axis, name in axes.items())
+    return {
+        **record,
+        "summary": f"{record['summary']}; output dims named after the inputs': {named}",
+        "renamed_output_dims": {
+            output: {str(axis): name for axis, name in axes.items()} for output, axes in renamed.items()
+        },
+    }
+
+
+def _files(onnx_path: Path, reference: Path | None) -> tuple:
+    return files_key([onnx_path, *data_files(onnx_path)]), files_key([reference]) if reference else None
 
 
 def files_key(paths: list[Path]) -> tuple:

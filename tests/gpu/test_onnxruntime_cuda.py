@@ -162,3 +162,30 @@ def test_auto_checks_on_the_gpu_what_it_serves_and_caches_the_check(folders, mod
     with load_runner(folder) as again:
         assert "measured earlier" in again.description
         assert f"{served['served']} checked on this host" in again.description
+
+
+def test_an_output_the_data_sizes_is_served_from_onnx_runtimes_device_allocation(tmp_path):
+    """The column filter (tests/helpers/output_dims.py) on the CUDA provider: no CUDA graph (refused with the reason
+    auto falls back on), host arrays and torch CUDA tensors out at the size each call's data gives."""
+    import numpy as np
+    import torch
+
+    from tests.helpers.output_dims import column_filter_folder, column_rows
+
+    folder = column_filter_folder(tmp_path)  # without an engine where no TensorRT imports (a Hopper machine)
+    with pytest.raises(onnxruntime_cuda.CaptureRefused, match=r"outputs \['kept'\] .* have sizes the inputs' dims"):
+        load_runner(folder, "onnxruntime-cuda", cuda_graph=True)
+    with (
+        load_runner(folder, "onnxruntime-cuda", sessions=1) as runner,
+        load_runner(folder, "onnxruntime", providers=[CPU]) as cpu,
+    ):
+        assert "outputs ['kept'] allocated by ONNX Runtime at each run" in runner.description
+        for feed in (column_rows(4, seed=1), column_rows(1, seed=2), column_rows(3, seed=3)):
+            expected = cpu.infer(feed)
+            got = runner.infer(feed)
+            np.testing.assert_array_equal(got["kept"], expected["kept"])  # a slice of the input: exact
+            assert_close(expected, got, rtol=1e-5)
+            inputs = {"x": torch.from_numpy(feed["x"]).cuda()}
+            outputs = {name: torch.empty(value.shape, device="cuda") for name, value in expected.items()}
+            assert runner.infer_on_device(inputs, outputs) is outputs
+            np.testing.assert_array_equal(outputs["kept"].cpu().numpy(), expected["kept"])

@@ -295,3 +295,65 @@ def ops_changed_in_opset_18() -> ModelSpec:
         example_inputs=example,
         dynamic_axes={"image": {2: side, 3: side}},
     )
+
+
+class _SequenceEncoder(nn.Module):
+    """Token and position embeddings, one attention-like mix and a LayerNorm, as a BERT layer: the positions are a
+    slice of a table as long as the longest sequence, so the exporter cannot tell that the output's axis 1 is the
+    input's sequence (it names it after the LayerNorm)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(30, 16)
+        self.positions = nn.Parameter(torch.randn(1, SEQ.max, 16))
+        self.mix = nn.Linear(16, 16)
+        self.norm = nn.LayerNorm(16)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.tokens(input_ids) + self.positions[:, : input_ids.shape[1]]
+        weights = (hidden @ hidden.transpose(1, 2)).softmax(-1)
+        return self.norm(hidden + self.mix(weights @ hidden))
+
+
+def sequence_encoder() -> ModelSpec:
+    """input_ids [batch, seq] -> hidden [batch, seq, 16], the sequence axis declared on the input only."""
+    with _seeded():
+        module = _SequenceEncoder()
+        input_ids = torch.randint(0, 30, (EXAMPLE_BATCH, 12), dtype=torch.int64)
+    return ModelSpec(
+        name="sequence_encoder",
+        module=module,
+        example_inputs={"input_ids": input_ids},
+        output_names=["hidden"],
+        dynamic_axes={"input_ids": {1: SEQ}},
+    )
+
+
+HEIGHT = DynamicAxis(name="height", min=8, opt=16, max=32)
+
+
+class _ComputedDims(nn.Module):
+    """Outputs whose sizes are computed from input dims: a strided convolution over a dynamic height, and a
+    sequence joined to itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+
+    def forward(self, image: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.conv(image), torch.cat([tokens, tokens], dim=1)
+
+
+def computed_dims() -> ModelSpec:
+    """image [batch, 3, height, 16] -> features [batch, 4, (height - 1) // 2 + 1, 8]; tokens [batch, seq, 4] ->
+    doubled [batch, 2 * seq, 4]."""
+    with _seeded():
+        module = _ComputedDims()
+        example = {"image": torch.randn(EXAMPLE_BATCH, 3, 16, 16), "tokens": torch.randn(EXAMPLE_BATCH, 12, 4)}
+    return ModelSpec(
+        name="computed_dims",
+        module=module,
+        example_inputs=example,
+        output_names=["features", "doubled"],
+        dynamic_axes={"image": {2: HEIGHT}, "tokens": {1: SEQ}},
+    )

@@ -9,15 +9,18 @@ import onnxruntime as ort
 import pytest
 
 from tests.helpers.concurrency import assert_each_thread_gets_its_own_result
+from tests.helpers.output_dims import column_filter_folder, column_rows
 from tests.helpers.runner_feeds import assert_close, cnn_batch, text_batch
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.precision import Precision
+from trt_pipeline.pipeline.core.settings import Settings
 from trt_pipeline.pipeline.folder.layout import graph_record
 from trt_pipeline.pipeline.folder.reader import open_folder
 from trt_pipeline.pipeline.runners import load_runner
 from trt_pipeline.pipeline.runners.fastest import Candidate, find_candidates, host_key, usable_providers
 from trt_pipeline.pipeline.runners.onnxruntime import CPU, CUDA
 from trt_pipeline.pipeline.runners.onnxruntime_cuda import OnnxRuntimeCudaRunner
+from trt_pipeline.pipeline.stages.sequence import make_engine
 
 # `folders` (fp32 tiny_cnn and text_classifier), `fp16_folder` and `int8_folder`: tests/helpers/runner_folders.py.
 
@@ -213,3 +216,61 @@ def test_a_cuda_candidate_opens_the_binding_runner(folders):
     else:
         with pytest.raises(PipelineError, match="backend='onnxruntime-cuda'"):
             candidate.open(folder, {"intra_op_threads": 2})
+
+
+# ---------------------------------------------------------------- outputs the inputs do not size by name
+
+
+def test_outputs_named_by_an_expression_of_input_dims_are_served_from_buffers_sized_ahead(tmp_path):
+    """tests.helpers.toy_models:computed_dims: a strided convolution's height and a doubled sequence, named by their
+    expressions at check (tests/stages/test_output_dims.py); their buffers are sized by the expressions at the top
+    of the ranges, and each call binds the sizes its inputs give, the largest included."""
+    folder = make_engine(Settings(model="tests.helpers.toy_models:computed_dims", precision="fp32", out_root=tmp_path))
+    rng = np.random.default_rng(0)
+    with load_runner(folder, "onnxruntime-cuda", device="cpu") as runner, load_runner(folder, "onnxruntime") as plain:
+        assert "allocated by ONNX Runtime" not in runner.description
+        for rows, size in ((1, 9), (3, 30), (runner.max_batch, 32), (2, 8)):
+            feed = {
+                "image": rng.standard_normal((rows, 3, size, 16), dtype=np.float32),
+                "tokens": rng.standard_normal((rows, size, 4), dtype=np.float32),
+            }
+            got, want = runner.infer(feed), plain.infer(feed)
+            assert got["features"].shape == (rows, 4, (size - 1) // 2 + 1, 8)
+            assert got["doubled"].shape == (rows, 2 * size, 4)
+            for name in want:
+                np.testing.assert_array_equal(got[name], want[name])
+
+
+@pytest.fixture(scope="module")
+def column_filter(tmp_path_factory: pytest.TempPathFactory):
+    return column_filter_folder(tmp_path_factory.mktemp("column_filter"))
+
+
+def test_an_output_only_the_data_sizes_is_allocated_by_onnx_runtime_at_each_run(column_filter):
+    """The output is bound to the device and allocated by ONNX Runtime at each run; the other keeps its buffer.  One
+    session, so calls of other sizes go through the same binding, and a call of the same shape after another (which
+    binds nothing anew) still gets its own size."""
+    feeds = [column_rows(4, seed=1), column_rows(1, seed=2), column_rows(3, seed=3), column_rows(3, seed=4)]
+    with (
+        load_runner(column_filter, "onnxruntime-cuda", device="cpu", sessions=1) as runner,
+        load_runner(column_filter, "onnxruntime") as plain,
+    ):
+        assert "outputs ['kept'] allocated by ONNX Runtime at each run" in runner.description
+        widths = set()
+        for feed in feeds:
+            got, want = runner.infer(feed), plain.infer(feed)
+            assert list(got) == ["kept", "total"]
+            for name in want:
+                np.testing.assert_array_equal(got[name], want[name])
+            widths.add(got["kept"].shape[1])
+        assert len(widths) > 1  # the sizes really changed between calls
+
+        feed = feeds[2]
+        want = plain.infer(feed)
+        written = {name: np.full(value.shape, np.nan, value.dtype) for name, value in want.items()}
+        assert runner.infer_on_device(feed, written) is written
+        for name in want:
+            np.testing.assert_array_equal(written[name], want[name])
+        wrong = {**written, "kept": np.empty((3, want["kept"].shape[1] + 1), np.float32)}
+        with pytest.raises(PipelineError, match=r"output 'kept' of this call is \(3, \d+\) \(a size its data"):
+            runner.infer_on_device(feed, wrong)
