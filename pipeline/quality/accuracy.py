@@ -527,7 +527,8 @@ def main(args: argparse.Namespace) -> int:
     unknown = [m for m in methods if m not in CALIB_METHODS]
     if unknown or not methods:
         raise PipelineError(f"unknown calibration method(s) {unknown or methods}", f"use some of {CALIB_METHODS}")
-    settings = Settings(**{**ACCURACY_DEFAULTS, **given_settings(args)}).check()
+    settings = Settings(**{**ACCURACY_DEFAULTS, **given_settings(args)})
+    settings.check(data_besides_calib=models.canonical_name(settings.model) in LABELLED_SETS)
     if args.accuracy_budget is not None and not args.accuracy_budget >= 0:
         raise PipelineError(f"--accuracy-budget {args.accuracy_budget} is not a loss", "give 0 or more, e.g. 0.5")
     measure_accuracy(settings, methods, args.eval, args.accuracy_budget)

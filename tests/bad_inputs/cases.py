@@ -383,6 +383,19 @@ BAD_SETTINGS = (
         ("would take 286 GiB",),
         limit=240,
     ),
+    # recorded in the manifest and ignored: with no CALIB there is nothing for it to read
+    BadSetting(
+        "calib-samples-without-calib",
+        "PRECISION=fp16 CALIB_SAMPLES=8 (no CALIB)",
+        ("--precision", "fp16", "--calib-samples", "8"),
+        ("--calib-samples says how --calib is read, and no --calib was given",),
+    ),
+    BadSetting(
+        "recalibrate-without-calib",
+        "PRECISION=fp16 RECALIBRATE=1 (no CALIB)",
+        ("--precision", "fp16", "--recalibrate"),
+        ("--recalibrate says how --calib is read",),
+    ),
 )
 
 
