@@ -410,6 +410,12 @@ def _cli_cases() -> list[Case]:
         cli("cli-no-arguments", "no stage at all", [], names=("stage",)),
         cli("cli-unknown-stage", "a stage that does not exist", ["deploy"], names=("deploy",)),
         cli("cli-unknown-option", "an option that does not exist", ["all", "--nosuch", "1"], names=("--nosuch",)),
+        build(
+            "cli-option-twice",
+            "--precision int8 --precision fp32 (the last was kept without a word)",
+            ["--precision", "int8", "--precision", "fp32"],
+            names=("--precision is given twice",),
+        ),
         *(build(s.id, s.what, list(s.options), names=s.names, limit=s.limit) for s in BAD_SETTINGS),
         # PRECISION
         build("precision-int4", "PRECISION=int4", ["--precision", "int4"], names=("int4",)),
