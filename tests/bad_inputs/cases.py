@@ -962,6 +962,13 @@ def _make_cases() -> list[Case]:
         ),
         make("make-out-quote", "OUT=.../it's (a quote in a path)", [*factory, "OUT={work}/it's"], expect="success"),
         make(
+            "make-nms-head-several",
+            "POSTPROCESS=nms on a model of two outputs without NMS_HEAD (the fix named NmsConfig(head=...))",
+            ["MODEL=tests.helpers.toy_models:text_classifier", "PRECISION=fp16", "POSTPROCESS=nms"],
+            names=("NMS_HEAD=logits",),
+            forbidden=("NmsConfig",),
+        ),
+        make(
             "make-bench-injection",
             "make bench BACKENDS='x; touch marker'",
             [f"BACKENDS=x; touch {marker}", "MODEL=nosuch"],
