@@ -330,6 +330,12 @@ class Settings:
         calibrates on data of its own where CALIB is not given (`accuracy`'s labelled sets), which the settings
         that say how CALIB is read then read instead.
         """
+        if not str(self.model).strip():  # a path of nothing is the current directory, read as a model folder
+            raise PipelineError(
+                f"{mention_name('model')} is empty",
+                f"give a registry name (e.g. {mention(model='resnet18')}), package.module:factory, or a model file "
+                "or folder",
+            )
         self._check_precision()
         if self.postprocess not in POSTPROCESSES:
             raise PipelineError(

@@ -383,6 +383,8 @@ BAD_SETTINGS = (
         ("would take 286 GiB",),
         limit=240,
     ),
+    BadSetting("model-empty", "MODEL='' (read as the current directory)", ("--model", ""), ("--model is empty",)),
+    BadSetting("model-blank", "MODEL=' '", ("--model", " "), ("--model is empty",)),
     # recorded in the manifest and ignored: with no CALIB there is nothing for it to read
     BadSetting(
         "calib-samples-without-calib",
