@@ -1622,6 +1622,20 @@ def _service_cases() -> list[Case]:
             statuses=(400,),
         ),
         served(
+            "http-fp32-wide-integer",
+            "2**70 as a JSON integer for an FP32 input (a float32: called 'not numbers')",
+            infer(_json_body([image_input(data=[2**70] + [0.5] * 767)])),
+            expect="success",
+            check=_has_outputs,
+        ),
+        served(
+            "http-fp32-integer-beyond-float64",
+            "2**1100 as a JSON integer for an FP32 input",
+            infer(_json_body([image_input(data=[2**1100] + [0.5] * 767)])),
+            names=("beyond FP32's range",),
+            statuses=(400,),
+        ),
+        served(
             "http-unknown-key",
             "an unknown top-level key",
             infer(_json_body([image_input()], nosuch=1)),
