@@ -142,6 +142,12 @@ def parse_infer_request(request: Any, service: Service, deadline_s: float | None
     tensors = []
     for number, tensor in enumerate(request.inputs):
         check_parameters(_parameters(tensor.parameters), f"input {tensor.name!r}")
+        if raw and tensor.HasField("contents") and tensor.contents.ListFields():
+            # Served from the raw bytes, the typed values were ignored without a word; Triton refuses it too.
+            raise bad_request(
+                f"input {tensor.name!r} has both typed contents and raw_input_contents; give its values in one of "
+                "them (raw_input_contents for every input, or typed contents for every input)"
+            )
         values = _typed_contents(tensor) if not raw else None
         tensors.append(
             InputTensor(tensor.name, tensor.datatype, list(tensor.shape), values, raw[number] if raw else None)

@@ -2342,6 +2342,25 @@ def _grpc_infer(shape: list[int], model: str | None = None) -> Callable[[Any], O
     return flow
 
 
+def _grpc_typed_and_raw(server: Any) -> Outcome:
+    """One input given both as fp32_contents and as raw_input_contents (Triton refuses it)."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    tensor = service_pb2.ModelInferRequest.InferInputTensor(
+        name="input", datatype="FP32", shape=[1, 3, 16, 16], contents={"fp32_contents": [1.0] * 768}
+    )
+    request = service_pb2.ModelInferRequest(
+        model_name=server.model, inputs=[tensor], raw_input_contents=[bytes(4 * 768)]
+    )
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        try:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=HTTP_LIMIT_S)
+        except grpc.RpcError as error:
+            return _grpc_refusal(error)
+    return _answer(200, "answered from one of the two")
+
+
 def _grpc_burst(server: Any, calls: int = 300) -> Outcome:
     """`calls` calls at once on one tritonclient channel, within --max-connections: every one answered?"""
     import threading
@@ -2522,6 +2541,15 @@ def _service_client_cases() -> list[Case]:
             "gRPC infer with shape [1, 4, 16, 16]",
             _custom("image", _grpc_infer([1, 4, 16, 16])),
             names=("shape",),
+            statuses=(400,),
+            server="image",
+        ),
+        Case(
+            "grpc-typed-and-raw",
+            "service",
+            "gRPC infer with one input in both fp32_contents and raw_input_contents (the typed values were ignored)",
+            _custom("image", _grpc_typed_and_raw),
+            names=("both typed contents and raw_input_contents",),
             statuses=(400,),
             server="image",
         ),
