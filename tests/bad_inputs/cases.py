@@ -539,7 +539,6 @@ def _cli_cases() -> list[Case]:
         ),
         # MODEL: names and factories
         build("model-unknown-registry", "MODEL=resnet9000", ["--model", "resnet9000"], names=("resnet9000",)),
-        build("model-empty", "MODEL=''", ["--model", ""], names=("model",)),
         build("model-no-module", "MODEL=nosuchpkg.mod:f", ["--model", "nosuchpkg.mod:f"], names=("nosuchpkg",)),
         build(
             "model-no-attribute",
