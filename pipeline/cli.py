@@ -92,9 +92,55 @@ class _HelpWithDefaults(argparse.HelpFormatter):
         return text
 
 
+class _EachOptionOnce(argparse.ArgumentParser):
+    """Refuses an option given twice (`--precision int8 --precision fp32`): argparse keeps the last value without a
+    word.  Every subcommand's parser is of this class (add_subparsers makes them of the parser's own)."""
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def, override]
+        repeated = _repeated_option(self, sys.argv[1:] if args is None else list(args))
+        if repeated:
+            self.error(repeated)
+        return super().parse_known_args(args, namespace)
+
+
+def _repeated_option(parser: argparse.ArgumentParser, words: list[str]) -> str | None:
+    """What is wrong where an option is given twice among `words`, naming both values; None where each is given at
+    most once.  Options that gather (append, count) and those that exit (help, version) may come again."""
+    seen: dict[argparse.Action, str | None] = {}
+    remaining = iter(words)
+    for word in remaining:
+        if word == "--":  # the rest are positional arguments
+            break
+        action = _option_action(parser, word.partition("=")[0]) if word.startswith("--") else None
+        if action is None or not isinstance(action, _SET_ONCE):
+            continue
+        value = word.partition("=")[2] if "=" in word else None
+        if value is None and action.nargs != 0:
+            value = next(remaining, "")
+        if action in seen:
+            option, first = action.option_strings[-1], seen[action]
+            values = "" if value is None or first is None else f" ({first!r}, then {value!r})"
+            return f"{option} is given twice{values}: give it once" + (", with the value meant" if values else "")
+        seen[action] = value
+    return None
+
+
+# The actions whose value a second use would replace without a word.
+_SET_ONCE = (argparse._StoreAction, argparse._StoreConstAction)  # store_true/false are store_const too
+
+
+def _option_action(parser: argparse.ArgumentParser, name: str) -> argparse.Action | None:
+    """The action of an option as argparse reads it: its whole name, or a prefix of one option's only."""
+    options = parser._option_string_actions
+    if name in options:
+        return options[name]
+    matches = {action for option, action in options.items() if option.startswith(name)}
+    return matches.pop() if len(matches) == 1 else None
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; the arguments of an extra command are added (and its module imported) only for `command`."""
-    parser = argparse.ArgumentParser(
+    parser = _EachOptionOnce(
         prog=PROG,
         description="Take a PyTorch model to a checked ONNX graph and a serialized TensorRT engine. "
         "The subcommands mirror the make targets (make engine = trt-pipeline engine).",

@@ -111,6 +111,7 @@ class Declared:
     parse: Callable[[str], Any]
     choices: tuple[str, ...] | None
     postprocess: Postprocess | None
+    reads_calib: bool
 
 
 def setting(
@@ -123,6 +124,7 @@ def setting(
     parse: Callable[[str], Any] = str,
     choices: tuple[str, ...] | None = None,
     postprocess: Postprocess | None = None,
+    reads_calib: bool = False,
 ) -> Any:
     """A Settings field, declared once for every front end.
 
@@ -134,8 +136,10 @@ def setting(
       writes the folder again repeats it.  False: how a run goes (FORCE), or where the folder lies (OUT).
     parse, choices: how the option's text is read, and the values it may take.
     postprocess: the POSTPROCESS it configures (nms); given with another, it would do nothing, so it is refused.
+    reads_calib: it says how CALIB is read; given without CALIB (an FP16 build need not have one), it would do
+      nothing, so it is refused.
     """
-    declared = Declared(make, help, precisions, decides, parse, choices, postprocess)
+    declared = Declared(make, help, precisions, decides, parse, choices, postprocess, reads_calib)
     return field(default=default, metadata={SETTING: declared})
 
 
@@ -250,10 +254,20 @@ class Settings:
         choices=(CALIB_AUTO, *CALIB_METHODS),
     )
     calib_samples: int = setting(
-        256, make="CALIB_SAMPLES", help="calibration samples", precisions=FP16_AND_INT8, parse=int
+        256,
+        make="CALIB_SAMPLES",
+        help="the most calibration samples read from CALIB",
+        precisions=FP16_AND_INT8,
+        parse=int,
+        reads_calib=True,
     )
     calib_batch: int = setting(
-        16, make="CALIB_BATCH", help="calibration batch size", precisions=FP16_AND_INT8, parse=int
+        16,
+        make="CALIB_BATCH",
+        help="calibration batch size",
+        precisions=FP16_AND_INT8,
+        parse=int,
+        reads_calib=True,
     )
     smooth: str = setting(
         SMOOTH_AUTO,
@@ -269,6 +283,7 @@ class Settings:
         help="calibrate afresh: ignore the calibration cache, and rebuild the folder",
         precisions=FP16_AND_INT8,
         decides=False,
+        reads_calib=True,
     )
     # Refuse (instead of warning) when the held-out calibration rows are much worse than the fit ones, or none
     # could be held out (pipeline/stages/parity.py MUCH_WORSE_RATIO): the data cannot stand for served inputs.
@@ -343,15 +358,25 @@ class Settings:
         postprocess=Postprocess.NMS,
     )
 
-    def check(self, given: Iterable[str] = ()) -> Settings:
+    def check(self, given: Iterable[str] = (), *, data_besides_calib: bool = False) -> Settings:
         """Reject bad values and bad combinations; returns self so calls can chain.
 
-        A setting given for a precision whose artifacts it does not change is refused: a value other than its
-        default, or any named in `given` (the options the command line was given, whatever their value).
+        A setting given where it would do nothing is refused: a value other than its default, or any named in
+        `given` (the options the command line was given, whatever their value).  data_besides_calib: the command
+        calibrates on data of its own where CALIB is not given (`accuracy`'s labelled sets), which the settings
+        that say how CALIB is read then read instead.
         """
+        if not str(self.model).strip():  # a path of nothing is the current directory, read as a model folder
+            raise PipelineError(
+                f"{mention_name('model')} is empty",
+                f"give a registry name (e.g. {mention(model='resnet18')}), package.module:factory, or a model file "
+                "or folder",
+            )
         self._check_precision()
         self._check_postprocess()
-        refuse_unused(self.precision, self.postprocess, {*given, *self._changed()})
+        self._check_calibration()
+        calibrated = self.calib is not None or data_besides_calib
+        refuse_unused(self.precision, self.postprocess, {*given, *self._changed()}, calibrated)
         self._read_text()
         self.nms_config()
         if self.builder not in BUILDERS:
@@ -366,7 +391,6 @@ class Settings:
             raise PipelineError(f"workspace of {self.workspace_mib} MiB is too small", "give at least 16 MiB")
         if self.weights is not None and not Path(self.weights).is_file():
             raise PipelineError(f"weights file {self.weights} does not exist", "give the path of a state_dict (.pth)")
-        self._check_calibration()
         return self
 
     def _check_precision(self) -> None:
@@ -489,9 +513,12 @@ def deciding(precision: Precision, postprocess: Postprocess = Postprocess.NONE) 
     )
 
 
-def refuse_unused(precision: Precision, postprocess: Postprocess, names: Iterable[str]) -> None:
-    """A setting given for a precision whose artifacts it does not change, or for a post-processing it does not
-    configure, would be ignored in silence: refuse it, naming what it changes."""
+def refuse_unused(
+    precision: Precision, postprocess: Postprocess, names: Iterable[str], calibrated: bool = True
+) -> None:
+    """A setting given for a precision whose artifacts it does not change, for a post-processing it does not
+    configure, or (one that says how CALIB is read) with no calibration data (`calibrated` False), would be ignored
+    in silence: refuse it, naming what it changes."""
     for name in sorted(names, key=list(DECLARED).index):
         changes, configures = DECLARED[name].precisions, DECLARED[name].postprocess
         if precision not in changes:
@@ -505,6 +532,12 @@ def refuse_unused(precision: Precision, postprocess: Postprocess, names: Iterabl
                 f"{mention_name(name)} configures {mention(postprocess=configures)} only; with "
                 f"{mention(postprocess=postprocess)} it would do nothing",
                 f"leave {mention_name(name)} out, or add {mention(postprocess=configures)}",
+            )
+        if DECLARED[name].reads_calib and not calibrated:
+            raise PipelineError(
+                f"{mention_name(name)} says how {mention_name('calib')} is read, and no {mention_name('calib')} was "
+                "given: it would do nothing",
+                f"leave {mention_name(name)} out, or add {mention(calib='<folder of images, or a .npy/.npz file>')}",
             )
 
 

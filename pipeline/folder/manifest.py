@@ -77,6 +77,9 @@ class Manifest:
     # worked (pipeline/core/sessions.py): the runner opens them at that level.
     onnxruntime_levels: dict[str, str] = field(default_factory=dict)
     stages: dict[str, dict] = field(default_factory=dict)  # the other stages' records, by stage name
+    # Where it was read from (read_manifest), not written: a rebuild command names the folder where it lies now,
+    # a copy's too, not the OUT it was built in.
+    folder: Path | None = field(default=None, compare=False)
 
     def builder(self) -> Builder:
         """Who built engine.plan, or a PipelineError where no engine was built."""
@@ -108,7 +111,7 @@ class Manifest:
         record: dict[str, Any] = {}
         for entry in dataclasses.fields(self):
             value = getattr(self, entry.name)
-            if entry.name == "stages" or value is None:
+            if entry.name in ("stages", "folder") or value is None:
                 continue
             record[entry.name] = encode(value)
         return {**record, **self.stages}
@@ -120,7 +123,7 @@ class Manifest:
         layout = raw.get("layout")
         if layout != ARTIFACT_LAYOUT:
             return cls(layout=layout if isinstance(layout, int) else None, settings=settings)
-        known = {entry.name for entry in dataclasses.fields(cls)} - {"stages"}
+        known = {entry.name for entry in dataclasses.fields(cls)} - {"stages", "folder"}
         return cls(
             layout=layout,
             complete=raw.get("complete") is True,
@@ -244,7 +247,7 @@ def read_manifest(folder: Path) -> Manifest | None:
             f"rebuild the folder: {rebuild_hint(None, folder)}",
         )
     try:
-        return Manifest.from_json(raw)
+        return dataclasses.replace(Manifest.from_json(raw), folder=Path(folder))
     except DamagedManifest as damage:
         settings = raw.get("settings") if isinstance(raw.get("settings"), dict) else None
         raise PipelineError(

@@ -542,7 +542,8 @@ def main(args: argparse.Namespace) -> int:
     # CALIB_METHOD names the INT8 methods compared, read as an INT8 build reads it.  The other settings are checked
     # without it, at the default PRECISION (accuracy makes every precision), which would refuse it as INT8's alone.
     methods = list(Settings(calib_method=given.pop("calib_method", DEFAULTS["calib_method"])).calib_methods())
-    settings = Settings(**{**ACCURACY_DEFAULTS, **given}).check()
+    settings = Settings(**{**ACCURACY_DEFAULTS, **given})
+    settings = settings.check(data_besides_calib=models.canonical_name(settings.model) in LABELLED_SETS)
     if args.accuracy_budget is not None and not args.accuracy_budget >= 0:
         raise PipelineError(f"--accuracy-budget {args.accuracy_budget} is not a loss", "give 0 or more, e.g. 0.5")
     measure_accuracy(settings, methods, args.eval, args.accuracy_budget)

@@ -142,6 +142,12 @@ def parse_infer_request(request: Any, service: Service, deadline_s: float | None
     tensors = []
     for number, tensor in enumerate(request.inputs):
         check_parameters(_parameters(tensor.parameters), f"input {tensor.name!r}")
+        if raw and tensor.HasField("contents") and tensor.contents.ListFields():
+            # Served from the raw bytes, the typed values were ignored without a word; Triton refuses it too.
+            raise bad_request(
+                f"input {tensor.name!r} has both typed contents and raw_input_contents; give its values in one of "
+                "them (raw_input_contents for every input, or typed contents for every input)"
+            )
         values = _typed_contents(tensor) if not raw else None
         tensors.append(
             InputTensor(tensor.name, tensor.datatype, list(tensor.shape), values, raw[number] if raw else None)
@@ -229,13 +235,17 @@ def _refusing_undecodable(behavior: Any, method: str) -> Any:
     return refusing
 
 
-# HTTP/2 streams (calls) one connection may open beyond the calls the whole server takes (ServeConfig.max_connections,
-# grpc's maximum_concurrent_rpcs).  Past that limit grpc answers RESOURCE_EXHAUSTED with its reason ("Concurrent RPC
-# limit exceeded!"); a stream past the connection's own limit is reset instead (RST_STREAM REFUSED_STREAM), which
-# tritonclient showed as UNAVAILABLE "Stream removed" with no reason: 177 of 300 calls one channel sent at once, when
-# this limit was 100.  So the connection's limit stays above the server's, by enough for a burst that comes before
-# the client has read it.
-EXTRA_STREAMS_PER_CONNECTION = 1024
+# Calls past the limit the server takes (ServeConfig.max_connections, grpc's maximum_concurrent_rpcs) are answered
+# RESOURCE_EXHAUSTED with grpc's reason ("Concurrent RPC limit exceeded!") only once grpc's Python layer has taken
+# them; two limits of grpc's core act before that, with no reason, and are set BURST_FACTOR times above it:
+# - the calls a connection may open (HTTP/2 streams): one past it is reset (RST_STREAM REFUSED_STREAM), which
+#   tritonclient showed as UNAVAILABLE "Stream removed": 177 of 300 calls one channel sent at once, when this limit
+#   was 100, and a burst of 2500 past 2024;
+# - the calls the core holds until the Python layer asks for the next (grpc.server.max_pending_requests, 1000 by
+#   default, and its hard limit, 3000): past the first, a share of the calls that arrive is cancelled (CANCELLED,
+#   no reason), past the second every one: 33 of a burst of 1500 calls on one channel.
+# The Python layer asks for calls one at a time, so a burst waits there however short each call is.
+BURST_FACTOR = 8
 # A peer that vanished (no FIN: a crashed host, a dropped route) is found by a ping unanswered in KEEPALIVE_TIMEOUT_S.
 KEEPALIVE_TIME_S = 60
 KEEPALIVE_TIMEOUT_S = 20
@@ -243,7 +253,8 @@ KEEPALIVE_TIMEOUT_S = 20
 
 def server_options(config: ServeConfig) -> list[tuple[str, int]]:
     """What one gRPC client, slow or hostile, may hold: the message size, the handshake's time, an idle
-    connection, a connection's age (a trickled message included) and the streams of one connection."""
+    connection, a connection's age (a trickled message included), the streams of one connection and the calls
+    waiting to be taken (BURST_FACTOR)."""
     read_ms = round(config.read_timeout_s * 1000)
     return [
         ("grpc.max_receive_message_length", config.max_body_bytes),
@@ -256,7 +267,9 @@ def server_options(config: ServeConfig) -> list[tuple[str, int]]:
         ("grpc.max_connection_idle_ms", read_ms),
         ("grpc.max_connection_age_ms", round(config.connection_age_s * 1000)),
         ("grpc.max_connection_age_grace_ms", read_ms + round(config.timeout_s * 1000)),
-        ("grpc.max_concurrent_streams", config.max_connections + EXTRA_STREAMS_PER_CONNECTION),
+        ("grpc.max_concurrent_streams", config.max_connections * BURST_FACTOR),
+        ("grpc.server.max_pending_requests", config.max_connections * BURST_FACTOR),
+        ("grpc.server.max_pending_requests_hard_limit", config.max_connections * BURST_FACTOR),
         ("grpc.keepalive_time_ms", KEEPALIVE_TIME_S * 1000),
         ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_S * 1000),
     ]

@@ -234,8 +234,10 @@ def array_from_values(spec: TensorSpec, shape: list[int], values: Any) -> np.nda
     """Typed values, flat or nested in row-major order (both are the protocol's), as the tensor."""
     try:
         parsed = np.array(values)
-    except (ValueError, OverflowError):  # ragged nesting, or an integer beyond 64 bits
+    except (ValueError, OverflowError):  # ragged nesting
         parsed = None
+    if parsed is not None and parsed.dtype == object and all(type(item) in (int, float, bool) for item in parsed.flat):
+        parsed = _wide_numbers(spec, parsed)
     if parsed is None or parsed.dtype.kind not in _ACCEPTED_KINDS.get(spec.dtype.kind, ""):
         raise bad_request(f"input {spec.name!r}: the data must be {_element_words(spec.dtype)} in row-major order")
     if spec.dtype.kind != "b" and _holds_bool(values):  # numpy reads true as 1 among numbers: a silent wrong value
@@ -248,6 +250,28 @@ def array_from_values(spec: TensorSpec, shape: list[int], values: Any) -> np.nda
             f"input {spec.name!r}: shape {shape} holds {math.prod(shape)} values; {parsed.size} were sent"
         )
     return _cast(spec, parsed).reshape(shape)
+
+
+def _wide_numbers(spec: TensorSpec, parsed: np.ndarray) -> np.ndarray:
+    """Numbers among which an integer needs more than 64 bits (numpy keeps them all as Python objects): as float64
+    for a float datatype, whose range is checked as any number's; past any integer datatype's range, and float64's
+    (2**1024 and more), they are out of range.  2**70 is a float32 (exactly: a power of two), as 1.2e21 is."""
+    if spec.dtype.kind == "b":
+        return parsed  # no true/false values: refused as such
+    if spec.dtype.kind == "f":
+        try:
+            return parsed.astype(np.float64)
+        except OverflowError:
+            pass
+    raise _out_of_range(spec)
+
+
+def _out_of_range(spec: TensorSpec) -> ServeError:
+    if spec.dtype.kind in "iu":
+        limits = np.iinfo(spec.dtype)
+        return bad_request(f"input {spec.name!r} has values outside {datatype(spec)}'s [{limits.min}, {limits.max}]")
+    limit = float(np.finfo(spec.dtype).max)
+    return bad_request(f"input {spec.name!r} has values beyond {datatype(spec)}'s range (|x| <= {limit:.4g})")
 
 
 def _holds_bool(values: Any) -> bool:
@@ -272,14 +296,13 @@ def _cast(spec: TensorSpec, parsed: np.ndarray) -> np.ndarray:
     if spec.dtype.kind in "iu" and parsed.size:
         limits = np.iinfo(spec.dtype)
         if parsed.min() < limits.min or parsed.max() > limits.max:
-            raise bad_request(f"input {spec.name!r} has values outside {datatype(spec)}'s [{limits.min}, {limits.max}]")
+            raise _out_of_range(spec)
     with np.errstate(over="ignore"):  # an overflow to inf is reported below, with the range
         array = parsed.astype(spec.dtype)
     # NaN and infinities sent as such pass, as they do as binary data, over gRPC and through runner.infer (one
     # policy, README "Serving"); a finite number that only becomes inf in this datatype is out of its range.
     if spec.dtype.kind == "f" and np.any(np.isfinite(parsed) & ~np.isfinite(array)):
-        limit = float(np.finfo(spec.dtype).max)
-        raise bad_request(f"input {spec.name!r} has values beyond {datatype(spec)}'s range (|x| <= {limit:.4g})")
+        raise _out_of_range(spec)
     return array
 
 

@@ -54,6 +54,7 @@ class OnnxModel:
     axis_ranges: dict[str, tuple[int, int, int]]
     fixed: dict[tuple[str, int], int]  # (input, axis) -> size given by INPUT_SHAPE for a symbolic dim
     fingerprint: str
+    outputs: tuple[str, ...]  # the graph's output names
 
 
 def open_onnx_model(path: Path, input_shape: str | None, dynamic: str | None) -> OnnxModel:
@@ -106,7 +107,8 @@ def open_onnx_model(path: Path, input_shape: str | None, dynamic: str | None) ->
                 "give every input's axis of that name the same range",
             )
     _require_every_symbolic_dim(path, inputs, ranges, fixed)
-    return OnnxModel(path, tuple(inputs), ranges, fixed, _fingerprint(path, input_shape, dynamic))
+    outputs = tuple(output.name for output in model.graph.output)
+    return OnnxModel(path, tuple(inputs), ranges, fixed, _fingerprint(path, input_shape, dynamic), outputs)
 
 
 def _graph_inputs(model: onnx.ModelProto) -> list[GraphInput]:

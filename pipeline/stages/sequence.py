@@ -135,6 +135,14 @@ class Run:
         return self.onnx_model.fingerprint if self.onnx_model else self.loaded.fingerprint
 
     @property
+    def output_names(self) -> list[str] | None:
+        """The model's outputs as its graph names them, known before any stage runs: an ONNX file's, or those a
+        PyTorch model declares or its load-time forward pass gave (None where neither did)."""
+        if self.onnx_model is not None:
+            return list(self.onnx_model.outputs)
+        return self.loaded.output_names
+
+    @property
     def spec(self) -> ModelSpec:
         """The model in eval mode, proven by the prepare stage (run once, on first use)."""
         if not self._prepared:
@@ -342,6 +350,27 @@ def _leave_out_graph(run: Run, left_out: GraphRecord, why: str) -> None:
     )
 
 
+def check_nms_head(run: Run) -> None:
+    """POSTPROCESS=nms: NMS_HEAD against the model's outputs, before any stage runs (append_nms would find it
+    wrong only once the graphs it appends to are made, in NmsConfig's words)."""
+    config = run.settings.nms_config()
+    names = run.output_names if config is not None else None  # loads the model: only where it is needed
+    if config is None or names is None:
+        return
+    name_it = " or ".join(mention(nms_head=name) for name in names)
+    if config.head is None and len(names) != 1:
+        raise PipelineError(
+            f"{mention(postprocess=Postprocess.NMS)} needs to know which output is the detection head; the model "
+            f"has {len(names)} outputs ({', '.join(names)})",
+            f"name it: {name_it}",
+        )
+    if config.head is not None and config.head not in names:
+        raise PipelineError(
+            f"{mention(nms_head=config.head)} names no output of the model; its outputs are {', '.join(names)}",
+            f"name the head among them: {name_it}",
+        )
+
+
 def run_postprocess(run: Run) -> None:
     """POSTPROCESS=nms: each graph of the raw head that may serve gets its NMS graph, which passes its gate and
     serves instead (pipeline/stages/postprocess.py); the manifest's outputs become the detections, and its
@@ -463,6 +492,7 @@ def run_stage(settings: Settings, name: str) -> Path:
     lists), so readers refuse it until make_engine runs all stages again.
     """
     run = Run.start(settings)
+    check_nms_head(run)
     with _locked(run.folder):
         update_manifest(run.folder, complete=False)
         STAGES[name](run)
@@ -472,6 +502,7 @@ def run_stage(settings: Settings, name: str) -> Path:
 def make_engine(settings: Settings) -> Path:
     """Every stage in order; a finished folder with the same inputs and settings is reused."""
     run = Run.start(settings)
+    check_nms_head(run)
     with _locked(run.folder):
         return _make_engine(run)
 

@@ -402,6 +402,21 @@ BAD_SETTINGS = (
         ("--dynamic", "input:1"),
         ("fix: the model fixes an axis declared dynamic, input:1 (1:3:3, run at 1): leave it out of --dynamic",),
     ),
+    BadSetting("model-empty", "MODEL='' (read as the current directory)", ("--model", ""), ("--model is empty",)),
+    BadSetting("model-blank", "MODEL=' '", ("--model", " "), ("--model is empty",)),
+    # recorded in the manifest and ignored: with no CALIB there is nothing for it to read
+    BadSetting(
+        "calib-samples-without-calib",
+        "PRECISION=fp16 CALIB_SAMPLES=8 (no CALIB)",
+        ("--precision", "fp16", "--calib-samples", "8"),
+        ("--calib-samples says how --calib is read, and no --calib was given",),
+    ),
+    BadSetting(
+        "recalibrate-without-calib",
+        "PRECISION=fp16 RECALIBRATE=1 (no CALIB)",
+        ("--precision", "fp16", "--recalibrate"),
+        ("--recalibrate says how --calib is read",),
+    ),
 )
 
 
@@ -416,6 +431,12 @@ def _cli_cases() -> list[Case]:
         cli("cli-no-arguments", "no stage at all", [], names=("stage",)),
         cli("cli-unknown-stage", "a stage that does not exist", ["deploy"], names=("deploy",)),
         cli("cli-unknown-option", "an option that does not exist", ["all", "--nosuch", "1"], names=("--nosuch",)),
+        build(
+            "cli-option-twice",
+            "--precision int8 --precision fp32 (the last was kept without a word)",
+            ["--precision", "int8", "--precision", "fp32"],
+            names=("--precision is given twice",),
+        ),
         *(build(s.id, s.what, list(s.options), names=s.names, limit=s.limit) for s in BAD_SETTINGS),
         # PRECISION
         build("precision-int4", "PRECISION=int4", ["--precision", "int4"], names=("int4",)),
@@ -537,7 +558,6 @@ def _cli_cases() -> list[Case]:
         ),
         # MODEL: names and factories
         build("model-unknown-registry", "MODEL=resnet9000", ["--model", "resnet9000"], names=("resnet9000",)),
-        build("model-empty", "MODEL=''", ["--model", ""], names=("model",)),
         build("model-no-module", "MODEL=nosuchpkg.mod:f", ["--model", "nosuchpkg.mod:f"], names=("nosuchpkg",)),
         build(
             "model-no-attribute",
@@ -961,6 +981,13 @@ def _make_cases() -> list[Case]:
             "make-failing-pipeline", "a failing pipeline fails make (MODEL=nosuch)", ["MODEL=nosuch"], names=("nosuch",)
         ),
         make("make-out-quote", "OUT=.../it's (a quote in a path)", [*factory, "OUT={work}/it's"], expect="success"),
+        make(
+            "make-nms-head-several",
+            "POSTPROCESS=nms on a model of two outputs without NMS_HEAD (the fix named NmsConfig(head=...))",
+            ["MODEL=tests.helpers.toy_models:text_classifier", "PRECISION=fp16", "POSTPROCESS=nms"],
+            names=("NMS_HEAD=logits",),
+            forbidden=("NmsConfig",),
+        ),
         make(
             "make-bench-injection",
             "make bench BACKENDS='x; touch marker'",
@@ -1610,6 +1637,20 @@ def _service_cases() -> list[Case]:
             "1e300 for an FP32 input",
             infer(_json_body([image_input(data=[1e300] * 768)])),
             names=("FP32",),
+            statuses=(400,),
+        ),
+        served(
+            "http-fp32-wide-integer",
+            "2**70 as a JSON integer for an FP32 input (a float32: called 'not numbers')",
+            infer(_json_body([image_input(data=[2**70] + [0.5] * 767)])),
+            expect="success",
+            check=_has_outputs,
+        ),
+        served(
+            "http-fp32-integer-beyond-float64",
+            "2**1100 as a JSON integer for an FP32 input",
+            infer(_json_body([image_input(data=[2**1100] + [0.5] * 767)])),
+            names=("beyond FP32's range",),
             statuses=(400,),
         ),
         served(
@@ -2319,6 +2360,25 @@ def _grpc_infer(shape: list[int], model: str | None = None) -> Callable[[Any], O
     return flow
 
 
+def _grpc_typed_and_raw(server: Any) -> Outcome:
+    """One input given both as fp32_contents and as raw_input_contents (Triton refuses it)."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    tensor = service_pb2.ModelInferRequest.InferInputTensor(
+        name="input", datatype="FP32", shape=[1, 3, 16, 16], contents={"fp32_contents": [1.0] * 768}
+    )
+    request = service_pb2.ModelInferRequest(
+        model_name=server.model, inputs=[tensor], raw_input_contents=[bytes(4 * 768)]
+    )
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        try:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=HTTP_LIMIT_S)
+        except grpc.RpcError as error:
+            return _grpc_refusal(error)
+    return _answer(200, "answered from one of the two")
+
+
 def _grpc_burst(server: Any, calls: int = 300) -> Outcome:
     """`calls` calls at once on one tritonclient channel, within --max-connections: every one answered?"""
     import threading
@@ -2499,6 +2559,15 @@ def _service_client_cases() -> list[Case]:
             "gRPC infer with shape [1, 4, 16, 16]",
             _custom("image", _grpc_infer([1, 4, 16, 16])),
             names=("shape",),
+            statuses=(400,),
+            server="image",
+        ),
+        Case(
+            "grpc-typed-and-raw",
+            "service",
+            "gRPC infer with one input in both fp32_contents and raw_input_contents (the typed values were ignored)",
+            _custom("image", _grpc_typed_and_raw),
+            names=("both typed contents and raw_input_contents",),
             statuses=(400,),
             server="image",
         ),

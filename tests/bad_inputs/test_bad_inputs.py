@@ -80,6 +80,29 @@ def test_an_empty_path_is_refused_not_read_as_the_current_directory(option, caps
     assert exited.value.code == 2 and f"argument {option}: an empty path" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "refused"),
+    [
+        (["engine", "--precision", "int8", "--precision", "fp32"], "--precision is given twice ('int8', then 'fp32')"),
+        (["engine", "--prec", "int8", "--precision=fp32"], "--precision is given twice ('int8', then 'fp32')"),
+        (["engine", "--force", "--force"], "--force is given twice: give it once"),
+        (["serve", "f", "--port", "8000", "--port", "8001"], "--port is given twice ('8000', then '8001')"),
+        (["bench", "--folder", "a", "--folder", "b"], "--folder is given twice ('a', then 'b')"),
+        (["triton", "f", "--repo", "a", "--repo", "b"], "--repo is given twice ('a', then 'b')"),
+        (["accuracy", "--out", "a", "--out", "b"], "--out is given twice ('a', then 'b')"),
+        (["calibration-images", "--out", "a", "--out=b"], "--out is given twice ('a', then 'b')"),
+    ],
+    ids=["engine", "engine-abbreviated", "engine-switch", "serve", "bench", "triton", "accuracy", "calibration-images"],
+)
+def test_an_option_given_twice_is_refused_naming_both_values(argv, refused, tmp_path, monkeypatch, capsys):
+    # argparse kept the last value without a word: --precision int8 --precision fp32 built FP32.
+    monkeypatch.chdir(tmp_path)  # the relative paths given, were the command to run
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and f"error: {refused}" in err and "Traceback" not in err, err
+
+
 def test_weights_that_are_not_a_torch_file(tmp_path, capsys):
     text = tmp_path / "notes.pth"
     text.write_text("hello\n")

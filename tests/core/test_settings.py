@@ -211,6 +211,24 @@ def test_settings_check_refuses_a_value_a_precision_ignores_and_takes_the_defaul
         Settings(precision="int8", calib=Path("data.npy"), keep_fp32="TopK").check()
 
 
+@pytest.mark.parametrize("given", [["--calib-samples", "8"], ["--calib-batch", "16"], ["--recalibrate"]])
+def test_an_option_that_says_how_calib_is_read_is_refused_without_calib(given, tmp_path, capsys):
+    # FP16 reads CALIB only where it is given: without it CALIB_SAMPLES was recorded in the manifest and ignored.
+    out = tmp_path / "engines"
+    assert cli.main(["engine", "--model", TINY, "--precision", "fp16", *given, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {given[0]} says how --calib is read, and no --calib was given: it would do nothing" in err
+    assert f"fix: leave {given[0]} out, or add --calib <folder of images, or a .npy/.npz file>" in err
+    assert not out.exists()
+
+
+def test_settings_check_refuses_calibration_settings_without_calib_unless_data_stands_in():
+    with pytest.raises(PipelineError, match=r"^Settings.calib_samples says how Settings.calib is read"):
+        Settings(precision="fp16", calib_samples=8).check()
+    Settings(precision="fp16", calib_samples=8, calib=Path("data.npy")).check()
+    Settings(model="digits", recalibrate=True).check(data_besides_calib=True)  # accuracy's labelled set
+
+
 def test_make_refuses_a_setting_its_precision_ignores_in_makes_words(tmp_path):
     result = _make(f"MODEL={TINY}", "PRECISION=fp16", "NO_FLOAT_SEARCH=1", f"OUT={tmp_path}/engines")
     assert result.returncode == 2, result.stderr

@@ -453,10 +453,10 @@ def test_engine_runner_refuses_an_engine_from_another_tensorrt(folders, tmp_path
         PipelineError, match=r"built with tensorrt_rtx 1\.0\.0\.1, but this machine runs tensorrt_rtx"
     ) as e:
         load_runner(folder, "tensorrt")
-    built_in = folders["tiny_cnn"].parent  # the hint rebuilds where the settings put it
+    # the hint rebuilds the copy where it lies, not the folder it was copied from
     rebuild = (
         'make_engine(Settings(model="tests.helpers.toy_models:tiny_cnn", precision="fp32", builder="tensorrt_rtx", '
-        f'out_root="{built_in}", force=True))'
+        f'out_root="{folder.parent}", force=True))'
     )
     assert rebuild in str(e.value)
 

@@ -275,6 +275,29 @@ def test_json_true_and_false_are_not_numbers(server: Server, text_server: Server
     assert httpx.get(f"{server.url}/v2/health/ready", timeout=5).status_code == 200
 
 
+def test_an_integer_beyond_64_bits_is_a_number_judged_by_the_datatypes_range(
+    server: Server, text_server: Server, runner
+) -> None:
+    # numpy keeps 2**70 as a Python object, and the service called it "not numbers".  It is a float32 (a power of
+    # two, as 1.2e21 would be); 2**1100 is beyond float32, and beyond 64-bit integers any integer is.
+    url = f"{server.url}/v2/models/{IMAGE_MODEL}/infer"
+    body = {"inputs": [image_input_json(data=[2**70, *ONE_DATA[1:]])], "outputs": [{"name": "logits"}]}
+    response = httpx.post(url, json=body, timeout=10)
+    assert response.status_code == 200, response.text
+    sent = np.array([2.0**70, *ONE_DATA[1:]], np.float32).reshape(1, *ITEM_SHAPE)
+    answered = np.array(response.json()["outputs"][0]["data"], np.float32)
+    np.testing.assert_allclose(answered, runner.infer({"input": sent})["logits"].ravel(), rtol=RTOL)
+    response = httpx.post(url, json={"inputs": [image_input_json(data=[-(2**1100), *ONE_DATA[1:]])]}, timeout=10)
+    assert response.status_code == 400 and "input 'input' has values beyond FP32's range" in response.text
+    ids, mask = tokens(seed=3, count=1, seq=4)
+    inputs = [
+        {"name": "input_ids", "datatype": "INT64", "shape": [1, 4], "data": [1, 2**70, 3, 4]},
+        {"name": "attention_mask", "datatype": "FP32", "shape": [1, 4], "data": mask.ravel().tolist()},
+    ]
+    response = httpx.post(f"{text_server.url}/v2/models/{TEXT_MODEL}/infer", json={"inputs": inputs}, timeout=10)
+    assert response.status_code == 400 and "input 'input_ids' has values outside INT64's [" in response.text
+
+
 def test_unknown_paths_and_methods_answer_with_the_protocols_error(server: Server) -> None:
     missing = httpx.get(f"{server.url}/v1/models/{IMAGE_MODEL}", timeout=5)
     wrong_method = httpx.get(f"{server.url}/v2/models/{IMAGE_MODEL}/infer", timeout=5)

@@ -167,6 +167,24 @@ def test_typed_grpc_contents_as_other_clients_send_them(text_server: Server, tex
     assert "shape [2, 7] holds 14 values; 13 were sent" in short.value.details()
 
 
+def test_typed_contents_beside_raw_contents_are_refused_naming_the_input(text_server: Server) -> None:
+    # The raw bytes were served and the typed values ignored without a word; Triton refuses such a request.
+    ids, mask = tokens(seed=4, count=1, seq=5)
+    tensor = service_pb2.ModelInferRequest.InferInputTensor
+    request = service_pb2.ModelInferRequest(
+        model_name=TEXT_MODEL,
+        inputs=[
+            tensor(name="input_ids", datatype="INT64", shape=[1, 5]),
+            tensor(name="attention_mask", datatype="FP32", shape=[1, 5], contents={"fp32_contents": [0.0] * 5}),
+        ],
+        raw_input_contents=[ids.tobytes(), mask.astype(np.float32).tobytes()],
+    )
+    with grpc.insecure_channel(text_server.grpc) as channel, pytest.raises(grpc.RpcError) as refused:
+        service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "input 'attention_mask' has both typed contents and raw_input_contents" in refused.value.details()
+
+
 def test_the_config_says_when_batching_is_off(text_server: Server) -> None:
     with client(text_server, "grpc") as triton:
         config = triton.get_model_config(TEXT_MODEL).config

@@ -288,3 +288,35 @@ def test_an_image_that_is_not_finite_is_refused_not_answered_with_no_detection(b
     with pytest.raises(ServeError, match="holds NaN or infinity in image 1") as refused:
         decode_inputs(model, [sent])
     assert refused.value.status == 400
+
+
+@pytest.mark.parametrize(
+    ("model", "given", "problem", "fix"),
+    [
+        (
+            "tests.helpers.toy_models:text_classifier",
+            [],
+            "POSTPROCESS=nms needs to know which output is the detection head; the model has 2 outputs "
+            "(logits, tokens)",
+            "name it: NMS_HEAD=logits or NMS_HEAD=tokens",
+        ),
+        (
+            MODEL,
+            ["--nms-head", "boxes"],
+            "NMS_HEAD=boxes names no output of the model; its outputs are head",
+            "NMS_HEAD=head",
+        ),
+    ],
+    ids=["several-outputs", "no-such-output"],
+)
+def test_the_nms_head_is_checked_before_any_stage_in_the_front_ends_words(
+    model, given, problem, fix, tmp_path: Path, monkeypatch, capsys
+):
+    # The fix named NmsConfig(head=...) under make, once the FP16 stage had run.
+    monkeypatch.setenv("TRT_PIPELINE_FRONT_END", "make")
+    out = tmp_path / "engines"
+    argv = ["engine", "--model", model, "--precision", "fp16", "--postprocess", "nms", *given, "--out", str(out)]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"error: {problem}" in err and fix in err and "NmsConfig" not in err and "Traceback" not in err, err
+    assert not out.exists()  # no stage ran
