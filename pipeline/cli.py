@@ -115,7 +115,7 @@ def _repeated_option(parser: argparse.ArgumentParser, words: list[str]) -> str |
         if action is None or not isinstance(action, _SET_ONCE):
             continue
         value = word.partition("=")[2] if "=" in word else None
-        if value is None and action.nargs != 0:
+        if value is None and action.nargs not in (0, "?"):  # a switch's word (--force 0) is optional: not taken
             value = next(remaining, "")
         if action in seen:
             option, first = action.option_strings[-1], seen[action]
