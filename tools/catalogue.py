@@ -78,8 +78,9 @@ def image_batch(rows):
     return {"input": np.random.default_rng(0).standard_normal((rows, 3, 16, 16), dtype=np.float32)}
 def build(*options, out=None):  # the command line's `all` on tiny_cnn into WORK/engines (or out): its exit status
     from trt_pipeline.pipeline import cli
-    argv = ["all", "--model", "tests.helpers.toy_models:tiny_cnn", "--precision", "fp32", "--batch", "1:2:4"]
-    return cli.main([*argv, "--out", str(out or WORK / "engines"), *options])
+    from tests.bad_inputs.cases import build_argv
+    batch = [] if any(word.partition("=")[0] == "--batch" for word in options) else ["--batch", "1:2:4"]
+    return cli.main(build_argv([*batch, *options], str(out or WORK / "engines")))
 try:
 """
 EPILOGUE = """
