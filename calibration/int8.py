@@ -403,7 +403,8 @@ def _candidate(
         collect_seconds=fitted.seconds,
         collect_passes=fitted.passes,
         qdq=qdq,
-        structure=quantize_qdq(fitted.calibrated, qdq, ranges),
+        structure=quantize_qdq(fitted.calibrated, qdq, ranges, weights=fitted.weights),
+        weights=fitted.weights,
     )
 
 
@@ -543,4 +544,5 @@ def _cpu_graph(
 def _quantizer_name() -> str:
     import onnxruntime
 
+    # TensorRT's graph is quantize_static's, written without it (calibration/qdq_write.py); the CPU graphs are its own.
     return f"onnxruntime {onnxruntime.__version__} quantize_static (QDQ, symmetric QInt8, per-channel weights)"
