@@ -106,6 +106,8 @@ def make_int8_graph(
         search = judge_candidates(candidates, calibration, judge, scratch)
         search = search_float(search, calibration, config, judge, scratch / "float")
         written = write_int8_graphs(search, out_path, cpu_out_paths or {}, scratch, keep_chosen=keep_chosen)
+    for candidate in search.tried:  # every graph of the stage is written: its int8 weights need not stay in memory
+        candidate.weights.clear()
     return int8_result(fp32_path, config, calibration, search, written)
 
 

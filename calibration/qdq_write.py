@@ -72,6 +72,10 @@ class QuantizedWeights:
             self._weights[key] = quantize_weight(_values(tensor, base), tensor.name, axis)
         return self._weights[key]
 
+    def clear(self) -> None:
+        """Forget every weight's Q/DQ (a graph asked for later quantizes them again)."""
+        self._weights.clear()
+
 
 def quantize_weight(values: np.ndarray, name: str, axis: int | None, scale: np.ndarray | None = None) -> WeightQdq:
     """ORT's symmetric int8 Q/DQ of a float32 weight, per channel along `axis` (per tensor where None), with the scale
