@@ -19,6 +19,7 @@ from pathlib import Path
 import onnx
 
 from .qdq import quantize_qdq
+from .qdq_write import QuantizedWeights
 from .ranges import QUANTIZED_OPS
 
 # A graph -> {"loss": float, and whatever else describes it (recorded in the step)}.
@@ -35,11 +36,12 @@ def fit_budget(fp32_path: Path, out_path: Path, ranges, budget: float, loss: Los
     """Write to `out_path` the INT8 graph with the fewest layers left in float whose loss is within `budget`;
     return the record: the budget, each layer's sensitivity, every step taken and the layers kept in float."""
     layers = quantized_layers(fp32_path)
+    weights = QuantizedWeights()  # every trial's graph has the same weights: each quantized once
     with tempfile.TemporaryDirectory(prefix="budget.") as scratch:
         trial = Path(scratch) / "trial.onnx"
 
         def measure(excluded: list[str]) -> dict:
-            quantize_qdq(fp32_path, trial, ranges, exclude=excluded)
+            quantize_qdq(fp32_path, trial, ranges, exclude=excluded, weights=weights)
             return {"kept_float": excluded, **loss(trial), "graph_bytes": trial.stat().st_size}
 
         steps: list[dict] = [measure([])]
@@ -52,7 +54,7 @@ def fit_budget(fp32_path: Path, out_path: Path, ranges, budget: float, loss: Los
         while steps[-1]["loss"] > budget and len(kept) < len(order):
             kept = order[: len(kept) + 1]
             steps.append(measure(kept))
-    quantize_qdq(fp32_path, out_path, ranges, exclude=kept)
+    quantize_qdq(fp32_path, out_path, ranges, exclude=kept, weights=weights)
     final = steps[-1]
     return {
         "summary": f"{out_path.name}: {len(kept)} of {len(layers)} layers kept in float, loss {final['loss']:.3g} "

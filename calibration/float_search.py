@@ -56,11 +56,11 @@ def _quantized(
     scratch.mkdir(parents=True)
     calibrated, qdq = candidate.fp32_equal, scratch / QDQ_GRAPH
     if means is None:
-        return qdq, quantize_qdq(calibrated, qdq, candidate.ranges, exclude=exclude)
+        return qdq, quantize_qdq(calibrated, qdq, candidate.ranges, exclude=exclude, weights=candidate.weights)
     corrected = corrected_path(calibrated, "float-search")
     try:
         correct_biases(calibrated, candidate.qdq, means, corrected, skip=exclude)
-        return qdq, quantize_qdq(corrected, qdq, candidate.ranges, exclude=exclude)
+        return qdq, quantize_qdq(corrected, qdq, candidate.ranges, exclude=exclude, weights=candidate.weights)
     finally:
         remove_graph(corrected)  # the quantizer's input alone
 

@@ -106,6 +106,8 @@ def make_int8_graph(
         search = judge_candidates(candidates, calibration, judge, scratch)
         search = search_float(search, calibration, config, judge, scratch / "float")
         written = write_int8_graphs(search, out_path, cpu_out_paths or {}, scratch, keep_chosen=keep_chosen)
+    for candidate in search.tried:  # every graph of the stage is written: its int8 weights need not stay in memory
+        candidate.weights.clear()
     return int8_result(fp32_path, config, calibration, search, written)
 
 
@@ -403,7 +405,8 @@ def _candidate(
         collect_seconds=fitted.seconds,
         collect_passes=fitted.passes,
         qdq=qdq,
-        structure=quantize_qdq(fitted.calibrated, qdq, ranges),
+        structure=quantize_qdq(fitted.calibrated, qdq, ranges, weights=fitted.weights),
+        weights=fitted.weights,
     )
 
 
@@ -543,4 +546,5 @@ def _cpu_graph(
 def _quantizer_name() -> str:
     import onnxruntime
 
+    # TensorRT's graph is quantize_static's, written without it (calibration/qdq_write.py); the CPU graphs are its own.
     return f"onnxruntime {onnxruntime.__version__} quantize_static (QDQ, symmetric QInt8, per-channel weights)"

@@ -3,13 +3,14 @@ rows gave a smoothing alpha, the search over candidates, and the graphs written 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..pipeline.folder.records import RowsAgreement
 from .cache import CacheLookup
+from .qdq_write import QuantizedWeights
 from .ranges import method_options
 from .smooth import smoothing_options
 
@@ -72,6 +73,7 @@ class Candidate:
     collect_passes: int
     qdq: Path
     structure: dict
+    weights: QuantizedWeights  # its smoothing alpha's, shared by every Q/DQ graph made from `calibrated`
     held_out: RowsAgreement | None = None
     float_ops: tuple[str, ...] = ()
     # Where `calibrated` has every Conv/Gemm bias corrected (calibration/bias.py; the CPU graphs, which quantize
@@ -101,8 +103,8 @@ class Candidate:
 class Fitted:
     """What the fit rows gave one smoothing alpha: its scales, the FP32 graph smoothed with them (calibrated_graph),
     the ranges measured on that graph by method (not those the cache had), the weights' input means there, the
-    channel maxima measured on the way (the unsmoothed graph's, where scales were to come from them), and the passes
-    over the fit rows and seconds that took."""
+    channel maxima measured on the way (the unsmoothed graph's, where scales were to come from them), the passes
+    over the fit rows and seconds that took, and its weights' Q/DQ, made as its candidates' graphs ask for them."""
 
     scales: dict[str, np.ndarray]
     calibrated: Path
@@ -111,6 +113,7 @@ class Fitted:
     maxima: dict[str, np.ndarray]
     passes: int
     seconds: float
+    weights: QuantizedWeights = field(default_factory=QuantizedWeights)  # the Q/DQ of `calibrated`'s weights
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
-"""Q/DQ insertion with ONNX Runtime's quantizer, in the form TensorRT's strongly typed builder accepts.
+"""Q/DQ insertion as ONNX Runtime's quantizer does it, in the form TensorRT's strongly typed builder accepts.
 
-quantize_static(QuantFormat.QDQ) with:
+The graph is quantize_static(QuantFormat.QDQ)'s, written by calibration/qdq_write.py from what is in memory (each
+weight quantized once per smoothing alpha; tests/calibration/test_qdq.py holds it equal to quantize_static's), with:
   - QInt8 activations and weights, ActivationSymmetric/WeightSymmetric: every zero point is 0,
     as TensorRT requires;
   - per_channel=True: one weight scale per output channel (axis 0 for Conv and Gemm);
@@ -26,8 +27,11 @@ import onnx
 from onnx import numpy_helper
 
 from ..pipeline.folder.graph_files import atomic_graph, graph_files, save_graph
+from .qdq_write import QuantizedWeights, qdq_model
 from .ranges import QUANTIZED_OPS
 
+# quantize_static's extra options for that graph (with QuantType.QInt8 activations and weights, per_channel): what
+# qdq_write.py does, and what the tests hand quantize_static to compare.
 QDQ_OPTIONS = {
     "ActivationSymmetric": True,
     "WeightSymmetric": True,
@@ -36,22 +40,21 @@ QDQ_OPTIONS = {
 }
 
 
-def quantize_qdq(fp32_path: Path, out_path: Path, ranges, *, exclude: Sequence[str] = ()) -> dict:
+def quantize_qdq(
+    fp32_path: Path,
+    out_path: Path,
+    ranges,
+    *,
+    exclude: Sequence[str] = (),
+    weights: QuantizedWeights | None = None,
+) -> dict:
     """Write the Q/DQ graph for `ranges` (ORT TensorsData) of `fp32_path`, a graph whose constants are all
     initializers (calibration.int8.calibrated_graph), the nodes named in `exclude` left in float; return its
-    structure for the manifest."""
-    from onnxruntime.quantization import QuantType
-
+    structure for the manifest.  weights: the Q/DQ of `fp32_path`'s weights, kept for every graph made from the same
+    smoothing alpha's graph (its candidates, their bias-corrected graphs, the float search's tries); by default
+    quantized for this graph alone."""
     with atomic_graph(out_path) as temporary:
-        model = quantize_with_ranges(
-            fp32_path,
-            temporary,
-            ranges,
-            op_types_to_quantize=list(QUANTIZED_OPS),
-            activation_type=QuantType.QInt8,
-            extra_options=QDQ_OPTIONS,
-            nodes_to_exclude=list(exclude),
-        )
+        model = qdq_model(fp32_path, ranges, weights or QuantizedWeights(), exclude)
         problems = qdq_problems(model)
         if problems:  # our own quantizer settings are wrong: a bug, not the user's mistake
             raise RuntimeError("the Q/DQ graph breaks TensorRT's rules:\n  " + "\n  ".join(problems))
