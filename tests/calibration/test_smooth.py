@@ -419,5 +419,5 @@ def test_smooth_setting_is_an_alpha_or_off():
     assert Settings(smooth="0.8").smooth_alphas() == (0.8,)
     for bad in ("0", "1.5", "nan", "strong"):
         with pytest.raises(PipelineError, match=r"Settings\(smooth=") as raised:
-            Settings(precision="int8", smooth=bad).check()
+            Settings(precision="int8", calib="calibration/samples", smooth=bad).check()
         assert raised.value.fix is not None and 'Settings(smooth="off")' in raised.value.fix
