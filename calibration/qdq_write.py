@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import numpy_helper
+from onnx.external_data_helper import uses_external_data
 
 from ..pipeline.folder.graph_files import graph_without_weights
 from ..pipeline.folder.onnx_wire import external_span, read_span
@@ -332,8 +333,6 @@ def _copy(tensor: onnx.TensorProto) -> onnx.TensorProto:
 def _load_remaining(model: onnx.ModelProto, base: Path) -> None:
     """Every initializer's bytes into the model, each marked as ORT's file round trip leaves it: a tensor read from
     external data, or large enough for onnx to have written it there, has data_location set (to DEFAULT)."""
-    from onnx.external_data_helper import uses_external_data
-
     for tensor in model.graph.initializer:
         if uses_external_data(tensor):
             raw = read_span(external_span(tensor, base))
