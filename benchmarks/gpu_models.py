@@ -98,7 +98,7 @@ SWEEP = {
     "whisper-encoder": Model(factory("whisper_encoder"), "80 mel bins x 3000 frames (Whisper-base encoder)"),
     "vit-1b": Model(factory("vit_giant"), "3x224x224 images (ViT-g/14 sized: 1.01G parameters, 4 GB FP32)"),
 }
-# The dry run's, built on a CPU in seconds (tests/test_benchmark_gpu_models.py).
+# The dry run's, built on a CPU in seconds (tests/benchmarks/test_gpu_models.py).
 TINY = {
     "tiny-cnn": Model(factory("tiny_cnn"), "3x32x32 images"),
     "tiny-bert": Model(folder(sweep_models.tiny_bert_folder, "tiny-bert"), "token ids + mask, sequence 16"),
