@@ -1,6 +1,6 @@
-"""INT8 calibration for real: the trained digits CNN calibrated on its own data with ONNX Runtime,
-the Q/DQ graph checked structurally, run by ONNX Runtime and built by TensorRT-RTX; the cache; and
-every kind of bad calibration input.
+"""INT8 calibration for real (calibration/int8.py): the trained digits CNN calibrated on its own data with ONNX
+Runtime, the Q/DQ graph checked structurally, run by ONNX Runtime and built by TensorRT-RTX; the graphs for ONNX
+Runtime's CPU kernels; the cache; a bad calibration folder on the command line.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from onnx import numpy_helper
 
 from tests.helpers import toy_models
-from tests.helpers.digits_int8 import BATCH, SAMPLES, _digit_pngs, cpu_graph
+from tests.helpers.digits_int8 import BATCH, SAMPLES, cpu_graph, digit_pngs
 from trt_pipeline.calibration.cache import load_ranges
 from trt_pipeline.calibration.holdout import read_calibration
 from trt_pipeline.calibration.int8 import CACHE_FOLDER, calibration_sample, make_int8_graph
@@ -138,7 +138,7 @@ def test_tensorrt_rtx_builds_the_int8_graph(int8, tmp_path):
 
 def test_make_engine_int8_from_an_image_folder(split, tmp_path):
     """`make engine MODEL=digits PRECISION=int8 CALIB=<pngs>`: calibrate, parity, build, manifest."""
-    images = _digit_pngs(split, tmp_path / "pngs", 64)
+    images = digit_pngs(split, tmp_path / "pngs", 64)
     argv = ["all", "--model", "digits", "--precision", "int8", "--calib", str(images), "--calib-batch", "16"]
     assert cli.main([*argv, "--out", str(tmp_path / "engines")]) == 0
     folder = tmp_path / "engines" / "digits-int8"

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers.digits_int8 import BATCH, SAMPLES, _digit_pngs
+from tests.helpers.digits_int8 import BATCH, SAMPLES, digit_pngs
 from trt_pipeline.calibration.readers import graph_inputs, read_calibration_data
 from trt_pipeline.models.digits import PREPROCESS
 from trt_pipeline.models.spec import ImagePreprocess
@@ -39,8 +39,8 @@ def test_readers_agree_on_npy_npz_and_callable(fp32, split, tmp_path):
         (lambda d, s: _save(d / "x.npy", s.train_inputs[:64].astype(np.float64)), PREPROCESS, "is float64"),
         (lambda d, s: _save(d / "x.npy", s.train_inputs[:64, 0]), PREPROCESS, r"has shape \[64, 8, 8\]"),
         (lambda d, s: _save(d / "x.npy", s.train_inputs[: BATCH - 1]), PREPROCESS, "fewer than one batch of 32"),
-        (lambda d, s: _digit_pngs(s, d, 4), None, "declares no image preprocessing"),
-        (lambda d, s: _digit_pngs(s, d, 4), ImagePreprocess(), r"preprocess to \[3, 224, 224\]"),
+        (lambda d, s: digit_pngs(s, d, 4), None, "declares no image preprocessing"),
+        (lambda d, s: digit_pngs(s, d, 4), ImagePreprocess(), r"preprocess to \[3, 224, 224\]"),
         (lambda d, s: _savez_unnamed_pair(d / "x.npz", s.train_inputs), PREPROCESS, "missing"),
         (lambda d, s: d / "absent", PREPROCESS, "does not exist"),
         (lambda d, s: _save(d / "x.npy", np.full((64, 1, 8, 8), np.nan, np.float32)), PREPROCESS, "NaN"),

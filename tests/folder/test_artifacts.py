@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -13,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.folder_builds import GATED, LOCK_KINDS, _lock_as, feed, settings
+from tests.helpers.folder_builds import GATED, LOCK_KINDS, feed, lock_as, settings
+from tests.helpers.runner_folders import copy_folder
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.folder.artifacts import LOCK, build_lock, running_build
 from trt_pipeline.pipeline.runners import load_runner
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def folder(built: Path, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(built, tmp_path / built.name))
+    return copy_folder(built, tmp_path)
 
 
 def test_a_second_build_into_the_same_folder_refuses_at_once(root, tmp_path):
@@ -81,7 +81,7 @@ def test_a_lock_that_is_no_plain_file_is_refused_and_nothing_is_written_through_
     victim.write_text("precious")
     folder = tmp_path / "engines" / built.name
     folder.mkdir(parents=True)
-    _lock_as(kind, folder / LOCK, victim)
+    lock_as(kind, folder / LOCK, victim)
     refusal = re.escape(f"the build lock {folder / LOCK} is {LOCK_KINDS[kind]},")
     with pytest.raises(PipelineError, match=refusal) as caught:
         make_engine(settings(tmp_path / "engines"))

@@ -1,5 +1,6 @@
-"""The artifact folder's rules on real folders: readers load only a finished folder of this layout and only its
-own files with the sha256 the build recorded; a build holds the folder's lock and clears killed runs' temporaries."""
+"""The artifact folder's rules on real folders (pipeline/folder/reader.py): readers load only a finished folder of
+this layout and only its own files with the sha256 the build recorded, pass over a lock that is no plain file, and
+give one answer to what may serve on a host."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers.folder_builds import FP32_RECORD, LOCK_KINDS, OTHER, REBUILD, _lock_as, edit_manifest, feed, settings
+from tests.helpers.folder_builds import FP32_RECORD, LOCK_KINDS, OTHER, REBUILD, edit_manifest, feed, lock_as, settings
+from tests.helpers.runner_folders import copy_folder
 from trt_pipeline.pipeline.core.cpu import NO_VNNI, VNNI, int8_cpu_kind
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.precision import Precision
@@ -35,7 +37,7 @@ from trt_pipeline.pipeline.stages.sequence import make_engine, run_stage
 
 @pytest.fixture
 def folder(built: Path, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(built, tmp_path / built.name))
+    return copy_folder(built, tmp_path)
 
 
 # --------------------------------------------------------------------------- what readers refuse
@@ -204,7 +206,7 @@ def test_a_reader_passes_over_a_lock_that_is_no_plain_file(kind, folder, tmp_pat
     (folder / LOCK).unlink()
     victim = tmp_path / "victim.txt"
     victim.write_text(str(os.getpid()))  # a live pid behind a link is no build of this folder
-    _lock_as(kind, folder / LOCK, victim)
+    lock_as(kind, folder / LOCK, victim)
     assert running_build(folder) is None
     edit_manifest(folder, complete=False)
     with pytest.raises(PipelineError, match="holds an unfinished build"):

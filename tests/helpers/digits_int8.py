@@ -26,26 +26,26 @@ def cpu_graph(kind: str) -> str:
     return graph_record(Precision.INT8, CPU_TARGETS[kind]).file
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def split():
     return load_split()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fp32(tmp_path_factory) -> Path:
     """The digits model's checked, simplified FP32 graph (the pipeline's own stages)."""
     out = tmp_path_factory.mktemp("engines")
     return make_engine(Settings(model="digits", precision="fp32", out_root=out)) / "model.onnx"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def train_npy(split, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("data") / "train.npy"
     np.save(path, split.train_inputs)
     return path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def int8(fp32, train_npy, tmp_path_factory) -> tuple[Path, Int8Result]:
     """model.int8.onnx (and the two CPU graphs beside it) calibrated (max) on the training split; its stage record."""
     folder = tmp_path_factory.mktemp("int8")
@@ -60,7 +60,7 @@ def int8(fp32, train_npy, tmp_path_factory) -> tuple[Path, Int8Result]:
     return folder / "model.int8.onnx", record
 
 
-def _digit_pngs(split, folder: Path, count: int) -> Path:
+def digit_pngs(split, folder: Path, count: int) -> Path:
     """Training digits written as 8-bit grayscale PNGs, as a user's image folder would hold them."""
     folder.mkdir(parents=True, exist_ok=True)
     pixels = np.round((split.train_inputs[:count, 0] * 0.5 + 0.5) * 255).astype(np.uint8)

@@ -14,21 +14,11 @@ from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
 TINY = "tests.helpers.toy_models:tiny_cnn"
-
-
 OTHER = "tests.helpers.folder_models:other_tiny_cnn"
-
-
 GATED = "tests.helpers.folder_models:gated_tiny_cnn"
-
-
 REBUILD = 'make_engine(Settings(model="tests.helpers.toy_models:tiny_cnn", precision="fp32"'  # Python's words
-
-
 # model.onnx's record in an fp32 folder's manifest (pipeline.folder.layout).
 FP32_RECORD = {"file": "model.onnx", "precision": "fp32", "target": "engine", "evaluation": "plain"}
-
-
 FP32_RECORD |= {"gate": "parity_fp32", "postprocess": "none"}
 
 
@@ -36,12 +26,12 @@ def settings(root: Path, model: str = TINY) -> Settings:
     return Settings(model=model, precision="fp32", batch=BatchProfile(1, 2, 4), out_root=root, builder="tensorrt_rtx")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("engines")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def built(root: Path) -> Path:
     """A finished tiny_cnn fp32 folder (ONNX, reference, engine.plan); tests change copies of it."""
     return make_engine(settings(root))
@@ -56,7 +46,7 @@ def feed(rows: int = 2) -> dict[str, np.ndarray]:
     return {"input": np.random.default_rng(0).standard_normal((rows, 3, 16, 16), dtype=np.float32)}
 
 
-def _lock_as(kind: str, lock: Path, victim: Path) -> None:
+def lock_as(kind: str, lock: Path, victim: Path) -> None:
     """Put something other than a plain file of its own where the folder's build lock goes."""
     if kind == "symlink":
         lock.symlink_to(victim)

@@ -1,5 +1,6 @@
 """Artifact folders of the toy models that the runner tests share (session-scoped: each is built once per run):
-fp32 tiny_cnn and text_classifier, tiny_cnn in FP16, and tiny_cnn calibrated to INT8."""
+fp32 tiny_cnn and text_classifier, tiny_cnn in FP16, and tiny_cnn calibrated to INT8; and one ONNX Runtime and one
+PyTorch runner per fp32 folder, for the tests that only read."""
 
 from __future__ import annotations
 

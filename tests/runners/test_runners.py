@@ -1,5 +1,6 @@
-"""The runner contract on real artifacts: ONNX Runtime and PyTorch runners, validation, chunking, threads,
-and the engine runner's refusals that happen before any GPU is touched."""
+"""load_runner, the front of pipeline/runners/: what auto picks and why, what it refuses before a runner opens, and
+the contract every backend keeps on real artifacts (PyTorch's answers, the reader's refusals passed on as they are).
+Each runner's own behaviour is tested in the file named after its module."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The spine's stages on small models built in code: real export, checker, onnxsim and ONNX Runtime."""
+"""The build stages in a row on small models built in code (export, check, simplify, parity, and make_engine as a
+user runs it): what spans stages.  Each stage alone is tested in the file named after its module."""
 
 from __future__ import annotations
 
