@@ -59,4 +59,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # Fixtures that several test files share, defined once.
-pytest_plugins = ["tests.helpers.model_fixtures", "tests.helpers.runner_folders", "tests.helpers.serve_fixtures"]
+pytest_plugins = [
+    "tests.helpers.digits_int8",
+    "tests.helpers.folder_builds",
+    "tests.helpers.model_fixtures",
+    "tests.helpers.runner_folders",
+    "tests.helpers.serve_fixtures",
+]

@@ -17,6 +17,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.helpers.digits_int8 import SAMPLES
 from trt_pipeline.calibration.bias import correct_biases
 from trt_pipeline.calibration.holdout import read_calibration
 from trt_pipeline.calibration.int8 import calibrated_graph, make_int8_graph
@@ -30,6 +31,8 @@ from trt_pipeline.calibration.ranges import (
 )
 from trt_pipeline.calibration.readers import CalibrationData, graph_inputs, read_calibration_data
 from trt_pipeline.calibration.smooth import smoothable, smoothed_tensors, smoothing_scales
+from trt_pipeline.models.digits import PREPROCESS
+from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.sessions import OPTIMIZATION_LEVELS, onnxruntime_session, opens_like, probed_level
 from trt_pipeline.pipeline.evaluation.agreement import int8_judge
 
@@ -233,3 +236,42 @@ def test_a_graph_that_differs_in_constants_alone_takes_the_level_its_original_wa
     assert probed_level(graph) == OPTIMIZATION_LEVELS[0] and probed_level(corrected) is None
     opens_like(corrected, graph)
     assert probed_level(corrected) == OPTIMIZATION_LEVELS[0]
+
+
+def test_percentile_and_entropy_clip_what_max_keeps(fp32, train_npy):
+    data = read_calibration_data(train_npy, graph_inputs(fp32), PREPROCESS, samples=SAMPLES, batch=BATCH)
+    ranges = collect_statistics(fp32, data, ("max", "percentile", "entropy")).ranges
+    assert set(ranges["max"].keys()) == set(ranges["percentile"].keys()) == set(ranges["entropy"].keys())
+    for name in ranges["max"]:
+        low, high = ranges["max"][name].range_value
+        assert np.isclose(-low, high)  # symmetric
+        for method in ("percentile", "entropy"):
+            assert 0 < ranges[method][name].range_value[1] <= high * (1 + 1e-6)
+    assert any(ranges["percentile"][n].range_value[1] < ranges["max"][n].range_value[1] for n in ranges["max"])
+
+
+def test_calibration_data_onnx_runtime_cannot_run_is_a_clear_error(tmp_path):
+    """Ids that reach their lookup through a Cast (the reader's id check cannot see it) and lie outside the table:
+    ONNX Runtime refuses the calibration batch; the error names the batch and the fix, not ORT's traceback."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = numpy_helper.from_array(np.ones((10, 3), np.float32), "table")
+    weight = numpy_helper.from_array(np.ones((3, 2), np.float32), "weight")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["x"], ["ids"], to=TensorProto.INT64),
+            helper.make_node("Gather", ["table", "ids"], ["rows"]),
+            helper.make_node("MatMul", ["rows", "weight"], ["y"]),
+        ],
+        "cast_lookup",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, 2])],
+        [table, weight],
+    )
+    fp32 = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(fp32))
+    np.savez(tmp_path / "calib.npz", x=np.full((8, 4), 50.0, np.float32))
+    data = read_calibration_data(tmp_path / "calib.npz", graph_inputs(fp32), None, samples=8, batch=4)
+    with pytest.raises(PipelineError, match="could not run model.onnx on calibration batch 0") as caught:
+        collect_statistics(fp32, data, ("max",))
+    assert "within the range the model looks them up in" in str(caught.value.fix)

@@ -328,3 +328,9 @@ def test_the_nms_settings_reach_nmsconfig_and_decide_only_an_nms_folder():
     with spoken_in(MAKE):
         words = render(make_engine_command(Settings(postprocess="nms", nms_candidates=300).as_record()))
     assert "POSTPROCESS=nms NMS_CANDIDATES=300" in words
+
+
+def test_int8_without_calibration_data_is_refused():
+    with pytest.raises(PipelineError, match="needs calibration data") as error:
+        Settings(model="digits", precision="int8").check()
+    assert "Settings(calib=" in str(error.value)

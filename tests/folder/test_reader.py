@@ -1,80 +1,43 @@
-"""The artifact folder's rules on real folders: readers load only a finished folder of this layout and only its
-own files with the sha256 the build recorded; a build holds the folder's lock and clears killed runs' temporaries."""
+"""The artifact folder's rules on real folders (pipeline/folder/reader.py): readers load only a finished folder of
+this layout and only its own files with the sha256 the build recorded, pass over a lock that is no plain file, and
+give one answer to what may serve on a host."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-import re
 import resource
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.helpers.folder_builds import FP32_RECORD, LOCK_KINDS, OTHER, REBUILD, edit_manifest, feed, lock_as, settings
+from tests.helpers.runner_folders import copy_folder
 from trt_pipeline.pipeline.core.cpu import NO_VNNI, VNNI, int8_cpu_kind
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.precision import Precision
-from trt_pipeline.pipeline.core.settings import BatchProfile, Postprocess, Settings
+from trt_pipeline.pipeline.core.settings import Postprocess
 from trt_pipeline.pipeline.folder.artifacts import LOCK, build_lock, running_build, temporary_name
 from trt_pipeline.pipeline.folder.layout import (
     ARTIFACT_LAYOUT,
     CPU_TARGETS,
-    artifact_names,
-    folder_graphs,
     graph_record,
 )
-from trt_pipeline.pipeline.folder.manifest import Manifest, read_manifest
+from trt_pipeline.pipeline.folder.manifest import read_manifest
 from trt_pipeline.pipeline.folder.provenance import describe_artifacts
 from trt_pipeline.pipeline.folder.reader import open_folder
-from trt_pipeline.pipeline.folder.records import GraphRecord, PostprocessRecord, encode
 from trt_pipeline.pipeline.runners import BACKENDS, load_runner
 from trt_pipeline.pipeline.runners.fastest import find_candidates
 from trt_pipeline.pipeline.runners.onnxruntime import CPU
 from trt_pipeline.pipeline.stages.sequence import make_engine, run_stage
 
-ROOT = Path(__file__).resolve().parents[2]
-TINY = "tests.helpers.toy_models:tiny_cnn"
-OTHER = "tests.helpers.folder_models:other_tiny_cnn"
-GATED = "tests.helpers.folder_models:gated_tiny_cnn"
-REBUILD = 'make_engine(Settings(model="tests.helpers.toy_models:tiny_cnn", precision="fp32"'  # Python's words
-# model.onnx's record in an fp32 folder's manifest (pipeline.folder.layout).
-FP32_RECORD = {"file": "model.onnx", "precision": "fp32", "target": "engine", "evaluation": "plain"}
-FP32_RECORD |= {"gate": "parity_fp32", "postprocess": "none"}
-
-
-def settings(root: Path, model: str = TINY) -> Settings:
-    return Settings(model=model, precision="fp32", batch=BatchProfile(1, 2, 4), out_root=root, builder="tensorrt_rtx")
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("engines")
-
-
-@pytest.fixture(scope="module")
-def built(root: Path) -> Path:
-    """A finished tiny_cnn fp32 folder (ONNX, reference, engine.plan); tests change copies of it."""
-    return make_engine(settings(root))
-
 
 @pytest.fixture
 def folder(built: Path, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(built, tmp_path / built.name))
-
-
-def edit_manifest(folder: Path, **entries) -> None:
-    path = folder / "manifest.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), **entries}))
-
-
-def feed(rows: int = 2) -> dict[str, np.ndarray]:
-    return {"input": np.random.default_rng(0).standard_normal((rows, 3, 16, 16), dtype=np.float32)}
+    return copy_folder(built, tmp_path)
 
 
 # --------------------------------------------------------------------------- what readers refuse
@@ -183,31 +146,6 @@ def test_a_damaged_manifest_entry_is_named_with_the_rebuild(folder, entry, value
     assert f"rebuild the folder: {REBUILD}" in str(caught.value.fix)
 
 
-def test_the_manifest_is_typed_and_stays_readable_json(built):
-    manifest = read_manifest(built)
-    assert manifest is not None and Manifest.from_json(manifest.as_json()) == manifest
-    raw = json.loads((built / "manifest.json").read_text())
-    assert raw["graphs"] == [FP32_RECORD]
-    assert raw["batch_profile"] == {"min": 1, "opt": 2, "max": 4}
-    assert raw["inputs"] == [{"name": "input", "dtype": "float32", "shape": ["batch", 3, 16, 16]}]
-    assert raw["parity_fp32"]["max_rel"] == manifest.parity("parity_fp32").max_rel < 1e-4
-    assert manifest.build is not None and raw["build"]["builder"]["module"] == manifest.builder().module
-    assert list(raw["timings"])[-1] == "build"
-    assert set(raw["artifacts"]) == set(artifact_names(folder_graphs(Precision.FP32)))
-    # Text once, where JSON comes in: a Precision read, its value written.
-    assert manifest.precision is Precision.FP32 and raw["precision"] == "fp32"
-
-
-def test_a_graphs_post_processing_is_read_from_json_as_postprocess_and_written_as_its_value():
-    nms_record = {**FP32_RECORD, "file": "model.nms.onnx", "gate": "nms_fp32", "postprocess": "nms"}
-    graph = GraphRecord.from_json(nms_record)
-    assert graph.postprocess is Postprocess.NMS and graph.precision is Precision.FP32
-    assert encode(graph) == nms_record
-    raw = {"kind": "nms", "config": {}, "head_outputs": [{"name": "head", "dtype": "float32", "shape": ["batch", 7]}]}
-    record = PostprocessRecord.from_json(raw)
-    assert record.kind is Postprocess.NMS and record.as_json() == raw
-
-
 def test_the_runner_on_a_cpu_takes_the_graph_the_manifest_lists_for_its_kind_of_cpu(folder):
     # The table, not the precision, decides: an fp32 folder listing a graph for this CPU's target gets it run.
     shutil.copy(folder / "model.onnx", folder / "model.cpu.onnx")
@@ -263,98 +201,12 @@ def test_a_graph_the_temporary_folder_has_no_room_to_copy_is_refused_with_tmpdir
 # --------------------------------------------------------------------------- what a build holds
 
 
-def test_a_second_build_into_the_same_folder_refuses_at_once(root, tmp_path):
-    ready, go = tmp_path / "ready", tmp_path / "go"
-    command = [sys.executable, "-m", "trt_pipeline", "all", "--model", GATED, "--precision", "fp32"]
-    command += ["--batch", "1:2:4", "--out", str(root)]
-    environment = {**os.environ, "GATE_READY": str(ready), "GATE_GO": str(go)}
-    first = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        _wait_for(ready, first)  # the first build holds the lock and waits in its model's factory
-        folder = root / "folder_models-gated_tiny_cnn-fp32"
-        assert running_build(folder) == first.pid
-        second = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
-        assert second.returncode == 2, second.stderr
-        assert f"error: another build is writing {folder} (process {first.pid} holds" in second.stderr
-        assert f"kill {first.pid}" in second.stderr and "Traceback" not in second.stderr
-    finally:
-        go.touch()
-        out, err = first.communicate(timeout=300)
-    assert first.returncode == 0, err
-    assert running_build(folder) is None  # the pid goes with the lock
-    with load_runner(folder, "onnxruntime") as runner:  # the first build finished alone
-        assert runner.infer(feed())["logits"].shape == (2, 10)
-
-
-def _wait_for(path: Path, process: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 300  # a safety net only: the first build's import of torch takes seconds
-    while not path.exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise AssertionError(f"the first build never reached its gate: {process.communicate()[1]!r}")
-        time.sleep(0.05)
-
-
-def test_a_run_removes_the_temporaries_killed_runs_left(folder):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    dead_pid = int(dead.stdout)  # a process that has exited: its temporaries are stale
-    stale = [folder / f".model.onnx.{dead_pid}.tmp", folder / "calibration" / f".ranges.json.{dead_pid}.tmp"]
-    live = folder / f".bench.json.{os.getpid()}.tmp"  # a living writer's (a benchmark writing its report)
-    for path in [*stale, live]:
-        path.parent.mkdir(exist_ok=True)
-        path.write_bytes(b"half written")
-    with build_lock(folder) as removed:
-        assert removed == sorted(stale)
-        assert (folder / LOCK).read_text() == str(os.getpid())
-    assert not any(path.exists() for path in stale) and live.exists()
-    assert (folder / LOCK).read_text() == ""
-
-
-def _lock_as(kind: str, lock: Path, victim: Path) -> None:
-    """Put something other than a plain file of its own where the folder's build lock goes."""
-    if kind == "symlink":
-        lock.symlink_to(victim)
-    elif kind == "dangling-symlink":
-        lock.symlink_to(victim.with_name("created-through-the-link"))
-    elif kind == "hard-link":
-        os.link(victim, lock)
-    elif kind == "directory":
-        lock.mkdir()
-    else:
-        os.mkfifo(lock)
-
-
-LOCK_KINDS = {
-    "symlink": "a symbolic link",
-    "dangling-symlink": "a symbolic link",
-    "hard-link": "a file with 2 names (hard links)",
-    "directory": "a directory",
-    "fifo": "a FIFO",
-}
-
-
-@pytest.mark.parametrize("kind", LOCK_KINDS)
-def test_a_lock_that_is_no_plain_file_is_refused_and_nothing_is_written_through_it(kind, built, tmp_path, capsys):
-    # "a+" followed a link: any file the builder could write was emptied and got the build's pid; a directory gave
-    # IsADirectoryError; a FIFO would have blocked the build (and a reader) until someone wrote to it.
-    victim = tmp_path / "victim.txt"
-    victim.write_text("precious")
-    folder = tmp_path / "engines" / built.name
-    folder.mkdir(parents=True)
-    _lock_as(kind, folder / LOCK, victim)
-    refusal = re.escape(f"the build lock {folder / LOCK} is {LOCK_KINDS[kind]},")
-    with pytest.raises(PipelineError, match=refusal) as caught:
-        make_engine(settings(tmp_path / "engines"))
-    assert "remove it (rm -r" in caught.value.fix
-    assert victim.read_text() == "precious" and not (tmp_path / "created-through-the-link").exists()
-    assert sorted(path.name for path in folder.iterdir()) == [LOCK]  # nothing built beside it
-
-
 @pytest.mark.parametrize("kind", LOCK_KINDS)
 def test_a_reader_passes_over_a_lock_that_is_no_plain_file(kind, folder, tmp_path):
     (folder / LOCK).unlink()
     victim = tmp_path / "victim.txt"
     victim.write_text(str(os.getpid()))  # a live pid behind a link is no build of this folder
-    _lock_as(kind, folder / LOCK, victim)
+    lock_as(kind, folder / LOCK, victim)
     assert running_build(folder) is None
     edit_manifest(folder, complete=False)
     with pytest.raises(PipelineError, match="holds an unfinished build"):

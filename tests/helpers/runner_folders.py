@@ -1,5 +1,6 @@
 """Artifact folders of the toy models that the runner tests share (session-scoped: each is built once per run):
-fp32 tiny_cnn and text_classifier, tiny_cnn in FP16, and tiny_cnn calibrated to INT8."""
+fp32 tiny_cnn and text_classifier, tiny_cnn in FP16, and tiny_cnn calibrated to INT8; and one ONNX Runtime and one
+PyTorch runner per fp32 folder, for the tests that only read."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from tests.helpers.runner_feeds import cnn_batch
 from trt_pipeline.pipeline.core.settings import Settings
+from trt_pipeline.pipeline.runners import load_runner
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
 MODELS = {
@@ -58,3 +60,18 @@ def edit_manifest(folder: Path, edit) -> None:
     manifest = json.loads(path.read_text())
     edit(manifest)
     path.write_text(json.dumps(manifest))
+
+
+FP32_RTOL = 1e-4  # same graph, same inputs: only float reassociation between PyTorch and ONNX Runtime
+
+
+BACKENDS = ("onnxruntime", "torch")
+
+
+@pytest.fixture(scope="session")
+def runners(folders: dict[str, Path]):
+    """One ONNX Runtime and one PyTorch runner per model, shared by the read-only tests."""
+    made = {(name, backend): load_runner(folder, backend) for name, folder in folders.items() for backend in BACKENDS}
+    yield made
+    for runner in made.values():
+        runner.close()
