@@ -59,7 +59,7 @@ from .int8_records import (
     Search,
 )
 from .qdq import constants_as_initializers, quantize_qdq
-from .qdq_cpu import WEIGHT_FORMS, WEIGHTS_FOR, quantize_for_cpu
+from .qdq_cpu import WEIGHT_FORMS, WEIGHTS_FOR, quantize_for_cpu, write_weight_rounding
 from .ranges import Alike, collect_statistics
 from .readers import CalibrationData
 from .share import compute_shapes, int8_share, macs_by_op
@@ -531,7 +531,7 @@ def _cpu_graph(
             return CpuGraph(path.name, quantize_for_cpu(chosen.calibrated, path, chosen.ranges, weights=weights))
         folder = scratch / kind
         folder.mkdir(parents=True)
-        quantize_for_cpu(chosen.uncorrected, folder / path.name, chosen.ranges, weights=weights)
+        write_weight_rounding(chosen.uncorrected, folder / path.name, chosen.ranges, weights=weights)
         corrected = corrected_path(chosen.uncorrected, kind)
         correction = correct_biases(chosen.uncorrected, folder / path.name, means, corrected)
         shutil.rmtree(folder)  # its rounding is read: not on disk beside the graph written next

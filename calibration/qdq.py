@@ -81,14 +81,23 @@ def constants_as_initializers(graph: onnx.GraphProto) -> int:
     return len(constants)
 
 
-def quantize_with_ranges(
+def quantize_with_ranges(fp32_path: Path, target: Path, ranges, **options) -> onnx.ModelProto:
+    """write_with_ranges's graph, returned with its weights in memory and nothing of it on disk (ORT's files at
+    `target` are removed once read): the caller writes it as the folder's rule says (save_graph).  Storing ORT's
+    files by that rule first, then writing the graph again, held the weights on disk twice (the 1.1B LM's CPU graph:
+    1.3 GB twice, at the INT8 stage's disk peak)."""
+    write_with_ranges(fp32_path, target, ranges, **options)
+    model = onnx.load(str(target))  # its weights with it
+    for file in graph_files(target):
+        file.unlink()
+    return model
+
+
+def write_with_ranges(
     fp32_path: Path, target: Path, ranges, *, weight_type=None, reduce_range: bool = False, **options
-) -> onnx.ModelProto:
+) -> None:
     """quantize_static (QDQ, per-channel weights, int8 unless `weight_type` says otherwise) with precomputed
-    ranges; `options` pick the rest.  The graph comes back with its weights in memory and nothing of it on disk
-    (ORT's files at `target` are removed once read): the caller writes it as the folder's rule says (save_graph).
-    Storing ORT's files by that rule first, then writing the graph again, held the weights on disk twice (the 1.1B
-    LM's CPU graph: 1.3 GB twice, at the INT8 stage's disk peak)."""
+    ranges, its graph left at `target` as ORT writes it (with its data file); `options` pick the rest."""
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.calibrate import save_tensors_data
 
@@ -111,10 +120,6 @@ def quantize_with_ranges(
                 use_external_data_format=True,  # the graph may pass 2 GB
                 **options,
             )
-    model = onnx.load(str(target))  # its weights with it
-    for file in graph_files(target):
-        file.unlink()
-    return model
 
 
 def qdq_problems(model: onnx.ModelProto) -> list[str]:

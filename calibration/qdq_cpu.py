@@ -47,7 +47,7 @@ from onnx import numpy_helper
 
 from ..pipeline.core.cpu import NO_VNNI, VNNI
 from ..pipeline.folder.graph_files import atomic_graph, graph_without_weights, save_graph
-from .qdq import qdq_structure, quantize_with_ranges
+from .qdq import qdq_structure, quantize_with_ranges, write_with_ranges
 
 # The ops whose Q/DQ ONNX Runtime's CPU provider turns into an int8 kernel (QLinearConv, QGemm,
 # QLinearMatMul, QLinearAdd/Mul, QLinearAveragePool/GlobalAveragePool, QLinearConcat), runs on
@@ -110,28 +110,9 @@ def quantize_for_cpu(
     """Write the ONNX-Runtime-CPU-shaped graph for `ranges` (ORT TensorsData) of `fp32_path`, a graph whose
     constants are all initializers (calibration.int8.calibrated_graph); return its structure.  `float_output_ops`:
     the op types whose outputs stay float (another value only for benchmarks/int8_cpu_forms.py's comparison)."""
-    from onnxruntime.quantization import QuantType
-
-    weight_type, symmetric, reduce_range = WEIGHT_FORMS[weights]
-    model = graph_without_weights(fp32_path)  # the ranges read the graph's structure and small constants only
-    cpu_ranges = asymmetric_ranges(model.graph, ranges)
-    unranged = nodes_without_ranges(model.graph, cpu_ranges)
     with atomic_graph(out_path) as temporary:
-        quantized = quantize_with_ranges(
-            fp32_path,
-            temporary,
-            as_tensors_data(cpu_ranges, ranges.calibration_method),
-            op_types_to_quantize=list(CPU_OPS),
-            activation_type=QuantType.QUInt8,
-            weight_type=QuantType[weight_type],
-            reduce_range=reduce_range,
-            nodes_to_exclude=unranged,
-            extra_options={
-                "ActivationSymmetric": False,
-                "WeightSymmetric": symmetric,
-                "OpTypesToExcludeOutputQuantization": list(float_output_ops),
-            },
-        )
+        options, unranged = _cpu_options(fp32_path, ranges, weights, float_output_ops)
+        quantized = quantize_with_ranges(fp32_path, temporary, **options)
         float_outputs = _unquantize_graph_outputs(quantized)
         structure = qdq_structure(quantized)  # before save_graph, which moves the weights out past 2 GB
         save_graph(quantized, temporary)
@@ -144,6 +125,39 @@ def quantize_for_cpu(
         "float_outputs": float_outputs,
         **kernels,
     }
+
+
+def write_weight_rounding(fp32_path: Path, out_path: Path, ranges, *, weights: str) -> None:
+    """Write at `out_path` (with its data file) the graph quantize_for_cpu makes of `fp32_path`, as ONNX Runtime's
+    quantizer leaves it: a graph only read for its weights' rounding (bias.correct_biases), which the outputs' Q/DQ
+    and ORT's kernels do not change, so neither is removed nor counted, and the graph is not loaded and written
+    again."""
+    options, _ = _cpu_options(fp32_path, ranges, weights, FLOAT_OUTPUTS)
+    write_with_ranges(fp32_path, out_path, **options)
+
+
+def _cpu_options(fp32_path: Path, ranges, weights: str, float_output_ops: tuple[str, ...]) -> tuple[dict, list[str]]:
+    """write_with_ranges's arguments for the CPU form `weights` (WEIGHT_FORMS), and the nodes left in float."""
+    from onnxruntime.quantization import QuantType
+
+    weight_type, symmetric, reduce_range = WEIGHT_FORMS[weights]
+    model = graph_without_weights(fp32_path)  # the ranges read the graph's structure and small constants only
+    cpu_ranges = asymmetric_ranges(model.graph, ranges)
+    unranged = nodes_without_ranges(model.graph, cpu_ranges)
+    options = {
+        "ranges": as_tensors_data(cpu_ranges, ranges.calibration_method),
+        "op_types_to_quantize": list(CPU_OPS),
+        "activation_type": QuantType.QUInt8,
+        "weight_type": QuantType[weight_type],
+        "reduce_range": reduce_range,
+        "nodes_to_exclude": unranged,
+        "extra_options": {
+            "ActivationSymmetric": False,
+            "WeightSymmetric": symmetric,
+            "OpTypesToExcludeOutputQuantization": list(float_output_ops),
+        },
+    }
+    return options, unranged
 
 
 def asymmetric_ranges(graph: onnx.GraphProto, ranges) -> dict[str, tuple[float, float]]:

@@ -19,7 +19,7 @@ from trt_pipeline.calibration.holdout import read_calibration
 from trt_pipeline.calibration.int8 import _cpu_graph, make_int8_graph
 from trt_pipeline.calibration.int8_records import CalibrationConfig
 from trt_pipeline.calibration.qdq import quantize_qdq
-from trt_pipeline.calibration.qdq_cpu import int8_kernel_counts, quantize_for_cpu
+from trt_pipeline.calibration.qdq_cpu import int8_kernel_counts, quantize_for_cpu, write_weight_rounding
 from trt_pipeline.pipeline.core.cpu import NO_VNNI, VNNI
 from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
@@ -224,18 +224,42 @@ def test_a_cpu_graph_quantized_only_to_read_its_rounding_is_gone_before_the_corr
     uncorrected graph (a quarter of the weights); that graph is removed once read, not kept through the second."""
     (fp32, arguments), scratch = _depthwise_case(tmp_path), tmp_path / "scratch"
     scratch.mkdir()
-    quantize, present = int8.quantize_for_cpu, []
+    present: list[tuple[str, list[str]]] = []
 
-    def watched(source, out, *args, **options):
-        present.append(sorted(path.name for path in (scratch / NO_VNNI).glob("*")))
-        return quantize(source, out, *args, **options)
+    def watch(name: str) -> None:
+        quantize = getattr(int8, name)
 
-    monkeypatch.setattr(int8, "quantize_for_cpu", watched)
+        def watched(source, out, *args, **options):
+            present.append((name, sorted(path.name for path in (scratch / NO_VNNI).glob("*"))))
+            return quantize(source, out, *args, **options)
+
+        monkeypatch.setattr(int8, name, watched)
+
+    watch("write_weight_rounding")
+    watch("quantize_for_cpu")
     out = tmp_path / "model.int8.onnx"
     cpu = {NO_VNNI: out.with_name(graph_record(Precision.INT8, CPU_TARGETS[NO_VNNI]).file)}
     result = make_int8_graph(fp32, out, **arguments, cpu_out_paths=cpu, judge=int8_judge(fp32), scratch=scratch)
     assert "bias_correction" in result.cpu[NO_VNNI].details  # the branch that quantizes twice
-    assert present == [[], []], present
+    assert present == [("write_weight_rounding", []), ("quantize_for_cpu", [])], present
+
+
+def test_the_weight_rounding_graph_corrects_biases_as_the_cpu_graph_does(tmp_path):
+    """The no-VNNI graph's rounding is read from ONNX Runtime's graph as its quantizer writes it (its outputs' Q/DQ
+    kept, its kernels not counted, not loaded and written again): the corrected graph is byte for byte the one
+    corrected for the finished CPU graph's rounding."""
+    (fp32, arguments), scratch = _depthwise_case(tmp_path), tmp_path / "scratch"
+    scratch.mkdir()
+    chosen = make_int8_graph(fp32, tmp_path / "model.int8.onnx", **arguments, scratch=scratch).chosen
+    means = {"x": np.full(CHANNELS, 3.0)}
+    corrected = {}
+    for name, write in (("rounding", write_weight_rounding), ("cpu", quantize_for_cpu)):
+        (tmp_path / name).mkdir()
+        write(chosen.calibrated, tmp_path / name / "q.onnx", chosen.ranges, weights="u8u8")
+        correction = correct_biases(chosen.calibrated, tmp_path / name / "q.onnx", means, tmp_path / f"{name}.onnx")
+        assert correction["ops"] == 1, correction
+        corrected[name] = onnx.load(str(tmp_path / f"{name}.onnx")).SerializeToString()
+    assert corrected["rounding"] == corrected["cpu"]
 
 
 @pytest.mark.parametrize("module", [qdq, qdq_cpu], ids=["engine", "cpu"])
