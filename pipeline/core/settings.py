@@ -5,14 +5,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from .errors import PipelineError
 from .mentions import span
 from .nms_config import BOX_FORMATS, NmsConfig
-from .precision import PRECISIONS, Precision
+from .precision import PRECISIONS, Precision, TextEnum
 
 OPSET = 17  # fixed: TensorRT 10/11 and ONNX Runtime all read it; recorded in the manifest
 BUILDERS = ("auto", "tensorrt", "tensorrt_rtx")
@@ -43,19 +42,12 @@ DEFAULT_SMOOTH_ALPHA = 0.9
 TARGETS = ("default", "current")
 
 
-class Postprocess(str, Enum):
+class Postprocess(TextEnum):
     """What the served graphs end in: the model's own outputs, or (nms) a detector's raw head thinned by greedy NMS
-    into detections of fixed sizes, appended to each graph the folder serves (pipeline/stages/postprocess.py).  A
-    str, as Precision is: it compares equal to its value and is written to JSON as "nms"."""
+    into detections of fixed sizes, appended to each graph the folder serves (pipeline/stages/postprocess.py)."""
 
     NONE = "none"
     NMS = "nms"
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
 
 POSTPROCESSES: tuple[str, ...] = tuple(postprocess.value for postprocess in Postprocess)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
-from ..core.precision import Precision
+from ..core.precision import Precision, TextEnum
 from ..core.settings import POSTPROCESSES, Postprocess
 from .graph_io import GraphTensor
 
@@ -30,17 +30,7 @@ class StageRecord(Protocol):
     def as_json(self) -> dict: ...
 
 
-class _Named(str, Enum):
-    """A str enum written and printed as its value (as Precision is)."""
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
-
-
-class Target(_Named):
+class Target(TextEnum):
     """What a graph is shaped for.  ENGINE: the graph TensorRT builds engine.plan from, which ONNX Runtime runs
     too (on a GPU, and on a CPU for which the folder has no graph of its own).  CPU_*: shaped for ONNX Runtime's
     int8 kernels on a kind of CPU (pipeline.core.cpu: U8S8 saturates without VNNI, calibration/qdq_cpu.py)."""
@@ -50,7 +40,7 @@ class Target(_Named):
     CPU_NO_VNNI = "onnxruntime-cpu-no-vnni"
 
 
-class Evaluation(_Named):
+class Evaluation(TextEnum):
     """How the gates evaluate a graph so that they compute what serves it (pipeline/evaluation)."""
 
     PLAIN = "plain"  # ONNX Runtime as it is: float32 computes as the engine does
