@@ -350,11 +350,15 @@ def reference_cases(spec: ModelSpec, batch: BatchProfile) -> list[tuple[int, dic
     """(batch, extra-axis sizes) cases: the parity batches, plus each extra axis at its max and at its min.  The
     min too: DYNAMIC=input:1 on a convolution's channels (range 1:3:3, the example's 3 its max) was never run at
     another size, so the folder advertised a range the Conv cannot take and failed at run time."""
-    cases: list[tuple[int, dict[str, int]]] = [(b, {}) for b in parity_batches(batch)]
     declared = [d for axes in spec.dynamic_axes.values() for d in axes.values()]
     highs, lows = {d.name: d.max for d in declared}, {d.name: d.min for d in declared}
-    cases += [(2, sizes) for sizes in ([highs] if highs == lows else [highs, lows]) if sizes]
-    return cases
+    return [(b, {}) for b in parity_batches(batch)] + range_end_cases(highs, lows)
+
+
+def range_end_cases(highs: dict[str, int], lows: dict[str, int]) -> list[tuple[int, dict[str, int]]]:
+    """Batch 2 with every declared axis at the top of its range, then at the bottom (where that differs): a size
+    baked in at export, or an axis the model fixes, fails at one end or the other.  [] where no axis is declared."""
+    return [(2, sizes) for sizes in ([highs] if highs == lows else [highs, lows]) if sizes]
 
 
 def write_reference(spec: ModelSpec, batch: BatchProfile, path: Path) -> dict:

@@ -268,14 +268,12 @@ def integer_ranges(onnx_path: Path, names: list[str]) -> dict[str, tuple[int, in
 def reference_cases(source: OnnxModel, batch: BatchProfile) -> list[tuple[int, dict[str, int]]]:
     """(batch, sizes of the ranged dims): the parity batches at each range's opt, and batch 2 at each max and at each
     min (a range the graph cannot take is refused here, not at run time)."""
-    from .export import parity_batches
+    from .export import parity_batches, range_end_cases
 
     optimal = {name: bounds[1] for name, bounds in source.axis_ranges.items()}
-    cases = [(size, optimal) for size in parity_batches(batch)]
     highs = {name: bounds[2] for name, bounds in source.axis_ranges.items()}
     lows = {name: bounds[0] for name, bounds in source.axis_ranges.items()}
-    cases += [(2, sizes) for sizes in ([highs] if highs == lows else [highs, lows]) if sizes]
-    return cases
+    return [(size, optimal) for size in parity_batches(batch)] + range_end_cases(highs, lows)
 
 
 def write_onnx_reference(source: OnnxModel, onnx_path: Path, batch: BatchProfile, path: Path) -> dict:
