@@ -39,9 +39,8 @@ def check_runner(folder: ArtifactFolder, graph: GraphRecord, runner: Runner) -> 
     cases = load_reference(folder.read(REFERENCE))
     if nms is not None:
         cases = [(inputs, detections_of(expected, nms)) for inputs, expected in cases]
-    if graph.precision is not Precision.INT8:
-        return check_on_host(runner.infer, graph.precision, cases, detections=nms is not None)
-    return check_on_host(runner.infer, graph.precision, cases, held_out_sample(folder), detections=nms is not None)
+    sample = held_out_sample(folder) if graph.precision is Precision.INT8 else "none: not INT8"
+    return check_on_host(runner.infer, graph.precision, cases, sample, detections=nms is not None)
 
 
 def held_out_sample(folder: ArtifactFolder) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | str:

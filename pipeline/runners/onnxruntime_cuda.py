@@ -434,8 +434,7 @@ class OnnxRuntimeCudaRunner(Runner):
 
     def _max_shape(self, spec: TensorSpec) -> tuple[int, ...]:
         """The largest shape of an input: the profile's max batch, each named dim at the top of its range."""
-        tensors = self.manifest.inputs + self.manifest.outputs
-        dims = next(tensor.shape for tensor in tensors if tensor.name == spec.name)
+        dims = next(tensor.shape for tensor in self.manifest.inputs if tensor.name == spec.name)
         shape = []
         for axis, dim in enumerate(dims):
             if isinstance(dim, int):
