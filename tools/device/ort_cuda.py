@@ -46,7 +46,7 @@ from trt_pipeline.pipeline.bench.backends import (
 from trt_pipeline.pipeline.bench.harness import integer_ranges, make_inputs, run_benchmark, torch_settings
 from trt_pipeline.pipeline.bench.report import write_reports
 from trt_pipeline.pipeline.bench.timing import TimingPolicy
-from trt_pipeline.pipeline.core.compare import compare
+from trt_pipeline.pipeline.core.compare import compare, cosine
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
@@ -524,19 +524,12 @@ def graph_memory(engines: Path, out: Path, folder_name: str = "resnet50-fp16") -
 # --------------------------------------------------------------------------- accuracy checks
 
 
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    if not (np.isfinite(a).all() and np.isfinite(b).all()):
-        return float("nan")
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30))
-
-
 def _versus(reference: np.ndarray, actual: np.ndarray) -> dict:
     result = compare(reference, actual, rtol=1.0)
     return {
         "max_abs": result.max_abs,
         "max_rel": result.max_rel,
-        "cosine": _cosine(reference, actual),
+        "cosine": cosine({"output": reference}, {"output": actual}),
         "nonfinite": int((~np.isfinite(actual)).sum()),
     }
 
