@@ -17,6 +17,7 @@ correction 0.9955 (its input alone quantized: 0.9949).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import onnx
@@ -43,9 +44,17 @@ def _corrected_name(kind: str | None) -> str:
     return f"model.calibrated.corrected{f'-{kind}' if kind else ''}.onnx"
 
 
+class WeightRounding(Protocol):
+    """{weight name: its rounded values, dequantized, in float64}, for the weights a quantized graph rounds."""
+
+    def __contains__(self, weight: str) -> bool: ...
+
+    def __getitem__(self, weight: str) -> np.ndarray: ...
+
+
 def correct_biases(
     calibrated: Path,
-    quantized: Path,
+    quantized: Path | WeightRounding,
     means: dict[str, np.ndarray],
     out_path: Path | None = None,
     *,
@@ -53,19 +62,18 @@ def correct_biases(
     quantized_out: Path | None = None,
 ) -> dict:
     """Write `calibrated` to `out_path` with each Conv/Gemm/MatMul's bias corrected for the int8 rounding of its
-    weight in `quantized` (a Q/DQ graph made from `calibrated`: TensorRT's or a CPU graph) given `means`
-    (ChannelMeans), but for the ops named in `skip` (kept in float: they round nothing); return {"ops": how many,
-    "largest": the largest |correction|}.  quantized_out: write `quantized` there with the same corrected biases,
+    weight in `quantized` (a Q/DQ graph made from `calibrated`: TensorRT's or a CPU graph, or the rounding of one's
+    weights alone: qdq_cpu.Uint8Rounding) given `means` (ChannelMeans), but for the ops named in `skip` (kept in
+    float: they round nothing); return {"ops": how many, "largest": the largest |correction|}.  quantized_out: write `quantized` there with the same corrected biases,
     where it keeps its biases float (TensorRT's): the graph quantize_qdq makes of the corrected one (the same
     weights, the same ranges), without quantizing every weight again; with it alone (no `out_path`), no FP32 copy
     is written.  Both graphs' weights stay on disk: each is read when its op is corrected, and copied as the
     graphs are written."""
-    calibrated, quantized = Path(calibrated), Path(quantized)
+    calibrated = Path(calibrated)
     model = graph_without_weights(calibrated)
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
-    qdq = graph_without_weights(quantized)
-    rounded = DequantizedWeights(qdq, quantized.parent)
+    qdq, rounded = _rounding(quantized)
     readers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         for name in node.input:
@@ -84,11 +92,20 @@ def correct_biases(
         _add_to_bias(graph, *slot, node.input[1], initializers, readers, -shift, calibrated.parent)
         slots.append(slot)
     if quantized_out is not None:  # before `model` is written: writing points its tensors at its own data file
+        assert isinstance(quantized, Path) and qdq is not None, "a Q/DQ graph is written from a Q/DQ graph"
         _copy_biases(slots, initializers, qdq.graph)
         write_graph(qdq, quantized.parent, quantized_out, scratch=True)
     if out_path is not None:
         write_graph(model, calibrated.parent, out_path, scratch=True)
     return {"ops": len(slots), "largest": round(largest, 6)}
+
+
+def _rounding(quantized: Path | WeightRounding) -> tuple[onnx.ModelProto | None, WeightRounding]:
+    """(the Q/DQ graph, without its weights, or None where `quantized` is a rounding alone; its weights' rounding)."""
+    if not isinstance(quantized, Path):
+        return None, quantized
+    qdq = graph_without_weights(quantized)
+    return qdq, DequantizedWeights(qdq, quantized.parent)
 
 
 def weight_inputs(model: onnx.ModelProto) -> dict[str, int]:
@@ -182,7 +199,7 @@ class DequantizedWeights:
         return values
 
 
-def _correctable(node: onnx.NodeProto, initializers: dict, rounded: DequantizedWeights) -> bool:
+def _correctable(node: onnx.NodeProto, initializers: dict, rounded: WeightRounding) -> bool:
     """A Conv/Gemm/MatMul with an activation input and a 2-D (4-D for Conv) weight that is int8 in the Q/DQ graph
     (a Gemm in its plain form: no transA, alpha and beta 1)."""
     if node.op_type not in CORRECTED_OPS or node.input[1] not in rounded or node.input[0] in initializers:

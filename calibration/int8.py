@@ -59,7 +59,7 @@ from .int8_records import (
     Search,
 )
 from .qdq import constants_as_initializers, quantize_qdq
-from .qdq_cpu import WEIGHT_FORMS, WEIGHTS_FOR, quantize_for_cpu, write_weight_rounding
+from .qdq_cpu import WEIGHT_FORMS, WEIGHTS_FOR, Uint8Rounding, quantize_for_cpu
 from .ranges import Alike, collect_statistics
 from .readers import CalibrationData
 from .share import compute_shapes, int8_share, macs_by_op
@@ -105,7 +105,7 @@ def make_int8_graph(
         candidates = build_candidates(fp32_path, calibration, config, cache_folder, scratch, judged=judge is not None)
         search = judge_candidates(candidates, calibration, judge, scratch)
         search = search_float(search, calibration, config, judge, scratch / "float")
-        written = write_int8_graphs(search, out_path, cpu_out_paths or {}, scratch, keep_chosen=keep_chosen)
+        written = write_int8_graphs(search, out_path, cpu_out_paths or {}, keep_chosen=keep_chosen)
     for candidate in search.tried:  # every graph of the stage is written: its int8 weights need not stay in memory
         candidate.weights.clear()
     return int8_result(fp32_path, config, calibration, search, written)
@@ -169,7 +169,7 @@ def _held_out_error(candidate: Candidate) -> float:
 
 
 def write_int8_graphs(
-    search: Search, out_path: Path, cpu_out_paths: dict[str, Path], scratch: Path, *, keep_chosen: bool
+    search: Search, out_path: Path, cpu_out_paths: dict[str, Path], *, keep_chosen: bool
 ) -> Int8Graphs:
     """The kept candidate's Q/DQ graph to `out_path` and, from its ranges, a graph for each kind of CPU in
     `cpu_out_paths` (those ONNX Runtime's quantizer cannot make are recorded, not written).  Unless `keep_chosen`,
@@ -179,7 +179,7 @@ def write_int8_graphs(
     copy_graph(chosen.qdq, out_path)
     if not keep_chosen:
         remove_graph(chosen.qdq)
-    cpu = {kind: _cpu_graph(chosen, path, kind, search.means, scratch) for kind, path in cpu_out_paths.items()}
+    cpu = {kind: _cpu_graph(chosen, path, kind, search.means) for kind, path in cpu_out_paths.items()}
     return Int8Graphs(out_path.name, cpu, int8_share(out_path, search.macs))
 
 
@@ -510,12 +510,11 @@ def _smoothing_record(fp32_path: Path, scales: dict[str, np.ndarray], alpha: flo
     return smoothing_record(groups, scales, alpha)
 
 
-def _cpu_graph(
-    chosen: Candidate, path: Path, kind: str, means: dict[str, np.ndarray] | None, scratch: Path
-) -> CpuGraph:
+def _cpu_graph(chosen: Candidate, path: Path, kind: str, means: dict[str, np.ndarray] | None) -> CpuGraph:
     """One CPU-shaped graph, or why ONNX Runtime's quantizer cannot make it; where
     the engine's graph has its biases corrected, this one has them corrected for its own weights' rounding (uint8
-    weights round otherwise than int8), every op's: it quantizes them all (its scratch graphs in `scratch`/`kind`).
+    weights round otherwise than int8, computed without a graph: qdq_cpu.Uint8Rounding), every op's: it quantizes
+    them all.
 
     These graphs are optional (the engine is built from model.int8.onnx; a CPU without its graph runs that one),
     so their failure is recorded and printed, never raised: it must not lose the TensorRT graph already written.
@@ -529,12 +528,10 @@ def _cpu_graph(
         if chosen.uncorrected is None or means is None or WEIGHT_FORMS[weights] == TENSORRT_WEIGHTS:
             # No correction, or one for the very weights this graph rounds: chosen.calibrated's biases fit it.
             return CpuGraph(path.name, quantize_for_cpu(chosen.calibrated, path, chosen.ranges, weights=weights))
-        folder = scratch / kind
-        folder.mkdir(parents=True)
-        write_weight_rounding(chosen.uncorrected, folder / path.name, chosen.ranges, weights=weights)
+        assert weights == "u8u8", weights  # WEIGHTS_FOR's one form besides TensorRT's
+        rounding = Uint8Rounding(chosen.uncorrected, chosen.ranges)
         corrected = corrected_path(chosen.uncorrected, kind)
-        correction = correct_biases(chosen.uncorrected, folder / path.name, means, corrected)
-        shutil.rmtree(folder)  # its rounding is read: not on disk beside the graph written next
+        correction = correct_biases(chosen.uncorrected, rounding, means, corrected)
         record = quantize_for_cpu(corrected, path, chosen.ranges, weights=weights)
         return CpuGraph(path.name, {**record, "bias_correction": correction})
     except Exception as error:  # ORT's quantizer raises ValueError, KeyError, AssertionError, its Fail, ...

@@ -47,7 +47,8 @@ from onnx import numpy_helper
 
 from ..pipeline.core.cpu import NO_VNNI, VNNI
 from ..pipeline.folder.graph_files import atomic_graph, graph_without_weights, save_graph
-from .qdq import qdq_structure, quantize_with_ranges, write_with_ranges
+from .qdq import qdq_structure, quantize_with_ranges
+from .qdq_write import weight_axes
 
 # The ops whose Q/DQ ONNX Runtime's CPU provider turns into an int8 kernel (QLinearConv, QGemm,
 # QLinearMatMul, QLinearAdd/Mul, QLinearAveragePool/GlobalAveragePool, QLinearConcat), runs on
@@ -127,13 +128,48 @@ def quantize_for_cpu(
     }
 
 
-def write_weight_rounding(fp32_path: Path, out_path: Path, ranges, *, weights: str) -> None:
-    """Write at `out_path` (with its data file) the graph quantize_for_cpu makes of `fp32_path`, as ONNX Runtime's
-    quantizer leaves it: a graph only read for its weights' rounding (bias.correct_biases), which the outputs' Q/DQ
-    and ORT's kernels do not change, so neither is removed nor counted, and the graph is not loaded and written
-    again."""
-    options, _ = _cpu_options(fp32_path, ranges, weights, FLOAT_OUTPUTS)
-    write_with_ranges(fp32_path, out_path, **options)
+class Uint8Rounding:
+    """{weight: its rounding in the U8U8 CPU graph of `fp32_path` for `ranges`, dequantized, in float64}: the values
+    DequantizedWeights reads from that graph as ONNX Runtime's quantizer writes it (bias.correct_biases corrects the
+    graph's biases for them), computed here without writing it, each when asked for.  ORT quantizes each
+    Conv/Gemm/MatMul weight it can range (the nodes _cpu_options leaves unranged stay float) per channel, and a
+    per-channel weight symmetric whatever WeightSymmetric says (QLinearConv needs one zero point for every channel):
+    uint8 with zero point 128 and scale float32(2 max|w| / 255) computed in float64 (1 below float32's tiny), a
+    per-tensor one asymmetric over [min(w, 0), max(w, 0)]; then round(w / scale) + zero point, clipped to [0, 255]:
+    compute_scale_zp and quantize_nparray, every channel at once."""
+
+    def __init__(self, fp32_path: Path, ranges) -> None:
+        model = graph_without_weights(fp32_path)
+        unranged = nodes_without_ranges(model.graph, asymmetric_ranges(model.graph, ranges))
+        self._initializers = {init.name: init for init in model.graph.initializer}
+        self._axes = weight_axes(model, unranged)
+        self._base = fp32_path.parent
+
+    def __contains__(self, weight: str) -> bool:
+        return weight in self._axes
+
+    def __getitem__(self, weight: str) -> np.ndarray:
+        values, axis = numpy_helper.to_array(self._initializers[weight], str(self._base)), self._axes[weight]
+        rows = values.reshape(1, -1) if axis is None else np.moveaxis(values, axis, 0).reshape(values.shape[axis], -1)
+        low, high = np.minimum(rows.min(axis=1), np.float32(0)), np.maximum(rows.max(axis=1), np.float32(0))
+        if axis is not None:  # symmetric
+            high = np.maximum(np.abs(low), np.abs(high))
+            low = -high
+        exact = (high.astype(np.float64) - low.astype(np.float64)) / np.float64(255)
+        tiny = exact < np.finfo(np.float32).tiny
+        scale = np.where(tiny, np.float32(1), exact.astype(np.float32)).astype(np.float32)
+        if axis is not None:  # 128 where ORT's is 0 too (scale 1): a weight of zeros dequantizes to zeros either way
+            zero_point = np.full(scale.shape, np.float32(128))
+        else:
+            with np.errstate(divide="ignore", invalid="ignore"):  # where the scale is 1 (zero point 0)
+                offset = np.round(-low.astype(np.float64) / exact)
+            zero_point = np.where(tiny, 0, offset).astype(np.uint8).astype(np.float32)
+        shape = [1] * values.ndim
+        if axis is not None:
+            shape[axis] = -1
+        quantized = np.round(values / scale.reshape(shape)) + zero_point.reshape(shape)
+        np.clip(quantized, 0, 255, out=quantized)
+        return (quantized.astype(np.uint8).astype(np.float64) - zero_point.reshape(shape)) * scale.reshape(shape)
 
 
 def _cpu_options(fp32_path: Path, ranges, weights: str, float_output_ops: tuple[str, ...]) -> tuple[dict, list[str]]:

@@ -103,6 +103,15 @@ def quantize_weight(values: np.ndarray, name: str, axis: int | None, scale: np.n
     return WeightQdq(numpy_helper.from_array(quantized.astype(np.int8), f"{name}_quantized"), scale, zero_point, axis)
 
 
+def weight_axes(model: onnx.ModelProto, exclude: Sequence[str] = ()) -> dict[str, int | None]:
+    """{weight: its channel axis (None: per tensor)}: the initializers ORT's quantizer quantizes as the weights of
+    the Conv/Gemm/MatMul ops of `model` not named in `exclude` (marked in memory: `model` is changed as _marks
+    changes it)."""
+    marks, _ = _marks(model, exclude)
+    initializers = {init.name for init in model.graph.initializer}
+    return {name: axis for name, axis in marks.items() if name in initializers and not isinstance(axis, str)}
+
+
 def qdq_model(graph: Path, ranges, weights: QuantizedWeights, exclude: Sequence[str] = ()) -> onnx.ModelProto:
     """The Q/DQ graph quantize_static makes of `graph` (a graph whose constants are all initializers:
     int8.calibrated_graph) with qdq.QDQ_OPTIONS, `ranges` (ORT TensorsData) and the nodes named in `exclude` left in

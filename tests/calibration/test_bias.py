@@ -14,13 +14,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trt_pipeline.calibration import float_search, int8, qdq, qdq_cpu
-from trt_pipeline.calibration.bias import correct_biases
+from trt_pipeline.calibration.bias import DequantizedWeights, correct_biases
 from trt_pipeline.calibration.holdout import read_calibration
 from trt_pipeline.calibration.int8 import _cpu_graph, make_int8_graph
 from trt_pipeline.calibration.int8_records import CalibrationConfig
 from trt_pipeline.calibration.qdq import quantize_qdq
-from trt_pipeline.calibration.qdq_cpu import int8_kernel_counts, quantize_for_cpu, write_weight_rounding
-from trt_pipeline.pipeline.core.cpu import NO_VNNI, VNNI
+from trt_pipeline.calibration.qdq_cpu import Uint8Rounding, int8_kernel_counts, quantize_for_cpu
+from trt_pipeline.pipeline.core.cpu import VNNI
 from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.evaluation.agreement import int8_judge
@@ -217,49 +217,92 @@ def test_the_int8_kernels_are_counted_without_a_copy_of_the_weights_on_disk(tmp_
     assert list(scratch.iterdir()) == []
 
 
-def test_a_cpu_graph_quantized_only_to_read_its_rounding_is_gone_before_the_corrected_one_is_written(
-    tmp_path, monkeypatch
-):
-    """The no-VNNI graph's biases are corrected for its own (uint8) rounding, read from a first quantization of the
-    uncorrected graph (a quarter of the weights); that graph is removed once read, not kept through the second."""
-    (fp32, arguments), scratch = _depthwise_case(tmp_path), tmp_path / "scratch"
-    scratch.mkdir()
-    present: list[tuple[str, list[str]]] = []
+def _cnn_case(folder) -> tuple:
+    """(A graph with every kind of weight the CPU quantizer rounds in `folder`, make_int8_graph's arguments for it):
+    a Conv per channel (one of its channels all zeros: scale 1), a Gemm with transB and one without, a MatMul on a
+    2-D weight (per channel) and one on a vector (per tensor, asymmetric)."""
+    rng = np.random.default_rng(3)
+    stem = rng.standard_normal((8, CHANNELS, 3, 3)).astype(np.float32)
+    stem[5] = 0.0
+    weights = {
+        "stem": stem,
+        "stem_b": rng.standard_normal(8).astype(np.float32),
+        "fc_t": rng.standard_normal((16, 8)).astype(np.float32),
+        "fc_t_b": rng.standard_normal(16).astype(np.float32),
+        "fc": rng.standard_normal((16, 12)).astype(np.float32) * 3,
+        "fc_b": rng.standard_normal(12).astype(np.float32),
+        "proj": rng.standard_normal((12, 6)).astype(np.float32),
+        "vector": rng.standard_normal(12).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "stem", "stem_b"], ["c"], pads=[1, 1, 1, 1], name="stem"),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("GlobalAveragePool", ["r"], ["p"], name="pool"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "fc_t", "fc_t_b"], ["g"], transB=1, name="fc_t"),
+        helper.make_node("Gemm", ["g", "fc", "fc_b"], ["h"], name="fc"),
+        helper.make_node("MatMul", ["h", "proj"], ["y"], name="proj"),
+        helper.make_node("MatMul", ["h", "vector"], ["v"], name="dot"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", CHANNELS, 8, 8])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 6]),
+            helper.make_tensor_value_info("v", TensorProto.FLOAT, ["n"]),
+        ],
+        [numpy_helper.from_array(value, name) for name, value in weights.items()],
+    )
+    fp32 = folder / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(fp32))
+    np.save(folder / "calibration.npy", _rows(0, 32) - 2.0)
+    calibration = read_calibration(folder / "calibration.npy", fp32, None, samples=32, batch=16)
+    return fp32, {"calibration": calibration, "config": CalibrationConfig(("max",)),
+                  "cache_folder": folder / "calibration"}  # fmt: skip
 
-    def watch(name: str) -> None:
-        quantize = getattr(int8, name)
 
-        def watched(source, out, *args, **options):
-            present.append((name, sorted(path.name for path in (scratch / NO_VNNI).glob("*"))))
-            return quantize(source, out, *args, **options)
-
-        monkeypatch.setattr(int8, name, watched)
-
-    watch("write_weight_rounding")
-    watch("quantize_for_cpu")
-    out = tmp_path / "model.int8.onnx"
-    cpu = {NO_VNNI: out.with_name(graph_record(Precision.INT8, CPU_TARGETS[NO_VNNI]).file)}
-    result = make_int8_graph(fp32, out, **arguments, cpu_out_paths=cpu, judge=int8_judge(fp32), scratch=scratch)
-    assert "bias_correction" in result.cpu[NO_VNNI].details  # the branch that quantizes twice
-    assert present == [("write_weight_rounding", []), ("quantize_for_cpu", [])], present
-
-
-def test_the_weight_rounding_graph_corrects_biases_as_the_cpu_graph_does(tmp_path):
-    """The no-VNNI graph's rounding is read from ONNX Runtime's graph as its quantizer writes it (its outputs' Q/DQ
-    kept, its kernels not counted, not loaded and written again): the corrected graph is byte for byte the one
-    corrected for the finished CPU graph's rounding."""
-    (fp32, arguments), scratch = _depthwise_case(tmp_path), tmp_path / "scratch"
+@pytest.mark.parametrize("case", [_depthwise_case, _cnn_case], ids=["depthwise", "conv-gemm-matmul"])
+def test_the_uint8_rounding_is_the_cpu_graphs_to_the_bit_and_corrects_its_biases_alike(tmp_path, case):
+    """The no-VNNI graph's biases are corrected for its own (uint8) rounding, computed without writing a graph
+    (qdq_cpu.Uint8Rounding): each weight's values are those read back from ONNX Runtime's finished U8U8 graph, bit
+    for bit, and the corrected FP32 graph is byte for byte the one corrected for that graph's rounding."""
+    fp32, arguments = case(tmp_path)
+    scratch = tmp_path / "scratch"
     scratch.mkdir()
     chosen = make_int8_graph(fp32, tmp_path / "model.int8.onnx", **arguments, scratch=scratch).chosen
-    means = {"x": np.full(CHANNELS, 3.0)}
+    written = tmp_path / "cpu" / "q.onnx"
+    written.parent.mkdir()
+    quantize_for_cpu(chosen.calibrated, written, chosen.ranges, weights="u8u8")
+    from_graph = DequantizedWeights(onnx.load(str(written)), written.parent)
+    computed = Uint8Rounding(chosen.calibrated, chosen.ranges)
+    nodes = onnx.load(str(fp32)).graph.node
+    weights = [node.input[1] for node in nodes if node.op_type in ("Conv", "Gemm", "MatMul")]
+    assert weights and all(name in computed for name in weights), weights
+    for name in weights:
+        np.testing.assert_array_equal(computed[name], from_graph[name], err_msg=name)
+    means = {name: np.linspace(-1.0, 3.0, size) for name, size in _input_channels(fp32).items()}
     corrected = {}
-    for name, write in (("rounding", write_weight_rounding), ("cpu", quantize_for_cpu)):
-        (tmp_path / name).mkdir()
-        write(chosen.calibrated, tmp_path / name / "q.onnx", chosen.ranges, weights="u8u8")
-        correction = correct_biases(chosen.calibrated, tmp_path / name / "q.onnx", means, tmp_path / f"{name}.onnx")
-        assert correction["ops"] == 1, correction
-        corrected[name] = onnx.load(str(tmp_path / f"{name}.onnx")).SerializeToString()
-    assert corrected["rounding"] == corrected["cpu"]
+    for label, rounding in (("graph", written), ("computed", computed)):
+        correction = correct_biases(chosen.calibrated, rounding, means, tmp_path / f"{label}.onnx")
+        assert correction["ops"] >= 1, correction
+        corrected[label] = onnx.load(str(tmp_path / f"{label}.onnx")).SerializeToString()
+    assert corrected["graph"] == corrected["computed"]
+
+
+def _input_channels(fp32) -> dict[str, int]:
+    """{the activation input of each Conv/Gemm/MatMul: its channel count}, from the op's weight."""
+    model = onnx.load(str(fp32))
+    shapes = {init.name: list(init.dims) for init in model.graph.initializer}
+    channels = {}
+    for node in model.graph.node:
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        dims = shapes.get(node.input[1]) if len(node.input) > 1 else None
+        if node.op_type == "Conv" and dims:
+            channels[node.input[0]] = dims[1] * attributes.get("group", 1)
+        elif node.op_type in ("Gemm", "MatMul") and dims:
+            channels[node.input[0]] = dims[1] if attributes.get("transB") else dims[0]
+    return channels
 
 
 @pytest.mark.parametrize("module", [qdq, qdq_cpu], ids=["engine", "cpu"])
@@ -298,7 +341,7 @@ def test_a_cpu_graph_the_disk_has_no_room_for_stops_the_stage(tmp_path):
     resource.setrlimit(resource.RLIMIT_FSIZE, (WIDE**2 // 2, hard))  # int8 weights: one byte each
     try:
         with pytest.raises(OSError) as refused:
-            _cpu_graph(chosen, tmp_path / graph_record(Precision.INT8, CPU_TARGETS[VNNI]).file, VNNI, None, scratch)
+            _cpu_graph(chosen, tmp_path / graph_record(Precision.INT8, CPU_TARGETS[VNNI]).file, VNNI, None)
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     assert refused.value.errno == errno.EFBIG
