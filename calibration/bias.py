@@ -64,11 +64,11 @@ def correct_biases(
     """Write `calibrated` to `out_path` with each Conv/Gemm/MatMul's bias corrected for the int8 rounding of its
     weight in `quantized` (a Q/DQ graph made from `calibrated`: TensorRT's or a CPU graph, or the rounding of one's
     weights alone: qdq_cpu.Uint8Rounding) given `means` (ChannelMeans), but for the ops named in `skip` (kept in
-    float: they round nothing); return {"ops": how many, "largest": the largest |correction|}.  quantized_out: write `quantized` there with the same corrected biases,
-    where it keeps its biases float (TensorRT's): the graph quantize_qdq makes of the corrected one (the same
-    weights, the same ranges), without quantizing every weight again; with it alone (no `out_path`), no FP32 copy
-    is written.  Both graphs' weights stay on disk: each is read when its op is corrected, and copied as the
-    graphs are written."""
+    float: they round nothing); return {"ops": how many, "largest": the largest |correction|}.  quantized_out:
+    write `quantized` (a graph) there with the same corrected biases, where it keeps its biases float (TensorRT's):
+    the graph quantize_qdq makes of the corrected one (the same weights, the same ranges), without quantizing every
+    weight again; with it alone (no `out_path`), no FP32 copy is written.  Both graphs' weights stay on disk: each
+    is read when its op is corrected, and copied as the graphs are written."""
     calibrated = Path(calibrated)
     model = graph_without_weights(calibrated)
     graph = model.graph

@@ -91,12 +91,7 @@ def quantize_weight(values: np.ndarray, name: str, axis: int | None, scale: np.n
     if axis is not None:
         shape[axis] = -1
     if scale is None:
-        rows = values.reshape(1, -1) if axis is None else np.moveaxis(values, axis, 0).reshape(values.shape[axis], -1)
-        low, high = np.minimum(rows.min(axis=1), np.float32(0)), np.maximum(rows.max(axis=1), np.float32(0))
-        largest = np.maximum(np.abs(low), np.abs(high))
-        exact = (largest.astype(np.float64) - (-largest).astype(np.float64)) / (np.float64(127) - np.float64(-127))
-        scale = np.where(exact < np.finfo(np.float32).tiny, np.float32(1), exact.astype(np.float32))
-        scale = scale.astype(np.float32).reshape(() if axis is None else (-1,))
+        scale = symmetric_scale_zp(values, axis, -127, 127)[0].reshape(() if axis is None else (-1,))
     quantized = np.round(values / scale.reshape(shape)) + np.float32(0)
     np.clip(quantized, -128, 127, out=quantized)
     zero_point = np.zeros(scale.shape, np.int8)
@@ -110,6 +105,20 @@ def weight_axes(model: onnx.ModelProto, exclude: Sequence[str] = ()) -> dict[str
     marks, _ = _marks(model, exclude)
     initializers = {init.name for init in model.graph.initializer}
     return {name: axis for name, axis in marks.items() if name in initializers and not isinstance(axis, str)}
+
+
+def symmetric_scale_zp(values: np.ndarray, axis: int | None, low: int, high: int) -> tuple[np.ndarray, np.ndarray]:
+    """ORT's symmetric (scale, zero point) of a float32 weight per channel along `axis` (one, where None) for the
+    integer range [low, high] ([-127, 127] for int8, [0, 255] for uint8), every channel at once (compute_scale_zp):
+    the scale float32(2 max|w| / (high - low)) computed in float64 and the zero point round((low + high) / 2), or 1
+    and 0 where that scale is below float32's tiny."""
+    rows = values.reshape(1, -1) if axis is None else np.moveaxis(values, axis, 0).reshape(values.shape[axis], -1)
+    smallest, largest = np.minimum(rows.min(axis=1), np.float32(0)), np.maximum(rows.max(axis=1), np.float32(0))
+    largest = np.maximum(np.abs(smallest), np.abs(largest))
+    exact = (largest.astype(np.float64) - (-largest).astype(np.float64)) / (np.float64(high) - np.float64(low))
+    tiny = exact < np.finfo(np.float32).tiny
+    scale = np.where(tiny, np.float32(1), exact.astype(np.float32)).astype(np.float32)
+    return scale, np.where(tiny, 0, round((low + high) / 2))
 
 
 def qdq_model(graph: Path, ranges, weights: QuantizedWeights, exclude: Sequence[str] = ()) -> onnx.ModelProto:

@@ -26,6 +26,8 @@ from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.evaluation.agreement import int8_judge
 from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, graph_record
 
+from ..helpers.int8_graphs import weight_kinds_graph
+
 CHANNELS = 4
 
 
@@ -218,44 +220,9 @@ def test_the_int8_kernels_are_counted_without_a_copy_of_the_weights_on_disk(tmp_
 
 
 def _cnn_case(folder) -> tuple:
-    """(A graph with every kind of weight the CPU quantizer rounds in `folder`, make_int8_graph's arguments for it):
-    a Conv per channel (one of its channels all zeros: scale 1), a Gemm with transB and one without, a MatMul on a
-    2-D weight (per channel) and one on a vector (per tensor, asymmetric)."""
-    rng = np.random.default_rng(3)
-    stem = rng.standard_normal((8, CHANNELS, 3, 3)).astype(np.float32)
-    stem[5] = 0.0
-    weights = {
-        "stem": stem,
-        "stem_b": rng.standard_normal(8).astype(np.float32),
-        "fc_t": rng.standard_normal((16, 8)).astype(np.float32),
-        "fc_t_b": rng.standard_normal(16).astype(np.float32),
-        "fc": rng.standard_normal((16, 12)).astype(np.float32) * 3,
-        "fc_b": rng.standard_normal(12).astype(np.float32),
-        "proj": rng.standard_normal((12, 6)).astype(np.float32),
-        "vector": rng.standard_normal(12).astype(np.float32),
-    }
-    nodes = [
-        helper.make_node("Conv", ["x", "stem", "stem_b"], ["c"], pads=[1, 1, 1, 1], name="stem"),
-        helper.make_node("Relu", ["c"], ["r"], name="relu"),
-        helper.make_node("GlobalAveragePool", ["r"], ["p"], name="pool"),
-        helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
-        helper.make_node("Gemm", ["f", "fc_t", "fc_t_b"], ["g"], transB=1, name="fc_t"),
-        helper.make_node("Gemm", ["g", "fc", "fc_b"], ["h"], name="fc"),
-        helper.make_node("MatMul", ["h", "proj"], ["y"], name="proj"),
-        helper.make_node("MatMul", ["h", "vector"], ["v"], name="dot"),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "cnn",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", CHANNELS, 8, 8])],
-        [
-            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 6]),
-            helper.make_tensor_value_info("v", TensorProto.FLOAT, ["n"]),
-        ],
-        [numpy_helper.from_array(value, name) for name, value in weights.items()],
-    )
+    """(weight_kinds_graph in `folder`, make_int8_graph's arguments for it: 32 rows, max ranges)."""
     fp32 = folder / "model.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(fp32))
+    weight_kinds_graph(fp32, CHANNELS)
     np.save(folder / "calibration.npy", _rows(0, 32) - 2.0)
     calibration = read_calibration(folder / "calibration.npy", fp32, None, samples=32, batch=16)
     return fp32, {"calibration": calibration, "config": CalibrationConfig(("max",)),

@@ -4,13 +4,22 @@ calibration found."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
+import pytest
 from onnx import numpy_helper
 
+from trt_pipeline.calibration import qdq_cpu
+from trt_pipeline.calibration.holdout import read_calibration
+from trt_pipeline.calibration.qdq import write_with_ranges
 from trt_pipeline.calibration.qdq_cpu import (
+    WEIGHT_FORMS,
     as_tensors_data,
     asymmetric_ranges,
     nodes_without_ranges,
 )
+from trt_pipeline.calibration.ranges import collect_statistics
+
+from ..helpers.int8_graphs import weight_kinds_graph
 
 
 def test_cpu_ranges_from_symmetric_ones():
@@ -87,3 +96,25 @@ def test_cpu_ranges_of_a_relu6_are_non_negative():
     ranges = asymmetric_ranges(graph, symmetric)
     assert ranges["r1"] == (0.0, 6.0) and ranges["c1"] == (0.0, 80.0)
     assert ranges["r2"] == (-6.0, 6.0) and ranges["c2"] == (-7.0, 7.0)  # a Clip from -1 is no Relu
+
+
+@pytest.mark.parametrize("weights", list(WEIGHT_FORMS))
+def test_the_weights_scales_given_to_the_quantizer_write_the_graph_it_writes_alone(tmp_path, weights):
+    """Each per-channel weight's scales and zero points are computed for every channel at once and given to ONNX
+    Runtime's quantizer (TensorQuantOverrides), which otherwise computes them one channel at a time: the graph is
+    the one it writes without them, byte for byte, in every CPU form (a channel of zeros among them: scale 1, zero
+    point 0 in uint8 too)."""
+    fp32 = tmp_path / "model.onnx"
+    weight_kinds_graph(fp32, 4)
+    np.save(tmp_path / "rows.npy", np.random.default_rng(0).uniform(-2, 4, (32, 4, 8, 8)).astype(np.float32))
+    data = read_calibration(tmp_path / "rows.npy", fp32, None, samples=32, batch=16).data
+    ranges = collect_statistics(fp32, data, ["max"]).ranges["max"]
+    options, _ = qdq_cpu._cpu_options(fp32, ranges, weights, qdq_cpu.FLOAT_OUTPUTS)
+    assert options["extra_options"]["TensorQuantOverrides"]  # the Conv's, the Gemms' and the 2-D MatMul's
+    alone = {**options, "extra_options": {**options["extra_options"], "TensorQuantOverrides": {}}}
+    written = {}
+    for label, given in (("given", options), ("alone", alone)):
+        (tmp_path / label).mkdir()
+        write_with_ranges(fp32, tmp_path / label / "q.onnx", **given)
+        written[label] = onnx.load(str(tmp_path / label / "q.onnx")).SerializeToString()
+    assert written["given"] == written["alone"]
