@@ -198,10 +198,11 @@ def main() -> None:
 def _gate(fp32: Path, int8: Path, batches: list[dict[str, np.ndarray]]) -> str:
     """The pipeline's INT8 gate on the calibration data: its summary, or the first sentence of its refusal."""
     from trt_pipeline.pipeline.core.errors import PipelineError
+    from trt_pipeline.pipeline.evaluation.agreement import Fp32Reference
     from trt_pipeline.pipeline.stages.parity import check_int8_agreement
 
     try:
-        return "pass: " + check_int8_agreement(fp32, [int8], batches).summary
+        return "pass: " + check_int8_agreement(Fp32Reference(fp32), [int8], batches).summary
     except PipelineError as error:
         return f"refused: {error}"
 

@@ -4,6 +4,7 @@ cosine, by output (what the agreement gate judges and calibration's picks compar
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -40,17 +41,36 @@ def rows_agreement(expected: dict[str, np.ndarray], actual: dict[str, np.ndarray
     return {name: _agreement_record([_row_errors(wanted, actual[name])]) for name, wanted in expected.items()}
 
 
-def int8_judge(fp32_path: Path) -> Judge:
+class Fp32Reference:
+    """The FP32 graph INT8 graphs are judged against, and its outputs on each list of batches, run once: one per
+    precision stage, handed to calibration's judge and to the agreement gate, which judge on the same held-out rows
+    (each opened the FP32 graph alike, by graph_session, and ran it on them again).  The session opens on first
+    use, so its cost lands in the stage that needs it first."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        # By the list's id, the list kept beside its outputs: a list freed and another made at its address would
+        # otherwise be taken for it.  The lists are the calibration parts' (cached), never changed once read.
+        self._outputs: dict[int, tuple[list[Feeds], list[dict[str, np.ndarray]]]] = {}
+
+    @cached_property
+    def session(self):
+        return graph_session(self.path)
+
+    def outputs(self, batches: list[Feeds]) -> list[dict[str, np.ndarray]]:
+        """The FP32 graph's outputs on `batches`, batch by batch, run on the first call for this list."""
+        if id(batches) not in self._outputs:
+            self._outputs[id(batches)] = (batches, fp32_outputs(self.session, batches))
+        return self._outputs[id(batches)][1]
+
+
+def int8_judge(reference: Fp32Reference) -> Judge:
     """The gate's evaluation as a judge of candidate INT8 graphs for the engine (calibration/int8.py keeps the best
     on the held-out rows): (graph, batches) -> the worst output's agreement with the FP32 graph on those batches."""
-    reference = graph_session(fp32_path)
-    expected: dict[int, list[dict]] = {}  # FP32 outputs, once per list of batches
     engine_int8 = graph_record(Precision.INT8)  # a candidate is judged as the engine's graph it would become
 
     def judge(int8_path: Path, batches: list[Feeds]) -> RowsAgreement:
-        if id(batches) not in expected:  # (setdefault would run FP32 on every call: its default is evaluated first)
-            expected[id(batches)] = fp32_outputs(reference, batches)
-        wanted = expected[id(batches)]
+        wanted = reference.outputs(batches)
         records = outputs_agreement(evaluation_session(engine_int8, int8_path), batches, wanted)
         return max(records.values(), key=lambda record: record.error_mean)
 

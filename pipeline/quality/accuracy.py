@@ -39,7 +39,7 @@ from ..core.mentions import command
 from ..core.precision import Precision
 from ..core.settings import DEFAULTS, Settings, mention
 from ..evaluation import evaluation_session
-from ..evaluation.agreement import int8_judge
+from ..evaluation.agreement import Fp32Reference, int8_judge
 from ..folder.artifacts import scratch_folder, write_bytes, write_json
 from ..folder.layout import CPU_TARGETS, FP32_GRAPH, REFERENCE, graph_record
 from ..folder.records import GraphRecord
@@ -205,7 +205,7 @@ def _int8(
             config=replace(CalibrationConfig.from_settings(settings), methods=(method,)),  # SMOOTH= as make engine
             cache_folder=folder / CACHE_FOLDER,
             cpu_out_paths=cpu_paths,
-            judge=int8_judge(fp32),  # SMOOTH=auto picks as make engine does
+            judge=int8_judge(Fp32Reference(fp32)),  # SMOOTH=auto picks as make engine does
             scratch=scratch,
         )
         record = {**result.calibration, "int8_stage_seconds": round(time.perf_counter() - started, 3)}

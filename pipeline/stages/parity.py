@@ -16,7 +16,7 @@ from ..core.mentions import render
 from ..core.precision import Precision
 from ..core.settings import mention, mention_name
 from ..evaluation import INT8_MAX_ERROR, RTOL, evaluation_session, graph_session, probe_graph
-from ..evaluation.agreement import fp32_outputs, outputs_agreement
+from ..evaluation.agreement import Fp32Reference, outputs_agreement
 from ..evaluation.layers import first_bad_node_text
 from ..folder.graph_io import load_reference
 from ..folder.layout import FP32_GRAPH, graph_record
@@ -132,7 +132,7 @@ def _judged_cases(
 
 
 def check_int8_agreement(
-    fp32_path: Path,
+    fp32: Fp32Reference,
     int8_paths: list[Path],
     in_sample: list[dict[str, np.ndarray]],
     held_out: list[dict[str, np.ndarray]] | None = None,
@@ -141,23 +141,23 @@ def check_int8_agreement(
     strict: bool = False,
     optional: Mapping[Path, GraphRecord] | None = None,
 ) -> Int8Agreement:
-    """Each INT8 graph for the engine (`int8_paths`, judged as TensorRT computes them) against the FP32 graph on the
-    rows its ranges were fit on (`in_sample`) and on rows they never saw (`held_out`; calibration/holdout.py); raise
-    PipelineError past INT8_MAX_ERROR on the held-out rows (in-sample where none are given).  An `optional` graph
-    (by path, with its record: a CPU-shaped graph, judged on ONNX Runtime's int8 kernels) past it is not an error:
-    its record says "left_out" with the reason, for the caller to drop it (the engine's graph stands in).
+    """Each INT8 graph for the engine (`int8_paths`, judged as TensorRT computes them) against the FP32 graph (`fp32`,
+    whose outputs the stage's judge computed already on the held-out rows) on the rows its ranges were fit on
+    (`in_sample`) and on rows they never saw (`held_out`; calibration/holdout.py); each INT8 graph is run here, on
+    the file written.  Raise PipelineError past INT8_MAX_ERROR on the held-out rows (in-sample where none are
+    given).  An `optional` graph (by path, with its record: a CPU-shaped graph, judged on ONNX Runtime's int8
+    kernels) past it is not an error: its record says "left_out" with the reason, for the caller to drop it (the
+    engine's graph stands in).
 
     Held-out error past MUCH_WORSE_RATIO times in-sample (or nothing held out) means the calibration set cannot
     stand for the served data: the record's "warning" says so with the fix, and `strict` refuses instead."""
-    reference = graph_session(fp32_path)
     parts = {"in_sample": in_sample, **({"held_out": held_out} if held_out else {})}
-    expected = {part: fp32_outputs(reference, batches) for part, batches in parts.items()}
     split = split or CalibrationSplit("none: every row judged in-sample", _count(in_sample))
     engine = graph_record(Precision.INT8)
-    graphs = {path.name: _int8_agreement(fp32_path, path, engine, parts, expected, split) for path in int8_paths}
+    graphs = {path.name: _int8_agreement(fp32, path, engine, parts, split) for path in int8_paths}
     for path, graph in (optional or {}).items():
         try:
-            graphs[path.name] = _int8_agreement(fp32_path, path, graph, parts, expected, split)
+            graphs[path.name] = _int8_agreement(fp32, path, graph, parts, split)
         except PipelineError as refused:
             graphs[path.name] = GraphAgreement({}, left_out=refused.problem)
     warning = _unrepresentative(graphs[int8_paths[0].name], split) if int8_paths else None
@@ -182,20 +182,20 @@ def _count(batches: Sequence[dict[str, np.ndarray]]) -> int:
 
 
 def _int8_agreement(
-    fp32_path: Path,
+    fp32: Fp32Reference,
     int8_path: Path,
     graph: GraphRecord,
     parts: dict[str, list[dict[str, np.ndarray]]],
-    expected: dict[str, list[dict]],
     split: CalibrationSplit,
 ) -> GraphAgreement:
+    """The INT8 graph on disk, run here on every part, against FP32's outputs on it (each part's run once)."""
     first = next(iter(parts.values()))[0]
     quantized = evaluation_session(graph, int8_path, probe_feed={name: value[:1] for name, value in first.items()})
-    records = {part: outputs_agreement(quantized, batches, expected[part]) for part, batches in parts.items()}
+    records = {part: outputs_agreement(quantized, batches, fp32.outputs(batches)) for part, batches in parts.items()}
     agreement = GraphAgreement(records["in_sample"], records.get("held_out", {}))
     _, worst = agreement.worst()
     if not worst.error_mean <= INT8_MAX_ERROR:  # NaN fails too
-        raise _agreement_error(fp32_path, int8_path, graph, agreement, parts, split)
+        raise _agreement_error(fp32.path, int8_path, graph, agreement, parts, split)
     return agreement
 
 

@@ -34,7 +34,7 @@ from ..core.precision import Precision
 from ..core.sessions import levels_below_full
 from ..core.settings import OPSET, Postprocess, Settings, deciding, mention
 from ..core.trt_module import import_trt
-from ..evaluation.agreement import int8_judge
+from ..evaluation.agreement import Fp32Reference, int8_judge
 from ..folder.artifacts import build_lock, sha256_file
 from ..folder.graph_files import data_files, remove_graph
 from ..folder.graph_io import GraphTensor, graph_io
@@ -273,6 +273,7 @@ def _int8_stage(run: Run, engine: GraphRecord) -> None:
     loaded, not prepared: calibration only needs its declared image preprocessing."""
     source, calibration = _require(run, FP32_GRAPH), run.calibration
     assert calibration is not None  # Settings.check() refuses int8 without CALIB
+    fp32 = Fp32Reference(source)  # FP32's outputs on the held-out rows: computed by the judge, reused by the gate
     cpu = {kind: graph_record(Precision.INT8, target) for kind, target in CPU_TARGETS.items()}
     result = run.stage(
         "int8",
@@ -283,7 +284,7 @@ def _int8_stage(run: Run, engine: GraphRecord) -> None:
         config=CalibrationConfig.from_settings(run.settings),
         cache_folder=run.path(CACHE_FOLDER),
         cpu_out_paths={kind: run.path(graph.file) for kind, graph in cpu.items()},
-        judge=int8_judge(source),
+        judge=int8_judge(fp32),
     )
     written = {kind: cpu[kind] for kind in result.written_cpu_graphs}
     for kind in cpu.keys() - written.keys():  # an earlier build's graph under its name would pass for this one's
@@ -293,7 +294,7 @@ def _int8_stage(run: Run, engine: GraphRecord) -> None:
     for graph in written.values():
         graph_path, reference = _require(run, graph.file), _require(run, REFERENCE)
         run.stage(graph.gate, check_parity, graph_path, reference, graph=graph)
-    for graph in _check_int8_agreement(run, source, calibration, engine, written):
+    for graph in _check_int8_agreement(run, fp32, calibration, engine, written):
         _leave_out_graph(run, graph, "it departs from FP32 on the calibration data (agreement_int8 in the manifest)")
 
 
@@ -307,7 +308,7 @@ def _preprocess(run: Run):
 
 
 def _check_int8_agreement(
-    run: Run, fp32: Path, parts: CalibrationParts, engine: GraphRecord, cpu_graphs: dict[str, GraphRecord]
+    run: Run, fp32: Fp32Reference, parts: CalibrationParts, engine: GraphRecord, cpu_graphs: dict[str, GraphRecord]
 ) -> list[GraphRecord]:
     """INT8's gate, on the calibration rows held out from the ranges' fit (with the fit rows' numbers beside them):
     the engine's graph, and the CPU graph this CPU's runner serves; returns the CPU graphs to leave out.  Where

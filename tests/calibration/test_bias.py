@@ -23,7 +23,7 @@ from trt_pipeline.calibration.qdq_cpu import Uint8Rounding, int8_kernel_counts, 
 from trt_pipeline.pipeline.core.cpu import VNNI
 from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
-from trt_pipeline.pipeline.evaluation.agreement import int8_judge
+from trt_pipeline.pipeline.evaluation.agreement import Fp32Reference, int8_judge
 from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, graph_record
 
 from ..helpers.int8_graphs import weight_kinds_graph
@@ -65,7 +65,9 @@ def _depthwise_case(folder) -> tuple:
 def test_bias_correction_removes_the_shift_weight_rounding_adds_and_is_kept_by_held_out_error(tmp_path):
     fp32, arguments = _depthwise_case(tmp_path)
     cpu = {"vnni": tmp_path / "model.int8.cpu.onnx", "no-vnni": tmp_path / "model.int8.cpu-novnni.onnx"}
-    record = make_int8_graph(fp32, tmp_path / "model.int8.onnx", **arguments, cpu_out_paths=cpu, judge=int8_judge(fp32))
+    record = make_int8_graph(
+        fp32, tmp_path / "model.int8.onnx", **arguments, cpu_out_paths=cpu, judge=int8_judge(Fp32Reference(fp32))
+    )
     correction = record.calibration["bias_correction"]
     assert correction["ops"] == 1 and correction["kept"], correction
     errors = correction["held_out_error_mean"]
@@ -89,7 +91,9 @@ def test_judging_writes_the_fp32_graph_corrected_for_the_kept_candidate_alone(tm
     (fp32, arguments), scratch = _depthwise_case(tmp_path), tmp_path / "scratch"
     scratch.mkdir()
     arguments["config"] = CalibrationConfig(("max", "percentile"))
-    result = make_int8_graph(fp32, tmp_path / "model.int8.onnx", **arguments, judge=int8_judge(fp32), scratch=scratch)
+    result = make_int8_graph(
+        fp32, tmp_path / "model.int8.onnx", **arguments, judge=int8_judge(Fp32Reference(fp32)), scratch=scratch
+    )
     candidates = result.calibration["search"]["candidates"]
     assert [candidate["biases_corrected"] for candidate in candidates] == [True, True], candidates
     chosen = result.chosen
@@ -113,7 +117,7 @@ def test_judging_holds_two_candidates_graphs_at_a_time(tmp_path):
     (fp32, arguments), scratch = _depthwise_case(tmp_path), tmp_path / "scratch"
     scratch.mkdir()
     arguments["config"] = CalibrationConfig(("max", "percentile", "entropy"))
-    judge, held = int8_judge(fp32), []
+    judge, held = int8_judge(Fp32Reference(fp32)), []
 
     def counting_judge(graph, rows):
         held.append(sum(folder.name.isdigit() for folder in scratch.iterdir()))  # the candidates' folders
@@ -127,7 +131,7 @@ def test_the_candidates_graphs_are_written_beside_the_int8_graph_and_removed_aft
     """The INT8 stage's scratch graphs (copies of the weights, several) go in a temporary folder beside the graphs it
     writes, on the disk the user gave them, not in the system's /tmp (memory, on some systems), and are gone after."""
     (fp32, arguments), out = _depthwise_case(tmp_path), tmp_path / "folder" / "model.int8.onnx"
-    judge, judged = int8_judge(fp32), []
+    judge, judged = int8_judge(Fp32Reference(fp32)), []
 
     def recording_judge(graph, rows):
         judged.append(graph)
@@ -146,7 +150,7 @@ def test_the_int8_stage_writes_nothing_in_the_systems_temporary_folder(tmp_path,
     (fp32, arguments), out = _depthwise_case(tmp_path), tmp_path / "folder" / "model.int8.onnx"
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-folder"))
     cpu = {kind: out.with_name(graph_record(Precision.INT8, target).file) for kind, target in CPU_TARGETS.items()}
-    result = make_int8_graph(fp32, out, **arguments, cpu_out_paths=cpu, judge=int8_judge(fp32))
+    result = make_int8_graph(fp32, out, **arguments, cpu_out_paths=cpu, judge=int8_judge(Fp32Reference(fp32)))
     assert {kind: graph.failed for kind, graph in result.cpu.items()} == dict.fromkeys(CPU_TARGETS)
     assert sorted(path.name for path in out.parent.iterdir()) == sorted([out.name, *result.written_cpu_graphs.values()])
 
@@ -163,7 +167,9 @@ def test_a_float_search_try_that_loses_is_removed_as_it_loses(tmp_path, monkeypa
     (fp32, arguments), scratch = _depthwise_case(tmp_path), tmp_path / "scratch"
     scratch.mkdir()
     arguments["config"] = CalibrationConfig(("max",), float_search=True)
-    result = make_int8_graph(fp32, tmp_path / "model.int8.onnx", **arguments, judge=int8_judge(fp32), scratch=scratch)
+    result = make_int8_graph(
+        fp32, tmp_path / "model.int8.onnx", **arguments, judge=int8_judge(Fp32Reference(fp32)), scratch=scratch
+    )
     assert [tried["kept_in_float"] for tried in result.calibration["float_search"]["tried"]] == [False]
     assert list((scratch / "float").iterdir()) == []
 
@@ -180,7 +186,7 @@ def test_the_kept_q_dq_graph_is_not_held_twice_while_the_cpu_graphs_are_made(tmp
 
     monkeypatch.setattr(int8, "_cpu_graph", watched)
     cpu = {kind: out.with_name(graph_record(Precision.INT8, target).file) for kind, target in CPU_TARGETS.items()}
-    make_int8_graph(fp32, out, **arguments, cpu_out_paths=cpu, judge=int8_judge(fp32))
+    make_int8_graph(fp32, out, **arguments, cpu_out_paths=cpu, judge=int8_judge(Fp32Reference(fp32)))
     assert seen == [(True, False)] * len(CPU_TARGETS)
 
 
@@ -356,7 +362,7 @@ def test_the_corrected_graphs_of_an_fp32_graph_with_a_data_file_reference_its_we
             cpu_out_paths={
                 kind: out.with_name(graph_record(Precision.INT8, t).file) for kind, t in CPU_TARGETS.items()
             },
-            judge=int8_judge(fp32),
+            judge=int8_judge(Fp32Reference(fp32)),
         )
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))

@@ -34,7 +34,7 @@ from trt_pipeline.calibration.smooth import smoothable, smoothed_tensors, smooth
 from trt_pipeline.models.digits import PREPROCESS
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.sessions import OPTIMIZATION_LEVELS, onnxruntime_session, opens_like, probed_level
-from trt_pipeline.pipeline.evaluation.agreement import int8_judge
+from trt_pipeline.pipeline.evaluation.agreement import Fp32Reference, int8_judge
 
 ROWS, BATCH = 40, 16
 METHODS = ("max", "percentile", "entropy")
@@ -178,7 +178,7 @@ def test_the_stage_runs_each_graph_twice_over_the_fit_rows_and_not_at_all_on_a_c
 
     def build(alphas: tuple[float | None, ...], out: Path) -> dict:
         config = CalibrationConfig(("percentile", "max"), smooth_alphas=alphas)
-        int8, judge = out / "model.int8.onnx", int8_judge(graph)
+        int8, judge = out / "model.int8.onnx", int8_judge(Fp32Reference(graph))
         record = make_int8_graph(graph, int8, calibration, config=config, cache_folder=out, judge=judge)
         return record.calibration
 

@@ -538,6 +538,7 @@ def _int8_record(folder: Path, case: Case) -> dict:
 def _held_out_agreement(folder: Path, case: Case) -> dict:
     """The gate's measure (pipeline/stages/parity.py) on rows the calibration never saw: in-sample, a calibrated range
     holds every value it is judged on; here values past it are clipped as served inputs' would be."""
+    from trt_pipeline.pipeline.evaluation.agreement import Fp32Reference
     from trt_pipeline.pipeline.stages.parity import check_int8_agreement
 
     arrays = case.calibration(np.random.default_rng(1), HELD_OUT_ROWS)  # seed 0 is the calibration set
@@ -546,7 +547,7 @@ def _held_out_agreement(folder: Path, case: Case) -> dict:
     ]
     graphs = [folder / "model.onnx", folder / "model.int8.onnx"]
     try:
-        record = check_int8_agreement(graphs[0], graphs[1:], _graph_feeds(graphs[0], batches))
+        record = check_int8_agreement(Fp32Reference(graphs[0]), graphs[1:], _graph_feeds(graphs[0], batches))
     except PipelineError as error:  # past the gate on held-out rows: the numbers are in the message
         numbers = _gate_numbers(error.problem)
         return {f"held_out_{key.removeprefix('agreement_')}": value for key, value in numbers.items()}

@@ -19,6 +19,7 @@ from trt_pipeline.calibration.int8_records import CalibrationConfig
 from trt_pipeline.pipeline.core.cpu import NO_VNNI
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.precision import Precision
+from trt_pipeline.pipeline.evaluation.agreement import Fp32Reference
 from trt_pipeline.pipeline.folder.artifacts import write_npz
 from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, graph_record
 from trt_pipeline.pipeline.stages.parity import check_int8_agreement, check_parity
@@ -37,7 +38,7 @@ def test_parity_fails_with_a_clear_message_past_tolerance(tmp_path):
 
 def test_int8_gate_passes_the_calibrated_graph_and_fails_a_wrong_scale(int8, fp32, split, tmp_path):
     batches = [{"input": split.train_inputs[:128]}]
-    record = check_int8_agreement(fp32, [int8[0]], batches)
+    record = check_int8_agreement(Fp32Reference(fp32), [int8[0]], batches)
     assert record.graphs["model.int8.onnx"].in_sample["logits"].error_mean < 0.05
     assert record.split.rows == 128
     model = onnx.load(str(int8[0]))
@@ -49,12 +50,12 @@ def test_int8_gate_passes_the_calibrated_graph_and_fails_a_wrong_scale(int8, fp3
     scale.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(scale) * 10, scale.name))
     onnx.save(model, str(tmp_path / "model.int8.onnx"))
     with pytest.raises(PipelineError, match="departs from FP32 on the calibration data") as caught:
-        check_int8_agreement(fp32, [int8[0], tmp_path / "model.int8.onnx"], batches)
+        check_int8_agreement(Fp32Reference(fp32), [int8[0], tmp_path / "model.int8.onnx"], batches)
     assert "the first node past it is" in str(caught.value) and "diagnose" in caught.value.fix
     # An optional graph (a CPU-shaped one) past the gate is left out, not an error: the engine's graph stands in.
     shaped = graph_record(Precision.INT8, CPU_TARGETS[NO_VNNI])
     shutil.copy(tmp_path / "model.int8.onnx", tmp_path / shaped.file)
-    record = check_int8_agreement(fp32, [int8[0]], batches, optional={tmp_path / shaped.file: shaped})
+    record = check_int8_agreement(Fp32Reference(fp32), [int8[0]], batches, optional={tmp_path / shaped.file: shaped})
     assert record.graphs["model.int8.onnx"].left_out is None
     assert "departs from FP32 on the calibration data" in str(record.graphs[shaped.file].left_out)
 
