@@ -1,4 +1,4 @@
-"""Our INT8 vs NVIDIA ModelOpt (max, entropy) vs ONNX Runtime quantize_static, on two trained models.
+"""Our INT8 vs NVIDIA ModelOpt (max, entropy) vs NNCF vs ONNX Runtime quantize_static, on two trained models.
 
 Issue 25 part 3 (quality), issue 56 (the quantizing step's wall time).  Each model (the trained EfficientNet-Lite0
 and the trained all-MiniLM-L6-v2 sentence encoder) is quantized from the same FP32 model.onnx by every method, with
@@ -9,16 +9,17 @@ Runtime, graph optimizations off).
 
 Ours is whatever `trt_pipeline` is on PYTHONPATH: `make_engine(PRECISION=int8, CALIB=<the set>)` with the
 pipeline's defaults (its own fit / held-out split of the set inside), its model.int8.onnx judged whether or not its
-held-out gate then refuses the build.  ModelOpt runs from its own folder, never the shared venv (installed
-`--no-deps` with what it imports), in a child process (modelopt_quantize says why) that hides the dev venv's
-tensorrt-stubs from it (_HideTensorrt):
+held-out gate then refuses the build.  ModelOpt and NNCF each run from their own folder, never the shared venv
+(installed `--no-deps` with what they import that the venv lacks), in a child process (modelopt_quantize and
+nncf_quantize say why); ModelOpt's hides the dev venv's tensorrt-stubs from it (_HideTensorrt):
 
     .venv/bin/pip install --no-deps --target /tmp/modelopt-site nvidia-modelopt onnx-graphsurgeon nvidia-ml-py \
         onnxslim lief
+    .venv/bin/pip install --no-deps --target /tmp/nncf-site nncf tabulate psutil
     PYTHONPATH=$PWD .venv/bin/python benchmarks/int8_vs_modelopt.py --out /tmp/ivm [--docs docs/benchmarks] \
         [--rounds 3] [--models cnn] [--sets narrow]
 
-Each round runs every quantizer once in turn on the same set (ours, ORT, ModelOpt); a row's time is the
+Each round runs every quantizer once in turn on the same set (ours, ORT, ModelOpt, NNCF); a row's time is the
 median over the rounds (--rounds, default 1).  --models and --sets pick a part, for a quick check.  Writes
 int8-vs-modelopt.json and .md into --out (and --docs); `--render --docs docs/benchmarks` rewrites the .md from the
 .json there (after a change to the doc's wording), measuring nothing.
@@ -56,6 +57,7 @@ from trt_pipeline.pipeline.folder.provenance import package_versions
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
 MODELOPT_SITE = "/tmp/modelopt-site"
+NNCF_SITE = "/tmp/nncf-site"
 # Ours by the row's label: the pipeline's defaults (CALIB_METHOD=auto, SMOOTH=auto: percentile or max ranges,
 # smoothed with alpha 0.9 or not, whichever its held-out rows prefer), and with percentile ranges only (the default
 # before auto), a Settings option a user sets as make engine CALIB_METHOD=percentile.  The defaults' row comes
@@ -66,6 +68,8 @@ MODELOPT_METHODS = ("max", "entropy")
 # quantize_static's op_types_to_quantize, by the row's label: its default (None: every op type it can quantize),
 # and the compute ops alone.
 ORT_OP_TYPES: dict[str, list[str] | None] = {"all ops": None, "Conv/Gemm/MatMul": list(COMPUTE_OPS)}
+# NNCF's model types a model's rows are quantized with (Bench.nncf_model_types), NNCF_DEFAULT: none given.
+NNCF_DEFAULT = "default"
 # The stages make_engine's precision stage runs for INT8, as the manifest's timings name them (pipeline/stages/
 # sequence.py run_precision): the int8 stage, each of its graphs' gates, the agreement gate.
 PRECISION_STAGES = ("int8", *(graph.gate for graph in precision_graphs(Precision.INT8)), "agreement_int8")
@@ -303,7 +307,7 @@ class _HideTensorrt(importlib.abc.MetaPathFinder):
 
 
 def aside_child(flag: str, site: str, fp32: Path, feeds: Path, out: Path, *labels: str) -> dict[str, float]:
-    """Run this file as a child with `flag` (modelopt_child), `site` ahead of the venv on its path:
+    """Run this file as a child with `flag` (modelopt_child, nncf_child), `site` ahead of the venv on its path:
     {label: the seconds its quantize call took}, the child's last line of output."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([site, os.environ.get("PYTHONPATH", "")])}
     child = [sys.executable, __file__, flag, str(fp32), str(feeds), str(out), *labels]
@@ -353,12 +357,51 @@ def modelopt_child(fp32: str, feeds: str, out: str, *methods: str) -> None:
     print(json.dumps(seconds))
 
 
+def nncf_quantize(fp32: Path, feeds: Path, out: Path, model_types: tuple[str, ...]) -> dict[str, Quantized]:
+    """NNCF's post-training quantization of the ONNX graph with its defaults, once per model type (NNCF_DEFAULT:
+    none given), in one child process: {row label: its graph in `out` and the seconds its quantize call took}.
+
+    A child as ModelOpt's is: NNCF's folder stays off this process's path, and its import (and whatever it
+    patches) stays out of ours, ORT's and the timing."""
+    seconds = aside_child("--nncf-child", NNCF_SITE, fp32, feeds, out, *model_types)
+    return {nncf_label(kind): Quantized(nncf_graph(out, kind), seconds[kind]) for kind in model_types}
+
+
+def nncf_label(model_type: str) -> str:
+    return "nncf" if model_type == NNCF_DEFAULT else f"nncf (model_type={model_type})"
+
+
+def nncf_graph(out: Path, model_type: str) -> Path:
+    return out / f"nncf-{model_type.lower()}.int8.onnx"
+
+
+def nncf_child(fp32: str, feeds: str, out: str, *model_types: str) -> None:
+    """The child's side of nncf_quantize: quantize with each model type, print the seconds.  Each call gets the
+    graph loaded afresh (before the clock starts): nothing one call changes in it reaches the next."""
+    import nncf
+    import onnx
+
+    with np.load(feeds) as rows:
+        data = {name: rows[name] for name in rows.files}
+    # One row an item, as quantize_static is fed: NNCF batches nothing itself.
+    items = [{name: value[i : i + 1] for name, value in data.items()} for i in range(len(next(iter(data.values()))))]
+    seconds = {}
+    for model_type in model_types:
+        options = {} if model_type == NNCF_DEFAULT else {"model_type": nncf.ModelType[model_type]}
+        model = onnx.load(fp32)
+        start = time.perf_counter()
+        quantized = nncf.quantize(model, nncf.Dataset(items), **options)
+        seconds[model_type] = time.perf_counter() - start
+        onnx.save(quantized, nncf_graph(Path(out), model_type))
+    print(json.dumps(seconds))
+
+
 # ----------------------------------------------------------------------------------------------------- the runs
 @dataclass(frozen=True)
 class Bench:
     """One model: its pipeline name, its calibration sets (what make_engine reads), the rows each set holds (what
     the other methods read), the judged rows (the first also counts the compute share), its top-1, what the data
-    is."""
+    is, the model types NNCF quantizes it with."""
 
     name: str
     model: str
@@ -367,6 +410,7 @@ class Bench:
     judged: dict[str, np.ndarray]
     top1: Callable[[np.ndarray], np.ndarray]
     data: dict
+    nncf_model_types: tuple[str, ...] = (NNCF_DEFAULT,)
 
 
 def cnn_bench(out: Path) -> Bench:
@@ -401,11 +445,12 @@ def encoder_bench(out: Path) -> Bench:
         judged,
         nearest_neighbours,
         {"examples": examples},
+        (NNCF_DEFAULT, "TRANSFORMER"),  # NNCF's transformer scheme: which ops it quantizes, and how
     )
 
 
 def quantize_round(bench: Bench, fp32: Path, set_name: str, out: Path) -> dict[str, Quantized]:
-    """One round: every quantizer in turn (ours, ORT, ModelOpt) makes its INT8 graph of `fp32` from
+    """One round: every quantizer in turn (ours, ORT, ModelOpt, NNCF) makes its INT8 graph of `fp32` from
     calibration set `set_name` into `out`, by row label."""
     rows, graphs = bench.rows[set_name], {}
     for label, options in OURS.items():
@@ -423,6 +468,7 @@ def quantize_round(bench: Bench, fp32: Path, set_name: str, out: Path) -> dict[s
     feeds = out / "rows.npz"  # the set's rows as the children read them
     np.savez(feeds, **rows)
     graphs |= modelopt_quantize(fp32, feeds, out)
+    graphs |= nncf_quantize(fp32, feeds, out, bench.nncf_model_types)
     return graphs
 
 
@@ -472,7 +518,7 @@ def run_bench(bench: Bench, out: Path, sets: list[str], rounds: int) -> dict:
 
 
 def aside_versions(site: str) -> dict[str, str]:
-    """The packages installed in `site` (ModelOpt's folder: the quantizer and what it imports), by name."""
+    """The packages installed in `site` (ModelOpt's or NNCF's folder: the quantizer and what it imports), by name."""
     from importlib.metadata import distributions
 
     return {dist.metadata["Name"]: dist.version for dist in distributions(path=[site])}
@@ -487,7 +533,7 @@ def environment() -> dict:
         "cores": os.cpu_count(),
         "load_average": [round(load, 2) for load in os.getloadavg()],
         "versions": package_versions(VERSIONS),
-        "aside": {"ModelOpt": aside_versions(MODELOPT_SITE)},
+        "aside": {"ModelOpt": aside_versions(MODELOPT_SITE), "NNCF": aside_versions(NNCF_SITE)},
         "commit": commit.stdout.strip() or "unknown",
     }
 
@@ -547,6 +593,16 @@ calibration_eps=['cpu'])` with its defaults otherwise, in a child process: impor
 calibrators and quantizer in place (`ort_patching.patch_ort_modules`), which would change every later ORT and ours
 row in the same process. The venv's `tensorrt-stubs` (an empty `tensorrt` namespace package, on which ModelOpt's
 probe calls `tensorrt.Logger` and crashes) are hidden in that child by a meta-path finder; the venv is untouched.
+NNCF: `nncf.quantize(onnx.load('model.onnx'), nncf.Dataset(rows, one row an item))` with its defaults (preset
+performance: per-channel INT8 weights, per-tensor activations with zero point 0, UINT8 where the activation is not
+negative, e.g. after ReLU6; fast bias correction; subset_size 300, so every row of the set), and on the encoder also
+with `model_type=nncf.ModelType.TRANSFORMER` (its preset then mixed: activations asymmetric), each on the graph
+loaded afresh, in a child process as ModelOpt's is (NNCF's folder off the benchmark's path, its import out of the
+timing). NNCF also puts Q/DQ where the others do not: on the CNN's residual Adds and its pooling; with its defaults
+on the encoder's Adds, its mean pooling and its additive attention mask (-3.4e38 where masked: NNCF's scale for it
+comes out infinite, with numpy's "invalid value encountered in cast"); in both modes on the encoder's three
+embedding tables. Its weights are INT8 initializers read through a DequantizeLinear, which the INT8 op count sees
+as it sees the others' Q/DQ weights.
 """
 MEASURES_TEXT = """
 Top-1 agreement: the CNN's class; the encoder's nearest other judged sentence (by cosine of the embeddings), the
@@ -554,7 +610,7 @@ same under INT8 as under FP32. Ops INT8: Conv/Gemm/MatMul both of whose inputs c
 Transpose/Reshape/Flatten/Squeeze/Unsqueeze); INT8 compute share: their multiply-accumulates over all
 Conv/Gemm/MatMul MACs (attention's activation x activation MatMuls included), at the input shapes {shapes}. The
 count is calibration/share.py's (the pipeline's one owner: the INT8 stage records it too). Time: the
-quantizing step (ours: the int8 stage; ORT's and ModelOpt's quantize call, ModelOpt's in its child,
+quantizing step (ours: the int8 stage; ORT's, ModelOpt's and NNCF's quantize call, the last two in their child,
 its import excluded), the median of {rounds}, each round running every quantizer once in turn on the same set (each
 round's seconds in the .json), on shared cores; the graphs judged are the last round's.
 """
@@ -585,7 +641,7 @@ def markdown(record: dict, reading: str) -> str:
     shapes = ", ".join(f"{name} {bench['compute_share_at']}" for name, bench in record["models"].items())
     return "\n".join(
         [
-            "# INT8: ours vs NVIDIA ModelOpt vs ONNX Runtime quantize_static (issue 25, part 3; issue 56)",
+            "# INT8: ours vs NVIDIA ModelOpt vs NNCF vs ONNX Runtime quantize_static (issue 25, part 3; issue 56)",
             "",
             f"Generated by `benchmarks/int8_vs_modelopt.py` (with int8-vs-modelopt.json) at commit {env['commit']}, "
             f"in {record['seconds']:.0f} s: {env['cpu']}, {env['cores']} cores shared with other jobs (load "
@@ -595,6 +651,7 @@ def markdown(record: dict, reading: str) -> str:
             "",
             "    .venv/bin/pip install --no-deps --target /tmp/modelopt-site nvidia-modelopt onnx-graphsurgeon \\",
             "        nvidia-ml-py onnxslim lief",
+            "    .venv/bin/pip install --no-deps --target /tmp/nncf-site nncf tabulate psutil",
             "    PYTHONPATH=$PWD .venv/bin/python benchmarks/int8_vs_modelopt.py \\",
             f"        --out /tmp/ivm --docs docs/benchmarks --rounds {record['rounds']}",
             "",
@@ -660,7 +717,7 @@ def write_results(record: dict, folder: Path) -> None:
     doc.write_text(markdown(record, reading))
 
 
-CHILDREN: dict[str, Callable[..., None]] = {"--modelopt-child": modelopt_child}
+CHILDREN: dict[str, Callable[..., None]] = {"--modelopt-child": modelopt_child, "--nncf-child": nncf_child}
 
 
 def main() -> None:
