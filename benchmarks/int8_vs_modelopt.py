@@ -1,23 +1,28 @@
-"""Our INT8 vs NVIDIA ModelOpt (max, entropy) vs ONNX Runtime quantize_static, on two trained models (issue 25, part 3).
+"""Our INT8 vs NVIDIA ModelOpt (max, entropy) vs NNCF vs ONNX Runtime quantize_static, on two trained models.
 
-Each model (the trained EfficientNet-Lite0 and the trained all-MiniLM-L6-v2 sentence encoder) is quantized from
-the same FP32 model.onnx by every method, with each of two calibration sets, a narrow one and a varied one, handed
-whole to every method as a user would hand it.  Every row is judged on the model's one judge set, which no
-calibration set contains (no method fits on it, and our pipeline's held-out gate never sees it either), against
-FP32, with the Q/DQ simulated as TensorRT computes it (ONNX Runtime, graph optimizations off).
+Issue 25 part 3 (quality), issue 56 (the quantizing step's wall time).  Each model (the trained EfficientNet-Lite0
+and the trained all-MiniLM-L6-v2 sentence encoder) is quantized from the same FP32 model.onnx by every method, with
+each of two calibration sets, a narrow one and a varied one, handed whole to every method as a user would hand it.
+Every row is judged on the model's one judge set, which no calibration set contains (no method fits on it, and our
+pipeline's held-out gate never sees it either), against FP32, with the Q/DQ simulated as TensorRT computes it (ONNX
+Runtime, graph optimizations off).
 
 Ours is whatever `trt_pipeline` is on PYTHONPATH: `make_engine(PRECISION=int8, CALIB=<the set>)` with the
 pipeline's defaults (its own fit / held-out split of the set inside), its model.int8.onnx judged whether or not its
-held-out gate then refuses the build.  ModelOpt runs from its own folder, never the shared venv (installed
-`--no-deps` with what it imports), in a child process (modelopt_quantize says why) that hides the dev venv's
-tensorrt-stubs from it (_HideTensorrt):
+held-out gate then refuses the build.  ModelOpt and NNCF each run from their own folder, never the shared venv
+(installed `--no-deps` with what they import that the venv lacks), in a child process (modelopt_quantize and
+nncf_quantize say why); ModelOpt's hides the dev venv's tensorrt-stubs from it (_HideTensorrt):
 
     .venv/bin/pip install --no-deps --target /tmp/modelopt-site nvidia-modelopt onnx-graphsurgeon nvidia-ml-py \
         onnxslim lief
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/int8_vs_modelopt.py --out /tmp/ivm [--docs docs/benchmarks]
+    .venv/bin/pip install --no-deps --target /tmp/nncf-site nncf tabulate psutil
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/int8_vs_modelopt.py --out /tmp/ivm [--docs docs/benchmarks] \
+        [--rounds 3] [--models cnn] [--sets narrow]
 
-writes int8-vs-modelopt.json and .md into --out (and --docs); `--render --docs docs/benchmarks` rewrites the .md
-from the .json there (after a change to the doc's wording), measuring nothing.
+Each round runs every quantizer once in turn on the same set (ours, ORT, ModelOpt, NNCF); a row's time is the
+median over the rounds (--rounds, default 1).  --models and --sets pick a part, for a quick check.  Writes
+int8-vs-modelopt.json and .md into --out (and --docs); `--render --docs docs/benchmarks` rewrites the .md from the
+.json there (after a change to the doc's wording), measuring nothing.
 Results: docs/benchmarks/int8-vs-modelopt.md.
 """
 
@@ -46,12 +51,13 @@ from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.settings import Settings
-from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, graph_record
+from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, graph_record, precision_graphs
 from trt_pipeline.pipeline.folder.manifest import read_manifest
 from trt_pipeline.pipeline.folder.provenance import package_versions
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
 MODELOPT_SITE = "/tmp/modelopt-site"
+NNCF_SITE = "/tmp/nncf-site"
 # Ours by the row's label: the pipeline's defaults (CALIB_METHOD=auto, SMOOTH=auto: percentile or max ranges,
 # smoothed with alpha 0.9 or not, whichever its held-out rows prefer), and with percentile ranges only (the default
 # before auto), a Settings option a user sets as make engine CALIB_METHOD=percentile.  The defaults' row comes
@@ -62,6 +68,13 @@ MODELOPT_METHODS = ("max", "entropy")
 # quantize_static's op_types_to_quantize, by the row's label: its default (None: every op type it can quantize),
 # and the compute ops alone.
 ORT_OP_TYPES: dict[str, list[str] | None] = {"all ops": None, "Conv/Gemm/MatMul": list(COMPUTE_OPS)}
+# NNCF's model types a model's rows are quantized with (Bench.nncf_model_types), NNCF_DEFAULT: none given.
+NNCF_DEFAULT = "default"
+# The stages make_engine's precision stage runs for INT8, as the manifest's timings name them (pipeline/stages/
+# sequence.py run_precision): the int8 stage, each of its graphs' gates, the agreement gate.
+PRECISION_STAGES = ("int8", *(graph.gate for graph in precision_graphs(Precision.INT8)), "agreement_int8")
+SETS = ("narrow", "varied")  # each model's calibration sets, by name
+GOAL_RATIO = 1.5  # issue 56: the int8 stage within 1.5x of ModelOpt's quantize() on the same graph and data
 VERSIONS = ("onnxruntime", "onnx", "torch", "numpy")
 
 # ------------------------------------------------------------------------------------------------ the CNN's data
@@ -222,11 +235,23 @@ def agreement(expected: np.ndarray, actual: np.ndarray, top1: Callable[[np.ndarr
 
 
 # ------------------------------------------------------------------------------------------------------ methods
-def ours(model: str, calib: Path, out: Path, options: dict[str, str]) -> tuple[Path, float, str]:
+@dataclass(frozen=True)
+class Quantized:
+    """One quantizer's graph from one round: the graph, the seconds its quantizing step took, what it said, and
+    (ours) the seconds of make_engine's whole precision stage: the int8 stage, its graphs' gates, the agreement."""
+
+    graph: Path
+    seconds: float
+    note: str = ""
+    stage_seconds: float | None = None
+
+
+def ours(model: str, calib: Path, out: Path, options: dict[str, str]) -> Quantized:
     """`make engine PRECISION=int8 CALIB=calib` with the pipeline's defaults but `options`: its model.int8.onnx
-    (written before the held-out gate judges it), the int8 stage's seconds from the manifest, and what the gate
-    said."""
-    settings = Settings(model=model, precision="int8", calib=calib, out_root=out, **options)
+    (written before the held-out gate judges it), the int8 stage's seconds and the precision stage's from the
+    manifest, and what the gate said.  RECALIBRATE=1 so every round builds afresh: a finished folder would be
+    reused (its manifest's timings those of the build that made it) and a cached calibration would skip the pass."""
+    settings = Settings(model=model, precision="int8", calib=calib, out_root=out, recalibrate=True, **options)
     folder = settings.artifact_dir(models.canonical_name(model))
     try:
         make_engine(settings)
@@ -234,11 +259,14 @@ def ours(model: str, calib: Path, out: Path, options: dict[str, str]) -> tuple[P
     except PipelineError as refused:
         verdict = f"refused: {refused.problem}"
     manifest = read_manifest(folder)
-    gate = manifest.agreement_int8 if manifest else None
+    if manifest is None or "int8" not in manifest.timings:
+        raise RuntimeError(f"make_engine stopped before its int8 stage in {folder}: {verdict}")
+    gate = manifest.agreement_int8
     if gate is not None:  # the gate's record exists only where it passed
         verdict += f"; its gate: {gate.details.get('summary')}" + (f"; warning: {gate.warning}" if gate.warning else "")
-    seconds = manifest.timings["int8"] if manifest else float("nan")
-    return folder / "model.int8.onnx", seconds, verdict
+    # A refused build records the stages it finished: the precision stage's seconds then stop at the refusal.
+    stage = sum(manifest.timings.get(name, 0.0) for name in PRECISION_STAGES)
+    return Quantized(folder / "model.int8.onnx", manifest.timings["int8"], verdict, stage)
 
 
 def ort_quantize_static(fp32: Path, out: Path, rows: dict[str, np.ndarray], op_types: list[str] | None) -> None:
@@ -278,26 +306,36 @@ class _HideTensorrt(importlib.abc.MetaPathFinder):
         return None
 
 
-def modelopt_quantize(fp32: Path, out: Path, rows: dict[str, np.ndarray]) -> dict[str, tuple[Path, float]]:
+def aside_child(flag: str, site: str, fp32: Path, feeds: Path, out: Path, *labels: str) -> dict[str, float]:
+    """Run this file as a child with `flag` (modelopt_child, nncf_child), `site` ahead of the venv on its path:
+    {label: the seconds its quantize call took}, the child's last line of output."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([site, os.environ.get("PYTHONPATH", "")])}
+    child = [sys.executable, __file__, flag, str(fp32), str(feeds), str(out), *labels]
+    result = subprocess.run(child, env=env, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"{flag} failed on {fp32}:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def modelopt_quantize(fp32: Path, feeds: Path, out: Path) -> dict[str, Quantized]:
     """ModelOpt's ONNX PTQ, INT8, calibrated on the CPU provider, with each of MODELOPT_METHODS, in one child
-    process: {method: (its graph in `out`, the seconds its quantize call took)}.
+    process: {row label: its graph in `out` and the seconds its quantize call took}.
 
     A child because importing ModelOpt's quantizer patches ONNX Runtime's calibrators and quantizer in place
     (modelopt/onnx/quantization/ort_patching.py patch_ort_modules: create_calibrator, MinMaxCalibrater, ...), for
     good: in this process ONNX Runtime's quantize_static and our stage, which calibrates through ONNX Runtime's
     calibrators, would run ModelOpt's code after the first ModelOpt row (ours then fails with a TypeError)."""
-    feeds = out / "modelopt.rows.npz"
-    np.savez(feeds, **rows)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([MODELOPT_SITE, os.environ.get("PYTHONPATH", "")])}
-    child = [sys.executable, __file__, "--modelopt-child", str(fp32), str(feeds), str(out)]
-    result = subprocess.run(child, env=env, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(f"ModelOpt failed on {fp32}:\n{result.stderr[-3000:]}")
-    seconds = json.loads(result.stdout.strip().splitlines()[-1])
-    return {method: (out / f"modelopt-{method}.int8.onnx", seconds[method]) for method in MODELOPT_METHODS}
+    seconds = aside_child("--modelopt-child", MODELOPT_SITE, fp32, feeds, out, *MODELOPT_METHODS)
+    return {
+        f"modelopt_{method}": Quantized(modelopt_graph(out, method), seconds[method]) for method in MODELOPT_METHODS
+    }
 
 
-def modelopt_child(fp32: str, feeds: str, out: str) -> None:
+def modelopt_graph(out: Path, method: str) -> Path:
+    return out / f"modelopt-{method}.int8.onnx"
+
+
+def modelopt_child(fp32: str, feeds: str, out: str, *methods: str) -> None:
     """The child's side of modelopt_quantize: tensorrt hidden, quantize with each method, print the seconds."""
     sys.meta_path.insert(0, _HideTensorrt())
     from modelopt.onnx.quantization import quantize
@@ -305,7 +343,7 @@ def modelopt_child(fp32: str, feeds: str, out: str) -> None:
     with np.load(feeds) as rows:
         data = {name: rows[name] for name in rows.files}
     seconds = {}
-    for method in MODELOPT_METHODS:
+    for method in methods:
         start = time.perf_counter()
         quantize(
             fp32,
@@ -313,9 +351,48 @@ def modelopt_child(fp32: str, feeds: str, out: str) -> None:
             calibration_method=method,
             calibration_data=data,
             calibration_eps=["cpu"],
-            output_path=str(Path(out) / f"modelopt-{method}.int8.onnx"),
+            output_path=str(modelopt_graph(Path(out), method)),
         )
         seconds[method] = time.perf_counter() - start
+    print(json.dumps(seconds))
+
+
+def nncf_quantize(fp32: Path, feeds: Path, out: Path, model_types: tuple[str, ...]) -> dict[str, Quantized]:
+    """NNCF's post-training quantization of the ONNX graph with its defaults, once per model type (NNCF_DEFAULT:
+    none given), in one child process: {row label: its graph in `out` and the seconds its quantize call took}.
+
+    A child as ModelOpt's is: NNCF's folder stays off this process's path, and its import (and whatever it
+    patches) stays out of ours, ORT's and the timing."""
+    seconds = aside_child("--nncf-child", NNCF_SITE, fp32, feeds, out, *model_types)
+    return {nncf_label(kind): Quantized(nncf_graph(out, kind), seconds[kind]) for kind in model_types}
+
+
+def nncf_label(model_type: str) -> str:
+    return "nncf" if model_type == NNCF_DEFAULT else f"nncf (model_type={model_type})"
+
+
+def nncf_graph(out: Path, model_type: str) -> Path:
+    return out / f"nncf-{model_type.lower()}.int8.onnx"
+
+
+def nncf_child(fp32: str, feeds: str, out: str, *model_types: str) -> None:
+    """The child's side of nncf_quantize: quantize with each model type, print the seconds.  Each call gets the
+    graph loaded afresh (before the clock starts): nothing one call changes in it reaches the next."""
+    import nncf
+    import onnx
+
+    with np.load(feeds) as rows:
+        data = {name: rows[name] for name in rows.files}
+    # One row an item, as quantize_static is fed: NNCF batches nothing itself.
+    items = [{name: value[i : i + 1] for name, value in data.items()} for i in range(len(next(iter(data.values()))))]
+    seconds = {}
+    for model_type in model_types:
+        options = {} if model_type == NNCF_DEFAULT else {"model_type": nncf.ModelType[model_type]}
+        model = onnx.load(fp32)
+        start = time.perf_counter()
+        quantized = nncf.quantize(model, nncf.Dataset(items), **options)
+        seconds[model_type] = time.perf_counter() - start
+        onnx.save(quantized, nncf_graph(Path(out), model_type))
     print(json.dumps(seconds))
 
 
@@ -324,7 +401,7 @@ def modelopt_child(fp32: str, feeds: str, out: str) -> None:
 class Bench:
     """One model: its pipeline name, its calibration sets (what make_engine reads), the rows each set holds (what
     the other methods read), the judged rows (the first also counts the compute share), its top-1, what the data
-    is."""
+    is, the model types NNCF quantizes it with."""
 
     name: str
     model: str
@@ -333,6 +410,7 @@ class Bench:
     judged: dict[str, np.ndarray]
     top1: Callable[[np.ndarray], np.ndarray]
     data: dict
+    nncf_model_types: tuple[str, ...] = (NNCF_DEFAULT,)
 
 
 def cnn_bench(out: Path) -> Bench:
@@ -367,64 +445,83 @@ def encoder_bench(out: Path) -> Bench:
         judged,
         nearest_neighbours,
         {"examples": examples},
+        (NNCF_DEFAULT, "TRANSFORMER"),  # NNCF's transformer scheme: which ops it quantizes, and how
     )
 
 
-def quantize_all(bench: Bench, fp32: Path, set_name: str, out: Path) -> dict[str, tuple[Path, float, str]]:
-    """Every method's INT8 graph of `fp32` from calibration set `set_name`: (graph, seconds, note)."""
+def quantize_round(bench: Bench, fp32: Path, set_name: str, out: Path) -> dict[str, Quantized]:
+    """One round: every quantizer in turn (ours, ORT, ModelOpt, NNCF) makes its INT8 graph of `fp32` from
+    calibration set `set_name` into `out`, by row label."""
     rows, graphs = bench.rows[set_name], {}
     for label, options in OURS.items():
         folder = out / "-".join(["ours", *(f"{k}-{v}" for k, v in options.items())])
-        graph, seconds, verdict = ours(bench.model, bench.sets[set_name], folder, options)
-        graphs[label] = (graph, seconds, f"make_engine {verdict}")
-        served = graph.parent / graph_record(Precision.INT8, CPU_TARGETS[int8_cpu_kind()]).file
+        graphs[label] = made = ours(bench.model, bench.sets[set_name], folder, options)
+        served = made.graph.parent / graph_record(Precision.INT8, CPU_TARGETS[int8_cpu_kind()]).file
         if not options and served.is_file():  # a CPU graph past its gate is left out of the folder
-            graphs[SERVED_CPU] = (served, seconds, f"{served.name}, this CPU's ({int8_cpu_kind()}), on ORT's kernels")
+            note = f"{served.name}, this CPU's ({int8_cpu_kind()}), on ORT's kernels"
+            graphs[SERVED_CPU] = Quantized(served, made.seconds, note, made.stage_seconds)
     for label, op_types in ORT_OP_TYPES.items():
         graph = out / f"ort-{len(op_types or ())}-op-types.int8.onnx"
         start = time.perf_counter()
         ort_quantize_static(fp32, graph, rows, op_types)
-        graphs[f"ort_quantize_static ({label})"] = (graph, time.perf_counter() - start, "")
-    for method, (graph, seconds) in modelopt_quantize(fp32, out, rows).items():
-        graphs[f"modelopt_{method}"] = (graph, seconds, "")
+        graphs[f"ort_quantize_static ({label})"] = Quantized(graph, time.perf_counter() - start)
+    feeds = out / "rows.npz"  # the set's rows as the children read them
+    np.savez(feeds, **rows)
+    graphs |= modelopt_quantize(fp32, feeds, out)
+    graphs |= nncf_quantize(fp32, feeds, out, bench.nncf_model_types)
     return graphs
 
 
-def run_bench(bench: Bench, out: Path) -> dict:
+def round_times(label: str, rounds: list[dict[str, Quantized]]) -> dict:
+    """A row's seconds: the median over the rounds, and each round's (ours: the precision stage's too)."""
+    seconds = [round(made[label].seconds, 2) for made in rounds]
+    times = {"seconds": round(float(np.median(seconds)), 2), "round_seconds": seconds}
+    stage = [round(each, 2) for made in rounds if (each := made[label].stage_seconds) is not None]
+    if stage:
+        times |= {"precision_stage_seconds": round(float(np.median(stage)), 2), "precision_stage_round_seconds": stage}
+    return times
+
+
+def run_bench(bench: Bench, out: Path, sets: list[str], rounds: int) -> dict:
+    """Each of `sets`: `rounds` rounds of every quantizer, then the last round's graphs judged."""
     fp32 = make_engine(Settings(model=bench.model, precision="fp32", out_root=out / "fp32")) / "model.onnx"
     first_row = {name: rows[:1] for name, rows in bench.judged.items()}
     macs = macs_by_op(*compute_shapes(fp32, first_row))
     expected = run_graph(fp32, bench.judged, simulate_qdq=False)
-    judged_rows = len(expected)
     results = []
-    for set_name in bench.sets:
-        for method, (graph, seconds, note) in quantize_all(bench, fp32, set_name, out / set_name).items():
-            actual = run_graph(graph, bench.judged, simulate_qdq=method != SERVED_CPU)
+    for set_name in sets:
+        made = []
+        for index in range(rounds):
+            made.append(quantize_round(bench, fp32, set_name, out / set_name))
+            times = {label: round(graph.seconds, 2) for label, graph in made[-1].items()}
+            print(f"round {index + 1}/{rounds}, {bench.name}, {set_name}: {json.dumps(times)}", flush=True)
+        for label, last in made[-1].items():
+            actual = run_graph(last.graph, bench.judged, simulate_qdq=label != SERVED_CPU)
             results.append(
                 {
                     "model": bench.name,
                     "calibration": f"{set_name} ({len(next(iter(bench.rows[set_name].values())))} rows)",
-                    "quantizer": method,
+                    "quantizer": label,
                     **agreement(expected, actual, bench.top1),
-                    **int8_share(graph, macs),
-                    "seconds": round(seconds, 2),
-                    "note": note,
+                    **int8_share(last.graph, macs),
+                    **round_times(label, made),
+                    "note": last.note,
                 }
             )
             print(json.dumps(results[-1]), flush=True)
     return {
-        "judged_rows": judged_rows,
+        "judged_rows": len(expected),
         "compute_share_at": {name: list(rows.shape) for name, rows in first_row.items()},
         "data": bench.data,
         "rows": results,
     }
 
 
-def modelopt_versions() -> dict[str, str]:
-    """The packages installed in MODELOPT_SITE (ModelOpt and what it imports), by name."""
+def aside_versions(site: str) -> dict[str, str]:
+    """The packages installed in `site` (ModelOpt's or NNCF's folder: the quantizer and what it imports), by name."""
     from importlib.metadata import distributions
 
-    return {dist.metadata["Name"]: dist.version for dist in distributions(path=[MODELOPT_SITE])}
+    return {dist.metadata["Name"]: dist.version for dist in distributions(path=[site])}
 
 
 def environment() -> dict:
@@ -435,7 +532,8 @@ def environment() -> dict:
         "instruction_sets": instruction_sets_text(isa),
         "cores": os.cpu_count(),
         "load_average": [round(load, 2) for load in os.getloadavg()],
-        "versions": {**package_versions(VERSIONS), **modelopt_versions()},
+        "versions": package_versions(VERSIONS),
+        "aside": {"ModelOpt": aside_versions(MODELOPT_SITE), "NNCF": aside_versions(NNCF_SITE)},
         "commit": commit.stdout.strip() or "unknown",
     }
 
@@ -444,17 +542,35 @@ def table(record: dict) -> str:
     """The results as the doc's Markdown table."""
     lines = [
         "| model | calibration | quantizer | cosine min | cosine mean | top-1 agreement | ops INT8 "
-        "| INT8 compute share | time (s) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| INT8 compute share | time (s) | precision stage (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for bench in record["models"].values():
         for row in bench["rows"]:
+            stage = row.get("precision_stage_seconds")
             lines.append(
                 f"| {row['model']} | {row['calibration']} | {row['quantizer']} | {row['cosine_min']:.4f} | "
                 f"{row['cosine_mean']:.4f} | {row['top1_agreement']:.3f} | {row['ops_quantized']} | "
-                f"{row['int8_compute_share']:.4f} | {row['seconds']:.1f} |"
+                f"{row['int8_compute_share']:.4f} | {row['seconds']:.1f} | {'' if stage is None else f'{stage:.1f}'} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def goal_lines(record: dict) -> list[str]:
+    """Per model and calibration set: ours' int8 stage seconds over each ModelOpt method's quantize() seconds
+    (medians over the rounds), against GOAL_RATIO."""
+    lines = []
+    for bench in record["models"].values():
+        seconds: dict[tuple[str, str], dict[str, float]] = {}
+        for row in bench["rows"]:
+            seconds.setdefault((row["model"], row["calibration"]), {})[row["quantizer"]] = row["seconds"]
+        for (model, calibration), times in seconds.items():
+            modelopt = {method: times[f"modelopt_{method}"] for method in MODELOPT_METHODS}
+            ratios = {method: times["ours"] / seconds for method, seconds in modelopt.items()}
+            against = ", ".join(f"{ratios[m]:.2f}x ModelOpt {m}'s {modelopt[m]:.1f} s" for m in MODELOPT_METHODS)
+            verdict = "met" if max(ratios.values()) <= GOAL_RATIO else "not met"
+            lines.append(f"- {model}, {calibration}: ours {times['ours']:.1f} s = {against}: {verdict}")
+    return lines
 
 
 READING = "## Reading"
@@ -466,7 +582,9 @@ one with the lowest error on its held-out rows kept; and again with CALIB_METHOD
 auto), which fits its ranges on its own split of the set (`calibration/holdout.py`) and judges its gate on the rest;
 its `model.int8.onnx` is judged here whether or not that gate refuses the build, and so is the defaults' CPU graph
 for this host ("ours, served CPU graph", on ONNX Runtime's int8 kernels, not simulated); its time is the int8
-stage's (calibration, the Q/DQ graph and the two CPU-shaped graphs).
+stage's seconds as the folder's manifest records them (calibration, the Q/DQ graph and the two CPU-shaped graphs),
+and beside it make_engine's whole precision stage's (the int8 stage, its three graphs' parity gates and the
+agreement gate; where the gate refuses, the stages up to the refusal); RECALIBRATE=1, so every round builds afresh.
 ORT: `quantize_static`, QDQ, per-channel, symmetric INT8 activations and weights, one row a calibration batch,
 twice: with its default op types (every one it can quantize: on the encoder also Softmax, LayerNormalization, the
 mean pooling and the attention mask) and with Conv/Gemm/MatMul only. ModelOpt:
@@ -475,6 +593,16 @@ calibration_eps=['cpu'])` with its defaults otherwise, in a child process: impor
 calibrators and quantizer in place (`ort_patching.patch_ort_modules`), which would change every later ORT and ours
 row in the same process. The venv's `tensorrt-stubs` (an empty `tensorrt` namespace package, on which ModelOpt's
 probe calls `tensorrt.Logger` and crashes) are hidden in that child by a meta-path finder; the venv is untouched.
+NNCF: `nncf.quantize(onnx.load('model.onnx'), nncf.Dataset(rows, one row an item))` with its defaults (preset
+performance: per-channel INT8 weights, per-tensor activations with zero point 0, UINT8 where the activation is not
+negative, e.g. after ReLU6; fast bias correction; subset_size 300, so every row of the set), and on the encoder also
+with `model_type=nncf.ModelType.TRANSFORMER` (its preset then mixed: activations asymmetric), each on the graph
+loaded afresh, in a child process as ModelOpt's is (NNCF's folder off the benchmark's path, its import out of the
+timing). NNCF also puts Q/DQ where the others do not: on the CNN's residual Adds and its pooling; with its defaults
+on the encoder's Adds, its mean pooling and its additive attention mask (-3.4e38 where masked: NNCF's scale for it
+comes out infinite, with numpy's "invalid value encountered in cast"); in both modes on the encoder's three
+embedding tables. Its weights are INT8 initializers read through a DequantizeLinear, which the INT8 op count sees
+as it sees the others' Q/DQ weights.
 """
 MEASURES_TEXT = """
 Top-1 agreement: the CNN's class; the encoder's nearest other judged sentence (by cosine of the embeddings), the
@@ -482,7 +610,9 @@ same under INT8 as under FP32. Ops INT8: Conv/Gemm/MatMul both of whose inputs c
 Transpose/Reshape/Flatten/Squeeze/Unsqueeze); INT8 compute share: their multiply-accumulates over all
 Conv/Gemm/MatMul MACs (attention's activation x activation MatMuls included), at the input shapes {shapes}. The
 count is calibration/share.py's (the pipeline's one owner: the INT8 stage records it too). Time: the
-quantizer's call (ModelOpt's in its child, its import excluded), one run, on shared cores.
+quantizing step (ours: the int8 stage; ORT's, ModelOpt's and NNCF's quantize call, the last two in their child,
+its import excluded), the median of {rounds}, each round running every quantizer once in turn on the same set (each
+round's seconds in the .json), on shared cores; the graphs judged are the last round's.
 """
 
 
@@ -496,6 +626,11 @@ def markdown(record: dict, reading: str) -> str:
     then `reading` (the doc's hand-written section, kept as it was)."""
     env = record["environment"]
     versions = ", ".join(f"{name} {version}" for name, version in env["versions"].items())
+    aside = "; ".join(
+        f"{tool}'s: " + ", ".join(f"{name} {version}" for name, version in packages.items())
+        for tool, packages in env["aside"].items()
+    )
+    rounds = f"{record['rounds']} round" + ("s" if record["rounds"] > 1 else "")
     gates = [
         f"- {row['model']}, {row['calibration']}, {row['quantizer']}: {row['note']}"
         for bench in record["models"].values()
@@ -506,16 +641,19 @@ def markdown(record: dict, reading: str) -> str:
     shapes = ", ".join(f"{name} {bench['compute_share_at']}" for name, bench in record["models"].items())
     return "\n".join(
         [
-            "# INT8: ours vs NVIDIA ModelOpt vs ONNX Runtime quantize_static (issue 25, part 3)",
+            "# INT8: ours vs NVIDIA ModelOpt vs NNCF vs ONNX Runtime quantize_static (issue 25, part 3; issue 56)",
             "",
             f"Generated by `benchmarks/int8_vs_modelopt.py` (with int8-vs-modelopt.json) at commit {env['commit']}, "
             f"in {record['seconds']:.0f} s: {env['cpu']}, {env['cores']} cores shared with other jobs (load "
             f"{env['load_average']}), {env['instruction_sets']}; CPU only, no GPU, TensorRT absent (ModelOpt "
-            f"calibrates on ONNX Runtime's CPU provider). Versions: {versions}.",
+            f"calibrates on ONNX Runtime's CPU provider). Versions: {versions}. Installed aside (`--no-deps`, each "
+            f"quantizer with what it imports that the venv lacks; the rest it takes from the venv): {aside}.",
             "",
             "    .venv/bin/pip install --no-deps --target /tmp/modelopt-site nvidia-modelopt onnx-graphsurgeon \\",
             "        nvidia-ml-py onnxslim lief",
-            "    PYTHONPATH=$PWD .venv/bin/python benchmarks/int8_vs_modelopt.py --out /tmp/ivm --docs docs/benchmarks",
+            "    .venv/bin/pip install --no-deps --target /tmp/nncf-site nncf tabulate psutil",
+            "    PYTHONPATH=$PWD .venv/bin/python benchmarks/int8_vs_modelopt.py \\",
+            f"        --out /tmp/ivm --docs docs/benchmarks --rounds {record['rounds']}",
             "",
             _prose(METHODS_TEXT),
             "",
@@ -525,9 +663,14 @@ def markdown(record: dict, reading: str) -> str:
             "",
             *data,
             "",
-            _prose(MEASURES_TEXT.format(shapes=shapes)),
+            _prose(MEASURES_TEXT.format(shapes=shapes, rounds=rounds)),
             "",
             table(record),
+            f"Goal (issue 56): ours' int8 stage within {GOAL_RATIO}x of ModelOpt's quantize() on the same graph and "
+            f"data (median seconds of {rounds}):",
+            "",
+            *goal_lines(record),
+            "",
             "Ours, what `make_engine` said:",
             "",
             *gates,
@@ -574,14 +717,19 @@ def write_results(record: dict, folder: Path) -> None:
     doc.write_text(markdown(record, reading))
 
 
+CHILDREN: dict[str, Callable[..., None]] = {"--modelopt-child": modelopt_child, "--nncf-child": nncf_child}
+
+
 def main() -> None:
-    if sys.argv[1:2] == ["--modelopt-child"]:
-        modelopt_child(*sys.argv[2:])
+    if sys.argv[1:2] and sys.argv[1] in CHILDREN:
+        CHILDREN[sys.argv[1]](*sys.argv[2:])
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="working folder (engines, data, graphs, results)")
     parser.add_argument("--docs", type=Path, help="also write int8-vs-modelopt.json/.md here (docs/benchmarks)")
     parser.add_argument("--models", default="cnn,encoder", help="which of cnn, encoder (comma-separated)")
+    parser.add_argument("--sets", default=",".join(SETS), help=f"which calibration sets of {', '.join(SETS)}")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of every quantizer in turn; time: the median")
     parser.add_argument("--render", action="store_true", help="measure nothing: rewrite --docs' .md from its .json")
     args = parser.parse_args()
     if args.render and args.docs:
@@ -589,10 +737,21 @@ def main() -> None:
         return
     if args.out is None:
         parser.error("--out is required (or --render with --docs)")
+    sets = args.sets.split(",")
+    if not set(sets) <= set(SETS) or args.rounds < 1:
+        parser.error(f"--sets takes some of {', '.join(SETS)}; --rounds at least 1")
     started = time.perf_counter()
     benches = {"cnn": cnn_bench, "encoder": encoder_bench}
-    models = {name: run_bench(benches[name](args.out / name), args.out / name) for name in args.models.split(",")}
-    record = {"environment": environment(), "seconds": round(time.perf_counter() - started, 1), "models": models}
+    models = {
+        name: run_bench(benches[name](args.out / name), args.out / name, sets, args.rounds)
+        for name in args.models.split(",")
+    }
+    record = {
+        "environment": environment(),
+        "seconds": round(time.perf_counter() - started, 1),
+        "rounds": args.rounds,
+        "models": models,
+    }
     for folder in [args.out, *([args.docs] if args.docs else [])]:
         write_results(record, folder)
     print(table(record))
