@@ -86,7 +86,8 @@ def correct_biases(
         if not _correctable(node, initializers, rounded):
             continue
         error = rounded[node.input[1]]
-        error -= _array(initializers[node.input[1]], calibrated.parent)  # in place: one weight's float64 copies
+        # In place, the float32 weight cast as it is read: one float64 copy of the weight, not two.
+        np.subtract(error, numpy_helper.to_array(initializers[node.input[1]], str(calibrated.parent)), out=error)
         shift = _output_shift(node, error, means[node.input[0]])
         largest = max(largest, float(np.abs(shift).max()))
         _add_to_bias(graph, *slot, node.input[1], initializers, readers, -shift, calibrated.parent)
