@@ -68,7 +68,9 @@ MODELOPT_METHODS = ("max", "entropy")
 # quantize_static's op_types_to_quantize, by the row's label: its default (None: every op type it can quantize),
 # and the compute ops alone.
 ORT_OP_TYPES: dict[str, list[str] | None] = {"all ops": None, "Conv/Gemm/MatMul": list(COMPUTE_OPS)}
-# NNCF's model types a model's rows are quantized with (Bench.nncf_model_types), NNCF_DEFAULT: none given.
+# NNCF's options a model's rows are quantized with (Bench.nncf_model_types): NNCF_DEFAULT (none given), or a model
+# type, with a preset after a "+" (TRANSFORMER's default preset is mixed: asymmetric activations, which TensorRT's
+# INT8 cannot run; performance makes them symmetric).
 NNCF_DEFAULT = "default"
 # The stages make_engine's precision stage runs for INT8, as the manifest's timings name them (pipeline/stages/
 # sequence.py run_precision): the int8 stage, each of its graphs' gates, the agreement gate.
@@ -368,11 +370,22 @@ def nncf_quantize(fp32: Path, feeds: Path, out: Path, model_types: tuple[str, ..
 
 
 def nncf_label(model_type: str) -> str:
-    return "nncf" if model_type == NNCF_DEFAULT else f"nncf (model_type={model_type})"
+    if model_type == NNCF_DEFAULT:
+        return "nncf"
+    kind, _, preset = model_type.partition("+")
+    return f"nncf (model_type={kind}{f', preset={preset}' if preset else ''})"
+
+
+def nncf_options(nncf, model_type: str) -> dict:
+    """nncf.quantize's keyword arguments for one of Bench.nncf_model_types."""
+    if model_type == NNCF_DEFAULT:
+        return {}
+    kind, _, preset = model_type.partition("+")
+    return {"model_type": nncf.ModelType[kind], **({"preset": nncf.QuantizationPreset[preset]} if preset else {})}
 
 
 def nncf_graph(out: Path, model_type: str) -> Path:
-    return out / f"nncf-{model_type.lower()}.int8.onnx"
+    return out / f"nncf-{model_type.lower().replace('+', '-')}.int8.onnx"
 
 
 def nncf_child(fp32: str, feeds: str, out: str, *model_types: str) -> None:
@@ -387,7 +400,7 @@ def nncf_child(fp32: str, feeds: str, out: str, *model_types: str) -> None:
     items = [{name: value[i : i + 1] for name, value in data.items()} for i in range(len(next(iter(data.values()))))]
     seconds = {}
     for model_type in model_types:
-        options = {} if model_type == NNCF_DEFAULT else {"model_type": nncf.ModelType[model_type]}
+        options = nncf_options(nncf, model_type)
         model = onnx.load(fp32)
         start = time.perf_counter()
         quantized = nncf.quantize(model, nncf.Dataset(items), **options)
@@ -445,7 +458,7 @@ def encoder_bench(out: Path) -> Bench:
         judged,
         nearest_neighbours,
         {"examples": examples},
-        (NNCF_DEFAULT, "TRANSFORMER"),  # NNCF's transformer scheme: which ops it quantizes, and how
+        (NNCF_DEFAULT, "TRANSFORMER", "TRANSFORMER+PERFORMANCE"),  # NNCF's transformer scheme, and it symmetric
     )
 
 
@@ -596,7 +609,8 @@ probe calls `tensorrt.Logger` and crashes) are hidden in that child by a meta-pa
 NNCF: `nncf.quantize(onnx.load('model.onnx'), nncf.Dataset(rows, one row an item))` with its defaults (preset
 performance: per-channel INT8 weights, per-tensor activations with zero point 0, UINT8 where the activation is not
 negative, e.g. after ReLU6; fast bias correction; subset_size 300, so every row of the set), and on the encoder also
-with `model_type=nncf.ModelType.TRANSFORMER` (its preset then mixed: activations asymmetric), each on the graph
+with `model_type=nncf.ModelType.TRANSFORMER` (its preset then mixed: activations asymmetric, which TensorRT's INT8
+cannot run) and with that and `preset=nncf.QuantizationPreset.PERFORMANCE` (symmetric), each on the graph
 loaded afresh, in a child process as ModelOpt's is (NNCF's folder off the benchmark's path, its import out of the
 timing). NNCF also puts Q/DQ where the others do not: on the CNN's residual Adds and its pooling; with its defaults
 on the encoder's Adds, its mean pooling and its additive attention mask (-3.4e38 where masked: NNCF's scale for it
