@@ -16,6 +16,8 @@ correction 0.9955 (its input alone quantized: 0.9949).
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -45,11 +47,34 @@ def _corrected_name(kind: str | None) -> str:
 
 
 class WeightRounding(Protocol):
-    """{weight name: its rounded values, dequantized, in float64}, for the weights a quantized graph rounds."""
+    """{weight name: its rounded values, dequantized, in float64}, for the weights a quantized graph rounds, and
+    what identifies a weight's rounding (equal for equal rounded values: BiasShifts' key)."""
 
     def __contains__(self, weight: str) -> bool: ...
 
     def __getitem__(self, weight: str) -> np.ndarray: ...
+
+    def identity(self, weight: str) -> str: ...
+
+
+class BiasShifts:
+    """Each op's output shift (W_q - W) · E[x] once computed, by all it is computed from: the FP32 graph file, the op,
+    its weight's rounding (WeightRounding.identity) and its input's means.  The candidates of one smoothing alpha
+    round their weights alike (calibration/qdq_write.py QuantizedWeights) and share the means, and the kept
+    candidate's FP32 graph and the float search's tries correct the same ops again: a shift is computed once, not
+    up to five times (each time the weight and its rounding read from disk, both in float64)."""
+
+    def __init__(self) -> None:
+        self._shifts: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # key -> (its means, kept alive: the key
+        self.computed = 0  # holds their id), shift; how many shifts were computed, not found
+
+    def shift(self, key: tuple, mean: np.ndarray, compute: Callable[[], np.ndarray]) -> np.ndarray:
+        """The shift for `key` and the means `mean`, computed by `compute` the first time."""
+        full = (*key, id(mean))
+        if full not in self._shifts:
+            self._shifts[full] = (mean, compute())
+            self.computed += 1
+        return self._shifts[full][1]
 
 
 def correct_biases(
@@ -60,6 +85,7 @@ def correct_biases(
     *,
     skip: tuple[str, ...] = (),
     quantized_out: Path | None = None,
+    shifts: BiasShifts | None = None,
 ) -> dict:
     """Write `calibrated` to `out_path` with each Conv/Gemm/MatMul's bias corrected for the int8 rounding of its
     weight in `quantized` (a Q/DQ graph made from `calibrated`: TensorRT's or a CPU graph, or the rounding of one's
@@ -68,7 +94,8 @@ def correct_biases(
     write `quantized` (a graph) there with the same corrected biases, where it keeps its biases float (TensorRT's):
     the graph quantize_qdq makes of the corrected one (the same weights, the same ranges), without quantizing every
     weight again; with it alone (no `out_path`), no FP32 copy is written.  Both graphs' weights stay on disk: each
-    is read when its op is corrected, and copied as the graphs are written."""
+    is read when its op is corrected, and copied as the graphs are written.  shifts: the shifts computed already
+    (by an earlier call on the same graph, weights and means), taken from there and added to it."""
     calibrated = Path(calibrated)
     model = graph_without_weights(calibrated)
     graph = model.graph
@@ -78,17 +105,23 @@ def correct_biases(
     for node in graph.node:
         for name in node.input:
             readers.setdefault(name, []).append(node)
-    largest, slots = 0.0, []
-    for node in graph.node:
+    largest, slots, file = 0.0, [], _file_identity(calibrated)
+    shifts = shifts or BiasShifts()
+    for index, node in enumerate(graph.node):
         slot = _bias_slot(node, readers, initializers)
         if slot is None or node.name in skip or node.input[0] not in means:
             continue
         if not _correctable(node, initializers, rounded):
             continue
-        error = rounded[node.input[1]]
-        # In place, the float32 weight cast as it is read: one float64 copy of the weight, not two.
-        np.subtract(error, numpy_helper.to_array(initializers[node.input[1]], str(calibrated.parent)), out=error)
-        shift = _output_shift(node, error, means[node.input[0]])
+        weight, mean = initializers[node.input[1]], means[node.input[0]]
+
+        def compute(node=node, weight=weight, mean=mean) -> np.ndarray:
+            error = rounded[weight.name]
+            # In place, the float32 weight cast as it is read: one float64 copy of the weight, not two.
+            np.subtract(error, numpy_helper.to_array(weight, str(calibrated.parent)), out=error)
+            return _output_shift(node, error, mean)
+
+        shift = shifts.shift((file, index, node.name, rounded.identity(weight.name)), mean, compute)
         largest = max(largest, float(np.abs(shift).max()))
         _add_to_bias(graph, *slot, node.input[1], initializers, readers, -shift, calibrated.parent)
         slots.append(slot)
@@ -184,6 +217,15 @@ class DequantizedWeights:
     def __contains__(self, weight: str) -> bool:
         return weight in self._nodes
 
+    def identity(self, weight: str) -> str:
+        """The sha256 of the weight's int8 values, scales, zero points and axis: equal for equal dequantized values."""
+        node, digest = self._nodes[weight], hashlib.sha256()
+        for name in node.input:
+            tensor = self._initializers.get(name)
+            digest.update(numpy_helper.to_array(tensor, str(self._base)).tobytes() if tensor is not None else b"-")
+        digest.update(str(next((a.i for a in node.attribute if a.name == "axis"), 1)).encode())
+        return digest.hexdigest()
+
     def __getitem__(self, weight: str) -> np.ndarray:
         node, initializers, base = self._nodes[weight], self._initializers, self._base
         values = _array(initializers[node.input[0]], base)
@@ -267,6 +309,12 @@ def _add_to_bias(
         holder.input[index] = name
     else:
         holder.input.append(name)
+
+
+def _file_identity(path: Path) -> tuple[str, int, int]:
+    """What identifies a graph file's contents here: its path, size and modification time."""
+    stat = path.stat()
+    return str(path.resolve()), stat.st_size, stat.st_mtime_ns
 
 
 def _array(tensor: onnx.TensorProto, base: Path) -> np.ndarray:

@@ -59,7 +59,7 @@ def _quantized(
         return qdq, quantize_qdq(calibrated, qdq, candidate.ranges, exclude=exclude, weights=candidate.weights)
     corrected = corrected_path(calibrated, "float-search")
     try:
-        correct_biases(calibrated, candidate.qdq, means, corrected, skip=exclude)
+        correct_biases(calibrated, candidate.qdq, means, corrected, skip=exclude, shifts=candidate.shifts)
         return qdq, quantize_qdq(corrected, qdq, candidate.ranges, exclude=exclude, weights=candidate.weights)
     finally:
         remove_graph(corrected)  # the quantizer's input alone

@@ -407,6 +407,7 @@ def _candidate(
         qdq=qdq,
         structure=quantize_qdq(fitted.calibrated, qdq, ranges, weights=fitted.weights),
         weights=fitted.weights,
+        shifts=fitted.shifts,
     )
 
 
@@ -417,7 +418,9 @@ def _correct_biases(candidate: Candidate, held_out: list[dict[str, np.ndarray]],
     errors.  The corrected Q/DQ graph is written beside the candidate's and references its int8 weights there."""
     judged = judge(candidate.qdq, held_out)
     qdq = candidate.qdq.with_name(CORRECTED_QDQ_GRAPH)
-    correction = correct_biases(candidate.calibrated, candidate.qdq, candidate.means, quantized_out=qdq)
+    correction = correct_biases(
+        candidate.calibrated, candidate.qdq, candidate.means, quantized_out=qdq, shifts=candidate.shifts
+    )
     opens_like(qdq, candidate.qdq)  # the judge probed that graph: this one differs in biases alone
     agreement = judge(qdq, held_out)
     kept = agreement.error_mean < judged.error_mean
@@ -440,7 +443,7 @@ def _with_corrected_graph(candidate: Candidate, scratch: Path) -> Candidate:
     if not candidate.bias_correction or not candidate.bias_correction["kept"]:
         return candidate
     corrected = corrected_path(candidate.calibrated, None)
-    correct_biases(candidate.calibrated, candidate.qdq, candidate.means, corrected)
+    correct_biases(candidate.calibrated, candidate.qdq, candidate.means, corrected, shifts=candidate.shifts)
     return replace(candidate, calibrated=corrected, uncorrected=candidate.calibrated)
 
 

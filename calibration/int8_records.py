@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..pipeline.folder.records import RowsAgreement
+from .bias import BiasShifts
 from .cache import CacheLookup
 from .qdq_write import QuantizedWeights
 from .ranges import method_options
@@ -74,6 +75,7 @@ class Candidate:
     qdq: Path
     structure: dict
     weights: QuantizedWeights  # its smoothing alpha's, shared by every Q/DQ graph made from `calibrated`
+    shifts: BiasShifts  # its smoothing alpha's bias corrections' shifts, shared as the weights are
     held_out: RowsAgreement | None = None
     float_ops: tuple[str, ...] = ()
     # Where `calibrated` has every Conv/Gemm bias corrected (calibration/bias.py; the CPU graphs, which quantize
@@ -114,6 +116,7 @@ class Fitted:
     passes: int
     seconds: float
     weights: QuantizedWeights = field(default_factory=QuantizedWeights)  # the Q/DQ of `calibrated`'s weights
+    shifts: BiasShifts = field(default_factory=BiasShifts)  # its candidates' bias corrections' shifts
 
 
 @dataclass(frozen=True)

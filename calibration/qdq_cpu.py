@@ -149,6 +149,10 @@ class Uint8Rounding:
     def __contains__(self, weight: str) -> bool:
         return weight in self._axes
 
+    def identity(self, weight: str) -> str:
+        """The graph file's weight, rounded by this rule: the file identifies it (BiasShifts keys on the file too)."""
+        return f"uint8:{weight}"
+
     def __getitem__(self, weight: str) -> np.ndarray:
         values, axis = numpy_helper.to_array(self._initializers[weight], str(self._base)), self._axes[weight]
         shape = [1] * values.ndim

@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trt_pipeline.calibration import float_search, int8, qdq, qdq_cpu
-from trt_pipeline.calibration.bias import DequantizedWeights, correct_biases
+from trt_pipeline.calibration.bias import BiasShifts, DequantizedWeights, correct_biases
 from trt_pipeline.calibration.holdout import read_calibration
 from trt_pipeline.calibration.int8 import _cpu_graph, make_int8_graph
 from trt_pipeline.calibration.int8_records import CalibrationConfig
@@ -371,3 +371,24 @@ def test_the_corrected_graphs_of_an_fp32_graph_with_a_data_file_reference_its_we
     assert {kind: graph.failed for kind, graph in result.cpu.items()} == dict.fromkeys(CPU_TARGETS)
     assert [tried["op"] for tried in result.calibration["float_search"]["tried"]] == ["conv0"]
     assert sorted(tmp_path.iterdir()) == sorted([*before, tmp_path / "calibration", out.parent])  # nothing left
+
+
+def test_a_shift_is_computed_once_for_the_same_graph_rounding_and_means(tmp_path):
+    """BiasShifts: a second correction of the same FP32 graph for the same rounding and means (a candidate of the
+    same smoothing alpha, the kept candidate's FP32 graph, the float search's try) takes the shifts computed by the
+    first and writes the same graph, byte for byte; other means are computed anew."""
+    fp32, arguments = _cnn_case(tmp_path)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    chosen = make_int8_graph(fp32, tmp_path / "model.int8.onnx", **arguments, scratch=scratch).chosen
+    means = {name: np.linspace(-1.0, 3.0, size) for name, size in _input_channels(fp32).items()}
+    shifts, written = BiasShifts(), {}
+    for label, shared in (("alone", None), ("first", shifts), ("again", shifts)):
+        correction = correct_biases(chosen.calibrated, chosen.qdq, means, tmp_path / f"{label}.onnx", shifts=shared)
+        written[label] = onnx.load(str(tmp_path / f"{label}.onnx")).SerializeToString()
+    assert correction["ops"] >= 3 and shifts.computed == correction["ops"], (correction, shifts.computed)
+    assert written["alone"] == written["first"] == written["again"]
+    other = {name: mean + 1.0 for name, mean in means.items()}
+    correct_biases(chosen.calibrated, chosen.qdq, other, tmp_path / "other.onnx", shifts=shifts)
+    assert shifts.computed == 2 * correction["ops"]
+    assert onnx.load(str(tmp_path / "other.onnx")).SerializeToString() != written["alone"]
