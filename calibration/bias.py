@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ..pipeline.core.sessions import file_key
 from ..pipeline.folder.artifacts import temporary_name
 from ..pipeline.folder.graph_files import graph_without_weights, write_graph
 from .readers import Feed
@@ -105,7 +106,7 @@ def correct_biases(
     for node in graph.node:
         for name in node.input:
             readers.setdefault(name, []).append(node)
-    largest, slots, file = 0.0, [], _file_identity(calibrated)
+    largest, slots, file = 0.0, [], file_key(calibrated)
     shifts = shifts or BiasShifts()
     for index, node in enumerate(graph.node):
         slot = _bias_slot(node, readers, initializers)
@@ -309,12 +310,6 @@ def _add_to_bias(
         holder.input[index] = name
     else:
         holder.input.append(name)
-
-
-def _file_identity(path: Path) -> tuple[str, int, int]:
-    """What identifies a graph file's contents here: its path, size and modification time."""
-    stat = path.stat()
-    return str(path.resolve()), stat.st_size, stat.st_mtime_ns
 
 
 def _array(tensor: onnx.TensorProto, base: Path) -> np.ndarray:

@@ -126,7 +126,7 @@ def level_that_opens(path: Path | str, open_at: Callable[[str], Any], feed: dict
     if not hasattr(os, "fork"):
         return OPTIMIZATION_LEVELS[0]  # no fork (Windows): nothing to contain with
     path = Path(path)
-    file = _file_key(path)
+    file = file_key(path)
     for probed_run in (True, False) if feed is None else (True,):
         if (*file, probed_run) in _PROBED:
             return _PROBED[(*file, probed_run)]
@@ -157,7 +157,7 @@ def probed_level(path: Path | str) -> str | None:
     """The level this process found the graph file `path` opens at (probed with a run or without), None where it has
     not probed it: a copy of that graph with more of its tensors as outputs (pipeline/evaluation/tensors.py) opens
     there with no probe of its own."""
-    file = _file_key(Path(path))
+    file = file_key(Path(path))
     return _PROBED.get((*file, True), _PROBED.get((*file, False)))
 
 
@@ -167,11 +167,12 @@ def opens_like(path: Path | str, probed: Path | str) -> None:
     optimizers, so no probe of its own."""
     level = probed_level(probed)
     if level is not None:
-        _PROBED[(*_file_key(Path(path)), False)] = level
+        _PROBED[(*file_key(Path(path)), False)] = level
 
 
-def _file_key(path: Path) -> tuple[str, int, int]:
-    """What identifies a graph file among the probed ones: its path, size and modification time."""
+def file_key(path: Path) -> tuple[str, int, int]:
+    """What identifies a graph file's contents in this process (among the probed ones, calibration/bias.py's
+    shifts): its path, size and modification time."""
     stat = path.stat()
     return str(path.resolve()), stat.st_size, stat.st_mtime_ns
 
