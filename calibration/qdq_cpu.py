@@ -196,31 +196,31 @@ def _cpu_options(fp32_path: Path, ranges, weights: str, float_output_ops: tuple[
             "ActivationSymmetric": False,
             "WeightSymmetric": symmetric,
             "OpTypesToExcludeOutputQuantization": list(float_output_ops),
-            "TensorQuantOverrides": _weight_overrides(fp32_path, unranged, weights),
+            "TensorQuantOverrides": _weight_overrides(model, fp32_path.parent, unranged, weights),
         },
     }
     return options, unranged
 
 
-def _weight_overrides(fp32_path: Path, unranged: list[str], weights: str) -> dict[str, list[dict]]:
+def _weight_overrides(model: onnx.ModelProto, base: Path, unranged: list[str], weights: str) -> dict[str, list[dict]]:
     """{weight: one override a channel, its scale and zero point}, for each weight the quantizer quantizes per
     channel (always symmetric there: Uint8Rounding), computed as it computes them but every channel at once: it
     loops over the channels in Python, most of its time on a CNN (EfficientNet-Lite0: 1 s of 1.7 s a graph).  Given
     both, it quantizes with them as it would with its own (TensorQuantOverrides); the graphs are the same, byte for
-    byte (tests/calibration/test_qdq_cpu.py)."""
+    byte (tests/calibration/test_qdq_cpu.py).  `model`: the graph without its weights (read from under `base`),
+    changed as qdq_write.weight_axes changes it."""
     weight_type, _, reduce_range = WEIGHT_FORMS[weights]
     dtype: type[np.integer] = np.int8 if weight_type == "QInt8" else np.uint8
     if weight_type == "QInt8":  # ORT's symmetric int8 ranges
         low, high = (-64, 64) if reduce_range else (-127, 127)
     else:
         low, high = (0, 127) if reduce_range else (0, UINT8_MAX)
-    model = graph_without_weights(fp32_path)
     initializers = {init.name: init for init in model.graph.initializer}
     overrides = {}
     for name, axis in weight_axes(model, unranged).items():
         if axis is None:  # a per-tensor weight: its one scale costs the quantizer nothing
             continue
-        values = numpy_helper.to_array(initializers[name], str(fp32_path.parent))
+        values = numpy_helper.to_array(initializers[name], str(base))
         scales, zero_points = symmetric_scale_zp(values, axis, low, high)
         overrides[name] = [
             {"axis": axis, "scale": scale, "zero_point": dtype(zero_point)}
