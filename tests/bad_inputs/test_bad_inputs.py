@@ -183,13 +183,20 @@ def test_make_passes_a_quote_in_a_path_intact(tmp_path):
     assert (out / "toy_models-tiny_cnn-fp32" / "manifest.json").is_file()
 
 
+def _make_with_trust(word: str, tmp_path) -> tuple[subprocess.CompletedProcess, Path]:
+    """`make engine` on a pickle whose loading writes a marker file, with TRUST_MODEL_FILE=`word`: (the result, the
+    marker's path), the engines under tmp_path/engines."""
+    crafted, marker = tmp_path / "model.pt", tmp_path / "EXECUTED"
+    torch.save(_RunsCode(marker), crafted)
+    result = _make(f"MODEL={crafted}", f"TRUST_MODEL_FILE={word}", "PRECISION=fp32", f"OUT={tmp_path}/engines")
+    return result, marker
+
+
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 @pytest.mark.parametrize("word", ["0", "no", "False", ""])
 def test_a_switch_given_as_off_is_off(word, tmp_path):
     # make passed --trust-model-file for any word but nothing: TRUST_MODEL_FILE=0 ran the pickle's code.
-    crafted, marker = tmp_path / "model.pt", tmp_path / "EXECUTED"
-    torch.save(_RunsCode(marker), crafted)
-    result = _make(f"MODEL={crafted}", f"TRUST_MODEL_FILE={word}", "PRECISION=fp32", f"OUT={tmp_path}/engines")
+    result, marker = _make_with_trust(word, tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "loading it runs code the file contains" in result.stderr and "TRUST_MODEL_FILE=1" in result.stderr
     assert not marker.exists()
@@ -197,18 +204,14 @@ def test_a_switch_given_as_off_is_off(word, tmp_path):
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_a_switch_given_as_yes_is_on(tmp_path):
-    crafted, marker = tmp_path / "model.pt", tmp_path / "EXECUTED"
-    torch.save(_RunsCode(marker), crafted)
-    _make(f"MODEL={crafted}", "TRUST_MODEL_FILE=yes", "PRECISION=fp32", f"OUT={tmp_path}/engines")
+    _, marker = _make_with_trust("yes", tmp_path)
     assert marker.exists()  # trusted: its code ran (what it unpickles to is no model, so the run fails after)
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 @pytest.mark.parametrize("word", ["maybe", "2", "on", "y"])
 def test_a_switch_given_another_word_is_refused_before_anything_runs(word, tmp_path):
-    crafted, marker = tmp_path / "model.pt", tmp_path / "EXECUTED"
-    torch.save(_RunsCode(marker), crafted)
-    result = _make(f"MODEL={crafted}", f"TRUST_MODEL_FILE={word}", "PRECISION=fp32", f"OUT={tmp_path}/engines")
+    result, marker = _make_with_trust(word, tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert f"error: TRUST_MODEL_FILE is a switch, on or off, and {word!r} is neither" in result.stderr
     assert "fix: give TRUST_MODEL_FILE=1 (or yes, true) to switch it on; 0, no, false or nothing" in result.stderr
