@@ -373,18 +373,22 @@ def nncf_quantize(fp32: Path, feeds: Path, out: Path, model_types: tuple[str, ..
 
 
 def nncf_label(model_type: str) -> str:
-    if model_type == NNCF_DEFAULT:
-        return "nncf"
-    kind, _, preset = model_type.partition("+")
-    return f"nncf (model_type={kind}{f', preset={preset}' if preset else ''})"
+    named = ", ".join(f"{name}={value}" for name, value in _nncf_choices(model_type).items())
+    return f"nncf ({named})" if named else "nncf"
 
 
 def nncf_options(nncf, model_type: str) -> dict:
     """nncf.quantize's keyword arguments for one of Bench.nncf_model_types."""
+    kinds = {"model_type": nncf.ModelType, "preset": nncf.QuantizationPreset}
+    return {name: kinds[name][value] for name, value in _nncf_choices(model_type).items()}
+
+
+def _nncf_choices(model_type: str) -> dict[str, str]:
+    """{nncf.quantize's argument: its enum member's name} that one of Bench.nncf_model_types names."""
     if model_type == NNCF_DEFAULT:
         return {}
     kind, _, preset = model_type.partition("+")
-    return {"model_type": nncf.ModelType[kind], **({"preset": nncf.QuantizationPreset[preset]} if preset else {})}
+    return {"model_type": kind, **({"preset": preset} if preset else {})}
 
 
 def nncf_graph(out: Path, model_type: str) -> Path:
