@@ -27,6 +27,11 @@ import onnx
 from ..folder.graph_files import atomic_graph, graph_without_weights, write_graph
 from ..folder.graph_io import Dim, dim_size, graph_io, load_reference
 
+# Integer initializers that symbolic shape inference may compute sizes from (position ids, index tables) are read
+# in up to this size; larger ones and every float weight stay where they lie.
+INDEX_TENSOR_BYTES = 1 << 20
+_INTEGER_TYPES = {onnx.TensorProto.INT64, onnx.TensorProto.INT32}
+
 # (the size of each named input dim, each output's shape) in one reference case
 Case = tuple[dict[str, int], dict[str, tuple[int, ...]]]
 
@@ -35,7 +40,7 @@ def name_output_dims(onnx_path: Path, reference: Path) -> dict[str, dict[int, st
     """Rename the output dims of the graph at `onnx_path` that follow from its inputs' dims (module doc), rewriting
     the graph only where a name changes; returns {output: {axis: new name}}."""
     model = graph_without_weights(onnx_path)
-    inferred = _inferred_outputs(model)
+    inferred = _inferred_outputs(model, onnx_path.parent)
     cases = _cases(model, reference)
     named = {dim for tensor in graph_io(model).inputs for dim in tensor.shape if isinstance(dim, str)}
     renamed: dict[str, dict[int, str]] = {}
@@ -53,13 +58,14 @@ def name_output_dims(onnx_path: Path, reference: Path) -> dict[str, dict[int, st
     return renamed
 
 
-def _inferred_outputs(model: onnx.ModelProto) -> dict[str, tuple[Dim, ...]]:
+def _inferred_outputs(model: onnx.ModelProto, folder: Path) -> dict[str, tuple[Dim, ...]]:
     """Each output's dims as symbolic shape inference derives them from the inputs, the graph's own output shapes
     and value_info left out (the inference keeps a declared name over the one it derives); {} where it fails."""
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
     bare = onnx.ModelProto()
     bare.CopyFrom(model)  # no weights: graph_without_weights left them where they lie
+    _values_for_inference(bare, folder)
     for output in bare.graph.output:
         output.type.tensor_type.ClearField("shape")
     del bare.graph.value_info[:]
@@ -75,6 +81,26 @@ def _inferred_outputs(model: onnx.ModelProto) -> dict[str, tuple[Dim, ...]]:
     except Exception:  # an op it has no rule for, a custom domain: the graph's own names stay
         return {}
     return {tensor.name: tensor.shape for tensor in graph_io(inference.out_mp_).outputs}
+
+
+def _values_for_inference(model: onnx.ModelProto, folder: Path) -> None:
+    """The initializers graph_without_weights left where they lie, as the inference needs them: integer ones up to
+    INDEX_TENSOR_BYTES read in (it computes sizes from their values: DistilBERT's position ids, 4 KiB of int64, sliced
+    to the sequence), every other one an input of its shape.  The inference reads any initializer an Add or Mul
+    touches (a bias too), and one not in the graph from the working directory, which fails."""
+    from onnx.external_data_helper import ExternalDataInfo, load_external_data_for_tensor, uses_external_data
+
+    kept = []
+    for tensor in model.graph.initializer:
+        if not uses_external_data(tensor):
+            kept.append(tensor)
+        elif tensor.data_type in _INTEGER_TYPES and (ExternalDataInfo(tensor).length or 0) <= INDEX_TENSOR_BYTES:
+            load_external_data_for_tensor(tensor, str(folder))
+            kept.append(tensor)
+        else:
+            model.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
 
 
 def _at(dims: tuple[Dim, ...], axis: int) -> Dim:
