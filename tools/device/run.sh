@@ -29,6 +29,7 @@
 #     carry .devbundle/ort0, timeout_s 120: SWEEP=1 bash tools/device/run.sh sweep_start  # environment, onnxsim
 #     carry .devbundle/ort1, timeout_s 600: SWEEP=1 bash tools/device/run.sh sweep        # onnxruntime-gpu, the group
 # (here, with no GPU: OUT=/tmp/out PY=.venv/bin/python SWEEP=dry DRY=1 bash tools/device/run.sh sweep_measure)
+# Its triage (tools/device/triage.py): sweep_start as above, then carry .devbundle/ort1: bash tools/device/run.sh triage
 # Every log and JSON lands in $OUT.
 set -uo pipefail
 PY=${PY:-/opt/torch/.venv/bin/python3}
@@ -203,6 +204,21 @@ sweep_measure() {  # group SWEEP (or MODELS), each model built then measured in 
 		"${which[@]}" --engines "$ENGINES" --out "$OUT/$name" --model-timeout-s "${MODEL_S:-420}"
 	echo "sweep: exit $?"
 	tail -n 60 "$OUT/$name.md"
+}
+
+triage() {  # issue 54, second call of a session (after sweep_start): onnxruntime-gpu, DistilBERT's sweep row,
+	# then tools/device/triage.py on its folder and on a ConvNeXt folder built meanwhile (each step cut short)
+	ort_part
+	ort_install || return 1
+	export PYTHONPATH="$ORT_SITE:$PYTHONPATH"
+	setsid bash -c "timeout 120 \"$PY\" benchmarks/gpu_models.py --models convnext --build-only --engines /tmp/triage \
+		--out /tmp/triage/build >/tmp/triage-build.log 2>&1; echo \$? >/tmp/triage-build.rc" </dev/null >/dev/null 2>&1 &
+	MODELS=distilbert SWEEP_S=${SWEEP_S:-130} MODEL_S=125 sweep_measure
+	timeout 40 "$PY" tools/device/triage.py kernels "$ENGINES/distilbert-fp16" "$OUT" >"$OUT/triage-kernels.log" 2>&1
+	echo "kernels: exit $?"; tail -c 1500 "$OUT/triage-kernels.log"
+	while [ ! -f /tmp/triage-build.rc ]; do sleep 2; done
+	echo "convnext build: exit $(cat /tmp/triage-build.rc)"
+	timeout 75 "$PY" tools/device/triage.py convnext /tmp/triage/sweep_models-convnext_tiny-fp16 "$OUT" 2>&1
 }
 
 ort_part() {  # the part(s) this call carried, kept in /tmp while the machine stays warm

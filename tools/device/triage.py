@@ -1,0 +1,141 @@
+"""On the GPU machine, issue 54: why the sweep's ConvNeXt and BERTs are where they are.
+
+    python tools/device/triage.py convnext FOLDER OUT    # each runner variant in a child: which one crashes
+    python tools/device/triage.py kernels FOLDER OUT     # an encoder's FP16 graph at batch 32: time by op type,
+                                                         # and with ONNX Runtime's transformer fusions
+
+The sweep's ConvNeXt passed auto's host check in a child process (FP32 graph, CUDA graphs, NHWC, bias split), then
+its process died (SIGSEGV) at its first batch of 8 beside torch; the FP16 graph failed there with an illegal address.
+`convnext` opens the onnxruntime-cuda runner on each graph with one option changed at a time, each in a process of
+its own (a CUDA fault is sticky), runs batches 1, 8 and 32 twenty times each, and records how each ended.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+VARIANTS = {
+    "defaults": {"cuda_graph": True},
+    "nchw": {"cuda_graph": True, "provider_options": {"prefer_nhwc": "0"}},
+    "no-bias-split": {"cuda_graph": True, "split_conv_bias": False},
+    "no-cuda-graph": {"cuda_graph": False},
+    "heuristic-search": {"cuda_graph": True, "provider_options": {"cudnn_conv_algo_search": "HEURISTIC"}},
+    "nchw-no-graph": {"cuda_graph": False, "provider_options": {"prefer_nhwc": "0"}},
+}
+
+
+# (graph, variant, torch first): every variant on the FP32 graph auto served, the main ones on the FP16 graph
+RUNS = [("model.onnx", name, False) for name in VARIANTS] + [("model.onnx", "defaults", True)]
+RUNS += [("model.fp16.onnx", name, False) for name in ("defaults", "nchw", "no-bias-split", "no-cuda-graph")]
+
+
+def convnext(folder: Path, out: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    def child(run: tuple[str, str, bool]) -> tuple[str, dict]:
+        graph, name, torch_first = run
+        command = [sys.executable, __file__, "variant", str(folder), graph, json.dumps(VARIANTS[name])]
+        command += ["torch"] if torch_first else []
+        started = time.perf_counter()
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+            ended, tail = done.returncode, (done.stdout + done.stderr)[-800:]
+        except subprocess.TimeoutExpired:
+            ended, tail = "timeout", ""
+        label = f"{graph} {name}{' torch-first' if torch_first else ''}"
+        return label, {"exit": ended, "s": round(time.perf_counter() - started, 1), "tail": tail}
+
+    results = {}
+    with ThreadPoolExecutor(4) as pool:  # 4 processes share the GPU: a fault stays in its own
+        for label, result in pool.map(child, RUNS):
+            results[label] = result
+            last = result["tail"].strip().splitlines()[-1] if result["tail"].strip() else ""
+            print(f"{label:45} exit {result['exit']}  {last}"[:300], flush=True)
+            (out / "triage-convnext.json").write_text(json.dumps(results, indent=1))
+
+
+def variant(folder: Path, graph: str, options: dict, torch_first: bool) -> None:
+    from trt_pipeline.pipeline.runners import load_runner
+
+    rng = np.random.default_rng(0)
+    if torch_first:  # torch's CUDA context and cuDNN in use first, as in the sweep's process
+        import torch
+        import torchvision
+
+        model = torchvision.models.convnext_tiny().cuda().eval()
+        with torch.no_grad(), torch.autocast("cuda", torch.float16):
+            model(torch.randn(8, 3, 224, 224, device="cuda"))
+        torch.cuda.synchronize()
+    with load_runner(folder, "onnxruntime-cuda", graph=graph, **options) as runner:
+        print(runner.description[:300])
+        for batch in (1, 8, 32):
+            images = rng.standard_normal((batch, 3, 224, 224), dtype=np.float32)
+            first = runner.infer({"input": images})["output"]
+            for _ in range(20):
+                last = runner.infer({"input": images})["output"]
+            print(f"batch {batch}: finite {bool(np.isfinite(last).all())}, repeat max abs {np.abs(last - first).max()}")
+    print("ok")
+
+
+def kernels(folder: Path, out: Path) -> None:
+    """The FP16 graph at batch 32 (sequence 128) on a plain CUDA session: ONNX Runtime's profile summed by op type,
+    then p50 ms end to end of it and of the same graph through ONNX Runtime's BERT fusions, alternating."""
+    import onnxruntime as ort
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    graph = folder / "model.fp16.onnx"
+    options = FusionOptions("bert")
+    options.enable_embed_layer_norm = False  # the inputs stay the graph's
+    fused = optimize_model(str(graph), model_type="bert", optimization_options=options, opt_level=0, use_gpu=True)
+    work = Path("/tmp/triage-work")  # the fused graph and the profiles stay on the machine; summaries go to OUT
+    work.mkdir(exist_ok=True)
+    fused_path = work / "fused.fp16.onnx"
+    fused.save_model_to_file(str(fused_path), use_external_data_format=True)
+    report = {"fused": {k: v for k, v in fused.get_fused_operator_statistics().items() if v}}
+    rng = np.random.default_rng(0)
+    feed = {"input_ids": rng.integers(1, 20000, (32, 128)), "attention_mask": np.ones((32, 128), np.int64)}
+    providers = [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
+    sessions = {}
+    for name, path in (("plain", graph), ("fused", fused_path)):
+        profiled = ort.SessionOptions()
+        profiled.enable_profiling = True
+        profiled.profile_file_prefix = str(work / f"profile-{name}")
+        session = ort.InferenceSession(str(path), profiled, providers=providers)
+        for _ in range(20):
+            session.run(None, feed)
+        by_op: Counter = Counter()
+        for event in json.loads(Path(session.end_profiling()).read_text()):
+            if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+                by_op[event["args"].get("op_name", "?")] += event["dur"] / 20 / 1000
+        report[f"{name} ms by op (a call)"] = {op: round(ms, 3) for op, ms in by_op.most_common(15)}
+        sessions[name] = ort.InferenceSession(str(path), providers=providers)
+    times: dict[str, list[float]] = {name: [] for name in sessions}
+    for _ in range(60):
+        for name, session in sessions.items():
+            started = time.perf_counter()
+            session.run(None, feed)
+            times[name].append((time.perf_counter() - started) * 1e3)
+    report["p50 ms end to end, batch 32"] = {name: round(float(np.median(t[10:])), 3) for name, t in times.items()}
+    plain, other = (sessions[n].run(None, feed)[0].astype(np.float32) for n in ("plain", "fused"))
+    report["fused vs plain max abs"] = float(np.abs(plain - other).max())
+    (out / "triage-kernels.json").write_text(json.dumps(report, indent=1))
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    verb, args = sys.argv[1], sys.argv[2:]
+    if verb == "variant":
+        variant(Path(args[0]), args[1], json.loads(args[2]), torch_first=len(args) > 3)
+    else:
+        {"convnext": convnext, "kernels": kernels}[verb](Path(args[0]), Path(args[1]))
