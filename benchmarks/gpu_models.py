@@ -237,7 +237,9 @@ def merged(reports: list[dict]) -> dict:
                     "belong in one table",
                     "merge runs of the same GPU and software only",
                 )
-    return {**first, "models": {name: r for report in reports for name, r in report["models"].items()}}
+    notes = [note for report in reports for note in report.get("notes", [])]
+    models = {name: r for report in reports for name, r in report["models"].items()}
+    return {**first, "models": models, **({"notes": notes} if notes else {})}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,7 +248,10 @@ def main(argv: list[str] | None = None) -> int:
         one_model(args.child, args.engines, args.dry_run, args.logs, args.logs / f"{args.child}.result.json")
         return 0
     if args.merge:
-        write(args.out, merged([json.loads(path.read_text()) for path in args.merge]), _command())
+        report = merged([json.loads(path.read_text()) for path in args.merge])
+        if args.note:
+            report["notes"] = report.get("notes", []) + args.note
+        write(args.out, report, _command())
         return 0
     names = [name.strip() for name in args.models.split(",")]
     unknown = [name for name in names if name not in MODELS]
@@ -286,6 +291,12 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "gpu-models")
     parser.add_argument("--engines", type=Path, default=ROOT / "engines" / "gpu-models")
     parser.add_argument("--merge", type=Path, nargs="+", help="no measuring: these runs' JSON as one report in OUT")
+    parser.add_argument(
+        "--note",
+        action="append",
+        help="with --merge: a line of the report's notes (say what "
+        "changed between the runs merged, and which rows it concerns)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="on the CPU: no GPU rows, short timings")
     parser.add_argument("--build-only", action="store_true", help="build the folders, measure nothing")
     parser.add_argument("--model-timeout-s", type=float, default=600.0)
@@ -332,6 +343,8 @@ def markdown(report: dict, command: str) -> str:
                 f"{'' if cosine is None else f'{cosine:.6f}'} | {'' if max_abs is None else f'{max_abs:.3g}'} |"
             )
         lines += ["", goal_line(models, batch), ""]
+    if report.get("notes"):
+        lines += ["## Notes", "", *(f"- {note}" for note in report["notes"]), ""]
     lines += ["## What auto served, and what did not run", ""]
     for name, record in models.items():
         lines.append(f"- **{name}** ({MODELS[name].inputs if name in MODELS else 'unknown'}): "

@@ -58,10 +58,14 @@ def test_a_model_that_fails_records_its_error_and_the_sweep_goes_on(tmp_path: Pa
 def test_runs_of_the_same_gpu_merge_into_one_report_and_others_are_refused(swept: Path, tmp_path: Path) -> None:
     dry = json.loads((swept / "dry.json").read_text())
     later = {**dry, "models": {"tiny-cnn": {**dry["models"]["tiny-cnn"], "description": "measured again"}}}
-    (tmp_path / "later.json").write_text(json.dumps(later))
-    main(["--merge", str(swept / "dry.json"), str(tmp_path / "later.json"), "--out", str(tmp_path / "merged")])
-    models = json.loads((tmp_path / "merged.json").read_text())["models"]
+    (tmp_path / "later.json").write_text(json.dumps({**later, "notes": ["tiny-cnn measured again"]}))
+    main(["--merge", str(swept / "dry.json"), str(tmp_path / "later.json"), "--out", str(tmp_path / "merged")]
+         + ["--note", "tiny-bert: the first run"])  # fmt: skip
+    report = json.loads((tmp_path / "merged.json").read_text())
+    models = report["models"]
     assert set(models) == {"tiny-cnn", "tiny-bert"} and models["tiny-cnn"]["description"] == "measured again"
-    assert "| tiny-bert | " in (tmp_path / "merged.md").read_text()
+    assert report["notes"] == ["tiny-cnn measured again", "tiny-bert: the first run"]  # a later merge keeps them
+    text = (tmp_path / "merged.md").read_text()
+    assert "| tiny-bert | " in text and "## Notes\n\n- tiny-cnn measured again\n- tiny-bert: the first run" in text
     with pytest.raises(PipelineError, match="measured on another device"):
         merged([dry, {**dry, "device": "NVIDIA H200"}])
