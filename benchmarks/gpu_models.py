@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         report = merged([json.loads(path.read_text()) for path in args.merge])
         if args.note:
             report["notes"] = report.get("notes", []) + args.note
-        write(args.out, report, _command())
+        write(args.out, report, _command(argv))
         return 0
     names = [name.strip() for name in args.models.split(",")]
     unknown = [name for name in names if name not in MODELS]
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"device": device, "versions": versions, "models": {}}
     for name in names:  # written after each model: a run cut short keeps what it measured
         report["models"][name] = run_model(name, args, logs)
-        write(args.out, report, _command())
+        write(args.out, report, _command(argv))
     return 0
 
 
@@ -280,8 +280,11 @@ def write(out: Path, report: dict, command: str) -> None:
     print(f"wrote {out}.json and {out}.md", flush=True)
 
 
-def _command() -> str:
-    return " ".join(["python benchmarks/gpu_models.py", *sys.argv[1:]])
+def _command(argv: list[str] | None) -> str:
+    """The command line (main's `argv`, else the process's), each --note's text left to the report's Notes."""
+    words = sys.argv[1:] if argv is None else argv
+    shown = ["..." if index and words[index - 1] == "--note" else word for index, word in enumerate(words)]
+    return " ".join(["python benchmarks/gpu_models.py", *shown])
 
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:

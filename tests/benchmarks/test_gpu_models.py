@@ -67,5 +67,6 @@ def test_runs_of_the_same_gpu_merge_into_one_report_and_others_are_refused(swept
     assert report["notes"] == ["tiny-cnn measured again", "tiny-bert: the first run"]  # a later merge keeps them
     text = (tmp_path / "merged.md").read_text()
     assert "| tiny-bert | " in text and "## Notes\n\n- tiny-cnn measured again\n- tiny-bert: the first run" in text
+    assert "--out " + str(tmp_path / "merged") + " --note ...` (" in text  # the notes' text only under Notes
     with pytest.raises(PipelineError, match="measured on another device"):
         merged([dry, {**dry, "device": "NVIDIA H200"}])
