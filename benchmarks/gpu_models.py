@@ -59,6 +59,7 @@ BATCHES = (1, 8, 32)
 VERSIONS = ("torch", "torchvision", "timm", "transformers", "onnx", "onnxruntime-gpu", "onnxruntime", "numpy")
 TOKENS_128 = "input_ids:1=1:128:512,attention_mask:1=1:128:512"  # sequence 128 at the opt (issue 54's figures)
 FACTORIES = "benchmarks.sweep_models"
+FAULT_DUMP = "Fatal Python error: "  # how the fault handler's dump of a crashed child begins
 
 
 @dataclass(frozen=True)
@@ -195,10 +196,12 @@ def one_model(name: str, engines: Path, dry_run: bool, logs: Path, result: Path)
 
 def run_model(name: str, args: argparse.Namespace, logs: Path) -> dict:
     """One model in a child process (its log in logs/NAME.log); a child that dies or runs past --model-timeout-s
-    is recorded as that model's error."""
+    is recorded as that model's error.  The child runs with Python's fault handler on: a crash in native code (the
+    ConvNeXt's SIGSEGV on an H200) leaves every thread's Python stack in the log, and so in the error."""
     result = logs / f"{name}.result.json"
     result.unlink(missing_ok=True)
-    command = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--engines", str(args.engines)]
+    command = [sys.executable, "-X", "faulthandler", str(Path(__file__).resolve()), "--child", name]
+    command += ["--engines", str(args.engines)]
     command += ["--logs", str(logs), *(["--dry-run"] if args.dry_run else [])]
     started = time.perf_counter()
     with (logs / f"{name}.log").open("w") as log:
@@ -210,9 +213,17 @@ def run_model(name: str, args: argparse.Namespace, logs: Path) -> dict:
     print(f"{name:<16} {ended} after {time.perf_counter() - started:.0f} s", flush=True)
     if result.is_file():
         return json.loads(result.read_text())
-    tail = (logs / f"{name}.log").read_text()[-1500:]
-    return {"error": f"the model's process ended without a result ({ended}): {tail}", "description": None,
+    said = _last_words(logs / f"{name}.log")
+    return {"error": f"the model's process ended without a result ({ended}): {said}", "description": None,
             "batches": {}, "skipped": {}}  # fmt: skip
+
+
+def _last_words(log: Path) -> str:
+    """What a child that died said last: the fault handler's dump where there is one (from its first line: the
+    signal, then the innermost frames first), else the log's end."""
+    text = log.read_text()
+    dump = text.rfind(FAULT_DUMP)
+    return text[dump : dump + 3000] if dump >= 0 else text[-1500:]
 
 
 def environment(dry_run: bool) -> tuple[str, dict]:

@@ -4,6 +4,10 @@ sweep must run end to end here first (two tiny models built through make_engine 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -53,6 +57,41 @@ def test_a_model_that_fails_records_its_error_and_the_sweep_goes_on(tmp_path: Pa
     record = json.loads(out.with_suffix(".json").read_text())["models"]["tiny-cnn"]
     assert "ran past --model-timeout-s 0.5" in record["error"] and record["batches"] == {}
     assert "tiny-cnn | error |" in out.with_suffix(".md").read_text()
+
+
+def test_a_model_whose_process_crashes_records_its_python_stack(tmp_path: Path) -> None:
+    """A child killed by SIGSEGV (as the ConvNeXt's was on an H200, inside ONNX Runtime) leaves the Python stack it
+    was at in the model's error, not just its exit status: the signal is sent here, once the child runs."""
+    out = tmp_path / "crashed"
+    sweep = threading.Thread(
+        target=main,
+        args=(["--dry-run", "--models", "tiny-cnn", "--out", str(out), "--engines", str(tmp_path / "engines")],),
+    )
+    sweep.start()
+    child = _child_of(os.getpid(), "tiny-cnn")
+    time.sleep(1.0)  # past the interpreter's start, into the child's imports
+    os.kill(child, signal.SIGSEGV)
+    sweep.join()
+    error = json.loads(out.with_suffix(".json").read_text())["models"]["tiny-cnn"]["error"]
+    assert "exit -11" in error and "Fatal Python error: Segmentation fault" in error
+
+
+def _child_of(parent: int, model: str, timeout_s: float = 30.0) -> int:
+    """The pid of the sweep's child process for `model` (found in /proc by its parent and command line)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                status = (entry / "status").read_text()
+                command = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:  # the process ended meanwhile
+                continue
+            if f"PPid:\t{parent}\n" in status and b"--child" in command and model.encode() in command:
+                return int(entry.name)
+        time.sleep(0.02)
+    raise AssertionError(f"no child process for {model} within {timeout_s} s")
 
 
 def test_runs_of_the_same_gpu_merge_into_one_report_and_others_are_refused(swept: Path, tmp_path: Path) -> None:
