@@ -207,7 +207,8 @@ sweep_measure() {  # group SWEEP (or MODELS), each model built then measured in 
 }
 
 triage() {  # issue 54, second call of a session (after sweep_start): onnxruntime-gpu, DistilBERT's sweep row,
-	# then tools/device/triage.py on its folder and on a ConvNeXt folder built meanwhile (each step cut short)
+	# then tools/device/triage.py on its folder (kernels, placement) and on a ConvNeXt folder built meanwhile (each
+	# step cut short)
 	ort_part
 	ort_install || return 1
 	export PYTHONPATH="$ORT_SITE:$PYTHONPATH"
@@ -216,6 +217,7 @@ triage() {  # issue 54, second call of a session (after sweep_start): onnxruntim
 	MODELS=distilbert SWEEP_S=${SWEEP_S:-130} MODEL_S=125 sweep_measure
 	timeout 40 "$PY" tools/device/triage.py kernels "$ENGINES/distilbert-fp16" "$OUT" >"$OUT/triage-kernels.log" 2>&1
 	echo "kernels: exit $?"; tail -c 1500 "$OUT/triage-kernels.log"
+	timeout 60 "$PY" tools/device/triage.py placement "$ENGINES/distilbert-fp16" "$OUT" | grep -v "All nodes placed"
 	while [ ! -f /tmp/triage-build.rc ]; do sleep 2; done
 	echo "convnext build: exit $(cat /tmp/triage-build.rc)"
 	timeout 75 "$PY" tools/device/triage.py convnext /tmp/triage/sweep_models-convnext_tiny-fp16 "$OUT" 2>&1

@@ -133,9 +133,26 @@ def kernels(folder: Path, out: Path) -> None:
     print(json.dumps(report, indent=1))
 
 
+def placement(folder: Path, out: Path) -> None:
+    """ONNX Runtime's verbose log of a CUDA session on the FP16 graph, kept where it says where each node runs and
+    which copies it adds: a Memcpy node is what stops a CUDA graph capture (the sweep's BERTs ran without one)."""
+    opening = (
+        "import onnxruntime as ort, sys; options = ort.SessionOptions(); options.log_severity_level = 0; "
+        "ort.InferenceSession(sys.argv[1], options, providers=['CUDAExecutionProvider', 'CPUExecutionProvider'])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", opening, str(folder / "model.fp16.onnx")], capture_output=True, text=True, timeout=120
+    )
+    # Its placement lines (each node by op type and name, under the provider's) come from one function; the
+    # copies from the Memcpy transformer.
+    lines = [line for line in done.stderr.splitlines() if "VerifyEachNodeIsAssignedToAnEp" in line or "emcpy" in line]
+    (out / "triage-placement.txt").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[-60:]))
+
+
 if __name__ == "__main__":
     verb, args = sys.argv[1], sys.argv[2:]
     if verb == "variant":
         variant(Path(args[0]), args[1], json.loads(args[2]), torch_first=len(args) > 3)
     else:
-        {"convnext": convnext, "kernels": kernels}[verb](Path(args[0]), Path(args[1]))
+        {"convnext": convnext, "kernels": kernels, "placement": placement}[verb](Path(args[0]), Path(args[1]))
