@@ -92,7 +92,9 @@ def quantize_weight(values: np.ndarray, name: str, axis: int | None, scale: np.n
         shape[axis] = -1
     if scale is None:
         scale = symmetric_scale_zp(values, axis, -127, 127)[0].reshape(() if axis is None else (-1,))
-    quantized = np.round(values / scale.reshape(shape)) + np.float32(0)
+    quantized = np.divide(values, scale.reshape(shape))  # then in place: one float32 array of the weight's size
+    np.round(quantized, out=quantized)
+    np.add(quantized, np.float32(0), out=quantized)
     np.clip(quantized, -128, 127, out=quantized)
     zero_point = np.zeros(scale.shape, np.int8)
     return WeightQdq(numpy_helper.from_array(quantized.astype(np.int8), f"{name}_quantized"), scale, zero_point, axis)
