@@ -27,7 +27,7 @@ import onnx
 from ..folder.graph_files import atomic_graph, graph_without_weights, write_graph
 from ..folder.graph_io import Dim, dim_size, graph_io, load_reference
 
-# Integer initializers that symbolic shape inference may compute sizes from (position ids, index tables) are read
+# Integer initializers that symbolic shape inference may compute sizes from (shape and index tables) are read
 # in up to this size; larger ones and every float weight stay where they lie.
 INDEX_TENSOR_BYTES = 1 << 20
 _INTEGER_TYPES = {onnx.TensorProto.INT64, onnx.TensorProto.INT32}
@@ -85,9 +85,10 @@ def _inferred_outputs(model: onnx.ModelProto, folder: Path) -> dict[str, tuple[D
 
 def _values_for_inference(model: onnx.ModelProto, folder: Path) -> None:
     """The initializers graph_without_weights left where they lie, as the inference needs them: integer ones up to
-    INDEX_TENSOR_BYTES read in (it computes sizes from their values: DistilBERT's position ids, 4 KiB of int64, sliced
-    to the sequence), every other one an input of its shape.  The inference reads any initializer an Add or Mul
-    touches (a bias too), and one not in the graph from the working directory, which fails."""
+    INDEX_TENSOR_BYTES read in (it computes sizes from their values: shape and index tables, such as position ids
+    sliced to the sequence), every other one an input of its shape.  The inference reads any initializer an Add or
+    Mul touches (DistilBERT's 12 KiB feed-forward bias stopped it), and one not in the graph from the working
+    directory, which fails."""
     from onnx.external_data_helper import ExternalDataInfo, load_external_data_for_tensor, uses_external_data
 
     kept = []
