@@ -214,8 +214,8 @@ def run_model(name: str, args: argparse.Namespace, logs: Path) -> dict:
     if result.is_file():
         return json.loads(result.read_text())
     said = _last_words(logs / f"{name}.log")
-    return {"error": f"the model's process ended without a result ({ended}): {said}", "description": None,
-            "batches": {}, "skipped": {}}  # fmt: skip
+    error = f"the model's process ended without a result ({ended}), its last words:\n{said}"
+    return {"error": error, "description": None, "batches": {}, "skipped": {}}
 
 
 def _last_words(log: Path) -> str:
@@ -361,8 +361,11 @@ def markdown(report: dict, command: str) -> str:
         lines += ["## Notes", "", *(f"- {note}" for note in report["notes"]), ""]
     lines += ["## What auto served, and what did not run", ""]
     for name, record in models.items():
+        first, *rest = (record["error"] or "").splitlines() or [""]
         lines.append(f"- **{name}** ({MODELS[name].inputs if name in MODELS else 'unknown'}): "
-                     + (f"ERROR: {record['error']}" if record["error"] else record["description"] or ""))  # fmt: skip
+                     + (f"ERROR: {first}" if record["error"] else record["description"] or ""))  # fmt: skip
+        if rest:  # a dead child's last words (a log, a fault dump): as they were printed, under the item
+            lines += ["  ```", *(f"  {line}" for line in rest), "  ```"]
         lines += [f"  - {row} not run: {why}" for row, why in record.get("skipped", {}).items()]
     return "\n".join(lines) + "\n"
 

@@ -74,6 +74,8 @@ def test_a_model_whose_process_crashes_records_its_python_stack(tmp_path: Path) 
     sweep.join()
     error = json.loads(out.with_suffix(".json").read_text())["models"]["tiny-cnn"]["error"]
     assert "exit -11" in error and "Fatal Python error: Segmentation fault" in error
+    text = out.with_suffix(".md").read_text()  # the dump under the model's item, as printed
+    assert "\n  ```\n  Fatal Python error: Segmentation fault\n" in text and text.count("  ```\n") == 2
 
 
 def _child_of(parent: int, model: str, timeout_s: float = 30.0) -> int:
