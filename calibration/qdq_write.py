@@ -93,8 +93,7 @@ def quantize_weight(values: np.ndarray, name: str, axis: int | None, scale: np.n
     if scale is None:
         scale = symmetric_scale_zp(values, axis, -127, 127)[0].reshape(() if axis is None else (-1,))
     quantized = np.divide(values, scale.reshape(shape))  # then in place: one float32 array of the weight's size
-    np.round(quantized, out=quantized)
-    np.add(quantized, np.float32(0), out=quantized)
+    np.round(quantized, out=quantized)  # ORT adds the zero point, 0 here: nothing to add (-0.0 is int8 0 too)
     np.clip(quantized, -128, 127, out=quantized)
     zero_point = np.zeros(scale.shape, np.int8)
     return WeightQdq(numpy_helper.from_array(quantized.astype(np.int8), f"{name}_quantized"), scale, zero_point, axis)
