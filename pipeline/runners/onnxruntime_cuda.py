@@ -50,6 +50,7 @@ from .base import BATCH_AXIS, Runner, TensorSpec, _dtype_and_shape, check_feed
 from .conv_bias import KEEP_BIAS_ADD, split_conv_bias
 from .device_memory import DeviceMemory, open_device_memory
 from .onnxruntime import CPU, CUDA, choose_graph, load_session, run_error
+from .shape_values import make_on_device
 from .tensorrt import _numpy_or_torch_cuda
 
 DEFAULT_SESSIONS = 2
@@ -66,6 +67,11 @@ TUNING = {"use_tf32": "0", "prefer_nhwc": "1"}
 # 2.79 against 3.45 ms with CUDA graphs on an H100).  On the CPU placement too, so that the tests there run the graph
 # the GPU runs.
 SPLIT_CONV_BIAS = True
+# Each one-element shape value a CUDA kernel reads as data made on the device by a Range
+# (pipeline.runners.shape_values), so that ONNX Runtime adds no Memcpy node and captures the graph: BERT and DistilBERT
+# folders ran uncaptured on an H200 for one such value, their padding mask's sequence length.  The outputs stay the
+# same bit for bit; on the CPU placement too, so that the tests there run the graph the GPU runs.
+SHAPE_VALUES_ON_DEVICE = True
 # Input shapes a slot captures a CUDA graph for (cuda_graph=True); other shapes run uncaptured.  On the H100 each
 # graph captured after the largest batch's added under 1 MiB to a ResNet-50 slot's 598 MiB: the arena, sized by the
 # largest batch, is the cost, not the number of graphs.
@@ -82,7 +88,7 @@ OWN_PROVIDER_OPTIONS = {"device_id": "device", "enable_cuda_graph": "cuda_graph"
 def what_the_runner_computes() -> dict[str, Any]:
     """The settings that change what the runner computes on a graph (a cached host check of it holds only while
     they stay as they were: pipeline.runners.fastest.host_key)."""
-    return {**TUNING, "split_conv_bias": SPLIT_CONV_BIAS}
+    return {**TUNING, "split_conv_bias": SPLIT_CONV_BIAS, "shape_values_on_device": SHAPE_VALUES_ON_DEVICE}
 
 
 class CaptureRefused(PipelineError):
@@ -351,7 +357,8 @@ class OnnxRuntimeCudaRunner(Runner):
         record, which = choose_graph(folder, graph, on_cpu=not on_cuda)
         self.graph = record.file
         self.cuda_graph = cuda_graph
-        self.bias_adds = 0  # convolutions whose bias an Add of its own adds (_split_conv_bias)
+        self.bias_adds = 0  # convolutions whose bias an Add of its own adds (_rewrite)
+        self.values_on_device = 0  # shape values a Range makes on the device (_rewrite)
         self._dims = _dim_sources(self.manifest.inputs)
         ranges = self._dim_ranges()
         self._sized_by_run = _sized_by_run(self.manifest.outputs, ranges, self.graph, cuda_graph)
@@ -406,6 +413,9 @@ class OnnxRuntimeCudaRunner(Runner):
         on_cuda = isinstance(self._memory, DeviceBuffers)
         tf32 = ", TF32 off (float32 ops stay float32)" if on_cuda and self.provider_options["use_tf32"] == "0" else ""
         adds = f", {self.bias_adds} convolutions' biases added by an Add of their own" if self.bias_adds else ""
+        if self.values_on_device:
+            made = self.values_on_device
+            adds += f", {made} one-element shape value(s) made on the device by a Range (no Memcpy node)"
         given = f", provider options {provider_options}" if provider_options and on_cuda else ""
         pinned = (
             ", numpy inputs through a page-locked copy"
@@ -463,8 +473,11 @@ class OnnxRuntimeCudaRunner(Runner):
         # The CPU provider serves the nodes the CUDA one has no kernel for; with a CUDA graph no compute node may.
         return [(CUDA, options), CPU]
 
-    def _split_conv_bias(self, graph: Path) -> list[str]:
-        """load_session's rewrite: the convolutions' biases as Adds, and ConvAddFusion off where there are any."""
+    def _rewrite(self, graph: Path) -> list[str]:
+        """load_session's rewrite: the convolutions' biases as Adds (and ConvAddFusion off where there are any), the
+        shape values CUDA kernels read as data made on the device."""
+        if SHAPE_VALUES_ON_DEVICE:
+            self.values_on_device = make_on_device(graph)
         if not self.split_conv_bias:
             return []
         self.bias_adds = split_conv_bias(graph)
@@ -472,7 +485,7 @@ class OnnxRuntimeCudaRunner(Runner):
 
     def _slot(self) -> _Slot:
         try:
-            session = load_session(self.folder, self.graph, self._provider(), rewrite=self._split_conv_bias)
+            session = load_session(self.folder, self.graph, self._provider(), rewrite=self._rewrite)
         except PipelineError as error:
             # ONNX Runtime refuses to open a session for graph capture where a compute node is placed on the CPU
             # ("cannot use the graph capture feature ... all compute graph nodes have not been partitioned to the

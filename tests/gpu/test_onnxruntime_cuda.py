@@ -189,3 +189,30 @@ def test_an_output_the_data_sizes_is_served_from_onnx_runtimes_device_allocation
             outputs = {name: torch.empty(value.shape, device="cuda") for name, value in expected.items()}
             assert runner.infer_on_device(inputs, outputs) is outputs
             np.testing.assert_array_equal(outputs["kept"].cpu().numpy(), expected["kept"])
+
+
+def test_a_distilbert_folder_is_captured_with_its_padding_masks_length_made_on_the_device(tmp_path):
+    """transformers 5's padding mask reads the sequence length (a Gather of a Shape, on the host) as data: ONNX
+    Runtime added a Memcpy node for it and refused the capture on an H200 (pipeline.runners.shape_values)."""
+    import numpy as np
+
+    from tests.helpers.output_dims import PROFILE
+
+    transformers = pytest.importorskip("transformers")
+    config = transformers.DistilBertConfig(vocab_size=30, dim=32, n_layers=2, n_heads=2, hidden_dim=64)
+    transformers.DistilBertModel(config).save_pretrained(tmp_path / "distilbert")
+    settings = Settings(model=str(tmp_path / "distilbert"), precision="fp16", batch=PROFILE, out_root=tmp_path)
+    folder = make_engine(settings)
+    rng = np.random.default_rng(0)
+    with (
+        load_runner(folder, "onnxruntime-cuda") as plain,
+        load_runner(folder, "onnxruntime-cuda", cuda_graph=True) as graphs,
+    ):
+        assert "a CUDA graph captured per input shape" in graphs.description
+        assert "1 one-element shape value(s) made on the device" in graphs.description
+        for rows, length in ((1, 5), (3, 17), (1, 5), (3, 17)):  # the repeats replay their captured graph
+            mask = np.ones((rows, length), dtype=np.int64)
+            mask[-1, length // 2 :] = 0
+            feed = {"input_ids": rng.integers(1, 30, (rows, length)), "attention_mask": mask}
+            got, want = graphs.infer(feed), plain.infer(feed)
+            np.testing.assert_array_equal(got["last_hidden_state"], want["last_hidden_state"])
