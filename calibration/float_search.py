@@ -12,9 +12,8 @@ import numpy as np
 
 from ..pipeline.core.compute import COMPUTE_OPS
 from ..pipeline.core.precision import Precision
-from ..pipeline.evaluation import node_tolerance
 from ..pipeline.evaluation.agreement import Judge
-from ..pipeline.evaluation.layers import compare_layers, first_past
+from ..pipeline.evaluation.layers import first_node_past
 from ..pipeline.folder.graph_files import graph_without_weights, remove_graph
 from ..pipeline.folder.layout import graph_record
 from .bias import correct_biases, corrected_path
@@ -119,8 +118,7 @@ def _where_error_starts(candidate: Candidate, inputs: dict[str, np.ndarray]) -> 
     """The Conv/Gemm/MatMul feeding the first node past the gate's level on these rows (trt-pipeline diagnose's
     first node), traced back through the ops between them; None where no node is past it."""
     # FP32's equal, not the corrected graph: corrected biases are no reference.
-    errors = compare_layers(candidate.fp32_equal, candidate.qdq, inputs, graph_record(Precision.INT8))
-    first = first_past(errors, node_tolerance(Precision.INT8))
+    first = first_node_past(candidate.fp32_equal, candidate.qdq, inputs, graph_record(Precision.INT8))
     if first is None:
         return None
     model = graph_without_weights(candidate.calibrated)

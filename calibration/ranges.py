@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..pipeline.core.errors import PipelineError
-from ..pipeline.core.sessions import UNOPTIMIZED, probed_level
+from ..pipeline.core.sessions import UNOPTIMIZED, graph_level
 from ..pipeline.core.settings import mention_name
 from ..pipeline.evaluation.tensors import tensor_values
 from ..pipeline.folder.graph_files import graph_without_weights
@@ -129,7 +129,7 @@ def collect_statistics(
     if maxima_of or means:
         input_means = ChannelMeans(weight_inputs(model) if means else {})
         tensors = list(dict.fromkeys([*input_means.tensors, *maxima.tensors]))  # the means' first: as they ran
-        runs = tensor_values(model, tensors, data.batches, weights=graph.parent, level=probed_level(graph))
+        runs = tensor_values(model, tensors, data.batches, weights=graph.parent, level=graph_level(graph))
         passes += _run_pass(runs, graph, data, [maxima, input_means])
     return Statistics({r.method: r.ranges() for r in ranges}, maxima.maxima, input_means.means(), passes)
 

@@ -153,6 +153,16 @@ def level_that_opens(path: Path | str, open_at: Callable[[str], Any], feed: dict
     )
 
 
+def graph_level(path: Path | str, *, simulate_qdq: bool = False) -> str:
+    """The level the graph file `path` opens at (simulate_qdq: as onnxruntime_session's): found earlier in this
+    process, else probed now in a child, with no session opened here.  For a caller that opens copies of the graph
+    with more of its tensors as outputs (pipeline/evaluation/tensors.py): the level is then recorded for the file
+    itself, and the next copy of it needs no probe of its own."""
+    return level_that_opens(
+        path, lambda chosen: _open(path, None, chosen, simulate_qdq=simulate_qdq, pack_weights=False)
+    )
+
+
 def probed_level(path: Path | str) -> str | None:
     """The level this process found the graph file `path` opens at (probed with a run or without), None where it has
     not probed it: a copy of that graph with more of its tensors as outputs (pipeline/evaluation/tensors.py) opens
@@ -167,7 +177,13 @@ def opens_like(path: Path | str, probed: Path | str) -> None:
     optimizers, so no probe of its own."""
     level = probed_level(probed)
     if level is not None:
-        _PROBED[(*file_key(Path(path)), False)] = level
+        opens_at(path, level)
+
+
+def opens_at(path: Path | str, level: str) -> None:
+    """Record that the graph file `path` opens at `level`, found for a graph it equals but for the values of some
+    constants (opens_like, where that graph's file is gone)."""
+    _PROBED[(*file_key(Path(path)), False)] = level
 
 
 def file_key(path: Path) -> tuple[str, int, int]:

@@ -61,11 +61,13 @@ def run_exposing_tensors(
     simulate_qdq: bool = False,
     weights: Path | None = None,
     only: Collection[str] | None = None,
+    level: str | None = None,
 ) -> dict[str, np.ndarray]:
     """Every float tensor a graph computes (node outputs, graph inputs), by name, for one run; `only`: of the node
     outputs, those it names (ExposingSession).
-    simulate_qdq: Q/DQ run as TensorRT computes them (pipeline.core.sessions), for the TensorRT-shaped INT8 graph."""
-    return ExposingSession(model, simulate_qdq=simulate_qdq, weights=weights, only=only).run(feeds)
+    simulate_qdq: Q/DQ run as TensorRT computes them (pipeline.core.sessions), for the TensorRT-shaped INT8 graph.
+    level: as tensor_values'."""
+    return ExposingSession(model, simulate_qdq=simulate_qdq, weights=weights, only=only, level=level).run(feeds)
 
 
 class ExposingSession:
@@ -81,6 +83,7 @@ class ExposingSession:
         simulate_qdq: bool = False,
         weights: Path | None = None,
         only: Collection[str] | None = None,
+        level: str | None = None,
     ) -> None:
         with _weightless_copy(model, weights) as (exposed, folder):
             inferred = onnx.shape_inference.infer_shapes(exposed)
@@ -94,7 +97,7 @@ class ExposingSession:
                     if value is not None and name not in present and value.type.tensor_type.elem_type == FLOAT:
                         exposed.graph.output.append(value)
                         present.add(name)
-            self.session = _session(exposed, folder, simulate_qdq=simulate_qdq)
+            self.session = _session(exposed, folder, simulate_qdq=simulate_qdq, level=level)
         self.names = [output.name for output in self.session.get_outputs()]
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -23,6 +23,7 @@ from trt_pipeline.calibration.qdq_cpu import Uint8Rounding, int8_kernel_counts, 
 from trt_pipeline.pipeline.core.cpu import VNNI
 from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
+from trt_pipeline.pipeline.evaluation import layers
 from trt_pipeline.pipeline.evaluation.agreement import Fp32Reference, int8_judge
 from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, graph_record
 
@@ -163,7 +164,7 @@ def test_a_float_search_try_that_loses_is_removed_as_it_loses(tmp_path, monkeypa
     1.3 GB, stayed in the scratch through the CPU graphs, at the stage's disk peak).  The search is made to try the
     depthwise conv (the only one, so the try, with no INT8 left, loses)."""
     monkeypatch.setattr(float_search, "FLOAT_SEARCH_FROM", 0.0)
-    monkeypatch.setattr(float_search, "node_tolerance", lambda precision: 0.0)
+    monkeypatch.setattr(layers, "node_tolerance", lambda precision: 0.0)
     (fp32, arguments), scratch = _depthwise_case(tmp_path), tmp_path / "scratch"
     scratch.mkdir()
     arguments["config"] = CalibrationConfig(("max",), float_search=True)
@@ -188,6 +189,32 @@ def test_the_kept_q_dq_graph_is_not_held_twice_while_the_cpu_graphs_are_made(tmp
     cpu = {kind: out.with_name(graph_record(Precision.INT8, target).file) for kind, target in CPU_TARGETS.items()}
     make_int8_graph(fp32, out, **arguments, cpu_out_paths=cpu, judge=int8_judge(Fp32Reference(fp32)))
     assert seen == [(True, False)] * len(CPU_TARGETS)
+
+
+def test_candidates_of_one_calibrated_graph_share_one_crash_probe_and_the_float_search_none(tmp_path, monkeypatch):
+    """Max and percentile ranges on one graph (nothing to smooth) make two Q/DQ graphs with the same ops: the first
+    one's crash probe holds for the second, and the float search's node-by-node sessions open at the levels its
+    graphs were found to open at.  The search must still find where the error starts: every node is made past a zero
+    tolerance."""
+    from trt_pipeline.pipeline.core import sessions
+
+    monkeypatch.setattr(float_search, "FLOAT_SEARCH_FROM", 0.0)
+    monkeypatch.setattr(layers, "node_tolerance", lambda precision: 0.0)
+    probed, probe = [], sessions.crash_in_child
+
+    def counted(function, open_at, level, feed):
+        probed.append(level)
+        return probe(function, open_at, level, feed)
+
+    monkeypatch.setattr(sessions, "crash_in_child", counted)
+    fp32, arguments = _depthwise_case(tmp_path)
+    arguments["config"] = CalibrationConfig(("max", "percentile"), float_search=True)
+    result = make_int8_graph(fp32, tmp_path / "model.int8.onnx", **arguments, judge=int8_judge(Fp32Reference(fp32)))
+    assert len(result.calibration["search"]["candidates"]) == 2
+    assert [tried["op"] for tried in result.calibration["float_search"]["tried"]] == ["dw"]
+    # The calibrated graph, the judge's FP32 graph, the first Q/DQ graph, the float search's try (a float op: other
+    # ops); not the second Q/DQ graph, nor the copies of the graphs the float search compares.
+    assert len(probed) == 4
 
 
 def _matmul_int8(folder, **options):
@@ -328,7 +355,7 @@ def test_the_corrected_graphs_of_an_fp32_graph_with_a_data_file_reference_its_we
     on a 2.4 GB MLP.  The float search is made to try the conv whatever its error (it starts past 0.05 of the
     output, at the first node past INT8's node tolerance)."""
     monkeypatch.setattr(float_search, "FLOAT_SEARCH_FROM", 0.0)
-    monkeypatch.setattr(float_search, "node_tolerance", lambda precision: 0.0)
+    monkeypatch.setattr(layers, "node_tolerance", lambda precision: 0.0)
     channels = 64
     rng = np.random.default_rng(0)
     kernels = [(rng.standard_normal((channels, channels, 3, 3)) / 24).astype(np.float32) for _ in range(2)]

@@ -33,7 +33,7 @@ from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.core.sessions import onnxruntime_session
 from trt_pipeline.pipeline.core.settings import AUTO_CALIB_METHODS, DEFAULT_SMOOTH_ALPHA, Settings
 from trt_pipeline.pipeline.evaluation import node_tolerance
-from trt_pipeline.pipeline.evaluation.layers import compare_layers, first_past
+from trt_pipeline.pipeline.evaluation.layers import compare_layers, first_node_past, first_past
 from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, FP32_GRAPH, folder_graphs, graph_record
 from trt_pipeline.pipeline.stages.export import export_onnx
 from trt_pipeline.pipeline.stages.sequence import make_engine
@@ -332,6 +332,7 @@ def test_diagnosis_does_not_blame_a_minus_inf_attention_mask(tmp_path):
     assert errors["mask_bias"].rel == 0 and errors["masked"].rel < node_tolerance(Precision.INT8)
     assert 0 < errors["y"].rel < node_tolerance(Precision.INT8)  # the quantization error is still measured
     assert first_past(list(errors.values()), node_tolerance(Precision.INT8)) is None
+    assert first_node_past(fp32, int8, _attention_inputs(1, seed=2), graph_record(Precision.INT8)) is None
 
 
 @pytest.mark.slow
