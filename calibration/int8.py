@@ -64,7 +64,14 @@ from .qdq_cpu import WEIGHT_FORMS, WEIGHTS_FOR, Uint8Rounding, quantize_for_cpu
 from .ranges import Alike, collect_statistics
 from .readers import CalibrationData
 from .share import compute_shapes, int8_share, macs_by_op
-from .smooth import smooth_graph, smoothable, smoothed_tensors, smoothing_record, smoothing_scales
+from .smooth import (
+    smooth_graph,
+    smoothable,
+    smoothed_tensors,
+    smoothing_boundary,
+    smoothing_record,
+    smoothing_scales,
+)
 
 # The first rows the agreement gate judges (pipeline/folder/layout.py SAMPLE), SAMPLE_ROWS of them.
 SAMPLE_ROWS = 8
@@ -333,14 +340,17 @@ def _fit_smoothings(
     fitted: dict[float | None, Fitted] = {}
     if None in by_alpha or unscaled:
         maxima_of = list(groups) if unscaled else []
-        fitted[None] = _fitted(fp32_path, fit, {}, by_alpha.get(None, {}), scratch / "unsmoothed", maxima_of)
+        # Where a smoothed graph is to be measured, the values its changed part reads are kept for it.
+        keep = smoothing_boundary(model, groups) if len(by_alpha) > 1 and groups else []
+        fitted[None] = _fitted(fp32_path, fit, {}, by_alpha.get(None, {}), scratch / "unsmoothed", maxima_of, keep=keep)
     maxima = fitted[None].maxima if None in fitted else {}
     unsmoothed = {m: e.lookup.ranges or fitted[None].ranges[m] for m, e in by_alpha.get(None, {}).items()}
+    shared = fitted[None].shared if None in fitted else None
     for alpha, entries in by_alpha.items():
         if alpha is not None:
             scales = _scales(model, groups, maxima, alpha, _hit(entries), fp32_path.parent)
             changed = smoothed_tensors(model, scales)
-            alike = Alike(unsmoothed, changed) if changed is not None else None
+            alike = Alike(unsmoothed, changed, shared) if changed is not None else None
             fitted[alpha] = _fitted(fp32_path, fit, scales, entries, scratch / f"alpha-{alpha:g}", alike=alike)
     if None not in by_alpha and None in fitted:  # the unsmoothed graph measured the maxima alone: charged to theirs
         first, maxima_pass = unscaled[0], fitted.pop(None)
@@ -377,6 +387,7 @@ def _fitted(
     folder: Path,
     maxima_of: list[str] | None = None,
     alike: Alike | None = None,
+    keep: list[str] | None = None,
 ) -> Fitted:
     """The graph smoothed with `scales` in `folder`, and the passes over `fit` on it for the ranges of the methods
     in `entries` the cache lacks (but those `alike` has), its means, and the channel maxima of `maxima_of`; no pass
@@ -390,11 +401,13 @@ def _fitted(
     if not missing and not maxima_of:
         return Fitted(scales, calibrated, {}, cached_means, {}, 0, 0.0)
     statistics = collect_statistics(
-        calibrated, fit, missing, maxima_of=maxima_of or [], means=bool(missing), alike=alike
+        calibrated, fit, missing, maxima_of=maxima_of or [], means=bool(missing), alike=alike, keep=keep or ()
     )
     means = statistics.means if missing else cached_means
     seconds = round(time.perf_counter() - started, 3)
-    return Fitted(scales, calibrated, statistics.ranges, means, statistics.maxima, statistics.passes, seconds)
+    return Fitted(
+        scales, calibrated, statistics.ranges, means, statistics.maxima, statistics.passes, seconds, statistics.shared
+    )
 
 
 def _candidate(

@@ -12,7 +12,7 @@ from ..pipeline.folder.records import RowsAgreement
 from .bias import BiasShifts
 from .cache import CacheLookup
 from .qdq_write import QuantizedWeights
-from .ranges import method_options
+from .ranges import Shared, method_options
 from .smooth import smoothing_options
 
 QDQ_GRAPH = "model.qdq.onnx"  # each candidate's Q/DQ graph, in its scratch folder
@@ -115,6 +115,7 @@ class Fitted:
     maxima: dict[str, np.ndarray]
     passes: int
     seconds: float
+    shared: Shared | None = None  # what its passes kept for a smoothed graph's (calibration/ranges.py ChangedPart)
     weights: QuantizedWeights = field(default_factory=QuantizedWeights)  # the Q/DQ of `calibrated`'s weights
     shifts: BiasShifts = field(default_factory=BiasShifts)  # its candidates' bias corrections' shifts
 

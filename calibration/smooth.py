@@ -22,7 +22,7 @@ the result is the same.  Measured: docs/benchmarks/int8-encoder.md.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,8 +160,9 @@ def smooth_graph(model: onnx.ModelProto, scales: dict[str, np.ndarray]) -> tuple
     return smoothed, on_disk
 
 
-def smoothed_tensors(model: onnx.ModelProto, scales: dict[str, np.ndarray]) -> set[str] | None:
-    """The tensors of `model` that smooth_graph(model, scales) computes otherwise: the outputs of the MatMul/Gemm
+def smoothed_tensors(model: onnx.ModelProto, scales: Collection[str]) -> set[str] | None:
+    """The tensors of `model` that smooth_graph(model, scales) computes otherwise (`scales`: its keys, the tensors
+    smoothed): the outputs of the MatMul/Gemm
     nodes whose weights it scales, and everything computed from them.  Every other tensor is computed there by the
     same node from the same inputs (the Mul it adds has a name of its own and feeds only those nodes).  None where
     `model` has subgraphs (If, Loop), which read outer tensors without naming them as inputs."""
@@ -173,6 +174,18 @@ def smoothed_tensors(model: onnx.ModelProto, scales: dict[str, np.ndarray]) -> s
         if changed.intersection(node.input):
             changed.update(node.output)
     return changed
+
+
+def smoothing_boundary(model: onnx.ModelProto, groups: dict[str, list[Consumer]]) -> list[str]:
+    """The tensors of `model` that smoothing every tensor of `groups` leaves as they are and the part it changes
+    reads: the smoothed activations (their Muls read them) and what the ops computed from the smoothed ones read
+    besides ([] where smoothed_tensors cannot tell the part)."""
+    changed = smoothed_tensors(model, groups)
+    if changed is None:
+        return []
+    constants = {tensor.name for tensor in model.graph.initializer}
+    read = [name for node in model.graph.node if changed.intersection(node.output) for name in node.input]
+    return list(dict.fromkeys(name for name in [*groups, *read] if name and name not in changed | constants))
 
 
 def smoothing_options(alpha: float | None) -> dict:

@@ -26,15 +26,17 @@ from trt_pipeline.calibration.qdq import quantize_qdq
 from trt_pipeline.calibration.ranges import (
     QUANTIZED_OPS,
     Alike,
+    ChangedPart,
     collect_statistics,
     method_options,
 )
 from trt_pipeline.calibration.readers import CalibrationData, graph_inputs, read_calibration_data
-from trt_pipeline.calibration.smooth import smoothable, smoothed_tensors, smoothing_scales
+from trt_pipeline.calibration.smooth import smoothable, smoothed_tensors, smoothing_boundary, smoothing_scales
 from trt_pipeline.models.digits import PREPROCESS
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.sessions import OPTIMIZATION_LEVELS, onnxruntime_session, opens_like, probed_level
 from trt_pipeline.pipeline.evaluation.agreement import Fp32Reference, int8_judge
+from trt_pipeline.pipeline.folder.graph_files import graph_without_weights
 
 ROWS, BATCH = 40, 16
 METHODS = ("max", "percentile", "entropy")
@@ -166,6 +168,36 @@ def test_one_pass_gives_every_method_the_calibrators_own_ranges(model, tmp_path,
     assert peaks["percentile"] < peaks["max"]  # the methods do differ on these rows: a comparison that can fail
     if alike is not None:  # six of the smoothed graph's ten calibrated tensors were not measured again
         assert set(alike.reused("max", list(collected.ranges["max"].keys()))) == {"x", "c1", "r1", "c2", "r2", "c3"}
+
+
+def test_a_smoothed_graph_runs_only_what_smoothing_changes_from_the_values_the_unsmoothed_passes_kept(model, tmp_path):
+    """The unsmoothed graph's passes keep the smoothed part's boundary (the first smoothed activation, "loud"); the
+    smoothed graph's passes then run that part alone (6 of its 13 nodes, the Convs not at all), fed those values,
+    and take the unchanged weight inputs' means from the unsmoothed pass: every range and mean the same, bit for
+    bit, as when the whole smoothed graph runs."""
+    graph, rows = model
+    data = _data(graph, rows)
+    unsmoothed = onnx.load(str(graph))
+    groups = smoothable(unsmoothed)
+    keep = smoothing_boundary(unsmoothed, groups)
+    assert keep == ["loud"]  # "hidden" is smoothed too, but computed from the first smoothed MatMul
+    first = collect_statistics(graph, data, METHODS, maxima_of=list(groups), means=True, keep=keep)
+    assert first.shared is not None and first.shared.kept == {"loud"}
+    scales = smoothing_scales(unsmoothed, groups, first.maxima, 0.5)
+    smoothed = calibrated_graph(graph, scales, tmp_path / "smoothed.onnx")
+    changed = smoothed_tensors(unsmoothed, scales) or set()
+    alike = Alike(first.ranges, changed, first.shared)
+    part = ChangedPart.of(graph_without_weights(smoothed), alike)
+    assert part is not None and part.boundary == ["loud"]
+    assert [node.op_type for node in part.model.graph.node] == ["Mul", "MatMul", "Add", "Relu", "Mul", "Gemm"]
+    whole = collect_statistics(smoothed, data, METHODS, means=True, alike=Alike(first.ranges, changed))
+    from_part = collect_statistics(smoothed, data, METHODS, means=True, alike=alike)
+    assert from_part.passes == whole.passes == 2
+    for method in METHODS:
+        assert _as_cached(from_part.ranges[method]) == _as_cached(whole.ranges[method]), method
+    assert list(from_part.means) == list(whole.means) == ["x", "r1", "r2", "loud_smoothed", "hidden_smoothed"]
+    for name, mean in whole.means.items():
+        np.testing.assert_array_equal(from_part.means[name], mean, err_msg=name)
 
 
 def test_the_stage_runs_each_graph_twice_over_the_fit_rows_and_not_at_all_on_a_cache_hit(model, tmp_path):
