@@ -24,9 +24,12 @@ from trt_pipeline.calibration.int8 import calibrated_graph, make_int8_graph
 from trt_pipeline.calibration.int8_records import CalibrationConfig
 from trt_pipeline.calibration.qdq import quantize_qdq
 from trt_pipeline.calibration.ranges import (
+    HISTOGRAM_BINS,
     QUANTIZED_OPS,
+    AbsoluteHistograms,
     Alike,
     ChangedPart,
+    _histogram_collector,
     collect_statistics,
     method_options,
 )
@@ -198,6 +201,33 @@ def test_a_smoothed_graph_runs_only_what_smoothing_changes_from_the_values_the_u
     assert list(from_part.means) == list(whole.means) == ["x", "r1", "r2", "loud_smoothed", "hidden_smoothed"]
     for name, mean in whole.means.items():
         np.testing.assert_array_equal(from_part.means[name], mean, err_msg=name)
+
+
+def test_the_percentile_histograms_are_onnx_runtimes_collectors_bin_for_bin():
+    """AbsoluteHistograms against HistogramCollector.collect_absolute_value on batches that grow past the first
+    one's bins, a tensor of one value (numpy's [-0.5, 0.5] edges), float16 and a batch of nothing but outliers."""
+    rng = np.random.default_rng(3)
+    batches = [
+        {
+            "wide": (rng.standard_normal((rows, 64, 9)) * scale).astype(np.float32),
+            "constant": np.full((rows, 5), 0.25, np.float32),
+            "half": (rng.standard_normal((rows, 33)) * scale).astype(np.float16),
+        }
+        for rows, scale in ((16, 1.0), (16, 3.5), (8, 0.2), (4, 40.0))
+    ]
+    ours, theirs = AbsoluteHistograms(HISTOGRAM_BINS), _histogram_collector("percentile")
+    for batch in batches:
+        ours.collect(batch)
+        with contextlib.redirect_stdout(io.StringIO()):
+            theirs.collect(batch)
+    expected = theirs.get_histogram_dict()
+    assert set(ours.histograms) == set(expected)
+    for name, (counts, edges, low, high) in expected.items():
+        got = ours.histograms[name]
+        np.testing.assert_array_equal(got[0], counts, err_msg=name)
+        assert got[1].dtype == edges.dtype and np.array_equal(got[1], edges), name
+        assert (got[2], got[3]) == (low, high), name
+    assert len(expected["wide"][1]) > HISTOGRAM_BINS + 1  # the later batches did add bins
 
 
 def test_the_stage_runs_each_graph_twice_over_the_fit_rows_and_not_at_all_on_a_cache_hit(model, tmp_path):
