@@ -46,6 +46,8 @@ HOST_INPUTS = {
     "Clip": {1, 2},
     "NonMaxSuppression": {2, 3, 4},
     "Dropout": {1, 2},
+    "Loop": {0, 1},
+    "If": {0},
 }
 # ONNX Runtime keeps a node on the device when any input is one of these (its fallback skips half-precision nodes).
 _HALF = {10, 16}  # TensorProto.FLOAT16, BFLOAT16
