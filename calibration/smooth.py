@@ -235,10 +235,27 @@ def _scaled_weight(
 
 def _rows_times(values: np.ndarray, first: int, s: np.ndarray, rows_axis: int, dims: tuple[int, ...]) -> np.ndarray:
     """A run of a 2-D weight's elements (row-major, from element `first`: a block of a large one) with each times the
-    s of its input row (the weight's `rows_axis`), in the weight's own type."""
-    index = np.arange(first, first + values.size)
-    rows = index // dims[1] if rows_axis == 0 else index % dims[1]
-    return (values.astype(np.float32) * s[rows]).astype(values.dtype)
+    s of its input row (the weight's `rows_axis`), computed in float32, in the weight's own type.  The run is cut
+    into the rest of its first row, whole rows and the start of its last, each scaled by broadcasting (an index per
+    element took 2.2 s of the 0.6 GB MLP's int8 stage)."""
+    scaled = values.astype(np.float32)  # a copy: `values` may be a read-only view of the file's bytes
+    columns = dims[1]
+    row, column = divmod(first, columns)
+    head = min(scaled.size, (columns - column) % columns)  # the elements left in the first row
+    whole = (scaled.size - head) // columns
+    parts = [
+        (scaled[:head], row, column),
+        (scaled[head : head + whole * columns].reshape(whole, columns), row + bool(head), 0),
+        (scaled[head + whole * columns :], row + bool(head) + whole, 0),
+    ]
+    for part, at_row, at_column in parts:
+        if not part.size:
+            continue
+        if part.ndim == 2:
+            part *= s[None, :] if rows_axis == 1 else s[at_row : at_row + part.shape[0], None]
+        else:  # within one row, from `at_column`
+            part *= s[at_column : at_column + part.size] if rows_axis == 1 else s[at_row]
+    return scaled.astype(values.dtype, copy=False)
 
 
 def _unique(name: str, taken: set[str]) -> str:

@@ -422,3 +422,25 @@ def test_smooth_setting_is_an_alpha_or_off():
         with pytest.raises(PipelineError, match=r"Settings\(smooth=") as raised:
             Settings(precision="int8", calib="calibration/samples", smooth=bad).check()
         assert raised.value.fix is not None and 'Settings(smooth="off")' in raised.value.fix
+
+
+def test_a_weights_rows_are_scaled_alike_whatever_block_of_it_is_written():
+    """_rows_times scales a block of a weight's bytes as they are written (any start, any length, a partial first
+    and last row): each element times the s of its input row, in float32, back in the weight's type, as an index
+    per element computed it."""
+    from trt_pipeline.calibration.smooth import _rows_times
+
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        rows, columns = (int(n) for n in rng.integers(1, 9, 2))
+        dtype = (np.float32, np.float16)[int(rng.integers(0, 2))]
+        weight = rng.standard_normal(rows * columns).astype(dtype)
+        rows_axis = int(rng.integers(0, 2))
+        s = (rng.random(rows if rows_axis == 0 else columns) + 0.5).astype(np.float32)
+        first = int(rng.integers(0, rows * columns))
+        block = weight[first : int(rng.integers(first, rows * columns + 1))]
+        index = np.arange(first, first + block.size)
+        input_rows = index // columns if rows_axis == 0 else index % columns
+        expected = (block.astype(np.float32) * s[input_rows]).astype(dtype)
+        got = _rows_times(block, first, s, rows_axis, (rows, columns))
+        assert got.dtype == expected.dtype and np.array_equal(got, expected)
