@@ -141,19 +141,43 @@ def kernels(folder: Path, out: Path) -> None:
 
 def placement(folder: Path, out: Path) -> None:
     """ONNX Runtime's verbose log of a CUDA session on the FP16 graph, kept where it says where each node runs and
-    which copies it adds: a Memcpy node is what stops a CUDA graph capture (the sweep's BERTs ran without one)."""
+    which copies it adds: a Memcpy node is what stops a CUDA graph capture (the sweep's BERTs ran without one).
+    Beside it, the reads of host values pipeline.runners.shape_values predicts, and the same log for the graph as the
+    runner rewrites it (those values made on the device): the prediction checked against ONNX Runtime's own."""
+    import shutil
+
+    import onnx
+
+    from trt_pipeline.pipeline.runners.shape_values import host_reads, make_on_device
+
+    graph = folder / "model.fp16.onnx"
+    rewritten = folder / "placement-triage.fp16.onnx"  # beside the graph: its weights' references hold
+    shutil.copyfile(graph, rewritten)
+    made = make_on_device(rewritten)
+    report = [
+        f"predicted host reads: {host_reads(onnx.load(str(graph), load_external_data=False))}",
+        f"made on the device by the runner's rewrite: {made}; predicted after: "
+        f"{host_reads(onnx.load(str(rewritten), load_external_data=False))}",
+    ]
+    for name, path in (("as built", graph), ("as the runner rewrites it", rewritten)):
+        lines = _placement_lines(path)
+        copies = [line for line in lines if "Memcpy nodes are added" in line or "MemcpyFromHost" in line]
+        report += [f"--- {name}: {len(copies)} lines naming added copies", *copies, *lines[-40:]]
+    rewritten.unlink()
+    (out / "triage-placement.txt").write_text("\n".join(report) + "\n")
+    print("\n".join(report))
+
+
+def _placement_lines(graph: Path) -> list[str]:
+    """The placement and Memcpy lines of ONNX Runtime's verbose log opening `graph` on the CUDA provider."""
     opening = (
         "import onnxruntime as ort, sys; options = ort.SessionOptions(); options.log_severity_level = 0; "
         "ort.InferenceSession(sys.argv[1], options, providers=['CUDAExecutionProvider', 'CPUExecutionProvider'])"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", opening, str(folder / "model.fp16.onnx")], capture_output=True, text=True, timeout=120
-    )
+    done = subprocess.run([sys.executable, "-c", opening, str(graph)], capture_output=True, text=True, timeout=120)
     # Its placement lines (each node by op type and name, under the provider's) come from one function; the
     # copies from the Memcpy transformer.
-    lines = [line for line in done.stderr.splitlines() if "VerifyEachNodeIsAssignedToAnEp" in line or "emcpy" in line]
-    (out / "triage-placement.txt").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines[-60:]))
+    return [line for line in done.stderr.splitlines() if "VerifyEachNodeIsAssignedToAnEp" in line or "emcpy" in line]
 
 
 if __name__ == "__main__":
