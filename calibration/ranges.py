@@ -120,7 +120,7 @@ class Alike:
     """Ranges measured on another graph, by method, and the tensors this graph computes otherwise: every other
     tensor is the same, unoptimized (CAPTURE_LEVEL: each tensor its own node's output on the same inputs), so its
     ranges are taken from there (a smoothed graph beside the unsmoothed one: calibration/smooth.py).  shared: where
-    the other graph's passes kept the values the changed part reads, only that part runs (_ChangedPart)."""
+    the other graph's passes kept the values the changed part reads, only that part runs (ChangedPart)."""
 
     ranges: dict[str, Any]  # ORT's TensorsData by method
     changed: set[str]
@@ -161,34 +161,32 @@ def collect_statistics(
         ]
         tensors = list(dict.fromkeys(name for method in ranges for name in method.tensors))
         feeds = part.feeds("ranges", tensors) if part else None
+        source, batches = (part.model, feeds) if part and feeds else (model, data.batches)
         kept_ranges = KeptValues(keep, tensors)
-        runs = tensor_values(
-            part.model if part and feeds else model, tensors, feeds or data.batches, weights=graph.parent,
-            level=CAPTURE_LEVEL,
-        )  # fmt: skip
-        passes += _run_pass(runs, graph, feeds or data.batches, rows, [*ranges, kept_ranges])
+        runs = tensor_values(source, tensors, batches, weights=graph.parent, level=CAPTURE_LEVEL)
+        passes += _run_pass(runs, graph, batches, rows, [*ranges, kept_ranges])
     maxima, measured_means, level = ChannelMaxima(maxima_of), {}, None
     if maxima_of or means:
         wanted, level = weight_inputs(model) if means else {}, graph_level(graph)
         reused = part.means(wanted, level) if part and not maxima_of else {}
-        input_means = ChannelMeans({name: axis for name, axis in wanted.items() if name not in reused})
-        tensors = list(dict.fromkeys([*input_means.tensors, *maxima.tensors]))  # the means' first: as they ran
-        feeds = part.feeds("means", tensors) if reused and part else None
+        rest = {name: axis for name, axis in wanted.items() if name not in reused}
+        feeds = part.feeds("means", list(rest)) if part and reused else None
+        source, batches = (part.model, feeds) if part and feeds else (model, data.batches)
         if feeds is None:  # the whole graph runs: every mean measured on it, as without a part
-            reused, input_means = {}, ChannelMeans(wanted)
-            tensors = list(dict.fromkeys([*input_means.tensors, *maxima.tensors]))
+            reused, rest = {}, wanted
+        input_means = ChannelMeans(rest)
+        tensors = list(dict.fromkeys([*input_means.tensors, *maxima.tensors]))  # the means' first: as they ran
         kept_means = KeptValues(keep, tensors)
-        runs = tensor_values(part.model if feeds and part else model, tensors, feeds or data.batches,
-                             weights=graph.parent, level=level)  # fmt: skip
-        passes += _run_pass(runs, graph, feeds or data.batches, rows, [maxima, input_means, kept_means])
+        runs = tensor_values(source, tensors, batches, weights=graph.parent, level=level)
+        passes += _run_pass(runs, graph, batches, rows, [maxima, input_means, kept_means])
         measured = {**reused, **input_means.means()}
         measured_means = {name: measured[name] for name in wanted}  # in the graph's order, as they ran
     shared = None
     if keep:
         computed = frozenset(name for node in model.graph.node for name in node.output)
-        batches = {"ranges": kept_ranges.batches if kept_ranges else None}
-        batches["means"] = kept_means.batches if kept_means else None
-        shared = Shared(computed | {value.name for value in model.graph.input}, measured_means, level, batches)
+        kept = {"ranges": kept_ranges.batches if kept_ranges else None}
+        kept["means"] = kept_means.batches if kept_means else None
+        shared = Shared(computed | {value.name for value in model.graph.input}, measured_means, level, kept)
     return Statistics({r.method: r.ranges() for r in ranges}, maxima.maxima, measured_means, passes, shared)
 
 
