@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from math import prod
 from pathlib import Path
 
+import numpy as np
+
 # Outputs the CUDA provider's kernels write in host memory.
 HOST_OUTPUTS = {"Shape", "Size"}
 # Inputs the CUDA provider's kernels read from host memory (their InputMemoryType(OrtMemTypeCPUInput, i)): a host
@@ -139,7 +141,6 @@ def make_on_device(graph: Path) -> int:
 
 def _range_copy(model, nodes: list, tensor: str, shape: tuple[int, ...], dtype: str) -> str:  # noqa: ANN001
     """Append to `nodes` the nodes that make the one-element host `tensor` on the device; returns their output."""
-    import numpy as np
     from onnx import helper, numpy_helper
 
     def constant(suffix: str, value: np.ndarray) -> str:
