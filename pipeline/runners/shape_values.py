@@ -69,11 +69,19 @@ class HostRead:
 def host_reads(model) -> list[HostRead]:  # noqa: ANN001 - onnx.ModelProto, imported lazily
     """Every read of a host value by a device node in `model`'s main graph, as ONNX Runtime's CUDA provider would
     place its nodes."""
-    graph, types, sizes = model.graph, _element_types(model), _initializer_sizes(model)
+    import onnx
+
+    return [read for _, read in _reads(onnx.shape_inference.infer_shapes(model))]
+
+
+def _reads(inferred) -> list[tuple[int, HostRead]]:  # noqa: ANN001
+    """host_reads of a graph with its tensors' types inferred (the half-precision rule reads every input's type),
+    each with the position of the reading node in the graph (names may be empty, or repeat)."""
+    graph, types, sizes = inferred.graph, _element_types(inferred), _initializer_sizes(inferred)
     graph_inputs = {tensor.name for tensor in graph.input}
     host: set[str] = set()
     reads = []
-    for node in graph.node:
+    for position, node in enumerate(graph.node):
         if node.op_type == "Constant":
             continue  # ONNX Runtime turns it into an initializer
         kernel_host = HOST_INPUTS.get(node.op_type, set())
@@ -81,7 +89,7 @@ def host_reads(model) -> list[HostRead]:  # noqa: ANN001 - onnx.ModelProto, impo
             host.update(node.output)
             continue
         reads += [
-            HostRead(name, node.name, index)
+            (position, HostRead(name, node.name, index))
             for index, name in enumerate(node.input)
             if name in host and index not in kernel_host
         ]
@@ -111,19 +119,19 @@ def make_on_device(graph: Path) -> int:
     import onnx
 
     model = onnx.load(str(graph), load_external_data=False)
-    reads = host_reads(model)
+    inferred = onnx.shape_inference.infer_shapes(model)
+    reads = _reads(inferred)
     if not reads:
         return 0
-    inferred = onnx.shape_inference.infer_shapes(model)
     shapes = _static_shapes(inferred)
     types = _element_types(inferred)
     made: dict[str, str] = {}
     nodes: list = []
-    by_node: dict[str, list[HostRead]] = {}
-    for read in reads:
-        by_node.setdefault(read.node, []).append(read)
-    for node in model.graph.node:
-        for read in by_node.get(node.name, []):
+    by_position: dict[int, list[HostRead]] = {}
+    for position, read in reads:
+        by_position.setdefault(position, []).append(read)
+    for position, node in enumerate(model.graph.node):
+        for read in by_position.get(position, []):
             shape = shapes.get(read.tensor)
             if shape is None or prod(shape) != 1 or types.get(read.tensor) not in _INTEGERS:
                 continue  # a value of many elements, or of unknown shape: left to ONNX Runtime's copy

@@ -18,21 +18,15 @@ from trt_pipeline.pipeline.runners.shape_values import HostRead, host_reads, mak
 RNG = np.random.default_rng(0)
 
 
-def _sequence_graph(path: Path, elem: int = TensorProto.INT64) -> Path:
-    """ids [batch, sequence] -> Neg (on the device) + the sequence length (Gather of a Shape: on the host) ->
-    Reshape to the ids' shape (its shape a host input of the kernel: no copy) -> out."""
+def _save(path: Path, nodes: list, elem: int) -> Path:
+    """A graph of `nodes` from input x / ids [batch, sequence] to out, of element type `elem`, index [1] its one
+    initializer."""
     index = numpy_helper.from_array(np.array([1], np.int64), "index")
-    nodes = [
-        helper.make_node("Shape", ["ids"], ["shape"]),
-        helper.make_node("Gather", ["shape", "index"], ["length"], axis=0),
-        helper.make_node("Neg", ["ids"], ["negated"]),
-        helper.make_node("Add", ["negated", "length"], ["shifted"], name="add"),
-        helper.make_node("Reshape", ["shifted", "shape"], ["out"], name="reshape"),
-    ]
+    source = nodes[0].input[0]
     graph = helper.make_graph(
         nodes,
-        "sequence",
-        [helper.make_tensor_value_info("ids", elem, ["batch", "sequence"])],
+        "shapes",
+        [helper.make_tensor_value_info(source, elem, ["batch", "sequence"])],
         [helper.make_tensor_value_info("out", elem, ["batch", "sequence"])],
         [index],
     )
@@ -40,16 +34,33 @@ def _sequence_graph(path: Path, elem: int = TensorProto.INT64) -> Path:
     return path
 
 
+def _sequence_graph(path: Path, add: str) -> Path:
+    """ids [batch, sequence] -> Neg (on the device) + the sequence length (Gather of a Shape: on the host) ->
+    Reshape to the ids' shape (its shape a host input of the kernel: no copy) -> out; the Add named `add`."""
+    nodes = [
+        helper.make_node("Shape", ["ids"], ["shape"]),
+        helper.make_node("Gather", ["shape", "index"], ["length"], axis=0),
+        helper.make_node("Neg", ["ids"], ["negated"]),
+        helper.make_node("Add", ["negated", "length"], ["shifted"], name=add),
+        helper.make_node("Reshape", ["shifted", "shape"], ["out"], name="reshape"),
+    ]
+    return _save(path, nodes, TensorProto.INT64)
+
+
 def _outputs(path: Path, feeds: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     return [session.run(None, feed) for feed in feeds]
 
 
-def test_a_shape_value_read_as_data_is_found_and_made_on_the_device_with_the_same_outputs(tmp_path: Path) -> None:
-    graph = _sequence_graph(tmp_path / "model.onnx")
+@pytest.mark.parametrize("add", ["add", ""], ids=["named", "unnamed"])
+def test_a_shape_value_read_as_data_is_found_and_made_on_the_device_with_the_same_outputs(
+    tmp_path: Path, add: str
+) -> None:
+    """Unnamed too (an exporter may leave node names empty): the read is the Add's, no other unnamed node's."""
+    graph = _sequence_graph(tmp_path / "model.onnx", add)
     before = shutil.copy(graph, tmp_path / "before.onnx")
     # The Add reads the length as data (a copy); the Reshape reads the shape where its kernel takes it (no copy).
-    assert host_reads(onnx.load(str(graph))) == [HostRead("length", "add", 1)]
+    assert host_reads(onnx.load(str(graph))) == [HostRead("length", add, 1)]
     assert make_on_device(graph) == 1
     assert host_reads(onnx.load(str(graph))) == []
     onnx.checker.check_model(onnx.load(str(graph)), full_check=True)
@@ -59,27 +70,21 @@ def test_a_shape_value_read_as_data_is_found_and_made_on_the_device_with_the_sam
 
 
 def test_a_read_the_rewrite_cannot_make_is_left_to_onnx_runtimes_copy_and_the_file_untouched(tmp_path: Path) -> None:
-    """The length cast to float16 on the host (a Cast's input decides where it runs) and added to a float16 input:
-    Range makes integers only, so that read stays a copy, and a file with nothing to make is not rewritten."""
-    index = numpy_helper.from_array(np.array([1], np.int64), "index")
+    """The length cast to float16 on the host (a Cast's input decides where it runs) and squared: a node with a
+    float16 input stays on the device, though no type is declared for it (its type inferred), so the Mul reads the
+    host value twice.  Range makes integers only: those reads stay copies, and a file with nothing to make is not
+    rewritten."""
     nodes = [
         helper.make_node("Shape", ["x"], ["shape"]),
         helper.make_node("Gather", ["shape", "index"], ["length"], axis=0),
         helper.make_node("Cast", ["length"], ["half_length"], to=TensorProto.FLOAT16),
-        helper.make_node("Add", ["x", "half_length"], ["out"], name="add"),
+        helper.make_node("Mul", ["half_length", "half_length"], ["squared"], name="square"),
+        helper.make_node("Add", ["x", "squared"], ["out"], name="add"),
     ]
-    half = TensorProto.FLOAT16
-    graph = helper.make_graph(
-        nodes,
-        "half",
-        [helper.make_tensor_value_info("x", half, ["batch", "sequence"])],
-        [helper.make_tensor_value_info("out", half, ["batch", "sequence"])],
-        [index],
-    )
-    path = tmp_path / "model.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    path = _save(tmp_path / "model.onnx", nodes, TensorProto.FLOAT16)
     written = path.read_bytes()
-    assert host_reads(onnx.load(str(path))) == [HostRead("half_length", "add", 1)]
+    expected = [HostRead("half_length", "square", 0), HostRead("half_length", "square", 1)]
+    assert host_reads(onnx.load(str(path))) == expected
     assert make_on_device(path) == 0
     assert path.read_bytes() == written
 
