@@ -160,16 +160,15 @@ def smooth_graph(model: onnx.ModelProto, scales: dict[str, np.ndarray]) -> tuple
     return smoothed, on_disk
 
 
-def smoothed_tensors(model: onnx.ModelProto, scales: Collection[str]) -> set[str] | None:
-    """The tensors of `model` that smooth_graph(model, scales) computes otherwise (`scales`: its keys, the tensors
-    smoothed): the outputs of the MatMul/Gemm
-    nodes whose weights it scales, and everything computed from them.  Every other tensor is computed there by the
-    same node from the same inputs (the Mul it adds has a name of its own and feeds only those nodes).  None where
+def smoothed_tensors(model: onnx.ModelProto, smoothed: Collection[str]) -> set[str] | None:
+    """The tensors of `model` that smooth_graph computes otherwise where it smooths the tensors `smoothed` (its
+    scales' keys): the outputs of the MatMul/Gemm nodes whose weights it scales, and everything computed from them.
+    Every other tensor is computed there by the same node from the same inputs (the Mul it adds has a name of its own and feeds only those nodes).  None where
     `model` has subgraphs (If, Loop), which read outer tensors without naming them as inputs."""
     if any(attribute.type in _GRAPH_ATTRIBUTES for node in model.graph.node for attribute in node.attribute):
         return None
     groups = smoothable(model)
-    changed = {model.graph.node[c.index].output[0] for tensor in scales for c in groups[tensor]}
+    changed = {model.graph.node[c.index].output[0] for tensor in smoothed for c in groups[tensor]}
     for node in model.graph.node:  # in graph order: ONNX lists a node after the nodes it reads
         if changed.intersection(node.input):
             changed.update(node.output)

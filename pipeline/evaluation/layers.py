@@ -11,7 +11,7 @@ the model's own value, not a precision's error.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -56,8 +56,7 @@ def first_node_past(
     """compare_layers' first error past the node tolerance of `graph`'s precision, None where none is: the errors
     after it are not computed (on EfficientNet-Lite0's INT8 graph the error starts at its fourth Conv, and the 94
     errors took 0.47 s of the float search's 1.7)."""
-    rtol = node_tolerance(graph.precision)
-    return next((error for error in _layer_errors(fp32_path, lower_path, inputs, graph) if error.rel > rtol), None)
+    return first_past(_layer_errors(fp32_path, lower_path, inputs, graph), node_tolerance(graph.precision))
 
 
 def _layer_errors(
@@ -106,7 +105,8 @@ def _error(node: onnx.NodeProto, name: str, expected: np.ndarray, actual: np.nda
     return LayerError(node.name, node.op_type, name, max_abs, scale, max_abs / scale if scale > 0 else max_abs)
 
 
-def first_past(errors: list[LayerError], rtol: float) -> LayerError | None:
+def first_past(errors: Iterable[LayerError], rtol: float) -> LayerError | None:
+    """The first of `errors` past `rtol` (those after it are not asked for: `errors` may compute each as it goes)."""
     return next((error for error in errors if error.rel > rtol), None)
 
 
