@@ -163,8 +163,9 @@ def smooth_graph(model: onnx.ModelProto, scales: dict[str, np.ndarray]) -> tuple
 def smoothed_tensors(model: onnx.ModelProto, smoothed: Collection[str]) -> set[str] | None:
     """The tensors of `model` that smooth_graph computes otherwise where it smooths the tensors `smoothed` (its
     scales' keys): the outputs of the MatMul/Gemm nodes whose weights it scales, and everything computed from them.
-    Every other tensor is computed there by the same node from the same inputs (the Mul it adds has a name of its own and feeds only those nodes).  None where
-    `model` has subgraphs (If, Loop), which read outer tensors without naming them as inputs."""
+    Every other tensor is computed there by the same node from the same inputs (the Mul it adds has a name of its
+    own and feeds only those nodes).  None where `model` has subgraphs (If, Loop), which read outer tensors without
+    naming them as inputs."""
     if any(attribute.type in _GRAPH_ATTRIBUTES for node in model.graph.node for attribute in node.attribute):
         return None
     groups = smoothable(model)
