@@ -36,6 +36,7 @@ from .onnx_wire import (
     read_span,
     tensor_bytes,
     without_weights,
+    write_held,
     write_inline,
     write_part,
 )
@@ -135,7 +136,7 @@ def weight_bytes(model: onnx.ModelProto) -> int:
 
 def save_graph(model: onnx.ModelProto, path: Path, *, scratch: bool = False) -> None:
     """Write `model` (its weights in memory) at `path`: one file, or past EXTERNAL_DATA_BYTES the graph and its
-    data file.  The weights written to the data file are dropped from `model` as they are written.  scratch: a
+    data file.  The weights are dropped from `model` as they are written (to either).  scratch: a
     graph no folder keeps (one calibration or ONNX Runtime reads once), written with its data file whatever its
     size: shape inference by path and ONNX Runtime then read it without parsing its weights (ONNX Runtime's
     quantizer infers shapes by path on every graph it is given: 15 s of its 53 s at 0.6 GB with graphs of one
@@ -143,7 +144,7 @@ def save_graph(model: onnx.ModelProto, path: Path, *, scratch: bool = False) -> 
     import onnx
 
     if not scratch and weight_bytes(model) <= EXTERNAL_DATA_BYTES:
-        onnx.save(model, str(path))
+        write_held(model, path, INLINE_TENSOR_BYTES)
         return
     location = data_file_name(path)
     Path(path).with_name(location).unlink(missing_ok=True)  # onnx appends to an existing one
