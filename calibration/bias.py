@@ -27,7 +27,7 @@ from onnx import helper, numpy_helper
 
 from ..pipeline.core.sessions import file_key
 from ..pipeline.folder.artifacts import temporary_name
-from ..pipeline.folder.graph_files import graph_without_weights, write_graph
+from ..pipeline.folder.graph_files import graph_without_weights, initializer_array, write_graph
 from .readers import Feed
 
 CORRECTED_OPS = ("Conv", "Gemm", "MatMul")  # a MatMul's bias is the constant of the one Add reading its output
@@ -119,7 +119,7 @@ def correct_biases(
         def compute(node=node, weight=weight, mean=mean) -> np.ndarray:
             error = rounded[weight.name]
             # In place, the float32 weight cast as it is read: one float64 copy of the weight, not two.
-            np.subtract(error, numpy_helper.to_array(weight, str(calibrated.parent)), out=error)
+            np.subtract(error, initializer_array(weight, calibrated.parent), out=error)
             return _output_shift(node, error, mean)
 
         shift = shifts.shift((file, index, node.name, rounded.identity(weight.name)), mean, compute)
@@ -223,7 +223,7 @@ class DequantizedWeights:
         node, digest = self._nodes[weight], hashlib.sha256()
         for name in node.input:
             tensor = self._initializers.get(name)
-            digest.update(numpy_helper.to_array(tensor, str(self._base)).tobytes() if tensor is not None else b"-")
+            digest.update(initializer_array(tensor, self._base).tobytes() if tensor is not None else b"-")
         digest.update(str(next((a.i for a in node.attribute if a.name == "axis"), 1)).encode())
         return digest.hexdigest()
 
@@ -314,4 +314,4 @@ def _add_to_bias(
 
 def _array(tensor: onnx.TensorProto, base: Path) -> np.ndarray:
     """A constant's values in float64, read from the graph or from its file under `base` (graph_without_weights)."""
-    return numpy_helper.to_array(tensor, str(base)).astype(np.float64)
+    return initializer_array(tensor, base).astype(np.float64)

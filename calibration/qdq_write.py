@@ -36,7 +36,7 @@ import onnx
 from onnx import numpy_helper
 from onnx.external_data_helper import uses_external_data
 
-from ..pipeline.folder.graph_files import graph_without_weights
+from ..pipeline.folder.graph_files import graph_without_weights, initializer_array
 from ..pipeline.folder.onnx_wire import external_span, read_span
 from .ranges import QUANTIZED_OPS
 
@@ -359,4 +359,4 @@ def _load_remaining(model: onnx.ModelProto, base: Path) -> None:
 
 
 def _values(tensor: onnx.TensorProto, base: Path) -> np.ndarray:
-    return numpy_helper.to_array(tensor, str(base))
+    return initializer_array(tensor, base)

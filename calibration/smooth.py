@@ -31,6 +31,7 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.external_data_helper import uses_external_data
 
+from ..pipeline.folder.graph_files import initializer_array
 from ..pipeline.folder.onnx_wire import Convert
 from .readers import Feed
 
@@ -109,10 +110,7 @@ def smoothing_scales(
     initializers = {init.name: init for init in model.graph.initializer}
     scales = {}
     for tensor, consumers in groups.items():
-        rows = [
-            np.abs(numpy_helper.to_array(initializers[c.weight], str(base))).max(axis=1 - c.rows_axis)
-            for c in consumers
-        ]
+        rows = [np.abs(initializer_array(initializers[c.weight], base)).max(axis=1 - c.rows_axis) for c in consumers]
         weight_max = np.max(np.stack(rows), axis=0).astype(np.float64)
         activation_max = maxima[tensor].astype(np.float64)
         activation_max = np.maximum(activation_max, QUIET_FLOOR * np.median(activation_max))

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from trt_pipeline.models.prepare import prepare
 from trt_pipeline.models.spec import ModelSpec
@@ -208,3 +208,27 @@ def test_intermediate_tensors_of_a_model_in_memory_run_with_its_weights_written_
     np.testing.assert_allclose(values["output"], next(iter(outputs.values())), rtol=1e-4, atol=1e-5)
     assert values[hidden].shape == (len(inputs["input"]), WIDTH)
     assert model.SerializeToString() == before
+
+
+def test_an_initializer_read_from_where_it_lies_is_what_onnx_reads(tmp_path):
+    """initializer_array reads an external tensor's bytes once, as numpy_helper.to_array would give them, for every
+    type numpy holds as stored, and hands the others (bfloat16) to it."""
+    rng = np.random.default_rng(0)
+    arrays = {
+        dtype: (rng.standard_normal((8, 40)) * 50).astype(dtype)
+        for dtype in (np.float32, np.float16, np.float64, np.int8, np.uint8, np.int16, np.int32, np.int64, np.uint64)
+    }
+    tensors = [numpy_helper.from_array(array, f"t_{np.dtype(dtype).name}") for dtype, array in arrays.items()]
+    tensors.append(helper.make_tensor("t_bfloat16", TensorProto.BFLOAT16, [300], np.linspace(-3, 3, 300).tolist()))
+    graph = helper.make_graph(
+        [], "g", [], [helper.make_tensor_value_info("t_int8", TensorProto.INT8, [8, 40])], tensors
+    )
+    onnx.save_model(
+        helper.make_model(graph), str(tmp_path / "m.onnx"), save_as_external_data=True, location="m.onnx.data"
+    )
+    model = graph_without_weights(tmp_path / "m.onnx")
+    for tensor in model.graph.initializer:
+        read = graph_files.initializer_array(tensor, tmp_path)
+        expected = numpy_helper.to_array(tensor, str(tmp_path))
+        assert read.dtype == expected.dtype and read.shape == expected.shape, tensor.name
+        assert read.tobytes() == expected.tobytes(), tensor.name
