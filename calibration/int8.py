@@ -61,6 +61,7 @@ from .int8_records import (
 )
 from .qdq import constants_as_initializers, quantize_qdq
 from .qdq_cpu import WEIGHT_FORMS, WEIGHTS_FOR, Uint8Rounding, quantize_for_cpu
+from .qdq_write import TENSORRT
 from .ranges import Alike, collect_statistics
 from .readers import CalibrationData
 from .share import compute_shapes, int8_share, macs_by_op
@@ -75,7 +76,6 @@ from .smooth import (
 
 # The first rows the agreement gate judges (pipeline/folder/layout.py SAMPLE), SAMPLE_ROWS of them.
 SAMPLE_ROWS = 8
-TENSORRT_WEIGHTS = ("QInt8", True, False)  # qdq.quantize_qdq's weights as a qdq_cpu.WEIGHT_FORMS entry
 CORRECTED_QDQ_GRAPH = "model.qdq.corrected.onnx"  # beside a candidate's QDQ_GRAPH: it with its biases corrected
 
 
@@ -565,7 +565,7 @@ def _cpu_graph(chosen: Candidate, path: Path, kind: str, means: dict[str, np.nda
     # The CPU graphs quantize every op: ONNX Runtime's quantizer, told to leave EfficientNet-Lite0's first
     # depthwise conv in float, wrote a graph whose stem Clip was off by 12x its scale under ORT's int8 kernels.
     try:
-        if chosen.uncorrected is None or means is None or WEIGHT_FORMS[weights] == TENSORRT_WEIGHTS:
+        if chosen.uncorrected is None or means is None or WEIGHT_FORMS[weights] == TENSORRT.weights:
             # No correction, or one for the very weights this graph rounds: chosen.calibrated's biases fit it.
             return CpuGraph(path.name, quantize_for_cpu(chosen.calibrated, path, chosen.ranges, weights=weights))
         assert weights == "u8u8", weights  # WEIGHTS_FOR's one form besides TensorRT's

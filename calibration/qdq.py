@@ -27,7 +27,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..pipeline.folder.graph_files import atomic_graph, graph_files, save_graph
-from .qdq_write import QuantizedWeights, qdq_model
+from .qdq_write import TENSORRT, QuantizedWeights, qdq_model
 from .ranges import QUANTIZED_OPS
 
 # quantize_static's extra options for that graph (with QuantType.QInt8 activations and weights, per_channel): what
@@ -54,7 +54,7 @@ def quantize_qdq(
     smoothing alpha's graph (its candidates, their bias-corrected graphs, the float search's tries); by default
     quantized for this graph alone."""
     with atomic_graph(out_path) as temporary:
-        model = qdq_model(fp32_path, ranges, weights or QuantizedWeights(), exclude)
+        model = qdq_model(fp32_path, ranges, TENSORRT, weights or QuantizedWeights(), exclude)
         problems = qdq_problems(model)
         if problems:  # our own quantizer settings are wrong: a bug, not the user's mistake
             raise RuntimeError("the Q/DQ graph breaks TensorRT's rules:\n  " + "\n  ".join(problems))

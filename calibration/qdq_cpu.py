@@ -48,7 +48,8 @@ from onnx import numpy_helper
 from ..pipeline.core.cpu import NO_VNNI, VNNI
 from ..pipeline.folder.graph_files import atomic_graph, graph_without_weights, save_graph
 from .qdq import qdq_structure, quantize_with_ranges
-from .qdq_write import symmetric_scale_zp, weight_axes
+from .qdq_marks import IntegerForm, QdqScheme
+from .qdq_write import marked_initializers, rounded, scale_zero_point
 
 # The ops whose Q/DQ ONNX Runtime's CPU provider turns into an int8 kernel (QLinearConv, QGemm,
 # QLinearMatMul, QLinearAdd/Mul, QLinearAveragePool/GlobalAveragePool, QLinearConcat), runs on
@@ -95,13 +96,13 @@ INT8_KERNELS = (
 FLOAT_KERNELS = ("Conv", "FusedConv", "MatMul", "FusedMatMul", "Gemm", "FusedGemm")
 
 
-# The forms of weight a CPU graph can take: (weight type, symmetric, 7-bit).
+# The forms of weight a CPU graph can take: its type, symmetric or not (per tensor: per channel ORT makes every weight
+# symmetric), 7-bit or 8.
 WEIGHT_FORMS = {
-    "u8s8": ("QInt8", True, False),
-    "u8u8": ("QUInt8", False, False),
-    "u8s8-reduce-range": ("QInt8", True, True),
+    "u8s8": IntegerForm(onnx.TensorProto.INT8, symmetric=True),
+    "u8u8": IntegerForm(onnx.TensorProto.UINT8, symmetric=False),
+    "u8s8-reduce-range": IntegerForm(onnx.TensorProto.INT8, symmetric=True, reduce_range=True),
 }
-UINT8_MAX = 255
 # The form written for each kind of CPU (pipeline.core.cpu.int8_cpu_kind).
 WEIGHTS_FOR = {VNNI: "u8s8", NO_VNNI: "u8u8"}
 
@@ -131,63 +132,54 @@ def quantize_for_cpu(
 
 class Uint8Rounding:
     """{weight: its rounding in the U8U8 CPU graph of `fp32_path` for `ranges`, dequantized, in float64}: the values
-    DequantizedWeights reads from that graph as ONNX Runtime's quantizer writes it (bias.correct_biases corrects the
-    graph's biases for them), computed here without writing it, each when asked for.  ORT quantizes each
-    Conv/Gemm/MatMul weight it can range (the nodes _cpu_options leaves unranged stay float) per channel, and a
+    DequantizedWeights reads from that graph as calibration/qdq_write.py writes it (bias.correct_biases corrects the
+    graph's biases for them), computed here without writing it, each when asked for.  The graph quantizes each
+    Conv/Gemm/MatMul weight it can range (the nodes nodes_without_ranges leaves unranged stay float) per channel, and a
     per-channel weight symmetric whatever WeightSymmetric says (QLinearConv needs one zero point for every channel):
     uint8 with zero point 128 and scale float32(2 max|w| / 255) computed in float64 (1 below float32's tiny), a
-    per-tensor one asymmetric over [min(w, 0), max(w, 0)]; then round(w / scale) + zero point, clipped to [0, 255]:
-    compute_scale_zp and quantize_nparray, every channel at once."""
+    per-tensor one asymmetric over [min(w, 0), max(w, 0)]; then round(w / scale) + zero point, clipped to [0, 255]
+    (qdq_write.scale_zero_point and rounded: every channel at once)."""
 
     def __init__(self, fp32_path: Path, ranges) -> None:
         model = graph_without_weights(fp32_path)
         unranged = nodes_without_ranges(model.graph, asymmetric_ranges(model.graph, ranges))
+        self._scheme = cpu_scheme("u8u8")
+        self._marks = marked_initializers(model, self._scheme, unranged)
         self._initializers = {init.name: init for init in model.graph.initializer}
-        self._axes = weight_axes(model, unranged)
         self._base = fp32_path.parent
 
     def __contains__(self, weight: str) -> bool:
-        return weight in self._axes
+        return weight in self._marks
 
     def identity(self, weight: str) -> str:
         """The graph file's weight, rounded by this rule: the file identifies it (BiasShifts keys on the file too)."""
         return f"uint8:{weight}"
 
     def __getitem__(self, weight: str) -> np.ndarray:
-        values, axis = numpy_helper.to_array(self._initializers[weight], str(self._base)), self._axes[weight]
+        values, mark = numpy_helper.to_array(self._initializers[weight], str(self._base)), self._marks[weight]
+        scale, zero_point = scale_zero_point(values, mark.axis, self._scheme.constant_form(mark))
         shape = [1] * values.ndim
-        if axis is not None:
-            shape[axis] = -1
-            scale, zero_point = (part.reshape(shape) for part in symmetric_scale_zp(values, axis, 0, UINT8_MAX))
-        else:
-            scale, zero_point = _asymmetric_uint8(values)
+        if mark.axis is not None:
+            shape[mark.axis] = -1
         # In place: one float32 and one float64 array of the weight's size (a 4096 x 4096 weight 5x faster).
-        quantized = np.divide(values, scale)
-        np.round(quantized, out=quantized)
-        np.add(quantized, zero_point, out=quantized)
-        np.clip(quantized, 0, 255, out=quantized)
-        dequantized = quantized.astype(np.float64)  # whole numbers in [0, 255]: the uint8 values, exactly
-        np.subtract(dequantized, zero_point, out=dequantized)
-        np.multiply(dequantized, scale, out=dequantized)
+        dequantized = rounded(values, scale, zero_point, mark.axis).astype(np.float64)  # the uint8 values, exactly
+        np.subtract(dequantized, zero_point.reshape(shape), out=dequantized)
+        np.multiply(dequantized, scale.reshape(shape), out=dequantized)
         return dequantized
 
 
-def _asymmetric_uint8(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """ORT's asymmetric uint8 (scale, zero point) of a whole tensor over [min(w, 0), max(w, 0)] (compute_scale_zp:
-    the scale float32((high - low) / 255) computed in float64, the zero point round(-low / that); 1 and 0 where the
-    scale is below float32's tiny)."""
-    low, high = min(values.min(), np.float32(0)), max(values.max(), np.float32(0))
-    exact = (np.float64(high) - np.float64(low)) / np.float64(UINT8_MAX)
-    if exact < np.finfo(np.float32).tiny:
-        return np.array(1, np.float32), np.array(0, np.float32)
-    return np.array(exact, np.float32), np.array(np.uint8(np.round(-np.float64(low) / exact)), np.float32)
+def cpu_scheme(weights: str, float_output_ops: tuple[str, ...] = FLOAT_OUTPUTS) -> QdqScheme:
+    """The options of the CPU graph with weights in the form `weights` (WEIGHT_FORMS): uint8 asymmetric activations,
+    int32 biases, the outputs of `float_output_ops` left float."""
+    activations = IntegerForm(onnx.TensorProto.UINT8, symmetric=False)
+    return QdqScheme(CPU_OPS, float_output_ops, activations, WEIGHT_FORMS[weights], quantize_bias=True)
 
 
 def _cpu_options(fp32_path: Path, ranges, weights: str, float_output_ops: tuple[str, ...]) -> tuple[dict, list[str]]:
     """write_with_ranges's arguments for the CPU form `weights` (WEIGHT_FORMS), and the nodes left in float."""
     from onnxruntime.quantization import QuantType
 
-    weight_type, symmetric, reduce_range = WEIGHT_FORMS[weights]
+    form = WEIGHT_FORMS[weights]
     model = graph_without_weights(fp32_path)  # the ranges read the graph's structure and small constants only
     cpu_ranges = asymmetric_ranges(model.graph, ranges)
     unranged = nodes_without_ranges(model.graph, cpu_ranges)
@@ -195,12 +187,12 @@ def _cpu_options(fp32_path: Path, ranges, weights: str, float_output_ops: tuple[
         "ranges": as_tensors_data(cpu_ranges, ranges.calibration_method),
         "op_types_to_quantize": list(CPU_OPS),
         "activation_type": QuantType.QUInt8,
-        "weight_type": QuantType[weight_type],
-        "reduce_range": reduce_range,
+        "weight_type": QuantType.QInt8 if form.type == onnx.TensorProto.INT8 else QuantType.QUInt8,
+        "reduce_range": form.reduce_range,
         "nodes_to_exclude": unranged,
         "extra_options": {
             "ActivationSymmetric": False,
-            "WeightSymmetric": symmetric,
+            "WeightSymmetric": form.symmetric,
             "OpTypesToExcludeOutputQuantization": list(float_output_ops),
             "TensorQuantOverrides": _weight_overrides(model, fp32_path.parent, unranged, weights),
         },
@@ -214,22 +206,17 @@ def _weight_overrides(model: onnx.ModelProto, base: Path, unranged: list[str], w
     loops over the channels in Python, most of its time on a CNN (EfficientNet-Lite0: 1 s of 1.7 s a graph).  Given
     both, it quantizes with them as it would with its own (TensorQuantOverrides); the graphs are the same, byte for
     byte (tests/calibration/test_qdq_cpu.py).  `model`: the graph without its weights (read from under `base`),
-    changed as qdq_write.weight_axes changes it."""
-    weight_type, _, reduce_range = WEIGHT_FORMS[weights]
-    dtype: type[np.integer] = np.int8 if weight_type == "QInt8" else np.uint8
-    if weight_type == "QInt8":  # ORT's symmetric int8 ranges
-        low, high = (-64, 64) if reduce_range else (-127, 127)
-    else:
-        low, high = (0, 127) if reduce_range else (0, UINT8_MAX)
+    changed as qdq_write.marked_initializers changes it."""
+    scheme = cpu_scheme(weights)
     initializers = {init.name: init for init in model.graph.initializer}
     overrides = {}
-    for name, axis in weight_axes(model, unranged).items():
-        if axis is None:  # a per-tensor weight: its one scale costs the quantizer nothing
+    for name, mark in marked_initializers(model, scheme, unranged).items():
+        if mark.axis is None or not mark.weight:  # a per-tensor one: its one scale costs the quantizer nothing
             continue
         values = numpy_helper.to_array(initializers[name], str(base))
-        scales, zero_points = symmetric_scale_zp(values, axis, low, high)
+        scales, zero_points = scale_zero_point(values, mark.axis, scheme.constant_form(mark))
         overrides[name] = [
-            {"axis": axis, "scale": scale, "zero_point": dtype(zero_point)}
+            {"axis": mark.axis, "scale": scale, "zero_point": zero_point}
             for scale, zero_point in zip(scales, zero_points, strict=True)
         ]
     return overrides

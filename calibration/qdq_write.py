@@ -1,27 +1,33 @@
-"""TensorRT's Q/DQ graph (calibration/qdq.py) written from what is in memory: the graph ONNX Runtime's quantize_static
-writes with qdq.QDQ_OPTIONS, byte for byte, without its cost per graph.
+"""The Q/DQ graphs ONNX Runtime's quantize_static writes, written from what is in memory, byte for byte: TensorRT's
+(calibration/qdq.py: TENSORRT) and the two shaped for ONNX Runtime's CPU kernels (calibration/qdq_cpu.py).
 
 Given a graph, quantize_static infers its shapes by path (a copy of the graph, weights and all, written and read
-back), loads it whole, quantizes every weight it marks and writes the result, which qdq.quantize_with_ranges reads
-back again: for every candidate, every float-search try.  Yet a weight's Q/DQ (its int8 values and per-channel scales)
-depends on the weight alone, and every Q/DQ graph of one smoothing alpha has the same weights (bias correction moves
-biases only).  QuantizedWeights holds each weight's Q/DQ once per alpha; qdq_model puts a graph together from them,
-its ranges' activation scales and the graph's other initializers, read one at a time from where they lie.
+back), loads it whole, quantizes every weight it marks one channel at a time in Python and writes the result, which
+had to be read back again: for every candidate, every float-search try and each CPU graph.  Yet a weight's Q/DQ
+depends on the weight and its form alone, and every Q/DQ graph of one smoothing alpha has the same weights (bias
+correction moves biases only).  QuantizedWeights holds each weight's Q/DQ once per alpha and form; qdq_model puts a
+graph together from them, its ranges' activation scales and the graph's other initializers, read one at a time from
+where they lie.
 
-What it does of ORT's QDQQuantizer (onnxruntime/quantization/qdq_quantizer.py and operators/, for the op types
-QUANTIZED_OPS with their outputs left float, symmetric int8, per-channel weights, QuantizeBias off), with ORT's own
-functions where they cost nothing (compute_scale_zp for activations, ONNXModel's clean-up and sort) and its weight
-arithmetic done for every channel at once (quantize_weight); tests/calibration/test_qdq.py holds the graphs equal to
-quantize_static's, serialized:
-  - tensors marked in node order: a Conv's and a Gemm's input 0 and weight (per channel on axis 0; a Gemm's on axis 1
-    unless transB), each input of a MatMul (an initializer a weight on axis 1, per tensor where it has no axis 1);
-  - the biases ORT marks for int32 even with QuantizeBias off: one that a second op reads is copied for it (ORT names
-    the copy <bias><n>), and a weight whose scale times its input's is too small for its bias in int32 gets a larger
-    scale (ORT's _adjust_weight_scale_for_int32_bias): that weight's Q/DQ then depends on the range, and is made anew;
-  - per marked tensor, in that order, its zero point and scale (then the int8 weight) appended to the initializers,
-    every reader switched to its DequantizeLinear's output, the nodes appended; then ORT's clean-up and sort;
+What it does of ORT's QDQQuantizer (onnxruntime/quantization/qdq_quantizer.py), for the options a QdqScheme holds
+(QuantFormat.QDQ, per-channel weights, int8 or uint8, the op types of calibration/qdq_marks.py, which marks the tensors
+as ORT's op quantizers do), with ORT's own functions where they cost nothing (compute_scale_zp for activations,
+ONNXModel's clean-up and sort) and its weight arithmetic done for every channel at once (scale_zero_point, rounded);
+tests/calibration/test_qdq.py and test_qdq_cpu.py hold the graphs equal to quantize_static's, serialized:
+  - the ranges adjusted (a Relu's or Clip's input takes its output's range), the tensors marked, then the initializers'
+    scales: a weight's per channel symmetric, per tensor as the form says, an initializer an op reads as an activation
+    (an Add's constant) in the activations' type, and the weight of an int8 op whose scale times its input's is too
+    small for its bias in int32 with a larger scale (_adjust_weight_scale_for_int32_bias, QuantizeBias on or off);
+  - per marked tensor, in that order, its zero point and scale (then the weight's integers) appended to the
+    initializers, every reader switched to its DequantizeLinear's output, the nodes appended (a graph output keeps its
+    name: the DequantizeLinear writes it); then the tensors that share another's scale and zero point; then, with
+    QuantizeBias, each bias as int32 (scale input scale x weight scale x beta) behind a DequantizeLinear that writes
+    the bias's name; the folded Relu/Clip nodes removed; then ORT's clean-up and sort;
   - the producer, the metadata and the value_info as quantize_static leaves them, and data_location set on each
     tensor that went through an external-data file on its way (every one of 991 bytes or more: onnx's threshold).
+Refused, where ORT would write something else: opsets below 10 (ORT converts the graph first), graphs with
+DequantizeLinear nodes already (pre-quantized weights), float16 weights and biases, an op type the marks do not
+reproduce (QdqScheme), a shared scale whose source is never quantized (ORT loops forever there).
 """
 
 from __future__ import annotations
@@ -34,23 +40,32 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import numpy_helper
-from onnx.external_data_helper import uses_external_data
+from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
 from ..pipeline.folder.graph_files import graph_without_weights, initializer_array
 from ..pipeline.folder.onnx_wire import external_span, read_span
+from .qdq_marks import Bias, IntegerForm, Mark, Marks, QdqScheme, adjusted_ranges, mark_tensors
 from .ranges import QUANTIZED_OPS
 
 INT8 = onnx.TensorProto.INT8
-FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
-ACTIVATION = "activation"  # a mark's kind where a weight's is its channel axis (None: per tensor)
 EXTERNAL_THRESHOLD = 1024  # onnx's convert_model_to_external_data size_threshold, on sys.getsizeof(raw_data)
 INT32_QRANGE = np.array(np.iinfo(np.int32).max, dtype=np.float64) - np.array(np.iinfo(np.int32).min + 1, np.float64)
+
+# TensorRT's graph (calibration/qdq.py): symmetric int8 everywhere, Q/DQ on the inputs of Conv/Gemm/MatMul only,
+# float biases (TensorRT rejects a DequantizeLinear on int32).
+TENSORRT = QdqScheme(
+    ops=QUANTIZED_OPS,
+    float_outputs=QUANTIZED_OPS,
+    activations=IntegerForm(INT8, symmetric=True),
+    weights=IntegerForm(INT8, symmetric=True),
+    quantize_bias=False,
+)
 
 
 @dataclass(frozen=True)
 class WeightQdq:
-    """One weight's Q/DQ: its int8 initializer (<weight>_quantized), scale and zero point, channel axis (None: one
-    scale)."""
+    """One initializer's Q/DQ: its integers (<name>_quantized), scale and zero point (their type the integers'),
+    channel axis (None: one scale)."""
 
     quantized: onnx.TensorProto
     scale: np.ndarray
@@ -59,18 +74,21 @@ class WeightQdq:
 
 
 class QuantizedWeights:
-    """Each weight of one calibrated graph (one smoothing alpha) quantized when first asked for and kept: every Q/DQ
-    graph made from that graph or its bias-corrected copies (the candidates of its alpha, their corrected graphs, the
-    float search's tries) reads the same weights.  Holds a quarter of the quantized weights' float bytes."""
+    """Each weight of one calibrated graph (one smoothing alpha) quantized when first asked for, per form, and kept:
+    every Q/DQ graph made from that graph or its bias-corrected copies (the candidates of its alpha, their corrected
+    graphs, the float search's tries) reads the same weights.  Holds a quarter of the quantized weights' float bytes
+    per form."""
 
     def __init__(self) -> None:
-        self._weights: dict[tuple[str, int | None], WeightQdq] = {}
+        self._weights: dict[tuple[str, int | None, IntegerForm], WeightQdq] = {}
 
-    def get(self, tensor: onnx.TensorProto, axis: int | None, base: Path) -> WeightQdq:
-        """`tensor`'s Q/DQ on `axis`, its values read from under `base` (graph_without_weights) the first time."""
-        key = (tensor.name, axis)
+    def get(self, tensor: onnx.TensorProto, axis: int | None, form: IntegerForm, base: Path) -> WeightQdq:
+        """`tensor`'s Q/DQ in `form` on `axis`, its values read from under `base` (graph_without_weights) the first
+        time."""
+        key = (tensor.name, axis, form)
         if key not in self._weights:
-            self._weights[key] = quantize_weight(_values(tensor, base), tensor.name, axis)
+            values = _values(tensor, base)
+            self._weights[key] = quantize_weight(values, tensor.name, axis, *scale_zero_point(values, axis, form))
         return self._weights[key]
 
     def clear(self) -> None:
@@ -78,41 +96,52 @@ class QuantizedWeights:
         self._weights.clear()
 
 
-def quantize_weight(values: np.ndarray, name: str, axis: int | None, scale: np.ndarray | None = None) -> WeightQdq:
-    """ORT's symmetric int8 Q/DQ of a float32 weight, per channel along `axis` (per tensor where None), with the scale
-    computed from its values unless `scale` is given (raised for an int32 bias: _int32_bias_scale).  Every channel at
-    once, where ORT loops over them in Python (most of quantize_static's time on a CNN: ResNet-50's 26k channels per
-    graph), by the same float32 and float64 operations element by element: compute_data_quant_params ->
-    compute_scale_zp (symmetric: scale = float32(2 max|w| / 254) in float64, 1 below float32's tiny), then
-    quantize_nparray (round(w / scale) clipped to int8)."""
+def quantize_weight(
+    values: np.ndarray, name: str, axis: int | None, scale: np.ndarray, zero_point: np.ndarray
+) -> WeightQdq:
+    """A float32 initializer's Q/DQ with `scale` and `zero_point` (scale_zero_point's, or a scale raised for an int32
+    bias: _int32_bias_scale), per channel along `axis` (per tensor where None)."""
     if values.dtype != np.float32:  # int8.calibrated_graph's weights are the FP32 graph's
         raise RuntimeError(f"weight {name!r} is {values.dtype}, not float32")
+    quantized = rounded(values, scale, zero_point, axis).astype(zero_point.dtype)
+    return WeightQdq(numpy_helper.from_array(quantized, f"{name}_quantized"), scale, zero_point, axis)
+
+
+def scale_zero_point(values: np.ndarray, axis: int | None, form: IntegerForm) -> tuple[np.ndarray, np.ndarray]:
+    """ORT's (scale, zero point) of a float32 initializer in `form`, per channel along `axis` ([channels] each; one,
+    of shape (), where None), every channel at once where ORT loops over them in Python (most of quantize_static's
+    time on a CNN: ResNet-50's 26k channels per graph), by the same float32 and float64 operations element by element
+    (compute_data_quant_params -> compute_scale_zp)."""
+    low, high = form.bounds()
+    if form.symmetric:
+        scale, zero_point = _symmetric_scale_zp(values, axis, low, high)
+    elif axis is None:
+        scale, zero_point = _asymmetric_scale_zp(values, low, high)
+    else:
+        raise ValueError("ORT quantizes a weight per channel symmetric only (QdqScheme.constant_form)")
+    shape = () if axis is None else (-1,)
+    return scale.reshape(shape), zero_point.astype(form.dtype).reshape(shape)
+
+
+def rounded(values: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, axis: int | None) -> np.ndarray:
+    """ORT's quantize_nparray for every channel at once: round(w / scale) + zero point, clipped to the zero point's
+    integer type, as whole numbers in float32 (in place: one float32 array of the weight's size)."""
     shape = [1] * values.ndim
     if axis is not None:
         shape[axis] = -1
-    if scale is None:
-        scale = symmetric_scale_zp(values, axis, -127, 127)[0].reshape(() if axis is None else (-1,))
-    quantized = np.divide(values, scale.reshape(shape))  # then in place: one float32 array of the weight's size
-    np.round(quantized, out=quantized)  # ORT adds the zero point, 0 here: nothing to add (-0.0 is int8 0 too)
-    np.clip(quantized, -128, 127, out=quantized)
-    zero_point = np.zeros(scale.shape, np.int8)
-    return WeightQdq(numpy_helper.from_array(quantized.astype(np.int8), f"{name}_quantized"), scale, zero_point, axis)
+    quantized = np.asarray(np.divide(values, scale.reshape(shape)))  # asarray: a 0-d weight divides to a scalar
+    np.round(quantized, out=quantized)
+    if zero_point.any():  # int8's is 0: nothing to add (-0.0 is integer 0 too)
+        np.add(quantized, zero_point.astype(np.float32).reshape(shape), out=quantized)
+    limits = np.iinfo(zero_point.dtype)
+    np.clip(quantized, limits.min, limits.max, out=quantized)
+    return quantized
 
 
-def weight_axes(model: onnx.ModelProto, exclude: Sequence[str] = ()) -> dict[str, int | None]:
-    """{weight: its channel axis (None: per tensor)}: the initializers ORT's quantizer quantizes as the weights of
-    the Conv/Gemm/MatMul ops of `model` not named in `exclude` (marked in memory: `model` is changed as _marks
-    changes it)."""
-    marks, _ = _marks(model, exclude)
-    initializers = {init.name for init in model.graph.initializer}
-    return {name: axis for name, axis in marks.items() if name in initializers and not isinstance(axis, str)}
-
-
-def symmetric_scale_zp(values: np.ndarray, axis: int | None, low: int, high: int) -> tuple[np.ndarray, np.ndarray]:
-    """ORT's symmetric (scale, zero point) of a float32 weight per channel along `axis` (one, where None) for the
-    integer range [low, high] ([-127, 127] for int8, [0, 255] for uint8), every channel at once (compute_scale_zp):
-    the scale float32(2 max|w| / (high - low)) computed in float64 and the zero point round((low + high) / 2), or 1
-    and 0 where that scale is below float32's tiny."""
+def _symmetric_scale_zp(values: np.ndarray, axis: int | None, low: int, high: int) -> tuple[np.ndarray, np.ndarray]:
+    """compute_scale_zp, symmetric, per channel along `axis` (one, where None) for the integer range [low, high]: the
+    scale float32(2 max|w| / (high - low)) computed in float64 and the zero point round((low + high) / 2), or 1 and 0
+    where that scale is below float32's tiny."""
     rows = values.reshape(1, -1) if axis is None else np.moveaxis(values, axis, 0).reshape(values.shape[axis], -1)
     smallest, largest = np.minimum(rows.min(axis=1), np.float32(0)), np.maximum(rows.max(axis=1), np.float32(0))
     largest = np.maximum(np.abs(smallest), np.abs(largest))
@@ -122,9 +151,31 @@ def symmetric_scale_zp(values: np.ndarray, axis: int | None, low: int, high: int
     return scale, np.where(tiny, 0, round((low + high) / 2))
 
 
-def qdq_model(graph: Path, ranges, weights: QuantizedWeights, exclude: Sequence[str] = ()) -> onnx.ModelProto:
+def _asymmetric_scale_zp(values: np.ndarray, low: int, high: int) -> tuple[np.ndarray, np.ndarray]:
+    """compute_scale_zp, asymmetric, of a whole tensor over [min(w, 0), max(w, 0)]: the scale float32((max - min) /
+    (high - low)) computed in float64, the zero point round(low - min / that); 1 and 0 where it is below float32's
+    tiny."""
+    smallest, largest = np.minimum(values.min(), np.float32(0)), np.maximum(values.max(), np.float32(0))
+    exact = (np.float64(largest) - np.float64(smallest)) / (np.float64(high) - np.float64(low))
+    if exact < np.finfo(np.float32).tiny:
+        return np.array(1, np.float32), np.array(0)
+    return np.array(exact, np.float32), np.array(np.round(np.float64(low) - np.float64(smallest) / exact))
+
+
+def marked_initializers(model: onnx.ModelProto, scheme: QdqScheme, exclude: Sequence[str] = ()) -> dict[str, Mark]:
+    """{initializer: its mark}: the initializers qdq_model quantizes in `model` for `scheme` (marked in memory: `model`
+    is changed as marking changes it).  No ranges are needed: a Relu folded into the QuantizeLinear before it moves
+    the marks of activations alone."""
+    marks = mark_tensors(model, scheme, ranged=(), exclude=exclude)
+    initializers = {init.name for init in model.graph.initializer}
+    return {name: mark for name, mark in marks.tensors.items() if name in initializers}
+
+
+def qdq_model(
+    graph: Path, ranges, scheme: QdqScheme, weights: QuantizedWeights, exclude: Sequence[str] = ()
+) -> onnx.ModelProto:
     """The Q/DQ graph quantize_static makes of `graph` (a graph whose constants are all initializers:
-    int8.calibrated_graph) with qdq.QDQ_OPTIONS, `ranges` (ORT TensorsData) and the nodes named in `exclude` left in
+    int8.calibrated_graph) with `scheme`'s options, `ranges` (ORT TensorsData) and the nodes named in `exclude` left in
     float, its weights from `weights` (those of `graph`'s smoothing alpha), every tensor in memory."""
     from onnxruntime.quantization.onnx_model import ONNXModel
     from onnxruntime.quantization.quant_utils import __producer__, __version__, add_infer_metadata
@@ -132,10 +183,19 @@ def qdq_model(graph: Path, ranges, weights: QuantizedWeights, exclude: Sequence[
     graph = Path(graph)
     model = onnx.shape_inference.infer_shapes(graph_without_weights(graph))  # ORT's value_info: it infers by path
     add_infer_metadata(model)
-    marks, biases = _marks(model, exclude)
-    scales = {name: _activation_qdq(ranges[name]) for name in marks if name in ranges}
-    weight_qdq = _weight_qdq(model, marks, biases, scales, weights, graph.parent)
-    _insert_qdq(model, marks, scales, weight_qdq)
+    _refuse_what_is_not_reproduced(model)
+    adjusted = adjusted_ranges(model, ranges, scheme, exclude)
+    marks = mark_tensors(model, scheme, adjusted, exclude)
+    activations = {
+        name: _activation_qdq(adjusted[name], scheme.activations) for name in marks.tensors if name in adjusted
+    }
+    constants = _constant_qdq(model, marks, scheme, activations, weights, graph.parent)
+    initializers = _Initializers(model.graph)
+    quantized = _insert_qdq(model.graph, initializers, marks, activations, constants)
+    if scheme.quantize_bias:
+        _insert_int32_biases(model.graph, initializers, marks.biases, quantized, graph.parent)
+    for node in marks.folded:
+        model.graph.node.remove(node)
     ONNXModel(model).clean_initializers()
     model.producer_name, model.producer_version = __producer__, __version__
     ONNXModel(model).topological_sort()
@@ -143,123 +203,51 @@ def qdq_model(graph: Path, ranges, weights: QuantizedWeights, exclude: Sequence[
     return model
 
 
-@dataclass(frozen=True)
-class _Bias:
-    """A bias ORT marks for int32 quantization: its op, and the op's input and weight."""
-
-    name: str
-    node: str
-    input: str
-    weight: str
-
-
-def _marks(model: onnx.ModelProto, exclude: Sequence[str]) -> tuple[dict[str, int | str | None], list[_Bias]]:
-    """{tensor: ACTIVATION or a weight's channel axis}, in the order ORT's op quantizers mark them, and the biases
-    they mark (a bias a second op reads copied for it first, as ORT's quantize_bias_tensor does)."""
-    graph = model.graph
-    initializers = {init.name: init for init in graph.initializer}
-    types = {info.name: info.type for info in (*graph.value_info, *graph.output, *graph.input)}
-    marks: dict[str, int | str | None] = {}
-    biases: list[_Bias] = []
-
-    def quantizable(name: str) -> bool:
-        if name in initializers:
-            return initializers[name].data_type in FLOATS
-        kind = types.get(name)
-        return kind is not None and kind.HasField("tensor_type") and kind.tensor_type.elem_type in FLOATS
-
-    def activation(name: str) -> None:
-        if quantizable(name) and name not in marks:
-            marks[name] = None if name in initializers else ACTIVATION  # an initializer: per tensor, as a weight
-
-    def weight(name: str, axis: int) -> None:
-        init = initializers.get(name)
-        rank = len(init.dims) if init is not None else 0
-        normalized = axis + rank if axis < 0 else axis
-        if init is None or not 0 <= normalized < rank:
-            activation(name)  # ORT's quantize_weight_tensor: per tensor, or a range for a weight computed in the graph
-        elif init.data_type in FLOATS:
-            marks[name] = normalized  # ORT's per-channel mark replaces an earlier one, in its place
-
-    for node in graph.node:
-        if node.op_type not in QUANTIZED_OPS or node.name in exclude:
-            continue
-        if node.op_type == "MatMul":
-            for name in node.input:
-                weight(name, 1) if name in initializers else activation(name)
-            continue
-        activation(node.input[0])
-        transposed = any(a.name == "transB" and a.i for a in node.attribute)
-        weight(node.input[1], 0 if node.op_type == "Conv" or transposed else 1)
-        if len(node.input) == 3 and (node.op_type == "Conv" or node.input[2] in initializers):
-            _mark_bias(model, node, initializers, biases)
-            for attribute in node.attribute if node.op_type == "Gemm" else ():
-                if attribute.name == "beta":  # ORT's set_default_beta, though it leaves the bias float
-                    attribute.f = 1.0
-    return marks, biases
+def _refuse_what_is_not_reproduced(model: onnx.ModelProto) -> None:
+    """Raise where quantize_static would write a graph qdq_model does not: it converts a graph of an opset below 10
+    first, and leaves a tensor a DequantizeLinear already writes (pre-quantized weights) as it is."""
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    if opset < 10:
+        raise ValueError(f"opset {opset}: quantize_static converts such a graph to opset 11, which the writer does not")
+    if any(node.op_type == "DequantizeLinear" for node in model.graph.node):
+        raise ValueError("the graph has DequantizeLinear nodes already: the writer does not reproduce ORT there")
 
 
-def _mark_bias(model: onnx.ModelProto, node: onnx.NodeProto, initializers: dict, biases: list[_Bias]) -> None:
-    """ORT's quantize_bias_tensor: a float initializer bias marked, copied first where another op marked it already."""
-    name = node.input[2]
-    bias = initializers.get(name)
-    if bias is None or bias.data_type not in FLOATS:
-        return
-    if any(marked.name == name for marked in biases):
-        suffix = max((_int_suffix(init.name, name) for init in model.graph.initializer), default=-1) + 1
-        copy = onnx.TensorProto()
-        copy.CopyFrom(bias)
-        copy.name = f"{name}{suffix}"
-        model.graph.initializer.append(copy)
-        initializers[copy.name] = model.graph.initializer[-1]
-        for reader in model.graph.node:  # ORT replaces it by node name
-            if reader.name == node.name:
-                reader.input[:] = [copy.name if i == name else i for i in reader.input]
-        name = copy.name
-    biases.append(_Bias(name, node.name, node.input[0], node.input[1]))
-
-
-def _int_suffix(name: str, prefix: str) -> int:
-    if not name.startswith(prefix):
-        return -1
-    try:
-        return int(name[len(prefix) :])
-    except ValueError:
-        return -1
-
-
-def _activation_qdq(data) -> tuple[np.ndarray, np.ndarray]:
-    """(zero point, scale) of an activation's range, as ORT's calc_quant_params computes them (symmetric int8)."""
+def _activation_qdq(data, form: IntegerForm) -> tuple[np.ndarray, np.ndarray]:
+    """(scale, zero point) of an activation's range, as ORT's calc_quant_params computes them."""
     from onnxruntime.quantization.quant_utils import compute_scale_zp, get_qmin_qmax_for_qType
 
-    qmin, qmax = get_qmin_qmax_for_qType(INT8, reduce_range=False, symmetric=True)
-    zero_point, scale = compute_scale_zp(data.range_value[0], data.range_value[1], qmin, qmax, True, None)
-    return zero_point.squeeze(), scale.squeeze()
+    qmin, qmax = get_qmin_qmax_for_qType(form.type, reduce_range=False, symmetric=form.symmetric)
+    zero_point, scale = compute_scale_zp(data.range_value[0], data.range_value[1], qmin, qmax, form.symmetric, None)
+    return scale.squeeze(), zero_point.squeeze()
 
 
-def _weight_qdq(
+def _constant_qdq(
     model: onnx.ModelProto,
-    marks: dict[str, int | str | None],
-    biases: list[_Bias],
-    scales: dict[str, tuple[np.ndarray, np.ndarray]],
+    marks: Marks,
+    scheme: QdqScheme,
+    activations: dict[str, tuple[np.ndarray, np.ndarray]],
     weights: QuantizedWeights,
     base: Path,
 ) -> dict[str, WeightQdq]:
-    """Each marked initializer's Q/DQ: the alpha's, or made anew where an int32 bias raises its scale."""
-    initializers = {init.name: init for init in model.graph.initializer}
-    qdq = {  # an initializer's mark is its axis (an activation's is ACTIVATION)
-        name: weights.get(initializers[name], axis, base)
-        for name, axis in marks.items()
-        if name in initializers and not isinstance(axis, str)
-    }
-    for bias in biases:  # ORT's _adjust_weight_quant_params_for_bias_tensors
-        if bias.input not in scales or marks.get(bias.input) != ACTIVATION or bias.weight not in qdq:
+    """Each marked initializer's Q/DQ: from `weights`, or made anew where an int32 bias raises an int8 weight's scale
+    (ORT's _adjust_weight_quant_params_for_bias_tensors)."""
+    initializers = _Initializers(model.graph)
+    qdq = {}
+    for name, mark in marks.tensors.items():
+        if name not in initializers:
             continue
-        current = qdq[bias.weight]
-        raised = _int32_bias_scale(scales[bias.input][1], current, _values(initializers[bias.name], base))
+        if mark.shares is not None:  # ORT raises this too, once it gets there
+            raise ValueError("Quantization parameter shared mode is not supported for weight yet")
+        qdq[name] = weights.get(initializers[name], mark.axis, scheme.constant_form(mark), base)
+    for name, bias in marks.biases.items():
+        current = qdq.get(bias.weight)
+        if bias.input not in activations or current is None or current.zero_point.dtype != np.int8:
+            continue
+        raised = _int32_bias_scale(activations[bias.input][0], current, _values(initializers[name], base))
         if raised is not None:
             values = _values(initializers[bias.weight], base)
-            qdq[bias.weight] = quantize_weight(values, bias.weight, current.axis, raised)
+            qdq[bias.weight] = quantize_weight(values, bias.weight, current.axis, raised, current.zero_point)
     return qdq
 
 
@@ -283,52 +271,178 @@ def _int32_bias_scale(input_scale: np.ndarray, weight: WeightQdq, bias: np.ndarr
     return raised.reshape(scale.shape)
 
 
-def _insert_qdq(
-    model: onnx.ModelProto,
-    marks: dict[str, int | str | None],
-    scales: dict[str, tuple[np.ndarray, np.ndarray]],
-    weight_qdq: dict[str, WeightQdq],
-) -> None:
-    """ORT's _quantize_normal_tensors: per marked tensor its initializers and nodes, its readers switched to them."""
-    graph = model.graph
-    present = {init.name for init in graph.initializer}
+class _Initializers:
+    """A graph's initializers by name, the first of each name as ORT's find_by_name finds it, added to as ORT's
+    add_initializer adds (a name already there is not added again)."""
 
-    def add(tensor: onnx.TensorProto) -> None:
-        if tensor.name not in present:
+    def __init__(self, graph: onnx.GraphProto) -> None:
+        self._graph = graph
+        self._by_name: dict[str, onnx.TensorProto] = {}
+        for init in graph.initializer:
+            self._by_name.setdefault(init.name, init)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._by_name
+
+    def __getitem__(self, name: str) -> onnx.TensorProto:
+        return self._by_name[name]
+
+    def add(self, tensor: onnx.TensorProto) -> None:
+        if tensor.name not in self._by_name:
             # Copied in place: append copies its argument again, slower (a 16 MB int8 weight: 12 ms, against 53 ms
             # for a copy appended).
-            graph.initializer.add().CopyFrom(tensor)
-            present.add(tensor.name)
+            added = self._graph.initializer.add()
+            added.CopyFrom(tensor)
+            self._by_name[tensor.name] = added
 
-    def scale_and_zero_point(name: str, zero_point: np.ndarray, scale: np.ndarray) -> tuple[str, str]:
-        add(onnx.helper.make_tensor(f"{name}_zero_point", INT8, zero_point.shape, zero_point.ravel().tolist()))
-        add(onnx.helper.make_tensor(f"{name}_scale", onnx.TensorProto.FLOAT, scale.shape, scale.ravel().tolist()))
-        return f"{name}_scale", f"{name}_zero_point"
+    def replace(self, name: str, tensors: list[onnx.TensorProto]) -> None:
+        """initializer_extend with `tensors`, then remove_initializer of `name` (and the graph input of its name)."""
+        self._graph.initializer.extend(tensors)
+        for tensor in self._graph.initializer[len(self._graph.initializer) - len(tensors) :]:
+            self._by_name.setdefault(tensor.name, tensor)
+        self._graph.initializer.remove(self._by_name.pop(name))
+        inputs = self._graph.input
+        for index, graph_input in enumerate(inputs):
+            if graph_input.name == name:
+                del inputs[index]
+                break
 
-    for name in marks:
-        if name in weight_qdq:
-            qdq = weight_qdq[name]
-            scale, zero_point = scale_and_zero_point(name, qdq.zero_point, qdq.scale)
-            _switch_readers(graph, name, f"{name}_DequantizeLinear_Output")
-            add(qdq.quantized)
-            graph.node.append(_qdq_node("DequantizeLinear", qdq.quantized.name, scale, zero_point, name, axis=qdq.axis))
+
+def _insert_qdq(
+    graph: onnx.GraphProto,
+    initializers: _Initializers,
+    marks: Marks,
+    activations: dict[str, tuple[np.ndarray, np.ndarray]],
+    constants: dict[str, WeightQdq],
+) -> dict[str, tuple[str, str]]:
+    """ORT's _quantize_normal_tensors, then _quantize_sharing_param_tensors: per marked tensor its initializers and
+    nodes, its readers switched to them; {tensor: the names of its scale and zero point} (ORT's quantized_value_map)."""
+    quantized: dict[str, tuple[str, str]] = {}
+    for name, mark in marks.tensors.items():
+        if mark.shares is not None:
             continue
-        if name not in scales:
+        if name in constants:
+            quantized[name] = _insert_constant(graph, initializers, name, constants[name])
+            continue
+        if name not in activations:
             raise ValueError(
                 f"Quantization parameters are not specified for param {name}. In static mode quantization params "
                 "for inputs and outputs of nodes to be quantized are required."
             )
-        scale, zero_point = scale_and_zero_point(name, *scales[name])
-        source, output = name, f"{name}_DequantizeLinear_Output"
-        if any(out.name == name for out in graph.output):  # the DequantizeLinear writes the graph's output
-            source, output = f"{name}_QuantizeLinear_Input", name
-            for node in graph.node:
-                node.output[:] = [source if o == name else o for o in node.output]
-        else:
-            _switch_readers(graph, name, output)
-        quantized = f"{name}_QuantizeLinear_Output"
-        graph.node.append(_qdq_node("QuantizeLinear", source, scale, zero_point, name, output=quantized))
-        graph.node.append(_qdq_node("DequantizeLinear", quantized, scale, zero_point, name, output=output))
+        quantized[name] = _scale_and_zero_point(initializers, name, *activations[name])
+        _insert_activation_pair(graph, name, *quantized[name])
+    _insert_shared(graph, marks, quantized)
+    return quantized
+
+
+def _insert_constant(graph: onnx.GraphProto, initializers: _Initializers, name: str, qdq: WeightQdq) -> tuple[str, str]:
+    """_add_qdq_nodes_for_initializer: its scale and zero point, its readers switched, its integers, a
+    DequantizeLinear."""
+    scale, zero_point = _scale_and_zero_point(initializers, name, qdq.scale, qdq.zero_point)
+    _switch_readers(graph, name, f"{name}_DequantizeLinear_Output")
+    initializers.add(qdq.quantized)
+    graph.node.append(_qdq_node("DequantizeLinear", qdq.quantized.name, scale, zero_point, name, axis=qdq.axis))
+    return scale, zero_point
+
+
+def _insert_shared(graph: onnx.GraphProto, marks: Marks, quantized: dict[str, tuple[str, str]]) -> None:
+    """_quantize_sharing_param_tensors: in passes over the marks, each tensor whose source is quantized gets its Q/DQ
+    with the source's scale and zero point (ORT loops forever where a source never is: refused here)."""
+    waiting = {name: mark.shares for name, mark in marks.tensors.items() if mark.shares is not None}
+    while waiting:
+        ready = [name for name, source in waiting.items() if source in quantized]
+        if not ready:
+            raise ValueError(f"{sorted(waiting)} share the scales of tensors nothing quantizes")
+        for name, source in list(waiting.items()):
+            if source in quantized:  # one quantized earlier in this pass counts: ORT reads the map as it grows
+                del waiting[name]
+                quantized[name] = quantized[source]
+                _insert_activation_pair(graph, name, *quantized[source])
+
+
+def _scale_and_zero_point(
+    initializers: _Initializers, name: str, scale: np.ndarray, zero_point: np.ndarray
+) -> tuple[str, str]:
+    """_make_scale_zp_initializers: <name>_zero_point, then <name>_scale, each added unless there already."""
+    zero_type = onnx.helper.np_dtype_to_tensor_dtype(zero_point.dtype)
+    initializers.add(
+        onnx.helper.make_tensor(f"{name}_zero_point", zero_type, zero_point.shape, zero_point.ravel().tolist())
+    )
+    initializers.add(
+        onnx.helper.make_tensor(f"{name}_scale", onnx.TensorProto.FLOAT, scale.shape, scale.ravel().tolist())
+    )
+    return f"{name}_scale", f"{name}_zero_point"
+
+
+def _insert_activation_pair(graph: onnx.GraphProto, name: str, scale: str, zero_point: str) -> None:
+    """_add_qdq_pair_for_activation: QuantizeLinear -> DequantizeLinear after `name`, its readers switched to it (a
+    graph output keeps its name: its producer writes <name>_QuantizeLinear_Input, the DequantizeLinear the output)."""
+    source, output = name, f"{name}_DequantizeLinear_Output"
+    if any(out.name == name for out in graph.output):
+        source, output = f"{name}_QuantizeLinear_Input", name
+        for node in graph.node:
+            node.output[:] = [source if o == name else o for o in node.output]
+    else:
+        _switch_readers(graph, name, output)
+    quantized = f"{name}_QuantizeLinear_Output"
+    graph.node.append(_qdq_node("QuantizeLinear", source, scale, zero_point, name, output=quantized))
+    graph.node.append(_qdq_node("DequantizeLinear", quantized, scale, zero_point, name, output=output))
+
+
+def _insert_int32_biases(
+    graph: onnx.GraphProto,
+    initializers: _Initializers,
+    biases: dict[str, Bias],
+    quantized: dict[str, tuple[str, str]],
+    base: Path,
+) -> None:
+    """_quantize_bias_tensors (QuantizeBias on): each marked bias in int32 behind a DequantizeLinear that writes the
+    bias's name, in place of the float bias."""
+    for name, bias in biases.items():
+        if name in quantized:  # marked as a tensor too: quantized as one
+            continue
+        scales = {}
+        for role, tensor in (("weight input", bias.weight), ("input", bias.input)):
+            if tensor not in quantized:
+                raise ValueError(
+                    f"Unable to get valid quantization scale for {role} '{tensor}' when quantizing bias '{name}' to "
+                    "int32."
+                )
+            scales[role] = numpy_helper.to_array(initializers[quantized[tensor][0]])
+        values = _values(initializers[name], base)
+        if values.dtype != np.float32:  # ORT handles float16 biases otherwise (a float32 scale, a Cast)
+            raise RuntimeError(f"bias {name!r} is {values.dtype}, not float32")
+        integers, scale, zero_point = _int32_bias(name, values, scales["input"], scales["weight input"], bias.beta)
+        initializers.replace(name, [integers, scale, zero_point])
+        axis = 0 if scale.dims[0] > 1 else None
+        dequantize = _qdq_node(
+            "DequantizeLinear", integers.name, scale.name, zero_point.name, name, output=name, axis=axis
+        )
+        graph.node.append(dequantize)
+
+
+def _int32_bias(
+    name: str, values: np.ndarray, input_scale: np.ndarray, weight_scale: np.ndarray, beta: float
+) -> tuple[onnx.TensorProto, onnx.TensorProto, onnx.TensorProto]:
+    """quantize_bias_static_impl: the bias's int32 values, scale (input scale x weight scale x beta, float32) and zero
+    point (0: one per channel where the scale is, else a scalar)."""
+    if beta == 0:  # ORT's: a bias a zero beta scales away is zeros
+        values, beta = np.zeros_like(values), 1.0
+    scale = input_scale * weight_scale * beta
+    integers = (np.asarray(values, dtype=np.float64) / np.asarray(scale, dtype=np.float64)).round()
+    limits = np.iinfo(np.int32)
+    integers = np.clip(integers, np.float64(limits.min), np.float64(limits.max)).astype(np.int32)
+    if np.size(scale) > 1:
+        zero_point = numpy_helper.from_array(
+            np.zeros(np.shape(scale), np.int32).reshape(-1), f"{name}_quantized_zero_point"
+        )
+    else:
+        zero_point = onnx.helper.make_tensor(f"{name}_quantized_zero_point", onnx.TensorProto.INT32, [], [0])
+    return (
+        numpy_helper.from_array(integers.reshape(values.shape), f"{name}_quantized"),
+        numpy_helper.from_array(np.asarray(scale, dtype=values.dtype).reshape(-1), f"{name}_quantized_scale"),
+        zero_point,
+    )
 
 
 def _qdq_node(
@@ -346,9 +460,10 @@ def _switch_readers(graph: onnx.GraphProto, old: str, new: str) -> None:
 
 
 def _load_remaining(model: onnx.ModelProto, base: Path) -> None:
-    """Every initializer's bytes into the model, each marked as ORT's file round trip leaves it: a tensor read from
-    external data, or large enough for onnx to have written it there, has data_location set (to DEFAULT)."""
-    for tensor in model.graph.initializer:
+    """Every tensor's bytes into the model (node attributes' too: ORT writes them out as well), each marked as ORT's
+    file round trip leaves it: a tensor read from external data, or large enough for onnx to have written it there,
+    has data_location set (to DEFAULT)."""
+    for tensor in _get_all_tensors(model):
         if uses_external_data(tensor):
             raw = read_span(external_span(tensor, base))
             del tensor.external_data[:]

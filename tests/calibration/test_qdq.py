@@ -18,7 +18,8 @@ from trt_pipeline.calibration.holdout import read_calibration
 from trt_pipeline.calibration.int8 import build_candidates, calibrated_graph
 from trt_pipeline.calibration.int8_records import CalibrationConfig
 from trt_pipeline.calibration.qdq import QDQ_OPTIONS, quantize_qdq, quantize_with_ranges
-from trt_pipeline.calibration.qdq_write import QuantizedWeights, qdq_model, quantize_weight
+from trt_pipeline.calibration.qdq_marks import IntegerForm
+from trt_pipeline.calibration.qdq_write import TENSORRT, QuantizedWeights, qdq_model, quantize_weight, scale_zero_point
 from trt_pipeline.calibration.ranges import QUANTIZED_OPS
 from trt_pipeline.pipeline.core.settings import Settings
 from trt_pipeline.pipeline.folder.graph_files import graph_without_weights
@@ -117,13 +118,13 @@ def test_the_written_graph_is_quantize_statics_byte_for_byte(tmp_path, exclude):
     graph = _every_case(tmp_path)
     ranges = _ranges(graph_without_weights(graph))
     reference = _quantize_static(graph, ranges, exclude, tmp_path / "ort")
-    written = qdq_model(graph, ranges, QuantizedWeights(), exclude)
+    written = qdq_model(graph, ranges, TENSORRT, QuantizedWeights(), exclude)
     assert written.SerializeToString() == reference.SerializeToString()
     # The cases are there: the shared bias copied, the int32 rule's raised scale, the zero channel's scale of 1.
     initializers = {init.name: numpy_helper.to_array(init) for init in written.graph.initializer}
     assert "b10" in initializers and initializers["w1_scale"][3] == 1
     raised = initializers["w4_scale"]
-    own = quantize_weight(numpy_helper.to_array(_initializer(graph, "w4")), "w4", 0).scale
+    own, _ = scale_zero_point(numpy_helper.to_array(_initializer(graph, "w4")), 0, TENSORRT.weights)
     assert np.all(raised > own)
 
 
@@ -142,22 +143,38 @@ def test_exported_graphs_are_quantize_statics_byte_for_byte(tmp_path, model):
     assert onnx.load(str(written)).SerializeToString() == reference.SerializeToString()
 
 
+# Each form a Q/DQ graph gives an initializer: TensorRT's and the CPU graphs' weights (int8 symmetric, 7-bit with
+# reduce_range, uint8: symmetric per channel, asymmetric per tensor) and an activation's uint8 (an Add's constant).
+FORMS = {
+    "int8": IntegerForm(TensorProto.INT8, symmetric=True),
+    "int8-7bit": IntegerForm(TensorProto.INT8, symmetric=True, reduce_range=True),
+    "uint8-symmetric": IntegerForm(TensorProto.UINT8, symmetric=True),
+    "uint8": IntegerForm(TensorProto.UINT8, symmetric=False),
+    "uint8-7bit": IntegerForm(TensorProto.UINT8, symmetric=False, reduce_range=True),
+}
+
+
+@pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("axis", [0, 1, None])
-def test_weights_round_as_onnx_runtime_rounds_them_channel_by_channel(axis):
+def test_weights_round_as_onnx_runtime_rounds_them_channel_by_channel(axis, form):
+    form = FORMS[form]
+    if axis is not None and not form.symmetric:
+        pytest.skip("ORT quantizes a weight per channel symmetric only")
     rng = np.random.default_rng(3)
     values = (rng.standard_normal((6, 5, 3)) * rng.uniform(1e-3, 50, (6, 1, 1))).astype(np.float32)
     values[2] = 0
     values[4, 1, 1] = 1e-39  # below float32's tiny scale on its own channel along axis 0
-    ours = quantize_weight(values, "w", axis)
+    values[5] = np.abs(values[5])  # a channel without negative values: its asymmetric zero point 0
+    ours = quantize_weight(values, "w", axis, *scale_zero_point(values, axis, form))
     if axis is None:
-        zero_point, scale = compute_data_quant_params(values.flatten(), TensorProto.INT8, True)
+        zero_point, scale = compute_data_quant_params(values.flatten(), form.type, form.symmetric, form.reduce_range)
     else:
         channels = [
-            compute_data_quant_params(values.take(i, axis).ravel(), TensorProto.INT8, True)
+            compute_data_quant_params(values.take(i, axis).ravel(), form.type, True, form.reduce_range)
             for i in range(values.shape[axis])
         ]
         zero_point, scale = np.asarray([c[0] for c in channels]), np.asarray([c[1] for c in channels])
-    theirs = quantize_onnx_initializer(numpy_helper.from_array(values, "w"), TensorProto.INT8, zero_point, scale, axis)
+    theirs = quantize_onnx_initializer(numpy_helper.from_array(values, "w"), form.type, zero_point, scale, axis)
     assert ours.scale.tobytes() == scale.tobytes() and ours.scale.shape == scale.shape
     assert ours.zero_point.tobytes() == zero_point.tobytes() and ours.zero_point.dtype == zero_point.dtype
     assert ours.quantized.SerializeToString() == theirs.SerializeToString()
