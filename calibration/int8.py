@@ -202,7 +202,7 @@ def write_int8_graphs(
     search: Search, out_path: Path, cpu_out_paths: dict[str, Path], *, keep_chosen: bool
 ) -> Int8Graphs:
     """The kept candidate's Q/DQ graph to `out_path` and, from its ranges, a graph for each kind of CPU in
-    `cpu_out_paths` (those ONNX Runtime's quantizer cannot make are recorded, not written).  Unless `keep_chosen`,
+    `cpu_out_paths` (those that cannot be made are recorded, not written).  Unless `keep_chosen`,
     its copy in the scratch goes once written: the CPU graphs are made from its FP32 graph, and the 1.1B LM's
     1.3 GB Q/DQ graph was there twice while they were."""
     chosen = search.chosen
@@ -524,9 +524,9 @@ def calibrated_graph(fp32_path: Path, scales: dict[str, np.ndarray], out_path: P
     cache's scales too): the FP32 graph with its Constant nodes as initializers (qdq.constants_as_initializers)
     and smoothed with `scales` (calibration/smooth.py), written to `out_path` with its data file; the FP32 file
     itself where that changes nothing and it has a data file already.  The weights stay on disk: each is copied, or
-    smoothed, as it is written.  Why the data file: ONNX Runtime's quantizer loads every graph it is given whole,
-    and a graph of one file it holds twice while it parses it (the file's bytes and the message: the INT8 stage's
-    peak at 1.2 GB of weights, 3.9 GB)."""
+    smoothed, as it is written.  Why the data file: ONNX Runtime's quantizer, which wrote the INT8 graphs before
+    calibration/qdq_write.py did, loaded every graph it was given whole, and a graph of one file it held twice while
+    it parsed it (the file's bytes and the message: the INT8 stage's peak at 1.2 GB of weights, 3.9 GB)."""
     model = graph_without_weights(fp32_path)
     if not constants_as_initializers(model.graph) and not scales and data_files(fp32_path):
         return fp32_path
@@ -551,10 +551,10 @@ def _smoothing_record(fp32_path: Path, scales: dict[str, np.ndarray], alpha: flo
 
 
 def _cpu_graph(chosen: Candidate, path: Path, kind: str, means: dict[str, np.ndarray] | None) -> CpuGraph:
-    """One CPU-shaped graph, or why ONNX Runtime's quantizer cannot make it; where
-    the engine's graph has its biases corrected, this one has them corrected for its own weights' rounding (uint8
-    weights round otherwise than int8, computed without a graph: qdq_cpu.Uint8Rounding), every op's: it quantizes
-    them all.
+    """One CPU-shaped graph, or why it cannot be made (quantize_static's graph, written by qdq_write.py, which
+    fails where ORT fails and refuses what it does not reproduce); where the engine's graph has its biases corrected,
+    this one has them corrected for its own weights' rounding (uint8 weights round otherwise than int8, computed
+    without a graph: qdq_cpu.Uint8Rounding), every op's: it quantizes them all.
 
     These graphs are optional (the engine is built from model.int8.onnx; a CPU without its graph runs that one),
     so their failure is recorded and printed, never raised: it must not lose the TensorRT graph already written.
@@ -574,8 +574,8 @@ def _cpu_graph(chosen: Candidate, path: Path, kind: str, means: dict[str, np.nda
         correction = correct_biases(chosen.uncorrected, rounding, means, corrected)
         record = quantize_for_cpu(corrected, path, chosen.ranges, weights=weights)
         return CpuGraph(path.name, {**record, "bias_correction": correction})
-    except Exception as error:  # ORT's quantizer raises ValueError, KeyError, AssertionError, its Fail, ...
-        if no_room(error):  # a disk without room is no graph ORT cannot make: the stage stops with the fix
+    except Exception as error:  # the writer's ValueError/RuntimeError, shape inference's and ORT's session's errors
+        if no_room(error):  # a disk without room is no graph that cannot be made: the stage stops with the fix
             raise
         return CpuGraph(path.name, {}, failed=f"{type(error).__name__}: {error}")
 
@@ -583,5 +583,8 @@ def _cpu_graph(chosen: Candidate, path: Path, kind: str, means: dict[str, np.nda
 def _quantizer_name() -> str:
     import onnxruntime
 
-    # TensorRT's graph is quantize_static's, written without it (calibration/qdq_write.py); the CPU graphs are its own.
-    return f"onnxruntime {onnxruntime.__version__} quantize_static (QDQ, symmetric QInt8, per-channel weights)"
+    # Every INT8 graph is quantize_static's, written without it (calibration/qdq_write.py, byte for byte).
+    return (
+        f"onnxruntime {onnxruntime.__version__} quantize_static's QDQ graphs, written by calibration/qdq_write.py "
+        "(per-channel weights; TensorRT's symmetric QInt8, the CPU graphs' QUInt8 activations and int32 biases)"
+    )

@@ -16,28 +16,16 @@ weight quantized once per smoothing alpha; tests/calibration/test_qdq.py holds i
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..pipeline.folder.graph_files import atomic_graph, graph_files, save_graph
+from ..pipeline.folder.graph_files import atomic_graph, save_graph
 from .qdq_write import TENSORRT, QuantizedWeights, qdq_model
 from .ranges import QUANTIZED_OPS
-
-# quantize_static's extra options for that graph (with QuantType.QInt8 activations and weights, per_channel): what
-# qdq_write.py does, and what the tests hand quantize_static to compare.
-QDQ_OPTIONS = {
-    "ActivationSymmetric": True,
-    "WeightSymmetric": True,
-    "QuantizeBias": False,
-    "OpTypesToExcludeOutputQuantization": list(QUANTIZED_OPS),
-}
 
 
 def quantize_qdq(
@@ -79,47 +67,6 @@ def constants_as_initializers(graph: onnx.GraphProto) -> int:
         graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(node.attribute[0].t), node.output[0]))
         graph.node.remove(node)
     return len(constants)
-
-
-def quantize_with_ranges(fp32_path: Path, target: Path, ranges, **options) -> onnx.ModelProto:
-    """write_with_ranges's graph, returned with its weights in memory and nothing of it on disk (ORT's files at
-    `target` are removed once read): the caller writes it as the folder's rule says (save_graph).  Storing ORT's
-    files by that rule first, then writing the graph again, held the weights on disk twice (the 1.1B LM's CPU graph:
-    1.3 GB twice, at the INT8 stage's disk peak)."""
-    write_with_ranges(fp32_path, target, ranges, **options)
-    model = onnx.load(str(target))  # its weights with it
-    for file in graph_files(target):
-        file.unlink()
-    return model
-
-
-def write_with_ranges(
-    fp32_path: Path, target: Path, ranges, *, weight_type=None, reduce_range: bool = False, **options
-) -> None:
-    """quantize_static (QDQ, per-channel weights, int8 unless `weight_type` says otherwise) with precomputed
-    ranges, its graph left at `target` as ORT writes it (with its data file); `options` pick the rest."""
-    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
-    from onnxruntime.quantization.calibrate import save_tensors_data
-
-    # Beside `target` (a graph's private folder: graph_files.atomic_graph), not in the system's temporary folder.
-    with tempfile.TemporaryDirectory(prefix="qdq.", dir=Path(target).parent) as scratch:
-        # quantize_static takes precomputed ranges only as a calibration cache file (ORT >= 1.25).
-        ranges_file = Path(scratch) / "ranges.json"
-        save_tensors_data(ranges, ranges_file)
-        with _without_preprocess_advice():
-            quantize_static(
-                str(fp32_path),
-                str(target),
-                calibration_data_reader=None,
-                quant_format=QuantFormat.QDQ,
-                per_channel=True,
-                reduce_range=reduce_range,
-                weight_type=weight_type or QuantType.QInt8,
-                calibrate_method=ranges.calibration_method,
-                calibration_cache_path=ranges_file,
-                use_external_data_format=True,  # the graph may pass 2 GB
-                **options,
-            )
 
 
 def qdq_problems(model: onnx.ModelProto) -> list[str]:
@@ -166,20 +113,3 @@ def _per_channel_problems(node: onnx.NodeProto, scale: np.ndarray, data: onnx.Te
     if scale.ndim != 1 or not -len(dims) <= axis < len(dims) or dims[axis] != scale.size:
         return [f"{node.name}: {scale.size} weight scales do not match axis {axis} of {node.input[0]!r} {dims}"]
     return []
-
-
-@contextlib.contextmanager
-def _without_preprocess_advice() -> Iterator[None]:
-    """Hide quantize_static's "consider pre-processing" warnings: our FP32 graph is already shape-
-    inferred and simplified (onnxsim), which is what ORT's quant_pre_process would do."""
-
-    class _Filter(logging.Filter):
-        def filter(self, record: logging.LogRecord) -> bool:
-            return "pre-process" not in record.getMessage()
-
-    root, advice = logging.getLogger(), _Filter()
-    root.addFilter(advice)
-    try:
-        yield
-    finally:
-        root.removeFilter(advice)

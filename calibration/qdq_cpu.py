@@ -6,7 +6,8 @@ ONNX Runtime's CPU provider runs none of its convolutions in int8: it fuses Dequ
 a DequantizeLinear and the output goes straight into a QuantizeLinear.  So this second graph has
 uint8 asymmetric activations and per-channel weights, int32 biases, quantizes the outputs too (not
 MatMul's and Gemm's: FLOAT_OUTPUTS), and lets the quantizer fold each Relu into the QuantizeLinear
-before it (a uint8 zero point of 0 clips at 0 exactly as Relu does).
+before it (a uint8 zero point of 0 clips at 0 exactly as Relu does).  The graph is the one ONNX Runtime's
+quantize_static writes with those options (cpu_scheme), written from memory by calibration/qdq_write.py, byte for byte.
 
 Two forms are written, because a graph is built on one CPU and served on another and no single form is
 both exact and fast on both kinds (benchmarks/int8_cpu_forms.py; docs/benchmarks/int8-cpu-forms-*.md):
@@ -47,9 +48,9 @@ from onnx import numpy_helper
 
 from ..pipeline.core.cpu import NO_VNNI, VNNI
 from ..pipeline.folder.graph_files import atomic_graph, graph_without_weights, save_graph
-from .qdq import qdq_structure, quantize_with_ranges
-from .qdq_marks import IntegerForm, QdqScheme
-from .qdq_write import marked_initializers, rounded, scale_zero_point
+from .qdq import qdq_structure
+from .qdq_marks import IntegerForm, QdqScheme, reader_counts
+from .qdq_write import QuantizedWeights, marked_initializers, qdq_model, rounded, scale_zero_point
 
 # The ops whose Q/DQ ONNX Runtime's CPU provider turns into an int8 kernel (QLinearConv, QGemm,
 # QLinearMatMul, QLinearAdd/Mul, QLinearAveragePool/GlobalAveragePool, QLinearConcat), runs on
@@ -111,11 +112,13 @@ def quantize_for_cpu(
     fp32_path: Path, out_path: Path, ranges, *, weights: str, float_output_ops: tuple[str, ...] = FLOAT_OUTPUTS
 ) -> dict:
     """Write the ONNX-Runtime-CPU-shaped graph for `ranges` (ORT TensorsData) of `fp32_path`, a graph whose
-    constants are all initializers (calibration.int8.calibrated_graph); return its structure.  `float_output_ops`:
+    constants are all initializers (calibration.int8.calibrated_graph); return its structure.  The graph is the one
+    quantize_static writes for cpu_scheme's options (calibration/qdq_write.py, byte for byte).  `float_output_ops`:
     the op types whose outputs stay float (another value only for benchmarks/int8_cpu_forms.py's comparison)."""
     with atomic_graph(out_path) as temporary:
-        options, unranged = _cpu_options(fp32_path, ranges, weights, float_output_ops)
-        quantized = quantize_with_ranges(fp32_path, temporary, **options)
+        cpu_ranges, unranged = _cpu_ranges(fp32_path, ranges)
+        scheme = cpu_scheme(weights, float_output_ops)
+        quantized = qdq_model(fp32_path, cpu_ranges, scheme, QuantizedWeights(), unranged)
         float_outputs = _unquantize_graph_outputs(quantized)
         structure = qdq_structure(quantized)  # before save_graph, which moves the weights out past 2 GB
         save_graph(quantized, temporary)
@@ -175,51 +178,11 @@ def cpu_scheme(weights: str, float_output_ops: tuple[str, ...] = FLOAT_OUTPUTS) 
     return QdqScheme(CPU_OPS, float_output_ops, activations, WEIGHT_FORMS[weights], quantize_bias=True)
 
 
-def _cpu_options(fp32_path: Path, ranges, weights: str, float_output_ops: tuple[str, ...]) -> tuple[dict, list[str]]:
-    """write_with_ranges's arguments for the CPU form `weights` (WEIGHT_FORMS), and the nodes left in float."""
-    from onnxruntime.quantization import QuantType
-
-    form = WEIGHT_FORMS[weights]
+def _cpu_ranges(fp32_path: Path, ranges) -> tuple:
+    """The CPU graph's ranges (asymmetric_ranges, as ORT TensorsData) and the nodes they leave in float."""
     model = graph_without_weights(fp32_path)  # the ranges read the graph's structure and small constants only
     cpu_ranges = asymmetric_ranges(model.graph, ranges)
-    unranged = nodes_without_ranges(model.graph, cpu_ranges)
-    options = {
-        "ranges": as_tensors_data(cpu_ranges, ranges.calibration_method),
-        "op_types_to_quantize": list(CPU_OPS),
-        "activation_type": QuantType.QUInt8,
-        "weight_type": QuantType.QInt8 if form.type == onnx.TensorProto.INT8 else QuantType.QUInt8,
-        "reduce_range": form.reduce_range,
-        "nodes_to_exclude": unranged,
-        "extra_options": {
-            "ActivationSymmetric": False,
-            "WeightSymmetric": form.symmetric,
-            "OpTypesToExcludeOutputQuantization": list(float_output_ops),
-            "TensorQuantOverrides": _weight_overrides(model, fp32_path.parent, unranged, weights),
-        },
-    }
-    return options, unranged
-
-
-def _weight_overrides(model: onnx.ModelProto, base: Path, unranged: list[str], weights: str) -> dict[str, list[dict]]:
-    """{weight: one override a channel, its scale and zero point}, for each weight the quantizer quantizes per
-    channel (always symmetric there: Uint8Rounding), computed as it computes them but every channel at once: it
-    loops over the channels in Python, most of its time on a CNN (EfficientNet-Lite0: 1 s of 1.7 s a graph).  Given
-    both, it quantizes with them as it would with its own (TensorQuantOverrides); the graphs are the same, byte for
-    byte (tests/calibration/test_qdq_cpu.py).  `model`: the graph without its weights (read from under `base`),
-    changed as qdq_write.marked_initializers changes it."""
-    scheme = cpu_scheme(weights)
-    initializers = {init.name: init for init in model.graph.initializer}
-    overrides = {}
-    for name, mark in marked_initializers(model, scheme, unranged).items():
-        if mark.axis is None or not mark.weight:  # a per-tensor one: its one scale costs the quantizer nothing
-            continue
-        values = numpy_helper.to_array(initializers[name], str(base))
-        scales, zero_points = scale_zero_point(values, mark.axis, scheme.constant_form(mark))
-        overrides[name] = [
-            {"axis": mark.axis, "scale": scale, "zero_point": zero_point}
-            for scale, zero_point in zip(scales, zero_points, strict=True)
-        ]
-    return overrides
+    return as_tensors_data(cpu_ranges, ranges.calibration_method), nodes_without_ranges(model.graph, cpu_ranges)
 
 
 def asymmetric_ranges(graph: onnx.GraphProto, ranges) -> dict[str, tuple[float, float]]:
@@ -229,7 +192,7 @@ def asymmetric_ranges(graph: onnx.GraphProto, ranges) -> dict[str, tuple[float, 
         name: (float(np.min(ranges[name].range_value[0])), float(np.max(ranges[name].range_value[1])))
         for name in ranges
     }
-    consumers = _reader_counts(graph)
+    consumers = reader_counts(graph)
     # Same-valued tensors first; a Relu's relu(x) <= max(x) bound only where nothing exact is known.
     for exact in (True, False, True):
         _spread(graph, known, consumers, exact=exact)
@@ -268,7 +231,7 @@ def _range_links(node: onnx.NodeProto, consumers: dict[str, int], *, exact: bool
 def _non_negative_tensors(graph: onnx.GraphProto) -> set[str]:
     """Relu (and ReLU6 Clip) outputs, and what KEEP_NON_NEGATIVE ops make of them; also the single-use inputs of
     those, whose values below 0 the folded Relu or Clip clips away."""
-    consumers = _reader_counts(graph)
+    consumers = reader_counts(graph)
     found: set[str] = set()
     for node in graph.node:  # ONNX nodes are topologically sorted: producers come first
         if node.op_type == "Relu" or _clips_below_at_zero_or_more(node, graph):
@@ -312,7 +275,7 @@ def _unquantize_graph_outputs(model: onnx.ModelProto) -> list[str]:
     """
     nodes = model.graph.node
     producer = {out: node for node in nodes for out in node.output}
-    readers = _reader_counts(model.graph)
+    readers = reader_counts(model.graph)
     freed = []
     for output in model.graph.output:
         dequantize = producer.get(output.name)
@@ -333,15 +296,6 @@ def _unquantize_graph_outputs(model: onnx.ModelProto) -> list[str]:
     for init in unused:
         model.graph.initializer.remove(init)
     return freed
-
-
-def _reader_counts(graph: onnx.GraphProto) -> dict[str, int]:
-    """{tensor: how many node inputs read it}."""
-    counts: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            counts[name] = counts.get(name, 0) + 1
-    return counts
 
 
 def as_tensors_data(ranges: dict[str, tuple[float, float]], method):

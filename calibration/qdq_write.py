@@ -295,18 +295,6 @@ class _Initializers:
             added.CopyFrom(tensor)
             self._by_name[tensor.name] = added
 
-    def replace(self, name: str, tensors: list[onnx.TensorProto]) -> None:
-        """initializer_extend with `tensors`, then remove_initializer of `name` (and the graph input of its name)."""
-        self._graph.initializer.extend(tensors)
-        for tensor in self._graph.initializer[len(self._graph.initializer) - len(tensors) :]:
-            self._by_name.setdefault(tensor.name, tensor)
-        self._graph.initializer.remove(self._by_name.pop(name))
-        inputs = self._graph.input
-        for index, graph_input in enumerate(inputs):
-            if graph_input.name == name:
-                del inputs[index]
-                break
-
 
 def _insert_qdq(
     graph: onnx.GraphProto,
@@ -397,7 +385,7 @@ def _insert_int32_biases(
     base: Path,
 ) -> None:
     """_quantize_bias_tensors (QuantizeBias on): each marked bias in int32 behind a DequantizeLinear that writes the
-    bias's name, in place of the float bias."""
+    bias's name, in place of the float bias (ORT removes it there; its clean-up would, as it does here)."""
     for name, bias in biases.items():
         if name in quantized:  # marked as a tensor too: quantized as one
             continue
@@ -413,7 +401,7 @@ def _insert_int32_biases(
         if values.dtype != np.float32:  # ORT handles float16 biases otherwise (a float32 scale, a Cast)
             raise RuntimeError(f"bias {name!r} is {values.dtype}, not float32")
         integers, scale, zero_point = _int32_bias(name, values, scales["input"], scales["weight input"], bias.beta)
-        initializers.replace(name, [integers, scale, zero_point])
+        graph.initializer.extend([integers, scale, zero_point])  # the float bias: unread now, the clean-up drops it
         axis = 0 if scale.dims[0] > 1 else None
         dequantize = _qdq_node(
             "DequantizeLinear", integers.name, scale.name, zero_point.name, name, output=name, axis=axis

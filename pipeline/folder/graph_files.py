@@ -161,8 +161,8 @@ def save_graph(model: onnx.ModelProto, path: Path, *, scratch: bool = False) -> 
     data file.  The weights are dropped from `model` as they are written (to either).  scratch: a
     graph no folder keeps (one calibration or ONNX Runtime reads once), written with its data file whatever its
     size: shape inference by path and ONNX Runtime then read it without parsing its weights (ONNX Runtime's
-    quantizer infers shapes by path on every graph it is given: 15 s of its 53 s at 0.6 GB with graphs of one
-    file)."""
+    quantizer, which wrote the INT8 graphs before calibration/qdq_write.py did, inferred shapes by path on every
+    graph it was given: 15 s of its 53 s at 0.6 GB with graphs of one file)."""
     import onnx
 
     if not scratch and weight_bytes(model) <= EXTERNAL_DATA_BYTES:

@@ -190,7 +190,7 @@ def _int8(
     budget: float | None,
 ) -> tuple[dict[str, Graph], dict]:
     """({label: graph}, the calibration record) of `method`'s INT8 graphs: TensorRT's, the one ONNX Runtime's
-    kernels run on this kind of CPU (where its quantizer could make it), and with `budget` the one to that budget,
+    kernels run on this kind of CPU (where it could be made), and with `budget` the one to that budget,
     made from the same calibrated graph and ranges."""
     fp32, engine = folder / FP32_GRAPH, graph_record(Precision.INT8)
     path = folder / SUBFOLDER / f"model.int8.{method}.onnx"
@@ -212,7 +212,7 @@ def _int8(
         print(f"int8 {method:<10} {result.summary}")
         graphs = {f"int8-{method}": (path, engine)}
         kind = int8_cpu_kind()
-        if kind in result.written_cpu_graphs:  # absent where ONNX Runtime's quantizer could not make it
+        if kind in result.written_cpu_graphs:  # absent where it could not be made
             graphs[f"int8-{method}-ort"] = (cpu_paths[kind], graph_record(Precision.INT8, CPU_TARGETS[kind]))
         if budget is not None:
             budget_path = folder / SUBFOLDER / f"model.int8.{method}.budget.onnx"

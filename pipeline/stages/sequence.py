@@ -267,8 +267,8 @@ def _fp16_stage(run: Run, engine: GraphRecord) -> tuple[Case, ...]:
 
 
 def _int8_stage(run: Run, engine: GraphRecord) -> None:
-    """model.int8.onnx and the CPU graphs, each through its parity gate, then the agreement gate.  A CPU graph ORT's
-    quantizer could not make is left out of the folder's graphs (the int8 record says why); the runner on such a
+    """model.int8.onnx and the CPU graphs, each through its parity gate, then the agreement gate.  A CPU graph that
+    could not be made is left out of the folder's graphs (the int8 record says why); the runner on such a
     CPU then takes the engine's graph.  Settings.check() has already refused int8 without CALIB.  The model is
     loaded, not prepared: calibration only needs its declared image preprocessing."""
     source, calibration = _require(run, FP32_GRAPH), run.calibration
@@ -523,7 +523,7 @@ def _make_engine(run: Run) -> Path:
     )
     for stage in STAGES.values():
         stage(run)
-    # The precision's graphs, less (int8) a CPU graph ONNX Runtime's quantizer could not make (run_precision).
+    # The precision's graphs, less (int8) a CPU graph that could not be made (run_precision).
     manifest = read_manifest(run.folder)
     graphs = (manifest.graphs if manifest else None) or folder_graphs(settings.precision)
     update_manifest(

@@ -17,7 +17,7 @@ from onnxruntime.quantization.quant_utils import compute_data_quant_params, quan
 from trt_pipeline.calibration.holdout import read_calibration
 from trt_pipeline.calibration.int8 import build_candidates, calibrated_graph
 from trt_pipeline.calibration.int8_records import CalibrationConfig
-from trt_pipeline.calibration.qdq import QDQ_OPTIONS, quantize_qdq, quantize_with_ranges
+from trt_pipeline.calibration.qdq import quantize_qdq
 from trt_pipeline.calibration.qdq_marks import IntegerForm
 from trt_pipeline.calibration.qdq_write import TENSORRT, QuantizedWeights, qdq_model, quantize_weight, scale_zero_point
 from trt_pipeline.calibration.ranges import QUANTIZED_OPS
@@ -25,6 +25,8 @@ from trt_pipeline.pipeline.core.settings import Settings
 from trt_pipeline.pipeline.folder.graph_files import graph_without_weights
 from trt_pipeline.pipeline.folder.layout import CACHE_FOLDER
 from trt_pipeline.pipeline.stages.sequence import make_engine
+
+from ..helpers.quantize_static import quantize_static_graph
 
 
 def _ranges(model: onnx.ModelProto, seed: int = 0) -> TensorsData:
@@ -38,17 +40,22 @@ def _ranges(model: onnx.ModelProto, seed: int = 0) -> TensorsData:
     return TensorsData(CalibrationMethod.MinMax, data)
 
 
+# quantize_static's options for TensorRT's graph (with int8 activations and weights, per channel): what qdq_write.py
+# reproduces as its TENSORRT scheme.
+TENSORRT_OPTIONS = {
+    "op_types_to_quantize": list(QUANTIZED_OPS),
+    "activation_type": QuantType.QInt8,
+    "extra_options": {
+        "ActivationSymmetric": True,
+        "WeightSymmetric": True,
+        "QuantizeBias": False,
+        "OpTypesToExcludeOutputQuantization": list(QUANTIZED_OPS),
+    },
+}
+
+
 def _quantize_static(graph: Path, ranges, exclude: list[str], scratch: Path) -> onnx.ModelProto:
-    scratch.mkdir(exist_ok=True)
-    return quantize_with_ranges(
-        graph,
-        scratch / "reference.onnx",
-        ranges,
-        op_types_to_quantize=list(QUANTIZED_OPS),
-        activation_type=QuantType.QInt8,
-        extra_options=QDQ_OPTIONS,
-        nodes_to_exclude=exclude,
-    )
+    return quantize_static_graph(graph, scratch, ranges, nodes_to_exclude=exclude, **TENSORRT_OPTIONS)
 
 
 def _every_case(folder: Path) -> Path:
