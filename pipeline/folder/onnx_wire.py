@@ -161,12 +161,12 @@ def write_held(model: onnx.ModelProto, path: Path, large: int) -> None:
     as save_graph's data files leave it) while the rest is serialized, then written from where it is held, in its
     place among the tensor's fields (the encoder writes them in the order of their numbers)."""
     held: dict[int, bytes] = {}
-    for index, tensor in enumerate(model.graph.initializer):
-        if tensor.HasField("raw_data"):
-            raw = tensor.raw_data
+    for index, initializer in enumerate(model.graph.initializer):
+        if initializer.HasField("raw_data"):
+            raw = initializer.raw_data
             if len(raw) >= large:
                 held[index] = raw
-                tensor.ClearField("raw_data")
+                initializer.ClearField("raw_data")
     serialized = model.SerializeToString()
     index = -1
 
