@@ -565,9 +565,14 @@ def _cpu_graph(chosen: Candidate, path: Path, kind: str, means: dict[str, np.nda
     # The CPU graphs quantize every op: ONNX Runtime's quantizer, told to leave EfficientNet-Lite0's first
     # depthwise conv in float, wrote a graph whose stem Clip was off by 12x its scale under ORT's int8 kernels.
     try:
-        if chosen.uncorrected is None or means is None or WEIGHT_FORMS[weights] == TENSORRT.weights:
+        # U8S8's weights are TensorRT's (int8 symmetric, per channel): the alpha's, quantized already.
+        quantized = chosen.weights if WEIGHT_FORMS[weights] == TENSORRT.weights else None
+        if chosen.uncorrected is None or means is None or quantized is not None:
             # No correction, or one for the very weights this graph rounds: chosen.calibrated's biases fit it.
-            return CpuGraph(path.name, quantize_for_cpu(chosen.calibrated, path, chosen.ranges, weights=weights))
+            record = quantize_for_cpu(
+                chosen.calibrated, path, chosen.ranges, weights=weights, quantized_weights=quantized
+            )
+            return CpuGraph(path.name, record)
         assert weights == "u8u8", weights  # WEIGHTS_FOR's one form besides TensorRT's
         rounding = Uint8Rounding(chosen.uncorrected, chosen.ranges)
         corrected = corrected_path(chosen.uncorrected, kind)

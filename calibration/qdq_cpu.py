@@ -109,16 +109,24 @@ WEIGHTS_FOR = {VNNI: "u8s8", NO_VNNI: "u8u8"}
 
 
 def quantize_for_cpu(
-    fp32_path: Path, out_path: Path, ranges, *, weights: str, float_output_ops: tuple[str, ...] = FLOAT_OUTPUTS
+    fp32_path: Path,
+    out_path: Path,
+    ranges,
+    *,
+    weights: str,
+    float_output_ops: tuple[str, ...] = FLOAT_OUTPUTS,
+    quantized_weights: QuantizedWeights | None = None,
 ) -> dict:
     """Write the ONNX-Runtime-CPU-shaped graph for `ranges` (ORT TensorsData) of `fp32_path`, a graph whose
     constants are all initializers (calibration.int8.calibrated_graph); return its structure.  The graph is the one
     quantize_static writes for cpu_scheme's options (calibration/qdq_write.py, byte for byte).  `float_output_ops`:
-    the op types whose outputs stay float (another value only for benchmarks/int8_cpu_forms.py's comparison)."""
+    the op types whose outputs stay float (another value only for benchmarks/int8_cpu_forms.py's comparison).
+    quantized_weights: the Q/DQ of `fp32_path`'s weights made already (its smoothing alpha's: U8S8's weights are
+    TensorRT's); by default quantized for this graph alone."""
     with atomic_graph(out_path) as temporary:
         cpu_ranges, unranged = _cpu_ranges(fp32_path, ranges)
         scheme = cpu_scheme(weights, float_output_ops)
-        quantized = qdq_model(fp32_path, cpu_ranges, scheme, QuantizedWeights(), unranged)
+        quantized = qdq_model(fp32_path, cpu_ranges, scheme, quantized_weights or QuantizedWeights(), unranged)
         float_outputs = _unquantize_graph_outputs(quantized)
         structure = qdq_structure(quantized)  # before save_graph, which moves the weights out past 2 GB
         save_graph(quantized, temporary)

@@ -15,6 +15,7 @@ from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, Te
 
 from trt_pipeline.calibration.holdout import read_calibration
 from trt_pipeline.calibration.int8 import calibrated_graph
+from trt_pipeline.calibration.qdq import quantize_qdq
 from trt_pipeline.calibration.qdq_cpu import (
     CPU_OPS,
     FLOAT_OUTPUTS,
@@ -277,7 +278,8 @@ def test_the_written_cpu_graph_is_quantize_statics_byte_for_byte(tmp_path, weigh
 @pytest.mark.parametrize("model", ["tests.helpers.toy_models:tiny_cnn", "tests.helpers.toy_models:transformer_encoder"])
 def test_exported_cpu_graphs_are_quantize_statics_byte_for_byte(tmp_path, model):
     """The graphs quantize_for_cpu writes, from calibrated ranges turned into CPU ranges, are quantize_static's for the
-    same ranges and the nodes those leave unranged, its graph outputs' Q/DQ pairs removed alike, in every form."""
+    same ranges and the nodes those leave unranged, its graph outputs' Q/DQ pairs removed alike, in every form; U8S8's
+    too where it takes its weights from those TensorRT's graph quantized (the INT8 stage's: int8._cpu_graph)."""
     folder = make_engine(Settings(model=model, precision="fp32", out_root=tmp_path / "engines"))
     graph = calibrated_graph(folder / "model.onnx", {}, tmp_path / "model.calibrated.onnx")
     structure = graph_without_weights(graph).graph
@@ -300,3 +302,7 @@ def test_exported_cpu_graphs_are_quantize_statics_byte_for_byte(tmp_path, model)
         record = quantize_for_cpu(graph, written, ranges, weights=weights)
         assert record["float_nodes"] == exclude and record["int8_kernels"] > 0
         assert onnx.load(str(written)).SerializeToString() == reference.SerializeToString(), weights
+    tensorrts = QuantizedWeights()
+    quantize_qdq(graph, tmp_path / "model.int8.onnx", ranges, weights=tensorrts)
+    quantize_for_cpu(graph, tmp_path / "reused.onnx", ranges, weights="u8s8", quantized_weights=tensorrts)
+    assert (tmp_path / "reused.onnx").read_bytes() == (tmp_path / "model.int8.u8s8.onnx").read_bytes()
