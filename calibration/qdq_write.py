@@ -16,8 +16,8 @@ ONNXModel's clean-up and sort) and its weight arithmetic done for every channel 
 tests/calibration/test_qdq.py and test_qdq_cpu.py hold the graphs equal to quantize_static's, serialized:
   - the ranges adjusted (a Relu's or Clip's input takes its output's range), the tensors marked, then the initializers'
     scales: a weight's per channel symmetric, per tensor as the form says, an initializer an op reads as an activation
-    (an Add's constant) in the activations' type, and the weight of an int8 op whose scale times its input's is too
-    small for its bias in int32 with a larger scale (_adjust_weight_scale_for_int32_bias, QuantizeBias on or off);
+    (an Add's constant) in the activations' type, and an int8 weight whose scale times its op's input scale is too
+    small for the op's bias in int32 with a larger one (_adjust_weight_scale_for_int32_bias, QuantizeBias on or off);
   - per marked tensor, in that order, its zero point and scale (then the weight's integers) appended to the
     initializers, every reader switched to its DequantizeLinear's output, the nodes appended (a graph output keeps its
     name: the DequantizeLinear writes it); then the tensors that share another's scale and zero point; then, with
