@@ -122,14 +122,16 @@ ORT_WEIGHTS = {
 }
 
 
-def _quantize_static(graph: Path, ranges, weights: str, exclude: list[str], scratch: Path) -> onnx.ModelProto:
+def _quantize_static(
+    graph: Path, ranges, weights: str, exclude: list[str], scratch: Path, float_outputs=FLOAT_OUTPUTS
+) -> onnx.ModelProto:
     """quantize_static's CPU graph of the form `weights`: uint8 asymmetric activations, int32 biases (its default),
-    MatMul and Gemm outputs float."""
+    the outputs of `float_outputs` (MatMul and Gemm) float."""
     weight_type, symmetric, reduce_range = ORT_WEIGHTS[weights]
     extra = {
         "ActivationSymmetric": False,
         "WeightSymmetric": symmetric,
-        "OpTypesToExcludeOutputQuantization": list(FLOAT_OUTPUTS),
+        "OpTypesToExcludeOutputQuantization": list(float_outputs),
     }
     return quantize_static_graph(
         graph,
@@ -273,6 +275,22 @@ def test_the_written_cpu_graph_is_quantize_statics_byte_for_byte(tmp_path, weigh
     own, _ = scale_zero_point(_weight(graph, "w3"), 0, form)
     raised = initializers["w3_scale"] > own
     assert raised.all() if WEIGHT_FORMS[weights].type == TensorProto.INT8 else not raised.any()
+
+
+@pytest.mark.parametrize("weights", list(WEIGHT_FORMS))
+def test_the_cpu_graph_with_every_output_quantized_is_quantize_statics(tmp_path, weights):
+    """benchmarks/int8_cpu_forms.py's other graph (float_output_ops=()): MatMul's and Gemm's outputs quantized too."""
+    graph = _every_cpu_case(tmp_path)
+    ranges = _activation_ranges(graph_without_weights(graph), set())
+    reference = _quantize_static(graph, ranges, weights, [], tmp_path / "ort", float_outputs=())
+    written = qdq_model(graph, ranges, cpu_scheme(weights, ()), QuantizedWeights())
+    assert written.SerializeToString() == reference.SerializeToString()
+    assert (
+        _unquantize_graph_outputs(written)
+        == _unquantize_graph_outputs(reference)
+        == ["u2", "h", "mm", "v", "outer", "c4"]
+    )
+    assert written.SerializeToString() == reference.SerializeToString()
 
 
 @pytest.mark.parametrize("model", ["tests.helpers.toy_models:tiny_cnn", "tests.helpers.toy_models:transformer_encoder"])
