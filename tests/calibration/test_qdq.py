@@ -1,5 +1,5 @@
 """TensorRT's Q/DQ graph as calibration/qdq_write.py writes it: the very graph ONNX Runtime's quantize_static writes
-with qdq.QDQ_OPTIONS (serialized, byte for byte) on hand-made graphs with every case the writer mirrors and on graphs
+with TENSORRT_OPTIONS (serialized, byte for byte) on hand-made graphs with every case the writer mirrors and on graphs
 the pipeline exports, and each weight quantized once per smoothing alpha for all the graphs of the INT8 stage."""
 
 from __future__ import annotations
