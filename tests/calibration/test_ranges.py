@@ -337,3 +337,24 @@ def test_calibration_data_onnx_runtime_cannot_run_is_a_clear_error(tmp_path):
     with pytest.raises(PipelineError, match="could not run model.onnx on calibration batch 0") as caught:
         collect_statistics(fp32, data, ("max",))
     assert "within the range the model looks them up in" in str(caught.value.fix)
+
+
+@pytest.mark.parametrize(
+    "exported", ["tests.helpers.toy_models:tiny_cnn", "tests.helpers.toy_models:transformer_encoder"]
+)
+def test_the_calibrated_tensors_are_the_calibrators_own_found_without_the_weights(model, exported, tmp_path):
+    """calibrated_tensors selects what ORT's calibrators select (CalibraterBase, which loads the graph with its weights
+    and infers its shapes), from the graph's structure alone: its data file emptied, the selection is the same."""
+    from onnxruntime.quantization.calibrate import CalibraterBase
+
+    from trt_pipeline.calibration.ranges import calibrated_tensors
+    from trt_pipeline.pipeline.core.settings import Settings
+    from trt_pipeline.pipeline.stages.sequence import make_engine
+
+    folder = make_engine(Settings(model=exported, precision="fp32", out_root=tmp_path / "engines"))
+    for graph in (model[0], calibrated_graph(folder / "model.onnx", {}, tmp_path / "model.calibrated.onnx")):
+        calibrater = CalibraterBase(graph, list(QUANTIZED_OPS))
+        expected = sorted(calibrater.select_tensors_to_calibrate(calibrater.model)[0])
+        assert expected and calibrated_tensors(graph_without_weights(graph)) == expected, graph
+    (tmp_path / "model.calibrated.onnx.data").write_bytes(b"")  # no weight read: none there to read
+    assert calibrated_tensors(graph_without_weights(tmp_path / "model.calibrated.onnx")) == expected
