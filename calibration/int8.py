@@ -38,7 +38,6 @@ from ..pipeline.evaluation.agreement import Judge
 from ..pipeline.folder.artifacts import scratch_folder, write_npz
 from ..pipeline.folder.graph_files import (
     copy_graph,
-    data_files,
     graph_digest,
     graph_without_weights,
     remove_graph,
@@ -523,12 +522,10 @@ def calibrated_graph(fp32_path: Path, scales: dict[str, np.ndarray], out_path: P
     """The graph calibration runs on and every quantization starts from (the stage, a budget's trials, from a
     cache's scales too): the FP32 graph with its Constant nodes as initializers (qdq.constants_as_initializers)
     and smoothed with `scales` (calibration/smooth.py), written to `out_path` with its data file; the FP32 file
-    itself where that changes nothing and it has a data file already.  The weights stay on disk: each is copied, or
-    smoothed, as it is written.  Why the data file: ONNX Runtime's quantizer, which wrote the INT8 graphs before
-    calibration/qdq_write.py did, loaded every graph it was given whole, and a graph of one file it held twice while
-    it parsed it (the file's bytes and the message: the INT8 stage's peak at 1.2 GB of weights, 3.9 GB)."""
+    itself where that changes nothing, of one file or not: every reader maps or reads the weights where they lie
+    (graph_without_weights).  The weights stay on disk: each is copied, or smoothed, as it is written."""
     model = graph_without_weights(fp32_path)
-    if not constants_as_initializers(model.graph) and not scales and data_files(fp32_path):
+    if not constants_as_initializers(model.graph) and not scales:
         return fp32_path
     smoothed, on_disk = smooth_graph(model, scales)
     write_graph(smoothed, fp32_path.parent, out_path, convert=on_disk, scratch=True)

@@ -352,9 +352,11 @@ def test_the_calibrated_tensors_are_the_calibrators_own_found_without_the_weight
     from trt_pipeline.pipeline.stages.sequence import make_engine
 
     folder = make_engine(Settings(model=exported, precision="fp32", out_root=tmp_path / "engines"))
-    for graph in (model[0], calibrated_graph(folder / "model.onnx", {}, tmp_path / "model.calibrated.onnx")):
+    apart = tmp_path / "apart.onnx"  # the exported graph with its weights in a data file
+    onnx.save_model(onnx.load(str(folder / "model.onnx")), str(apart), save_as_external_data=True, location="w.data")
+    for graph in (model[0], calibrated_graph(folder / "model.onnx", {}, tmp_path / "calibrated.onnx"), apart):
         calibrater = CalibraterBase(graph, list(QUANTIZED_OPS))
         expected = sorted(calibrater.select_tensors_to_calibrate(calibrater.model)[0])
         assert expected and calibrated_tensors(graph_without_weights(graph)) == expected, graph
-    (tmp_path / "model.calibrated.onnx.data").write_bytes(b"")  # no weight read: none there to read
-    assert calibrated_tensors(graph_without_weights(tmp_path / "model.calibrated.onnx")) == expected
+    (tmp_path / "w.data").write_bytes(b"")  # no weight read: none there to read
+    assert calibrated_tensors(graph_without_weights(apart)) == expected
