@@ -47,7 +47,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..pipeline.core.cpu import NO_VNNI, VNNI
-from ..pipeline.folder.graph_files import atomic_graph, graph_without_weights, save_graph
+from ..pipeline.folder.graph_files import atomic_graph, graph_without_weights, initializer_array, save_graph
 from .qdq import qdq_structure
 from .qdq_marks import IntegerForm, QdqScheme, reader_counts
 from .qdq_write import QuantizedWeights, marked_initializers, qdq_model, rounded, scale_zero_point
@@ -167,7 +167,7 @@ class Uint8Rounding:
         return f"uint8:{weight}"
 
     def __getitem__(self, weight: str) -> np.ndarray:
-        values, mark = numpy_helper.to_array(self._initializers[weight], str(self._base)), self._marks[weight]
+        values, mark = initializer_array(self._initializers[weight], self._base), self._marks[weight]
         scale, zero_point = scale_zero_point(values, mark.axis, self._scheme.constant_form(mark))
         shape = [1] * values.ndim
         if mark.axis is not None:
