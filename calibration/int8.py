@@ -562,10 +562,11 @@ def _cpu_graph(chosen: Candidate, path: Path, kind: str, means: dict[str, np.nda
     # The CPU graphs quantize every op: ONNX Runtime's quantizer, told to leave EfficientNet-Lite0's first
     # depthwise conv in float, wrote a graph whose stem Clip was off by 12x its scale under ORT's int8 kernels.
     try:
-        # U8S8's weights are TensorRT's (int8 symmetric, per channel): the alpha's, quantized already.
-        quantized = chosen.weights if WEIGHT_FORMS[weights] == TENSORRT.weights else None
-        if chosen.uncorrected is None or means is None or quantized is not None:
+        # U8S8's weights round as TensorRT's (int8 symmetric, per channel): the alpha's, quantized already.
+        tensorrt_rounding = WEIGHT_FORMS[weights] == TENSORRT.weights
+        if chosen.uncorrected is None or means is None or tensorrt_rounding:
             # No correction, or one for the very weights this graph rounds: chosen.calibrated's biases fit it.
+            quantized = chosen.weights if tensorrt_rounding else None
             record = quantize_for_cpu(
                 chosen.calibrated, path, chosen.ranges, weights=weights, quantized_weights=quantized
             )
@@ -574,7 +575,8 @@ def _cpu_graph(chosen: Candidate, path: Path, kind: str, means: dict[str, np.nda
         rounding = Uint8Rounding(chosen.uncorrected, chosen.ranges)
         corrected = corrected_path(chosen.uncorrected, kind)
         correction = correct_biases(chosen.uncorrected, rounding, means, corrected)
-        record = quantize_for_cpu(corrected, path, chosen.ranges, weights=weights)
+        # The corrected graph's weights are the uncorrected one's: rounded once, for the correction and the graph.
+        record = quantize_for_cpu(corrected, path, chosen.ranges, weights=weights, quantized_weights=rounding.weights)
         return CpuGraph(path.name, {**record, "bias_correction": correction})
     except Exception as error:  # the writer's ValueError/RuntimeError, shape inference's and ORT's session's errors
         if no_room(error):  # a disk without room is no graph that cannot be made: the stage stops with the fix

@@ -47,10 +47,10 @@ import onnx
 from onnx import numpy_helper
 
 from ..pipeline.core.cpu import NO_VNNI, VNNI
-from ..pipeline.folder.graph_files import atomic_graph, graph_without_weights, initializer_array, save_graph
+from ..pipeline.folder.graph_files import atomic_graph, graph_without_weights, save_graph
 from .qdq import qdq_structure
 from .qdq_marks import IntegerForm, QdqScheme, reader_counts
-from .qdq_write import QuantizedWeights, marked_initializers, qdq_model, rounded, scale_zero_point
+from .qdq_write import QuantizedWeights, marked_initializers, qdq_model
 
 # The ops whose Q/DQ ONNX Runtime's CPU provider turns into an int8 kernel (QLinearConv, QGemm,
 # QLinearMatMul, QLinearAdd/Mul, QLinearAveragePool/GlobalAveragePool, QLinearConcat), runs on
@@ -148,8 +148,9 @@ class Uint8Rounding:
     Conv/Gemm/MatMul weight it can range (the nodes nodes_without_ranges leaves unranged stay float) per channel, and a
     per-channel weight symmetric whatever WeightSymmetric says (QLinearConv needs one zero point for every channel):
     uint8 with zero point 128 and scale float32(2 max|w| / 255) computed in float64 (1 below float32's tiny), a
-    per-tensor one asymmetric over [min(w, 0), max(w, 0)]; then round(w / scale) + zero point, clipped to [0, 255]
-    (qdq_write.scale_zero_point and rounded: every channel at once)."""
+    per-tensor one asymmetric over [min(w, 0), max(w, 0)]; then round(w / scale) + zero point, clipped to [0, 255].
+    Each weight's uint8 Q/DQ is kept in `weights`, which the U8U8 graph is then written with (quantize_for_cpu's
+    quantized_weights): each weight rounded once for both."""
 
     def __init__(self, fp32_path: Path, ranges) -> None:
         model = graph_without_weights(fp32_path)
@@ -158,6 +159,7 @@ class Uint8Rounding:
         self._marks = marked_initializers(model, self._scheme, unranged)
         self._initializers = {init.name: init for init in model.graph.initializer}
         self._base = fp32_path.parent
+        self.weights = QuantizedWeights()
 
     def __contains__(self, weight: str) -> bool:
         return weight in self._marks
@@ -167,15 +169,16 @@ class Uint8Rounding:
         return f"uint8:{weight}"
 
     def __getitem__(self, weight: str) -> np.ndarray:
-        values, mark = initializer_array(self._initializers[weight], self._base), self._marks[weight]
-        scale, zero_point = scale_zero_point(values, mark.axis, self._scheme.constant_form(mark))
-        shape = [1] * values.ndim
+        mark = self._marks[weight]
+        form = self._scheme.constant_form(mark)
+        qdq = self.weights.get(self._initializers[weight], mark.axis, form, self._base)
+        shape = [1] * len(qdq.quantized.dims)
         if mark.axis is not None:
             shape[mark.axis] = -1
-        # In place: one float32 and one float64 array of the weight's size (a 4096 x 4096 weight 5x faster).
-        dequantized = rounded(values, scale, zero_point, mark.axis).astype(np.float64)  # the uint8 values, exactly
-        np.subtract(dequantized, zero_point.reshape(shape), out=dequantized)
-        np.multiply(dequantized, scale.reshape(shape), out=dequantized)
+        dequantized = numpy_helper.to_array(qdq.quantized).astype(np.float64)  # the uint8 values, exactly
+        # In place: one float64 array of the weight's size (a 4096 x 4096 weight 5x faster).
+        np.subtract(dequantized, qdq.zero_point.astype(np.float64).reshape(shape), out=dequantized)
+        np.multiply(dequantized, qdq.scale.reshape(shape), out=dequantized)
         return dequantized
 
 

@@ -103,7 +103,7 @@ def quantize_weight(
     bias: _int32_bias_scale), per channel along `axis` (per tensor where None)."""
     if values.dtype != np.float32:  # int8.calibrated_graph's weights are the FP32 graph's
         raise RuntimeError(f"weight {name!r} is {values.dtype}, not float32")
-    quantized = rounded(values, scale, zero_point, axis).astype(zero_point.dtype)
+    quantized = _rounded(values, scale, zero_point, axis).astype(zero_point.dtype)
     return WeightQdq(numpy_helper.from_array(quantized, f"{name}_quantized"), scale, zero_point, axis)
 
 
@@ -123,7 +123,7 @@ def scale_zero_point(values: np.ndarray, axis: int | None, form: IntegerForm) ->
     return scale.reshape(shape), zero_point.astype(form.dtype).reshape(shape)
 
 
-def rounded(values: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, axis: int | None) -> np.ndarray:
+def _rounded(values: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, axis: int | None) -> np.ndarray:
     """ORT's quantize_nparray for every channel at once: round(w / scale) + zero point, clipped to the zero point's
     integer type, as whole numbers in float32 (in place: one float32 array of the weight's size)."""
     shape = [1] * values.ndim

@@ -278,7 +278,8 @@ def _cnn_case(folder) -> tuple:
 def test_the_uint8_rounding_is_the_cpu_graphs_to_the_bit_and_corrects_its_biases_alike(tmp_path, case):
     """The no-VNNI graph's biases are corrected for its own (uint8) rounding, computed without writing a graph
     (qdq_cpu.Uint8Rounding): each weight's values are those read back from ONNX Runtime's finished U8U8 graph, bit
-    for bit, and the corrected FP32 graph is byte for byte the one corrected for that graph's rounding."""
+    for bit, the corrected FP32 graph is byte for byte the one corrected for that graph's rounding, and the graph
+    written with the weights it rounded is that graph."""
     fp32, arguments = case(tmp_path)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
@@ -300,6 +301,9 @@ def test_the_uint8_rounding_is_the_cpu_graphs_to_the_bit_and_corrects_its_biases
         assert correction["ops"] >= 1, correction
         corrected[label] = onnx.load(str(tmp_path / f"{label}.onnx")).SerializeToString()
     assert corrected["graph"] == corrected["computed"]
+    shared = tmp_path / "cpu" / "shared.onnx"  # written with the rounding's uint8 weights: the same graph
+    quantize_for_cpu(chosen.calibrated, shared, chosen.ranges, weights="u8u8", quantized_weights=computed.weights)
+    assert onnx.load(str(shared)).SerializeToString() == onnx.load(str(written)).SerializeToString()
 
 
 def _input_channels(fp32) -> dict[str, int]:
