@@ -87,7 +87,7 @@ class QuantizedWeights:
         time."""
         key = (tensor.name, axis, form)
         if key not in self._weights:
-            values = _values(tensor, base)
+            values = initializer_array(tensor, base)
             self._weights[key] = quantize_weight(values, tensor.name, axis, *scale_zero_point(values, axis, form))
         return self._weights[key]
 
@@ -244,9 +244,9 @@ def _constant_qdq(
         current = qdq.get(bias.weight)
         if bias.input not in activations or current is None or current.zero_point.dtype != np.int8:
             continue
-        raised = _int32_bias_scale(activations[bias.input][0], current, _values(initializers[name], base))
+        raised = _int32_bias_scale(activations[bias.input][0], current, initializer_array(initializers[name], base))
         if raised is not None:
-            values = _values(initializers[bias.weight], base)
+            values = initializer_array(initializers[bias.weight], base)
             qdq[bias.weight] = quantize_weight(values, bias.weight, current.axis, raised, current.zero_point)
     return qdq
 
@@ -397,7 +397,7 @@ def _insert_int32_biases(
                     "int32."
                 )
             scales[role] = numpy_helper.to_array(initializers[quantized[tensor][0]])
-        values = _values(initializers[name], base)
+        values = initializer_array(initializers[name], base)
         if values.dtype != np.float32:  # ORT handles float16 biases otherwise (a float32 scale, a Cast)
             raise RuntimeError(f"bias {name!r} is {values.dtype}, not float32")
         integers, scale, zero_point = _int32_bias(name, values, scales["input"], scales["weight input"], bias.beta)
@@ -459,7 +459,3 @@ def _load_remaining(model: onnx.ModelProto, base: Path) -> None:
             tensor.data_location = onnx.TensorProto.DEFAULT
         elif tensor.HasField("raw_data") and sys.getsizeof(tensor.raw_data) >= EXTERNAL_THRESHOLD:
             tensor.data_location = onnx.TensorProto.DEFAULT
-
-
-def _values(tensor: onnx.TensorProto, base: Path) -> np.ndarray:
-    return initializer_array(tensor, base)
