@@ -28,6 +28,7 @@ from onnx import helper, numpy_helper
 from ..pipeline.core.sessions import file_key
 from ..pipeline.folder.artifacts import temporary_name
 from ..pipeline.folder.graph_files import graph_without_weights, initializer_array, write_graph
+from .parallel import per_tensor
 from .readers import Feed
 
 CORRECTED_OPS = ("Conv", "Gemm", "MatMul")  # a MatMul's bias is the constant of the one Add reading its output
@@ -164,10 +165,13 @@ class ChannelMeans:
 
     def add(self, values: Feed, rows: int) -> None:
         self._rows += rows
-        for name, channel_axis in self._axes.items():
-            value = np.asarray(values[name], dtype=np.float64)
-            axes = tuple(axis for axis in range(value.ndim) if axis != channel_axis % value.ndim)
-            mean = value.mean(axis=axes) * rows  # weighted by rows: batches may differ in size
+
+        def channel_mean(name: str, value: np.ndarray) -> np.ndarray:
+            value = np.asarray(value, dtype=np.float64)
+            axes = tuple(axis for axis in range(value.ndim) if axis != self._axes[name] % value.ndim)
+            return value.mean(axis=axes) * rows  # weighted by rows: batches may differ in size
+
+        for name, mean in per_tensor(channel_mean, {name: values[name] for name in self.tensors}).items():
             self._sums[name] = self._sums[name] + mean if name in self._sums else mean
 
     def means(self) -> dict[str, np.ndarray]:

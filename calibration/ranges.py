@@ -45,6 +45,7 @@ from ..pipeline.core.settings import mention_name
 from ..pipeline.evaluation.tensors import tensor_values
 from ..pipeline.folder.graph_files import graph_without_weights
 from .bias import ChannelMeans, weight_inputs
+from .parallel import per_tensor
 from .qdq_marks import FLOATS
 from .readers import CalibrationData, Feed
 from .smooth import ChannelMaxima
@@ -298,10 +299,7 @@ class MethodRanges:
             with contextlib.redirect_stdout(io.StringIO()):  # ORT's collector print()s its progress
                 self._histograms.collect({name: values[name] for name in self.tensors})
             return
-        for name in self.tensors:
-            # MinMaxCalibrater, symmetric: each batch's max(|min|, |max|), the largest over the batches.
-            value = values[name]
-            peak = np.nanmax([np.abs(value.min()), np.abs(value.max())]) if value.size else value.dtype.type(0)
+        for name, peak in per_tensor(_peak, {name: values[name] for name in self.tensors}).items():
             if name not in self._peaks or peak > self._peaks[name]:
                 self._peaks[name] = peak
 
@@ -337,26 +335,33 @@ class AbsoluteHistograms:
         self.histograms: dict[str, tuple] = {}  # tensor -> (counts, edges, min, max), as the collector keeps it
 
     def collect(self, values: Feed) -> None:
-        for name, value in values.items():
-            raw = np.asarray(value).ravel()
-            if raw.size:
-                low, high = np.nanmin(raw), np.nanmax(raw)
-            else:
-                low = high = np.array(0, dtype=raw.dtype)
-            absolute = np.absolute(raw)
-            if name not in self.histograms:
-                edges = np.histogram_bin_edges(absolute, bins=self.bins)
-                counts, edges = np.histogram(absolute, bins=edges)
-                self.histograms[name] = (counts, edges.astype(absolute.dtype), low, high)
-                continue
-            old_counts, old_edges, old_low, old_high = self.histograms[name]
-            peak = max(abs(low), abs(high)) if raw.size else np.nanmax(absolute)  # the collector's nanmax(|x|)
-            if peak > old_edges[-1]:
-                width = old_edges[1] - old_edges[0]
-                old_edges = np.hstack((old_edges, np.arange(old_edges[-1] + width, peak + width, width)))
-            counts, edges = np.histogram(absolute, bins=old_edges)
-            counts[: len(old_counts)] += old_counts
-            self.histograms[name] = (counts, edges.astype(absolute.dtype), min(old_low, low), max(old_high, high))
+        self.histograms.update(per_tensor(self._histogram, values))
+
+    def _histogram(self, name: str, value: np.ndarray) -> tuple:
+        """The tensor's histogram with `value` added: (counts, edges, min, max)."""
+        raw = np.asarray(value).ravel()
+        if raw.size:
+            low, high = np.nanmin(raw), np.nanmax(raw)
+        else:
+            low = high = np.array(0, dtype=raw.dtype)
+        absolute = np.absolute(raw)
+        if name not in self.histograms:
+            edges = np.histogram_bin_edges(absolute, bins=self.bins)
+            counts, edges = np.histogram(absolute, bins=edges)
+            return counts, edges.astype(absolute.dtype), low, high
+        old_counts, old_edges, old_low, old_high = self.histograms[name]
+        peak = max(abs(low), abs(high)) if raw.size else np.nanmax(absolute)  # the collector's nanmax(|x|)
+        if peak > old_edges[-1]:
+            width = old_edges[1] - old_edges[0]
+            old_edges = np.hstack((old_edges, np.arange(old_edges[-1] + width, peak + width, width)))
+        counts, edges = np.histogram(absolute, bins=old_edges)
+        counts[: len(old_counts)] += old_counts
+        return counts, edges.astype(absolute.dtype), min(old_low, low), max(old_high, high)
+
+
+def _peak(name: str, value: np.ndarray) -> np.floating:
+    """MinMaxCalibrater's, symmetric: a batch's max(|min|, |max|) of the tensor (the ranges' the largest over them)."""
+    return np.nanmax([np.abs(value.min()), np.abs(value.max())]) if value.size else value.dtype.type(0)
 
 
 def _histogram_collector(method: str):

@@ -33,6 +33,7 @@ from onnx.external_data_helper import uses_external_data
 
 from ..pipeline.folder.graph_files import initializer_array
 from ..pipeline.folder.onnx_wire import Convert
+from .parallel import per_tensor
 from .readers import Feed
 
 # s is kept within these bounds: a channel that is zero over the whole calibration set (or a weight row of zeros)
@@ -91,10 +92,13 @@ class ChannelMaxima:
         self.maxima: dict[str, np.ndarray] = {}
 
     def add(self, values: Feed, rows: int) -> None:
-        for name in self.tensors:
-            value = np.abs(np.asarray(values[name], dtype=np.float32))
-            batch_max = value.reshape(-1, value.shape[-1]).max(axis=0)
+        for name, batch_max in per_tensor(_channel_maxima, {name: values[name] for name in self.tensors}).items():
             self.maxima[name] = np.maximum(self.maxima[name], batch_max) if name in self.maxima else batch_max
+
+
+def _channel_maxima(name: str, value: np.ndarray) -> np.ndarray:
+    absolute = np.abs(np.asarray(value, dtype=np.float32))
+    return absolute.reshape(-1, absolute.shape[-1]).max(axis=0)
 
 
 def smoothing_scales(
