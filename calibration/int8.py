@@ -5,9 +5,10 @@ split once per run (calibration/holdout.py read_calibration -> CalibrationParts)
 make_int8_graph composes the steps, each a function from typed values to a typed value:
   keep_sample          the first rows the agreement gate judges, kept in the cache folder (SAMPLE) for diagnose
   build_candidates     per calibration method and smoothing alpha, scales, ranges and input means fit on the fit
-                       rows (from the cache, or from two passes over them per graph, whatever the methods:
-                       calibration/ranges.py on the FP32 graph, whose maxima give calibration/smooth.py's scales,
-                       then on each smoothed graph) and its Q/DQ graph, made as judging asks for it -> Candidate each
+                       rows (from the cache, or from one pass over them per graph, whatever the methods:
+                       calibration/ranges.py on the FP32 graph, and one more for the maxima that give
+                       calibration/smooth.py's scales, then on each smoothed graph) and its Q/DQ graph, made as
+                       judging asks for it -> Candidate each
   judge_candidates     each judged on the held-out rows with its biases corrected where that helps
                        (calibration/bias.py), the best kept -> Search
   search_float         the op where the held-out error starts tried in float (calibration/float_search.py) -> Search
@@ -325,13 +326,13 @@ def _cached(
 def _fit_smoothings(
     fp32_path: Path, fit: CalibrationData, cached: dict[tuple[str, float | None], _Cached], scratch: Path
 ) -> dict[float | None, Fitted]:
-    """Each smoothing alpha's Fitted, from as few passes over the fit rows as the cache's misses allow (two per graph:
-    calibration/ranges.py): the unsmoothed graph's for its methods' ranges and means and the channel maxima the
-    smoothing scales come from, then each smoothed graph's for its methods' ranges and means.  Those take passes of
-    their own: the scales are known only once the first graph's are over, and smoothing moves every tensor after a
-    smoothed op (by float rounding); the tensors before them are the unsmoothed graph's, their ranges reused
-    (ranges.Alike).  An alpha with a method in the cache takes its scales from there; a method in the cache needs
-    no ranges measured."""
+    """Each smoothing alpha's Fitted, from as few passes over the fit rows as the cache's misses allow (one per graph,
+    and one for the maxima: calibration/ranges.py): the unsmoothed graph's for its methods' ranges and means and for
+    the channel maxima the smoothing scales come from, then each smoothed graph's for its methods' ranges and means.
+    Those take passes of their own: the scales are known only once the first graph's are over, and smoothing moves
+    every tensor after a smoothed op (by float rounding); the tensors before them are the unsmoothed graph's, their
+    ranges reused (ranges.Alike).  An alpha with a method in the cache takes its scales from there; a method in the
+    cache needs no ranges measured."""
     model = _quantizable_model(fp32_path)
     groups = smoothable(model)
     by_alpha: dict[float | None, dict[str, _Cached]] = {}

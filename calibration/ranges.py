@@ -1,4 +1,5 @@
-"""Activation ranges, and every other statistic calibration fits on the same rows, from two passes over the data.
+"""Activation ranges, and every other statistic calibration fits on the same rows, from one pass over the data (two
+on the graph smoothing starts from).
 
 The three methods users pick (CALIB_METHOD=) are ONNX Runtime's calibrators' rules:
   max         min/max over all batches (MinMaxCalibrater): keeps every outlier;
@@ -8,20 +9,24 @@ The three methods users pick (CALIB_METHOD=) are ONNX Runtime's calibrators' rul
 Only the tensors that feed a quantized op are calibrated, which keeps ResNet-50 calibration cheap.
 
 ORT's calibrators each run the data through a graph of their own, so every method cost a pass, and smoothing's
-maxima and bias correction's means a pass each.  Here a graph's data is run twice at most, one batch at a time, one
-batch of intermediate tensors held at a time:
+maxima and bias correction's means a pass each.  Here a graph's data is run once, twice where smoothing's maxima are
+asked for, one batch at a time, one batch of intermediate tensors held at a time (each batch's statistics of each
+tensor on a thread per core: calibration/parallel.py):
   the ranges  one session, unoptimized as the calibrators run theirs (CAPTURE_LEVEL), for every method at once: max
               by MinMaxCalibrater's rule, percentile and entropy in ORT's own HistogramCollector, fed one batch at
-              a time as the calibrators feed it; the calibrators' ranges exactly;
-  the rest    one session at the level the graph runs at elsewhere (pipeline/core/sessions.py), as those
-              statistics always were: the channel maxima smoothing scales come from (calibration/smooth.py) and the
-              input means bias correction needs (calibration/bias.py).
-One session for all would do, but it would move the maxima and means by float rounding (an optimized session
-fuses ops; ResNet-50's tensors move by ~1e-6 of their scale), and INT8's rounding turns that into another graph:
-all-MiniLM-L6-v2's cosine on held-out sentences (max ranges, smoothed) went from 0.9912 to 0.9893.
+              a time as the calibrators feed it; the calibrators' ranges exactly; and in the same pass the input
+              means bias correction needs (calibration/bias.py);
+  the maxima  one session at the level the graph runs at elsewhere (pipeline/core/sessions.py), as they always
+              were: the channel maxima smoothing scales come from (calibration/smooth.py).  Measured unoptimized,
+              they move by float rounding (an optimized session fuses ops; ResNet-50's tensors move by ~1e-6 of their
+              scale), and INT8's rounding turns that into other smoothing scales and another graph: all-MiniLM-L6-v2's
+              smoothed candidates' held-out errors moved by 0.7% (max: 0.0634 -> 0.0630).  The means moved by
+              float rounding alone: the biases they correct move in their last bits, and every held-out error, the
+              kept graph's and every candidate's, is the same to 6 digits (EfficientNet-Lite0, MiniLM, whose graphs
+              are the same bytes, and the 0.6 GB MLP).
 A smoothed graph's ranges of the tensors smoothing does not reach are the unsmoothed graph's (Alike): not measured;
-and where the unsmoothed graph's passes kept the values the smoothed part reads (its boundary, within KEPT_BYTES),
-the smoothed graph's passes run that part alone (ChangedPart), its weight inputs' means before it taken from the
+and where the unsmoothed graph's pass kept the values the smoothed part reads (its boundary, within KEPT_BYTES),
+the smoothed graph's pass runs that part alone (ChangedPart), its weight inputs' means before it taken from the
 unsmoothed pass: a CNN's smoothed classifier costs its own few nodes, not the network again (EfficientNet-Lite0's
 int8 stage 10.0 -> 8.8 s, its graphs the same bytes).
 """
@@ -100,21 +105,18 @@ def method_options(method: str) -> dict:
 
 @dataclass(frozen=True)
 class Shared:
-    """What the passes over a graph measured that another graph computes alike (ChangedPart): every tensor the
-    graph has (its inputs and node outputs), its weight inputs' means and the level its means pass ran at, and each
-    pass's values, batch by batch, of the tensors kept (`keep`: where the part another graph computes otherwise
-    begins), by pass ("ranges", "means"; None where that pass kept none)."""
+    """What the pass over a graph measured that another graph computes alike (ChangedPart): every tensor the graph has
+    (its inputs and node outputs), its weight inputs' means, and the pass's values, batch by batch, of the tensors
+    kept (`keep`: where the part another graph computes otherwise begins; None where it kept none)."""
 
     tensors: frozenset[str]
     means: dict[str, np.ndarray]
-    means_level: str | None
-    batches: dict[str, list[Feed] | None]
+    batches: list[Feed] | None
 
     @property
     def kept(self) -> set[str]:
-        """The tensors every pass kept."""
-        kept = [set(batches[0]) if batches else set() for batches in self.batches.values()]
-        return set.intersection(*kept) if kept else set()
+        """The tensors the pass kept."""
+        return set(self.batches[0]) if self.batches else set()
 
 
 @dataclass(frozen=True)
@@ -145,51 +147,51 @@ def collect_statistics(
     keep: Sequence[str] = (),
 ) -> Statistics:
     """The ranges of every method in `methods` on `graph` (a graph whose constants are initializers:
-    calibration.int8.calibrated_graph) from one pass over `data`, and from one more the channel maxima of the
-    tensors in `maxima_of` and, with `means`, the means of every Conv/Gemm/MatMul weight's input (module doc).
+    calibration.int8.calibrated_graph) and, with `means`, the means of every Conv/Gemm/MatMul weight's input from one
+    pass over `data`, and from one more the channel maxima of the tensors in `maxima_of` (module doc).
     alike: another graph's ranges, and what this one computes otherwise: only that is measured, and where the other
-    graph's passes kept the values that part reads, only that part runs (ChangedPart).  keep: tensors whose values
-    the passes keep for such a graph (Statistics.shared)."""
+    graph's pass kept the values that part reads, only that part runs (ChangedPart).  keep: tensors whose values
+    the pass keeps for such a graph (Statistics.shared)."""
     graph, passes = Path(graph), 0
     model = graph_without_weights(graph)  # both passes map its weights where they lie: no copy of them here
-    part = ChangedPart.of(model, alike)
     rows = [len(next(iter(feed.values()))) for feed in data.batches]
     ranges: list[MethodRanges] = []
-    kept_ranges = kept_means = None
-    if methods:
-        calibrated = calibrated_tensors(model)
+    measured_means: dict[str, np.ndarray] = {}
+    kept = None
+    if methods or means:
+        calibrated = calibrated_tensors(model) if methods else []
         ranges = [
             MethodRanges(method, calibrated, alike.reused(method, calibrated) if alike else {}) for method in methods
         ]
-        tensors = list(dict.fromkeys(name for method in ranges for name in method.tensors))
-        feeds = part.feeds("ranges", tensors) if part else None
-        source, batches = (part.model, feeds) if part and feeds else (model, data.batches)
-        kept_ranges = KeptValues(keep, tensors)
-        runs = tensor_values(source, tensors, batches, weights=graph.parent, level=CAPTURE_LEVEL)
-        passes += _run_pass(runs, graph, batches, rows, [*ranges, kept_ranges])
-    maxima, measured_means, level = ChannelMaxima(maxima_of), {}, None
-    if maxima_of or means:
-        wanted, level = weight_inputs(model) if means else {}, graph_level(graph)
-        reused = part.means(wanted, level) if part and not maxima_of else {}
-        rest = {name: axis for name, axis in wanted.items() if name not in reused}
-        feeds = part.feeds("means", list(rest)) if part and reused else None
-        source, batches = (part.model, feeds) if part and feeds else (model, data.batches)
+        wanted = weight_inputs(model) if means else {}
+        part = ChangedPart.of(model, alike)
+        reused = part.means(wanted) if part else {}
+        input_means = ChannelMeans({name: axis for name, axis in wanted.items() if name not in reused})
+        feeds = part.feeds(_read(ranges, input_means)) if part else None
         if feeds is None:  # the whole graph runs: every mean measured on it, as without a part
-            reused, rest = {}, wanted
-        input_means = ChannelMeans(rest)
-        tensors = list(dict.fromkeys([*input_means.tensors, *maxima.tensors]))  # the means' first: as they ran
-        kept_means = KeptValues(keep, tensors)
-        runs = tensor_values(source, tensors, batches, weights=graph.parent, level=level)
-        passes += _run_pass(runs, graph, batches, rows, [maxima, input_means, kept_means])
+            reused, input_means = {}, ChannelMeans(wanted)
+        source, batches = (part.model, feeds) if part and feeds is not None else (model, data.batches)
+        tensors = _read(ranges, input_means)
+        kept = KeptValues(keep, tensors)
+        runs = tensor_values(source, tensors, batches, weights=graph.parent, level=CAPTURE_LEVEL)
+        passes += _run_pass(runs, graph, batches, rows, [*ranges, input_means, kept])
         measured = {**reused, **input_means.means()}
-        measured_means = {name: measured[name] for name in wanted}  # in the graph's order, as they ran
+        measured_means = {name: measured[name] for name in wanted}  # in the graph's order
+    maxima = ChannelMaxima(maxima_of)
+    if maxima_of:  # at the level the graph runs at elsewhere (module doc)
+        runs = tensor_values(model, maxima.tensors, data.batches, weights=graph.parent, level=graph_level(graph))
+        passes += _run_pass(runs, graph, data.batches, rows, [maxima])
     shared = None
     if keep:
         computed = frozenset(name for node in model.graph.node for name in node.output)
-        kept = {"ranges": kept_ranges.batches if kept_ranges else None}
-        kept["means"] = kept_means.batches if kept_means else None
-        shared = Shared(computed | {value.name for value in model.graph.input}, measured_means, level, kept)
+        every = computed | {value.name for value in model.graph.input}
+        shared = Shared(every, measured_means, kept.batches if kept else None)
     return Statistics({r.method: r.ranges() for r in ranges}, maxima.maxima, measured_means, passes, shared)
+
+
+def _read(ranges: list[MethodRanges], means: ChannelMeans) -> list[str]:
+    """The tensors a pass for `ranges` and `means` reads, once each."""
+    return list(dict.fromkeys([*(name for method in ranges for name in method.tensors), *means.tensors]))
 
 
 class KeptValues:
@@ -215,9 +217,9 @@ class KeptValues:
 class ChangedPart:
     """The nodes of a graph that compute what another graph does not (alike.changed, and the tensors that graph has
     none of: a smoothed graph's smoothing Muls), as a graph of their own whose inputs are the tensors they read
-    from the rest, its boundary, fed each pass's values of them on the other graph (Shared).  Both graphs compute
-    the boundary alike, and a pass exposes it either way (a smoothed activation is a calibrated tensor and a
-    weight's input), so no optimizer fuses across it: the part computes what the whole graph would."""
+    from the rest, its boundary, fed the pass's values of them on the other graph (Shared).  Both graphs compute
+    the boundary alike, and the pass runs unoptimized (CAPTURE_LEVEL): the part computes what the whole graph
+    would."""
 
     def __init__(self, model: onnx.ModelProto, boundary: list[str], shared: Shared, changed: set[str]) -> None:
         self.model, self.boundary, self.shared, self._changed = model, boundary, shared, changed
@@ -235,7 +237,7 @@ class ChangedPart:
         boundary = list(dict.fromkeys(
             name for node in nodes for name in node.input if name and name not in made and name not in constants
         ))  # fmt: skip
-        if not nodes or not set(boundary) <= shared.kept:
+        if not nodes or shared.batches is None or not set(boundary) <= shared.kept:
             return None
         part = onnx.ModelProto()
         part.CopyFrom(model)  # the weights stay referenced where they lie: a graph's bytes, not its weights'
@@ -249,26 +251,22 @@ class ChangedPart:
         outputs = [output for output in graph.output if output.name in made]
         del graph.output[:]
         graph.output.extend(outputs)
-        first = next(batches[0] for batches in shared.batches.values() if batches)
+        first = shared.batches[0]  # kept: ChangedPart.of returns None where they are not
         graph.input.extend(
             helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(first[name].dtype), None)
             for name in boundary
         )
         return cls(part, boundary, shared, alike.changed)
 
-    def feeds(self, kind: str, tensors: Sequence[str]) -> list[Feed] | None:
-        """The boundary's values for each batch of the `kind` pass ("ranges", "means"), None where that pass kept
-        none or the part does not compute every one of `tensors`."""
-        batches = self.shared.batches.get(kind)
-        if batches is None or not set(tensors) <= self._computed:
+    def feeds(self, tensors: Sequence[str]) -> list[Feed] | None:
+        """The boundary's values for each batch of the other graph's pass, None where the part does not compute
+        every one of `tensors`."""
+        if self.shared.batches is None or not set(tensors) <= self._computed:
             return None
-        return [{name: batch[name] for name in self.boundary} for batch in batches]
+        return [{name: batch[name] for name in self.boundary} for batch in self.shared.batches]
 
-    def means(self, wanted: dict[str, int], level: str) -> dict[str, np.ndarray]:
-        """The means of `wanted` the other graph measured and this one computes alike, at the same level ({}
-        where it ran at another)."""
-        if level != self.shared.means_level:
-            return {}
+    def means(self, wanted: dict[str, int]) -> dict[str, np.ndarray]:
+        """The means of `wanted` the other graph measured and this one computes alike."""
         return {
             name: self.shared.means[name]
             for name in wanted

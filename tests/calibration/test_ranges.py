@@ -174,9 +174,9 @@ def test_one_pass_gives_every_method_the_calibrators_own_ranges(model, tmp_path,
 
 
 def test_a_smoothed_graph_runs_only_what_smoothing_changes_from_the_values_the_unsmoothed_passes_kept(model, tmp_path):
-    """The unsmoothed graph's passes keep the smoothed part's boundary (the first smoothed activation, "loud"); the
-    smoothed graph's passes then run that part alone (6 of its 13 nodes, the Convs not at all), fed those values,
-    and take the unchanged weight inputs' means from the unsmoothed pass: every range and mean the same, bit for
+    """The unsmoothed graph's pass keeps the smoothed part's boundary (the first smoothed activation, "loud"); the
+    smoothed graph's pass then runs that part alone (6 of its 13 nodes, the Convs not at all), fed those values,
+    and takes the unchanged weight inputs' means from the unsmoothed pass: every range and mean the same, bit for
     bit, as when the whole smoothed graph runs."""
     graph, rows = model
     data = _data(graph, rows)
@@ -195,7 +195,7 @@ def test_a_smoothed_graph_runs_only_what_smoothing_changes_from_the_values_the_u
     assert [node.op_type for node in part.model.graph.node] == ["Mul", "MatMul", "Add", "Relu", "Mul", "Gemm"]
     whole = collect_statistics(smoothed, data, METHODS, means=True, alike=Alike(first.ranges, changed))
     from_part = collect_statistics(smoothed, data, METHODS, means=True, alike=alike)
-    assert from_part.passes == whole.passes == 2
+    assert from_part.passes == whole.passes == 1  # the ranges and the means in one pass
     for method in METHODS:
         assert _as_cached(from_part.ranges[method]) == _as_cached(whole.ranges[method]), method
     assert list(from_part.means) == list(whole.means) == ["x", "r1", "r2", "loud_smoothed", "hidden_smoothed"]
@@ -230,11 +230,11 @@ def test_the_percentile_histograms_are_onnx_runtimes_collectors_bin_for_bin():
     assert len(expected["wide"][1]) > HISTOGRAM_BINS + 1  # the later batches did add bins
 
 
-def test_the_stage_runs_each_graph_twice_over_the_fit_rows_and_not_at_all_on_a_cache_hit(model, tmp_path):
-    """Percentile and max, smoothed and not: four candidates from four passes, two per graph (the unsmoothed graph:
-    both methods' ranges, then its means and the maxima the smoothing scales come from; the smoothed graph, whose
-    scales are known only then: both ranges, then its means), where each candidate took three before; the same four
-    from the cache with no pass, the same graph again; without smoothing, two passes for both methods."""
+def test_the_stage_runs_each_graph_once_over_the_fit_rows_and_not_at_all_on_a_cache_hit(model, tmp_path):
+    """Percentile and max, smoothed and not: four candidates from three passes, one per graph for both methods'
+    ranges and its means, and one more on the unsmoothed graph for the maxima the smoothing scales come from (at
+    the level it runs at); the same four from the cache with no pass, the same graph again; without smoothing, one
+    pass for both methods."""
     graph, rows = model
     calibration = read_calibration(rows, graph, None, samples=ROWS, batch=BATCH)
 
@@ -246,14 +246,14 @@ def test_the_stage_runs_each_graph_twice_over_the_fit_rows_and_not_at_all_on_a_c
 
     first = build((0.5, None), tmp_path / "both")
     assert len(first["search"]["candidates"]) == 4
-    assert (first["cache"], first["collect_passes"]) == ("miss", 4)
+    assert (first["cache"], first["collect_passes"]) == ("miss", 3)
     written = (tmp_path / "both" / "model.int8.onnx").read_bytes()
     again = build((0.5, None), tmp_path / "both")
     assert (again["cache"], again["collect_passes"], again["collect_seconds"]) == ("hit", 0, 0)
     assert (tmp_path / "both" / "model.int8.onnx").read_bytes() == written  # the cached ranges, scales and means
     assert again["search"] == first["search"]
     unsmoothed = build((None,), tmp_path / "unsmoothed")
-    assert len(unsmoothed["search"]["candidates"]) == 2 and unsmoothed["collect_passes"] == 2
+    assert len(unsmoothed["search"]["candidates"]) == 2 and unsmoothed["collect_passes"] == 1
 
 
 def test_a_corrected_qdq_graph_is_the_one_the_quantizer_makes_of_the_corrected_graph(model, tmp_path):
