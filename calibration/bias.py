@@ -29,6 +29,7 @@ from ..pipeline.core.sessions import file_key
 from ..pipeline.folder.artifacts import temporary_name
 from ..pipeline.folder.graph_files import graph_without_weights, initializer_array, write_graph
 from .parallel import per_tensor
+from .quantizable import quantizable_graph
 from .readers import Feed
 
 CORRECTED_OPS = ("Conv", "Gemm", "MatMul")  # a MatMul's bias is the constant of the one Add reading its output
@@ -99,7 +100,7 @@ def correct_biases(
     is read when its op is corrected, and copied as the graphs are written.  shifts: the shifts computed already
     (by an earlier call on the same graph, weights and means), taken from there and added to it."""
     calibrated = Path(calibrated)
-    model = graph_without_weights(calibrated)
+    model = quantizable_graph(calibrated)
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
     qdq, rounded = _rounding(quantized)

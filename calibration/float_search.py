@@ -14,12 +14,13 @@ from ..pipeline.core.compute import COMPUTE_OPS
 from ..pipeline.core.precision import Precision
 from ..pipeline.evaluation.agreement import Judge
 from ..pipeline.evaluation.layers import first_node_past
-from ..pipeline.folder.graph_files import graph_without_weights, remove_graph
+from ..pipeline.folder.graph_files import remove_graph
 from ..pipeline.folder.layout import graph_record
 from .bias import correct_biases, corrected_path
 from .holdout import CalibrationParts
 from .int8_records import QDQ_GRAPH, CalibrationConfig, Candidate, Search
 from .qdq import quantize_qdq
+from .quantizable import quantizable_graph
 from .share import int8_share
 
 # After the pick of method and smoothing, the quantized op where the held-out error starts (the first node past the
@@ -121,7 +122,7 @@ def _where_error_starts(candidate: Candidate, inputs: dict[str, np.ndarray]) -> 
     first = first_node_past(candidate.fp32_equal, candidate.qdq, inputs, graph_record(Precision.INT8))
     if first is None:
         return None
-    model = graph_without_weights(candidate.calibrated)
+    model = quantizable_graph(candidate.calibrated)
     producer = {output: node for node in model.graph.node for output in node.output}
     node = next(node for node in model.graph.node if node.name == first.node)
     while node is not None and node.op_type not in COMPUTE_OPS:

@@ -36,11 +36,10 @@ def quantize_qdq(
     exclude: Sequence[str] = (),
     weights: QuantizedWeights | None = None,
 ) -> dict:
-    """Write the Q/DQ graph for `ranges` (ORT TensorsData) of `fp32_path`, a graph whose constants are all
-    initializers (calibration.int8.calibrated_graph), the nodes named in `exclude` left in float; return its
-    structure for the manifest.  weights: the Q/DQ of `fp32_path`'s weights, kept for every graph made from the same
-    smoothing alpha's graph (its candidates, their bias-corrected graphs, the float search's tries); by default
-    quantized for this graph alone."""
+    """Write the Q/DQ graph for `ranges` (ORT TensorsData) of `fp32_path` (as quantizable_graph reads it), the nodes
+    named in `exclude` left in float; return its structure for the manifest.  weights: the Q/DQ of `fp32_path`'s
+    weights, kept for every graph made from the same smoothing alpha's graph (its candidates, their bias-corrected
+    graphs, the float search's tries); by default quantized for this graph alone."""
     with atomic_graph(out_path) as temporary:
         model = qdq_model(fp32_path, ranges, TENSORRT, weights or QuantizedWeights(), exclude)
         problems = qdq_problems(model)
@@ -49,24 +48,6 @@ def quantize_qdq(
         structure = qdq_structure(model)  # before save_graph, which moves the weights out past 2 GB
         save_graph(model, temporary)
     return structure
-
-
-def constants_as_initializers(graph: onnx.GraphProto) -> int:
-    """Turn Constant nodes (their `value` form) into initializers; return how many.  ORT's quantizer takes only
-    initializers as constants: a weight the TorchScript exporter left in a Constant node (a conv of Wav2Vec2's
-    feature extractor) is otherwise quantized as an activation (one per-tensor scale from its calibrated range,
-    which percentile clips, instead of one exact scale per output channel), and an op reading a Constant (a
-    transformer's attention-scale Mul, in the CPU graphs) needs a range for it and fails ("Quantization
-    parameters are not specified for param .../Constant_7_output_0")."""
-    constants = [
-        node
-        for node in graph.node
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value"
-    ]
-    for node in constants:
-        graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(node.attribute[0].t), node.output[0]))
-        graph.node.remove(node)
-    return len(constants)
 
 
 def qdq_problems(model: onnx.ModelProto) -> list[str]:

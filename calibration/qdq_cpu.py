@@ -47,10 +47,11 @@ import onnx
 from onnx import numpy_helper
 
 from ..pipeline.core.cpu import NO_VNNI, VNNI
-from ..pipeline.folder.graph_files import atomic_graph, graph_without_weights, save_graph
+from ..pipeline.folder.graph_files import atomic_graph, save_graph
 from .qdq import qdq_structure
 from .qdq_marks import IntegerForm, QdqScheme, reader_counts
 from .qdq_write import QuantizedWeights, marked_initializers, qdq_model
+from .quantizable import quantizable_graph
 
 # The ops whose Q/DQ ONNX Runtime's CPU provider turns into an int8 kernel (QLinearConv, QGemm,
 # QLinearMatMul, QLinearAdd/Mul, QLinearAveragePool/GlobalAveragePool, QLinearConcat), runs on
@@ -153,7 +154,7 @@ class Uint8Rounding:
     quantized_weights): each weight rounded once for both."""
 
     def __init__(self, fp32_path: Path, ranges) -> None:
-        model = graph_without_weights(fp32_path)
+        model = quantizable_graph(fp32_path)
         unranged = nodes_without_ranges(model.graph, asymmetric_ranges(model.graph, ranges))
         self._scheme = cpu_scheme("u8u8")
         self._marks = marked_initializers(model, self._scheme, unranged)
@@ -191,7 +192,7 @@ def cpu_scheme(weights: str, float_output_ops: tuple[str, ...] = FLOAT_OUTPUTS) 
 
 def _cpu_ranges(fp32_path: Path, ranges) -> tuple:
     """The CPU graph's ranges (asymmetric_ranges, as ORT TensorsData) and the nodes they leave in float."""
-    model = graph_without_weights(fp32_path)  # the ranges read the graph's structure and small constants only
+    model = quantizable_graph(fp32_path)  # the ranges read the graph's structure and small constants only
     cpu_ranges = asymmetric_ranges(model.graph, ranges)
     return as_tensors_data(cpu_ranges, ranges.calibration_method), nodes_without_ranges(model.graph, cpu_ranges)
 

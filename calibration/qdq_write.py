@@ -42,9 +42,10 @@ import onnx
 from onnx import numpy_helper
 from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
-from ..pipeline.folder.graph_files import graph_without_weights, initializer_array
+from ..pipeline.folder.graph_files import initializer_array
 from ..pipeline.folder.onnx_wire import external_span, read_span
 from .qdq_marks import Bias, IntegerForm, Mark, Marks, QdqScheme, adjusted_ranges, mark_tensors
+from .quantizable import quantizable_graph
 from .ranges import QUANTIZED_OPS
 
 INT8 = onnx.TensorProto.INT8
@@ -174,14 +175,14 @@ def marked_initializers(model: onnx.ModelProto, scheme: QdqScheme, exclude: Sequ
 def qdq_model(
     graph: Path, ranges, scheme: QdqScheme, weights: QuantizedWeights, exclude: Sequence[str] = ()
 ) -> onnx.ModelProto:
-    """The Q/DQ graph quantize_static makes of `graph` (a graph whose constants are all initializers:
-    int8.calibrated_graph) with `scheme`'s options, `ranges` (ORT TensorsData) and the nodes named in `exclude` left in
-    float, its weights from `weights` (those of `graph`'s smoothing alpha), every tensor in memory."""
+    """The Q/DQ graph quantize_static makes of `graph` (its Constant nodes as initializers: quantizable_graph) with
+    `scheme`'s options, `ranges` (ORT TensorsData) and the nodes named in `exclude` left in float, its weights from
+    `weights` (those of `graph`'s smoothing alpha), every tensor in memory."""
     from onnxruntime.quantization.onnx_model import ONNXModel
     from onnxruntime.quantization.quant_utils import __producer__, __version__, add_infer_metadata
 
     graph = Path(graph)
-    model = onnx.shape_inference.infer_shapes(graph_without_weights(graph))  # ORT's value_info: it infers by path
+    model = onnx.shape_inference.infer_shapes(quantizable_graph(graph))  # ORT's value_info: it infers by path
     add_infer_metadata(model)
     _refuse_what_is_not_reproduced(model)
     adjusted = adjusted_ranges(model, ranges, scheme, exclude)

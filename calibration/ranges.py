@@ -48,10 +48,10 @@ from ..pipeline.core.errors import PipelineError
 from ..pipeline.core.sessions import UNOPTIMIZED, graph_level
 from ..pipeline.core.settings import mention_name
 from ..pipeline.evaluation.tensors import tensor_values
-from ..pipeline.folder.graph_files import graph_without_weights
 from .bias import ChannelMeans, weight_inputs
 from .parallel import per_tensor
 from .qdq_marks import FLOATS
+from .quantizable import quantizable_graph
 from .readers import CalibrationData, Feed
 from .smooth import ChannelMaxima
 
@@ -146,14 +146,13 @@ def collect_statistics(
     alike: Alike | None = None,
     keep: Sequence[str] = (),
 ) -> Statistics:
-    """The ranges of every method in `methods` on `graph` (a graph whose constants are initializers:
-    calibration.int8.calibrated_graph) and, with `means`, the means of every Conv/Gemm/MatMul weight's input from one
-    pass over `data`, and from one more the channel maxima of the tensors in `maxima_of` (module doc).
-    alike: another graph's ranges, and what this one computes otherwise: only that is measured, and where the other
-    graph's pass kept the values that part reads, only that part runs (ChangedPart).  keep: tensors whose values
-    the pass keeps for such a graph (Statistics.shared)."""
+    """The ranges of every method in `methods` on `graph` (as quantizable_graph reads it) and, with `means`, the means
+    of every Conv/Gemm/MatMul weight's input from one pass over `data`, and from one more the channel maxima of the
+    tensors in `maxima_of` (module doc).  alike: another graph's ranges, and what this one computes otherwise: only that
+    is measured, and where the other graph's pass kept the values that part reads, only that part runs (ChangedPart).
+    keep: tensors whose values the pass keeps for such a graph (Statistics.shared)."""
     graph, passes = Path(graph), 0
-    model = graph_without_weights(graph)  # both passes map its weights where they lie: no copy of them here
+    model = quantizable_graph(graph)  # both passes map its weights where they lie: no copy of them here
     rows = [len(next(iter(feed.values()))) for feed in data.batches]
     ranges: list[MethodRanges] = []
     measured_means: dict[str, np.ndarray] = {}

@@ -88,19 +88,22 @@ def test_bias_correction_removes_the_shift_weight_rounding_adds_and_is_kept_by_h
 def test_judging_writes_the_fp32_graph_corrected_for_the_kept_candidate_alone(tmp_path):
     """Each candidate is judged by its Q/DQ graph with corrected biases; the FP32 graph with the same biases (the CPU
     graphs' source) is written once, for the candidate kept, not a copy of the weights per candidate, and it is
-    the graph corrected from that candidate's own Q/DQ graph.  The other candidates' graphs are removed once the
-    pick is made."""
+    the graph corrected from that candidate's own Q/DQ graph.  A graph whose bias is a Constant node is calibrated
+    from the FP32 file itself (read with its Constant nodes as initializers), not from a copy of it: the corrected
+    graph lies beside it, its bias corrected all the same.  The other candidates' graphs are removed once the pick
+    is made."""
     (fp32, arguments), scratch = _depthwise_case(tmp_path), tmp_path / "scratch"
-    _bias_as_constant_node(fp32)  # a graph calibrated from a rewritten copy in the scratch, corrected there
+    _bias_as_constant_node(fp32)
     scratch.mkdir()
-    arguments["config"] = CalibrationConfig(("max", "percentile"))
-    result = make_int8_graph(
-        fp32, tmp_path / "model.int8.onnx", **arguments, judge=int8_judge(Fp32Reference(fp32)), scratch=scratch
-    )
-    candidates = result.calibration["search"]["candidates"]
-    assert [candidate["biases_corrected"] for candidate in candidates] == [True, True], candidates
-    chosen = result.chosen
-    assert sorted(scratch.rglob("*model.calibrated.corrected.onnx*")) == [chosen.calibrated]  # no data file either
+    config = CalibrationConfig(("max", "percentile"))
+    parts, judge = arguments["calibration"], int8_judge(Fp32Reference(fp32))
+    candidates = int8.build_candidates(fp32, parts, config, arguments["cache_folder"], scratch, judged=True)
+    search = int8.judge_candidates(candidates, parts, judge, scratch)
+    assert [candidate.bias_correction["kept"] for candidate in search.tried] == [True, True]
+    chosen = search.chosen
+    assert chosen.uncorrected == fp32 and not list(scratch.rglob("*calibrated*"))  # no copy of the FP32 graph
+    corrected = sorted(tmp_path.rglob("*model.calibrated.corrected.onnx*"))
+    assert corrected == [chosen.calibrated] and chosen.calibrated.parent == tmp_path  # no data file either
     assert [folder for folder in scratch.iterdir() if folder.name.isdigit()] == [chosen.qdq.parent]  # others removed
 
     expected = tmp_path / "expected.onnx"
@@ -111,10 +114,12 @@ def test_judging_writes_the_fp32_graph_corrected_for_the_kept_candidate_alone(tm
         t.name: numpy_helper.to_array(t).tolist() for t in wanted.graph.initializer
     }
     assert [node.input for node in written.graph.node] == [node.input for node in wanted.graph.node]
+    bias = numpy_helper.to_array(next(t for t in written.graph.initializer if t.name == "b"))
+    assert np.abs(bias).min() > 0  # the Constant node's bias (zeros) corrected
 
 
 def _bias_as_constant_node(path: Path) -> None:
-    """The graph at `path` with its bias `b` made by a Constant node (calibration then rewrites it in its scratch)."""
+    """The graph at `path` with its bias `b` made by a Constant node."""
     model = onnx.load(str(path))
     bias = next(init for init in model.graph.initializer if init.name == "b")
     model.graph.initializer.remove(bias)
