@@ -16,6 +16,7 @@ from ..pipeline.evaluation.agreement import Judge
 from ..pipeline.evaluation.layers import first_node_past
 from ..pipeline.folder.graph_files import remove_graph
 from ..pipeline.folder.layout import graph_record
+from ..pipeline.folder.records import worst_output
 from .bias import correct_biases, corrected_path
 from .holdout import CalibrationParts
 from .int8_records import QDQ_GRAPH, CalibrationConfig, Candidate, Search
@@ -74,8 +75,8 @@ def _keep_float(
     scratch: Path,
 ) -> tuple[Candidate, dict]:
     """(the candidate with the ops kept in float that earned it, the record of every op tried): see FLOAT_OPS_TRIED."""
-    assert chosen.held_out is not None  # _correct_biases judged every candidate
-    current, error = chosen, chosen.held_out.error_mean
+    assert chosen.judged is not None  # _correct_biases judged every candidate
+    current, error = chosen, chosen.judged.error_mean
     tried: list[dict] = []
     if error < FLOAT_SEARCH_FROM:
         return current, {"rule": f"not tried: held-out error {error:.3g} < {FLOAT_SEARCH_FROM}"}
@@ -87,7 +88,8 @@ def _keep_float(
         correct = means if current.uncorrected else None
         path, structure = _quantized(current, float_ops, correct, scratch / str(attempt))
         share = int8_share(path, macs)["int8_compute_share"]
-        agreement = judge(path, held_out)
+        outputs = judge(path, held_out)
+        _, agreement = worst_output(outputs)
         gain = 1 - agreement.error_mean / error
         given_up = int8_share(current.qdq, macs)["int8_compute_share"] - share
         kept = gain >= max(FLOAT_MIN_GAIN, FLOAT_GAIN_PER_SHARE * given_up) and share >= MIN_INT8_SHARE
@@ -105,7 +107,7 @@ def _keep_float(
             break
         if current.qdq.parent.parent == scratch:  # the try this one replaces
             shutil.rmtree(current.qdq.parent, ignore_errors=True)
-        current = replace(current, qdq=path, structure=structure, held_out=agreement, float_ops=float_ops)
+        current = replace(current, qdq=path, structure=structure, held_out=outputs, float_ops=float_ops)
         error = agreement.error_mean
     rule = (
         f"the quantized op where the held-out error starts, kept in float when that cuts it by {FLOAT_MIN_GAIN:.0%} "

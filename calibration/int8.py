@@ -45,6 +45,7 @@ from ..pipeline.folder.graph_files import (
     write_graph,
 )
 from ..pipeline.folder.layout import CACHE_FOLDER, SAMPLE
+from ..pipeline.folder.records import worst_output
 from .bias import correct_biases, corrected_path
 from .cache import CacheLookup, cache_key, cache_path, load_ranges, save_ranges
 from .float_search import search_float
@@ -196,7 +197,7 @@ def _ops_digest(graph: Path) -> str:
 
 
 def _held_out_error(candidate: Candidate) -> float:
-    return candidate.held_out.error_mean if candidate.held_out else 0.0
+    return candidate.judged.error_mean if candidate.judged else 0.0
 
 
 def write_int8_graphs(
@@ -286,7 +287,7 @@ def _how_kept(chosen: Candidate, tried: tuple[Candidate, ...], share: dict) -> s
     """What the kept candidate smoothed, corrected and left in float, and what it was picked among."""
     smoothed = f", {len(chosen.scales)} activations smoothed (alpha {chosen.alpha:g})" if chosen.alpha else ""
     if len(tried) > 1:
-        errors = "; ".join(f"{c.label} {c.held_out.error_mean:.3g}" for c in tried if c.held_out)
+        errors = "; ".join(f"{c.label} {c.judged.error_mean:.3g}" for c in tried if c.judged)
         smoothed += f" (the lowest held-out error of {len(tried)}: {errors})"
     if chosen.bias_correction and chosen.bias_correction["kept"]:
         smoothed += f", biases corrected for weight rounding ({chosen.bias_correction['ops']} ops)"
@@ -454,13 +455,14 @@ def _correct_biases(candidate: Candidate, held_out: list[dict[str, np.ndarray]],
     rounding of their weights where that lowers the held-out error (calibration/bias.py, same ranges, same
     weights; its FP32 graph's are corrected once it is kept: _with_corrected_graph), and the record of both
     errors.  The corrected Q/DQ graph is written beside the candidate's and references its int8 weights there."""
-    judged = judge(candidate.qdq, held_out)
+    outputs = judge(candidate.qdq, held_out)
     qdq = candidate.qdq.with_name(CORRECTED_QDQ_GRAPH)
     correction = correct_biases(
         candidate.calibrated, candidate.qdq, candidate.means, quantized_out=qdq, shifts=candidate.shifts
     )
     opens_like(qdq, candidate.qdq)  # the judge probed that graph: this one differs in biases alone
-    agreement = judge(qdq, held_out)
+    corrected_outputs = judge(qdq, held_out)
+    (_, judged), (_, agreement) = worst_output(outputs), worst_output(corrected_outputs)
     kept = agreement.error_mean < judged.error_mean
     record = {
         **correction,
@@ -470,8 +472,8 @@ def _correct_biases(candidate: Candidate, held_out: list[dict[str, np.ndarray]],
         "chosen_on": "the held-out calibration rows, as the method and smoothing pick",
     }
     if not kept:
-        return replace(candidate, held_out=judged, bias_correction=record)
-    return replace(candidate, qdq=qdq, held_out=agreement, bias_correction=record)
+        return replace(candidate, held_out=outputs, bias_correction=record)
+    return replace(candidate, qdq=qdq, held_out=corrected_outputs, bias_correction=record)
 
 
 def _with_corrected_graph(candidate: Candidate, scratch: Path) -> Candidate:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..pipeline.folder.records import RowsAgreement
+from ..pipeline.folder.records import RowsAgreement, worst_output
 from .bias import BiasShifts
 from .cache import CacheLookup
 from .qdq_write import QuantizedWeights
@@ -76,12 +76,17 @@ class Candidate:
     structure: dict
     weights: QuantizedWeights  # its smoothing alpha's, shared by every Q/DQ graph made from `calibrated`
     shifts: BiasShifts  # its smoothing alpha's bias corrections' shifts, shared as the weights are
-    held_out: RowsAgreement | None = None
+    held_out: dict[str, RowsAgreement] | None = None  # each output's, on the held-out rows (the judge's)
     float_ops: tuple[str, ...] = ()
     # Where `calibrated` has every Conv/Gemm bias corrected (calibration/bias.py; the CPU graphs, which quantize
     # every op, are made from it): the graph before, FP32's equal, from which ops kept in float are quantized.
     uncorrected: Path | None = None
     bias_correction: dict | None = None  # the held-out errors before and after it, and whether it was kept
+
+    @property
+    def judged(self) -> RowsAgreement | None:
+        """Its worst output on the held-out rows: what the picks compare (None where it was not judged)."""
+        return worst_output(self.held_out)[1] if self.held_out else None
 
     @property
     def fp32_equal(self) -> Path:
@@ -90,7 +95,7 @@ class Candidate:
 
     def as_record(self) -> dict:
         """Its method, alpha and held-out numbers as compared (its biases corrected where that was kept)."""
-        judged = self.held_out
+        judged = self.judged
         numbers = {"error_mean": judged.error_mean, "cosine_min": judged.cosine_min} if judged else {}
         held_out = {f"held_out_{k}": float(f"{v:.6g}") for k, v in numbers.items()}
         corrected = {"biases_corrected": self.bias_correction["kept"]} if self.bias_correction else {}

@@ -15,8 +15,9 @@ from ..folder.records import RowsAgreement
 from . import evaluation_session, graph_session
 
 Feeds = dict[str, np.ndarray]
-# Judges a candidate INT8 graph on rows it never saw: (graph, batches) -> its worst output's agreement with FP32.
-Judge = Callable[[Path, list[Feeds]], RowsAgreement]
+# Judges a candidate INT8 graph on rows it never saw: (graph, batches) -> each output's agreement with FP32 (the
+# picks compare the worst: records.worst_output; the gate takes the kept graph's as its held-out numbers).
+Judge = Callable[[Path, list[Feeds]], dict[str, RowsAgreement]]
 
 
 def fp32_outputs(session, batches: list[Feeds]) -> list[dict[str, np.ndarray]]:
@@ -66,13 +67,11 @@ class Fp32Reference:
 
 def int8_judge(reference: Fp32Reference) -> Judge:
     """The gate's evaluation as a judge of candidate INT8 graphs for the engine (calibration/int8.py keeps the best
-    on the held-out rows): (graph, batches) -> the worst output's agreement with the FP32 graph on those batches."""
+    on the held-out rows): (graph, batches) -> each output's agreement with the FP32 graph on those batches."""
     engine_int8 = graph_record(Precision.INT8)  # a candidate is judged as the engine's graph it would become
 
-    def judge(int8_path: Path, batches: list[Feeds]) -> RowsAgreement:
-        wanted = reference.outputs(batches)
-        records = outputs_agreement(evaluation_session(engine_int8, int8_path), batches, wanted)
-        return max(records.values(), key=lambda record: record.error_mean)
+    def judge(int8_path: Path, batches: list[Feeds]) -> dict[str, RowsAgreement]:
+        return outputs_agreement(evaluation_session(engine_int8, int8_path), batches, reference.outputs(batches))
 
     return judge
 

@@ -238,6 +238,12 @@ class RowsAgreement:
         return cls(int(raw["rows"]), *(float(raw[name]) for name in names[1:]))
 
 
+def worst_output(outputs: dict[str, RowsAgreement]) -> tuple[str, RowsAgreement]:
+    """The output with the largest mean error, and its numbers: what INT8's gate decides on and its picks compare."""
+    name = max(outputs, key=lambda output: outputs[output].error_mean)
+    return name, outputs[name]
+
+
 @dataclass(frozen=True)
 class GraphAgreement:
     """One INT8 graph against FP32, by output: in-sample (the rows its ranges were fit on) and held out (rows they
@@ -253,9 +259,7 @@ class GraphAgreement:
 
     def worst(self) -> tuple[str, RowsAgreement]:
         """The output the gate decides on (the largest mean error on the judged rows) and its numbers there."""
-        judged = self.held_out or self.in_sample
-        name = max(judged, key=lambda output: judged[output].error_mean)
-        return name, judged[name]
+        return worst_output(self.held_out or self.in_sample)
 
     def held_out_ratio(self) -> float | None:
         """The worst output's held-out error over its in-sample error; None where nothing is held out."""

@@ -20,7 +20,7 @@ from ..evaluation.agreement import Fp32Reference, outputs_agreement
 from ..evaluation.layers import first_bad_node_text
 from ..folder.graph_io import load_reference
 from ..folder.layout import FP32_GRAPH, graph_record
-from ..folder.records import CalibrationSplit, Evaluation, GraphAgreement, GraphRecord, Int8Agreement
+from ..folder.records import CalibrationSplit, Evaluation, GraphAgreement, GraphRecord, Int8Agreement, RowsAgreement
 
 if TYPE_CHECKING:
     from .fp16_overflow import Case
@@ -140,6 +140,7 @@ def check_int8_agreement(
     split: CalibrationSplit | None = None,
     strict: bool = False,
     optional: Mapping[Path, GraphRecord] | None = None,
+    judged: Mapping[Path, dict[str, RowsAgreement]] | None = None,
 ) -> Int8Agreement:
     """Each INT8 graph for the engine (`int8_paths`, judged as TensorRT computes them) against the FP32 graph (`fp32`,
     whose outputs the stage's judge computed already on the held-out rows) on the rows its ranges were fit on
@@ -147,17 +148,20 @@ def check_int8_agreement(
     the file written.  Raise PipelineError past INT8_MAX_ERROR on the held-out rows (in-sample where none are
     given).  An `optional` graph (by path, with its record: a CPU-shaped graph, judged on ONNX Runtime's int8
     kernels) past it is not an error: its record says "left_out" with the reason, for the caller to drop it (the
-    engine's graph stands in).
+    engine's graph stands in).  judged: a graph's outputs' agreement on the `held_out` rows computed already, by
+    the INT8 stage's judge on the same bytes (the kept candidate's Q/DQ graph, copied to model.int8.onnx), taken
+    as its held-out numbers: the graph runs here on the in-sample rows alone.
 
     Held-out error past MUCH_WORSE_RATIO times in-sample (or nothing held out) means the calibration set cannot
     stand for the served data: the record's "warning" says so with the fix, and `strict` refuses instead."""
     parts = {"in_sample": in_sample, **({"held_out": held_out} if held_out else {})}
     split = split or CalibrationSplit("none: every row judged in-sample", _count(in_sample))
     engine = graph_record(Precision.INT8)
-    graphs = {path.name: _int8_agreement(fp32, path, engine, parts, split) for path in int8_paths}
+    judged = judged or {}
+    graphs = {path.name: _int8_agreement(fp32, path, engine, parts, split, judged.get(path)) for path in int8_paths}
     for path, graph in (optional or {}).items():
         try:
-            graphs[path.name] = _int8_agreement(fp32, path, graph, parts, split)
+            graphs[path.name] = _int8_agreement(fp32, path, graph, parts, split, judged.get(path))
         except PipelineError as refused:
             graphs[path.name] = GraphAgreement({}, left_out=refused.problem)
     warning = _unrepresentative(graphs[int8_paths[0].name], split) if int8_paths else None
@@ -187,11 +191,18 @@ def _int8_agreement(
     graph: GraphRecord,
     parts: dict[str, list[dict[str, np.ndarray]]],
     split: CalibrationSplit,
+    held_out: dict[str, RowsAgreement] | None = None,
 ) -> GraphAgreement:
-    """The INT8 graph on disk, run here on every part, against FP32's outputs on it (each part's run once)."""
+    """The INT8 graph on disk, run here on every part (but the held-out rows where their numbers are given),
+    against FP32's outputs on it (each part's run once)."""
     first = next(iter(parts.values()))[0]
     quantized = evaluation_session(graph, int8_path, probe_feed={name: value[:1] for name, value in first.items()})
-    records = {part: outputs_agreement(quantized, batches, fp32.outputs(batches)) for part, batches in parts.items()}
+    records = {
+        part: held_out
+        if part == "held_out" and held_out
+        else outputs_agreement(quantized, batches, fp32.outputs(batches))
+        for part, batches in parts.items()
+    }
     agreement = GraphAgreement(records["in_sample"], records.get("held_out", {}))
     _, worst = agreement.worst()
     if not worst.error_mean <= INT8_MAX_ERROR:  # NaN fails too

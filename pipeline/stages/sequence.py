@@ -52,7 +52,15 @@ from ..folder.layout import (
 from ..folder.manifest import read_manifest, record_stage, update_manifest
 from ..folder.provenance import artifact_problems, describe_artifacts, package_versions
 from ..folder.rebuild import make_engine_command
-from ..folder.records import BuildRecord, GraphRecord, ModelRecord, PostprocessRecord, StageRecord, Target
+from ..folder.records import (
+    BuildRecord,
+    GraphRecord,
+    ModelRecord,
+    PostprocessRecord,
+    RowsAgreement,
+    StageRecord,
+    Target,
+)
 from .build import build_engine
 from .check import check_onnx
 from .export import export_onnx, parity_batches, release_module, write_reference
@@ -294,7 +302,7 @@ def _int8_stage(run: Run, engine: GraphRecord) -> None:
     for graph in written.values():
         graph_path, reference = _require(run, graph.file), _require(run, REFERENCE)
         run.stage(graph.gate, check_parity, graph_path, reference, graph=graph)
-    for graph in _check_int8_agreement(run, fp32, calibration, engine, written):
+    for graph in _check_int8_agreement(run, fp32, calibration, engine, written, result.chosen.held_out):
         _leave_out_graph(run, graph, "it departs from FP32 on the calibration data (agreement_int8 in the manifest)")
 
 
@@ -308,7 +316,12 @@ def _preprocess(run: Run):
 
 
 def _check_int8_agreement(
-    run: Run, fp32: Fp32Reference, parts: CalibrationParts, engine: GraphRecord, cpu_graphs: dict[str, GraphRecord]
+    run: Run,
+    fp32: Fp32Reference,
+    parts: CalibrationParts,
+    engine: GraphRecord,
+    cpu_graphs: dict[str, GraphRecord],
+    judged: dict[str, RowsAgreement] | None,
 ) -> list[GraphRecord]:
     """INT8's gate, on the calibration rows held out from the ranges' fit (with the fit rows' numbers beside them):
     the engine's graph, and the CPU graph this CPU's runner serves; returns the CPU graphs to leave out.  Where
@@ -317,7 +330,8 @@ def _check_int8_agreement(
     The engine's graph past the gate stops the build.  The CPU graph is optional (int8.py): past the gate it is
     left out, and the runner on this CPU serves the engine's graph with its Q/DQ simulated instead (slower, as
     accurate as the engine).  The CPU graph for the other kind of CPU is not judged here: this CPU's kernels do
-    not run it as its own CPU does (U8S8 saturates without VNNI).
+    not run it as its own CPU does (U8S8 saturates without VNNI).  judged: the engine graph's outputs on the
+    held-out rows, as the INT8 stage judged its bytes (the kept candidate's): not computed again.
     """
     served = cpu_graphs.get(int8_cpu_kind())
     agreement = run.stage(
@@ -330,6 +344,7 @@ def _check_int8_agreement(
         split=parts.split,
         strict=run.settings.strict_calib,
         optional={_require(run, served.file): served} if served else {},
+        judged={_require(run, engine.file): judged} if judged else {},
     )
     if agreement.warning is not None:
         print(render(f"warning: {agreement.warning} ({mention(strict_calib=True)} refuses such a build)"), flush=True)

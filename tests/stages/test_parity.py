@@ -4,6 +4,7 @@ on the calibration data."""
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ from trt_pipeline.calibration.int8_records import CalibrationConfig
 from trt_pipeline.pipeline.core.cpu import NO_VNNI
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.precision import Precision
-from trt_pipeline.pipeline.evaluation.agreement import Fp32Reference
+from trt_pipeline.pipeline.evaluation.agreement import Fp32Reference, int8_judge
 from trt_pipeline.pipeline.folder.artifacts import write_npz
 from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, graph_record
 from trt_pipeline.pipeline.stages.parity import check_int8_agreement, check_parity
@@ -58,6 +59,21 @@ def test_int8_gate_passes_the_calibrated_graph_and_fails_a_wrong_scale(int8, fp3
     record = check_int8_agreement(Fp32Reference(fp32), [int8[0]], batches, optional={tmp_path / shaped.file: shaped})
     assert record.graphs["model.int8.onnx"].left_out is None
     assert "departs from FP32 on the calibration data" in str(record.graphs[shaped.file].left_out)
+
+
+def test_the_int8_gate_takes_the_held_out_numbers_the_stage_judged_and_runs_the_in_sample_rows(int8, fp32, split):
+    """The INT8 stage's judge computed the kept graph's outputs' agreement on the held-out rows already: the gate's
+    own evaluation of the same bytes gives the same numbers, so it takes them as given (here halved, to tell them
+    from numbers computed again) and runs the graph on the in-sample rows alone."""
+    fit, held_out = [{"input": split.train_inputs[:64]}], [{"input": split.train_inputs[64:96]}]
+    reference = Fp32Reference(fp32)
+    judged = int8_judge(reference)(int8[0], held_out)
+    afresh = check_int8_agreement(reference, [int8[0]], fit, held_out).graphs["model.int8.onnx"]
+    assert afresh.held_out == judged and afresh.held_out["logits"].rows == 32
+    given = {name: replace(rows, error_mean=rows.error_mean / 2) for name, rows in judged.items()}
+    taken = check_int8_agreement(reference, [int8[0]], fit, held_out, judged={int8[0]: given})
+    graph = taken.graphs["model.int8.onnx"]
+    assert graph.held_out == given and graph.in_sample == afresh.in_sample
 
 
 def test_int8_smoke_parity_on_random_inputs_fails_only_on_inf_or_nan(tmp_path):
