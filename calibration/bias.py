@@ -162,21 +162,20 @@ class ChannelMeans:
     def __init__(self, tensors: dict[str, int]) -> None:
         self.tensors, self._axes = list(tensors), tensors
         self._sums: dict[str, np.ndarray] = {}
-        self._rows = 0
+        self._rows: dict[str, int] = {}  # by tensor: a pass gives a batch's tensors in parts
 
     def add(self, values: Feed, rows: int) -> None:
-        self._rows += rows
-
         def channel_mean(name: str, value: np.ndarray) -> np.ndarray:
             value = np.asarray(value, dtype=np.float64)
             axes = tuple(axis for axis in range(value.ndim) if axis != self._axes[name] % value.ndim)
             return value.mean(axis=axes) * rows  # weighted by rows: batches may differ in size
 
-        for name, mean in per_tensor(channel_mean, {name: values[name] for name in self.tensors}).items():
+        for name, mean in per_tensor(channel_mean, {n: values[n] for n in self.tensors if n in values}).items():
             self._sums[name] = self._sums[name] + mean if name in self._sums else mean
+            self._rows[name] = self._rows.get(name, 0) + rows
 
     def means(self) -> dict[str, np.ndarray]:
-        return {name: total / self._rows for name, total in self._sums.items()}
+        return {name: total / self._rows[name] for name, total in self._sums.items()}
 
 
 def _copy_biases(slots: list[tuple[onnx.NodeProto, int]], initializers: dict, qdq: onnx.GraphProto) -> None:

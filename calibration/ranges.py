@@ -12,10 +12,12 @@ ORT's calibrators each run the data through a graph of their own, so every metho
 maxima and bias correction's means a pass each.  Here a graph's data is run once, twice where smoothing's maxima are
 asked for, one batch at a time, one batch of intermediate tensors held at a time (each batch's statistics of each
 tensor on a thread per core: calibration/parallel.py):
-  the ranges  one session, unoptimized as the calibrators run theirs (CAPTURE_LEVEL), for every method at once: max
-              by MinMaxCalibrater's rule, percentile and entropy in ORT's own HistogramCollector, fed one batch at
-              a time as the calibrators feed it; the calibrators' ranges exactly; and in the same pass the input
-              means bias correction needs (calibration/bias.py);
+  the ranges  unoptimized as the calibrators run theirs, for every method at once: max by MinMaxCalibrater's rule,
+              percentile and entropy in ORT's own HistogramCollector, fed one batch at a time as the calibrators
+              feed it; the calibrators' ranges exactly; and in the same pass the input means bias correction needs
+              (calibration/bias.py).  The graph runs in parts, each holding about PART_BYTES of a batch's tensors
+              (pipeline/evaluation/tensors.py tensor_values_in_parts: unoptimized, the same values bit for bit):
+              ViT-L/16's pass held 4 GB of them at once, past 3x its weights;
   the maxima  one session at the level the graph runs at elsewhere (pipeline/core/sessions.py), as they always
               were: the channel maxima smoothing scales come from (calibration/smooth.py).  Measured unoptimized,
               they move by float rounding (an optimized session fuses ops; ResNet-50's tensors move by ~1e-6 of their
@@ -35,19 +37,19 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import onnx
-from onnx import helper
 
 from ..pipeline.core.errors import PipelineError
-from ..pipeline.core.sessions import UNOPTIMIZED, graph_level
+from ..pipeline.core.sessions import graph_level
 from ..pipeline.core.settings import mention_name
-from ..pipeline.evaluation.tensors import tensor_values
+from ..pipeline.evaluation.tensors import part_graph, part_inputs, tensor_values, tensor_values_in_parts
 from .bias import ChannelMeans, weight_inputs
 from .parallel import per_tensor
 from .qdq_marks import FLOATS
@@ -67,13 +69,15 @@ QUANTIZED_BINS = 128  # the positive half of INT8
 # The most a pass keeps of a boundary's values for another graph's changed part, all batches together
 # (ChangedPart): EfficientNet-Lite0's, its classifier's input, is 4 KiB a row.
 KEPT_BYTES = 256 * 2**20
-# ORT's calibrators open their graph unoptimized, so the ranges' session does: the same tensors, bit for bit (and no
-# probe: pipeline/core/sessions.py).
-CAPTURE_LEVEL = UNOPTIMIZED
+# The most of a batch's calibrated tensors a pass holds at once, about (pipeline/evaluation/tensors.py
+# tensor_values_in_parts): the graph runs in parts that expose this much each.  ViT-L/16's are 4 GB a batch of 8.
+PART_BYTES = 512 * 2**20
+T = TypeVar("T")
 
 
 class Statistic(Protocol):
-    """What a pass feeds: the tensors it reads, and each batch's values of them with the batch's row count."""
+    """What a pass feeds: the tensors it reads, and each batch's values of them with the batch's row count, a batch
+    in parts (some of its tensors a call, each tensor once a batch: the graph runs in parts)."""
 
     tensors: list[str]
 
@@ -122,7 +126,7 @@ class Shared:
 @dataclass(frozen=True)
 class Alike:
     """Ranges measured on another graph, by method, and the tensors this graph computes otherwise: every other
-    tensor is the same, unoptimized (CAPTURE_LEVEL: each tensor its own node's output on the same inputs), so its
+    tensor is the same, unoptimized (each tensor its own node's output on the same inputs), so its
     ranges are taken from there (a smoothed graph beside the unsmoothed one: calibration/smooth.py).  shared: where
     the other graph's passes kept the values the changed part reads, only that part runs (ChangedPart)."""
 
@@ -172,14 +176,14 @@ def collect_statistics(
         source, batches = (part.model, feeds) if part and feeds is not None else (model, data.batches)
         tensors = _read(ranges, input_means)
         kept = KeptValues(keep, tensors)
-        runs = tensor_values(source, tensors, batches, weights=graph.parent, level=CAPTURE_LEVEL)
+        runs = tensor_values_in_parts(source, tensors, batches, weights=graph.parent, part_bytes=PART_BYTES)
         passes += _run_pass(runs, graph, batches, rows, [*ranges, input_means, kept])
         measured = {**reused, **input_means.means()}
         measured_means = {name: measured[name] for name in wanted}  # in the graph's order
     maxima = ChannelMaxima(maxima_of)
     if maxima_of:  # at the level the graph runs at elsewhere (module doc)
-        runs = tensor_values(model, maxima.tensors, data.batches, weights=graph.parent, level=graph_level(graph))
-        passes += _run_pass(runs, graph, data.batches, rows, [maxima])
+        values = tensor_values(model, maxima.tensors, data.batches, weights=graph.parent, level=graph_level(graph))
+        passes += _run_pass((iter([batch]) for batch in values), graph, data.batches, rows, [maxima])
     shared = None
     if keep:
         computed = frozenset(name for node in model.graph.node for name in node.output)
@@ -199,25 +203,33 @@ class KeptValues:
 
     def __init__(self, names: Sequence[str], read: Sequence[str]) -> None:
         self.tensors = list(names) if names and set(names) <= set(read) else []
-        self.batches: list[Feed] | None = [] if self.tensors else None
+        self._values: dict[str, list[np.ndarray]] | None = {name: [] for name in self.tensors} or None
         self._bytes = 0
 
     def add(self, values: Feed, rows: int) -> None:
-        if self.batches is None:
+        if self._values is None:
             return
-        kept = {name: values[name] for name in self.tensors}
+        kept = {name: values[name] for name in self.tensors if name in values}
         self._bytes += sum(value.nbytes for value in kept.values())
         if self._bytes > KEPT_BYTES:
-            self.batches = None  # a boundary that large costs more memory than its pass saves time
+            self._values = None  # a boundary that large costs more memory than its pass saves time
             return
-        self.batches.append(kept)
+        for name, value in kept.items():
+            self._values[name].append(value)
+
+    @property
+    def batches(self) -> list[Feed] | None:
+        """The kept values, batch by batch."""
+        if self._values is None:
+            return None
+        return [dict(zip(self._values, batch, strict=True)) for batch in zip(*self._values.values(), strict=True)]
 
 
 class ChangedPart:
     """The nodes of a graph that compute what another graph does not (alike.changed, and the tensors that graph has
     none of: a smoothed graph's smoothing Muls), as a graph of their own whose inputs are the tensors they read
     from the rest, its boundary, fed the pass's values of them on the other graph (Shared).  Both graphs compute
-    the boundary alike, and the pass runs unoptimized (CAPTURE_LEVEL): the part computes what the whole graph
+    the boundary alike, and the pass runs unoptimized: the part computes what the whole graph
     would."""
 
     def __init__(self, model: onnx.ModelProto, boundary: list[str], shared: Shared, changed: set[str]) -> None:
@@ -233,28 +245,12 @@ class ChangedPart:
         nodes = [node for node in model.graph.node if any(_differs(name, alike, shared) for name in node.output)]
         made = {name for node in nodes for name in node.output}
         constants = {tensor.name for tensor in model.graph.initializer}
-        boundary = list(dict.fromkeys(
-            name for node in nodes for name in node.input if name and name not in made and name not in constants
-        ))  # fmt: skip
+        boundary = part_inputs(nodes, constants)
         if not nodes or shared.batches is None or not set(boundary) <= shared.kept:
             return None
-        part = onnx.ModelProto()
-        part.CopyFrom(model)  # the weights stay referenced where they lie: a graph's bytes, not its weights'
-        graph = part.graph
-        del graph.node[:], graph.input[:], graph.value_info[:]
-        graph.node.extend(nodes)
-        read = {name for node in nodes for name in node.input}
-        kept_weights = [tensor for tensor in graph.initializer if tensor.name in read]
-        del graph.initializer[:]
-        graph.initializer.extend(kept_weights)
-        outputs = [output for output in graph.output if output.name in made]
-        del graph.output[:]
-        graph.output.extend(outputs)
         first = shared.batches[0]  # kept: ChangedPart.of returns None where they are not
-        graph.input.extend(
-            helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(first[name].dtype), None)
-            for name in boundary
-        )
+        outputs = [output.name for output in model.graph.output if output.name in made]
+        part = part_graph(model, nodes, {name: first[name] for name in boundary}, outputs)
         return cls(part, boundary, shared, alike.changed)
 
     def feeds(self, tensors: Sequence[str]) -> list[Feed] | None:
@@ -289,14 +285,15 @@ class MethodRanges:
         self._absolute = AbsoluteHistograms(HISTOGRAM_BINS) if method == "percentile" else None
 
     def add(self, values: Feed, rows: int) -> None:
+        read = {name: values[name] for name in self.tensors if name in values}
         if self._absolute is not None:
-            self._absolute.collect({name: values[name] for name in self.tensors})
+            self._absolute.collect(read)
             return
         if self._histograms is not None:
             with contextlib.redirect_stdout(io.StringIO()):  # ORT's collector print()s its progress
-                self._histograms.collect({name: values[name] for name in self.tensors})
+                self._histograms.collect(read)
             return
-        for name, peak in per_tensor(_peak, {name: values[name] for name in self.tensors}).items():
+        for name, peak in per_tensor(_peak, read).items():
             if name not in self._peaks or peak > self._peaks[name]:
                 self._peaks[name] = peak
 
@@ -397,26 +394,27 @@ def calibrated_tensors(model: onnx.ModelProto) -> list[str]:
 
 
 def _run_pass(
-    runs: Iterator[Feed], graph: Path, batches: list[Feed], rows: list[int], statistics: Sequence[Statistic]
+    runs: Iterator[Iterator[Feed]], graph: Path, batches: list[Feed], rows: list[int], statistics: Sequence[Statistic]
 ) -> int:
-    """Each batch's tensors from `runs` (tensor_values over `batches`: the calibration data's, or a changed part's
-    feeds for them) given to every statistic with the data batch's `rows`; 1, the pass."""
+    """Each batch's tensors from `runs` (for each of `batches`, the calibration data's or a changed part's feeds for
+    them, its tensors part by part) given to every statistic with the data batch's `rows`; 1, the pass."""
     from tqdm import tqdm
 
     progress = tqdm(batches, desc="calibrating", unit="batch", delay=2.0, leave=False)
     for index, feed in enumerate(progress):
-        values = _next_batch(runs, index, feed, graph)
-        for statistic in statistics:
-            statistic.add(values, rows[index])
-        del values  # freed before the next batch runs: one batch of intermediate tensors at a time
+        parts = _ran(partial(next, runs), index, feed, graph)
+        while (values := _ran(partial(next, parts, None), index, feed, graph)) is not None:
+            for statistic in statistics:
+                statistic.add(values, rows[index])
+            del values  # freed before the next part runs: one part of a batch's intermediate tensors at a time
     return 1
 
 
-def _next_batch(runs: Iterator[Feed], index: int, feed: Feed, graph: Path) -> Feed:
-    """The next batch's tensors.  The reader checked names, dtypes, shapes and token ids against their lookup
-    tables; what ONNX Runtime still refuses is in the values (its own exception types)."""
+def _ran(step: Callable[[], T], index: int, feed: Feed, graph: Path) -> T:
+    """step(): ONNX Runtime's run of (a part of) a batch.  The reader checked names, dtypes, shapes and token ids
+    against their lookup tables; what ONNX Runtime still refuses is in the values (its own exception types)."""
     try:
-        return next(runs)
+        return step()
     except Exception as error:
         shapes = ", ".join(f"{name} {list(array.shape)} {array.dtype}" for name, array in feed.items())
         raise PipelineError(

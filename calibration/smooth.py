@@ -92,7 +92,8 @@ class ChannelMaxima:
         self.maxima: dict[str, np.ndarray] = {}
 
     def add(self, values: Feed, rows: int) -> None:
-        for name, batch_max in per_tensor(_channel_maxima, {name: values[name] for name in self.tensors}).items():
+        read = {name: values[name] for name in self.tensors if name in values}  # a batch may come in parts
+        for name, batch_max in per_tensor(_channel_maxima, read).items():
             self.maxima[name] = np.maximum(self.maxima[name], batch_max) if name in self.maxima else batch_max
 
 

@@ -51,6 +51,7 @@ def onnxruntime_session(
     level: str | None = None,
     probe_feed: dict | None = None,
     pack_weights: bool = True,
+    arena: bool = True,
     disabled_optimizers: Sequence[str] = (),
 ):
     """An ONNX Runtime session on a graph file or a graph's bytes; the CPU provider unless told otherwise (providers:
@@ -68,6 +69,9 @@ def onnxruntime_session(
     them for its kernels (session.disable_prepacking): with external data, which it maps from disk, a session then
     holds no copy of the weights at all (pipeline.evaluation.graph_session, for the build's few runs; the runner
     packs, for speed).
+    arena=False: the memory a run allocates is freed with the values it holds, instead of kept in the session's
+    arena for its next runs (a session exposing intermediate tensors: pipeline/evaluation/tensors.py, whose parts'
+    sessions' arenas held 6.9 GB of ViT-L/16's pass, where the tensors a part exposes are 0.5 GB).
     disabled_optimizers: ONNX Runtime's graph rewrites to leave out, by name (e.g. one that would undo a rewrite of
     our own: pipeline.runners.conv_bias).
     """
@@ -81,6 +85,7 @@ def onnxruntime_session(
             allow_spinning=allow_spinning,
             simulate_qdq=simulate_qdq,
             pack_weights=pack_weights,
+            arena=arena,
             disabled_optimizers=disabled_optimizers,
         )
 
@@ -98,6 +103,7 @@ def _open(
     allow_spinning: bool = True,
     simulate_qdq: bool = False,
     pack_weights: bool = True,
+    arena: bool = True,
     disabled_optimizers: Sequence[str] = (),
 ):
     ort = import_onnxruntime()
@@ -111,6 +117,7 @@ def _open(
         options.add_session_config_entry("session.disable_quant_qdq", "1")
     if not pack_weights:
         options.add_session_config_entry("session.disable_prepacking", "1")
+    options.enable_cpu_mem_arena = arena
     model = graph if isinstance(graph, bytes) else str(graph)
     providers = providers or ["CPUExecutionProvider"]
     return ort.InferenceSession(model, options, providers=providers, disabled_optimizers=list(disabled_optimizers))

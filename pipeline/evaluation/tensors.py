@@ -9,19 +9,23 @@ never copied: the exposed copy is written beside them.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import tempfile
 from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
-from ..core.sessions import onnxruntime_session
+from ..core.sessions import UNOPTIMIZED, onnxruntime_session
 from ..folder.graph_files import INLINE_TENSOR_BYTES, graph_beside, set_location
 from ..folder.onnx_wire import tensor_bytes
 
 FLOAT = TensorProto.FLOAT
+_GRAPH_ATTRIBUTES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+# The bytes an element takes, by ONNX element type, for the types a graph's float tensors have.
+_ITEM_BYTES = {TensorProto.FLOAT: 4, TensorProto.FLOAT16: 2, TensorProto.BFLOAT16: 2, TensorProto.DOUBLE: 8}
 
 
 def tensor_values(
@@ -46,6 +50,151 @@ def tensor_values(
         exposed.graph.output.extend(onnx.ValueInfoProto(name=name) for name in wanted if name not in present)
         session = _session(exposed, folder, level=level)
     return (_exposed_values(session, wanted, names, feed) for feed in feeds)
+
+
+def tensor_values_in_parts(
+    model: onnx.ModelProto,
+    tensors: Iterable[str],
+    feeds: Iterable[dict],
+    *,
+    weights: Path,
+    part_bytes: int,
+) -> Iterator[Iterator[dict]]:
+    """For each of `feeds`, the values of `tensors` part by part, unoptimized: `model` (read without its weights,
+    which lie under `weights`) cut into consecutive runs of its nodes (GraphParts), each exposing about `part_bytes`
+    of `tensors` at most, and fed what it reads from the parts before it.  Unoptimized, each node runs its own kernel
+    on the same inputs, so the parts compute what the whole graph does, bit for bit, while one part's values are
+    held at a time (the caller drops each part's before asking for the next): ViT-L/16's calibrated tensors are
+    4 GB a batch of 8 images."""
+    names = list(dict.fromkeys(tensors))
+    feeds = iter(feeds)
+    first = next(feeds, None)
+    if first is None:
+        return
+    parts = GraphParts(model, names, first, part_bytes)
+    sessions: list = []
+    for feed in itertools.chain([first], feeds):
+        yield parts.values(feed, sessions, weights)
+
+
+class GraphParts:
+    """`model`'s nodes (in order: ONNX keeps them sorted so that each reads only what comes before it) cut where
+    the tensors of `names` their outputs hold pass `part_bytes` (their sizes inferred at the feed's shapes), each
+    part a graph of its own: its inputs are what it reads from the graph's inputs and the parts before it, its
+    outputs the tensors of `names` it computes and what the parts after it read (a part that computes neither is
+    left out).  One part where a node holds a graph of its own (If, Loop: it reads names no input lists) or where
+    no size can be inferred."""
+
+    def __init__(self, model: onnx.ModelProto, names: list[str], feed: dict, part_bytes: int) -> None:
+        self.model, self.names = model, names
+        nodes = list(model.graph.node)
+        sizes = _inferred_bytes(model, feed, set(names))
+        nested = any(attribute.type in _GRAPH_ATTRIBUTES for node in nodes for attribute in node.attribute)
+        fed = {value.name for value in model.graph.input}  # an initializer a feed may replace is read as fed
+        constants = {tensor.name for tensor in model.graph.initializer} - fed
+        self.nodes: list[list] = []
+        self.reads: list[list[str]] = []  # each part's inputs
+        self.exposed: list[list[str]] = []  # each part's outputs
+        self.later: list[set[str]] = []  # what the parts after each read
+        later: set[str] = set()
+        for part in reversed([nodes] if nested or not sizes else _cut(nodes, sizes, part_bytes)):
+            made = dict.fromkeys(name for node in part for name in node.output if name)
+            exposed = [name for name in made if name in later or name in names]
+            if exposed:
+                reads = part_inputs(part, constants)
+                self.nodes.insert(0, part)
+                self.reads.insert(0, reads)
+                self.exposed.insert(0, exposed)
+                self.later.insert(0, set(later))
+                later |= set(reads)
+
+    def values(self, feed: dict, sessions: list, weights: Path) -> Iterator[dict]:
+        """The values of `names`, part by part, on `feed` (the parts' sessions opened into `sessions` on the first
+        feed, the dtypes of their inputs taken from the values they are fed)."""
+        live = dict(feed)
+        fed = {name: feed[name] for name in self.names if name in feed}
+        for index, (reads, exposed, later) in enumerate(zip(self.reads, self.exposed, self.later, strict=True)):
+            inputs = {name: live[name] for name in reads}
+            if index == len(sessions):
+                sessions.append(self._session(index, inputs, weights))
+            values = dict(zip(exposed, sessions[index].run(exposed, inputs), strict=True))
+            live = {name: value for name, value in {**live, **values}.items() if name in later}
+            yield {**fed, **{name: values[name] for name in self.names if name in values}}
+            fed = {}
+
+    def _session(self, index: int, inputs: dict, weights: Path):
+        part = part_graph(self.model, self.nodes[index], inputs, self.exposed[index])
+        with _weightless_copy(part, weights) as (exposed, folder):
+            return _session(exposed, folder, level=UNOPTIMIZED)
+
+
+def part_graph(model: onnx.ModelProto, nodes: list, inputs: dict, outputs: list[str]) -> onnx.ModelProto:
+    """A graph of `model`'s `nodes` alone, fed `inputs` ({name: a value of its dtype}), reading the initializers of
+    `model` they read (where `model` references its weights, referencing them where they lie), with `outputs`."""
+    part = onnx.ModelProto()
+    part.CopyFrom(model)  # a graph read without its weights: its nodes' bytes, not its weights'
+    graph = part.graph
+    del graph.node[:], graph.input[:], graph.output[:], graph.value_info[:]
+    graph.node.extend(nodes)
+    read = {name for node in nodes for name in node.input}
+    kept = [tensor for tensor in graph.initializer if tensor.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    graph.input.extend(
+        helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.asarray(value).dtype), None)
+        for name, value in inputs.items()
+    )
+    graph.output.extend(onnx.ValueInfoProto(name=name) for name in outputs)
+    return part
+
+
+def part_inputs(nodes: list, constants: set[str]) -> list[str]:
+    """What `nodes` read that none of them computes and `constants` (initializers) do not hold: a part's inputs."""
+    made = {name for node in nodes for name in node.output}
+    return list(dict.fromkeys(
+        name for node in nodes for name in node.input if name and name not in made and name not in constants
+    ))  # fmt: skip
+
+
+def _cut(nodes: list, sizes: dict[str, int], part_bytes: int) -> list[list]:
+    """`nodes` in consecutive runs, a new one begun where the next node's tensors of `sizes` would take the run's
+    past `part_bytes` (a node whose own take more has a run of its own)."""
+    parts: list[list] = [[]]
+    held = 0
+    for node in nodes:
+        size = sum(sizes.get(name, 0) for name in node.output)
+        if parts[-1] and held + size > part_bytes:
+            parts.append([])
+            held = 0
+        parts[-1].append(node)
+        held += size
+    return parts
+
+
+def _inferred_bytes(model: onnx.ModelProto, feed: dict, names: set[str]) -> dict[str, int]:
+    """{tensor of `names`: its bytes} at `feed`'s shapes, as ONNX's shape inference finds them (a tensor it cannot
+    size counts as the mean of those it can); {} where it sizes none."""
+    shaped = onnx.ModelProto()
+    shaped.CopyFrom(model)
+    del shaped.graph.input[:]
+    shaped.graph.input.extend(
+        helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(value.dtype), value.shape)
+        for name, value in feed.items()
+    )
+    try:
+        graph = onnx.shape_inference.infer_shapes(shaped, data_prop=True).graph
+    except Exception:  # onnx's inference refuses some graphs ORT runs: no sizes, one part
+        return {}
+    sizes = {}
+    for info in (*graph.value_info, *graph.output):
+        tensor = info.type.tensor_type
+        dims = tensor.shape.dim
+        if info.name in names and tensor.elem_type in _ITEM_BYTES and all(dim.HasField("dim_value") for dim in dims):
+            sizes[info.name] = int(np.prod([dim.dim_value for dim in dims])) * _ITEM_BYTES[tensor.elem_type]
+    if not sizes:
+        return {}
+    unknown = int(np.mean(list(sizes.values())))
+    return {name: sizes.get(name, unknown) for name in names}
 
 
 def _exposed_values(session, wanted: list[str], names: list[str], feed: dict) -> dict:
@@ -106,9 +255,10 @@ class ExposingSession:
 
 def _session(exposed: onnx.ModelProto, folder: Path, *, simulate_qdq: bool = False, level: str | None = None):
     """A CPU session on `exposed`, written beside the weights it references (in `folder`), which ONNX Runtime maps
-    and packs none of (the session keeps the graph; the file can go)."""
+    and packs none of (the session keeps the graph; the file can go), with no arena: the tensors a run exposes are
+    the caller's to free, and an arena would keep their memory for the session's life."""
     with graph_beside(exposed, folder) as path:
-        return onnxruntime_session(path, simulate_qdq=simulate_qdq, level=level, pack_weights=False)
+        return onnxruntime_session(path, simulate_qdq=simulate_qdq, level=level, pack_weights=False, arena=False)
 
 
 @contextlib.contextmanager

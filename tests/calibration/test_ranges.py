@@ -18,7 +18,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.helpers.digits_int8 import SAMPLES
-from trt_pipeline.calibration.bias import correct_biases
+from trt_pipeline.calibration.bias import ChannelMeans, correct_biases
 from trt_pipeline.calibration.holdout import read_calibration
 from trt_pipeline.calibration.int8 import calibrated_graph, make_int8_graph
 from trt_pipeline.calibration.int8_records import CalibrationConfig
@@ -29,12 +29,20 @@ from trt_pipeline.calibration.ranges import (
     AbsoluteHistograms,
     Alike,
     ChangedPart,
+    KeptValues,
+    MethodRanges,
     _histogram_collector,
     collect_statistics,
     method_options,
 )
 from trt_pipeline.calibration.readers import CalibrationData, graph_inputs, read_calibration_data
-from trt_pipeline.calibration.smooth import smoothable, smoothed_tensors, smoothing_boundary, smoothing_scales
+from trt_pipeline.calibration.smooth import (
+    ChannelMaxima,
+    smoothable,
+    smoothed_tensors,
+    smoothing_boundary,
+    smoothing_scales,
+)
 from trt_pipeline.models.digits import PREPROCESS
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.sessions import OPTIMIZATION_LEVELS, onnxruntime_session, opens_like, probed_level
@@ -360,3 +368,42 @@ def test_the_calibrated_tensors_are_the_calibrators_own_found_without_the_weight
         assert expected and calibrated_tensors(graph_without_weights(graph)) == expected, graph
     (tmp_path / "w.data").write_bytes(b"")  # no weight read: none there to read
     assert calibrated_tensors(graph_without_weights(apart)) == expected
+
+
+def test_every_statistic_of_a_pass_takes_a_batch_in_parts_as_it_takes_it_whole():
+    """A pass gives each batch's tensors part by part where the graph runs in parts (tensor_values_in_parts): every
+    statistic (each method's ranges, the means, the maxima, the values kept for another graph) gives the same from
+    the batches in two parts as from the batches whole."""
+    rng = np.random.default_rng(5)
+    batches = [
+        {name: (rng.standard_normal((rows, 6, 4)) * scale).astype(np.float32) for name in ("a", "b", "c")}
+        for rows, scale in ((8, 1.0), (4, 3.0), (8, 0.5))
+    ]
+    names = ["a", "b", "c"]
+
+    def statistics():
+        return [
+            *(MethodRanges(method, names) for method in METHODS),
+            ChannelMeans({name: 1 for name in names}),
+            ChannelMaxima(names),
+            KeptValues(["a", "c"], names),
+        ]
+
+    whole, in_parts = statistics(), statistics()
+    for batch in batches:
+        rows = len(batch["a"])
+        for statistic in whole:
+            statistic.add(batch, rows)
+        for part in ({"a": batch["a"]}, {"b": batch["b"], "c": batch["c"]}):
+            for statistic in in_parts:
+                statistic.add(part, rows)
+    for left, right in zip(whole[: len(METHODS)], in_parts[: len(METHODS)], strict=True):
+        assert _as_cached(left.ranges()) == _as_cached(right.ranges()), left.method
+    (means, maxima, kept), (part_means, part_maxima, part_kept) = whole[len(METHODS) :], in_parts[len(METHODS) :]
+    for name in names:
+        np.testing.assert_array_equal(part_means.means()[name], means.means()[name])
+        np.testing.assert_array_equal(part_maxima.maxima[name], maxima.maxima[name])
+    assert kept.batches is not None and part_kept.batches is not None and len(part_kept.batches) == len(batches)
+    for left, right in zip(kept.batches, part_kept.batches, strict=True):
+        assert list(left) == list(right) == ["a", "c"]
+        assert all(np.array_equal(left[name], right[name]) for name in left)

@@ -1,0 +1,61 @@
+"""pipeline/evaluation/tensors.py: a graph's intermediate tensors, whole or part by part."""
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from trt_pipeline.pipeline.core.sessions import UNOPTIMIZED
+from trt_pipeline.pipeline.evaluation.tensors import tensor_values, tensor_values_in_parts
+from trt_pipeline.pipeline.folder.graph_files import graph_without_weights
+
+WIDTH = 64
+
+
+def _residual_graph(path):
+    """x -> MatMul -> Relu -> MatMul -> Add(x) -> MatMul: the Add reads the graph's input past two nodes, the
+    pattern of a transformer's residual stream; written with its weights in the file, read without them."""
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array(rng.standard_normal((WIDTH, WIDTH)).astype(np.float32), f"w{i}") for i in range(3)
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w0"], ["h0"]),
+        helper.make_node("Relu", ["h0"], ["r0"]),
+        helper.make_node("MatMul", ["r0", "w1"], ["h1"]),
+        helper.make_node("Add", ["h1", "x"], ["s"]),
+        helper.make_node("MatMul", ["s", "w2"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "residual",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", WIDTH])],
+        weights,
+    )
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return graph_without_weights(path)
+
+
+def test_a_graph_run_in_parts_gives_the_whole_graphs_values_bit_for_bit_one_part_at_a_time(tmp_path):
+    """Cut so that each part exposes one tensor's bytes (8 rows x 64 floats), the graph runs in a part per node and
+    feeds the residual's input on to the part that reads it: every tensor equal to the whole graph's unoptimized
+    run, each part holding its own node's values alone (and the input, given with the first)."""
+    model = _residual_graph(tmp_path / "model.onnx")
+    names = ["x", "h0", "r0", "h1", "s", "y"]
+    feeds = [{"x": np.random.default_rng(row).standard_normal((8, WIDTH)).astype(np.float32)} for row in range(2)]
+    whole = list(tensor_values(model, names, feeds, weights=tmp_path, level=UNOPTIMIZED))
+    batches = tensor_values_in_parts(model, names, feeds, weights=tmp_path, part_bytes=8 * WIDTH * 4)
+    for expected, parts in zip(whole, batches, strict=True):
+        parts = list(parts)
+        assert [sorted(part) for part in parts] == [["h0", "x"], ["r0"], ["h1"], ["s"], ["y"]]
+        for name, value in [item for part in parts for item in part.items()]:
+            assert np.array_equal(value, expected[name]), name
+
+
+def test_a_graph_within_the_bytes_runs_whole(tmp_path):
+    """Parts as large as every tensor together: one part, one run a batch."""
+    model = _residual_graph(tmp_path / "model.onnx")
+    names = ["h0", "s", "y"]
+    feeds = [{"x": np.ones((8, WIDTH), np.float32)}]
+    (parts,) = tensor_values_in_parts(model, names, feeds, weights=tmp_path, part_bytes=3 * 8 * WIDTH * 4)
+    assert [sorted(part) for part in parts] == [["h0", "s", "y"]]
