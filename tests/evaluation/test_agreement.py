@@ -63,3 +63,41 @@ def test_the_int8_stage_runs_the_fp32_graph_once_on_each_calibration_batch(tmp_p
     run_stage(settings, "precision")
     times_run = Counter(id(feeds) for feeds in runs)
     assert sorted(times_run.values()) == [1] * (ROWS // BATCH), times_run  # every batch, held out and fit, once
+
+
+def test_the_fp32_reference_closes_its_session_once_it_has_a_lists_outputs(tmp_path: Path, monkeypatch):
+    """A session on the FP32 graph lives while its outputs on a list of batches are computed, not through the
+    judging after (where its mapped weights would count beside each INT8 graph's): once a list's outputs are had, no
+    session on the graph is left; the same list again opens none."""
+    import gc
+    import weakref
+
+    from onnx import TensorProto, helper, numpy_helper
+
+    from trt_pipeline.pipeline.evaluation.agreement import Fp32Reference
+
+    weight = numpy_helper.from_array(np.random.default_rng(1).normal(size=(16, 4)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "fp32",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        [weight],
+    )
+    path = tmp_path / FP32_GRAPH
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    sessions: list[weakref.ref] = []
+    opened = ort.InferenceSession.__init__
+
+    def open_and_keep(self, *args, **kwargs):
+        opened(self, *args, **kwargs)
+        sessions.append(weakref.ref(self))
+
+    monkeypatch.setattr(ort.InferenceSession, "__init__", open_and_keep)
+    batches = [{"x": np.ones((2, 16), np.float32)}, {"x": np.full((3, 16), 2, np.float32)}]
+    reference = Fp32Reference(path)
+    outputs = reference.outputs(batches)
+    gc.collect()
+    assert len(sessions) == 1 and sessions[0]() is None
+    np.testing.assert_allclose(outputs[1]["y"], 2 * outputs[0]["y"][:1].repeat(3, axis=0), rtol=1e-6)
+    assert reference.outputs(batches) is outputs and len(sessions) == 1
