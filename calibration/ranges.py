@@ -18,14 +18,15 @@ tensor on a thread per core: calibration/parallel.py):
               (calibration/bias.py).  The graph runs in parts, each holding about PART_BYTES of a batch's tensors
               (pipeline/evaluation/tensors.py tensor_values_in_parts: unoptimized, the same values bit for bit):
               ViT-L/16's pass held 4 GB of them at once, past 3x its weights;
-  the maxima  one session at the level the graph runs at elsewhere (pipeline/core/sessions.py), as they always
-              were: the channel maxima smoothing scales come from (calibration/smooth.py).  Measured unoptimized,
-              they move by float rounding (an optimized session fuses ops; ResNet-50's tensors move by ~1e-6 of their
-              scale), and INT8's rounding turns that into other smoothing scales and another graph: all-MiniLM-L6-v2's
-              smoothed candidates' held-out errors moved by 0.7% (max: 0.0634 -> 0.0630).  The means moved by
-              float rounding alone: the biases they correct move in their last bits, and every held-out error, the
-              kept graph's and every candidate's, is the same to 6 digits (EfficientNet-Lite0, MiniLM, whose graphs
-              are the same bytes, and the 0.6 GB MLP).
+  the maxima  one session at the level the graph runs at elsewhere (pipeline/core/sessions.py), as they always were: the
+              channel maxima smoothing scales come from (calibration/smooth.py), reduced in the graph
+              (pipeline/evaluation/tensors.py channel_maxima: a vector a tensor, not ViT-L/16's 1.1 GB a batch).
+              Measured unoptimized, they move by float rounding (an optimized session fuses ops; ResNet-50's tensors
+              move by ~1e-6 of their scale), and INT8's rounding turns that into other smoothing scales and another
+              graph: all-MiniLM-L6-v2's smoothed candidates' held-out errors moved by 0.7% (max: 0.0634 -> 0.0630). The
+              means moved by float rounding alone: the biases they correct move in their last bits, and every held-out
+              error, the kept graph's and every candidate's, is the same to 6 digits (EfficientNet-Lite0, MiniLM, whose
+              graphs are the same bytes, and the 0.6 GB MLP).
 A smoothed graph's ranges of the tensors smoothing does not reach are the unsmoothed graph's (Alike): not measured;
 and where the unsmoothed graph's pass kept the values the smoothed part reads (its boundary, within KEPT_BYTES),
 the smoothed graph's pass runs that part alone (ChangedPart), its weight inputs' means before it taken from the
@@ -49,7 +50,7 @@ import onnx
 from ..pipeline.core.errors import PipelineError
 from ..pipeline.core.sessions import graph_level
 from ..pipeline.core.settings import mention_name
-from ..pipeline.evaluation.tensors import part_graph, part_inputs, tensor_values, tensor_values_in_parts
+from ..pipeline.evaluation.tensors import channel_maxima, part_graph, part_inputs, tensor_values_in_parts
 from .bias import ChannelMeans, weight_inputs
 from .parallel import per_tensor
 from .qdq_marks import FLOATS
@@ -176,14 +177,22 @@ def collect_statistics(
         source, batches = (part.model, feeds) if part and feeds is not None else (model, data.batches)
         tensors = _read(ranges, input_means)
         kept = KeptValues(keep, tensors)
-        runs = tensor_values_in_parts(source, tensors, batches, weights=graph.parent, part_bytes=PART_BYTES)
-        passes += _run_pass(runs, graph, batches, rows, [*ranges, input_means, kept])
+        # The runs are _run_pass's alone: their sessions, and the weights they map, go when it returns.
+        passes += _run_pass(
+            tensor_values_in_parts(source, tensors, batches, weights=graph.parent, part_bytes=PART_BYTES),
+            graph,
+            batches,
+            rows,
+            [*ranges, input_means, kept],
+        )
         measured = {**reused, **input_means.means()}
         measured_means = {name: measured[name] for name in wanted}  # in the graph's order
     maxima = ChannelMaxima(maxima_of)
     if maxima_of:  # at the level the graph runs at elsewhere (module doc)
-        values = tensor_values(model, maxima.tensors, data.batches, weights=graph.parent, level=graph_level(graph))
+        level = graph_level(graph)
+        values = channel_maxima(model, maxima.tensors, data.batches, weights=graph.parent, level=level)
         passes += _run_pass((iter([batch]) for batch in values), graph, data.batches, rows, [maxima])
+        del values  # its session
     shared = None
     if keep:
         computed = frozenset(name for node in model.graph.node for name in node.output)

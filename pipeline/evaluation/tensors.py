@@ -52,6 +52,70 @@ def tensor_values(
     return (_exposed_values(session, wanted, names, feed) for feed in feeds)
 
 
+def channel_maxima(
+    model: onnx.ModelProto, tensors: Iterable[str], feeds: Iterable[dict], *, weights: Path, level: str
+) -> Iterator[dict]:
+    """For each of `feeds`, {tensor: max |x| over every axis but the last} for `tensors` of `model`, computed in a
+    copy of the graph (an Abs and a ReduceMax reading each tensor, their result an output) on the CPU provider at
+    `level`, as tensor_values runs it: a run holds a vector a tensor, not the tensor (ViT-L/16's smoothed
+    activations are 1.1 GB a batch of 8, held twice while ONNX Runtime's outputs are copied out).  A graph input
+    among them, or a tensor of one axis or of a rank shape inference does not know, comes whole: its maxima are
+    the caller's (the same rule on a vector of maxima gives the vector).  Read by another node, not an output, each
+    tensor blocks the same fusions of the optimizer as an output does: the values are the exposed run's (the
+    INT8 graphs of the models checked the same bytes: docs/precision.md)."""
+    names = list(dict.fromkeys(tensors))
+    ranks = _ranks(model)
+    with _weightless_copy(model, weights) as (copy, folder):
+        fed = {value.name for value in copy.graph.input}
+        present = {value.name for value in copy.graph.output}
+        outputs = {}
+        for name in (name for name in names if name not in fed):
+            if ranks.get(name, 0) < 2:
+                outputs[name] = name
+            else:
+                outputs[name] = f"{name}::channel_max"
+                copy.graph.node.extend(_max_abs_nodes(name, outputs[name], ranks[name], _opset(copy)))
+        copy.graph.output.extend(onnx.ValueInfoProto(name=out) for out in outputs.values() if out not in present)
+        session = _session(copy, folder, level=level)
+    read = list(outputs.values())
+    for feed in feeds:
+        values = dict(zip(outputs, session.run(read, feed), strict=True))
+        yield {name: values[name] if name in values else feed[name] for name in names}
+
+
+def _ranks(model: onnx.ModelProto) -> dict[str, int]:
+    """{tensor: its rank} where shape inference finds one."""
+    graph = onnx.shape_inference.infer_shapes(model).graph
+    return {
+        info.name: len(info.type.tensor_type.shape.dim)
+        for info in (*graph.value_info, *graph.output)
+        if info.type.tensor_type.HasField("shape")
+    }
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next(entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx"))
+
+
+def _max_abs_nodes(name: str, out: str, rank: int, opset: int) -> list[onnx.NodeProto]:
+    """|name| reduced by max over every axis but the last into `out` (ReduceMax takes its axes as an input from
+    opset 18, as an attribute before)."""
+    axes = list(range(rank - 1))
+    absolute = helper.make_node("Abs", [name], [f"{out}::abs"], name=f"{out}::abs")
+    if opset >= 18:
+        axes_name = f"{out}::axes"
+        constant = helper.make_node(
+            "Constant",
+            [],
+            [axes_name],
+            name=axes_name,
+            value=helper.make_tensor(axes_name, TensorProto.INT64, [len(axes)], axes),
+        )
+        reduce = helper.make_node("ReduceMax", [f"{out}::abs", axes_name], [out], name=out, keepdims=0)
+        return [absolute, constant, reduce]
+    return [absolute, helper.make_node("ReduceMax", [f"{out}::abs"], [out], name=out, axes=axes, keepdims=0)]
+
+
 def tensor_values_in_parts(
     model: onnx.ModelProto,
     tensors: Iterable[str],

@@ -2,16 +2,17 @@
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trt_pipeline.pipeline.core.sessions import UNOPTIMIZED
-from trt_pipeline.pipeline.evaluation.tensors import tensor_values, tensor_values_in_parts
+from trt_pipeline.pipeline.core.sessions import OPTIMIZATION_LEVELS, UNOPTIMIZED
+from trt_pipeline.pipeline.evaluation.tensors import channel_maxima, tensor_values, tensor_values_in_parts
 from trt_pipeline.pipeline.folder.graph_files import graph_without_weights
 
 WIDTH = 64
 
 
-def _residual_graph(path):
+def _residual_graph(path, opset=17):
     """x -> MatMul -> Relu -> MatMul -> Add(x) -> MatMul: the Add reads the graph's input past two nodes, the
     pattern of a transformer's residual stream; written with its weights in the file, read without them."""
     rng = np.random.default_rng(0)
@@ -32,7 +33,7 @@ def _residual_graph(path):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", WIDTH])],
         weights,
     )
-    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), str(path))
     return graph_without_weights(path)
 
 
@@ -59,3 +60,21 @@ def test_a_graph_within_the_bytes_runs_whole(tmp_path):
     feeds = [{"x": np.ones((8, WIDTH), np.float32)}]
     (parts,) = tensor_values_in_parts(model, names, feeds, weights=tmp_path, part_bytes=3 * 8 * WIDTH * 4)
     assert [sorted(part) for part in parts] == [["h0", "s", "y"]]
+
+
+@pytest.mark.parametrize("opset", [17, 18])
+def test_channel_maxima_computed_in_the_graph_are_those_of_the_exposed_tensors(tmp_path, opset):
+    """Each tensor's max |x| over every axis but the last, reduced in the graph (ReduceMax's axes an attribute
+    before opset 18, an input from it): a vector a tensor where the exposed run holds the tensor, and the same
+    values, at the highest level as at the lowest; a graph input comes whole, as fed."""
+    model = _residual_graph(tmp_path / "model.onnx", opset)
+    names = ["x", "h0", "r0", "s"]
+    feeds = [{"x": np.random.default_rng(row).standard_normal((8, WIDTH)).astype(np.float32)} for row in range(2)]
+    for level in (OPTIMIZATION_LEVELS[0], UNOPTIMIZED):
+        exposed = tensor_values(model, names, feeds, weights=tmp_path, level=level)
+        reduced = channel_maxima(model, names, feeds, weights=tmp_path, level=level)
+        for whole, maxima in zip(exposed, reduced, strict=True):
+            assert list(maxima) == names and maxima["x"] is whole["x"]
+            for name in names[1:]:
+                assert maxima[name].shape == (WIDTH,)
+                assert np.array_equal(maxima[name], np.abs(whole[name]).max(axis=0)), (level, name)
