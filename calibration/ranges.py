@@ -10,8 +10,8 @@ Only the tensors that feed a quantized op are calibrated, which keeps ResNet-50 
 
 ORT's calibrators each run the data through a graph of their own, so every method cost a pass, and smoothing's
 maxima and bias correction's means a pass each.  Here a graph's data is run once, twice where smoothing's maxima are
-asked for, one batch at a time, one batch of intermediate tensors held at a time (each batch's statistics of each
-tensor on a thread per core: calibration/parallel.py):
+asked for, one batch at a time, one batch's intermediate tensors (or a part of them) held at a time (each batch's
+statistics of each tensor on a thread per core: calibration/parallel.py):
   the ranges  unoptimized as the calibrators run theirs, for every method at once: max by MinMaxCalibrater's rule,
               percentile and entropy in ORT's own HistogramCollector, fed one batch at a time as the calibrators
               feed it; the calibrators' ranges exactly; and in the same pass the input means bias correction needs

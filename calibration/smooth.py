@@ -85,7 +85,8 @@ def smoothable(model: onnx.ModelProto) -> dict[str, list[Consumer]]:
 
 class ChannelMaxima:
     """max |X_j| per channel of each tensor's last axis, batch by batch (a statistic of calibration/ranges.py's
-    pass)."""
+    pass), from the tensors or from their maxima over the other axes (pipeline/evaluation/tensors.py
+    channel_maxima: the same rule on those gives them back)."""
 
     def __init__(self, tensors: Sequence[str]) -> None:
         self.tensors = list(tensors)
