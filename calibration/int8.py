@@ -34,7 +34,7 @@ import numpy as np
 import onnx
 
 from ..pipeline.core.errors import no_room
-from ..pipeline.core.sessions import opens_at, opens_like, probed_level
+from ..pipeline.core.sessions import opens_at, opens_like, probed_level, ran_like
 from ..pipeline.evaluation.agreement import Judge
 from ..pipeline.folder.artifacts import scratch_folder, write_npz
 from ..pipeline.folder.graph_files import (
@@ -209,6 +209,8 @@ def write_int8_graphs(
     1.3 GB Q/DQ graph was there twice while they were."""
     chosen = search.chosen
     copy_graph(chosen.qdq, out_path)
+    if chosen.held_out is not None:  # judged: opened and run here, as the gate opens and runs model.int8.onnx
+        ran_like(out_path, chosen.qdq)
     if not keep_chosen:
         remove_graph(chosen.qdq)
     cpu = {kind: _cpu_graph(chosen, path, kind, search.means) for kind, path in cpu_out_paths.items()}

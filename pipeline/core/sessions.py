@@ -187,6 +187,16 @@ def opens_like(path: Path | str, probed: Path | str) -> None:
         opens_at(path, level)
 
 
+def ran_like(path: Path | str, ran: Path | str) -> None:
+    """Record that the graph file `path`, a copy of `ran`, opens and runs at the level `ran` was found to open at,
+    where this process then opened and ran `ran` (the INT8 stage's judge: its kept candidate, copied to
+    model.int8.onnx for the gate): those bytes ran here, so no probe, with a run or without, is needed for them."""
+    level = probed_level(ran)
+    if level is not None:
+        for probed_run in (True, False):
+            _PROBED[(*file_key(Path(path)), probed_run)] = level
+
+
 def opens_at(path: Path | str, level: str) -> None:
     """Record that the graph file `path` opens at `level`, found for a graph it equals but for the values of some
     constants (opens_like, where that graph's file is gone)."""

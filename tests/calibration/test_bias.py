@@ -234,6 +234,29 @@ def test_candidates_of_one_calibrated_graph_share_one_crash_probe_and_the_float_
     assert len(probed) == 3
 
 
+def test_the_gate_opens_the_kept_graph_with_no_probe_the_judge_ran_those_bytes(tmp_path, monkeypatch):
+    """model.int8.onnx is the kept candidate's Q/DQ graph, copied: the judge opened it at the level its probe found and
+    ran it on the held-out rows in this process, so the agreement gate opens and runs the copy with no crash probe
+    of its own (a child opening ViT-L/16's graph: 5 s)."""
+    from trt_pipeline.pipeline.core import sessions
+    from trt_pipeline.pipeline.stages.parity import check_int8_agreement
+
+    fp32, arguments = _depthwise_case(tmp_path)
+    reference = Fp32Reference(fp32)
+    out = tmp_path / "model.int8.onnx"
+    make_int8_graph(fp32, out, **arguments, judge=int8_judge(reference))
+    probed, probe = [], sessions.crash_in_child
+
+    def counted(function, open_at, level, feed):
+        probed.append(level)
+        return probe(function, open_at, level, feed)
+
+    monkeypatch.setattr(sessions, "crash_in_child", counted)
+    parts = arguments["calibration"]
+    agreement = check_int8_agreement(reference, [out], parts.fit.batches, parts.held_out.batches)
+    assert agreement.graphs[out.name].held_out and probed == []
+
+
 def _matmul_int8(folder, **options):
     """x [n, WIDE] -> MatMul with a WIDE x WIDE weight, made INT8 (max ranges) in `folder` from 32 random rows."""
     weight = np.random.default_rng(0).standard_normal((WIDE, WIDE)).astype(np.float32)
