@@ -50,7 +50,13 @@ import onnx
 from ..pipeline.core.errors import PipelineError
 from ..pipeline.core.sessions import graph_level
 from ..pipeline.core.settings import mention_name
-from ..pipeline.evaluation.tensors import channel_maxima, part_graph, part_inputs, tensor_values_in_parts
+from ..pipeline.evaluation.tensors import (
+    channel_maxima,
+    part_graph,
+    part_inputs,
+    rows_per_run,
+    tensor_values_in_parts,
+)
 from .bias import ChannelMeans, weight_inputs
 from .parallel import per_tensor
 from .qdq_marks import FLOATS
@@ -158,7 +164,7 @@ def collect_statistics(
     keep: tensors whose values the pass keeps for such a graph (Statistics.shared)."""
     graph, passes = Path(graph), 0
     model = quantizable_graph(graph)  # both passes map its weights where they lie: no copy of them here
-    rows = [len(next(iter(feed.values()))) for feed in data.batches]
+    rows = [_rows(feed) for feed in data.batches]
     ranges: list[MethodRanges] = []
     measured_means: dict[str, np.ndarray] = {}
     kept = None
@@ -189,9 +195,9 @@ def collect_statistics(
         measured_means = {name: measured[name] for name in wanted}  # in the graph's order
     maxima = ChannelMaxima(maxima_of)
     if maxima_of:  # at the level the graph runs at elsewhere (module doc)
-        level = graph_level(graph)
-        values = channel_maxima(model, maxima.tensors, data.batches, weights=graph.parent, level=level)
-        passes += _run_pass((iter([batch]) for batch in values), graph, data.batches, rows, [maxima])
+        level, runs = graph_level(graph), _in_rows(data.batches, rows_per_run(model, data.batches[0]))
+        values = channel_maxima(model, maxima.tensors, runs, weights=graph.parent, level=level)
+        passes += _run_pass((iter([run]) for run in values), graph, runs, [_rows(run) for run in runs], [maxima])
         del values  # its session
     shared = None
     if keep:
@@ -402,6 +408,19 @@ def calibrated_tensors(model: onnx.ModelProto) -> list[str]:
     )
 
 
+def _in_rows(batches: list[Feed], step: int) -> list[Feed]:
+    """`batches` cut into runs of `step` rows at most."""
+    return [
+        {name: array[start : start + step] for name, array in batch.items()}
+        for batch in batches
+        for start in range(0, _rows(batch), step)
+    ]
+
+
+def _rows(feed: Feed) -> int:
+    return len(next(iter(feed.values())))
+
+
 def _run_pass(
     runs: Iterator[Iterator[Feed]], graph: Path, batches: list[Feed], rows: list[int], statistics: Sequence[Statistic]
 ) -> int:
@@ -411,23 +430,26 @@ def _run_pass(
 
     progress = tqdm(batches, desc="calibrating", unit="batch", delay=2.0, leave=False)
     for index, feed in enumerate(progress):
-        parts = _ran(partial(next, runs), index, feed, graph)
-        while (values := _ran(partial(next, parts, None), index, feed, graph)) is not None:
+        first = sum(rows[:index])
+        parts = _ran(partial(next, runs), first, feed, graph)
+        while (values := _ran(partial(next, parts, None), first, feed, graph)) is not None:
             for statistic in statistics:
                 statistic.add(values, rows[index])
             del values  # freed before the next part runs: one part of a batch's intermediate tensors at a time
     return 1
 
 
-def _ran(step: Callable[[], T], index: int, feed: Feed, graph: Path) -> T:
-    """step(): ONNX Runtime's run of (a part of) a batch.  The reader checked names, dtypes, shapes and token ids
-    against their lookup tables; what ONNX Runtime still refuses is in the values (its own exception types)."""
+def _ran(step: Callable[[], T], first: int, feed: Feed, graph: Path) -> T:
+    """step(): ONNX Runtime's run of (a part of) a batch, whose first row is the data's `first`.  The reader checked
+    names, dtypes, shapes and token ids against their lookup tables; what ONNX Runtime still refuses is in the values
+    (its own exception types)."""
     try:
         return step()
     except Exception as error:
         shapes = ", ".join(f"{name} {list(array.shape)} {array.dtype}" for name, array in feed.items())
+        rows = f"{first}-{first + _rows(feed) - 1}"
         raise PipelineError(
-            f"ONNX Runtime could not run {graph.name} on calibration batch {index} ({shapes}): "
+            f"ONNX Runtime could not run {graph.name} on calibration rows {rows} ({shapes}): "
             f"{type(error).__name__}: {error}",
             f"give calibration data the model accepts as served inputs ({mention_name('calib')}): the values, "
             "e.g. integer ids "

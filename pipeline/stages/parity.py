@@ -198,9 +198,7 @@ def _int8_agreement(
     first = next(iter(parts.values()))[0]
     quantized = evaluation_session(graph, int8_path, probe_feed={name: value[:1] for name, value in first.items()})
     records = {
-        part: held_out
-        if part == "held_out" and held_out
-        else outputs_agreement(quantized, batches, fp32.outputs(batches))
+        part: held_out if part == "held_out" and held_out else outputs_agreement(quantized, batches, fp32)
         for part, batches in parts.items()
     }
     agreement = GraphAgreement(records["in_sample"], records.get("held_out", {}))

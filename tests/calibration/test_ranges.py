@@ -322,7 +322,7 @@ def test_percentile_and_entropy_clip_what_max_keeps(fp32, train_npy):
 
 def test_calibration_data_onnx_runtime_cannot_run_is_a_clear_error(tmp_path):
     """Ids that reach their lookup through a Cast (the reader's id check cannot see it) and lie outside the table:
-    ONNX Runtime refuses the calibration batch; the error names the batch and the fix, not ORT's traceback."""
+    ONNX Runtime refuses the calibration batch; the error names its rows and the fix, not ORT's traceback."""
     from onnx import TensorProto, helper, numpy_helper
 
     table = numpy_helper.from_array(np.ones((10, 3), np.float32), "table")
@@ -342,7 +342,7 @@ def test_calibration_data_onnx_runtime_cannot_run_is_a_clear_error(tmp_path):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(fp32))
     np.savez(tmp_path / "calib.npz", x=np.full((8, 4), 50.0, np.float32))
     data = read_calibration_data(tmp_path / "calib.npz", graph_inputs(fp32), None, samples=8, batch=4)
-    with pytest.raises(PipelineError, match="could not run model.onnx on calibration batch 0") as caught:
+    with pytest.raises(PipelineError, match="could not run model.onnx on calibration rows 0-3 ") as caught:
         collect_statistics(fp32, data, ("max",))
     assert "within the range the model looks them up in" in str(caught.value.fix)
 

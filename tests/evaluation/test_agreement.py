@@ -61,8 +61,13 @@ def test_the_int8_stage_runs_the_fp32_graph_once_on_each_calibration_batch(tmp_p
         folder = run_stage(settings, stage)
     runs = _fp32_runs(monkeypatch, onnx.load(folder / FP32_GRAPH, load_external_data=False))
     run_stage(settings, "precision")
-    times_run = Counter(id(feeds) for feeds in runs)
-    assert sorted(times_run.values()) == [1] * (ROWS // BATCH), times_run  # every batch, held out and fit, once
+    # Each run's rows by where they lie (a run takes a batch's rows a few at a time: agreement.run_in_rows): held
+    # alive by `runs`, no two runs' rows lie in the same place unless they are the same rows.
+    times_run = Counter(
+        (array.__array_interface__["data"][0], len(array)) for feeds in runs for array in feeds.values()
+    )
+    assert set(times_run.values()) == {1}, times_run  # no rows twice
+    assert sum(rows for _, rows in times_run) == ROWS  # every row, held out and fit, once
 
 
 def test_the_fp32_reference_closes_its_session_once_it_has_a_lists_outputs(tmp_path: Path, monkeypatch):
@@ -101,3 +106,30 @@ def test_the_fp32_reference_closes_its_session_once_it_has_a_lists_outputs(tmp_p
     assert len(sessions) == 1 and sessions[0]() is None
     np.testing.assert_allclose(outputs[1]["y"], 2 * outputs[0]["y"][:1].repeat(3, axis=0), rtol=1e-6)
     assert reference.outputs(batches) is outputs and len(sessions) == 1
+
+
+def test_a_graph_run_a_few_rows_at_a_time_gives_one_runs_outputs(tmp_path: Path):
+    """run_in_rows: 7 rows run 2 at a time (the last run shorter), each output put back together in order, equal to
+    one run of the 7 to float rounding (each row computes alone)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from trt_pipeline.pipeline.evaluation.agreement import run_in_rows
+
+    rng = np.random.default_rng(2)
+    weight = numpy_helper.from_array(rng.normal(size=(16, 8)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Softmax", ["h"], ["y"], axis=-1)],
+        "rows",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+        [
+            helper.make_tensor_value_info("h", TensorProto.FLOAT, ["batch", 8]),
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8]),
+        ],  # fmt: skip
+        [weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {"x": rng.normal(size=(7, 16)).astype(np.float32)}
+    for whole, in_rows in zip(session.run(["y", "h"], feeds), run_in_rows(session, ["y", "h"], feeds, 2), strict=True):
+        assert in_rows.shape == whole.shape
+        np.testing.assert_allclose(in_rows, whole, rtol=1e-6, atol=0)

@@ -78,3 +78,29 @@ def test_channel_maxima_computed_in_the_graph_are_those_of_the_exposed_tensors(t
             for name in names[1:]:
                 assert maxima[name].shape == (WIDTH,)
                 assert np.array_equal(maxima[name], np.abs(whole[name]).max(axis=0)), (level, name)
+
+
+def test_rows_per_run_cuts_only_runs_whose_rows_compute_much(tmp_path):
+    """The tensors a row computes, as shape inference sizes them at one row: the residual graph's 1.3 KB a row runs
+    whole; a graph whose row expands to 512 MB runs 5 rows at a time."""
+    from trt_pipeline.pipeline.evaluation.tensors import RUN_BYTES, rows_per_run
+
+    feed = {"x": np.zeros((8, WIDTH), np.float32)}
+    assert rows_per_run(_residual_graph(tmp_path / "model.onnx"), feed) == 8
+    wide = 2_000_000  # 512 MB a row
+    shape = numpy_helper.from_array(np.array([1, WIDTH, wide], np.int64), "shape")
+    axes = numpy_helper.from_array(np.array([2], np.int64), "axes")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Unsqueeze", ["x", "axes"], ["column"]),
+            helper.make_node("Expand", ["column", "shape"], ["wide"]),
+            helper.make_node("ReduceMax", ["wide", "axes"], ["y"], keepdims=0),
+        ],
+        "expanding",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", WIDTH])],
+        [shape, axes],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    per_row = WIDTH * wide * 4 + 2 * WIDTH * 4
+    assert rows_per_run(model, feed) == RUN_BYTES // per_row == 5
