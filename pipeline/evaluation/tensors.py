@@ -27,8 +27,6 @@ _GRAPH_ATTRIBUTES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 # The most that the tensors a run computes take, all together, where its rows can be run fewer at a time
 # (rows_per_run): 2 of ViT-L/16's images a run.
 RUN_BYTES = 5 * 2**29
-# The bytes an element takes, by ONNX element type, for the types a graph's float tensors have.
-_ITEM_BYTES = {TensorProto.FLOAT: 4, TensorProto.FLOAT16: 2, TensorProto.BFLOAT16: 2, TensorProto.DOUBLE: 8}
 
 
 def tensor_values(
@@ -167,8 +165,9 @@ class GraphParts:
 
     def __init__(self, model: onnx.ModelProto, names: list[str], feed: dict, part_bytes: int) -> None:
         self.model, self.names = model, names
+        wanted = set(names)
         nodes = list(model.graph.node)
-        sizes = _inferred_bytes(model, feed, set(names))
+        sizes = _inferred_bytes(model, feed, wanted)
         nested = any(attribute.type in _GRAPH_ATTRIBUTES for node in nodes for attribute in node.attribute)
         fed = {value.name for value in model.graph.input}  # an initializer a feed may replace is read as fed
         constants = {tensor.name for tensor in model.graph.initializer} - fed
@@ -179,7 +178,7 @@ class GraphParts:
         later: set[str] = set()
         for part in reversed([nodes] if nested or not sizes else _cut(nodes, sizes, part_bytes)):
             made = dict.fromkeys(name for node in part for name in node.output if name)
-            exposed = [name for name in made if name in later or name in names]
+            exposed = [name for name in made if name in later or name in wanted]
             if exposed:
                 reads = part_inputs(part, constants)
                 self.nodes.insert(0, part)
@@ -269,8 +268,9 @@ def _inferred_bytes(model: onnx.ModelProto, feed: dict, names: set[str]) -> dict
     for info in (*graph.value_info, *graph.output):
         tensor = info.type.tensor_type
         dims = tensor.shape.dim
-        if info.name in names and tensor.elem_type in _ITEM_BYTES and all(dim.HasField("dim_value") for dim in dims):
-            sizes[info.name] = int(np.prod([dim.dim_value for dim in dims])) * _ITEM_BYTES[tensor.elem_type]
+        if info.name in names and tensor.elem_type and all(dim.HasField("dim_value") for dim in dims):
+            item = helper.tensor_dtype_to_np_dtype(tensor.elem_type).itemsize
+            sizes[info.name] = int(np.prod([dim.dim_value for dim in dims])) * item
     if not sizes:
         return {}
     unknown = int(np.mean(list(sizes.values())))
