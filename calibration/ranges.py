@@ -50,6 +50,7 @@ import onnx
 from ..pipeline.core.errors import PipelineError
 from ..pipeline.core.sessions import graph_level
 from ..pipeline.core.settings import mention_name
+from ..pipeline.evaluation.agreement import in_rows
 from ..pipeline.evaluation.tensors import (
     channel_maxima,
     part_graph,
@@ -195,7 +196,8 @@ def collect_statistics(
         measured_means = {name: measured[name] for name in wanted}  # in the graph's order
     maxima = ChannelMaxima(maxima_of)
     if maxima_of:  # at the level the graph runs at elsewhere (module doc)
-        level, runs = graph_level(graph), _in_rows(data.batches, rows_per_run(model, data.batches[0]))
+        step = rows_per_run(model, data.batches[0])
+        level, runs = graph_level(graph), [run for batch in data.batches for run in in_rows(batch, step)]
         values = channel_maxima(model, maxima.tensors, runs, weights=graph.parent, level=level)
         passes += _run_pass((iter([run]) for run in values), graph, runs, [_rows(run) for run in runs], [maxima])
         del values  # its session
@@ -406,15 +408,6 @@ def calibrated_tensors(model: onnx.ModelProto) -> list[str]:
             if name in types and name not in constants and types[name].tensor_type.elem_type in FLOATS
         }
     )
-
-
-def _in_rows(batches: list[Feed], step: int) -> list[Feed]:
-    """`batches` cut into runs of `step` rows at most."""
-    return [
-        {name: array[start : start + step] for name, array in batch.items()}
-        for batch in batches
-        for start in range(0, _rows(batch), step)
-    ]
 
 
 def _rows(feed: Feed) -> int:

@@ -33,22 +33,26 @@ def outputs_agreement(session, batches: list[Feeds], fp32: Fp32Reference) -> dic
     names = list(expected[0])
     rows: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {name: [] for name in names}
     for feeds, wanted in zip(batches, expected, strict=True):
-        actual = dict(zip(names, run_in_rows(session, names, feeds, fp32.rows_per_run), strict=True))
+        actual = dict(zip(names, run_in_rows(session, names, feeds, fp32.rows_per_run(feeds)), strict=True))
         for name in names:
             rows[name].append(_row_errors(wanted[name], actual[name]))
     return {name: _agreement_record(pairs) for name, pairs in rows.items()}
 
 
-def run_in_rows(session, names: list[str], feeds: Feeds, rows: int) -> list[np.ndarray]:
-    """session.run of `names` on `feeds` `rows` rows at a time (tensors.rows_per_run), each output put back together:
-    each row computes alone, so the outputs are those of one run (the held-out numbers of every INT8 candidate, and
-    the gate's, the same to 6 digits on EfficientNet-Lite0, MiniLM, the 0.6 GB MLP and ViT-L/16)."""
-    count = len(next(iter(feeds.values())))
-    runs = [
-        session.run(names, {name: value[start : start + rows] for name, value in feeds.items()})
-        for start in range(0, count, rows)
-    ]
+def run_in_rows(session, names: list[str], feeds: Feeds, rows: int | None) -> list[np.ndarray]:
+    """session.run of `names` on `feeds` `rows` rows at a time (tensors.rows_per_run), each output put back together
+    (the held-out numbers of every INT8 candidate, and the gate's, the same to 6 digits as one run's on
+    EfficientNet-Lite0, MiniLM, the 0.6 GB MLP and ViT-L/16)."""
+    runs = [session.run(names, run) for run in in_rows(feeds, rows)]
     return [np.concatenate(parts) if len(parts) > 1 else parts[0] for parts in zip(*runs, strict=True)]
+
+
+def in_rows(feeds: Feeds, rows: int | None) -> list[Feeds]:
+    """`feeds` cut into runs of `rows` rows at most (None: one run).  In inference each row computes alone, so the
+    runs give the rows' values one run would (a maximum over rows, the maximum of the runs')."""
+    count = len(next(iter(feeds.values())))
+    step = rows or count
+    return [{name: value[start : start + step] for name, value in feeds.items()} for start in range(0, count, step)]
 
 
 def rows_agreement(expected: dict[str, np.ndarray], actual: dict[str, np.ndarray]) -> dict[str, RowsAgreement]:
@@ -68,20 +72,24 @@ class Fp32Reference:
         # By the list's id, the list kept beside its outputs: a list freed and another made at its address would
         # otherwise be taken for it.  The lists are the calibration parts' (cached), never changed once read.
         self._outputs: dict[int, tuple[list[Feeds], list[dict[str, np.ndarray]]]] = {}
-        self.rows_per_run = 0  # how many rows a run of it, or of a graph quantized from it, takes: set by outputs
+        self._rows: tuple[int | None] | None = None  # rows_per_run's answer, once found
+
+    def rows_per_run(self, feeds: Feeds) -> int | None:
+        """How many rows a run of this graph, or of a graph quantized from it, takes (tensors.rows_per_run, found once
+        at `feeds`' first row: every list of batches has rows of the same shapes)."""
+        if self._rows is None:
+            from .tensors import rows_per_run  # onnx: the runtime's host check imports this module, never this
+
+            self._rows = (rows_per_run(graph_without_weights(self.path), feeds),)
+        return self._rows[0]
 
     def outputs(self, batches: list[Feeds]) -> list[dict[str, np.ndarray]]:
         """The FP32 graph's outputs on `batches`, batch by batch, run on the first call for this list."""
         if id(batches) not in self._outputs:
-            from .tensors import rows_per_run  # onnx: the runtime's host check imports this module, never this
-
-            self.rows_per_run = self.rows_per_run or rows_per_run(graph_without_weights(self.path), batches[0])
             session = graph_session(self.path)
             names = [output.name for output in session.get_outputs()]
-            outputs = [
-                dict(zip(names, run_in_rows(session, names, feeds, self.rows_per_run), strict=True))
-                for feeds in batches
-            ]
+            rows = self.rows_per_run(batches[0])
+            outputs = [dict(zip(names, run_in_rows(session, names, feeds, rows), strict=True)) for feeds in batches]
             self._outputs[id(batches)] = (batches, outputs)
         return self._outputs[id(batches)][1]
 

@@ -53,17 +53,18 @@ def tensor_values(
     return (_exposed_values(session, wanted, names, feed) for feed in feeds)
 
 
-def rows_per_run(model: onnx.ModelProto, feed: dict) -> int:
-    """How many of `feed`'s rows to run at once: all of them, but where the tensors one row's run computes, all
-    together (shape inference's sizes at one row), take RUN_BYTES in fewer rows.  A run holds the tensors of all its
-    rows that are alive at once (ViT-L/16 computes 1.19 GB of them an image; its run of 8 images held 1.7 GB beside
-    its weights, of 2 a quarter of it), and each row computes alone; a model whose rows are small runs whole, as
-    a run of few rows reads all of its weights again (the 0.6 GB MLP's gate took 4x as long in runs of 2 rows)."""
-    count = len(next(iter(feed.values())))
+def rows_per_run(model: onnx.ModelProto, feed: dict) -> int | None:
+    """How many rows to run at once so that the tensors one run computes, all together (shape inference's sizes at
+    `feed`'s first row), take RUN_BYTES at most (one row at least); None where inference sizes none: all of them.
+    A run holds the tensors of all its rows that are alive at once (ViT-L/16 computes 1.17 GB of them an image; its
+    run of 8 images held 1.7 GB beside its weights, of 2 a quarter of it), and each row computes alone
+    (agreement.in_rows); a model whose rows are small runs whole, as a run of few rows reads all of its weights again
+    (the 0.6 GB MLP's gate took 4x as long in runs of 2 rows).  The FP16 scan, which exposes every tensor, measures
+    its rows per run from its first run instead (stages/fp16_overflow.py)."""
     one_row = {name: value[:1] for name, value in feed.items()}
     computed = {name for node in model.graph.node for name in node.output if name}
     per_row = sum(_inferred_bytes(model, one_row, computed).values())
-    return max(1, min(count, RUN_BYTES // per_row)) if per_row else count
+    return max(1, RUN_BYTES // per_row) if per_row else None
 
 
 def channel_maxima(
@@ -82,13 +83,13 @@ def channel_maxima(
     with _weightless_copy(model, weights) as (copy, folder):
         fed = {value.name for value in copy.graph.input}
         present = {value.name for value in copy.graph.output}
-        outputs = {}
+        outputs, opset = {}, _opset(copy)
         for name in (name for name in names if name not in fed):
             if ranks.get(name, 0) < 2:
                 outputs[name] = name
             else:
                 outputs[name] = f"{name}::channel_max"
-                copy.graph.node.extend(_max_abs_nodes(name, outputs[name], ranks[name], _opset(copy)))
+                copy.graph.node.extend(_max_abs_nodes(name, outputs[name], ranks[name], opset))
         copy.graph.output.extend(onnx.ValueInfoProto(name=out) for out in outputs.values() if out not in present)
         session = _session(copy, folder, level=level)
     read = list(outputs.values())

@@ -81,12 +81,13 @@ def test_channel_maxima_computed_in_the_graph_are_those_of_the_exposed_tensors(t
 
 
 def test_rows_per_run_cuts_only_runs_whose_rows_compute_much(tmp_path):
-    """The tensors a row computes, as shape inference sizes them at one row: the residual graph's 1.3 KB a row runs
-    whole; a graph whose row expands to 512 MB runs 5 rows at a time."""
+    """The tensors a row computes, as shape inference sizes them at one row: the residual graph's 5 tensors of 64
+    floats a row run RUN_BYTES // 1280 rows at a time (any batch whole); a graph whose row expands to 512 MB runs 5
+    rows at a time."""
     from trt_pipeline.pipeline.evaluation.tensors import RUN_BYTES, rows_per_run
 
     feed = {"x": np.zeros((8, WIDTH), np.float32)}
-    assert rows_per_run(_residual_graph(tmp_path / "model.onnx"), feed) == 8
+    assert rows_per_run(_residual_graph(tmp_path / "model.onnx"), feed) == RUN_BYTES // (5 * WIDTH * 4)
     wide = 2_000_000  # 512 MB a row
     shape = numpy_helper.from_array(np.array([1, WIDTH, wide], np.int64), "shape")
     axes = numpy_helper.from_array(np.array([2], np.int64), "axes")
