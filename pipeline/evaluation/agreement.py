@@ -65,7 +65,10 @@ class Fp32Reference:
     precision stage, handed to calibration's judge and to the agreement gate, which judge on the same held-out rows
     (each opened the FP32 graph alike, by graph_session, and ran it on them again).  A session opens for each list
     not run yet and closes once its outputs are had: held through the judging, its mapped weights counted in the
-    process's memory beside the INT8 graph's (ViT-L/16's 1.2 GB), for two runs."""
+    process's memory beside the INT8 graph's (ViT-L/16's 1.2 GB), for two runs.  So a caller has a list's outputs
+    before it opens the INT8 graph it compares with them: ViT-L/16's first judge, which opened its candidate first,
+    held both graphs' weights (the Q/DQ session's 1.2 GB folded from its int8 ones) and peaked at 3.43 GB, 2.65 the
+    next."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -100,6 +103,7 @@ def int8_judge(reference: Fp32Reference) -> Judge:
     engine_int8 = graph_record(Precision.INT8)  # a candidate is judged as the engine's graph it would become
 
     def judge(int8_path: Path, batches: list[Feeds]) -> dict[str, RowsAgreement]:
+        reference.outputs(batches)  # before the INT8 graph opens (Fp32Reference)
         return outputs_agreement(evaluation_session(engine_int8, int8_path), batches, reference)
 
     return judge

@@ -195,6 +195,8 @@ def _int8_agreement(
 ) -> GraphAgreement:
     """The INT8 graph on disk, run here on every part (but the held-out rows where their numbers are given),
     against FP32's outputs on it (each part's run once)."""
+    for batches in parts.values():  # FP32's outputs had before the INT8 graph opens (Fp32Reference)
+        fp32.outputs(batches)
     first = next(iter(parts.values()))[0]
     quantized = evaluation_session(graph, int8_path, probe_feed={name: value[:1] for name, value in first.items()})
     records = {

@@ -133,3 +133,42 @@ def test_a_graph_run_a_few_rows_at_a_time_gives_one_runs_outputs(tmp_path: Path)
     for whole, in_rows in zip(session.run(["y", "h"], feeds), run_in_rows(session, ["y", "h"], feeds, 2), strict=True):
         assert in_rows.shape == whole.shape
         np.testing.assert_allclose(in_rows, whole, rtol=1e-6, atol=0)
+
+
+def test_the_fp32_graph_is_never_open_beside_an_int8_graph(tmp_path: Path, monkeypatch):
+    """Each session keeps its graph's weights (mapped, or folded from int8) while it lives: the judge and the gate
+    have FP32's outputs on their rows before they open the INT8 graph they compare (the FP32 graph's session gone),
+    so the two graphs' weights never count together, on the held-out rows or the in-sample ones."""
+    import gc
+    import weakref
+
+    rows = np.random.default_rng(0).normal(size=(ROWS, 3, 16, 16)).astype(np.float32)
+    np.save(tmp_path / "rows.npy", rows)
+    settings = Settings(
+        model="tests.helpers.toy_models:tiny_cnn",
+        precision="int8",
+        calib=str(tmp_path / "rows.npy"),
+        calib_batch=BATCH,
+        batch=BatchProfile(1, 2, 4),
+        out_root=tmp_path,
+    )
+    for stage in ("export", "check", "simplify", "parity"):
+        folder = run_stage(settings, stage)
+    fp32 = _structure(onnx.load(folder / FP32_GRAPH, load_external_data=False))
+    live: list[weakref.ref] = []
+    together: list[set[str]] = []
+    opened = ort.InferenceSession.__init__
+
+    def open_and_check(self, model, *args, **kwargs):
+        opened(self, model, *args, **kwargs)
+        graph = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(model, load_external_data=False)
+        ops = {node.op_type for node in graph.graph.node}
+        self.kind = "fp32" if _structure(graph) == fp32 else "int8" if "DequantizeLinear" in ops else "other"
+        gc.collect()
+        live.append(weakref.ref(self))
+        together.append({session.kind for ref in live if (session := ref()) is not None})
+
+    monkeypatch.setattr(ort.InferenceSession, "__init__", open_and_check)
+    run_stage(settings, "precision")
+    assert any("int8" in kinds for kinds in together) and any("fp32" in kinds for kinds in together)
+    assert not [kinds for kinds in together if {"fp32", "int8"} <= kinds]
