@@ -48,7 +48,7 @@ import numpy as np
 import onnx
 
 from ..pipeline.core.errors import PipelineError
-from ..pipeline.core.sessions import graph_level
+from ..pipeline.core.sessions import graph_level, return_freed_memory
 from ..pipeline.core.settings import mention_name
 from ..pipeline.evaluation.agreement import in_rows
 from ..pipeline.evaluation.tensors import (
@@ -429,6 +429,7 @@ def _run_pass(
             for statistic in statistics:
                 statistic.add(values, rows[index])
             del values  # freed before the next part runs: one part of a batch's intermediate tensors at a time
+    return_freed_memory()
     return 1
 
 

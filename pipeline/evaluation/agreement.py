@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.precision import Precision
+from ..core.sessions import return_freed_memory
 from ..folder.graph_files import graph_without_weights
 from ..folder.layout import graph_record
 from ..folder.records import RowsAgreement
@@ -104,7 +105,9 @@ def int8_judge(reference: Fp32Reference) -> Judge:
 
     def judge(int8_path: Path, batches: list[Feeds]) -> dict[str, RowsAgreement]:
         reference.outputs(batches)  # before the INT8 graph opens (Fp32Reference)
-        return outputs_agreement(evaluation_session(engine_int8, int8_path), batches, reference)
+        agreement = outputs_agreement(evaluation_session(engine_int8, int8_path), batches, reference)
+        return_freed_memory()  # its session's, closed: the weights it folded from int8 (ViT-L/16's 1.2 GB)
+        return agreement
 
     return judge
 
