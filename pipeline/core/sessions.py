@@ -20,6 +20,7 @@ import ctypes
 import faulthandler
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -131,8 +132,8 @@ def return_freed_memory() -> None:
     beside the 1.2 GB of weights the next pass mapped: 3.5 GB at peak, 2.8 GB with them returned first.  Called
     between a stage's phases, not per run: a returned page is faulted in again when used (returned before each
     part of a pass, ViT-L/16's passes took 5 s longer each)."""
-    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
-    if trim is not None:
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None) if sys.platform.startswith("linux") else None
+    if trim is not None:  # musl has none
         trim(0)
 
 
