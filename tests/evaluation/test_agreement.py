@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from tests.helpers.live_sessions import alive, record_sessions
 from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
 from trt_pipeline.pipeline.folder.layout import FP32_GRAPH
 from trt_pipeline.pipeline.stages.sequence import run_stage
@@ -44,9 +45,8 @@ def _structure(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
     return [node.op_type for node in model.graph.node], [output.name for output in model.graph.output]
 
 
-def test_the_int8_stage_runs_the_fp32_graph_once_on_each_calibration_batch(tmp_path: Path, monkeypatch):
-    """The judge picks among candidates on the held-out rows and the gate then judges the kept graph on the same
-    rows: FP32's outputs on them are the same, so they are computed once (the gate used to run FP32 on them again)."""
+def _int8_settings_at_parity(tmp_path: Path) -> tuple[Settings, Path]:
+    """A tiny CNN's INT8 settings (ROWS random calibration rows) and its folder built up to the precision stage."""
     rows = np.random.default_rng(0).normal(size=(ROWS, 3, 16, 16)).astype(np.float32)
     np.save(tmp_path / "rows.npy", rows)
     settings = Settings(
@@ -59,6 +59,13 @@ def test_the_int8_stage_runs_the_fp32_graph_once_on_each_calibration_batch(tmp_p
     )
     for stage in ("export", "check", "simplify", "parity"):
         folder = run_stage(settings, stage)
+    return settings, folder
+
+
+def test_the_int8_stage_runs_the_fp32_graph_once_on_each_calibration_batch(tmp_path: Path, monkeypatch):
+    """The judge picks among candidates on the held-out rows and the gate then judges the kept graph on the same
+    rows: FP32's outputs on them are the same, so they are computed once (the gate used to run FP32 on them again)."""
+    settings, folder = _int8_settings_at_parity(tmp_path)
     runs = _fp32_runs(monkeypatch, onnx.load(folder / FP32_GRAPH, load_external_data=False))
     run_stage(settings, "precision")
     # Each run's rows by where they lie (a run takes a batch's rows a few at a time: agreement.run_in_rows): held
@@ -74,9 +81,6 @@ def test_the_fp32_reference_closes_its_session_once_it_has_a_lists_outputs(tmp_p
     """A session on the FP32 graph lives while its outputs on a list of batches are computed, not through the
     judging after (where its mapped weights would count beside each INT8 graph's): once a list's outputs are had, no
     session on the graph is left; the same list again opens none."""
-    import gc
-    import weakref
-
     from onnx import TensorProto, helper, numpy_helper
 
     from trt_pipeline.pipeline.evaluation.agreement import Fp32Reference
@@ -91,19 +95,11 @@ def test_the_fp32_reference_closes_its_session_once_it_has_a_lists_outputs(tmp_p
     )
     path = tmp_path / FP32_GRAPH
     onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    sessions: list[weakref.ref] = []
-    opened = ort.InferenceSession.__init__
-
-    def open_and_keep(self, *args, **kwargs):
-        opened(self, *args, **kwargs)
-        sessions.append(weakref.ref(self))
-
-    monkeypatch.setattr(ort.InferenceSession, "__init__", open_and_keep)
+    sessions = record_sessions(monkeypatch)
     batches = [{"x": np.ones((2, 16), np.float32)}, {"x": np.full((3, 16), 2, np.float32)}]
     reference = Fp32Reference(path)
     outputs = reference.outputs(batches)
-    gc.collect()
-    assert len(sessions) == 1 and sessions[0]() is None
+    assert len(sessions) == 1 and not alive(sessions)
     np.testing.assert_allclose(outputs[1]["y"], 2 * outputs[0]["y"][:1].repeat(3, axis=0), rtol=1e-6)
     assert reference.outputs(batches) is outputs and len(sessions) == 1
 
@@ -139,36 +135,17 @@ def test_the_fp32_graph_is_never_open_beside_an_int8_graph(tmp_path: Path, monke
     """Each session keeps its graph's weights (mapped, or folded from int8) while it lives: the judge and the gate
     have FP32's outputs on their rows before they open the INT8 graph they compare (the FP32 graph's session gone),
     so the two graphs' weights never count together, on the held-out rows or the in-sample ones."""
-    import gc
-    import weakref
-
-    rows = np.random.default_rng(0).normal(size=(ROWS, 3, 16, 16)).astype(np.float32)
-    np.save(tmp_path / "rows.npy", rows)
-    settings = Settings(
-        model="tests.helpers.toy_models:tiny_cnn",
-        precision="int8",
-        calib=str(tmp_path / "rows.npy"),
-        calib_batch=BATCH,
-        batch=BatchProfile(1, 2, 4),
-        out_root=tmp_path,
-    )
-    for stage in ("export", "check", "simplify", "parity"):
-        folder = run_stage(settings, stage)
+    settings, folder = _int8_settings_at_parity(tmp_path)
     fp32 = _structure(onnx.load(folder / FP32_GRAPH, load_external_data=False))
-    live: list[weakref.ref] = []
-    together: list[set[str]] = []
-    opened = ort.InferenceSession.__init__
+    together: list[set[str]] = []  # as each session opens, the kinds of graph of those alive
 
-    def open_and_check(self, model, *args, **kwargs):
-        opened(self, model, *args, **kwargs)
+    def kind_and_company(session, model) -> None:
         graph = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(model, load_external_data=False)
         ops = {node.op_type for node in graph.graph.node}
-        self.kind = "fp32" if _structure(graph) == fp32 else "int8" if "DequantizeLinear" in ops else "other"
-        gc.collect()
-        live.append(weakref.ref(self))
-        together.append({session.kind for ref in live if (session := ref()) is not None})
+        session.kind = "fp32" if _structure(graph) == fp32 else "int8" if "DequantizeLinear" in ops else "other"
+        together.append({other.kind for other in alive(sessions)})
 
-    monkeypatch.setattr(ort.InferenceSession, "__init__", open_and_check)
+    sessions = record_sessions(monkeypatch, kind_and_company)
     run_stage(settings, "precision")
     assert any("int8" in kinds for kinds in together) and any("fp32" in kinds for kinds in together)
     assert not [kinds for kinds in together if {"fp32", "int8"} <= kinds]

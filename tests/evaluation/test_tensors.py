@@ -5,6 +5,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.helpers.live_sessions import alive, record_sessions
 from trt_pipeline.pipeline.core.sessions import OPTIMIZATION_LEVELS, UNOPTIMIZED
 from trt_pipeline.pipeline.evaluation.tensors import channel_maxima, tensor_values, tensor_values_in_parts
 from trt_pipeline.pipeline.folder.graph_files import graph_without_weights
@@ -65,26 +66,13 @@ def test_a_graph_within_the_bytes_runs_whole(tmp_path):
 def test_a_graph_in_parts_holds_one_parts_session_at_a_time(tmp_path, monkeypatch):
     """ONNX Runtime maps a session's weights while it lives: each part's session goes before the next part runs
     (none is left when a part's values come), while a graph in one part opens one session for every feed."""
-    import gc
-    import weakref
-
-    import onnxruntime as ort
-
-    sessions: list[weakref.ref] = []
-    opened = ort.InferenceSession.__init__
-
-    def open_and_keep(self, *args, **kwargs):
-        opened(self, *args, **kwargs)
-        sessions.append(weakref.ref(self))
-
-    monkeypatch.setattr(ort.InferenceSession, "__init__", open_and_keep)
+    sessions = record_sessions(monkeypatch)
     model = _residual_graph(tmp_path / "model.onnx")
     names = ["h0", "r0", "h1", "s", "y"]
     feeds = [{"x": np.full((8, WIDTH), row, np.float32)} for row in range(2)]
     for parts in tensor_values_in_parts(model, names, feeds, weights=tmp_path, part_bytes=8 * WIDTH * 4):
         for _ in parts:
-            gc.collect()
-            assert all(session() is None for session in sessions)
+            assert not alive(sessions)
     assert len(sessions) == 2 * 5
     sessions.clear()
     for parts in tensor_values_in_parts(model, names, feeds, weights=tmp_path, part_bytes=5 * 8 * WIDTH * 4):
