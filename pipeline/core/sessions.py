@@ -129,7 +129,7 @@ def return_freed_memory() -> None:
     """Give the pages of the memory freed so far back to the system (glibc's malloc_trim; elsewhere nothing).  glibc
     keeps freed blocks in its heaps, where the process's RSS counts them: ONNX Runtime's and numpy's tensors under
     its mmap threshold (which rises to 32 MB) are freed there.  After ViT-L/16's ranges pass 1.5 GB of them stayed,
-    beside the 1.2 GB of weights the next pass mapped: 3.5 GB at peak, 2.8 GB with them returned first.  Called
+    beside the 1.2 GB of weights the next pass mapped: 3.5 GB at peak, 2.4 GB with them returned first.  Called
     between a stage's phases, not per run: a returned page is faulted in again when used (returned before each
     part of a pass, ViT-L/16's passes took 5 s longer each)."""
     trim = getattr(ctypes.CDLL(None), "malloc_trim", None) if sys.platform.startswith("linux") else None

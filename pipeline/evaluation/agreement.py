@@ -68,8 +68,8 @@ class Fp32Reference:
     not run yet and closes once its outputs are had: held through the judging, its mapped weights counted in the
     process's memory beside the INT8 graph's (ViT-L/16's 1.2 GB), for two runs.  So a caller has a list's outputs
     before it opens the INT8 graph it compares with them: ViT-L/16's first judge, which opened its candidate first,
-    held both graphs' weights (the Q/DQ session's 1.2 GB folded from its int8 ones) and peaked at 3.43 GB, 2.65 the
-    next."""
+    held both graphs' weights (the Q/DQ session's 1.2 GB folded from its int8 ones) and peaked at 3.43 GB, the
+    next ones at 2.3-2.7 GB."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
