@@ -21,10 +21,10 @@ Feeds = dict[str, np.ndarray]
 Judge = Callable[[Path, list[Feeds]], dict[str, RowsAgreement]]
 
 
-def fp32_outputs(session, batches: list[Feeds]) -> list[dict[str, np.ndarray]]:
-    """The FP32 graph's outputs (its `session`), batch by batch."""
+def fp32_outputs(session, batches: list[Feeds], rows: int | None = None) -> list[dict[str, np.ndarray]]:
+    """The FP32 graph's outputs (its `session`), batch by batch, `rows` rows a run (None: a batch a run)."""
     names = [output.name for output in session.get_outputs()]
-    return [dict(zip(names, session.run(names, feeds), strict=True)) for feeds in batches]
+    return [dict(zip(names, run_in_rows(session, names, feeds, rows), strict=True)) for feeds in batches]
 
 
 def outputs_agreement(session, batches: list[Feeds], fp32: Fp32Reference) -> dict[str, RowsAgreement]:
@@ -90,10 +90,7 @@ class Fp32Reference:
     def outputs(self, batches: list[Feeds]) -> list[dict[str, np.ndarray]]:
         """The FP32 graph's outputs on `batches`, batch by batch, run on the first call for this list."""
         if id(batches) not in self._outputs:
-            session = graph_session(self.path)
-            names = [output.name for output in session.get_outputs()]
-            rows = self.rows_per_run(batches[0])
-            outputs = [dict(zip(names, run_in_rows(session, names, feeds, rows), strict=True)) for feeds in batches]
+            outputs = fp32_outputs(graph_session(self.path), batches, self.rows_per_run(batches[0]))
             self._outputs[id(batches)] = (batches, outputs)
         return self._outputs[id(batches)][1]
 

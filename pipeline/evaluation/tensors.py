@@ -151,9 +151,8 @@ def tensor_values_in_parts(
     if first is None:
         return
     parts = GraphParts(model, names, first, part_bytes)
-    kept: list = []  # a graph in one part: its session, opened on the first feed
     for feed in itertools.chain([first], feeds):
-        yield parts.values(feed, kept, weights)
+        yield parts.values(feed, weights)
 
 
 class GraphParts:
@@ -176,6 +175,7 @@ class GraphParts:
         self.reads: list[list[str]] = []  # each part's inputs
         self.exposed: list[list[str]] = []  # each part's outputs
         self.later: list[set[str]] = []  # what the parts after each read
+        self._whole = None  # a graph in one part: its session, opened on the first feed
         later: set[str] = set()
         for part in reversed([nodes] if nested or not sizes else _cut(nodes, sizes, part_bytes)):
             made = dict.fromkeys(name for node in part for name in node.output if name)
@@ -188,20 +188,19 @@ class GraphParts:
                 self.later.insert(0, set(later))
                 later |= set(reads)
 
-    def values(self, feed: dict, kept: list, weights: Path) -> Iterator[dict]:
+    def values(self, feed: dict, weights: Path) -> Iterator[dict]:
         """The values of `names`, part by part, on `feed` (the dtypes of each part's inputs taken from the values it
         is fed).  A graph in parts opens each part's session for its run alone: ONNX Runtime maps a session's
         weights while it lives, and ViT-L/16's parts' sessions held through the pass kept its 1.2 GB of weights
         mapped (a pass of 3 batches, its values dropped as they came: 2.99 GB at peak, 1.83 with a session a run;
-        opening a part unoptimized took 4 ms).  A graph in one part keeps its session in `kept` for the next
-        feeds."""
+        opening a part unoptimized took 4 ms).  A graph in one part keeps its session for the next feeds."""
         live = dict(feed)
         fed = {name: feed[name] for name in self.names if name in feed}
         for index, (reads, exposed, later) in enumerate(zip(self.reads, self.exposed, self.later, strict=True)):
             inputs = {name: live[name] for name in reads}
-            session = kept[0] if kept else self._session(index, inputs, weights)
+            session = self._whole if self._whole is not None else self._session(index, inputs, weights)
             if len(self.reads) == 1:
-                kept[:] = [session]
+                self._whole = session
             values = dict(zip(exposed, session.run(exposed, inputs), strict=True))
             del session  # a part's: gone before the next part runs
             live = {name: value for name, value in {**live, **values}.items() if name in later}
