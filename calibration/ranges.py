@@ -26,7 +26,8 @@ statistics of each tensor on a thread per core: calibration/parallel.py):
               graph: all-MiniLM-L6-v2's smoothed candidates' held-out errors moved by 0.7% (max: 0.0634 -> 0.0630). The
               means moved by float rounding alone: the biases they correct move in their last bits, and every held-out
               error, the kept graph's and every candidate's, is the same to 6 digits (EfficientNet-Lite0, MiniLM, whose
-              graphs are the same bytes, and the 0.6 GB MLP).
+              graphs are the same bytes, and the 0.6 GB MLP).  The graph's outputs on the way are the FP32 graph's
+              at its level, which the INT8 gate compares with on the fit rows (GraphOutputs).
 A smoothed graph's ranges of the tensors smoothing does not reach are the unsmoothed graph's (Alike): not measured;
 and where the unsmoothed graph's pass kept the values the smoothed part reads (its boundary, within KEPT_BYTES),
 the smoothed graph's pass runs that part alone (ChangedPart), its weight inputs' means before it taken from the
@@ -50,7 +51,7 @@ import onnx
 from ..pipeline.core.errors import PipelineError
 from ..pipeline.core.sessions import graph_level, return_freed_memory
 from ..pipeline.core.settings import mention_name
-from ..pipeline.evaluation.agreement import in_rows
+from ..pipeline.evaluation.agreement import in_rows, joined
 from ..pipeline.evaluation.tensors import (
     channel_maxima,
     part_graph,
@@ -103,6 +104,7 @@ class Statistics:
     means: dict[str, np.ndarray]
     passes: int
     shared: Shared | None = None  # what the passes kept for another graph (collect_statistics' `keep`)
+    outputs: list[Feed] | None = None  # the graph's outputs on each batch, where the maxima pass kept them
 
 
 def method_options(method: str) -> dict:
@@ -194,19 +196,23 @@ def collect_statistics(
         )
         measured = {**reused, **input_means.means()}
         measured_means = {name: measured[name] for name in wanted}  # in the graph's order
-    maxima = ChannelMaxima(maxima_of)
+    maxima, outputs = ChannelMaxima(maxima_of), GraphOutputs()
     if maxima_of:  # at the level the graph runs at elsewhere (module doc)
         step = rows_per_run(model, data.batches[0])
-        level, runs = graph_level(graph), [run for batch in data.batches for run in in_rows(batch, step)]
+        level, cut = graph_level(graph), [in_rows(batch, step) for batch in data.batches]
+        runs = [run for batch in cut for run in batch]
         values = channel_maxima(model, maxima.tensors, runs, weights=graph.parent, level=level)
-        passes += _run_pass((iter([run]) for run in values), graph, runs, [_rows(run) for run in runs], [maxima])
-        del values  # its session
+        reduced = (iter([outputs.keep(*run)]) for run in values)
+        passes += _run_pass(reduced, graph, runs, [_rows(run) for run in runs], [maxima])
+        del values, reduced  # its session
+        outputs.put_together([len(batch) for batch in cut])
     shared = None
     if keep:
         computed = frozenset(name for node in model.graph.node for name in node.output)
         every = computed | {value.name for value in model.graph.input}
         shared = Shared(every, measured_means, kept.batches if kept else None)
-    return Statistics({r.method: r.ranges() for r in ranges}, maxima.maxima, measured_means, passes, shared)
+    ranges_by_method = {r.method: r.ranges() for r in ranges}
+    return Statistics(ranges_by_method, maxima.maxima, measured_means, passes, shared, outputs.batches)
 
 
 def _read(ranges: list[MethodRanges], means: ChannelMeans) -> list[str]:
@@ -240,6 +246,39 @@ class KeptValues:
         if self._values is None:
             return None
         return [dict(zip(self._values, batch, strict=True)) for batch in zip(*self._values.values(), strict=True)]
+
+
+class GraphOutputs:
+    """The graph's own outputs on each run of the maxima pass (pipeline/evaluation/tensors.py channel_maxima gives
+    them beside the maxima), put back together batch by batch, while they take KEPT_BYTES at most in all (else
+    `batches` is None): on the FP32 graph at the level it runs at elsewhere, they are its outputs on the fit rows
+    that the INT8 gate compares with in-sample (pipeline/evaluation/agreement.py Fp32Reference), which then runs
+    none of those rows again (ViT-L/16's 24: 16 s)."""
+
+    def __init__(self) -> None:
+        self._runs: list[Feed] | None = []
+        self._bytes = 0
+        self.batches: list[Feed] | None = None
+
+    def keep(self, maxima: Feed, outputs: Feed) -> Feed:
+        """A run's maxima, its outputs kept."""
+        if self._runs is not None:
+            self._bytes += sum(value.nbytes for value in outputs.values())
+            if self._bytes > KEPT_BYTES:
+                self._runs = None  # the gate runs the rows again rather than hold them through the stage
+            else:
+                self._runs.append(outputs)
+        return maxima
+
+    def put_together(self, runs_per_batch: list[int]) -> None:
+        """The kept runs' outputs as the batches' (`runs_per_batch`: how many runs each batch took, in order)."""
+        if self._runs is None:
+            return
+        runs, self.batches = iter(self._runs), []
+        for count in runs_per_batch:
+            parts = [next(runs) for _ in range(count)]
+            self.batches.append({name: joined([part[name] for part in parts]) for name in parts[0]})
+        self._runs = None
 
 
 class ChangedPart:

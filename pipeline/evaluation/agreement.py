@@ -45,7 +45,12 @@ def run_in_rows(session, names: list[str], feeds: Feeds, rows: int | None) -> li
     (the held-out numbers of every INT8 candidate, and the gate's, the same to 6 digits as one run's on
     EfficientNet-Lite0, MiniLM, the 0.6 GB MLP and ViT-L/16)."""
     runs = [session.run(names, run) for run in in_rows(feeds, rows)]
-    return [np.concatenate(parts) if len(parts) > 1 else parts[0] for parts in zip(*runs, strict=True)]
+    return [joined(list(parts)) for parts in zip(*runs, strict=True)]
+
+
+def joined(parts: list[np.ndarray]) -> np.ndarray:
+    """The runs' values of one tensor put back together, rows in order (one run's as it is)."""
+    return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
 
 def in_rows(feeds: Feeds, rows: int | None) -> list[Feeds]:

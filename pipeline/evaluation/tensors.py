@@ -69,15 +69,18 @@ def rows_per_run(model: onnx.ModelProto, feed: dict) -> int | None:
 
 def channel_maxima(
     model: onnx.ModelProto, tensors: Iterable[str], feeds: Iterable[dict], *, weights: Path, level: str
-) -> Iterator[dict]:
-    """For each of `feeds`, {tensor: max |x| over every axis but the last} for `tensors` of `model`, computed in a
-    copy of the graph (an Abs and a ReduceMax reading each tensor, their result an output) on the CPU provider at
-    `level`, as tensor_values runs it: a run holds a vector a tensor, not the tensor (ViT-L/16's smoothed
-    activations are 1.1 GB a batch of 8, held twice while ONNX Runtime's outputs are copied out).  A graph input
-    among them, or a tensor of one axis or of a rank shape inference does not know, comes whole: its maxima are
-    the caller's (the same rule on a vector of maxima gives the vector).  Read by another node, not an output, each
-    tensor blocks the same fusions of the optimizer as an output does: the values are the exposed run's (the
-    INT8 graphs of the models checked the same bytes: docs/precision.md)."""
+) -> Iterator[tuple[dict, dict]]:
+    """For each of `feeds`, ({tensor: max |x| over every axis but the last} for `tensors` of `model`, {output: its
+    value} for the graph's own outputs), computed in a copy of the graph (an Abs and a ReduceMax reading each
+    tensor, their result an output) on the CPU provider at `level`, as tensor_values runs it: a run holds a vector a
+    tensor, not the tensor (ViT-L/16's smoothed activations are 1.1 GB a batch of 8, held twice while ONNX
+    Runtime's outputs are copied out).  A graph input among them, or a tensor of one axis or of a rank shape
+    inference does not know, comes whole: its maxima are the caller's (the same rule on a vector of maxima gives
+    the vector).  Read by another node, not an output, each tensor blocks the same fusions of the optimizer as an
+    output does: the values are the exposed run's (the INT8 graphs of the models checked the same bytes:
+    docs/precision.md).  The graph's outputs come with them at no cost: the values a session on the graph itself
+    gives at `level` (bit for bit on ViT-L/16, all-MiniLM-L6-v2 and EfficientNet-Lite0; the reductions added
+    read the tensors and feed nothing of the graph)."""
     names = list(dict.fromkeys(tensors))
     ranks = _ranks(model)
     with _weightless_copy(model, weights) as (copy, folder):
@@ -92,10 +95,12 @@ def channel_maxima(
                 copy.graph.node.extend(_max_abs_nodes(name, outputs[name], ranks[name], opset))
         copy.graph.output.extend(onnx.ValueInfoProto(name=out) for out in outputs.values() if out not in present)
         session = _session(copy, folder, level=level)
-    read = list(outputs.values())
+    produced = [value.name for value in model.graph.output]
+    read = list(dict.fromkeys([*produced, *outputs.values()]))
     for feed in feeds:
-        values = dict(zip(outputs, session.run(read, feed), strict=True))
-        yield {name: values[name] if name in values else feed[name] for name in names}
+        values = dict(zip(read, session.run(read, feed), strict=True))
+        maxima = {name: values[outputs[name]] if name in outputs else feed[name] for name in names}
+        yield maxima, {name: values[name] for name in produced}
 
 
 def _ranks(model: onnx.ModelProto) -> dict[str, int]:

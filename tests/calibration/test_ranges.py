@@ -153,6 +153,27 @@ def _as_cached(ranges) -> str:
     return json.dumps(ranges.to_dict(), cls=CalibrationCacheEncoder, sort_keys=True)
 
 
+@pytest.mark.parametrize("run_bytes", [None, 1], ids=["batches-whole", "a-row-a-run"])
+def test_the_maxima_pass_gives_the_fp32_references_outputs_on_every_batch(model, monkeypatch, run_bytes):
+    """The maxima pass runs the graph at the level it runs at elsewhere: its outputs there, put back together batch
+    by batch (from runs of one row each too), are the FP32 reference's bit for bit, for the agreement gate to
+    compare with rather than run the rows again; past KEPT_BYTES none are kept (the gate runs them)."""
+    from trt_pipeline.calibration import ranges
+    from trt_pipeline.pipeline.evaluation import tensors
+
+    graph, rows = model
+    data, groups = _data(graph, rows), list(smoothable(onnx.load(str(graph))))
+    if run_bytes is not None:
+        monkeypatch.setattr(tensors, "RUN_BYTES", run_bytes)
+    outputs = collect_statistics(graph, data, (), maxima_of=groups).outputs
+    expected = Fp32Reference(graph).outputs(data.batches)
+    assert outputs is not None and len(outputs) == len(expected) == 3
+    for batch, (got, wanted) in enumerate(zip(outputs, expected, strict=True)):
+        assert list(got) == list(wanted) and all(np.array_equal(got[n], wanted[n]) for n in wanted), batch
+    monkeypatch.setattr(ranges, "KEPT_BYTES", 0)
+    assert collect_statistics(graph, data, (), maxima_of=groups).outputs is None
+
+
 @pytest.mark.parametrize("smoothed", [False, True], ids=["unsmoothed", "smoothed"])
 def test_one_pass_gives_every_method_the_calibrators_own_ranges(model, tmp_path, smoothed):
     """The smoothed graph as the stage measures it: the tensors before the smoothed ops' outputs are the unsmoothed

@@ -84,14 +84,18 @@ def test_a_graph_in_parts_holds_one_parts_session_at_a_time(tmp_path, monkeypatc
 def test_channel_maxima_computed_in_the_graph_are_those_of_the_exposed_tensors(tmp_path, opset):
     """Each tensor's max |x| over every axis but the last, reduced in the graph (ReduceMax's axes an attribute
     before opset 18, an input from it): a vector a tensor where the exposed run holds the tensor, and the same
-    values, at the highest level as at the lowest; a graph input comes whole, as fed."""
+    values, at the highest level as at the lowest; a graph input comes whole, as fed.  The graph's own outputs come
+    beside them, those of a session on the graph itself bit for bit."""
     model = _residual_graph(tmp_path / "model.onnx", opset)
     names = ["x", "h0", "r0", "s"]
+    produced = [output.name for output in model.graph.output]
     feeds = [{"x": np.random.default_rng(row).standard_normal((8, WIDTH)).astype(np.float32)} for row in range(2)]
     for level in (OPTIMIZATION_LEVELS[0], UNOPTIMIZED):
         exposed = tensor_values(model, names, feeds, weights=tmp_path, level=level)
+        alone = tensor_values(model, produced, feeds, weights=tmp_path, level=level)  # the graph as it is
         reduced = channel_maxima(model, names, feeds, weights=tmp_path, level=level)
-        for whole, maxima in zip(exposed, reduced, strict=True):
+        for whole, outputs, (maxima, beside) in zip(exposed, alone, reduced, strict=True):
+            assert list(beside) == produced and all(np.array_equal(beside[n], outputs[n]) for n in produced), level
             assert list(maxima) == names and maxima["x"] is whole["x"]
             for name in names[1:]:
                 assert maxima[name].shape == (WIDTH,)
