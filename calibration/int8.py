@@ -65,7 +65,7 @@ from .qdq_cpu import WEIGHT_FORMS, WEIGHTS_FOR, Uint8Rounding, quantize_for_cpu
 from .qdq_write import TENSORRT
 from .quantizable import quantizable_graph
 from .ranges import Alike, collect_statistics
-from .readers import CalibrationData
+from .readers import CalibrationData, Feed
 from .share import compute_shapes, int8_share, macs_by_op
 from .smooth import (
     smooth_graph,
@@ -112,13 +112,13 @@ def make_int8_graph(
         keep_chosen = scratch is not None  # the caller reads the kept candidate's graphs after
         scratch = scratch or stack.enter_context(scratch_folder(out_path, "int8-scratch"))
         stack.callback(_remove_beside, fp32_path)
-        candidates = build_candidates(fp32_path, calibration, config, cache_folder, scratch, judged=judge is not None)
-        search = judge_candidates(candidates, calibration, judge, scratch)
+        fits = fit_candidates(fp32_path, calibration, config, cache_folder, scratch, judged=judge is not None)
+        search = judge_candidates(build_candidates(fits, calibration.fit, config, scratch), calibration, judge, scratch)
         search = search_float(search, calibration, config, judge, scratch / "float")
         written = write_int8_graphs(search, out_path, cpu_out_paths or {}, keep_chosen=keep_chosen)
     for candidate in search.tried:  # every graph of the stage is written: its int8 weights need not stay in memory
         candidate.weights.clear()
-    return int8_result(fp32_path, config, calibration, search, written)
+    return int8_result(fp32_path, config, calibration, search, written, fits.fp32_outputs)
 
 
 def keep_sample(parts: CalibrationParts, cache_folder: Path) -> None:
@@ -128,7 +128,19 @@ def keep_sample(parts: CalibrationParts, cache_folder: Path) -> None:
     write_npz(cache_folder / SAMPLE, {name: array[:SAMPLE_ROWS] for name, array in judged.items()})
 
 
-def build_candidates(
+@dataclass(frozen=True)
+class Fits:
+    """What the candidates are built from: the (method, alpha) pairs worth one, each one's cache file, what the fit
+    rows gave each alpha, and the FP32 graph's outputs on the fit rows where the maxima pass kept them
+    (Int8Result.fp32_fit_outputs)."""
+
+    choices: list[tuple[str, float | None]]
+    cached: dict[tuple[str, float | None], _Cached]
+    fitted: dict[float | None, Fitted]
+    fp32_outputs: list[Feed] | None
+
+
+def fit_candidates(
     fp32_path: Path,
     parts: CalibrationParts,
     config: CalibrationConfig,
@@ -136,17 +148,23 @@ def build_candidates(
     scratch: Path,
     *,
     judged: bool,
-) -> Iterator[Candidate]:
-    """A candidate per (method, alpha) worth one (_choices; the first of each where none can be judged), each in a
-    folder of `scratch`, its ranges, scales and means from the cache or from as few passes over the fit rows as the
-    misses allow (_fit_smoothings).  Each Q/DQ graph is made as the next candidate is asked for, so that judging
-    holds two at a time, not all of them (a quarter of the weights each)."""
+) -> Fits:
+    """The (method, alpha) pairs worth a candidate (_choices; the first of each where none can be judged), and their
+    ranges, scales and means from the cache or from as few passes over the fit rows as the misses allow
+    (_fit_smoothings), the smoothed graphs in folders of `scratch`."""
     choices = _choices(fp32_path, config, judged=judged and parts.held_out is not None)
     digest = graph_digest(fp32_path)  # once: the sha256 of every weight (0.45 s a choice at 0.6 GB)
     cached = {(m, a): _cached(digest, parts, config, m, a, cache_folder) for m, a in choices}
-    fitted = _fit_smoothings(fp32_path, parts.fit, cached, scratch)
-    for index, (method, alpha) in enumerate(choices):
-        yield _candidate(method, alpha, cached[(method, alpha)], fitted[alpha], parts.fit, config, scratch / str(index))
+    fitted, fp32_outputs = _fit_smoothings(fp32_path, parts.fit, cached, scratch)
+    return Fits(choices, cached, fitted, fp32_outputs)
+
+
+def build_candidates(fits: Fits, fit: CalibrationData, config: CalibrationConfig, scratch: Path) -> Iterator[Candidate]:
+    """A candidate per choice of `fits`, each in a folder of `scratch`.  Each Q/DQ graph is made as the next
+    candidate is asked for, so that judging holds two at a time, not all of them (a quarter of the weights each)."""
+    for index, (method, alpha) in enumerate(fits.choices):
+        entry, fitted = fits.cached[(method, alpha)], fits.fitted[alpha]
+        yield _candidate(method, alpha, entry, fitted, fit, config, scratch / str(index))
 
 
 def judge_candidates(
@@ -218,12 +236,18 @@ def write_int8_graphs(
 
 
 def int8_result(
-    fp32_path: Path, config: CalibrationConfig, parts: CalibrationParts, search: Search, written: Int8Graphs
+    fp32_path: Path,
+    config: CalibrationConfig,
+    parts: CalibrationParts,
+    search: Search,
+    written: Int8Graphs,
+    fp32_outputs: list[Feed] | None = None,
 ) -> Int8Result:
-    """The stage's result: the manifest's calibration record and the line it prints."""
+    """The stage's result: the manifest's calibration record and the line it prints, and the FP32 graph's outputs
+    on the fit rows where calibration computed them."""
     calibration = _calibration_record(fp32_path, config, parts, search, written)
     summary = _summary(parts, search, written, calibration["collect_seconds"])
-    return Int8Result(calibration, search.chosen.structure, written.cpu, summary, search.chosen)
+    return Int8Result(calibration, search.chosen.structure, written.cpu, summary, search.chosen, fp32_outputs)
 
 
 def _calibration_record(
@@ -329,8 +353,9 @@ def _cached(
 
 def _fit_smoothings(
     fp32_path: Path, fit: CalibrationData, cached: dict[tuple[str, float | None], _Cached], scratch: Path
-) -> dict[float | None, Fitted]:
-    """Each smoothing alpha's Fitted, from as few passes over the fit rows as the cache's misses allow (one per graph,
+) -> tuple[dict[float | None, Fitted], list[Feed] | None]:
+    """Each smoothing alpha's Fitted, and the FP32 graph's outputs on the fit rows where the maxima pass kept them
+    (ranges.GraphOutputs), from as few passes over the fit rows as the cache's misses allow (one per graph,
     and one for the maxima: calibration/ranges.py): the unsmoothed graph's for its methods' ranges and means and for
     the channel maxima the smoothing scales come from, then each smoothed graph's for its methods' ranges and means.
     Those take passes of their own: the scales are known only once the first graph's are over, and smoothing moves
@@ -358,11 +383,12 @@ def _fit_smoothings(
             changed = smoothed_tensors(model, scales)
             alike = Alike(unsmoothed, changed, shared) if changed is not None else None
             fitted[alpha] = _fitted(fp32_path, fit, scales, entries, scratch / f"alpha-{alpha:g}", alike=alike)
+    outputs = fitted[None].outputs if None in fitted else None
     if None not in by_alpha and None in fitted:  # the unsmoothed graph measured the maxima alone: charged to theirs
         first, maxima_pass = unscaled[0], fitted.pop(None)
         passes, seconds = fitted[first].passes + maxima_pass.passes, fitted[first].seconds + maxima_pass.seconds
         fitted[first] = replace(fitted[first], passes=passes, seconds=round(seconds, 3))
-    return fitted
+    return fitted, outputs
 
 
 def _hit(entries: dict[str, _Cached]) -> CacheLookup | None:
@@ -412,7 +438,15 @@ def _fitted(
     means = statistics.means if missing else cached_means
     seconds = round(time.perf_counter() - started, 3)
     return Fitted(
-        scales, calibrated, statistics.ranges, means, statistics.maxima, statistics.passes, seconds, statistics.shared
+        scales,
+        calibrated,
+        statistics.ranges,
+        means,
+        statistics.maxima,
+        statistics.passes,
+        seconds,
+        statistics.shared,
+        outputs=statistics.outputs,
     )
 
 

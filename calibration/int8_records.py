@@ -13,6 +13,7 @@ from .bias import BiasShifts
 from .cache import CacheLookup
 from .qdq_write import QuantizedWeights
 from .ranges import Shared, method_options
+from .readers import Feed
 from .smooth import smoothing_options
 
 QDQ_GRAPH = "model.qdq.onnx"  # each candidate's Q/DQ graph, in its scratch folder
@@ -110,8 +111,9 @@ class Candidate:
 class Fitted:
     """What the fit rows gave one smoothing alpha: its scales, the FP32 graph smoothed with them (calibrated_graph),
     the ranges measured on that graph by method (not those the cache had), the weights' input means there, the
-    channel maxima measured on the way (the unsmoothed graph's, where scales were to come from them), the passes
-    over the fit rows and seconds that took, and its weights' Q/DQ, made as its candidates' graphs ask for them."""
+    channel maxima measured on the way (the unsmoothed graph's, where scales were to come from them) and the graph's
+    outputs beside them, the passes over the fit rows and seconds that took, and its weights' Q/DQ, made as its
+    candidates' graphs ask for them."""
 
     scales: dict[str, np.ndarray]
     calibrated: Path
@@ -121,6 +123,7 @@ class Fitted:
     passes: int
     seconds: float
     shared: Shared | None = None  # what its passes kept for a smoothed graph's (calibration/ranges.py ChangedPart)
+    outputs: list[Feed] | None = None
     weights: QuantizedWeights = field(default_factory=QuantizedWeights)  # the Q/DQ of `calibrated`'s weights
     shifts: BiasShifts = field(default_factory=BiasShifts)  # its candidates' bias corrections' shifts
 
@@ -165,13 +168,16 @@ class Int8Result:
     """The INT8 stage's result: the calibration record (the manifest's `calibration`), the engine graph's Q/DQ
     structure, the CPU graphs by kind (those not written say why), the stage's line, and the kept candidate (its
     ranges, and its calibrated graph before any correction, fp32_equal: the FP32 graph, or a file of the scratch
-    folder, valid while it is)."""
+    folder, valid while it is); and the FP32 graph's outputs on the fit rows, batch by batch, where calibration's
+    maxima pass kept them (at the level the graph runs at: the agreement gate's in-sample reference,
+    pipeline/evaluation/agreement.py Fp32Reference.add), None where it did not."""
 
     calibration: dict
     qdq: dict
     cpu: dict[str, CpuGraph]
     summary: str
     chosen: Candidate
+    fp32_fit_outputs: list[Feed] | None = None
 
     @property
     def written_cpu_graphs(self) -> dict[str, str]:

@@ -92,6 +92,11 @@ class Fp32Reference:
             self._rows = (rows_per_run(graph_without_weights(self.path), feeds),)
         return self._rows[0]
 
+    def add(self, batches: list[Feeds], outputs: list[dict[str, np.ndarray]]) -> None:
+        """The graph's `outputs` on `batches`, batch by batch, computed elsewhere at the level it runs at (the INT8
+        stage's maxima pass: calibration/ranges.py GraphOutputs): not run again."""
+        self._outputs[id(batches)] = (batches, outputs)
+
     def outputs(self, batches: list[Feeds]) -> list[dict[str, np.ndarray]]:
         """The FP32 graph's outputs on `batches`, batch by batch, run on the first call for this list."""
         if id(batches) not in self._outputs:

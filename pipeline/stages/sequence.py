@@ -294,6 +294,8 @@ def _int8_stage(run: Run, engine: GraphRecord) -> None:
         cpu_out_paths={kind: run.path(graph.file) for kind, graph in cpu.items()},
         judge=int8_judge(fp32),
     )
+    if result.fp32_fit_outputs is not None:  # calibration ran FP32 on the fit rows at its level: the gate needs no run
+        fp32.add(calibration.fit.batches, result.fp32_fit_outputs)
     written = {kind: cpu[kind] for kind in result.written_cpu_graphs}
     for kind in cpu.keys() - written.keys():  # an earlier build's graph under its name would pass for this one's
         remove_graph(run.path(cpu[kind].file))

@@ -97,7 +97,8 @@ def test_judging_writes_the_fp32_graph_corrected_for_the_kept_candidate_alone(tm
     scratch.mkdir()
     config = CalibrationConfig(("max", "percentile"))
     parts, judge = arguments["calibration"], int8_judge(Fp32Reference(fp32))
-    candidates = int8.build_candidates(fp32, parts, config, arguments["cache_folder"], scratch, judged=True)
+    fits = int8.fit_candidates(fp32, parts, config, arguments["cache_folder"], scratch, judged=True)
+    candidates = int8.build_candidates(fits, parts.fit, config, scratch)
     search = int8.judge_candidates(candidates, parts, judge, scratch)
     assert [candidate.bias_correction["kept"] for candidate in search.tried] == [True, True]
     chosen = search.chosen

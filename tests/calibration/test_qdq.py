@@ -15,7 +15,7 @@ from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, Te
 from onnxruntime.quantization.quant_utils import compute_data_quant_params, quantize_onnx_initializer
 
 from trt_pipeline.calibration.holdout import read_calibration
-from trt_pipeline.calibration.int8 import build_candidates, calibrated_graph
+from trt_pipeline.calibration.int8 import build_candidates, calibrated_graph, fit_candidates
 from trt_pipeline.calibration.int8_records import CalibrationConfig
 from trt_pipeline.calibration.qdq import quantize_qdq
 from trt_pipeline.calibration.qdq_marks import IntegerForm
@@ -199,7 +199,8 @@ def test_the_candidates_of_one_smoothing_alpha_share_their_weights(tmp_path):
     parts = read_calibration(rows, fp32, None, samples=48, batch=16)
     config = CalibrationConfig(methods=("max", "percentile"), smooth_alphas=(0.9, None))
     scratch = tmp_path / "scratch"
-    candidates = list(build_candidates(fp32, parts, config, tmp_path / CACHE_FOLDER, scratch, judged=True))
+    fits = fit_candidates(fp32, parts, config, tmp_path / CACHE_FOLDER, scratch, judged=True)
+    candidates = list(build_candidates(fits, parts.fit, config, scratch))
     assert [(c.method, c.alpha) for c in candidates] == [(m, a) for m in config.methods for a in config.smooth_alphas]
     smoothed, unsmoothed = candidates[0], candidates[1]
     assert candidates[2].weights is smoothed.weights and candidates[3].weights is unsmoothed.weights
