@@ -241,7 +241,7 @@ def int8_result(
     parts: CalibrationParts,
     search: Search,
     written: Int8Graphs,
-    fp32_outputs: list[Feed] | None = None,
+    fp32_outputs: list[Feed] | None,
 ) -> Int8Result:
     """The stage's result: the manifest's calibration record and the line it prints, and the FP32 graph's outputs
     on the fit rows where calibration computed them."""

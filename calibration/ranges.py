@@ -196,23 +196,24 @@ def collect_statistics(
         )
         measured = {**reused, **input_means.means()}
         measured_means = {name: measured[name] for name in wanted}  # in the graph's order
-    maxima, outputs = ChannelMaxima(maxima_of), GraphOutputs()
+    maxima, outputs = ChannelMaxima(maxima_of), None
     if maxima_of:  # at the level the graph runs at elsewhere (module doc)
         step = rows_per_run(model, data.batches[0])
         level, cut = graph_level(graph), [in_rows(batch, step) for batch in data.batches]
         runs = [run for batch in cut for run in batch]
         values = channel_maxima(model, maxima.tensors, runs, weights=graph.parent, level=level)
-        reduced = (iter([outputs.keep(*run)]) for run in values)
+        produced = GraphOutputs([value.name for value in model.graph.output])
+        reduced = (iter([produced.keep(*run)]) for run in values)
         passes += _run_pass(reduced, graph, runs, [_rows(run) for run in runs], [maxima])
         del values, reduced  # its session
-        outputs.put_together([len(batch) for batch in cut])
+        outputs = produced.batches([len(batch) for batch in cut])
     shared = None
     if keep:
         computed = frozenset(name for node in model.graph.node for name in node.output)
         every = computed | {value.name for value in model.graph.input}
         shared = Shared(every, measured_means, kept.batches if kept else None)
     ranges_by_method = {r.method: r.ranges() for r in ranges}
-    return Statistics(ranges_by_method, maxima.maxima, measured_means, passes, shared, outputs.batches)
+    return Statistics(ranges_by_method, maxima.maxima, measured_means, passes, shared, outputs)
 
 
 def _read(ranges: list[MethodRanges], means: ChannelMeans) -> list[str]:
@@ -250,35 +251,29 @@ class KeptValues:
 
 class GraphOutputs:
     """The graph's own outputs on each run of the maxima pass (pipeline/evaluation/tensors.py channel_maxima gives
-    them beside the maxima), put back together batch by batch, while they take KEPT_BYTES at most in all (else
-    `batches` is None): on the FP32 graph at the level it runs at elsewhere, they are its outputs on the fit rows
-    that the INT8 gate compares with in-sample (pipeline/evaluation/agreement.py Fp32Reference), which then runs
-    none of those rows again (ViT-L/16's 24: 16 s)."""
+    them beside the maxima), kept as a boundary's values are (KeptValues: KEPT_BYTES at most in all) and put back
+    together batch by batch: on the FP32 graph at the level it runs at elsewhere, they are its outputs on the fit
+    rows that the INT8 gate compares with in-sample (pipeline/evaluation/agreement.py Fp32Reference), which then
+    runs none of those rows again (ViT-L/16's 24: 16 s)."""
 
-    def __init__(self) -> None:
-        self._runs: list[Feed] | None = []
-        self._bytes = 0
-        self.batches: list[Feed] | None = None
+    def __init__(self, names: Sequence[str]) -> None:
+        self._runs = KeptValues(names, names)
 
     def keep(self, maxima: Feed, outputs: Feed) -> Feed:
         """A run's maxima, its outputs kept."""
-        if self._runs is not None:
-            self._bytes += sum(value.nbytes for value in outputs.values())
-            if self._bytes > KEPT_BYTES:
-                self._runs = None  # the gate runs the rows again rather than hold them through the stage
-            else:
-                self._runs.append(outputs)
+        self._runs.add(outputs, _rows(outputs))
         return maxima
 
-    def put_together(self, runs_per_batch: list[int]) -> None:
-        """The kept runs' outputs as the batches' (`runs_per_batch`: how many runs each batch took, in order)."""
-        if self._runs is None:
-            return
-        runs, self.batches = iter(self._runs), []
+    def batches(self, runs_per_batch: list[int]) -> list[Feed] | None:
+        """The kept runs' outputs as the batches' (`runs_per_batch`: how many runs each batch took, in order); None
+        where they were too large to keep."""
+        if self._runs.batches is None:
+            return None
+        runs, batches = iter(self._runs.batches), []
         for count in runs_per_batch:
             parts = [next(runs) for _ in range(count)]
-            self.batches.append({name: joined([part[name] for part in parts]) for name in parts[0]})
-        self._runs = None
+            batches.append({name: joined([part[name] for part in parts]) for name in parts[0]})
+        return batches
 
 
 class ChangedPart:
