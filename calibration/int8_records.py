@@ -177,7 +177,7 @@ class Int8Result:
     cpu: dict[str, CpuGraph]
     summary: str
     chosen: Candidate
-    fp32_fit_outputs: list[Feed] | None = None
+    fp32_fit_outputs: list[Feed] | None
 
     @property
     def written_cpu_graphs(self) -> dict[str, str]:

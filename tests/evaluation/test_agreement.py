@@ -68,7 +68,7 @@ def test_the_int8_stage_runs_the_fp32_graph_once_on_each_calibration_batch(tmp_p
     """The judge picks among candidates on the held-out rows and the gate then judges the kept graph on the same
     rows: FP32's outputs on them are the same, so they are computed once (the gate used to run FP32 on them again).
     The fit rows' are the maxima pass's (smoothing's, at the level the graph runs at), which the gate's in-sample
-    numbers compare with: it ran FP32 on those rows again."""
+    numbers compare with (the gate used to run FP32 on those rows again too)."""
     settings, folder = _int8_settings_at_parity(tmp_path)
     runs = _fp32_runs(monkeypatch, onnx.load(folder / FP32_GRAPH, load_external_data=False))
     run_stage(settings, "precision")
