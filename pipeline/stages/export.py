@@ -11,6 +11,7 @@ import contextlib
 import gc
 import inspect
 import logging
+import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,6 +78,28 @@ def _attention_fast_path_off() -> Iterator[None]:
         yield
     finally:
         torch.backends.mha.set_fastpath_enabled(before)
+
+
+@contextlib.contextmanager
+def eager_attention(module: torch.nn.Module) -> Iterator[None]:
+    """transformers models run and export their eager attention (MatMul, scale, mask Add, Softmax, MatMul), the
+    pattern ONNX Runtime's transformer fusions recognize; transformers 5's default SDPA exports decomposed, with a
+    NaN guard after the Softmax, and no attention of a DistilBERT folder was fused (ONNX Runtime 1.32's BERT
+    optimizer: Attention 0 against 6 from the eager export).  The reference is computed in it too, so the gates
+    judge the graph against what it computes: the same as SDPA's but on a row with every token masked (SDPA
+    gives zeros there, eager attention the keys' mean).  Each model's own choice is restored after."""
+    transformers = sys.modules.get("transformers")  # a model made with transformers has imported it
+    models = [m for m in module.modules() if transformers and isinstance(m, transformers.PreTrainedModel)]
+    before = [(model, model.config._attn_implementation) for model in models]
+    try:
+        for model, chosen in before:
+            if chosen != "eager":
+                model.set_attn_implementation("eager")
+        yield
+    finally:
+        for model, chosen in reversed(before):
+            if model.config._attn_implementation != chosen:
+                model.set_attn_implementation(chosen)
 
 
 def static_token_sequences(spec: ModelSpec) -> str | None:
@@ -156,7 +179,7 @@ def _export_checked(
     messages name model.onnx), its weights stored as graph_files says, checked at every reference case."""
     for earlier in candidate.parent.iterdir():  # what an exporter passed over left
         earlier.unlink()
-    with warnings.catch_warnings(), _attention_fast_path_off():
+    with warnings.catch_warnings(), _attention_fast_path_off(), eager_attention(spec.module):
         warnings.simplefilter("ignore", DeprecationWarning)
         try:
             EXPORT[exporter](spec, candidate, outputs, axes)
@@ -380,7 +403,7 @@ def _reference_outputs(
     """PyTorch's outputs on one case (`axis_sizes`: the declared axes it sets); a model that cannot run at a size its
     profile declares is the user's to fix."""
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), eager_attention(spec.module):  # as exported
             return flatten_outputs(call_module(spec.module, feed))
     except (RuntimeError, ValueError, IndexError) as error:
         if axis_sizes:

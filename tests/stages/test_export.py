@@ -76,3 +76,22 @@ def test_the_dynamo_graph_is_written_in_opset_17_where_onnxs_converter_has_no_ad
     graph = onnx.load(str(tmp_path / "model.onnx"))
     assert {"Pad", "ReduceMean", "Resize", "Split"} <= {node.op_type for node in graph.graph.node}
     check_parity(tmp_path / "model.onnx", tmp_path / "reference.npz", graph=graph_record(Precision.FP32))
+
+
+def test_a_transformers_model_exports_its_eager_attention_and_keeps_its_own_choice(tmp_path):
+    """transformers 5's default SDPA exports decomposed with a NaN guard after each Softmax, a form ONNX Runtime's
+    attention fusion does not recognize; the eager form has none.  The model's own choice is back after export."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.DistilBertConfig(vocab_size=30, dim=16, n_layers=2, n_heads=2, hidden_dim=32)
+    module = transformers.DistilBertModel(config)
+    ids = torch.randint(0, 30, (2, 6))
+    spec = ModelSpec(
+        name="distilbert",
+        module=module,
+        example_inputs={"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+        dynamic_axes={"input_ids": {1: toy_models.SEQ}, "attention_mask": {1: toy_models.SEQ}},
+    )
+    graph, _ = exported(spec, tmp_path)
+    ops = [node.op_type for node in onnx.load(str(graph)).graph.node]
+    assert ops.count("Softmax") == 2 and "IsNaN" not in ops
+    assert module.config._attn_implementation == "sdpa"
