@@ -17,6 +17,20 @@ from torch import nn
 Factory = tuple[nn.Module, Any]
 
 
+def _trained_like(model: nn.Module) -> nn.Module:
+    """Biases and norm scales drawn near where training leaves them (transformers initializes every bias at 0 and
+    every LayerNorm scale at 1): with zero biases the exporters and onnxsim drop the bias Adds, and the graph served
+    is not the one a trained checkpoint gives (ONNX Runtime's attention fusion found no attention in it)."""
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias"):
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
+            elif parameter.dim() == 1 and bool((parameter == 1).all()):  # a norm's scale
+                parameter.copy_(1 + torch.randn(parameter.shape, generator=generator) * 0.02)
+    return model
+
+
 def _torchvision(name: str, size: int = 224) -> Factory:
     import torchvision
 
@@ -45,7 +59,8 @@ def vit_base() -> Factory:
     import transformers
 
     torch.manual_seed(0)
-    return transformers.ViTModel(transformers.ViTConfig()).eval(), {"pixel_values": torch.randn(1, 3, 224, 224)}
+    model = _trained_like(transformers.ViTModel(transformers.ViTConfig()))
+    return model.eval(), {"pixel_values": torch.randn(1, 3, 224, 224)}
 
 
 def swin_tiny() -> Factory:
@@ -53,7 +68,8 @@ def swin_tiny() -> Factory:
     import transformers
 
     torch.manual_seed(0)
-    return transformers.SwinModel(transformers.SwinConfig()).eval(), {"pixel_values": torch.randn(1, 3, 224, 224)}
+    model = _trained_like(transformers.SwinModel(transformers.SwinConfig()))
+    return model.eval(), {"pixel_values": torch.randn(1, 3, 224, 224)}
 
 
 def whisper_encoder() -> Factory:
@@ -65,7 +81,7 @@ def whisper_encoder() -> Factory:
     config = transformers.WhisperConfig(
         d_model=512, encoder_layers=6, encoder_attention_heads=8, encoder_ffn_dim=2048, num_mel_bins=80
     )
-    return WhisperEncoder(config).eval(), {"input_features": torch.randn(1, 80, 3000)}
+    return _trained_like(WhisperEncoder(config)).eval(), {"input_features": torch.randn(1, 80, 3000)}
 
 
 def vit_giant() -> Factory:
@@ -77,7 +93,7 @@ def vit_giant() -> Factory:
     config = transformers.ViTConfig(
         hidden_size=1408, num_hidden_layers=40, num_attention_heads=16, intermediate_size=6144, patch_size=14
     )
-    return transformers.ViTModel(config).eval(), {"pixel_values": torch.randn(1, 3, 224, 224)}
+    return _trained_like(transformers.ViTModel(config)).eval(), {"pixel_values": torch.randn(1, 3, 224, 224)}
 
 
 class YoloStyleDetector(nn.Module):
@@ -129,7 +145,7 @@ def _save_pretrained(model_class: str, config: Any, into: Path) -> Path:
 
     if not (into / "config.json").is_file():
         torch.manual_seed(0)
-        getattr(transformers, model_class)(config).save_pretrained(into)
+        _trained_like(getattr(transformers, model_class)(config)).save_pretrained(into)
     return into
 
 
