@@ -1,0 +1,227 @@
+"""Each transformer layer's attention, its LayerNorms and its GELU as ONNX Runtime's own fused kernels.
+
+The exported graph computes attention op by op: MatMul of Q and K, scale, mask Add, Softmax, MatMul with V, each a
+kernel launch and a round trip of the scores through memory.  ONNX Runtime's transformer optimizer
+(onnxruntime.transformers, the BERT rules) replaces that with its Attention kernel (fused attention kernels on the
+GPU), the embeddings' sum and LayerNorm with EmbedLayerNormalization, each residual Add + LayerNorm with
+SkipLayerNormalization and each bias + GELU with BiasGelu.  On an H200, BERT and DistilBERT folders served unfused at
+1.7-2.9x torch.compile(mode="reduce-overhead")'s latency (docs/benchmarks/gpu-models.md).
+
+What keeps the fused graph computing what the graph did (float rounding apart):
+- The attention takes the raw attention mask (use_raw_attention_mask), never ONNX Runtime's default mask index
+  (each row's count of ones), which assumes the padding on the right: on a DistilBERT graph the default gave outputs
+  0.26 apart on a left-padded row, the raw mask 2.4e-06 (the unfused graph's own rounding).
+- The attention fills masked scores with the graph's own fill (transformers' eager mask: float32's lowest), not
+  ONNX Runtime's default -10000, with which a row whose every token is masked attended as if unmasked (0.21 apart
+  from the graph on DistilBERT; the graph, like the eager attention it was exported from, averages every key there).
+- An attention without a mask (ViT's) scales its scores with a Mul by 1/sqrt(head size), where
+  the rules look for a Div: a Mul by a power of two (0.125 for heads of 64) becomes the Div by its inverse, the
+  same bit for bit; another scale is left as it is.
+- A float16 graph keeps the mask's Where in float32 (its fill value, float32's lowest, is past float16), with a Cast
+  after it, which hides the pattern from the optimizer: the Cast moves above the Where onto both values it selects
+  from, which computes the same bit for bit (a cast of a selection is the selection of the casts).
+
+The fused graph is kept only where an attention was fused; any other graph (a CNN, a model no rule matches) is left
+as it is.  A graph whose weights live in a data file beside it (past 2 GB) is left as it is too: the optimizer
+rewrites weights (Q, K and V's into one), and it would hold them all in memory.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# ONNX Runtime's rules for encoders: BERT's, which match DistilBERT's, ViT's and other transformers' layers too.
+RULES = "bert"
+_QUANTIZED = {"QuantizeLinear", "DequantizeLinear"}
+
+
+def fuse_attention(graph: Path) -> dict[str, int]:
+    """Rewrite the graph file `graph` in place with ONNX Runtime's fused transformer kernels (module doc).  Returns
+    the fused kernels by op type ({}: the file is untouched)."""
+    import onnx
+
+    model = onnx.load(str(graph), load_external_data=False)
+    ops = {node.op_type for node in model.graph.node}
+    if "Softmax" not in ops or ops & _QUANTIZED or _has_data_file(model):
+        return {}
+    fill = mask_fill(model)
+    _cast_before_where(model)
+    _scale_as_division(model)
+    heads, hidden = attention_heads(model)
+    fused = _optimized(model, heads, hidden)
+    counts = {op: count for op, count in fused.get_fused_operator_statistics().items() if count}
+    if not counts.get("Attention"):
+        return {}
+    if fill is not None:
+        _fill_masked_scores(fused.model, fill)
+    fused.save_model_to_file(str(graph))
+    return counts
+
+
+def _optimized(model: Any, heads: int, hidden: int) -> Any:
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    options = FusionOptions(RULES)
+    options.use_raw_attention_mask(True)
+    # Its modules log warnings where a rule does not apply ("failed to detect num_heads"), under their own names:
+    # the package imports them as top-level modules too (fusion_attention, onnx_model, ...).
+    quiet = [
+        logging.getLogger(name)
+        for name in list(logging.root.manager.loggerDict)
+        if name.startswith(("onnxruntime.transformers", "fusion_", "onnx_model"))
+    ]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.ERROR)
+    try:
+        # opt_level 0: the fusions alone; ONNX Runtime's own graph rewrites run when the session opens.  use_gpu:
+        # the GPU's rules, on the CPU placement too, so the tests there run the graph the GPU runs.
+        return optimize_model(
+            model, model_type=RULES, num_heads=heads, hidden_size=hidden, opt_level=0, use_gpu=True,
+            optimization_options=options,
+        )  # fmt: skip
+    finally:
+        for logger, level in zip(quiet, levels, strict=True):
+            logger.setLevel(level)
+
+
+def mask_fill(model: Any) -> float | None:
+    """The one value the graph's attention masks put where a token is masked: the Where (read through a Cast) whose
+    output each Softmax's input Add adds to the scores.  None where there is no such Where, or more than one value."""
+    made_by = {output: node for node in model.graph.node for output in node.output}
+    weights = {tensor.name: tensor for tensor in model.graph.initializer}
+    fills = set()
+    for softmax in (node for node in model.graph.node if node.op_type == "Softmax"):
+        add = made_by.get(softmax.input[0])
+        for name in add.input if add is not None and add.op_type == "Add" else []:
+            where = _through_cast(made_by.get(name), made_by)
+            if where is not None and where.op_type == "Where":
+                source = _through_cast(made_by.get(where.input[2]), made_by)
+                value = _constant(source.output[0] if source is not None else where.input[2], made_by, weights)
+                fills.add(float(value.reshape(-1)[0]) if value is not None and value.size == 1 else None)
+    return fills.pop() if len(fills) == 1 else None
+
+
+def _through_cast(node: Any, made_by: dict) -> Any:
+    """The node a Cast reads, or `node` itself where it is no Cast."""
+    return made_by.get(node.input[0]) if node is not None and node.op_type == "Cast" else node
+
+
+def _fill_masked_scores(model: Any, fill: float) -> None:
+    """Each fused Attention that takes no fill of its own from the rules fills masked scores with `fill`."""
+    from onnx import helper
+
+    for node in (node for node in model.graph.node if node.op_type == "Attention"):
+        if not any(attribute.name == "mask_filter_value" for attribute in node.attribute):
+            node.attribute.append(helper.make_attribute("mask_filter_value", fill))
+
+
+def _has_data_file(model: Any) -> bool:
+    from onnx import TensorProto
+
+    return any(tensor.data_location == TensorProto.EXTERNAL for tensor in model.graph.initializer)
+
+
+def _cast_before_where(model: Any) -> None:
+    """Each Cast whose input is a Where read by it alone becomes a Cast of each value the Where selects from, the
+    Where then writing the Cast's output: the same values, the Where next to what reads it."""
+    from onnx import helper
+
+    nodes = list(model.graph.node)
+    made_by = {output: node for node in nodes for output in node.output}
+    reads = Counter(name for node in nodes for name in node.input)
+    outputs = {tensor.name for tensor in model.graph.output}
+    rewritten = []
+    for node in nodes:
+        where = made_by.get(node.input[0]) if node.op_type == "Cast" else None
+        if where is None or where.op_type != "Where" or reads[where.output[0]] > 1 or where.output[0] in outputs:
+            rewritten.append(node)
+            continue
+        to = next(attribute.i for attribute in node.attribute if attribute.name == "to")
+        for index in (1, 2):
+            cast = f"{where.output[0]}_value{index}_cast"
+            rewritten.insert(rewritten.index(where), helper.make_node("Cast", [where.input[index]], [cast], to=to))
+            where.input[index] = cast
+        where.output[0] = node.output[0]
+    del model.graph.node[:]
+    model.graph.node.extend(rewritten)
+
+
+def _scale_as_division(model: Any) -> None:
+    """Each Softmax's input Mul(MatMul, c), with c a scalar power of two, as Div(MatMul, 1/c): the same values."""
+    from onnx import numpy_helper
+
+    made_by = {output: node for node in model.graph.node for output in node.output}
+    weights = {tensor.name: tensor for tensor in model.graph.initializer}
+    for softmax in (node for node in model.graph.node if node.op_type == "Softmax"):
+        mul = made_by.get(softmax.input[0])
+        if mul is None or mul.op_type != "Mul" or getattr(made_by.get(mul.input[0]), "op_type", None) != "MatMul":
+            continue
+        scale = _constant(mul.input[1], made_by, weights)
+        if scale is None or scale.size != 1 or not np.issubdtype(scale.dtype, np.floating):
+            continue
+        fraction, _ = np.frexp(scale.reshape(-1)[0])
+        if fraction != 0.5:  # not a power of two: x * c and x / (1 / c) may round apart
+            continue
+        inverse = f"{mul.input[1]}_inverse"
+        if inverse not in weights:
+            weights[inverse] = numpy_helper.from_array((1 / scale).astype(scale.dtype), inverse)
+            model.graph.initializer.append(weights[inverse])
+        mul.op_type, mul.input[1] = "Div", inverse
+
+
+def attention_heads(model: Any) -> tuple[int, int]:
+    """(heads, hidden size) of the graph's attention, from the Reshape that splits Q (or K, V) into heads: its data
+    a MatMul by a [hidden, hidden] weight plus a bias, its shape a Concat ending in (heads or -1, head size).
+    ONNX Runtime reads the heads from that Concat and gives up where they are -1 (transformers 5 writes
+    `view(*shape, -1, head_size)`).  (0, 0), ONNX Runtime's "detect them", where no Reshape is of that form."""
+    made_by = {output: node for node in model.graph.node for output in node.output}
+    weights = {tensor.name: tensor for tensor in model.graph.initializer}
+    found: Counter[tuple[int, int]] = Counter()
+    for node in (node for node in model.graph.node if node.op_type == "Reshape"):
+        concat, add = made_by.get(node.input[1]), made_by.get(node.input[0])
+        if concat is None or add is None or concat.op_type != "Concat" or add.op_type != "Add":
+            continue
+        if len(concat.input) != 4:
+            continue
+        width = _matmul_width(add, made_by, weights)
+        heads, head_size = (_scalar(name, made_by, weights) for name in concat.input[2:])
+        if width and head_size and head_size > 0 and width % head_size == 0:
+            found[(heads if heads and heads > 0 else width // head_size, width)] += 1
+    return found.most_common(1)[0][0] if found else (0, 0)
+
+
+def _matmul_width(add: Any, made_by: dict, weights: dict) -> int | None:
+    """The output width of the MatMul by a 2-D weight that `add` adds a bias to."""
+    for name in add.input:
+        matmul = made_by.get(name)
+        if matmul is not None and matmul.op_type == "MatMul" and matmul.input[1] in weights:
+            dims = weights[matmul.input[1]].dims
+            return int(dims[1]) if len(dims) == 2 else None
+    return None
+
+
+def _scalar(name: str, made_by: dict, weights: dict) -> int | None:
+    """The one integer a small initializer or Constant node holds, else None."""
+    value = _constant(name, made_by, weights)
+    if value is None or value.size != 1 or not np.issubdtype(value.dtype, np.integer):
+        return None
+    return int(value.reshape(-1)[0])
+
+
+def _constant(name: str, made_by: dict, weights: dict) -> np.ndarray | None:
+    """What an initializer or a Constant node's `value` holds, else None."""
+    from onnx import numpy_helper
+
+    if name in weights:
+        return numpy_helper.to_array(weights[name])
+    node = made_by.get(name)
+    if node is not None and node.op_type == "Constant" and node.attribute[0].name == "value":
+        return numpy_helper.to_array(node.attribute[0].t)
+    return None

@@ -1,0 +1,216 @@
+"""pipeline.runners.attention: a transformer's layers as ONNX Runtime's fused kernels (what the onnxruntime-cuda
+runner opens).  On a DistilBERT folder as the build writes it, both graphs fuse every attention, and the fused graph
+computes what the graph did on masks padded on either side and with holes; the Cast moved above a Where computes the
+same bit for bit; a graph with no attention is left untouched."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.helpers.output_dims import PROFILE
+from trt_pipeline.pipeline.core.settings import Settings
+from trt_pipeline.pipeline.runners import load_runner
+from trt_pipeline.pipeline.runners.attention import (
+    _cast_before_where,
+    _scale_as_division,
+    attention_heads,
+    fuse_attention,
+    mask_fill,
+)
+from trt_pipeline.pipeline.stages.sequence import make_engine
+
+RNG = np.random.default_rng(0)
+LAYERS, HEADS, WIDTH = 2, 2, 32
+# How far the fused graph's outputs may be from the graph's: float rounding apart in each graph's own precision.
+ATOL = {"model.onnx": 1e-5, "model.fp16.onnx": 2e-2}
+
+
+@pytest.fixture(scope="module")
+def distilbert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A DistilBERT folder (FP16, so model.onnx and model.fp16.onnx) with biases drawn as training leaves them: with
+    transformers' zero biases the exporter drops the bias Adds, and no rule matches."""
+    transformers = pytest.importorskip("transformers")
+    work = tmp_path_factory.mktemp("attention")
+    config = transformers.DistilBertConfig(vocab_size=30, dim=WIDTH, n_layers=LAYERS, n_heads=HEADS, hidden_dim=64)
+    model = transformers.DistilBertModel(config)
+    with __import__("torch").no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias"):
+                parameter.normal_(0, 0.1)
+    model.save_pretrained(work / "distilbert")
+    return make_engine(Settings(model=str(work / "distilbert"), precision="fp16", batch=PROFILE, out_root=work))
+
+
+def _masked_feeds() -> list[dict[str, np.ndarray]]:
+    """Masks padded on the right, on the left, with a hole, wholly, and not at all: ONNX Runtime's default mask index
+    (each row's count of ones) reads the left padding and the hole as padding on the right, and its default fill
+    (-10000) lets a wholly masked row attend as if unmasked."""
+    mask = np.ones((5, 12), dtype=np.int64)
+    mask[1, 9:] = 0
+    mask[2, :4] = 0
+    mask[3, 5:7] = 0
+    mask[4] = 0
+    return [
+        {"input_ids": RNG.integers(1, 30, (5, 12)), "attention_mask": mask},
+        {"input_ids": RNG.integers(1, 30, (1, 3)), "attention_mask": np.ones((1, 3), dtype=np.int64)},
+    ]
+
+
+def _run(graph: Path, feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+    session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+    return [session.run(None, feed)[0] for feed in feeds]
+
+
+@pytest.mark.parametrize("graph", ATOL)
+def test_every_attention_is_fused_and_the_graph_computes_what_it_did_on_any_padding(
+    distilbert: Path, tmp_path: Path, graph: str
+) -> None:
+    """The float16 graph keeps its mask's Where in float32 with a Cast after it: fused only after the Cast moves."""
+    fused = shutil.copy(distilbert / graph, tmp_path / graph)
+    counts = fuse_attention(Path(fused))
+    assert counts["Attention"] == LAYERS
+    assert counts["SkipLayerNormalization"] == 2 * LAYERS
+    ops = {node.op_type for node in onnx.load(str(fused)).graph.node}
+    assert "Softmax" not in ops  # no attention left unfused
+    feeds = _masked_feeds()
+    for got, want in zip(_run(Path(fused), feeds), _run(distilbert / graph, feeds), strict=True):
+        np.testing.assert_allclose(got, want, atol=ATOL[graph], rtol=0)
+
+
+def test_the_heads_and_the_mask_fill_are_read_from_the_graph(distilbert: Path) -> None:
+    """transformers 5 splits the heads with view(..., -1, head_size), where ONNX Runtime's own detection fails; its
+    eager mask fills with float32's lowest, which the float16 graph keeps in float32 behind a Cast."""
+    assert attention_heads(onnx.load(str(distilbert / "model.onnx"))) == (HEADS, WIDTH)
+    for graph in ATOL:
+        assert mask_fill(onnx.load(str(distilbert / graph))) == float(np.finfo(np.float32).min)
+
+
+def test_a_cast_moved_above_a_where_computes_the_same_bit_for_bit(tmp_path: Path) -> None:
+    """float32's lowest casts to float16's -inf either way; a Where read twice stays as it is."""
+    f32, f16 = TensorProto.FLOAT, TensorProto.FLOAT16
+    lowest = numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), "lowest")
+    nodes = [
+        helper.make_node("Where", ["keep", "x", "lowest"], ["masked"]),
+        helper.make_node("Cast", ["masked"], ["half"], to=f16),
+        helper.make_node("Where", ["keep", "x", "lowest"], ["twice"]),
+        helper.make_node("Cast", ["twice"], ["half_twice"], to=f16),
+        helper.make_node("Neg", ["twice"], ["negated"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "where",
+        [helper.make_tensor_value_info("keep", TensorProto.BOOL, [2, 5]), helper.make_tensor_value_info("x", f32, [5])],
+        [
+            helper.make_tensor_value_info("half", f16, [2, 5]),
+            helper.make_tensor_value_info("half_twice", f16, [2, 5]),
+            helper.make_tensor_value_info("negated", f32, [2, 5]),
+        ],
+        [lowest],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(tmp_path / "before.onnx"))
+    _cast_before_where(model)
+    onnx.checker.check_model(model, full_check=True)
+    assert [node.op_type for node in model.graph.node] == ["Cast", "Cast", "Where", "Where", "Cast", "Neg"]
+    onnx.save(model, str(tmp_path / "after.onnx"))
+    feed = {"keep": RNG.random((2, 5)) > 0.5, "x": RNG.standard_normal(5).astype(np.float32) * 1e5}
+    before, after = (
+        ort.InferenceSession(str(tmp_path / name), providers=["CPUExecutionProvider"]).run(None, feed)
+        for name in ("before.onnx", "after.onnx")
+    )
+    for got, want in zip(after, before, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize(("scale", "divides"), [(0.125, True), (64**-0.5 * 1.1, False)])
+def test_a_scale_by_a_power_of_two_becomes_a_division_with_the_same_outputs(
+    tmp_path: Path, scale: float, divides: bool
+) -> None:
+    """ViT's unmasked scores: Softmax(MatMul * 0.125) as Softmax(MatMul / 8), bit for bit; another scale stays."""
+    f32 = TensorProto.FLOAT
+    nodes = [
+        helper.make_node("MatMul", ["q", "k"], ["scores"]),
+        helper.make_node("Mul", ["scores", "scale"], ["scaled"]),
+        helper.make_node("Softmax", ["scaled"], ["out"], axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "scores",
+        [helper.make_tensor_value_info("q", f32, [2, 4, 8]), helper.make_tensor_value_info("k", f32, [2, 8, 4])],
+        [helper.make_tensor_value_info("out", f32, [2, 4, 4])],
+        [numpy_helper.from_array(np.array(scale, np.float32), "scale")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(tmp_path / "before.onnx"))
+    _scale_as_division(model)
+    assert [node.op_type for node in model.graph.node] == ["MatMul", "Div" if divides else "Mul", "Softmax"]
+    onnx.save(model, str(tmp_path / "after.onnx"))
+    feed = {
+        "q": RNG.standard_normal((2, 4, 8)).astype(np.float32) * 30,
+        "k": RNG.standard_normal((2, 8, 4)).astype(np.float32),
+    }
+    before, after = (
+        ort.InferenceSession(str(tmp_path / name), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+        for name in ("before.onnx", "after.onnx")
+    )
+    np.testing.assert_array_equal(after, before)
+
+
+def test_a_graph_with_no_attention_is_left_untouched(tmp_path: Path) -> None:
+    """A classifier's Softmax is no attention: nothing fused, the file's bytes as they were."""
+    weight = numpy_helper.from_array(RNG.standard_normal((8, 4)).astype(np.float32), "weight")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "weight"], ["logits"]), helper.make_node("Softmax", ["logits"], ["out"])],
+        "classifier",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", 4])],
+        [weight],
+    )
+    path = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    before = path.read_bytes()
+    assert fuse_attention(path) == {}
+    assert path.read_bytes() == before
+
+
+def test_the_cuda_runner_serves_the_fused_graph_and_says_so(distilbert: Path) -> None:
+    """Here on the CPU placement (the graph the GPU runs, the folder's float16 one): fused, within float rounding of
+    the graph as exported, which fuse_attention=False serves bit for bit."""
+    feeds = _masked_feeds()
+    with (
+        load_runner(distilbert, "onnxruntime-cuda", device="cpu") as fused,
+        load_runner(distilbert, "onnxruntime-cuda", device="cpu", fuse_attention=False) as exported,
+        load_runner(distilbert, "onnxruntime") as plain,
+    ):
+        assert fused.graph == exported.graph == plain.graph
+        assert f"Attention {LAYERS}" in fused.description
+        assert "fused" not in exported.description
+        for feed in feeds:
+            want = plain.infer(feed)["last_hidden_state"]
+            np.testing.assert_array_equal(exported.infer(feed)["last_hidden_state"], want)
+            np.testing.assert_allclose(fused.infer(feed)["last_hidden_state"], want, atol=ATOL[fused.graph], rtol=0)
+
+
+def test_the_graph_is_rewritten_once_for_all_the_runners_sessions(distilbert: Path, monkeypatch) -> None:
+    """The fusion takes seconds on a real model: the second session opens the first one's rewritten bytes."""
+    from trt_pipeline.pipeline.runners import onnxruntime_cuda
+
+    calls = []
+
+    def counted(graph: Path) -> dict[str, int]:
+        calls.append(graph)
+        return fuse_attention(graph)
+
+    monkeypatch.setattr(onnxruntime_cuda, "fuse_attention", counted)
+    feed = _masked_feeds()[0]
+    with load_runner(distilbert, "onnxruntime-cuda", device="cpu", sessions=2) as runner:
+        assert len(calls) == 1 and f"Attention {LAYERS}" in runner.description
+        first, second = (slot.session.run(None, feed)[0] for slot in runner._slots)
+    np.testing.assert_array_equal(first, second)
