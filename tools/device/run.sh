@@ -207,7 +207,7 @@ sweep_measure() {  # group SWEEP (or MODELS), each model built then measured in 
 }
 
 triage() {  # issue 54, second call of a session (after sweep_start): onnxruntime-gpu, DistilBERT's sweep row,
-	# then tools/device/triage.py on its folder (kernels, placement) and on a ConvNeXt folder built meanwhile (each
+	# then tools/device/triage.py on its folder (fusion, placement) and on a ConvNeXt folder built meanwhile (each
 	# step cut short)
 	ort_part
 	ort_install || return 1
@@ -215,8 +215,8 @@ triage() {  # issue 54, second call of a session (after sweep_start): onnxruntim
 	setsid bash -c "timeout 120 \"$PY\" benchmarks/gpu_models.py --models convnext --build-only --engines /tmp/triage \
 		--out /tmp/triage/build >/tmp/triage-build.log 2>&1; echo \$? >/tmp/triage-build.rc" </dev/null >/dev/null 2>&1 &
 	MODELS=distilbert SWEEP_S=${SWEEP_S:-130} MODEL_S=125 sweep_measure
-	timeout 40 "$PY" tools/device/triage.py kernels "$ENGINES/distilbert-fp16" "$OUT" >"$OUT/triage-kernels.log" 2>&1
-	echo "kernels: exit $?"; tail -c 1500 "$OUT/triage-kernels.log"
+	timeout 60 "$PY" tools/device/triage.py fusion "$ENGINES/distilbert-fp16" "$OUT" >"$OUT/triage-fusion.log" 2>&1
+	echo "fusion: exit $?"; tail -c 1500 "$OUT/triage-fusion.log"
 	timeout 60 "$PY" tools/device/triage.py placement "$ENGINES/distilbert-fp16" "$OUT" | grep -v "All nodes placed"
 	while [ ! -f /tmp/triage-build.rc ]; do sleep 2; done
 	echo "convnext build: exit $(cat /tmp/triage-build.rc)"

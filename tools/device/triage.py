@@ -1,8 +1,8 @@
 """On the GPU machine, issue 54: why the sweep's ConvNeXt and BERTs are where they are.
 
     python tools/device/triage.py convnext FOLDER OUT    # each runner variant in a child: which one crashes
-    python tools/device/triage.py kernels FOLDER OUT     # an encoder's FP16 graph at batch 32: time by op type,
-                                                         # and with ONNX Runtime's transformer fusions
+    python tools/device/triage.py fusion FOLDER OUT      # a BERT-style folder served with and without the
+                                                         # runner's transformer fusion, rows alternating
 
 The sweep's ConvNeXt passed auto's host check in a child process (FP32 graph, CUDA graphs, NHWC, bias split), then
 its process died (SIGSEGV) at its first batch of 8 beside torch; the FP16 graph failed there with an illegal address.
@@ -16,7 +16,6 @@ import json
 import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -33,8 +32,6 @@ VARIANTS = {
     "nchw-no-graph": {"cuda_graph": False, "provider_options": {"prefer_nhwc": "0"}},
 }
 
-
-WARM_UP, PROFILED = 5, 20  # kernels: runs left out of the profile's sums, and runs summed
 
 # (graph, variant, torch first): every variant on the FP32 graph auto served, the main ones on the FP16 graph
 RUNS = [("model.onnx", name, False) for name in VARIANTS] + [("model.onnx", "defaults", True)]
@@ -89,54 +86,48 @@ def variant(folder: Path, graph: str, options: dict, torch_first: bool) -> None:
     print("ok")
 
 
-def kernels(folder: Path, out: Path) -> None:
-    """The FP16 graph at batch 32 (sequence 128) on a plain CUDA session: ONNX Runtime's profile summed by op type,
-    then p50 ms end to end of it and of the same graph through ONNX Runtime's BERT fusions, alternating."""
+def fusion(folder: Path, out: Path) -> None:
+    """The onnxruntime-cuda runner as auto opens it (CUDA graphs where ONNX Runtime captures) with its transformer
+    fusion (pipeline.runners.attention) and without it (fuse_attention=False), rows alternating in one process:
+    p50 ms end to end at batch 1, 8 and 32 (sequence 128), and how far apart their outputs are.  On a host without
+    the CUDA provider (a dry run) the same runner on the CPU placement, uncaptured."""
     import onnxruntime as ort
-    from onnxruntime.transformers.fusion_options import FusionOptions
-    from onnxruntime.transformers.optimizer import optimize_model
 
-    graph = folder / "model.fp16.onnx"
-    options = FusionOptions("bert")
-    options.enable_embed_layer_norm = False  # the inputs stay the graph's
-    fused = optimize_model(str(graph), model_type="bert", optimization_options=options, opt_level=0, use_gpu=True)
-    work = Path("/tmp/triage-work")  # the fused graph and the profiles stay on the machine; summaries go to OUT
-    work.mkdir(exist_ok=True)
-    fused_path = work / "fused.fp16.onnx"
-    fused.save_model_to_file(str(fused_path), use_external_data_format=True)
-    report = {"fused": {k: v for k, v in fused.get_fused_operator_statistics().items() if v}}
+    from trt_pipeline.pipeline.runners import load_runner
+    from trt_pipeline.pipeline.runners.onnxruntime_cuda import CaptureRefused
+
+    on_gpu = "CUDAExecutionProvider" in ort.get_available_providers()
+    place = {"cuda_graph": True} if on_gpu else {"device": "cpu"}
+
+    def opened(fused: bool):  # noqa: ANN202 - a runner
+        try:
+            return load_runner(folder, "onnxruntime-cuda", fuse_attention=fused, **place)
+        except CaptureRefused:  # nodes on the CPU: uncaptured, as auto opens it then
+            return load_runner(folder, "onnxruntime-cuda", fuse_attention=fused)
+
     rng = np.random.default_rng(0)
-    feed = {"input_ids": rng.integers(1, 20000, (32, 128)), "attention_mask": np.ones((32, 128), np.int64)}
-    providers = [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
-    sessions = {}
-    for name, path in (("plain", graph), ("fused", fused_path)):
-        profiled = ort.SessionOptions()
-        profiled.enable_profiling = True
-        profiled.profile_file_prefix = str(work / f"profile-{name}")
-        session = ort.InferenceSession(str(path), profiled, providers=providers)
-        for _ in range(WARM_UP + PROFILED):
-            session.run(None, feed)
-        events = json.loads(Path(session.end_profiling()).read_text())
-        # The first runs tune cuBLAS and fill the arena: their kernels would count several calls' worth.
-        runs = sorted(event["ts"] for event in events if event.get("cat") == "Session" and event["name"] == "model_run")
-        profiled_from = runs[WARM_UP]
-        by_op: Counter = Counter()
-        for event in events:
-            if event.get("cat") == "Node" and event["name"].endswith("_kernel_time") and event["ts"] >= profiled_from:
-                by_op[event["args"].get("op_name", "?")] += event["dur"] / PROFILED / 1000
-        report[f"{name} ms by op (a call)"] = {op: round(ms, 3) for op, ms in by_op.most_common(15)}
-        sessions[name] = ort.InferenceSession(str(path), providers=providers)
-    times: dict[str, list[float]] = {name: [] for name in sessions}
-    for _ in range(60):
-        for name, session in sessions.items():
-            started = time.perf_counter()
-            session.run(None, feed)
-            times[name].append((time.perf_counter() - started) * 1e3)
-    report["p50 ms end to end, batch 32"] = {name: round(float(np.median(t[10:])), 3) for name, t in times.items()}
-    plain, other = (sessions[n].run(None, feed)[0].astype(np.float32) for n in ("plain", "fused"))
-    report["fused vs plain max abs"] = float(np.abs(plain - other).max())
-    (out / "triage-kernels.json").write_text(json.dumps(report, indent=1))
-    print(json.dumps(report, indent=1))
+    runners = {"fused": opened(True), "as exported": opened(False)}
+    report: dict = {name: runner.description for name, runner in runners.items()}
+    for batch in (1, 8, 32) if on_gpu else (1, 2):
+        feed = {"input_ids": rng.integers(1, 20000, (batch, 128)), "attention_mask": np.ones((batch, 128), np.int64)}
+        feed["attention_mask"][-1, 100:] = 0  # a padded row: the mask matters
+        outputs = {name: runner.infer(feed) for name, runner in runners.items()}
+        times: dict[str, list[float]] = {name: [] for name in runners}
+        for _ in range(60 if on_gpu else 3):
+            for name, runner in runners.items():
+                started = time.perf_counter()
+                runner.infer(feed)
+                times[name].append((time.perf_counter() - started) * 1e3)
+        first = next(iter(outputs["fused"]))
+        apart = np.abs(outputs["fused"][first] - outputs["as exported"][first])[feed["attention_mask"] == 1]
+        report[f"batch {batch}"] = {
+            **{f"{name} p50 ms": round(float(np.median(t[len(t) // 6 :])), 3) for name, t in times.items()},
+            f"{first} max abs apart (unpadded tokens)": float(apart.max()),
+        }
+        print(f"batch {batch}: {report[f'batch {batch}']}", flush=True)
+    for runner in runners.values():
+        runner.close()
+    (out / "triage-fusion.json").write_text(json.dumps(report, indent=1))
 
 
 def placement(folder: Path, out: Path) -> None:
@@ -185,4 +176,4 @@ if __name__ == "__main__":
     if verb == "variant":
         variant(Path(args[0]), args[1], json.loads(args[2]), torch_first=len(args) > 3)
     else:
-        {"convnext": convnext, "kernels": kernels, "placement": placement}[verb](Path(args[0]), Path(args[1]))
+        {"convnext": convnext, "fusion": fusion, "placement": placement}[verb](Path(args[0]), Path(args[1]))
