@@ -14,6 +14,9 @@ What keeps the fused graph computing what the graph did (float rounding apart):
 - The attention fills masked scores with the graph's own fill (transformers' eager mask: float32's lowest), not
   ONNX Runtime's default -10000, with which a row whose every token is masked attended as if unmasked (0.21 apart
   from the graph on DistilBERT; the graph, like the eager attention it was exported from, averages every key there).
+- The attention scales its scores by the graph's own scale, not ONNX Runtime's default 1/sqrt(head size) (its rules
+  never read the graph's): a graph whose Softmax reads no scale (Whisper's encoder, its query scale folded into the
+  weights by onnxsim) or more than one is not fused.
 - An attention without a mask (ViT's) scales its scores with a Mul by 1/sqrt(head size), where
   the rules look for a Div: a Mul by a power of two (0.125 for heads of 64) becomes the Div by its inverse, the
   same bit for bit; another scale is left as it is.
@@ -49,7 +52,9 @@ def fuse_attention(graph: Path) -> dict[str, int]:
     ops = {node.op_type for node in model.graph.node}
     if "Softmax" not in ops or ops & _QUANTIZED or _has_data_file(model):
         return {}
-    fill = mask_fill(model)
+    scale, fill = attention_scale(model), mask_fill(model)
+    if scale is None:
+        return {}
     _cast_before_where(model)
     _scale_as_division(model)
     heads, hidden = attention_heads(model)
@@ -57,8 +62,9 @@ def fuse_attention(graph: Path) -> dict[str, int]:
     counts = {op: count for op, count in fused.get_fused_operator_statistics().items() if count}
     if not counts.get("Attention"):
         return {}
+    _set_unset(fused.model, "scale", scale)
     if fill is not None:
-        _fill_masked_scores(fused.model, fill)
+        _set_unset(fused.model, "mask_filter_value", fill)
     fused.save_model_to_file(str(graph))
     return counts
 
@@ -113,13 +119,33 @@ def _through_cast(node: Any, made_by: dict) -> Any:
     return made_by.get(node.input[0]) if node is not None and node.op_type == "Cast" else node
 
 
-def _fill_masked_scores(model: Any, fill: float) -> None:
-    """Each fused Attention that takes no fill of its own from the rules fills masked scores with `fill`."""
+def attention_scale(model: Any) -> float | None:
+    """The one factor every Softmax's scores are scaled by: a Mul by c (c) or a Div by d (1/d) of a MatMul, under the
+    mask's Add where there is one.  None where a Softmax reads no such scale, or the factors differ."""
+    made_by = {output: node for node in model.graph.node for output in node.output}
+    weights = {tensor.name: tensor for tensor in model.graph.initializer}
+    scales = set()
+    for softmax in (node for node in model.graph.node if node.op_type == "Softmax"):
+        scores = made_by.get(softmax.input[0])
+        if scores is not None and scores.op_type == "Add":  # the mask's
+            scaled = [made_by[name] for name in scores.input if name in made_by]
+            scores = next((node for node in scaled if node.op_type in ("Mul", "Div")), None)
+        factor = None
+        if scores is not None and scores.op_type in ("Mul", "Div") and made_by.get(scores.input[0]):
+            value = _constant(scores.input[1], made_by, weights)
+            if made_by[scores.input[0]].op_type == "MatMul" and value is not None and value.size == 1:
+                factor = float(value.reshape(-1)[0]) if scores.op_type == "Mul" else 1 / float(value.reshape(-1)[0])
+        scales.add(factor)
+    return scales.pop() if len(scales) == 1 else None
+
+
+def _set_unset(model: Any, name: str, value: float) -> None:
+    """Each fused Attention that the rules gave no attribute `name` takes `value`."""
     from onnx import helper
 
     for node in (node for node in model.graph.node if node.op_type == "Attention"):
-        if not any(attribute.name == "mask_filter_value" for attribute in node.attribute):
-            node.attribute.append(helper.make_attribute("mask_filter_value", fill))
+        if not any(attribute.name == name for attribute in node.attribute):
+            node.attribute.append(helper.make_attribute(name, value))
 
 
 def _has_data_file(model: Any) -> bool:

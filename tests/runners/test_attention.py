@@ -21,6 +21,7 @@ from trt_pipeline.pipeline.runners.attention import (
     _cast_before_where,
     _scale_as_division,
     attention_heads,
+    attention_scale,
     fuse_attention,
     mask_fill,
 )
@@ -76,6 +77,8 @@ def test_every_attention_is_fused_and_the_graph_computes_what_it_did_on_any_padd
     fused = shutil.copy(distilbert / graph, tmp_path / graph)
     counts = fuse_attention(Path(fused))
     assert counts["Attention"] == LAYERS
+    attentions = [node for node in onnx.load(str(fused)).graph.node if node.op_type == "Attention"]
+    assert {helper.get_node_attr_value(node, "scale") for node in attentions} == {(WIDTH // HEADS) ** -0.5}
     assert counts["SkipLayerNormalization"] == 2 * LAYERS
     ops = {node.op_type for node in onnx.load(str(fused)).graph.node}
     assert "Softmax" not in ops  # no attention left unfused
@@ -90,6 +93,21 @@ def test_the_heads_and_the_mask_fill_are_read_from_the_graph(distilbert: Path) -
     assert attention_heads(onnx.load(str(distilbert / "model.onnx"))) == (HEADS, WIDTH)
     for graph in ATOL:
         assert mask_fill(onnx.load(str(distilbert / graph))) == float(np.finfo(np.float32).min)
+        assert attention_scale(onnx.load(str(distilbert / graph))) == (WIDTH // HEADS) ** -0.5
+
+
+def test_a_softmax_that_reads_no_scale_is_not_fused(tmp_path: Path) -> None:
+    """ONNX Runtime's Attention scales by 1/sqrt(head size) unless told: where the graph's scale is not found (a
+    Softmax reading its MatMul directly, as Whisper's encoder does once onnxsim folds the query's scale into its
+    weights), fusing could change what it computes."""
+    f32 = TensorProto.FLOAT
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["q", "k"], ["scores"]), helper.make_node("Softmax", ["scores"], ["out"])],
+        "unscaled",
+        [helper.make_tensor_value_info("q", f32, [2, 4, 8]), helper.make_tensor_value_info("k", f32, [2, 8, 4])],
+        [helper.make_tensor_value_info("out", f32, [2, 4, 4])],
+    )
+    assert attention_scale(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])) is None
 
 
 def test_a_cast_moved_above_a_where_computes_the_same_bit_for_bit(tmp_path: Path) -> None:
