@@ -33,14 +33,16 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .conv_bias import QUANTIZED
+
 # ONNX Runtime's rules for encoders: BERT's, which match DistilBERT's, ViT's and other transformers' layers too.
 RULES = "bert"
-_QUANTIZED = {"QuantizeLinear", "DequantizeLinear"}
 
 
 def fuse_attention(graph: Path) -> dict[str, int]:
@@ -50,14 +52,14 @@ def fuse_attention(graph: Path) -> dict[str, int]:
 
     model = onnx.load(str(graph), load_external_data=False)
     ops = {node.op_type for node in model.graph.node}
-    if "Softmax" not in ops or ops & _QUANTIZED or _has_data_file(model):
+    if "Softmax" not in ops or ops & QUANTIZED or _has_data_file(model):
         return {}
-    scale, fill = attention_scale(model), mask_fill(model)
+    lookup = GraphLookup.of(model)
+    scale, fill, (heads, hidden) = attention_scale(lookup), mask_fill(lookup), attention_heads(lookup)
     if scale is None:
         return {}
+    _scale_as_division(model, lookup)
     _cast_before_where(model)
-    _scale_as_division(model)
-    heads, hidden = attention_heads(model)
     fused = _optimized(model, heads, hidden)
     counts = {op: count for op, count in fused.get_fused_operator_statistics().items() if count}
     if not counts.get("Attention"):
@@ -67,6 +69,49 @@ def fuse_attention(graph: Path) -> dict[str, int]:
         _set_unset(fused.model, "mask_filter_value", fill)
     fused.save_model_to_file(str(graph))
     return counts
+
+
+@dataclass(frozen=True)
+class GraphLookup:
+    """A graph's nodes, each by the tensor it writes, and its initializers by name: what the readers below ask."""
+
+    nodes: list[Any]
+    made_by: dict[str, Any]
+    weights: dict[str, Any]
+
+    @classmethod
+    def of(cls, model: Any) -> GraphLookup:
+        nodes = list(model.graph.node)
+        made_by = {output: node for node in nodes for output in node.output}
+        return cls(nodes, made_by, {tensor.name: tensor for tensor in model.graph.initializer})
+
+    def of_type(self, op_type: str) -> list[Any]:
+        return [node for node in self.nodes if node.op_type == op_type]
+
+    def op(self, name: str) -> str | None:
+        """The op type of the node that writes `name` (None: an input or an initializer)."""
+        node = self.made_by.get(name)
+        return node.op_type if node is not None else None
+
+    def source(self, name: str) -> str:
+        """The tensor a Cast writing `name` reads, else `name`."""
+        return self.made_by[name].input[0] if self.op(name) == "Cast" else name
+
+    def constant(self, name: str) -> np.ndarray | None:
+        """What an initializer or a Constant node's `value` holds, else None."""
+        from onnx import numpy_helper
+
+        if name in self.weights:
+            return numpy_helper.to_array(self.weights[name])
+        node = self.made_by.get(name)
+        if node is not None and node.op_type == "Constant" and node.attribute[0].name == "value":
+            return numpy_helper.to_array(node.attribute[0].t)
+        return None
+
+    def scalar(self, name: str) -> float | None:
+        """The one number `name` holds as a constant, else None."""
+        value = self.constant(name)
+        return value.reshape(-1)[0].item() if value is not None and value.size == 1 else None
 
 
 def _optimized(model: Any, heads: int, hidden: int) -> Any:
@@ -97,44 +142,31 @@ def _optimized(model: Any, heads: int, hidden: int) -> Any:
             logger.setLevel(level)
 
 
-def mask_fill(model: Any) -> float | None:
+def mask_fill(graph: GraphLookup) -> float | None:
     """The one value the graph's attention masks put where a token is masked: the Where (read through a Cast) whose
     output each Softmax's input Add adds to the scores.  None where there is no such Where, or more than one value."""
-    made_by = {output: node for node in model.graph.node for output in node.output}
-    weights = {tensor.name: tensor for tensor in model.graph.initializer}
     fills = set()
-    for softmax in (node for node in model.graph.node if node.op_type == "Softmax"):
-        add = made_by.get(softmax.input[0])
+    for softmax in graph.of_type("Softmax"):
+        add = graph.made_by.get(softmax.input[0])
         for name in add.input if add is not None and add.op_type == "Add" else []:
-            where = _through_cast(made_by.get(name), made_by)
-            if where is not None and where.op_type == "Where":
-                source = _through_cast(made_by.get(where.input[2]), made_by)
-                value = _constant(source.output[0] if source is not None else where.input[2], made_by, weights)
-                fills.add(float(value.reshape(-1)[0]) if value is not None and value.size == 1 else None)
+            if graph.op(graph.source(name)) == "Where":
+                where = graph.made_by[graph.source(name)]
+                fills.add(graph.scalar(graph.source(where.input[2])))
     return fills.pop() if len(fills) == 1 else None
 
 
-def _through_cast(node: Any, made_by: dict) -> Any:
-    """The node a Cast reads, or `node` itself where it is no Cast."""
-    return made_by.get(node.input[0]) if node is not None and node.op_type == "Cast" else node
-
-
-def attention_scale(model: Any) -> float | None:
+def attention_scale(graph: GraphLookup) -> float | None:
     """The one factor every Softmax's scores are scaled by: a Mul by c (c) or a Div by d (1/d) of a MatMul, under the
     mask's Add where there is one.  None where a Softmax reads no such scale, or the factors differ."""
-    made_by = {output: node for node in model.graph.node for output in node.output}
-    weights = {tensor.name: tensor for tensor in model.graph.initializer}
     scales = set()
-    for softmax in (node for node in model.graph.node if node.op_type == "Softmax"):
-        scores = made_by.get(softmax.input[0])
+    for softmax in graph.of_type("Softmax"):
+        scores = graph.made_by.get(softmax.input[0])
         if scores is not None and scores.op_type == "Add":  # the mask's
-            scaled = [made_by[name] for name in scores.input if name in made_by]
-            scores = next((node for node in scaled if node.op_type in ("Mul", "Div")), None)
+            scores = next((graph.made_by[n] for n in scores.input if graph.op(n) in ("Mul", "Div")), None)
         factor = None
-        if scores is not None and scores.op_type in ("Mul", "Div") and made_by.get(scores.input[0]):
-            value = _constant(scores.input[1], made_by, weights)
-            if made_by[scores.input[0]].op_type == "MatMul" and value is not None and value.size == 1:
-                factor = float(value.reshape(-1)[0]) if scores.op_type == "Mul" else 1 / float(value.reshape(-1)[0])
+        if scores is not None and scores.op_type in ("Mul", "Div") and graph.op(scores.input[0]) == "MatMul":
+            value = graph.scalar(scores.input[1])
+            factor = None if value is None else float(value) if scores.op_type == "Mul" else 1 / float(value)
         scales.add(factor)
     return scales.pop() if len(scales) == 1 else None
 
@@ -159,12 +191,11 @@ def _cast_before_where(model: Any) -> None:
     Where then writing the Cast's output: the same values, the Where next to what reads it."""
     from onnx import helper
 
-    nodes = list(model.graph.node)
-    made_by = {output: node for node in nodes for output in node.output}
-    reads = Counter(name for node in nodes for name in node.input)
+    made_by = GraphLookup.of(model).made_by
+    reads = Counter(name for node in model.graph.node for name in node.input)
     outputs = {tensor.name for tensor in model.graph.output}
     rewritten = []
-    for node in nodes:
+    for node in model.graph.node:
         where = made_by.get(node.input[0]) if node.op_type == "Cast" else None
         if where is None or where.op_type != "Where" or reads[where.output[0]] > 1 or where.output[0] in outputs:
             rewritten.append(node)
@@ -179,75 +210,51 @@ def _cast_before_where(model: Any) -> None:
     model.graph.node.extend(rewritten)
 
 
-def _scale_as_division(model: Any) -> None:
+def _scale_as_division(model: Any, graph: GraphLookup) -> None:
     """Each Softmax's input Mul(MatMul, c), with c a scalar power of two, as Div(MatMul, 1/c): the same values."""
     from onnx import numpy_helper
 
-    made_by = {output: node for node in model.graph.node for output in node.output}
-    weights = {tensor.name: tensor for tensor in model.graph.initializer}
-    for softmax in (node for node in model.graph.node if node.op_type == "Softmax"):
-        mul = made_by.get(softmax.input[0])
-        if mul is None or mul.op_type != "Mul" or getattr(made_by.get(mul.input[0]), "op_type", None) != "MatMul":
+    for softmax in graph.of_type("Softmax"):
+        mul = graph.made_by.get(softmax.input[0])
+        if mul is None or mul.op_type != "Mul" or graph.op(mul.input[0]) != "MatMul":
             continue
-        scale = _constant(mul.input[1], made_by, weights)
+        scale = graph.constant(mul.input[1])
         if scale is None or scale.size != 1 or not np.issubdtype(scale.dtype, np.floating):
             continue
         fraction, _ = np.frexp(scale.reshape(-1)[0])
         if fraction != 0.5:  # not a power of two: x * c and x / (1 / c) may round apart
             continue
         inverse = f"{mul.input[1]}_inverse"
-        if inverse not in weights:
-            weights[inverse] = numpy_helper.from_array((1 / scale).astype(scale.dtype), inverse)
-            model.graph.initializer.append(weights[inverse])
+        if inverse not in graph.weights:
+            graph.weights[inverse] = numpy_helper.from_array((1 / scale).astype(scale.dtype), inverse)
+            model.graph.initializer.append(graph.weights[inverse])
         mul.op_type, mul.input[1] = "Div", inverse
 
 
-def attention_heads(model: Any) -> tuple[int, int]:
+def attention_heads(graph: GraphLookup) -> tuple[int, int]:
     """(heads, hidden size) of the graph's attention, from the Reshape that splits Q (or K, V) into heads: its data
     a MatMul by a [hidden, hidden] weight plus a bias, its shape a Concat ending in (heads or -1, head size).
     ONNX Runtime reads the heads from that Concat and gives up where they are -1 (transformers 5 writes
     `view(*shape, -1, head_size)`).  (0, 0), ONNX Runtime's "detect them", where no Reshape is of that form."""
-    made_by = {output: node for node in model.graph.node for output in node.output}
-    weights = {tensor.name: tensor for tensor in model.graph.initializer}
     found: Counter[tuple[int, int]] = Counter()
-    for node in (node for node in model.graph.node if node.op_type == "Reshape"):
-        concat, add = made_by.get(node.input[1]), made_by.get(node.input[0])
+    for node in graph.of_type("Reshape"):
+        concat, add = graph.made_by.get(node.input[1]), graph.made_by.get(node.input[0])
         if concat is None or add is None or concat.op_type != "Concat" or add.op_type != "Add":
             continue
         if len(concat.input) != 4:
             continue
-        width = _matmul_width(add, made_by, weights)
-        heads, head_size = (_scalar(name, made_by, weights) for name in concat.input[2:])
-        if width and head_size and head_size > 0 and width % head_size == 0:
-            found[(heads if heads and heads > 0 else width // head_size, width)] += 1
+        width = _matmul_width(add, graph)
+        heads, head_size = (graph.scalar(name) for name in concat.input[2:])
+        if width and isinstance(head_size, int) and head_size > 0 and width % head_size == 0:
+            found[(heads if isinstance(heads, int) and heads > 0 else width // head_size, width)] += 1
     return found.most_common(1)[0][0] if found else (0, 0)
 
 
-def _matmul_width(add: Any, made_by: dict, weights: dict) -> int | None:
+def _matmul_width(add: Any, graph: GraphLookup) -> int | None:
     """The output width of the MatMul by a 2-D weight that `add` adds a bias to."""
     for name in add.input:
-        matmul = made_by.get(name)
-        if matmul is not None and matmul.op_type == "MatMul" and matmul.input[1] in weights:
-            dims = weights[matmul.input[1]].dims
+        matmul = graph.made_by.get(name)
+        if matmul is not None and matmul.op_type == "MatMul" and matmul.input[1] in graph.weights:
+            dims = graph.weights[matmul.input[1]].dims
             return int(dims[1]) if len(dims) == 2 else None
-    return None
-
-
-def _scalar(name: str, made_by: dict, weights: dict) -> int | None:
-    """The one integer a small initializer or Constant node holds, else None."""
-    value = _constant(name, made_by, weights)
-    if value is None or value.size != 1 or not np.issubdtype(value.dtype, np.integer):
-        return None
-    return int(value.reshape(-1)[0])
-
-
-def _constant(name: str, made_by: dict, weights: dict) -> np.ndarray | None:
-    """What an initializer or a Constant node's `value` holds, else None."""
-    from onnx import numpy_helper
-
-    if name in weights:
-        return numpy_helper.to_array(weights[name])
-    node = made_by.get(name)
-    if node is not None and node.op_type == "Constant" and node.attribute[0].name == "value":
-        return numpy_helper.to_array(node.attribute[0].t)
     return None

@@ -18,8 +18,9 @@ from pathlib import Path
 # ONNX Runtime's rewrite that folds a constant Add after a Conv into the Conv's bias: the split undone.
 KEEP_BIAS_ADD = ["ConvAddFusion"]
 # An INT8 graph's Convs sit between DequantizeLinear and QuantizeLinear, which ONNX Runtime fuses into its int8
-# kernels only as that exact pattern: an Add in between would leave them in float.  Such graphs are left as they are.
-_QUANTIZED = {"QuantizeLinear", "DequantizeLinear"}
+# kernels only as that exact pattern: an Add in between would leave them in float.  Such graphs are left as they are
+# (by pipeline.runners.attention too).
+QUANTIZED = {"QuantizeLinear", "DequantizeLinear"}
 
 
 def split_conv_bias(graph: Path) -> int:
@@ -31,7 +32,7 @@ def split_conv_bias(graph: Path) -> int:
     from onnx import helper, numpy_helper
 
     model = onnx.load(str(graph), load_external_data=False)
-    if any(node.op_type in _QUANTIZED for node in model.graph.node):
+    if any(node.op_type in QUANTIZED for node in model.graph.node):
         return 0
     weights = {tensor.name: tensor for tensor in model.graph.initializer}
     nodes, split = [], 0

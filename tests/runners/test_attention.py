@@ -18,6 +18,7 @@ from tests.helpers.output_dims import PROFILE
 from trt_pipeline.pipeline.core.settings import Settings
 from trt_pipeline.pipeline.runners import load_runner
 from trt_pipeline.pipeline.runners.attention import (
+    GraphLookup,
     _cast_before_where,
     _scale_as_division,
     attention_heads,
@@ -90,16 +91,17 @@ def test_every_attention_is_fused_and_the_graph_computes_what_it_did_on_any_padd
 def test_the_heads_and_the_mask_fill_are_read_from_the_graph(distilbert: Path) -> None:
     """transformers 5 splits the heads with view(..., -1, head_size), where ONNX Runtime's own detection fails; its
     eager mask fills with float32's lowest, which the float16 graph keeps in float32 behind a Cast."""
-    assert attention_heads(onnx.load(str(distilbert / "model.onnx"))) == (HEADS, WIDTH)
+    assert attention_heads(GraphLookup.of(onnx.load(str(distilbert / "model.onnx")))) == (HEADS, WIDTH)
     for graph in ATOL:
-        assert mask_fill(onnx.load(str(distilbert / graph))) == float(np.finfo(np.float32).min)
-        assert attention_scale(onnx.load(str(distilbert / graph))) == (WIDTH // HEADS) ** -0.5
+        lookup = GraphLookup.of(onnx.load(str(distilbert / graph)))
+        assert mask_fill(lookup) == float(np.finfo(np.float32).min)
+        assert attention_scale(lookup) == (WIDTH // HEADS) ** -0.5
 
 
-def test_a_softmax_that_reads_no_scale_is_not_fused(tmp_path: Path) -> None:
+def test_a_softmax_that_reads_its_matmul_directly_has_no_scale_to_give_the_attention(tmp_path: Path) -> None:
     """ONNX Runtime's Attention scales by 1/sqrt(head size) unless told: where the graph's scale is not found (a
     Softmax reading its MatMul directly, as Whisper's encoder does once onnxsim folds the query's scale into its
-    weights), fusing could change what it computes."""
+    weights) there is none to tell it, and fuse_attention leaves the graph as it is."""
     f32 = TensorProto.FLOAT
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["q", "k"], ["scores"]), helper.make_node("Softmax", ["scores"], ["out"])],
@@ -107,7 +109,9 @@ def test_a_softmax_that_reads_no_scale_is_not_fused(tmp_path: Path) -> None:
         [helper.make_tensor_value_info("q", f32, [2, 4, 8]), helper.make_tensor_value_info("k", f32, [2, 8, 4])],
         [helper.make_tensor_value_info("out", f32, [2, 4, 4])],
     )
-    assert attention_scale(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])) is None
+    assert (
+        attention_scale(GraphLookup.of(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))) is None
+    )
 
 
 def test_a_cast_moved_above_a_where_computes_the_same_bit_for_bit(tmp_path: Path) -> None:
@@ -167,7 +171,7 @@ def test_a_scale_by_a_power_of_two_becomes_a_division_with_the_same_outputs(
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.save(model, str(tmp_path / "before.onnx"))
-    _scale_as_division(model)
+    _scale_as_division(model, GraphLookup.of(model))
     assert [node.op_type for node in model.graph.node] == ["MatMul", "Div" if divides else "Mul", "Softmax"]
     onnx.save(model, str(tmp_path / "after.onnx"))
     feed = {
