@@ -373,7 +373,7 @@ class OnnxRuntimeCudaRunner(Runner):
         self.bias_adds = 0  # convolutions whose bias an Add of its own adds (_rewrite)
         self.values_on_device = 0  # shape values a Range makes on the device (_rewrite)
         self.fused: dict[str, int] = {}  # ONNX Runtime's fused transformer kernels by op type (_rewrite)
-        self._rewritten: tuple[bytes, list[str]] | None = None  # the first session's rewrite, for the others
+        self._rewritten: tuple[bytes | None, list[str]] | None = None  # the first session's rewrite, for the others
         self._dims = _dim_sources(self.manifest.inputs)
         ranges = self._dim_ranges()
         self._sized_by_run = _sized_by_run(self.manifest.outputs, ranges, self.graph, cuda_graph)
@@ -499,7 +499,8 @@ class OnnxRuntimeCudaRunner(Runner):
         on two cores)."""
         if self._rewritten is not None:
             rewritten, undo = self._rewritten
-            graph.write_bytes(rewritten)
+            if rewritten is not None:
+                graph.write_bytes(rewritten)
             return undo
         if self.fuse_attention:
             self.fused = fuse_attention(graph)
@@ -508,7 +509,8 @@ class OnnxRuntimeCudaRunner(Runner):
         if self.split_conv_bias:
             self.bias_adds = split_conv_bias(graph)
         undo = KEEP_BIAS_ADD if self.bias_adds else []
-        self._rewritten = (graph.read_bytes(), undo)
+        changed = self.fused or self.values_on_device or self.bias_adds  # else the next copies are already the same
+        self._rewritten = (graph.read_bytes() if changed else None, undo)
         return undo
 
     def _slot(self) -> _Slot:

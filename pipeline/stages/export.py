@@ -388,11 +388,12 @@ def write_reference(spec: ModelSpec, batch: BatchProfile, path: Path) -> dict:
     """Run PyTorch on sample inputs for every case and store inputs and outputs in one .npz."""
     outputs = output_names(spec)
     arrays: dict[str, np.ndarray] = {}
-    for index, (size, axis_sizes) in enumerate(reference_cases(spec, batch)):
-        feed = sample_inputs(spec, size, seed=index, axis_sizes=axis_sizes)
-        result = _reference_outputs(spec, feed, axis_sizes)
-        arrays.update({f"case{index}/in/{name}": t.numpy() for name, t in feed.items()})
-        arrays.update({f"case{index}/out/{name}": t.numpy() for name, t in zip(outputs, result, strict=True)})
+    with eager_attention(spec.module):  # as exported
+        for index, (size, axis_sizes) in enumerate(reference_cases(spec, batch)):
+            feed = sample_inputs(spec, size, seed=index, axis_sizes=axis_sizes)
+            result = _reference_outputs(spec, feed, axis_sizes)
+            arrays.update({f"case{index}/in/{name}": t.numpy() for name, t in feed.items()})
+            arrays.update({f"case{index}/out/{name}": t.numpy() for name, t in zip(outputs, result, strict=True)})
     write_npz(path, arrays)
     return {"summary": f"{path.name}: PyTorch outputs at batch sizes {parity_batches(batch)}"}
 
@@ -403,7 +404,7 @@ def _reference_outputs(
     """PyTorch's outputs on one case (`axis_sizes`: the declared axes it sets); a model that cannot run at a size its
     profile declares is the user's to fix."""
     try:
-        with torch.inference_mode(), eager_attention(spec.module):  # as exported
+        with torch.inference_mode():
             return flatten_outputs(call_module(spec.module, feed))
     except (RuntimeError, ValueError, IndexError) as error:
         if axis_sizes:
