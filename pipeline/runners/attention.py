@@ -54,6 +54,7 @@ def fuse_attention(graph: Path) -> dict[str, int]:
     ops = {node.op_type for node in model.graph.node}
     if "Softmax" not in ops or ops & QUANTIZED or _has_data_file(model):
         return {}
+    islands = _softmax_in_float16(model)
     lookup = GraphLookup.of(model)
     scale, fill, (heads, hidden) = attention_scale(lookup), mask_fill(lookup), attention_heads(lookup)
     if scale is None:
@@ -64,6 +65,8 @@ def fuse_attention(graph: Path) -> dict[str, int]:
     counts = {op: count for op, count in fused.get_fused_operator_statistics().items() if count}
     if not counts.get("Attention"):
         return {}
+    if islands and any(node.op_type == "Softmax" for node in fused.model.graph.node):
+        return {}  # an island computed in float16 outside a fused Attention: not what the graph computes
     _set_unset(fused.model, "scale", scale)
     if fill is not None:
         _set_unset(fused.model, "mask_filter_value", fill)
@@ -208,6 +211,56 @@ def _cast_before_where(model: Any) -> None:
         where.output[0] = node.output[0]
     del model.graph.node[:]
     model.graph.node.extend(rewritten)
+
+
+def _softmax_in_float16(model: Any) -> int:
+    """Each attention the float16 graph keeps in float32 between two Casts, its mask's Add and Softmax (the masked
+    scores reach float32's lowest, past float16, on a padded reference), written in float16 as the rules expect it:
+    Add(Cast(scores, float32), mask) -> Softmax -> Cast(float16) becomes Add(scores, Cast(mask, float16)) -> Softmax,
+    one Cast per mask.  Not the same values: float16's -inf where the mask is.  Only a fused Attention may stand in
+    its place (it fills masked scores itself, by mask_filter_value), so fuse_attention keeps the fused graph only
+    where no Softmax is left.  Returns the attentions rewritten."""
+    from onnx import TensorProto, helper
+
+    graph = GraphLookup.of(model)
+    readers: dict[str, list[Any]] = {}
+    for node in graph.nodes:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    outputs = {tensor.name for tensor in model.graph.output}
+
+    def cast_to(node: Any, to: int) -> bool:
+        return node.op_type == "Cast" and helper.get_node_attr_value(node, "to") == to
+
+    def only_reader(name: str) -> Any:
+        found = readers.get(name, [])
+        return found[0] if len(found) == 1 and name not in outputs else None
+
+    dropped, rewritten = set(), 0
+    for softmax in graph.of_type("Softmax"):
+        add, down = graph.made_by.get(softmax.input[0]), only_reader(softmax.output[0])
+        if add is None or add.op_type != "Add" or only_reader(add.output[0]) is not softmax:
+            continue
+        if down is None or not cast_to(down, TensorProto.FLOAT16):
+            continue
+        up = next((graph.made_by[n] for n in add.input if graph.op(n) == "Cast"), None)  # the scores' Cast
+        if up is None or not cast_to(up, TensorProto.FLOAT) or only_reader(up.output[0]) is not add:
+            continue
+        side = list(add.input).index(up.output[0])
+        mask = add.input[1 - side]
+        add.input[side], add.input[1 - side] = up.input[0], f"{mask}_float16"
+        if not any(node.output[0] == f"{mask}_float16" for node in model.graph.node):
+            model.graph.node.insert(
+                list(model.graph.node).index(add),
+                helper.make_node("Cast", [mask], [f"{mask}_float16"], to=TensorProto.FLOAT16),
+            )
+        softmax.output[0] = down.output[0]
+        dropped.update({up.output[0], down.output[0]})
+        rewritten += 1
+    kept = [node for node in model.graph.node if not (node.op_type == "Cast" and node.output[0] in dropped)]
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    return rewritten
 
 
 def _scale_as_division(model: Any, graph: GraphLookup) -> None:

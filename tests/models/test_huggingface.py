@@ -16,6 +16,7 @@ from trt_pipeline import models
 from trt_pipeline.models.huggingface import SEQUENCE_AXIS, HuggingFaceModule
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
+from trt_pipeline.pipeline.stages.export import sample_inputs
 from trt_pipeline.pipeline.stages.sequence import make_engine, run_stage
 
 transformers = pytest.importorskip("transformers")
@@ -295,6 +296,16 @@ def test_a_save_pretrained_folder_loads_with_derived_token_inputs(tmp_path: Path
         expected = model.eval()(**spec.example_inputs).logits
         actual = spec.module.eval()(*spec.example_inputs.values())["logits"]
     torch.testing.assert_close(actual, expected)
+
+
+def test_a_folders_reference_masks_tokens_so_every_gate_sees_padding(tmp_path: Path):
+    """The reference's masks are drawn within the derived mask's values: with a mask of ones alone, no gate and no
+    host check would ever see a masked token."""
+    folder = tmp_path / "tiny-bert"
+    tiny_bert().save_pretrained(folder)
+    spec = models.load_model(str(folder))
+    mask = sample_inputs(spec, 8, seed=0)["attention_mask"]
+    assert set(mask.unique().tolist()) == {0, 1}
 
 
 def test_the_folders_weights_are_in_the_fingerprint(tmp_path: Path):

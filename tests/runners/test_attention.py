@@ -21,6 +21,7 @@ from trt_pipeline.pipeline.runners.attention import (
     GraphLookup,
     _cast_before_where,
     _scale_as_division,
+    _softmax_in_float16,
     attention_heads,
     attention_scale,
     fuse_attention,
@@ -90,10 +91,14 @@ def test_every_attention_is_fused_and_the_graph_computes_what_it_did_on_any_padd
 
 def test_the_heads_and_the_mask_fill_are_read_from_the_graph(distilbert: Path) -> None:
     """transformers 5 splits the heads with view(..., -1, head_size), where ONNX Runtime's own detection fails; its
-    eager mask fills with float32's lowest, which the float16 graph keeps in float32 behind a Cast."""
+    eager mask fills with float32's lowest, which the float16 graph keeps in float32 behind a Cast.  The float16 graph
+    keeps each attention's mask Add and Softmax in float32 too (on the padded reference the masked scores reach
+    float32's lowest): the scale is read once they are written in float16, as the rules expect them."""
     assert attention_heads(GraphLookup.of(onnx.load(str(distilbert / "model.onnx")))) == (HEADS, WIDTH)
     for graph in ATOL:
-        lookup = GraphLookup.of(onnx.load(str(distilbert / graph)))
+        model = onnx.load(str(distilbert / graph))
+        assert _softmax_in_float16(model) == (LAYERS if graph == "model.fp16.onnx" else 0)
+        lookup = GraphLookup.of(model)
         assert mask_fill(lookup) == float(np.finfo(np.float32).min)
         assert attention_scale(lookup) == (WIDTH // HEADS) ** -0.5
 
