@@ -95,10 +95,10 @@ def test_cuda_graphs_on_and_off_give_the_same_outputs(folders, precision):
 
 
 def test_the_runners_options_change_how_it_runs_not_what_it_computes(folders):
-    """What the defaults were measured against (NCHW convolutions, cuDNN adding each bias, inputs through a
-    page-locked copy), as options of the runner: the same FP32 outputs (TF32 off either way)."""
+    """What the defaults were measured against (NCHW convolutions, cuDNN adding each bias, inputs and
+    outputs through a page-locked copy), as options of the runner: the same FP32 outputs (TF32 off either way)."""
     folder = folders["tiny_cnn", "fp32"]
-    varied = {"provider_options": {"prefer_nhwc": "0"}, "split_conv_bias": False, "pinned_inputs": True}
+    varied = {"provider_options": {"prefer_nhwc": "0"}, "split_conv_bias": False, "pinned_copies": True}
     with load_runner(folder, "onnxruntime-cuda") as default, load_runner(folder, "onnxruntime-cuda", **varied) as other:
         assert "provider options {'prefer_nhwc': '0'}" in other.description and "page-locked" in other.description
         assert other.bias_adds == 0 < default.bias_adds

@@ -290,15 +290,17 @@ def runner_choice(
     name: str, options: dict[str, str], cuda_graph: bool = False, straight: bool = True, split: bool = True
 ) -> Choice:
     """The onnxruntime-cuda runner itself (what auto serves) on the folder's engine graph, `options` over its
-    provider options; straight=False, numpy inputs through a page-locked copy; split=False, each convolution adding
-    its bias in cuDNN (as before pipeline.runners.conv_bias): the runner's own options, as a user gives them."""
+    provider options; straight=False, numpy inputs and outputs through a page-locked copy; split=False, each
+    convolution adding its bias in cuDNN (as before pipeline.runners.conv_bias): the runner's own options, as a user
+    gives them."""
     how = ", ".join(f"{key}={value}" for key, value in options.items())
-    how += (", CUDA graphs" if cuda_graph else "") + ("" if straight else ", inputs through a page-locked copy")
+    how += ", CUDA graphs" if cuda_graph else ""
+    how += "" if straight else ", inputs and outputs through a page-locked copy"
     how += "" if split else ", cuDNN adding each convolution's bias"
     how = how or "its defaults"
 
     def open_it(context: Context) -> Backend:
-        varied = {"provider_options": options, "split_conv_bias": split, "pinned_inputs": not straight}
+        varied = {"provider_options": options, "split_conv_bias": split, "pinned_copies": not straight}
         try:
             runner = load_runner(context.folder, "onnxruntime-cuda", cuda_graph=cuda_graph, **varied, **RUNNER_DEVICE)
         except PipelineError as error:  # e.g. an INT8 graph with nodes on the CPU, which no CUDA graph captures

@@ -88,8 +88,10 @@ def variant(folder: Path, graph: str, options: dict, torch_first: bool) -> None:
 
 def fusion(folder: Path, out: Path) -> None:
     """The onnxruntime-cuda runner as auto opens it (CUDA graphs where ONNX Runtime captures) with its transformer
-    fusion (pipeline.runners.attention) and without it (fuse_attention=False), rows alternating in one process:
-    p50 ms end to end at batch 1, 8 and 32 (sequence 128), and how far apart their outputs are.  On a host without
+    fusion (pipeline.runners.attention) and without it (fuse_attention=False), and fused with its numpy inputs and
+    outputs through page-locked copies (pinned_copies=True, what straight copies were measured against), rows
+    alternating in one process: p50 ms end to end at batch 1, 8 and 32 (sequence 128), and how far apart the fused
+    and unfused outputs are.  On a host without
     the CUDA provider (a dry run) the same runner on the CPU placement, uncaptured."""
     import onnxruntime as ort
 
@@ -99,14 +101,18 @@ def fusion(folder: Path, out: Path) -> None:
     on_gpu = "CUDAExecutionProvider" in ort.get_available_providers()
     place = {"cuda_graph": True} if on_gpu else {"device": "cpu"}
 
-    def opened(fused: bool):  # noqa: ANN202 - a runner
+    def opened(**options: bool):  # noqa: ANN202 - a runner
         try:
-            return load_runner(folder, "onnxruntime-cuda", fuse_attention=fused, **place)
+            return load_runner(folder, "onnxruntime-cuda", **options, **place)
         except CaptureRefused:  # nodes on the CPU: uncaptured, as auto opens it then
-            return load_runner(folder, "onnxruntime-cuda", fuse_attention=fused)
+            return load_runner(folder, "onnxruntime-cuda", **options)
 
     rng = np.random.default_rng(0)
-    runners = {"fused": opened(True), "as exported": opened(False)}
+    runners = {
+        "fused": opened(),
+        "as exported": opened(fuse_attention=False),
+        "fused, pinned copies": opened(pinned_copies=True),
+    }
     report: dict = {name: runner.description for name, runner in runners.items()}
     for batch in (1, 8, 32) if on_gpu else (1, 2):
         feed = {"input_ids": rng.integers(1, 20000, (batch, 128)), "attention_mask": np.ones((batch, 128), np.int64)}
