@@ -58,6 +58,7 @@ ROWS = ("served", "torch-amp", "torch-compile", "torch-compile-reduce-overhead")
 BATCHES = (1, 8, 32)
 VERSIONS = ("torch", "torchvision", "timm", "transformers", "onnx", "onnxruntime-gpu", "onnxruntime", "numpy")
 TOKENS_128 = "input_ids:1=1:128:512,attention_mask:1=1:128:512"  # sequence 128 at the opt (issue 54's figures)
+SEGMENTS_128 = f"{TOKENS_128},token_type_ids:1=1:128:512"  # BERT's segments share the sequence
 FACTORIES = "benchmarks.sweep_models"
 FAULT_DUMP = "Fatal Python error: "  # how the fault handler's dump of a crashed child begins
 
@@ -91,7 +92,9 @@ SWEEP = {
         factory("yolo_detector"), "3x640x640 images, YOLO-style head + NMS (ResNet-18 trunk)", {"postprocess": "nms"}
     ),
     "bert": Model(
-        folder(sweep_models.bert_base_folder, "bert-base"), "token ids + mask, sequence 128", {"dynamic": TOKENS_128}
+        folder(sweep_models.bert_base_folder, "bert-base"),
+        "token ids + mask + segments, sequence 128",
+        {"dynamic": SEGMENTS_128},
     ),
     "distilbert": Model(
         folder(sweep_models.distilbert_folder, "distilbert"), "token ids + mask, sequence 128", {"dynamic": TOKENS_128}
@@ -102,7 +105,7 @@ SWEEP = {
 # The dry run's, built on a CPU in seconds (tests/benchmarks/test_gpu_models.py).
 TINY = {
     "tiny-cnn": Model(factory("tiny_cnn"), "3x32x32 images"),
-    "tiny-bert": Model(folder(sweep_models.tiny_bert_folder, "tiny-bert"), "token ids + mask, sequence 16"),
+    "tiny-bert": Model(folder(sweep_models.tiny_bert_folder, "tiny-bert"), "token ids + mask + segments, sequence 16"),
 }
 MODELS = {**SWEEP, **TINY}
 # A part of the sweep per GPU run, about 8 minutes of the 15 a session has on the device (a model's build, its

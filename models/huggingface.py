@@ -293,14 +293,24 @@ def derived_example_inputs(module: nn.Module) -> dict[str, torch.Tensor]:
     if main == "input_ids":
         vocabulary = int(getattr(config, "vocab_size", 10) or 10)
         ids = torch.randint(0, min(vocabulary, 10), (2, EXAMPLE_TOKENS), generator=generator)
-        examples = {"input_ids": ids}
-        if "attention_mask" in parameters:
-            examples["attention_mask"] = padded_mask(ids)
-        return examples
+        derived = {"input_ids": ids, "attention_mask": padded_mask(ids)}
+        if int(getattr(config, "type_vocab_size", 0) or 0) > 1:  # segments (BERT's): a reranker reads sentence pairs
+            derived["token_type_ids"] = pair_segments(ids)
+        return {name: derived[name] for name in ["input_ids", *parameters] if name in derived}
     size, channels = getattr(config, "image_size", None), getattr(config, "num_channels", None)
     if main == "pixel_values" and isinstance(size, int) and isinstance(channels, int):
         return {"pixel_values": torch.randn(2, channels, size, size, generator=generator)}
     return {}
+
+
+def pair_segments(ids: torch.Tensor) -> torch.Tensor:
+    """Token type ids of a sentence pair, the first half segment 0 and the rest 1, as a tokenizer writes them for a
+    pair: a model with segment embeddings takes them as an input (else the graph would fix them at 0, and a
+    cross-encoder served a pair would score it as one sentence); drawn within their example's range, each token's
+    segment is random in the reference and every check."""
+    segments = torch.zeros_like(ids)
+    segments[:, ids.shape[1] // 2 :] = 1
+    return segments
 
 
 def padded_mask(ids: torch.Tensor) -> torch.Tensor:

@@ -430,15 +430,32 @@ def _fixed_axis(
         for axis, axis_range in axes.items()
         if axis_range.name in axis_sizes
     ]
-    return refused_sizes(
-        spec.name,
-        "PyTorch",
-        feed,
-        error,
+    fix = (
         f"the model fixes an axis declared dynamic, {' or '.join(declared)}: leave it out of "
         f"{mention_name('dynamic')} ({mention(dynamic='none')} for no axis besides the batch), or give it a range "
-        "of sizes forward() takes",
+        "of sizes forward() takes"
     )
+    alike = _undeclared_alike(spec)
+    if alike:  # most likely a sequence shared by token inputs, one of them left out
+        fix = f"declare the range on {', '.join(alike)} too, where the inputs of one length share it; or {fix}"
+    return refused_sizes(spec.name, "PyTorch", feed, error, fix)
+
+
+def _undeclared_alike(spec: ModelSpec) -> list[str]:
+    """NAME:AXIS=MIN:OPT:MAX for each axis no range is declared on whose example size is that of a declared axis at
+    the same place (token_type_ids beside input_ids and attention_mask), with that axis's range."""
+    declared = {
+        (axis, int(spec.example_inputs[name].shape[axis])): span
+        for name, axes in spec.dynamic_axes.items()
+        for axis, span in axes.items()
+    }
+    alike = []
+    for name, example in spec.example_inputs.items():
+        for axis in range(1, example.dim()):
+            span = declared.get((axis, int(example.shape[axis])))
+            if span is not None and axis not in spec.dynamic_axes.get(name, {}):
+                alike.append(f"{name}:{axis}={span.min}:{span.opt}:{span.max}")
+    return alike
 
 
 def refused_sizes(subject: str, runtime: str, feed: dict, error: Exception, fix: str) -> PipelineError:

@@ -290,7 +290,7 @@ def test_a_save_pretrained_folder_loads_with_derived_token_inputs(tmp_path: Path
     spec = models.load_model(str(folder))
     assert spec.name == "tiny-bert"
     assert isinstance(spec.module.model, transformers.BertForSequenceClassification)  # config's architectures
-    assert list(spec.example_inputs) == ["input_ids", "attention_mask"]
+    assert list(spec.example_inputs) == ["input_ids", "attention_mask", "token_type_ids"]  # forward()'s order
     assert spec.output_names == ["logits"]
     with torch.no_grad():  # eval mode: prepare's job in the pipeline
         expected = model.eval()(**spec.example_inputs).logits
@@ -300,12 +300,34 @@ def test_a_save_pretrained_folder_loads_with_derived_token_inputs(tmp_path: Path
 
 def test_a_folders_reference_masks_tokens_so_every_gate_sees_padding(tmp_path: Path):
     """The reference's masks are drawn within the derived mask's values: with a mask of ones alone, no gate and no
-    host check would ever see a masked token."""
+    host check would ever see a masked token.  The segments likewise: each token's is drawn."""
     folder = tmp_path / "tiny-bert"
     tiny_bert().save_pretrained(folder)
     spec = models.load_model(str(folder))
-    mask = sample_inputs(spec, 8, seed=0)["attention_mask"]
-    assert set(mask.unique().tolist()) == {0, 1}
+    drawn = sample_inputs(spec, 8, seed=0)
+    assert set(drawn["attention_mask"].unique().tolist()) == set(drawn["token_type_ids"].unique().tolist()) == {0, 1}
+
+
+@pytest.mark.parametrize(("segments", "derived"), [(2, ["input_ids", "token_type_ids"]), (1, ["input_ids"])])
+def test_a_folder_with_segment_embeddings_takes_the_token_type_ids(tmp_path: Path, segments: int, derived: list):
+    """A cross-encoder (a reranker) scores a sentence pair by its segments: a graph without the input would fix them
+    at 0 and score the pair as one sentence.  A model with one segment (RoBERTa's family) has nothing to take."""
+    folder = tmp_path / "tiny-bert"
+    tiny_bert(type_vocab_size=segments).save_pretrained(folder)
+    spec = models.load_model(str(folder))
+    assert [name for name in spec.example_inputs if name != "attention_mask"] == derived
+
+
+def test_a_sequence_range_left_off_the_token_type_ids_names_them_in_the_fix(tmp_path: Path):
+    """DYNAMIC declared on the ids and the mask alone (as for a DistilBERT): the segments stay at their example's
+    length, PyTorch refuses the sizes, and the fix names the input to declare with the range to give it."""
+    folder = tmp_path / "tiny-bert"
+    tiny_bert().save_pretrained(folder)
+    dynamic = "input_ids:1=1:16:32,attention_mask:1=1:16:32"
+    settings = Settings(model=str(folder), batch=BatchProfile(1, 2, 4), out_root=tmp_path, dynamic=dynamic)
+    with pytest.raises(PipelineError) as error:
+        run_stage(settings, "export")
+    assert (error.value.fix or "").startswith("declare the range on token_type_ids:1=1:16:32 too")
 
 
 def test_the_folders_weights_are_in_the_fingerprint(tmp_path: Path):

@@ -117,6 +117,8 @@ def fusion(folder: Path, out: Path) -> None:
     for batch in (1, 8, 32) if on_gpu else (1, 2):
         feed = {"input_ids": rng.integers(1, 20000, (batch, 128)), "attention_mask": np.ones((batch, 128), np.int64)}
         feed["attention_mask"][-1, 100:] = 0  # a padded row: the mask matters
+        if "token_type_ids" in (spec.name for spec in runners["fused"].inputs):  # BERT's: a sentence pair
+            feed["token_type_ids"] = np.repeat((np.arange(128) >= 64)[None], batch, axis=0).astype(np.int64)
         outputs = {name: runner.infer(feed) for name, runner in runners.items()}
         times: dict[str, list[float]] = {name: [] for name in runners}
         for _ in range(60 if on_gpu else 3):
