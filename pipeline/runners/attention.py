@@ -76,20 +76,33 @@ def fuse_attention(graph: Path) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class GraphLookup:
-    """A graph's nodes, each by the tensor it writes, and its initializers by name: what the readers below ask."""
+    """A graph's nodes, each by the tensor it writes and by the tensors it reads, its initializers by name and its
+    outputs' names: what the readers and rewrites below ask."""
 
     nodes: list[Any]
     made_by: dict[str, Any]
+    read_by: dict[str, list[Any]]
     weights: dict[str, Any]
+    outputs: frozenset[str]
 
     @classmethod
     def of(cls, model: Any) -> GraphLookup:
         nodes = list(model.graph.node)
         made_by = {output: node for node in nodes for output in node.output}
-        return cls(nodes, made_by, {tensor.name: tensor for tensor in model.graph.initializer})
+        read_by: dict[str, list[Any]] = {}
+        for node in nodes:
+            for name in node.input:
+                read_by.setdefault(name, []).append(node)
+        weights = {tensor.name: tensor for tensor in model.graph.initializer}
+        return cls(nodes, made_by, read_by, weights, frozenset(tensor.name for tensor in model.graph.output))
 
     def of_type(self, op_type: str) -> list[Any]:
         return [node for node in self.nodes if node.op_type == op_type]
+
+    def only_reader(self, name: str) -> Any:
+        """The one node that reads `name`, where no other node reads it and it is no output of the graph; else None."""
+        readers = self.read_by.get(name, [])
+        return readers[0] if len(readers) == 1 and name not in self.outputs else None
 
     def op(self, name: str) -> str | None:
         """The op type of the node that writes `name` (None: an input or an initializer)."""
@@ -194,13 +207,11 @@ def _cast_before_where(model: Any) -> None:
     Where then writing the Cast's output: the same values, the Where next to what reads it."""
     from onnx import helper
 
-    made_by = GraphLookup.of(model).made_by
-    reads = Counter(name for node in model.graph.node for name in node.input)
-    outputs = {tensor.name for tensor in model.graph.output}
+    graph = GraphLookup.of(model)
     rewritten = []
-    for node in model.graph.node:
-        where = made_by.get(node.input[0]) if node.op_type == "Cast" else None
-        if where is None or where.op_type != "Where" or reads[where.output[0]] > 1 or where.output[0] in outputs:
+    for node in graph.nodes:
+        where = graph.made_by.get(node.input[0]) if node.op_type == "Cast" else None
+        if where is None or where.op_type != "Where" or graph.only_reader(where.output[0]) is None:
             rewritten.append(node)
             continue
         to = next(attribute.i for attribute in node.attribute if attribute.name == "to")
@@ -223,28 +234,19 @@ def _softmax_in_float16(model: Any) -> int:
     from onnx import TensorProto, helper
 
     graph = GraphLookup.of(model)
-    readers: dict[str, list[Any]] = {}
-    for node in graph.nodes:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
-    outputs = {tensor.name for tensor in model.graph.output}
 
     def cast_to(node: Any, to: int) -> bool:
         return node.op_type == "Cast" and helper.get_node_attr_value(node, "to") == to
 
-    def only_reader(name: str) -> Any:
-        found = readers.get(name, [])
-        return found[0] if len(found) == 1 and name not in outputs else None
-
     dropped, rewritten = set(), 0
     for softmax in graph.of_type("Softmax"):
-        add, down = graph.made_by.get(softmax.input[0]), only_reader(softmax.output[0])
-        if add is None or add.op_type != "Add" or only_reader(add.output[0]) is not softmax:
+        add, down = graph.made_by.get(softmax.input[0]), graph.only_reader(softmax.output[0])
+        if add is None or add.op_type != "Add" or graph.only_reader(add.output[0]) is not softmax:
             continue
         if down is None or not cast_to(down, TensorProto.FLOAT16):
             continue
         up = next((graph.made_by[n] for n in add.input if graph.op(n) == "Cast"), None)  # the scores' Cast
-        if up is None or not cast_to(up, TensorProto.FLOAT) or only_reader(up.output[0]) is not add:
+        if up is None or not cast_to(up, TensorProto.FLOAT) or graph.only_reader(up.output[0]) is not add:
             continue
         side = list(add.input).index(up.output[0])
         mask = add.input[1 - side]

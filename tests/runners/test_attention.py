@@ -89,6 +89,26 @@ def test_every_attention_is_fused_and_the_graph_computes_what_it_did_on_any_padd
         np.testing.assert_allclose(got, want, atol=ATOL[graph], rtol=0)
 
 
+def test_a_float16_graph_fused_in_part_is_left_untouched(distilbert: Path, tmp_path: Path) -> None:
+    """The float16 graph's attentions are written in float16 for the rules (their Add and Softmax are kept in
+    float32): only a fused Attention may stand in for one, so where a layer is left unfused (here a Mul by 1 between
+    its Softmax and the MatMul by V, which no rule matches) the file stays as it was."""
+    model = onnx.load(str(distilbert / "model.fp16.onnx"))
+    lookup = GraphLookup.of(model)
+    cast = lookup.only_reader(lookup.of_type("Softmax")[-1].output[0])
+    matmul = lookup.only_reader(cast.output[0])
+    one = numpy_helper.from_array(np.ones((), dtype=np.float16), "one")
+    model.graph.initializer.append(one)
+    matmul.input[0] = "probabilities_times_one"
+    position = list(model.graph.node).index(matmul)
+    model.graph.node.insert(position, helper.make_node("Mul", [cast.output[0], "one"], ["probabilities_times_one"]))
+    path = tmp_path / "model.fp16.onnx"
+    onnx.save(model, str(path))
+    before = path.read_bytes()
+    assert fuse_attention(path) == {}
+    assert path.read_bytes() == before
+
+
 def test_the_heads_and_the_mask_fill_are_read_from_the_graph(distilbert: Path) -> None:
     """transformers 5 splits the heads with view(..., -1, head_size), where ONNX Runtime's own detection fails; its
     eager mask fills with float32's lowest, which the float16 graph keeps in float32 behind a Cast.  The float16 graph
