@@ -2,8 +2,8 @@
 
 The exported graph computes attention op by op: MatMul of Q and K, scale, mask Add, Softmax, MatMul with V, each a
 kernel launch and a round trip of the scores through memory.  ONNX Runtime's transformer optimizer
-(onnxruntime.transformers, the BERT rules) replaces that with its Attention kernel (fused attention kernels on the
-GPU), the embeddings' sum and LayerNorm with EmbedLayerNormalization, each residual Add + LayerNorm with
+(onnxruntime.transformers, the BERT or BART rules) replaces that with its Attention kernel (fused attention kernels
+on the GPU), the embeddings' sum and LayerNorm with EmbedLayerNormalization, each residual Add + LayerNorm with
 SkipLayerNormalization and each bias + GELU with BiasGelu.  On an H200, BERT and DistilBERT folders served unfused at
 1.7-2.9x torch.compile(mode="reduce-overhead")'s latency (docs/benchmarks/gpu-models.md).
 
@@ -15,8 +15,10 @@ What keeps the fused graph computing what the graph did (float rounding apart):
   ONNX Runtime's default -10000, with which a row whose every token is masked attended as if unmasked (0.21 apart
   from the graph on DistilBERT; the graph, like the eager attention it was exported from, averages every key there).
 - The attention scales its scores by the graph's own scale, not ONNX Runtime's default 1/sqrt(head size) (its rules
-  never read the graph's): a graph whose Softmax reads no scale (Whisper's encoder, its query scale folded into the
-  weights by onnxsim) or more than one is not fused.
+  never read the graph's): a graph whose attentions are scaled by more than one factor, or by none, is not fused.
+  BERT's rules take the scale between Q·K and the Softmax; where the query is scaled instead (Whisper's encoder:
+  q_proj's output times the factor, Q·K straight into the Softmax) and no mask is added, BART's rules fuse it (they
+  read a mask there as a decoder's causal one, so a masked attention of that form is left as it is).
 - An attention without a mask (ViT's) scales its scores with a Mul by 1/sqrt(head size), where
   the rules look for a Div: a Mul by a power of two (0.125 for heads of 64) becomes the Div by its inverse, the
   same bit for bit; another scale is left as it is.
@@ -41,8 +43,10 @@ import numpy as np
 
 from .conv_bias import QUANTIZED
 
-# ONNX Runtime's rules for encoders: BERT's, which match DistilBERT's, ViT's and other transformers' layers too.
-RULES = "bert"
+# ONNX Runtime's rules for encoders: BERT's, which match DistilBERT's, ViT's and other transformers' layers too, where
+# the scores are scaled; BART's where the query is (Whisper's encoder), taken only for attentions with no mask: they
+# read a mask as a decoder's causal one.
+SCALED_SCORES, SCALED_QUERY = "bert", "bart"
 
 
 def fuse_attention(graph: Path) -> dict[str, int]:
@@ -56,12 +60,15 @@ def fuse_attention(graph: Path) -> dict[str, int]:
         return {}
     islands = _softmax_in_float16(model)
     lookup = GraphLookup.of(model)
-    scale, fill, (heads, hidden) = attention_scale(lookup), mask_fill(lookup), attention_heads(lookup)
+    rules, scale = SCALED_SCORES, attention_scale(lookup)
+    if scale is None:
+        rules, scale = SCALED_QUERY, query_scale(lookup)
     if scale is None:
         return {}
+    fill, (heads, hidden) = mask_fill(lookup), attention_heads(lookup)
     _scale_as_division(model, lookup)
     _cast_before_where(model)
-    fused = _optimized(model, heads, hidden)
+    fused = _optimized(model, rules, heads, hidden)
     counts = {op: count for op, count in fused.get_fused_operator_statistics().items() if count}
     if not counts.get("Attention"):
         return {}
@@ -109,6 +116,17 @@ class GraphLookup:
         node = self.made_by.get(name)
         return node.op_type if node is not None else None
 
+    def first_inputs(self, name: str, ops: tuple[str, ...]) -> list[Any] | None:
+        """The nodes of types `ops` that write `name`, then each one's first input in turn; None where one is not."""
+        chain = []
+        for op in ops:
+            node = self.made_by.get(name)
+            if node is None or node.op_type != op:
+                return None
+            chain.append(node)
+            name = node.input[0]
+        return chain
+
     def source(self, name: str) -> str:
         """The tensor a Cast writing `name` reads, else `name`."""
         return self.made_by[name].input[0] if self.op(name) == "Cast" else name
@@ -130,11 +148,11 @@ class GraphLookup:
         return value.reshape(-1)[0].item() if value is not None and value.size == 1 else None
 
 
-def _optimized(model: Any, heads: int, hidden: int) -> Any:
+def _optimized(model: Any, rules: str, heads: int, hidden: int) -> Any:
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
-    options = FusionOptions(RULES)
+    options = FusionOptions(rules)
     options.use_raw_attention_mask(True)
     # Its modules log warnings where a rule does not apply ("failed to detect num_heads"), under their own names:
     # the package imports them as top-level modules too (fusion_attention, onnx_model, ...).
@@ -150,7 +168,7 @@ def _optimized(model: Any, heads: int, hidden: int) -> Any:
         # opt_level 0: the fusions alone; ONNX Runtime's own graph rewrites run when the session opens.  use_gpu:
         # the GPU's rules, on the CPU placement too, so the tests there run the graph the GPU runs.
         return optimize_model(
-            model, model_type=RULES, num_heads=heads, hidden_size=hidden, opt_level=0, use_gpu=True,
+            model, model_type=rules, num_heads=heads, hidden_size=hidden, opt_level=0, use_gpu=True,
             optimization_options=options,
         )  # fmt: skip
     finally:
@@ -184,6 +202,20 @@ def attention_scale(graph: GraphLookup) -> float | None:
             value = graph.scalar(scores.input[1])
             factor = None if value is None else float(value) if scores.op_type == "Mul" else 1 / float(value)
         scales.add(factor)
+    return scales.pop() if len(scales) == 1 else None
+
+
+def query_scale(graph: GraphLookup) -> float | None:
+    """The one factor every attention's query is scaled by where no scores are (Whisper's encoder: q_proj's output
+    times 1/sqrt(head size), then split into heads): each Softmax reads the Q·K MatMul itself, with no mask between,
+    and that MatMul's query is Transpose(Reshape(Mul(Add, c))).  None where a Softmax is not of that form, or the
+    factors differ.  BART's rules drop the Mul and scale by the Attention's own factor, set to c."""
+    scales = set()
+    for softmax in graph.of_type("Softmax"):
+        chain = graph.first_inputs(softmax.input[0], ("MatMul", "Transpose", "Reshape", "Mul"))
+        if chain is None or graph.op(chain[-1].input[0]) != "Add":
+            return None
+        scales.add(graph.scalar(chain[-1].input[1]))
     return scales.pop() if len(scales) == 1 else None
 
 

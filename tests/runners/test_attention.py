@@ -26,6 +26,7 @@ from trt_pipeline.pipeline.runners.attention import (
     attention_scale,
     fuse_attention,
     mask_fill,
+    query_scale,
 )
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
@@ -49,6 +50,32 @@ def distilbert(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 parameter.normal_(0, 0.1)
     model.save_pretrained(work / "distilbert")
     return make_engine(Settings(model=str(work / "distilbert"), precision="fp16", batch=PROFILE, out_root=work))
+
+
+def tiny_whisper_encoder():  # noqa: ANN201 - a factory: (module, example inputs)
+    """Whisper's encoder at a tiny size, its biases drawn (q and v have them, k none), 8 mel bins x 32 frames."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    torch = __import__("torch")
+    torch.manual_seed(0)
+    config = transformers.WhisperConfig(
+        d_model=WIDTH, encoder_layers=LAYERS, encoder_attention_heads=HEADS, encoder_ffn_dim=64, num_mel_bins=8,
+        max_source_positions=16,
+    )  # fmt: skip
+    model = WhisperEncoder(config)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias"):
+                parameter.normal_(0, 0.1)
+    return model.eval(), {"input_features": torch.randn(1, 8, 32)}
+
+
+@pytest.fixture(scope="module")
+def whisper(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("whisper")
+    model = "tests.runners.test_attention:tiny_whisper_encoder"
+    return make_engine(Settings(model=model, precision="fp16", batch=PROFILE, out_root=work))
 
 
 def _masked_feeds() -> list[dict[str, np.ndarray]]:
@@ -89,6 +116,22 @@ def test_every_attention_is_fused_and_the_graph_computes_what_it_did_on_any_padd
         np.testing.assert_allclose(got, want, atol=ATOL[graph], rtol=0)
 
 
+@pytest.mark.parametrize("graph", ATOL)
+def test_an_attention_scaled_on_its_query_is_fused_by_barts_rules(whisper: Path, tmp_path: Path, graph: str) -> None:
+    """Whisper's encoder scales the query (q_proj's output times 1/sqrt(head size)) and its Softmax reads Q·K itself,
+    which BERT's rules never match; BART's do, and drop the Mul: the Attention scales by the graph's factor."""
+    fused = shutil.copy(whisper / graph, tmp_path / graph)
+    counts = fuse_attention(Path(fused))
+    assert counts["Attention"] == LAYERS
+    model = onnx.load(str(fused))
+    attentions = [node for node in model.graph.node if node.op_type == "Attention"]
+    assert {helper.get_node_attr_value(node, "scale") for node in attentions} == {(WIDTH // HEADS) ** -0.5}
+    assert "Softmax" not in {node.op_type for node in model.graph.node}
+    feeds = [{"input_features": RNG.standard_normal((rows, 8, 32)).astype(np.float32)} for rows in (1, 3)]
+    for got, want in zip(_run(Path(fused), feeds), _run(whisper / graph, feeds), strict=True):
+        np.testing.assert_allclose(got, want, atol=ATOL[graph], rtol=0)
+
+
 def test_a_float16_graph_fused_in_part_is_left_untouched(distilbert: Path, tmp_path: Path) -> None:
     """The float16 graph's attentions are written in float16 for the rules (their Add and Softmax are kept in
     float32): only a fused Attention may stand in for one, so where a layer is left unfused (here a Mul by 1 between
@@ -121,6 +164,7 @@ def test_the_heads_and_the_mask_fill_are_read_from_the_graph(distilbert: Path) -
         lookup = GraphLookup.of(model)
         assert mask_fill(lookup) == float(np.finfo(np.float32).min)
         assert attention_scale(lookup) == (WIDTH // HEADS) ** -0.5
+        assert query_scale(lookup) is None  # the scores are scaled, under a mask: BART's rules would read it as causal
 
 
 def test_a_softmax_that_reads_its_matmul_directly_has_no_scale_to_give_the_attention(tmp_path: Path) -> None:
