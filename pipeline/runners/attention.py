@@ -270,7 +270,7 @@ def _softmax_in_float16(model: Any) -> int:
     def cast_to(node: Any, to: int) -> bool:
         return node.op_type == "Cast" and helper.get_node_attr_value(node, "to") == to
 
-    dropped, rewritten = set(), 0
+    dropped, cast_masks, rewritten = set(), set(), 0
     for softmax in graph.of_type("Softmax"):
         add, down = graph.made_by.get(softmax.input[0]), graph.only_reader(softmax.output[0])
         if add is None or add.op_type != "Add" or graph.only_reader(add.output[0]) is not softmax:
@@ -283,7 +283,8 @@ def _softmax_in_float16(model: Any) -> int:
         side = list(add.input).index(up.output[0])
         mask = add.input[1 - side]
         add.input[side], add.input[1 - side] = up.input[0], f"{mask}_float16"
-        if not any(node.output[0] == f"{mask}_float16" for node in model.graph.node):
+        if mask not in cast_masks:
+            cast_masks.add(mask)
             model.graph.node.insert(
                 list(model.graph.node).index(add),
                 helper.make_node("Cast", [mask], [f"{mask}_float16"], to=TensorProto.FLOAT16),

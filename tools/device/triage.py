@@ -91,8 +91,8 @@ def fusion(folder: Path, out: Path) -> None:
     fusion (pipeline.runners.attention) and without it (fuse_attention=False), and fused with its numpy inputs and
     outputs through page-locked copies (pinned_copies=True, what straight copies were measured against), rows
     alternating in one process: p50 ms end to end at batch 1, 8 and 32 (sequence 128), and how far apart the fused
-    and unfused outputs are.  On a host without
-    the CUDA provider (a dry run) the same runner on the CPU placement, uncaptured."""
+    and unfused outputs are.  On a host without the CUDA provider (a dry run) the same runner on the CPU placement,
+    uncaptured."""
     import onnxruntime as ort
 
     from trt_pipeline.pipeline.runners import load_runner
