@@ -31,11 +31,30 @@ def _trained_like(model: nn.Module) -> nn.Module:
     return model
 
 
+def _batchnorm_settled(model: nn.Module, images: torch.Tensor) -> nn.Module:
+    """Each BatchNorm's running statistics set to its input's over a batch of `images`, as training leaves them
+    (torchvision initializes them at mean 0, variance 1 whatever the input).  Unsettled, the activations shrink or
+    grow layer by layer: EfficientNet-B0's outputs came out 4e-14 in size and MobileNetV3's 8e-10, below float16's
+    range, so their FP16 graphs computed zeros and failed the gate, which a trained model's would not."""
+    norms = [module for module in model.modules() if isinstance(module, nn.modules.batchnorm._BatchNorm)]
+    momenta = [norm.momentum for norm in norms]
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None  # a plain average over the batches seen: here one
+    model.train()
+    with torch.no_grad():
+        model(images)
+    for norm, momentum in zip(norms, momenta, strict=True):
+        norm.momentum = momentum
+    return model.eval()
+
+
 def _torchvision(name: str, size: int = 224) -> Factory:
     import torchvision
 
     torch.manual_seed(0)
-    return getattr(torchvision.models, name)(weights=None).eval(), torch.randn(1, 3, size, size)
+    model = getattr(torchvision.models, name)(weights=None)
+    return _batchnorm_settled(model, torch.randn(8, 3, size, size)), torch.randn(1, 3, size, size)
 
 
 def resnet50() -> Factory:
@@ -137,7 +156,7 @@ def _decode(raw: torch.Tensor, stride: int) -> torch.Tensor:
 
 def yolo_detector() -> Factory:
     torch.manual_seed(0)
-    return YoloStyleDetector().eval(), torch.rand(1, 3, 640, 640)
+    return _batchnorm_settled(YoloStyleDetector(), torch.rand(4, 3, 640, 640)), torch.rand(1, 3, 640, 640)
 
 
 def _save_pretrained(model_class: str, config: Any, into: Path) -> Path:
