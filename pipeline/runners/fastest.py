@@ -54,6 +54,10 @@ from .proving import RISKY_IN_A_CHILD, Isolation, prove_in_child
 MIN_ROUNDS, MAX_ROUNDS = 3, 9
 BUDGET_S = 1.5
 BEHIND = 3.0  # times the fastest at a batch: not timed at the next batches (measure_batches)
+# Times the fastest in the first round at a batch: not timed in the next rounds there either.  A call that far behind
+# is not noise, and on a GPU host each call of a large model's CPU graphs costs seconds (a 1B-parameter ViT at batch 8:
+# seconds in FP32, more through float16's casts), rounds no CUDA graph is served after.
+FAR_BEHIND = 10.0
 
 
 @dataclass
@@ -136,7 +140,7 @@ def _measure_and_serve(
                 close_quietly(runner)
     trials.ms = {batch: {c.label: t for c, t in medians.items()} for batch, medians in by_batch.items()}
     cached_note = _save_choice(folder, key, served, trials)
-    how = f"{note}measured now, medians of {rounds} rounds; {cached_note}"
+    how = f"{note}measured now, medians of {rounds} rounds (one call where {FAR_BEHIND:g}x behind); {cached_note}"
     return runners[served], _why(served, trials, how, refused)
 
 
@@ -269,19 +273,25 @@ def measure(
 ) -> tuple[dict[Candidate, float], int]:
     """({candidate: median ms per call}, rounds): one warm-up call each, then alternating rounds (every other round
     in reverse order, so no candidate always runs right after the same one) until the budget is spent.  A candidate
-    whose call raises is timed no more, and left out, its reason in `skipped`."""
+    FAR_BEHIND the fastest in the first round is timed in no other (its median is of that call).  A candidate whose
+    call raises is timed no more, and left out, its reason in `skipped`."""
     warmed = {candidate: _timed_call(candidate, runners[candidate], feed, batch, skipped) for candidate in runners}
     order = [candidate for candidate, ms in warmed.items() if ms is not None]
     times: dict[Candidate, list[float]] = {candidate: [] for candidate in order}
+    timed = set(order)  # those the next round times
     start, rounds = time.perf_counter(), 0
-    while times and (rounds < MIN_ROUNDS or (rounds < MAX_ROUNDS and time.perf_counter() - start < BUDGET_S)):
-        for candidate in order if rounds % 2 == 0 else reversed(order):
-            ms = _timed_call(candidate, runners[candidate], feed, batch, skipped) if candidate in times else None
+    while timed and (rounds < MIN_ROUNDS or (rounds < MAX_ROUNDS and time.perf_counter() - start < BUDGET_S)):
+        for candidate in [c for c in (order if rounds % 2 == 0 else reversed(order)) if c in timed]:
+            ms = _timed_call(candidate, runners[candidate], feed, batch, skipped)
             if ms is None:
-                times.pop(candidate, None)
+                times.pop(candidate)
+                timed.discard(candidate)
             else:
                 times[candidate].append(ms)
         rounds += 1
+        if rounds == 1 and times:
+            fastest = min(ms[0] for ms in times.values())
+            timed = {candidate for candidate in timed if times[candidate][0] <= FAR_BEHIND * fastest}
     # Rounded to the microsecond the cache stores: the pick, the description and served.json say the same numbers.
     return {candidate: round(statistics.median(ms), 3) for candidate, ms in times.items()}, rounds
 

@@ -19,6 +19,7 @@ from trt_pipeline.pipeline.core.precision import Precision
 from trt_pipeline.pipeline.folder.layout import CPU_TARGETS, SERVED_CHOICE, graph_record
 from trt_pipeline.pipeline.folder.reader import open_folder
 from trt_pipeline.pipeline.runners import fastest, load_runner
+from trt_pipeline.pipeline.runners.candidate import timing_feed
 from trt_pipeline.pipeline.runners.fastest import Candidate, ranked
 
 
@@ -101,9 +102,10 @@ class _Slowed:
     are on a GPU host."""
 
     def __init__(self, runner, seconds: float):
-        self.runner, self.seconds = runner, seconds
+        self.runner, self.seconds, self.calls = runner, seconds, 0
 
     def infer(self, feed):
+        self.calls += 1
         time.sleep(self.seconds)
         return self.runner.infer(feed)
 
@@ -120,6 +122,22 @@ def test_a_candidate_left_behind_does_not_use_up_the_budget_of_the_others(fp16_f
     ):
         by_batch, _ = fastest.measure_batches({fp32: fast, fp16: _Slowed(slow, 0.05)}, folder, {})
     assert {batch: list(medians) for batch, medians in by_batch.items()} == {8: [fp32, fp16], 32: [fp32], 1: [fp32]}
+
+
+def test_a_candidate_far_behind_in_the_first_round_is_timed_in_no_other_round(fp16_folder):
+    """On a GPU host a large model's CPU graphs take seconds a call, 100x and more the CUDA ones: after its warm-up
+    and one call in the first round (here 0.2 s each, the tiny CNN's calls well under 20 ms), such a candidate is
+    timed no more at that batch, its median that call's, while the others go on for every round."""
+    folder = open_folder(fp16_folder)
+    fp32, fp16 = (Candidate(graph_record(p), ("CPUExecutionProvider",)) for p in (Precision.FP32, Precision.FP16))
+    with (
+        load_runner(folder, "onnxruntime", graph=fp32.graph) as fast,
+        load_runner(folder, "onnxruntime", graph=fp16.graph) as slow,
+    ):
+        slowed = _Slowed(slow, 0.2)
+        medians, rounds = fastest.measure({fp32: fast, fp16: slowed}, timing_feed(folder, 8), 8, {})
+    assert slowed.calls == 2  # the warm-up and the first round's
+    assert rounds >= fastest.MIN_ROUNDS and medians[fp16] >= 200 > fastest.FAR_BEHIND * medians[fp32]
 
 
 def test_auto_never_serves_a_graph_whose_gate_failed(int8_folder, tmp_path):
