@@ -140,7 +140,7 @@ def _measure_and_serve(
                 close_quietly(runner)
     trials.ms = {batch: {c.label: t for c, t in medians.items()} for batch, medians in by_batch.items()}
     cached_note = _save_choice(folder, key, served, trials)
-    how = f"{note}measured now, medians of {rounds} rounds (one call where {FAR_BEHIND:g}x behind); {cached_note}"
+    how = f"{note}measured now, medians of {rounds} rounds, of one call for any {FAR_BEHIND:g}x behind in the first; {cached_note}"
     return runners[served], _why(served, trials, how, refused)
 
 
