@@ -2,7 +2,8 @@
 (FP16; on a host without TensorRT the folder holds the checked graphs and no engine) and served by load_runner(folder)
 with its defaults, beside what a user would run instead: torch AMP eager, torch.compile and
 torch.compile(mode="reduce-overhead") (TF32 off).  For each model: what auto served (the runner's description), its
-outputs against PyTorch FP32 on the same random inputs (cosine, max abs error), and end-to-end p50 ms (host arrays
+outputs against PyTorch FP32 on the same random inputs (cosine, max abs error; a detector's detections: the share of
+PyTorch's found), and end-to-end p50 ms (host arrays
 in, host arrays out) at batch 1 / 8 / 32, every row timed by the bench harness in one process, in rounds that
 alternate rows (pipeline.bench: the GC paused, the clock stopped after the device syncs).
 
@@ -15,7 +16,8 @@ must not inherit it); one that fails records its error and the sweep goes on.
     python benchmarks/gpu_models.py --merge RUN1.json RUN2.json --out docs/benchmarks/gpu-models   # measures nothing
 
 writes OUT.json ({"device", "versions", "models": {NAME: {"error", "description", "batches": {"1": {"served",
-"torch-amp", "torch-compile", "torch-compile-reduce-overhead", "served_cosine", "served_max_abs"}, ...},
+"torch-amp", "torch-compile", "torch-compile-reduce-overhead", "served_cosine", "served_max_abs",
+"served_detections"}, ...},
 "skipped": {row: why}}}}) and OUT.md after each model, and each model's log and whole bench report under
 OUT-logs/.  --merge joins runs of the same GPU and software (a model measured again takes the later numbers).
 
@@ -106,6 +108,7 @@ SWEEP = {
 TINY = {
     "tiny-cnn": Model(factory("tiny_cnn"), "3x32x32 images"),
     "tiny-bert": Model(folder(sweep_models.tiny_bert_folder, "tiny-bert"), "token ids + mask + segments, sequence 16"),
+    "tiny-detector": Model(factory("tiny_detector"), "3x64x64 images, YOLO-style head + NMS", {"postprocess": "nms"}),
 }
 MODELS = {**SWEEP, **TINY}
 # A part of the sweep per GPU run, about 8 minutes of the 15 a session has on the device (a model's build, its
@@ -118,7 +121,7 @@ GROUPS = {
     "4": "vit,swin",
     "5": "detector,whisper-encoder",
     "6": "vit-1b",  # a 4 GB export and four torch copies of 1B parameters: alone
-    "dry": "tiny-cnn,tiny-bert",
+    "dry": "tiny-cnn,tiny-bert,tiny-detector",
 }
 
 
@@ -162,6 +165,7 @@ def model_record(report: dict) -> dict:
         row = {name: _p50(cells.get(name)) for name in ROWS}
         agreement = (cells.get("served") or {}).get("agreement", {})
         row["served_cosine"], row["served_max_abs"] = agreement.get("cosine"), agreement.get("max_abs")
+        row["served_detections"] = agreement.get("agreement")  # a detector's: the share of PyTorch's detections found
         if agreement.get("status") not in (None, "ok"):
             errors.append(f"batch {batch}: served disagrees with PyTorch FP32 ({agreement})")
         if (cells.get("served") or {}).get("status") == "failed":
@@ -341,7 +345,8 @@ def markdown(report: dict, command: str) -> str:
         "with the defaults (FP16), served by `load_runner(folder)` with its defaults; end to end (host arrays in "
         "and out), p50 ms, TF32 off, rows alternating in one process per model.  `served / r-o`: served's p50 over "
         "torch.compile(mode='reduce-overhead')'s; cosine and max abs: served's outputs against PyTorch FP32 on the "
-        "same random inputs.",
+        "same random inputs (a detector's: the share of the detections of PyTorch's head through the reference NMS "
+        "that served found).",
         "",
     ]
     for batch in map(str, BATCHES):
@@ -354,10 +359,8 @@ def markdown(report: dict, command: str) -> str:
                 continue
             cells = [_ms(row[key]) for key in ROWS]
             ratio = _ratio(row)
-            cosine, max_abs = row["served_cosine"], row["served_max_abs"]
             lines.append(
-                f"| {name} | {' | '.join(cells)} | {'' if ratio is None else f'{ratio:.2f}x'} | "
-                f"{'' if cosine is None else f'{cosine:.6f}'} | {'' if max_abs is None else f'{max_abs:.3g}'} |"
+                f"| {name} | {' | '.join(cells)} | {'' if ratio is None else f'{ratio:.2f}x'} | {_agreement(row)} |"
             )
         lines += ["", goal_line(models, batch), ""]
     if report.get("notes"):
@@ -375,6 +378,14 @@ def markdown(report: dict, command: str) -> str:
 
 def _ms(value: float | None) -> str:
     return "" if value is None else f"{value:.2f}"
+
+
+def _agreement(row: dict) -> str:
+    """The cosine and max abs cells: served's outputs against PyTorch's, or the share of a detector's detections."""
+    cosine, max_abs, detections = row["served_cosine"], row["served_max_abs"], row.get("served_detections")
+    if cosine is None and detections is not None:
+        return f"{detections:.3f} of detections found | "
+    return f"{'' if cosine is None else f'{cosine:.6f}'} | {'' if max_abs is None else f'{max_abs:.3g}'}"
 
 
 def _ratio(row: dict) -> float | None:

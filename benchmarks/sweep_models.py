@@ -125,18 +125,14 @@ def vit_giant() -> Factory:
 
 
 class YoloStyleDetector(nn.Module):
-    """torchvision's ResNet-18 trunk (features at strides 8, 16, 32) with an anchor-free head per level, decoded in
-    the graph as YOLOv8 exports it: [batch, 4 + 80 classes, 8400 anchors] at 640x640, boxes as cx, cy, w, h in
+    """A trunk's features at strides 8 (`stem`), 16 and 32 (`deeper`) with an anchor-free head per level, decoded in
+    the graph as YOLOv8 exports it: [batch, 4 + classes, anchors] (8400 at 640x640), boxes as cx, cy, w, h in
     pixels, class scores after their sigmoid (POSTPROCESS=nms's input)."""
 
-    def __init__(self, classes: int = 80) -> None:
-        import torchvision
-
+    def __init__(self, stem: nn.Module, deeper: list[nn.Module], widths: tuple[int, ...], classes: int = 80) -> None:
         super().__init__()
-        trunk = torchvision.models.resnet18(weights=None)
-        self.stem = nn.Sequential(trunk.conv1, trunk.bn1, trunk.relu, trunk.maxpool, trunk.layer1, trunk.layer2)
-        self.deeper = nn.ModuleList([trunk.layer3, trunk.layer4])
-        self.heads = nn.ModuleList([nn.Conv2d(channels, 4 + classes, 1) for channels in (128, 256, 512)])
+        self.stem, self.deeper = stem, nn.ModuleList(deeper)
+        self.heads = nn.ModuleList([nn.Conv2d(width, 4 + classes, 1) for width in widths])
         for head in self.heads:
             nn.init.constant_(head.bias[4:], -4.0)  # YOLO's prior: most anchors see nothing
 
@@ -164,10 +160,16 @@ def _decode(raw: torch.Tensor, stride: int) -> torch.Tensor:
 
 
 def yolo_detector() -> Factory:
-    """Settled (_batchnorm_settled): about 50 detections an image on the checks' images; with torchvision's init
-    every image reached the 100 the NMS keeps, and a gate of capped images does not see what the NMS dropped."""
+    """On torchvision's ResNet-18 trunk, 3x640x640 images.  Settled (_batchnorm_settled): about 50 detections an
+    image on the checks' images; with torchvision's init every image reached the 100 the NMS keeps, and a gate of
+    capped images does not see what the NMS dropped."""
+    import torchvision
+
     torch.manual_seed(0)
-    return _batchnorm_settled(YoloStyleDetector(), torch.randn(4, 3, 640, 640)), torch.rand(1, 3, 640, 640)
+    trunk = torchvision.models.resnet18(weights=None)
+    stem = nn.Sequential(trunk.conv1, trunk.bn1, trunk.relu, trunk.maxpool, trunk.layer1, trunk.layer2)
+    model = YoloStyleDetector(stem, [trunk.layer3, trunk.layer4], (128, 256, 512))
+    return _batchnorm_settled(model, torch.randn(4, 3, 640, 640)), torch.rand(1, 3, 640, 640)
 
 
 def _save_pretrained(model_class: str, config: Any, into: Path) -> Path:
@@ -207,6 +209,22 @@ class _TinyCnn(nn.Module):
 def tiny_cnn() -> Factory:
     torch.manual_seed(0)
     return _TinyCnn().eval(), torch.randn(1, 3, 32, 32)
+
+
+def _tiny_stage(inputs: int, outputs: int) -> nn.Sequential:
+    conv = nn.Conv2d(inputs, outputs, 3, stride=2, padding=1, bias=False)
+    return nn.Sequential(conv, nn.BatchNorm2d(outputs), nn.ReLU())
+
+
+def tiny_detector() -> Factory:
+    """The sweep's detector on a trunk of five strided convolutions, 3 classes, 3x64x64 images (84 anchors)."""
+    torch.manual_seed(0)
+    stem = nn.Sequential(_tiny_stage(3, 8), _tiny_stage(8, 16), _tiny_stage(16, 16))
+    model = YoloStyleDetector(stem, [_tiny_stage(16, 32), _tiny_stage(32, 32)], (16, 32, 32), classes=3)
+    with torch.no_grad():
+        for head in model.heads:
+            head.weight[4:] *= 6  # about 14 of the 84 anchors score over NMS's 0.25: detections for the gate to judge
+    return _batchnorm_settled(model, torch.randn(4, 3, 64, 64)), torch.rand(1, 3, 64, 64)
 
 
 def tiny_bert_folder(into: Path) -> Path:

@@ -27,14 +27,19 @@ def test_the_report_has_the_issues_shape_and_served_agrees_with_pytorch(swept: P
     report = json.loads((swept / "dry.json").read_text())
     assert set(report) == {"device", "versions", "models"} and "CPU" in report["device"]
     assert {"torch", "onnxruntime", "transformers"} <= set(report["versions"])
-    assert set(report["models"]) == {"tiny-cnn", "tiny-bert"}
+    assert set(report["models"]) == {"tiny-cnn", "tiny-bert", "tiny-detector"}
     for name, record in report["models"].items():
         assert record["error"] is None, name
         assert "picked because auto" in record["description"]  # what load_runner(folder) served, and why
         assert set(record["batches"]) == {str(batch) for batch in BATCHES}
         for row in record["batches"].values():
-            assert set(row) == {*ROWS, "served_cosine", "served_max_abs"}
-            assert row["served"] > 0 and row["served_cosine"] > 0.9999 and row["served_max_abs"] < 1e-2
+            assert set(row) == {*ROWS, "served_cosine", "served_max_abs", "served_detections"}
+            assert row["served"] > 0
+            if name == "tiny-detector":  # its detections, through the NMS the folder appends, against PyTorch's
+                assert row["served_detections"] >= 0.99 and row["served_cosine"] is None
+            else:
+                assert row["served_cosine"] > 0.9999 and row["served_max_abs"] < 1e-2
+                assert row["served_detections"] is None
             assert row["torch-amp"] is row["torch-compile-reduce-overhead"] is row["torch-compile"] is None
         assert "CUDA" in record["skipped"]["torch-amp"] and "CUDA" in record["skipped"]["torch-compile-reduce-overhead"]
         assert "dry run" in record["skipped"]["torch-compile"]
@@ -47,6 +52,7 @@ def test_the_markdown_gives_each_batch_and_what_auto_served(swept: Path) -> None
     text = (swept / "dry.md").read_text()
     assert all(f"## Batch {batch}" in text for batch in BATCHES)
     assert "| tiny-bert | " in text and "Goal: not judged" in text
+    assert " | 1.000 of detections found |  |" in text  # the tiny detector's, at each batch
     assert "torch-amp not run: needs a CUDA GPU" in text
 
 
@@ -104,7 +110,8 @@ def test_runs_of_the_same_gpu_merge_into_one_report_and_others_are_refused(swept
          + ["--note", "tiny-bert: the first run"])  # fmt: skip
     report = json.loads((tmp_path / "merged.json").read_text())
     models = report["models"]
-    assert set(models) == {"tiny-cnn", "tiny-bert"} and models["tiny-cnn"]["description"] == "measured again"
+    assert set(models) == {"tiny-cnn", "tiny-bert", "tiny-detector"}
+    assert models["tiny-cnn"]["description"] == "measured again"
     assert report["notes"] == ["tiny-cnn measured again", "tiny-bert: the first run"]  # a later merge keeps them
     text = (tmp_path / "merged.md").read_text()
     assert "| tiny-bert | " in text and "## Notes\n\n- tiny-cnn measured again\n- tiny-bert: the first run" in text
