@@ -24,7 +24,7 @@ from ..folder.records import GraphRecord
 from .base import Runner
 from .host_check import check_runner
 from .onnxruntime import CPU, CUDA, CUDA_FIX, OnnxRuntimeRunner, is_cuda_error
-from .onnxruntime_cuda import CaptureRefused, OnnxRuntimeCudaRunner
+from .onnxruntime_cuda import UNTUNED, CaptureRefused, OnnxRuntimeCudaRunner
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +38,13 @@ REPORT = (
 @dataclass(frozen=True)
 class Candidate:
     """One graph of the folder on one ONNX Runtime provider (the CPU provider is always the last fallback).  On the
-    CUDA provider the candidate is the onnxruntime-cuda runner (IO binding to buffers on the GPU), which serves it."""
+    CUDA provider the candidate is the onnxruntime-cuda runner (IO binding to buffers on the GPU), which serves it,
+    tuned (its defaults) or not (onnxruntime_cuda.UNTUNED): each graph is both, timed against each other, since the
+    tuning was measured on a few models only and its rewrites are what a GPU has not yet run."""
 
     record: GraphRecord
     providers: tuple[str, ...]
+    tuned: bool = True  # on CUDA: the runner's defaults; False: UNTUNED's options, what they were measured against
 
     @property
     def graph(self) -> str:
@@ -53,7 +56,9 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        return f"{self.graph} on {self.providers[0].removesuffix('ExecutionProvider')}"
+        return (
+            f"{self.graph} on {self.providers[0].removesuffix('ExecutionProvider')}{'' if self.tuned else ' untuned'}"
+        )
 
     @property
     def on_cuda(self) -> bool:
@@ -68,16 +73,21 @@ class Candidate:
         return self.on_cuda
 
     def open(self, folder: ArtifactFolder, options: dict[str, Any]) -> Runner:
-        """Its runner; the CUDA runner takes only the options both runners share (the CPU's threads do not apply),
-        with a CUDA graph per input shape where ONNX Runtime can capture the graph (on an H100 it took ResNet-50's
-        FP16 graph from 1.26 to 0.65 ms at batch 1 and the encoder's from 1.42 to 1.19 ms at 32)."""
+        """Its runner; on CUDA, with a CUDA graph per input shape where ONNX Runtime can capture the graph (on an H100
+        it took ResNet-50's FP16 graph from 1.26 to 0.65 ms at batch 1 and the encoder's from 1.42 to 1.19 ms at
+        32)."""
         if self.on_cuda:
-            shared = {name: value for name, value in options.items() if name == "split_large_batches"}
             try:
-                return OnnxRuntimeCudaRunner(folder, graph=self.graph, cuda_graph=True, **shared)
+                return OnnxRuntimeCudaRunner(folder, cuda_graph=True, **self.cuda_options(options))
             except CaptureRefused:  # nodes on the CPU: they run between the CUDA kernels, uncaptured
-                return OnnxRuntimeCudaRunner(folder, graph=self.graph, **shared)
+                return OnnxRuntimeCudaRunner(folder, **self.cuda_options(options))
         return OnnxRuntimeRunner(folder, **{**options, "graph": self.graph, "providers": list(self.providers)})
+
+    def cuda_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """The CUDA runner's keywords but cuda_graph: its graph, UNTUNED's where it is not tuned, and of auto's
+        `options` only those both runners share (the CPU's threads do not apply)."""
+        shared = {name: value for name, value in options.items() if name == "split_large_batches"}
+        return {"graph": self.graph, **shared, **({} if self.tuned else UNTUNED)}
 
     def check(self, folder: ArtifactFolder, runner: Runner) -> HostCheck:
         """The host check (runners/host_check.py) of `runner`, which serves this candidate."""

@@ -4,13 +4,14 @@ chosen by measuring them, not by rule.
 No rule holds on every host: ONNX Runtime's CPU provider has almost no float16 kernels and runs an FP16 graph
 through casts (0.6x of its own FP32 graph on a Xeon, issue 26), while an INT8 graph shaped for this CPU's kernels
 runs 3x faster than FP32 there.  So each candidate (a graph the folder promises the accuracy of, whose gate passed,
-on each provider present) is timed briefly in alternating rounds (so that a slow moment of a shared host hits all
-alike), at the profile's opt batch and, while the time budget lasts, at its max and min batches too: one batch is a
-rule of its own (on an H100, ResNet-50's FP32 graph led at batch 8 and trailed its FP16 graph by 26% at 32,
-docs/benchmarks/resnet50-h100-cuda.md).  The candidate served is the one whose time, relative to the fastest at
-each measured batch, is worst least (ranked()), of those that pass the host check.  The choice is cached in the folder
-(SERVED_CHOICE) keyed by all that decides the speed: the CPU and its instruction sets, the GPU, the onnxruntime
-version, the thread count and the candidates' sha256.  A different key measures again.
+on each provider present; on CUDA tuned and untuned, candidate.py) is timed briefly in alternating rounds (so that a
+slow moment of a shared host hits all alike), at the profile's opt batch and, while the time budget lasts, at its
+max and min batches too: one batch is a rule of its own (on an H100, ResNet-50's FP32 graph led at batch 8 and
+trailed its FP16 graph by 26% at 32, docs/benchmarks/resnet50-h100-cuda.md).  The candidate served is the one whose
+time, relative to the fastest at each measured batch, is worst least (ranked()), of those that pass the host
+check.  The choice is cached in the folder (SERVED_CHOICE) keyed by all that decides the speed: the CPU and its
+instruction sets, the GPU, the onnxruntime version, the thread count and the candidates' sha256.  A different key
+measures again.
 
 A candidate that cannot serve, whatever it raises while it opens, is timed or is checked (a PipelineError, an error of
 ONNX Runtime, a CUDA error), is skipped, its reason in runner.description and served.json, and the next one is tried;
@@ -239,8 +240,9 @@ def find_candidates(folder: ArtifactFolder, providers: list[str]) -> tuple[list[
     here (usable_providers()); the graphs are ArtifactFolder.servable's for this kind of CPU."""
     servable = folder.servable(int8_cpu_kind())
     candidates = [Candidate(graph, (CPU,)) for graph in servable.on_cpu]
-    if CUDA in providers:
-        candidates = [Candidate(graph, (CUDA, CPU)) for graph in servable.on_cuda] + candidates
+    if CUDA in providers:  # each graph tuned, then each untuned (onnxruntime_cuda.UNTUNED)
+        on_cuda = [Candidate(graph, (CUDA, CPU), tuned) for tuned in (True, False) for graph in servable.on_cuda]
+        candidates = on_cuda + candidates
     if not candidates:
         raise PipelineError(
             f"no graph of {folder.path} may be served: {'; '.join(servable.refused)}",

@@ -77,6 +77,11 @@ SHAPE_VALUES_ON_DEVICE = True
 # its rules find an attention; other graphs open as they are.  Not yet measured on a GPU: auto times the runner as it
 # opens, and its host check in a child process proves the fused graph within the precision's gate before it serves.
 FUSE_ATTENTION = True
+# The runner without its tuning: NCHW convolutions, each bias added by cuDNN, a transformer's graph as exported (the
+# shape values stay on the device, which changes no output bit and keeps the graph capturable).  The tuning was
+# measured on ResNet-50 and two encoders only, so auto times each CUDA graph this way too and serves what wins on
+# the model; where a rewrite fails on the GPU (a kernel of its own, a fused graph), the graph still serves untuned.
+UNTUNED: dict[str, Any] = {"provider_options": {"prefer_nhwc": "0"}, "split_conv_bias": False, "fuse_attention": False}
 # Input shapes a slot captures a CUDA graph for (cuda_graph=True); other shapes run uncaptured.  On the H100 each
 # graph captured after the largest batch's added under 1 MiB to a ResNet-50 slot's 598 MiB: the arena, sized by the
 # largest batch, is the cost, not the number of graphs.
@@ -100,6 +105,7 @@ def what_the_runner_computes() -> dict[str, Any]:
         "split_conv_bias": SPLIT_CONV_BIAS,
         "shape_values_on_device": SHAPE_VALUES_ON_DEVICE,
         "fuse_attention": FUSE_ATTENTION,
+        "untuned": UNTUNED,
     }
 
 
@@ -339,10 +345,10 @@ class OnnxRuntimeCudaRunner(Runner):
     size.  cuda_graph: capture and replay one CUDA graph per input shape.  device_memory: the device-memory layer
     of the GPU buffers ("auto", "pycuda", "cuda-python"; pipeline.runners.device_memory).
 
-    What the defaults were measured against, to measure again (auto always opens the defaults): provider_options,
-    the CUDA provider's options over TUNING's (e.g. {"prefer_nhwc": "0"}); split_conv_bias=False, each
-    convolution adding its bias in cuDNN; fuse_attention=False, a transformer's graph as exported;
-    pinned_copies=True, numpy inputs and outputs copied through a page-locked buffer.
+    What the defaults were measured against, to measure again (auto times each graph with the defaults and with
+    UNTUNED, the first three of these): provider_options, the CUDA provider's options over TUNING's (e.g.
+    {"prefer_nhwc": "0"}); split_conv_bias=False, each convolution adding its bias in cuDNN; fuse_attention=False, a
+    transformer's graph as exported; pinned_copies=True, numpy inputs and outputs copied through a page-locked buffer.
     """
 
     backend = "onnxruntime-cuda"

@@ -76,6 +76,7 @@ def prove_in_child(
             "folder": str(folder.path.resolve()),
             "graph": candidate.graph,
             "providers": list(candidate.providers),
+            "tuned": candidate.tuned,
             "options": options,
             "verify": verify,
             "stage": str(stage),
@@ -157,7 +158,7 @@ def _prove(request: dict[str, Any], stage: Callable[[str], Any]) -> HostCheck:
     record = folder.record(request["graph"])
     if record is None:
         raise ValueError(f"{request['graph']} is no longer a graph of {folder.path}")
-    candidate = Candidate(record, tuple(request["providers"]))
+    candidate = Candidate(record, tuple(request["providers"]), request["tuned"])
     started = time.perf_counter()
     stage("opening it")
     runner = candidate.open(folder, request["options"])

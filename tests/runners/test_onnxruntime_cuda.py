@@ -184,8 +184,13 @@ def test_auto_lists_cuda_candidates_only_where_the_provider_runs(fp16_folder, in
     folder = open_folder(int8_folder)
     candidates, _ = find_candidates(folder, [CUDA, CPU])
     on_cuda = [c.graph for c in candidates if c.on_cuda]
-    assert on_cuda == ["model.onnx", "model.int8.onnx"]
-    assert [c.label for c in candidates if c.on_cuda] == ["model.onnx on CUDA", "model.int8.onnx on CUDA"]
+    assert on_cuda == ["model.onnx", "model.int8.onnx"] * 2
+    assert [c.label for c in candidates if c.on_cuda] == [
+        "model.onnx on CUDA",
+        "model.int8.onnx on CUDA",
+        "model.onnx on CUDA untuned",
+        "model.int8.onnx on CUDA untuned",
+    ]
     assert {c.graph for c in candidates if not c.on_cuda} == {c.graph for c in find_candidates(folder, [CPU])[0]}
 
 
