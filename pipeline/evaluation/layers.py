@@ -100,7 +100,9 @@ def _error(node: onnx.NodeProto, name: str, expected: np.ndarray, actual: np.nda
     scale = float(np.abs(expected).max()) if expected.size else 0.0  # exact in the tensor's own float type
     if not np.isfinite(actual).all():
         return LayerError(node.name, node.op_type, name, float("inf"), scale, float("inf"))
-    difference = np.subtract(actual, expected, dtype=np.float64)  # in float64: a float32 difference could round
+    # In float64: a float32 difference could round.  asarray: of two 0-d tensors np.subtract makes a numpy scalar,
+    # which abs(out=) refuses (a DPT's parity failure crashed here, naming nothing).
+    difference = np.asarray(np.subtract(actual, expected, dtype=np.float64))
     max_abs = float(np.abs(difference, out=difference).max()) if difference.size else 0.0
     return LayerError(node.name, node.op_type, name, max_abs, scale, max_abs / scale if scale > 0 else max_abs)
 
