@@ -31,6 +31,7 @@ from torch import nn
 
 from ..pipeline.core.errors import PipelineError
 from ..pipeline.core.settings import mention, mention_name
+from .inputs import SINGLE_INPUT_NAME
 from .spec import DynamicAxis, ModelSpec, forward_parameters, named_outputs
 
 SEQUENCE_AXIS = "sequence"
@@ -40,6 +41,9 @@ DEFAULT_MAX_SEQUENCE = 512
 MAX_LENGTH_FIELDS = ("max_position_embeddings", "n_positions", "max_source_positions", "n_ctx")
 CONFIG_FILE = "config.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"  # its model_max_length bounds the default sequence axis
+# Its crop_size (or size as a height and width) sizes the example images where config.json has no image_size: a
+# SegFormer's or DETR's config has none (any size runs), but a folder from the Hub holds the image processor's.
+PREPROCESSOR_CONFIG_FILE = "preprocessor_config.json"
 WEIGHT_FORMS = (
     "model.safetensors",
     "model.safetensors.index.json",
@@ -156,8 +160,13 @@ def adapt(spec: ModelSpec, model: str, *, dynamic_given: bool) -> ModelSpec:
 
 
 def _bind_by_keyword(model: nn.Module, inputs: dict[str, torch.Tensor], reference: str) -> dict[str, torch.Tensor]:
-    """The inputs in forward()'s order; a name forward() does not take is refused (**kwargs would swallow it)."""
+    """The inputs in forward()'s order; a name forward() does not take is refused (**kwargs would swallow it).  One
+    input INPUT_SHAPE left unnamed (3x512x512) is the model's main input (pixel_values), as a bare module's one input
+    is its forward()'s first."""
     names = forward_parameters(model) or []
+    main = getattr(model, "main_input_name", None)
+    if list(inputs) == [SINGLE_INPUT_NAME] and SINGLE_INPUT_NAME not in names and main in names:
+        inputs = {main: inputs[SINGLE_INPUT_NAME]}
     unknown = [name for name in inputs if name not in names]
     if unknown:
         raise PipelineError(
@@ -232,11 +241,12 @@ def is_model_folder(path: Path) -> bool:
 
 
 def folder_sources(folder: Path) -> list[Path]:
-    """The files whose bytes make the model: config and weights, and the tokenizer's config where there is one (its
-    model_max_length sets the default sequence range); the fingerprint covers them."""
+    """The files whose bytes make the model: config and weights, and the tokenizer's and image processor's configs
+    where there are (model_max_length sets the default sequence range; the image size, the example images'); the
+    fingerprint covers them."""
     weights = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin") or p.name in WEIGHT_FORMS)
-    tokenizer = [folder / TOKENIZER_CONFIG_FILE] if (folder / TOKENIZER_CONFIG_FILE).is_file() else []
-    return [folder / CONFIG_FILE, *weights, *tokenizer]
+    configs = [folder / name for name in (TOKENIZER_CONFIG_FILE, PREPROCESSOR_CONFIG_FILE) if (folder / name).is_file()]
+    return [folder / CONFIG_FILE, *weights, *configs]
 
 
 def load_folder(folder: Path) -> ModelSpec:
@@ -267,7 +277,8 @@ def load_folder(folder: Path) -> ModelSpec:
             f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}",
             f"give {FOLDER_FORM}",
         ) from None
-    return ModelSpec(name=folder.name, module=module, example_inputs=derived_example_inputs(module))
+    examples = derived_example_inputs(module, processor_image_size(folder))
+    return ModelSpec(name=folder.name, module=module, example_inputs=examples)
 
 
 def _read_config(folder: Path) -> dict:
@@ -283,9 +294,39 @@ def _read_config(folder: Path) -> dict:
 EXAMPLE_TOKENS = 16
 
 
-def derived_example_inputs(module: nn.Module) -> dict[str, torch.Tensor]:
-    """Examples for a model whose main input says what it is (token ids, or images of the configured size);
-    {} otherwise, so INPUT_SHAPE is required."""
+def processor_image_size(folder: Path) -> tuple[int, int] | None:
+    """(height, width) of the images a folder's image processor hands the model: its crop_size where it crops, else
+    its size where that is a height and a width; None where it gives none (a shortest_edge: the images vary)."""
+    path = folder / PREPROCESSOR_CONFIG_FILE
+    try:
+        config = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return None  # the pipeline never runs the processor: an unreadable config only leaves INPUT_SHAPE required
+    if not isinstance(config, dict) or config.get("do_resize") is False:
+        return None
+    sizes = [config.get("crop_size")] if config.get("do_center_crop") else []
+    for size in [*sizes, config.get("size")]:
+        if isinstance(size, dict) and _positive_int(size.get("height")) and _positive_int(size.get("width")):
+            return size["height"], size["width"]
+    return None
+
+
+def _height_width(size: Any) -> tuple[int, int] | None:
+    """A config's image_size as (height, width): one int for both, or a pair (YOLOS: [512, 864])."""
+    if _positive_int(size):
+        return size, size
+    if isinstance(size, (list, tuple)) and len(size) == 2 and all(_positive_int(side) for side in size):
+        return size[0], size[1]
+    return None
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def derived_example_inputs(module: nn.Module, image_size: tuple[int, int] | None = None) -> dict[str, torch.Tensor]:
+    """Examples for a model whose main input says what it is (token ids, or images of the size its config gives, else
+    of `image_size`, the image processor's); {} otherwise, so INPUT_SHAPE is required."""
     main = getattr(module, "main_input_name", None)
     config = getattr(module, "config", None)
     parameters = forward_parameters(module) or []
@@ -298,8 +339,9 @@ def derived_example_inputs(module: nn.Module) -> dict[str, torch.Tensor]:
             derived["token_type_ids"] = pair_segments(ids)
         return {name: derived[name] for name in ["input_ids", *parameters] if name in derived}
     size, channels = getattr(config, "image_size", None), getattr(config, "num_channels", None)
-    if main == "pixel_values" and isinstance(size, int) and isinstance(channels, int):
-        return {"pixel_values": torch.randn(2, channels, size, size, generator=generator)}
+    height_width = _height_width(size) or image_size
+    if main == "pixel_values" and height_width is not None and isinstance(channels, int):
+        return {"pixel_values": torch.randn(2, channels, *height_width, generator=generator)}
     return {}
 
 

@@ -339,6 +339,58 @@ def test_the_folders_weights_are_in_the_fingerprint(tmp_path: Path):
     assert models.load_model(str(folder)).fingerprint != before
 
 
+def _segformer_folder(folder: Path, processor: dict | None) -> Path:
+    """A tiny SegFormer as save_pretrained writes it (its config has no image_size: any size runs), with the image
+    processor's config a folder from the Hub holds beside it."""
+    config = transformers.SegformerConfig(num_labels=3, hidden_sizes=[8, 16, 24, 32], decoder_hidden_size=16)
+    transformers.SegformerForSemanticSegmentation(config).save_pretrained(folder)
+    if processor is not None:
+        (folder / "preprocessor_config.json").write_text(json.dumps(processor))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("processor", "size"),
+    [
+        ({"do_resize": True, "size": {"height": 48, "width": 40}}, (48, 40)),
+        ({"size": {"shortest_edge": 64}, "do_center_crop": True, "crop_size": {"height": 32, "width": 32}}, (32, 32)),
+    ],
+    ids=["resized", "cropped"],
+)
+def test_a_folder_of_a_model_of_any_image_size_takes_the_size_its_image_processor_gives(tmp_path, processor, size):
+    folder = _segformer_folder(tmp_path / "segformer", processor)
+    spec = models.load_model(str(folder))
+    assert spec.example_inputs["pixel_values"].shape == (2, 3, *size)
+    assert folder / "preprocessor_config.json" in models.huggingface.folder_sources(folder)  # in the fingerprint
+
+
+def test_a_configs_image_size_as_height_and_width_sizes_the_example_images(tmp_path: Path):
+    """YOLOS's config gives [height, width]."""
+    config = transformers.YolosConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=[64, 96]
+    )
+    transformers.YolosForObjectDetection(config).save_pretrained(tmp_path / "yolos")
+    spec = models.load_model(str(tmp_path / "yolos"))
+    assert spec.example_inputs["pixel_values"].shape == (2, 3, 64, 96)
+
+
+@pytest.mark.parametrize(
+    "processor", [None, {"size": {"shortest_edge": 64}}, {"do_resize": False, "size": {"height": 48, "width": 40}}]
+)
+def test_a_folder_whose_image_size_nothing_gives_names_where_it_is_read_and_asks_for_input_shape(tmp_path, processor):
+    folder = _segformer_folder(tmp_path / "segformer", processor)
+    with pytest.raises(PipelineError) as error:
+        models.load_model(str(folder))
+    assert "preprocessor_config.json (crop_size, or size as height and width)" in error.value.problem
+    assert "input_shape as DIMS without the batch" in (error.value.fix or "")
+    spec = models.load_model(str(folder), input_shape="3x64x64")  # as the fix says: the one input is pixel_values
+    assert list(spec.example_inputs) == ["pixel_values"] and spec.example_inputs["pixel_values"].shape[1:] == (
+        3,
+        64,
+        64,
+    )
+
+
 def test_a_folder_without_weights_or_config_names_the_form(tmp_path: Path):
     folder = tmp_path / "no-weights"
     tiny_bert().config.save_pretrained(folder)
