@@ -162,7 +162,7 @@ def _convert(
     # no float16 kernel (its default block list) in float32 behind Casts of their own.
     with _shapes_from_dims() as convert_float_to_float16:
         converted = convert_float_to_float16(model, keep_io_types=True, node_block_list=[node.name for node in kept])
-    _skip_float16_round_trips(converted.graph)
+    _skip_float16_round_trips(converted)
     _sort_topologically(converted.graph)  # the converter appends its Casts at the end of the node list
     with atomic_graph(out_path) as temporary:
         write_graph(converted, onnx_path.parent, temporary, convert=_weights_made_float16(model, converted))
@@ -291,18 +291,27 @@ def _asked_for(graph: onnx.GraphProto, names: Sequence[str], already: set[str]) 
     ]
 
 
-def _skip_float16_round_trips(graph: onnx.GraphProto) -> None:
+def _skip_float16_round_trips(model: onnx.ModelProto) -> None:
     """Let FP32 nodes read each other's outputs directly.
 
     ONNX Runtime's converter casts the output of every node it keeps in FP32 to float16, and casts it
     back for the next FP32 node: between two kept nodes the value is stored as float16 after all, and
     the overflow they were kept for happens in the Casts (measured: inf on the overflow test model).
+    Only a round trip from a float32 value: a bool mask the model casts to float for a kept node (a DETR's
+    CumSum) becomes a Cast to float16 and the converter's Cast back, and its reader needs a float still.
     """
+    graph = model.graph
+    float32 = _float32_tensors(model)
     producers = {output: node for node in graph.node for output in node.output}
     graph_outputs = {output.name for output in graph.output}
     for node in graph.node:
         source = producers.get(node.input[0]) if node.input else None
-        if _is_cast(node, TensorProto.FLOAT) and source is not None and _is_cast(source, TensorProto.FLOAT16):
+        if (
+            _is_cast(node, TensorProto.FLOAT)
+            and source is not None
+            and _is_cast(source, TensorProto.FLOAT16)
+            and source.input[0] in float32
+        ):
             for reader in graph.node:  # read the FP32 value before the round trip
                 for index, name in enumerate(reader.input):
                     if name == node.output[0] and node.output[0] not in graph_outputs:
@@ -314,6 +323,15 @@ def _skip_float16_round_trips(graph: onnx.GraphProto) -> None:
             graph.node.remove(node)
         read = {name for node in graph.node for name in node.input} | graph_outputs
         unread = [node for node in graph.node if node.op_type == "Cast" and not any(out in read for out in node.output)]
+
+
+def _float32_tensors(model: onnx.ModelProto) -> set[str]:
+    """The names of the tensors of `model` that are float32, by ONNX's shape inference (the weights stay on disk: it
+    reads their dims)."""
+    graph = onnx.shape_inference.infer_shapes(model).graph
+    typed = [*graph.input, *graph.value_info, *graph.output]
+    names = {value.name for value in typed if value.type.tensor_type.elem_type == TensorProto.FLOAT}
+    return names | {init.name for init in graph.initializer if init.data_type == TensorProto.FLOAT}
 
 
 def _is_cast(node: onnx.NodeProto, to: int) -> bool:

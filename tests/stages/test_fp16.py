@@ -22,7 +22,7 @@ from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
 from trt_pipeline.pipeline.evaluation.float16 import faithful_session
 from trt_pipeline.pipeline.folder.graph_io import load_reference
 from trt_pipeline.pipeline.quality.diagnose import diagnose_folder
-from trt_pipeline.pipeline.stages.fp16 import calibration_cases
+from trt_pipeline.pipeline.stages.fp16 import calibration_cases, convert_fp16
 from trt_pipeline.pipeline.stages.fp16_overflow import Case, TensorStats
 from trt_pipeline.pipeline.stages.sequence import make_engine
 
@@ -256,3 +256,32 @@ def test_weights_convert_to_float16_bit_for_bit_as_onnxruntimes_converter_conver
     spread = rng.standard_normal(99_964) * 10 ** rng.uniform(-12, 8, 99_964)  # every magnitude float32 holds
     values = np.concatenate([values, spread.astype(np.float32)]).reshape(-1, 5)
     np.testing.assert_array_equal(to_float16(values).view(np.uint16), convert_np_to_float16(values).view(np.uint16))
+
+
+def test_a_mask_cast_to_float_for_a_kernel_kept_in_fp32_stays_a_float(tmp_path):
+    """A bool mask cast to float for CumSum, which ONNX Runtime's converter keeps in FP32 (no float16 kernel): the
+    converter's Cast to float16 and its Cast back are a round trip from a bool, not from a float32 value, so the
+    CumSum must not read the bool (a DETR's position embedding: the FP16 graph was invalid, and every gate failed)."""
+    nodes = [
+        helper.make_node("Greater", ["x", "zero"], ["mask"]),
+        helper.make_node("Cast", ["mask"], ["mask_float"], to=TensorProto.FLOAT),
+        helper.make_node("CumSum", ["mask_float", "axis"], ["positions"]),
+        helper.make_node("Mul", ["positions", "x"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "masked_positions",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 6])],
+        [
+            helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]),
+            helper.make_tensor("axis", TensorProto.INT64, [], [1]),
+        ],
+    )
+    model = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    convert_fp16(tmp_path / "model.onnx", tmp_path / "model.fp16.onnx")
+    onnx.checker.check_model(str(tmp_path / "model.fp16.onnx"), full_check=True)
+    x = np.array([[1.0, -2.0, 3.0, 0.5, -1.0, 2.0]], dtype=np.float32)
+    (y,) = onnxruntime_session(tmp_path / "model.fp16.onnx").run(None, {"x": x})
+    np.testing.assert_allclose(y, np.cumsum(x > 0, axis=1) * x, rtol=1e-3)
