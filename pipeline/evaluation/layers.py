@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import TensorProto
 
 from ..core.precision import Precision
 from ..core.sessions import graph_level
@@ -37,6 +38,8 @@ class LayerError:
     max_abs: float
     scale: float
     rel: float  # max_abs / scale; inf where the lower graph has inf or NaN and FP32 a finite value
+    # A float16 graph's node that computes in float32 (kept in FP32): where it departs, what it reads departs.
+    kept_fp32: bool = False
 
     def as_record(self) -> dict:
         return asdict(self)
@@ -68,7 +71,9 @@ def _layer_errors(
     simulate_qdq = graph.precision is Precision.INT8
     # A copy of a graph with more of its tensors as outputs opens at the level its file opens at (a float search
     # compares graphs the stage has judged or calibrated on: no probe); the faithful float16 copy is another graph.
+    kept: set[str] = set()
     if graph.evaluation is Evaluation.FAITHFUL_FP16:
+        kept = _float32_nodes(lower)
         lower, lower_level = faithful_copy(lower), None
     else:
         lower_level = graph_level(lower_path, simulate_qdq=simulate_qdq)
@@ -87,10 +92,24 @@ def _layer_errors(
     for node in fp32.graph.node:
         for name in node.output:
             if name in reference and name in actual and reference[name].shape == actual[name].shape:
-                yield _error(node, name, reference[name], actual[name])
+                yield _error(node, name, reference[name], actual[name], node.name in kept)
 
 
-def _error(node: onnx.NodeProto, name: str, expected: np.ndarray, actual: np.ndarray) -> LayerError:
+def _float32_nodes(float16: onnx.ModelProto) -> set[str]:
+    """The names of a float16 graph's nodes kept in FP32: nodes other than Casts whose float outputs are float32
+    (types by ONNX's shape inference, which reads the weights' dims only).  By name: the converter renames a kept
+    node's output, and the tensor of the FP32 graph's name is its Cast to float16."""
+    graph = onnx.shape_inference.infer_shapes(float16).graph
+    types = {value.name: value.type.tensor_type.elem_type for value in [*graph.value_info, *graph.output]}
+    kept = set()
+    for node in graph.node:
+        floats = [types[name] for name in node.output if types.get(name) in (TensorProto.FLOAT, TensorProto.FLOAT16)]
+        if node.op_type != "Cast" and floats and all(kind == TensorProto.FLOAT for kind in floats):
+            kept.add(node.name)
+    return kept
+
+
+def _error(node: onnx.NodeProto, name: str, expected: np.ndarray, actual: np.ndarray, kept: bool) -> LayerError:
     """The error on the elements FP32 computes as finite numbers.  Where FP32 itself holds inf or NaN (a -inf
     attention-mask constant and every tensor derived from it) there is nothing a precision could get wrong; an
     inf or NaN in the lower graph where FP32 is finite is overflow, the worst error there is."""
@@ -99,12 +118,12 @@ def _error(node: onnx.NodeProto, name: str, expected: np.ndarray, actual: np.nda
         expected, actual = expected[finite], actual[finite]
     scale = float(np.abs(expected).max()) if expected.size else 0.0  # exact in the tensor's own float type
     if not np.isfinite(actual).all():
-        return LayerError(node.name, node.op_type, name, float("inf"), scale, float("inf"))
+        return LayerError(node.name, node.op_type, name, float("inf"), scale, float("inf"), kept)
     # In float64: a float32 difference could round.  asarray: of two 0-d tensors np.subtract makes a numpy scalar,
     # which abs(out=) refuses (a DPT's parity failure crashed here, naming nothing).
     difference = np.asarray(np.subtract(actual, expected, dtype=np.float64))
     max_abs = float(np.abs(difference, out=difference).max()) if difference.size else 0.0
-    return LayerError(node.name, node.op_type, name, max_abs, scale, max_abs / scale if scale > 0 else max_abs)
+    return LayerError(node.name, node.op_type, name, max_abs, scale, max_abs / scale if scale > 0 else max_abs, kept)
 
 
 def first_past(errors: Iterable[LayerError], rtol: float) -> LayerError | None:
@@ -112,12 +131,13 @@ def first_past(errors: Iterable[LayerError], rtol: float) -> LayerError | None:
     return next((error for error in errors if error.rel > rtol), None)
 
 
-def first_bad_node_text(fp32_path: Path, lower_path: Path, inputs: dict[str, np.ndarray], graph: GraphRecord) -> str:
-    """One sentence for a failing gate: the first node past tolerance, or that none is (the error builds up)."""
-    first = first_node_past(fp32_path, lower_path, inputs, graph)
+def first_bad_node_text(first: LayerError | None) -> str:
+    """One sentence for a failing gate: the first node past tolerance (first_node_past), or that none is (the error
+    builds up)."""
     if first is None:
         return "no single node is past the tolerance: the error builds up over many (trt-pipeline diagnose)"
-    return f"the first node past it is {first.node!r} ({first.op}): {_describe(first)}"
+    kept = ", kept in FP32 already, so what it reads departs" if first.kept_fp32 else ""
+    return f"the first node past it is {first.node!r} ({first.op}){kept}: {_describe(first)}"
 
 
 def _describe(error: LayerError) -> str:

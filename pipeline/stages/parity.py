@@ -17,7 +17,7 @@ from ..core.precision import Precision
 from ..core.settings import mention, mention_name
 from ..evaluation import INT8_MAX_ERROR, RTOL, evaluation_session, graph_session, probe_graph
 from ..evaluation.agreement import Fp32Reference, outputs_agreement
-from ..evaluation.layers import first_bad_node_text
+from ..evaluation.layers import first_bad_node_text, first_node_past
 from ..folder.graph_io import load_reference
 from ..folder.layout import FP32_GRAPH, graph_record
 from ..folder.records import CalibrationSplit, Evaluation, GraphAgreement, GraphRecord, Int8Agreement, RowsAgreement
@@ -221,7 +221,7 @@ def _agreement_error(
     """The refusal of an INT8 graph past the gate: its numbers, why the data may be to blame, the first bad node."""
     name, worst = agreement.worst()
     inputs = {input_name: value[:1] for input_name, value in parts[agreement.judged_on][0].items()}
-    where = first_bad_node_text(fp32_path, int8_path, inputs, graph)
+    where = first_bad_node_text(first_node_past(fp32_path, int8_path, inputs, graph))
     rows = "held-out calibration rows" if agreement.held_out else "calibration data"
     unrepresentative = _unrepresentative(agreement, split)
     why = f"; {unrepresentative[0]}" if unrepresentative and agreement.held_out else ""
@@ -296,11 +296,24 @@ def _parity_error(onnx_path: Path, inputs: dict, graph: GraphRecord, problem: st
             "inspect the graph with the ONNX Runtime runner; an unsupported op or a mismatched preprocessing "
             "is the usual cause",
         )
-    where = first_bad_node_text(fp32, onnx_path, inputs, graph)
-    if graph.precision is Precision.FP16:
+    first = first_node_past(fp32, onnx_path, inputs, graph)
+    where = first_bad_node_text(first)
+    table = f"the whole table: trt-pipeline diagnose {onnx_path.parent}"
+    if graph.precision is Precision.FP16 and first is not None and first.kept_fp32:
+        cause = (
+            "a value past float16's range overflows before it"
+            if first.rel == float("inf")
+            else "a mask that float16 rounds across its threshold departs wholly where it flips"
+        )
+        fix = (
+            f"keep the nodes that compute its inputs in FP32 too ({mention(keep_fp32='<node or op type>')}; "
+            f"trt-pipeline diagnose {onnx_path.parent} lists each node's error in the graph's order): {cause}; or "
+            f"build {mention(precision=Precision.FP32)}"
+        )
+    elif graph.precision is Precision.FP16:
         fix = (
             f"keep the node named above in FP32: {mention(keep_fp32='<node or op type>')}; leave the automatic FP32 "
-            f"fallback on (no {mention(auto_fp32=False)}); the whole table: trt-pipeline diagnose {onnx_path.parent}"
+            f"fallback on (no {mention(auto_fp32=False)}); {table}"
         )
     else:
         served = mention(calib="...")
