@@ -12,6 +12,7 @@ from ..core.settings import OPSET, mention_name
 from ..evaluation import graph_session
 from ..folder.graph_files import data_files, graph_beside, graph_without_weights
 from ..folder.graph_io import graph_io, load_reference
+from .einsum import lowercase_einsums
 from .output_dims import name_output_dims
 
 # Files this process checked, by what identifies their bytes (files_key), with the reference they ran on: the record.
@@ -26,14 +27,16 @@ def check_onnx(onnx_path: Path, reference: Path | None = None) -> dict:
     Every step reads the graph by its path or without its weights, so a graph past 2 GB (external data) is
     checked as one below it.  With `reference`, the output dims that follow from the inputs' dims are named after
     them first (stages/output_dims.py: the graph is rewritten where a name changes, and the record's
-    "renamed_output_dims" says which).  Files this process checked already (the export checks the graph it keeps,
-    and the check stage of the same run meets the same files) are not checked again: the weights are touched once.
+    "renamed_output_dims" says which); each Einsum's equation is written in lowercase letters (stages/einsum.py).
+    Files this process checked already (the export checks the graph it keeps, and the check stage of the same run
+    meets the same files) are not checked again: the weights are touched once.
     """
     key = _files(onnx_path, reference)
     if key not in _CHECKED:
+        lowered = lowercase_einsums(Path(onnx_path))
         renamed = name_output_dims(Path(onnx_path), reference) if reference is not None else {}
-        key = _files(onnx_path, reference)  # a renamed dim rewrote the graph
-        _CHECKED[key] = _with_renamed(_check(Path(onnx_path), reference), renamed)
+        key = _files(onnx_path, reference)  # a rewritten equation or a renamed dim rewrote the graph
+        _CHECKED[key] = _with_lowered(_with_renamed(_check(Path(onnx_path), reference), renamed), lowered)
         return dict(_CHECKED[key])  # a copy: the caller adds to its record
     earlier = _CHECKED[key]
     return {**earlier, "summary": earlier["summary"] + " (the same files, checked earlier in this run)"}
@@ -50,6 +53,12 @@ def _with_renamed(record: dict, renamed: dict[str, dict[int, str]]) -> dict:
             output: {str(axis): name for axis, name in axes.items()} for output, axes in renamed.items()
         },
     }
+
+
+def _with_lowered(record: dict, lowered: int) -> dict:
+    if not lowered:
+        return record
+    return {**record, "summary": f"{record['summary']}; {lowered} Einsum equation(s) in lowercase letters"}
 
 
 def _files(onnx_path: Path, reference: Path | None) -> tuple:
