@@ -17,7 +17,7 @@ import numpy as np
 from ..core.cpu import int8_cpu_kind
 from ..core.errors import PipelineError
 from ..core.precision import Precision
-from ..evaluation.host import HostCheck, check_on_host
+from ..evaluation.host import MIXES_ROWS, HostCheck, check_on_host
 from ..folder.graph_io import load_reference
 from ..folder.layout import CALIBRATION_SAMPLE, REFERENCE
 from ..folder.reader import ArtifactFolder
@@ -63,11 +63,18 @@ def held_out_sample(folder: ArtifactFolder) -> tuple[dict[str, np.ndarray], dict
 def refused_on_host(folder: ArtifactFolder, checks: dict[str, HostCheck]) -> PipelineError:
     """No candidate computes here what the build verified: what each did, and what to do."""
     measured = "; ".join(f"{label}: {check.verdict}" for label, check in checks.items())
-    return PipelineError(
-        f"no graph of {folder.path} computes on this host what its build verified ({measured})",
-        "check this host's onnxruntime (its version and provider) against the build's (the manifest's versions), "
-        f"or rebuild the folder: {folder.rebuild_hint(force=True)}; {SKIP} serves it unchecked",
-    )
+    if all(MIXES_ROWS in check.verdict for check in checks.values()):  # the model's doing, on any host
+        fix = (
+            "build a model whose every output is one row's own (a text-image model's towers apart, such as CLIP's "
+            f"CLIPTextModelWithProjection and CLIPVisionModelWithProjection), or serve whole batches as they come: "
+            f"{SKIP}, never batching requests together"
+        )
+    else:
+        fix = (
+            "check this host's onnxruntime (its version and provider) against the build's (the manifest's versions), "
+            f"or rebuild the folder: {folder.rebuild_hint(force=True)}; {SKIP} serves it unchecked"
+        )
+    return PipelineError(f"no graph of {folder.path} computes on this host what its build verified ({measured})", fix)
 
 
 def describe(checks: dict[str, HostCheck]) -> str:

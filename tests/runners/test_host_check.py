@@ -145,10 +145,36 @@ def _row_mixing_graph(path: Path) -> Path:
     return path
 
 
-def test_a_graph_that_mixes_rows_across_the_batch_is_refused_though_every_build_gate_passed(tmp_path: Path):
-    folder = _build(tmp_path, model=str(_row_mixing_graph(tmp_path / "mixing.onnx")), precision="fp32")
-    with pytest.raises(PipelineError, match="the graph mixes rows across the batch"):
+def _rows_by_rows_graph(path: Path) -> Path:
+    """Each row's scores against every row of the batch, [batch, batch], as CLIP's logits_per_image scores each image
+    against the batch's texts: a row alone has one score, in a batch of 8 eight."""
+    helper, float32 = onnx.helper, onnx.TensorProto.FLOAT
+    nodes = [helper.make_node("Transpose", ["input"], ["rows"], perm=[1, 0])]
+    nodes.append(helper.make_node("MatMul", ["input", "rows"], ["output"]))
+    graph = helper.make_graph(
+        nodes,
+        "rows_by_rows",
+        [helper.make_tensor_value_info("input", float32, ["batch", 4])],
+        [helper.make_tensor_value_info("output", float32, ["batch", "batch"])],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("graph", "verdict"),
+    [
+        (_row_mixing_graph, "row 0 run alone differs from the same row run in a batch of 8"),
+        (_rows_by_rows_graph, "row 0 run alone gives output 'output' of shape (1, 1), the same row in a batch of 8"),
+    ],
+    ids=["values", "shape"],
+)
+def test_a_graph_that_mixes_rows_across_the_batch_is_refused_though_every_build_gate_passed(tmp_path, graph, verdict):
+    folder = _build(tmp_path, model=str(graph(tmp_path / "mixing.onnx")), precision="fp32")
+    with pytest.raises(PipelineError, match="the graph mixes rows across the batch") as refused:
         load_runner(folder)
+    assert verdict in refused.value.problem
+    assert "every output is one row's own" in str(refused.value.fix) and "verify=False" in str(refused.value.fix)
 
 
 def test_an_int8_graph_is_held_to_the_int8_gate_on_the_held_out_rows_against_fp32_here(
