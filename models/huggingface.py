@@ -186,10 +186,11 @@ def max_sequence_length(model: nn.Module, tokenizer_limit: int | None = None) ->
 
 def _config_limit(model: nn.Module) -> int | None:
     config = getattr(model, "config", None)
-    for field in MAX_LENGTH_FIELDS:
-        value = getattr(config, field, None)
-        if isinstance(value, int) and value > 0:
-            return value
+    for source in (config, getattr(config, "text_config", None)):  # a text-image model's text tower (CLIP) has it
+        for field in MAX_LENGTH_FIELDS:
+            value = getattr(source, field, None)
+            if isinstance(value, int) and value > 0:
+                return value
     return None
 
 
@@ -326,7 +327,8 @@ def _positive_int(value: Any) -> bool:
 
 def derived_example_inputs(module: nn.Module, image_size: tuple[int, int] | None = None) -> dict[str, torch.Tensor]:
     """Examples for a model whose main input says what it is (token ids, or images of the size its config gives, else
-    of `image_size`, the image processor's); {} otherwise, so INPUT_SHAPE is required."""
+    of `image_size`, the image processor's; a text-image model such as CLIP, token ids and images of its vision
+    config's size); {} otherwise, so INPUT_SHAPE is required."""
     main = getattr(module, "main_input_name", None)
     config = getattr(module, "config", None)
     parameters = forward_parameters(module) or []
@@ -337,12 +339,18 @@ def derived_example_inputs(module: nn.Module, image_size: tuple[int, int] | None
         derived = {"input_ids": ids, "attention_mask": padded_mask(ids)}
         if int(getattr(config, "type_vocab_size", 0) or 0) > 1:  # segments (BERT's): a reranker reads sentence pairs
             derived["token_type_ids"] = pair_segments(ids)
+        derived |= _images(getattr(config, "vision_config", None), image_size, generator)
         return {name: derived[name] for name in ["input_ids", *parameters] if name in derived}
-    size, channels = getattr(config, "image_size", None), getattr(config, "num_channels", None)
-    height_width = _height_width(size) or image_size
-    if main == "pixel_values" and height_width is not None and isinstance(channels, int):
-        return {"pixel_values": torch.randn(2, channels, *height_width, generator=generator)}
-    return {}
+    return _images(config, image_size, generator) if main == "pixel_values" else {}
+
+
+def _images(config: Any, image_size: tuple[int, int] | None, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Two images with `config`'s channels, of the size it gives, else `image_size`; {} where either is unknown."""
+    height_width = _height_width(getattr(config, "image_size", None)) or image_size
+    channels = getattr(config, "num_channels", None)
+    if height_width is None or not isinstance(channels, int):
+        return {}
+    return {"pixel_values": torch.randn(2, channels, *height_width, generator=generator)}
 
 
 def pair_segments(ids: torch.Tensor) -> torch.Tensor:

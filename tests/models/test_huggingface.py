@@ -391,6 +391,25 @@ def test_a_folder_whose_image_size_nothing_gives_names_where_it_is_read_and_asks
     )
 
 
+def test_a_text_image_folder_takes_token_ids_and_images_and_its_text_towers_longest_sequence(tmp_path: Path):
+    """CLIP: the main input is token ids, forward() takes images too (of its vision config's size), and the longest
+    sequence is its text config's (the top-level config has none: the default 512 failed at export)."""
+    text = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
+    config = transformers.CLIPConfig(
+        text_config={**text, "vocab_size": 100, "max_position_embeddings": 24},
+        vision_config={**text, "image_size": 32, "patch_size": 8},
+        projection_dim=16,
+    )
+    transformers.CLIPModel(config).save_pretrained(tmp_path / "clip")
+    spec = models.load_model(str(tmp_path / "clip"))
+    assert {name: tuple(value.shape) for name, value in spec.example_inputs.items()} == {
+        "input_ids": (2, 16),
+        "pixel_values": (2, 3, 32, 32),
+        "attention_mask": (2, 16),
+    }
+    assert {axes[1].max for axes in spec.dynamic_axes.values()} == {24}
+
+
 def test_a_folder_without_weights_or_config_names_the_form(tmp_path: Path):
     folder = tmp_path / "no-weights"
     tiny_bert().config.save_pretrained(folder)
