@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..pipeline.core.errors import PipelineError
 from ..pipeline.core.settings import engine_command, mention
-from . import factories, files, forward_check, huggingface, inputs, state_dicts
+from . import factories, files, forward_check, huggingface, inputs, sentence_embedding, state_dicts
 from .registry import ALIASES, REGISTRY
 from .spec import ModelSpec
 
@@ -92,6 +92,9 @@ def load_model(
         )
     if huggingface.is_transformers_model(spec.module):
         spec = huggingface.adapt(spec, model, dynamic_given=requests is not None)
+        pooling = sentence_embedding.sentence_pooling(Path(target)) if kind == "folder" else None
+        if pooling is not None:  # a sentence-transformers folder: its embedding, as encode() returns it
+            spec = sentence_embedding.pooled(spec, Path(target), pooling)
     else:
         spec.example_inputs = factories.bind_to_forward(spec.module, spec.example_inputs, model)
     if requests is not None and dynamic is not None:
