@@ -53,13 +53,12 @@ class SentencePooling:
 
 def sentence_pooling(folder: Path) -> SentencePooling | None:
     """The pooling the folder's modules.json names; None where it has none (a plain save_pretrained folder)."""
-    path = folder / MODULES_FILE
-    if not path.is_file():
+    modules = _modules(folder)
+    if not modules:
         return None
-    modules = _read_json(path, folder)
-    kinds = [str(module.get("type", "")).rsplit(".", 1)[-1] for module in modules if isinstance(module, dict)]
-    if len(kinds) != len(modules) or kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
-        raise _refused(folder, f"its {MODULES_FILE} names the modules {kinds or modules}")
+    kinds = [str(module.get("type", "")).rsplit(".", 1)[-1] for module in modules]
+    if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
+        raise _refused(folder, f"its {MODULES_FILE} names the modules {kinds}")
     if str(modules[0].get("path", "")) not in ("", "."):
         raise _refused(folder, f"its transformer is in {modules[0].get('path')!r}, not at the folder's root")
     config = _read_json(folder / str(modules[1].get("path", "")) / "config.json", folder)
@@ -68,12 +67,20 @@ def sentence_pooling(folder: Path) -> SentencePooling | None:
 
 def sentence_sources(folder: Path) -> list[Path]:
     """modules.json and the config of each module it names (the fingerprint covers them)."""
+    modules = _modules(folder)
+    configs = [folder / str(module.get("path", "")) / "config.json" for module in modules[1:]]
+    return [folder / MODULES_FILE, *(config for config in configs if config.is_file())] if modules else []
+
+
+def _modules(folder: Path) -> list[dict]:
+    """modules.json's list of modules, each a JSON object; [] where the folder has none."""
     path = folder / MODULES_FILE
     if not path.is_file():
         return []
     modules = _read_json(path, folder)
-    configs = [folder / str(module.get("path", "")) / "config.json" for module in modules if isinstance(module, dict)]
-    return [path, *(config for config in configs[1:] if config.is_file())]
+    if not isinstance(modules, list) or not modules or not all(isinstance(module, dict) for module in modules):
+        raise _refused(folder, f"its {MODULES_FILE} holds {modules!r}, not a list of modules")
+    return modules
 
 
 def _pooling_mode(config: Any, folder: Path) -> str:
@@ -98,7 +105,7 @@ class SentenceEmbedding(nn.Module):
         self.pooling = pooling
         self.input_names = list(transformer.input_names)
         self.output_names = [OUTPUT]
-        transformer.output_names = ["last_hidden_state"]
+        transformer.output_names = ["last_hidden_state"]  # all the Pooling reads: its other outputs leave the graph
 
     def forward(self, *inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         tokens = self.transformer(*inputs)["last_hidden_state"]

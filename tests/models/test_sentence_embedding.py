@@ -115,3 +115,10 @@ def test_a_module_not_computed_here_is_refused_naming_it(tmp_path: Path, pooling
         models.load_model(str(folder))
     assert "is a sentence-transformers folder, but" in refused.value.problem and named in refused.value.problem
     assert "factory" in (refused.value.fix or "")
+
+
+def test_a_modules_json_that_is_no_list_of_modules_is_refused(tmp_path: Path):
+    folder = _sentence_folder(tmp_path / "minilm", {"pooling_mode_mean_tokens": True}, ["Transformer", "Pooling"])
+    (folder / "modules.json").write_text("3")
+    with pytest.raises(PipelineError, match="its modules.json holds 3, not a list of modules"):
+        models.load_model(str(folder))
