@@ -175,7 +175,8 @@ def _load_by_kind(
     if kind == "folder":
         spec = huggingface.load_folder(Path(target))
         _apply_weights(spec, weights)
-        return spec, huggingface.folder_sources(Path(target)), _FORMS[kind]
+        sources = [*huggingface.folder_sources(Path(target)), *sentence_embedding.sentence_sources(Path(target))]
+        return spec, sources, _FORMS[kind]
     loaded = files.load_model_file(Path(target), trust=trust_model_file)
     _apply_weights(loaded.spec, weights)
     sources = [Path(target)] + ([loaded.class_source] if loaded.class_source else [])

@@ -32,7 +32,6 @@ from torch import nn
 from ..pipeline.core.errors import PipelineError
 from ..pipeline.core.settings import mention, mention_name
 from .inputs import SINGLE_INPUT_NAME
-from .sentence_embedding import sentence_sources
 from .spec import DynamicAxis, ModelSpec, forward_parameters, named_outputs
 
 SEQUENCE_AXIS = "sequence"
@@ -244,11 +243,11 @@ def is_model_folder(path: Path) -> bool:
 
 def folder_sources(folder: Path) -> list[Path]:
     """The files whose bytes make the model: config and weights, and the tokenizer's and image processor's configs
-    where there are (model_max_length sets the default sequence range; the image size, the example images'), and a
-    sentence-transformers folder's modules (their pooling); the fingerprint covers them."""
+    where there are (model_max_length sets the default sequence range; the image size, the example images'); the
+    fingerprint covers them (and a sentence-transformers folder's modules: models.sentence_embedding)."""
     weights = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin") or p.name in WEIGHT_FORMS)
     configs = [folder / name for name in (TOKENIZER_CONFIG_FILE, PREPROCESSOR_CONFIG_FILE) if (folder / name).is_file()]
-    return [folder / CONFIG_FILE, *weights, *configs, *sentence_sources(folder)]
+    return [folder / CONFIG_FILE, *weights, *configs]
 
 
 def load_folder(folder: Path) -> ModelSpec:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -23,10 +23,8 @@ from torch import nn
 
 from ..pipeline.core.errors import PipelineError
 from ..pipeline.core.settings import mention
+from .huggingface import HuggingFaceModule
 from .spec import ModelSpec
-
-if TYPE_CHECKING:
-    from .huggingface import HuggingFaceModule
 
 MODULES_FILE = "modules.json"
 OUTPUT = "sentence_embedding"
@@ -127,7 +125,7 @@ def pooled(spec: ModelSpec, folder: Path, pooling: SentencePooling) -> ModelSpec
     """The adapted spec (models.huggingface.adapt) with its transformer's outputs pooled as the folder says."""
     if "attention_mask" not in spec.example_inputs:
         raise _refused(folder, "its transformer takes no attention_mask, which says the tokens a Pooling keeps")
-    spec.module = SentenceEmbedding(cast("HuggingFaceModule", spec.module), pooling)
+    spec.module = SentenceEmbedding(cast(HuggingFaceModule, spec.module), pooling)
     spec.output_names = [OUTPUT]
     norm = ", L2-normalized" if pooling.normalize else ""
     spec.notes.append(
