@@ -68,10 +68,16 @@ def _read_widened(nodes, widened: dict[str, str]) -> None:
 
 
 def _float16_tensors(model: onnx.ModelProto) -> set[str]:
-    """Names of the node outputs that are float16 (from shape inference on the float16 graph)."""
-    inferred = onnx.shape_inference.infer_shapes(model)
-    typed = [*inferred.graph.value_info, *inferred.graph.output]
-    return {value.name for value in typed if value.type.tensor_type.elem_type == TensorProto.FLOAT16}
+    """Names of the tensors that are float16 (the node outputs among them are what is rounded)."""
+    return {name for name, kind in element_types(model).items() if kind == TensorProto.FLOAT16}
+
+
+def element_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Each tensor's element type (TensorProto's) by ONNX's shape inference: the inputs, the weights (their dims alone
+    are read: a graph without its weights will do) and the node outputs it types."""
+    graph = onnx.shape_inference.infer_shapes(model).graph
+    typed = {value.name: value.type.tensor_type.elem_type for value in [*graph.input, *graph.value_info, *graph.output]}
+    return {**{init.name: init.data_type for init in graph.initializer}, **typed}
 
 
 def _float32_attributes(node: onnx.NodeProto) -> None:

@@ -24,7 +24,7 @@ from ..core.sessions import graph_level
 from ..folder.graph_files import graph_without_weights
 from ..folder.records import Evaluation, GraphRecord
 from . import node_tolerance
-from .float16 import faithful_copy
+from .float16 import element_types, faithful_copy
 from .tensors import run_exposing_tensors
 
 
@@ -97,12 +97,11 @@ def _layer_errors(
 
 def _float32_nodes(float16: onnx.ModelProto) -> set[str]:
     """The names of a float16 graph's nodes kept in FP32: nodes other than Casts whose float outputs are float32
-    (types by ONNX's shape inference, which reads the weights' dims only).  By name: the converter renames a kept
+    (element_types).  By name: the converter renames a kept
     node's output, and the tensor of the FP32 graph's name is its Cast to float16."""
-    graph = onnx.shape_inference.infer_shapes(float16).graph
-    types = {value.name: value.type.tensor_type.elem_type for value in [*graph.value_info, *graph.output]}
+    types = element_types(float16)
     kept = set()
-    for node in graph.node:
+    for node in float16.graph.node:
         floats = [types[name] for name in node.output if types.get(name) in (TensorProto.FLOAT, TensorProto.FLOAT16)]
         if node.op_type != "Cast" and floats and all(kind == TensorProto.FLOAT for kind in floats):
             kept.add(node.name)

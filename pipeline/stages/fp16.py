@@ -23,6 +23,7 @@ from onnx import TensorProto
 from ...calibration.readers import CalibrationData
 from ..core.errors import PipelineError
 from ..core.settings import Settings, mention_name
+from ..evaluation.float16 import element_types
 from ..folder.graph_files import atomic_graph, graph_without_weights, write_graph
 from ..folder.graph_io import load_reference
 from ..folder.onnx_wire import Convert
@@ -301,7 +302,7 @@ def _skip_float16_round_trips(model: onnx.ModelProto) -> None:
     CumSum) becomes a Cast to float16 and the converter's Cast back, and its reader needs a float still.
     """
     graph = model.graph
-    float32 = _float32_tensors(model)
+    float32 = {name for name, kind in element_types(model).items() if kind == TensorProto.FLOAT}
     producers = {output: node for node in graph.node for output in node.output}
     graph_outputs = {output.name for output in graph.output}
     for node in graph.node:
@@ -323,15 +324,6 @@ def _skip_float16_round_trips(model: onnx.ModelProto) -> None:
             graph.node.remove(node)
         read = {name for node in graph.node for name in node.input} | graph_outputs
         unread = [node for node in graph.node if node.op_type == "Cast" and not any(out in read for out in node.output)]
-
-
-def _float32_tensors(model: onnx.ModelProto) -> set[str]:
-    """The names of the tensors of `model` that are float32, by ONNX's shape inference (the weights stay on disk: it
-    reads their dims)."""
-    graph = onnx.shape_inference.infer_shapes(model).graph
-    typed = [*graph.input, *graph.value_info, *graph.output]
-    names = {value.name for value in typed if value.type.tensor_type.elem_type == TensorProto.FLOAT}
-    return names | {init.name for init in graph.initializer if init.data_type == TensorProto.FLOAT}
 
 
 def _is_cast(node: onnx.NodeProto, to: int) -> bool:
