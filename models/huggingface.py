@@ -214,13 +214,19 @@ UNSET_TOKENIZER_LIMIT = 10**9
 
 def tokenizer_limit(folder: Path) -> int | None:
     """`model_max_length` from a save_pretrained folder's tokenizer_config.json, where it sets one."""
-    path = folder / TOKENIZER_CONFIG_FILE
+    value = _optional_config(folder / TOKENIZER_CONFIG_FILE).get("model_max_length")
+    return value if isinstance(value, int) and 0 < value < UNSET_TOKENIZER_LIMIT else None
+
+
+def _optional_config(path: Path) -> dict:
+    """A folder's JSON object beside the model (the tokenizer's or image processor's config), or {} where it is
+    missing or unreadable: the pipeline runs neither, so such a file only leaves a default (a sequence range, an
+    image size) as it is."""
     try:
         config = json.loads(path.read_text()) if path.is_file() else {}
     except (OSError, ValueError):
-        return None  # the pipeline never loads the tokenizer: an unreadable config only leaves the default as it is
-    value = config.get("model_max_length") if isinstance(config, dict) else None
-    return value if isinstance(value, int) and 0 < value < UNSET_TOKENIZER_LIMIT else None
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def token_sequence_axes(inputs: dict[str, torch.Tensor], longest: int) -> dict[str, dict[int, DynamicAxis]]:
@@ -298,12 +304,8 @@ EXAMPLE_TOKENS = 16
 def processor_image_size(folder: Path) -> tuple[int, int] | None:
     """(height, width) of the images a folder's image processor hands the model: its crop_size where it crops, else
     its size where that is a height and a width; None where it gives none (a shortest_edge: the images vary)."""
-    path = folder / PREPROCESSOR_CONFIG_FILE
-    try:
-        config = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):
-        return None  # the pipeline never runs the processor: an unreadable config only leaves INPUT_SHAPE required
-    if not isinstance(config, dict) or config.get("do_resize") is False:
+    config = _optional_config(folder / PREPROCESSOR_CONFIG_FILE)
+    if config.get("do_resize") is False:
         return None
     sizes = [config.get("crop_size")] if config.get("do_center_crop") else []
     for size in [*sizes, config.get("size")]:

@@ -137,12 +137,11 @@ def _rows_alone(infer: Infer, judge: _Judge, cases: Cases, outputs: list[Feeds])
     for row in range(min(ROWS_ALONE, batch)):
         alone = infer({name: array[row : row + 1] for name, array in inputs.items()})
         in_batch = {name: array[row : row + 1] for name, array in together.items()}
-        resized = [name for name, array in in_batch.items() if array.shape != alone[name].shape]
-        if resized:  # an output sized by the batch past its first axis (CLIP's logits_per_image: [images, texts])
-            name = resized[0]
+        resized = next((name for name, array in in_batch.items() if array.shape != alone[name].shape), None)
+        if resized is not None:  # an output sized by the batch past its first axis (CLIP's logits_per_image)
             return False, (
-                f"row {row} run alone gives output {name!r} of shape {alone[name].shape}, the same row in a batch of "
-                f"{batch} {in_batch[name].shape}: {MIXES_ROWS}"
+                f"row {row} run alone gives output {resized!r} of shape {alone[resized].shape}, the same row in a "
+                f"batch of {batch} {in_batch[resized].shape}: {MIXES_ROWS}"
             )
         off, _ = judge.differs(in_batch, alone, tolerance)
         if off is not None:

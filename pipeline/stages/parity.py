@@ -298,7 +298,6 @@ def _parity_error(onnx_path: Path, inputs: dict, graph: GraphRecord, problem: st
         )
     first = first_node_past(fp32, onnx_path, inputs, graph)
     where = first_bad_node_text(first)
-    table = f"the whole table: trt-pipeline diagnose {onnx_path.parent}"
     if graph.precision is Precision.FP16 and first is not None and first.kept_fp32:
         cause = (
             "a value past float16's range overflows before it"
@@ -313,7 +312,7 @@ def _parity_error(onnx_path: Path, inputs: dict, graph: GraphRecord, problem: st
     elif graph.precision is Precision.FP16:
         fix = (
             f"keep the node named above in FP32: {mention(keep_fp32='<node or op type>')}; leave the automatic FP32 "
-            f"fallback on (no {mention(auto_fp32=False)}); {table}"
+            f"fallback on (no {mention(auto_fp32=False)}); the whole table: trt-pipeline diagnose {onnx_path.parent}"
         )
     else:
         served = mention(calib="...")
