@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,10 +136,14 @@ def _join(path: str, key: str) -> str:
 # ---------------------------------------------------------------- an exception's words for one line of an error
 
 
+_COLOURS = re.compile(r"\x1b\[[0-9;]*m")  # a terminal's colour codes: ESC [ numbers m
+
+
 def first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    """The first line of an exception's message, without a terminal's colour codes (torch.export's have them)."""
+    return (_COLOURS.sub("", str(exc)).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def first_lines(exc: BaseException, count: int = 4) -> str:
-    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    lines = [line for line in _COLOURS.sub("", str(exc)).strip().splitlines() if line.strip()]
     return " | ".join(lines[:count]) or type(exc).__name__
