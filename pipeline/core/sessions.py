@@ -19,10 +19,13 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import os
+import pickle
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -240,31 +243,53 @@ def _open_and_run(open_at: Callable[[str], Any], level: str, feed: dict | None) 
         session.run(None, feed)
 
 
-def crash_in_child(function: Callable[..., object], *args: object) -> str | None:
-    """Run `function(*args)` in a forked child; the signal that killed it ("SIGSEGV"), or None if it exited.
+@dataclass(frozen=True)
+class ChildRun:
+    """How a function run in a forked child ended (run_in_child).
 
-    The child shares nothing back but its exit: it leaves with os._exit, so no atexit handler or buffered output
-    of the parent runs twice.  A child still running after PROBE_TIMEOUT_S is killed and counts as no crash: a fork
-    copies the locks other threads of the parent held at that moment (ONNX Runtime's pools of a process with other
-    sessions open), and a child can wait on one of them forever (seen once in the test suite); the parent then
-    opens the graph itself, as when the child exits.
+    crash: the signal that killed the child ("SIGFPE"), None where none did.  returned: the function returned, and
+    `value` is what it returned (pickled back); False where it raised, was killed, or hung and was stopped."""
+
+    crash: str | None = None
+    returned: bool = False
+    value: Any = None
+
+
+def run_in_child(function: Callable[..., object], *args: object) -> ChildRun:
+    """Run `function(*args)` in a forked child, and say how it ended: killed by a signal, or returned (with its
+    value), or neither (it raised, or hung).
+
+    The child shares nothing back but its exit and the pickled value: it leaves with os._exit, so no atexit handler or
+    buffered output of the parent runs twice.  A child still running after PROBE_TIMEOUT_S is killed and counts as
+    no crash and no value: a fork copies the locks other threads of the parent held at that moment (ONNX Runtime's
+    pools of a process with other sessions open), and a child can wait on one of them forever (seen once in the test
+    suite); the parent then does the work itself, as when the child raises.
     """
-    pid = os.fork()
-    if pid == 0:  # the child
-        faulthandler.disable()  # the crash is reported by the parent; no Python stack dump from the child
-        code = 0
-        try:
-            function(*args)
-        except BaseException:  # a Python error is not a crash; the parent meets it again and reports it
-            code = 1
-        os._exit(code)
-    status = _wait(pid, PROBE_TIMEOUT_S)
-    if status is None:
-        print(f"note: the crash probe of ONNX Runtime hung for {PROBE_TIMEOUT_S} s; stopped it", flush=True)
-        return None
-    if os.WIFSIGNALED(status):
-        return signal.Signals(os.WTERMSIG(status)).name
-    return None
+    with tempfile.TemporaryDirectory(prefix="trt-pipeline-child-") as scratch:
+        returned = Path(scratch) / "value.pickle"
+        pid = os.fork()
+        if pid == 0:  # the child
+            faulthandler.disable()  # the crash is reported by the parent; no Python stack dump from the child
+            code = 0
+            try:
+                returned.write_bytes(pickle.dumps(function(*args)))
+            except BaseException:  # a Python error is not a crash; the parent meets it again and reports it
+                code = 1
+            os._exit(code)
+        status = _wait(pid, PROBE_TIMEOUT_S)
+        if status is None:
+            print(f"note: a child process checking ONNX Runtime hung for {PROBE_TIMEOUT_S} s; stopped it", flush=True)
+            return ChildRun()
+        if os.WIFSIGNALED(status):
+            return ChildRun(crash=signal.Signals(os.WTERMSIG(status)).name)
+        if os.WEXITSTATUS(status) != 0 or not returned.is_file():
+            return ChildRun()
+        return ChildRun(returned=True, value=pickle.loads(returned.read_bytes()))  # noqa: S301 (our own child's)
+
+
+def crash_in_child(function: Callable[..., object], *args: object) -> str | None:
+    """Run `function(*args)` in a forked child (run_in_child); the signal that killed it ("SIGSEGV"), or None."""
+    return run_in_child(function, *args).crash
 
 
 def _wait(pid: int, timeout_s: float) -> int | None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from ..core.errors import PipelineError
+from ..core.sessions import crash_in_child, run_in_child
 from ..core.settings import OPSET, mention_name
 from ..evaluation import graph_session
 from ..folder.graph_files import data_files, graph_beside, graph_without_weights
@@ -101,20 +103,73 @@ def _run_every_case(onnx_path: Path, reference: Path) -> None:
 
     Here, before simplify, and not left to parity: onnxsim folds such a baked Reshape into a graph that runs
     at the other size with wrong shapes (measured on tests.helpers.toy_models:baked_sequence_model).
+
+    The cases run in a forked child (pipeline/core/sessions.py): this is the first time ONNX Runtime runs the
+    exported graph at every size, and a graph can crash it there (a Longformer's TorchScript graph divided an integer
+    by zero at sequence 1: SIGFPE, and the build died with no message).  A crash is then the exporter's failure,
+    naming the sizes, and auto goes on to the other exporter.  Where the child neither crashed nor returned (a Python
+    error, a hang), the cases run here, where an error is reported as always.
     """
+    ran = run_in_child(_first_refusal, onnx_path, reference)
+    if ran.crash is not None:
+        raise _crashed(onnx_path, reference, ran.crash)
+    refusal = ran.value if ran.returned else _first_refusal(onnx_path, reference)
+    if refusal is not None:
+        shapes, message = refusal
+        raise PipelineError(
+            f"{onnx_path.name} does not run with inputs {_sizes(shapes)}: a size was baked into the graph at export "
+            f"(ONNX Runtime: {message})",
+            "in forward() take sizes from the tensors (x.shape[1], x.reshape(x.shape[0], x.shape[1], -1)) "
+            f"instead of literal numbers, or leave that axis out of {mention_name('dynamic')}",
+        )
+
+
+def _first_refusal(onnx_path: Path, reference: Path) -> tuple[dict[str, list[int]], str] | None:
+    """The first case ONNX Runtime refuses to run (its inputs' shapes, the first line of why), None if it runs all."""
     session = graph_session(onnx_path)
     for inputs, _ in load_reference(reference):
         try:
             session.run(None, inputs)
         except Exception as error:  # ORT raises its own exception types (Fail, InvalidArgument, RuntimeException)
-            sizes = ", ".join(f"{name} {list(value.shape)}" for name, value in inputs.items())
             message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise PipelineError(
-                f"{onnx_path.name} does not run with inputs {sizes}: a size was baked into the graph at export "
-                f"(ONNX Runtime: {message})",
-                "in forward() take sizes from the tensors (x.shape[1], x.reshape(x.shape[0], x.shape[1], -1)) "
-                f"instead of literal numbers, or leave that axis out of {mention_name('dynamic')}",
-            ) from None
+            return _shapes(inputs), message
+    return None
+
+
+def _run_case(onnx_path: Path, inputs: dict) -> None:
+    graph_session(onnx_path).run(None, inputs)
+
+
+# What each signal a crash of ONNX Runtime's kernels ends in says, for the error.
+CRASH_MEANS = {
+    "SIGFPE": "an arithmetic fault, such as an integer division by zero",
+    "SIGSEGV": "a memory fault",
+    "SIGBUS": "a memory fault",
+}
+
+
+def _crashed(onnx_path: Path, reference: Path, crash: str) -> PipelineError:
+    """The error for a graph whose cases crashed ONNX Runtime: each case is run alone in a child to name its inputs
+    (only here, after a crash; they are left out where no case crashes alone)."""
+    cases = [inputs for inputs, _ in load_reference(reference)]
+    crashing = next((inputs for inputs in cases if crash_in_child(_run_case, onnx_path, inputs)), None)
+    where = f" with the reference's inputs {_sizes(_shapes(crashing))}" if crashing is not None else ""
+    return PipelineError(
+        f"ONNX Runtime crashed ({crash}, {CRASH_MEANS.get(crash, 'a fault in its kernels')}) running "
+        f"{onnx_path.name}{where}: the exported graph computes something there that it cannot run",
+        f"export it with the other exporter ({mention_name('exporter')}): a traced graph keeps what its example "
+        "computed, such as sizes or indices derived from the inputs' values, which other inputs break; or narrow "
+        f"{mention_name('batch')} or the {mention_name('dynamic')} range to sizes it runs at; or try another "
+        "onnxruntime version",
+    )
+
+
+def _shapes(inputs: dict[str, np.ndarray]) -> dict[str, list[int]]:
+    return {name: list(value.shape) for name, value in inputs.items()}
+
+
+def _sizes(shapes: dict[str, list[int]]) -> str:
+    return ", ".join(f"{name} {shape}" for name, shape in shapes.items())
 
 
 def _require_opset(model: onnx.ModelProto) -> None:

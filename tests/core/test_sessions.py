@@ -36,3 +36,15 @@ def test_memory_freed_on_the_heap_goes_back_to_the_system():
     result = subprocess.run([sys.executable, "-c", _FRAGMENTED_HEAP], capture_output=True, text=True, check=True)
     freed, returned = map(int, result.stdout.split())
     assert freed - returned >= 200, (freed, returned)
+
+
+def _returns(value):
+    return value
+
+
+def test_a_child_returns_its_value_or_says_how_it_ended():
+    from trt_pipeline.pipeline.core.sessions import ChildRun, run_in_child
+
+    assert run_in_child(_returns, {"shapes": [1, 16]}) == ChildRun(returned=True, value={"shapes": [1, 16]})
+    assert run_in_child(int, "not a number") == ChildRun()  # it raised: the caller does the work itself
+    assert run_in_child(ctypes.string_at, 0) == ChildRun(crash="SIGSEGV")
