@@ -7,7 +7,8 @@
     a model that returns a plain tuple (`return_dict=False` in its config) gets output_0, output_1, ...;
   - 2-D integer inputs (token ids, attention masks) get one shared dynamic sequence axis by default,
     from 1 to the longest sequence the model takes (max_sequence_length: the config's maximum, what its position
-    embeddings can embed, a folder's tokenizer_config.json model_max_length); DYNAMIC= replaces it;
+    embeddings can embed, a folder's tokenizer_config.json model_max_length), at most DEFAULT_SEQUENCE_CAP (a
+    note says so); DYNAMIC= replaces it;
     DYNAMIC=none keeps every axis static.
 
 A local folder (MODEL=path/to/folder) is the form `save_pretrained` writes: `config.json` and the weights as
@@ -37,6 +38,10 @@ from .spec import DynamicAxis, ModelSpec, forward_parameters, named_outputs
 SEQUENCE_AXIS = "sequence"
 # When the config names no maximum length (T5's relative positions): a common encoder limit.
 DEFAULT_MAX_SEQUENCE = 512
+# The default sequence range ends here even where the model takes longer: the reference and every gate run a batch at
+# the range's top, in eager attention, whose scores grow with its square (a Mistral config's 131072 positions: 275 GB
+# for two rows of two heads, and the build was killed for memory with no message).  DYNAMIC= widens it.
+DEFAULT_SEQUENCE_CAP = 2048
 # The config fields that give a model's longest input, by family.
 MAX_LENGTH_FIELDS = ("max_position_embeddings", "n_positions", "max_source_positions", "n_ctx")
 CONFIG_FILE = "config.json"
@@ -150,13 +155,25 @@ def adapt(spec: ModelSpec, model: str, *, dynamic_given: bool) -> ModelSpec:
     if not dynamic_given and not spec.dynamic_axes:
         folder = Path(model)
         limit = tokenizer_limit(folder) if is_model_folder(folder) else None
-        spec.dynamic_axes = token_sequence_axes(inputs, max_sequence_length(inner, limit))
+        longest = max_sequence_length(inner, limit)
+        spec.dynamic_axes = token_sequence_axes(inputs, min(longest, DEFAULT_SEQUENCE_CAP))
+        if longest > DEFAULT_SEQUENCE_CAP and spec.dynamic_axes:
+            spec.notes.append(_capped_sequence(spec, longest))
     spec.notes.append(
         f"{type(inner).__name__} (transformers): called by keyword with "
         f"{', '.join(f'{k}={v}' for k, v in cache_off_arguments(inner).items()) or 'its defaults'}; "
         f"outputs {', '.join(names)}"
     )
     return spec
+
+
+def _capped_sequence(spec: ModelSpec, longest: int) -> str:
+    """The note for a default sequence range cut to DEFAULT_SEQUENCE_CAP, with the DYNAMIC that serves the rest."""
+    ranges = ",".join(f"{name}:1=1:{axes[1].opt}:{longest}" for name, axes in spec.dynamic_axes.items())
+    return (
+        f"sequence range 1 to {DEFAULT_SEQUENCE_CAP}, of the {longest} tokens the model takes: every check runs the "
+        f"range's top, whose attention grows with its square; {mention(dynamic=ranges)} for longer"
+    )
 
 
 def _bind_by_keyword(model: nn.Module, inputs: dict[str, torch.Tensor], reference: str) -> dict[str, torch.Tensor]:

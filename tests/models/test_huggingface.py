@@ -431,3 +431,23 @@ def test_hidden_states_a_tuple_in_the_output_are_outputs_named_by_their_place(vo
     with torch.inference_mode():
         outputs = spec.module(*spec.example_inputs.values())
     assert list(outputs) == spec.output_names and outputs["hidden_states.2"].shape == outputs["last_hidden_state"].shape
+
+
+def test_a_models_very_long_sequence_is_left_to_dynamic_with_a_note():
+    """A default range to a config's 131072 positions (Mistral's) ran the reference at 131072 tokens: the build was
+    killed for memory.  The range stops at DEFAULT_SEQUENCE_CAP, and the note gives the DYNAMIC for the rest."""
+    from trt_pipeline.models.huggingface import DEFAULT_SEQUENCE_CAP
+
+    spec = models.load_model("tests.models.test_huggingface:long_context_bert")
+    assert {axes[1].max for axes in spec.dynamic_axes.values()} == {DEFAULT_SEQUENCE_CAP}
+    assert any("input_ids:1=1:" in note and f":{LONG_CONTEXT}" in note for note in spec.notes), spec.notes
+
+
+LONG_CONTEXT = 131072
+
+
+def long_context_bert():
+    model = tiny_bert()
+    model.config.max_position_embeddings = LONG_CONTEXT  # the table stays small: only the range is derived from it
+    ids = torch.tensor([[5, 6, 7, 8]])
+    return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
