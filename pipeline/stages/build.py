@@ -119,6 +119,12 @@ def _network_flags(trt: ModuleType) -> int:
     return 0 if flag is None else 1 << int(flag)
 
 
+class GraphRefused(PipelineError):
+    """TensorRT's ONNX parser refused the graph (an op it does not implement, such as EyeLike on dynamic dims or
+    DFT): no setting of the build changes that, so with BUILDER=auto the folder is finished without an engine
+    (pipeline/stages/sequence.py run_build), its gated graphs served through ONNX Runtime."""
+
+
 def _parse_onnx(
     trt: ModuleType, builder: tensorrt.Builder, logger: trt_module.RecordingLogger, onnx_path: Path
 ) -> tuple[tensorrt.INetworkDefinition, tensorrt.OnnxParser]:
@@ -132,7 +138,7 @@ def _parse_onnx(
     data_files(onnx_path)
     if not parser.parse_from_file(str(onnx_path)):
         errors = [_describe_parser_error(parser.get_error(i)) for i in range(parser.num_errors)]
-        raise PipelineError(
+        raise GraphRefused(
             f"TensorRT's ONNX parser rejected {onnx_path} ({len(errors)} error(s)):\n    " + "\n    ".join(errors),
             "replace or remove the named nodes (unsupported ops or custom domains need a TensorRT plugin), "
             "or re-export the model with opset 17 and simplify it",

@@ -33,7 +33,7 @@ from ..core.nms_config import NmsConfig
 from ..core.precision import Precision
 from ..core.sessions import levels_below_full
 from ..core.settings import OPSET, Postprocess, Settings, deciding, mention
-from ..core.trt_module import import_trt
+from ..core.trt_module import import_trt, module_record
 from ..evaluation.agreement import Fp32Reference, int8_judge
 from ..folder.artifacts import build_lock, sha256_file
 from ..folder.graph_files import data_files, remove_graph
@@ -53,6 +53,7 @@ from ..folder.manifest import read_manifest, record_stage, update_manifest
 from ..folder.provenance import artifact_problems, describe_artifacts, package_versions
 from ..folder.rebuild import make_engine_command
 from ..folder.records import (
+    Builder,
     BuildRecord,
     GraphRecord,
     ModelRecord,
@@ -61,7 +62,7 @@ from ..folder.records import (
     StageRecord,
     Target,
 )
-from .build import build_engine
+from .build import GraphRefused, build_engine
 from .check import check_onnx
 from .export import export_onnx, parity_batches, release_module, write_reference
 from .fp16 import make_fp16_graph
@@ -446,29 +447,39 @@ def _held_out_detections(run: Run, head: str) -> list[Judged]:
 
 
 def run_build(run: Run) -> None:
-    """engine.plan from the engine's graph.  With BUILDER=auto on a host where no TensorRT imports (a Hopper GPU
-    machine has none that builds or runs an engine: docs/runner.md), the folder is finished without one: its checked
-    graphs serve through ONNX Runtime, and the manifest's build record says why no engine was built.  A builder
-    asked for by name must be there."""
+    """engine.plan from the engine's graph.  With BUILDER=auto the folder is finished without one where no TensorRT
+    imports on this host (a Hopper GPU machine has none that builds or runs an engine: docs/runner.md), or where
+    TensorRT's parser refuses the graph (an op it does not implement: XLNet's EyeLike on dynamic dims, FNet's DFT):
+    its checked graphs serve through ONNX Runtime, and the manifest's build record says why no engine was built.  A
+    builder asked for by name must be there and build."""
     precision, postprocess = run.settings.precision, run.settings.postprocess
     graph = _require(run, graph_record(precision, postprocess=postprocess).file)
     try:
-        import_trt(run.settings.builder)
+        trt = import_trt(run.settings.builder)
     except PipelineError as error:
-        update_manifest(run.folder, build=BuildRecord(skipped=error.problem))
-        if run.settings.builder != "auto":
-            raise PipelineError(
-                f"the ONNX artifacts are in {run.folder}, but no engine was built: {error.problem}", error.fix
-            ) from None
-        run.path(ENGINE).unlink(missing_ok=True)  # an earlier build's engine is not this folder's
-        print(
-            f"{'build':<12} no engine: {error.problem}; the folder's checked graphs serve through ONNX Runtime "
-            f"(load_runner); for an engine: {error.fix}, then rebuild",
-            flush=True,
-        )
+        _no_engine(run, error, refused_by=None)
         return
     manifest = read_manifest(run.folder)
-    run.stage("build", _build, run, graph, manifest.axis_ranges if manifest is not None else {})
+    try:
+        run.stage("build", _build, run, graph, manifest.axis_ranges if manifest is not None else {})
+    except GraphRefused as error:
+        _no_engine(run, error, refused_by=Builder(**module_record(trt)))
+
+
+def _no_engine(run: Run, error: PipelineError, refused_by: Builder | None) -> None:
+    """The folder finished without an engine, the build record saying why (and which builder refused its graph, so
+    that only another one is tried again: _builder_changed); a builder asked for by name stops the build instead."""
+    update_manifest(run.folder, build=BuildRecord(skipped=error.problem, builder=refused_by))
+    if run.settings.builder != "auto":
+        raise PipelineError(
+            f"the ONNX artifacts are in {run.folder}, but no engine was built: {error.problem}", error.fix
+        ) from None
+    run.path(ENGINE).unlink(missing_ok=True)  # an earlier build's engine is not this folder's
+    print(
+        f"{'build':<12} no engine: {error.problem}; the folder's checked graphs serve through ONNX Runtime "
+        f"(load_runner); for an engine: {error.fix}, then rebuild",
+        flush=True,
+    )
 
 
 def _build(run: Run, graph: Path, axis_ranges: dict) -> dict:
@@ -615,24 +626,29 @@ def _input_axis_ranges(spec: ModelSpec) -> dict[str, list[int]]:
 
 
 def _up_to_date(folder: Path, key: str, builder: str) -> bool:
-    """A finished folder of the same key, its artifacts intact; one finished without an engine only while no
-    builder imports here (installing one makes the next make_engine build the engine)."""
+    """A finished folder of the same key, its artifacts intact; one finished without an engine only while the builder
+    that would build it now is none, or the one that refused its graph (installing one makes the next make_engine
+    build the engine)."""
     manifest = read_manifest(folder)
     return (
         manifest is not None
         and manifest.complete
         and manifest.reuse_key == key
         and not artifact_problems(folder, manifest.artifacts)
-        and not (manifest.build is not None and manifest.build.skipped is not None and _imports(builder))
+        and not (manifest.build is not None and _builder_changed(manifest.build, builder))
     )
 
 
-def _imports(builder: str) -> bool:
+def _builder_changed(build: BuildRecord, choice: str) -> bool:
+    """Whether a folder finished without an engine could get one now: a builder imports here that is not the one
+    that refused its graph (None where none imported then)."""
+    if build.skipped is None:
+        return False
     try:
-        import_trt(builder)
+        trt = import_trt(choice)
     except PipelineError:
         return False
-    return True
+    return build.builder != Builder(**module_record(trt))
 
 
 def _require(run: Run, name: str) -> Path:

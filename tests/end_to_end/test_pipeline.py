@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 import torch
@@ -172,6 +173,26 @@ def test_with_no_builder_the_folder_is_finished_without_an_engine(tmp_path, monk
     make_engine(settings(tmp_path))  # a builder imports again: the engine is built
     manifest = json.loads((folder / "manifest.json").read_text())
     assert (folder / "engine.plan").is_file() and "status" not in manifest["build"]
+
+
+def test_a_graph_tensorrt_refuses_is_finished_without_an_engine_and_served(tmp_path, capsys):
+    """BUILDER=auto where TensorRT's parser refuses the gated graph (EyeLike on dynamic dims): the folder is finished
+    without an engine, saying why and which builder refused, and served through ONNX Runtime; the same builder is not
+    asked again; a builder asked for by name stops the build with the parser's error."""
+    model = "tests.helpers.toy_models:plus_identity"
+    folder = make_engine(settings(tmp_path, model=model))
+    assert "no engine: TensorRT's ONNX parser rejected" in capsys.readouterr().out
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["complete"] is True and manifest["build"]["status"] == "skipped"
+    assert "EyeLike" in manifest["build"]["reason"] and manifest["build"]["builder"]["module"] == "tensorrt_rtx"
+    assert not (folder / "engine.plan").exists()
+    with load_runner(folder) as runner:
+        x = np.random.default_rng(0).standard_normal((3, 5, 5)).astype(np.float32)
+        np.testing.assert_allclose(runner.infer({"x": x})["output"], x + np.eye(5, dtype=np.float32), atol=1e-3)
+    make_engine(settings(tmp_path, model=model))
+    assert "up to date" in capsys.readouterr().out
+    with pytest.raises(PipelineError, match="no engine was built: TensorRT's ONNX parser rejected"):
+        make_engine(settings(tmp_path, model=model, builder="tensorrt_rtx", force=True))
 
 
 def test_an_interrupted_build_leaves_nothing_that_loads(tmp_path):

@@ -357,3 +357,18 @@ def computed_dims() -> ModelSpec:
         output_names=["features", "doubled"],
         dynamic_axes={"image": {2: HEIGHT}, "tokens": {1: SEQ}},
     )
+
+
+class _PlusIdentity(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.eye(x.shape[1]).unsqueeze(0)  # exported as EyeLike on the sequence's dims
+
+
+def plus_identity() -> ModelSpec:
+    """Each [n, n] square plus the identity: its graph has an EyeLike on dynamic dims, which TensorRT's parser
+    refuses (XLNet's relative attention has one), while ONNX Runtime runs it."""
+    example = {"x": torch.zeros(EXAMPLE_BATCH, 4, 4)}
+    axis = DynamicAxis(name="n", min=1, opt=4, max=8)
+    return ModelSpec(
+        name="plus_identity", module=_PlusIdentity(), example_inputs=example, dynamic_axes={"x": {1: axis, 2: axis}}
+    )
