@@ -43,7 +43,13 @@ DEFAULT_MAX_SEQUENCE = 512
 # for two rows of two heads, and the build was killed for memory with no message).  DYNAMIC= widens it.
 DEFAULT_SEQUENCE_CAP = 2048
 # The config fields that give a model's longest input, by family.
-MAX_LENGTH_FIELDS = ("max_position_embeddings", "n_positions", "max_source_positions", "n_ctx")
+MAX_LENGTH_FIELDS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_source_positions",
+    "n_ctx",
+    "max_seq_len",
+)  # MPT's last
 CONFIG_FILE = "config.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"  # its model_max_length bounds the default sequence axis
 # Its crop_size (or size as a height and width) sizes the example images where config.json has no image_size: a

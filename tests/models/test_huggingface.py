@@ -62,6 +62,15 @@ def tiny_gpt2():
 ROBERTA_POSITIONS = 130  # a small config's position table (roberta-base: 514)
 
 
+def mpt_with_dict():
+    torch.manual_seed(0)
+    config = transformers.MptConfig(
+        vocab_size=len(VOCABULARY), d_model=32, n_layers=2, n_heads=2, max_seq_len=MAX_POSITIONS
+    )
+    ids = torch.tensor([[5, 6, 7, 8]])
+    return transformers.MptModel(config), {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
 def tiny_roberta():
     torch.manual_seed(0)
     config = transformers.RobertaConfig(
@@ -189,6 +198,7 @@ def test_an_input_forward_does_not_take_is_refused():
         ("bert_with_tokenizer", MAX_POSITIONS),
         ("gpt2_with_dict", MAX_POSITIONS),
         ("roberta_as_loaded", ROBERTA_POSITIONS - 2),  # positions count from its padding index (1) + 1
+        ("mpt_with_dict", MAX_POSITIONS),  # its config's max_seq_len: its ALiBi bias is built that long
     ],
 )
 def test_the_default_sequence_range_ends_at_the_longest_sequence_the_model_embeds(factory: str, longest: int):
