@@ -149,8 +149,9 @@ _FORMS = {
     "pickled_module": "a pickled nn.Module",
     "torchscript": "a TorchScript file",
     "exported_program": "an ExportedProgram whose input shapes could not be derived",
-    "folder": "a Hugging Face model folder whose main input is neither token ids nor images of a size its "
-    "config.json (image_size) or preprocessor_config.json (crop_size, or size as height and width) gives",
+    "folder": "a Hugging Face model folder whose main input is neither token ids, nor images of a size its "
+    "config.json (image_size) or preprocessor_config.json (crop_size, or size as height and width) gives, nor audio "
+    "its config describes (a spectrogram's size, or a waveform's feature encoder)",
 }
 
 

@@ -25,7 +25,7 @@ import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch import nn
@@ -42,6 +42,11 @@ DEFAULT_MAX_SEQUENCE = 512
 # the range's top, in eager attention, whose scores grow with its square (a Mistral config's 131072 positions: 275 GB
 # for two rows of two heads, and the build was killed for memory with no message).  DYNAMIC= widens it.
 DEFAULT_SEQUENCE_CAP = 2048
+WAVEFORM_AXIS = "samples"
+# A raw waveform's default range ends at this many seconds: Whisper's window, the chunk speech pipelines cut long audio
+# into.  Its opt is one second, the derived example's length.
+LONGEST_AUDIO_S = 30
+DEFAULT_SAMPLING_RATE = 16000  # wav2vec2's family, where a folder's feature extractor gives none
 # The config fields that give a model's longest input, by family.
 MAX_LENGTH_FIELDS = (
     "max_position_embeddings",
@@ -160,6 +165,8 @@ def adapt(spec: ModelSpec, model: str, *, dynamic_given: bool) -> ModelSpec:
     spec.output_names = names
     if not dynamic_given and not spec.dynamic_axes:
         folder = Path(model)
+        spec.dynamic_axes = waveform_axes(inner, inputs, processor_sampling_rate(folder))
+    if not dynamic_given and not spec.dynamic_axes:
         limit = tokenizer_limit(folder) if is_model_folder(folder) else None
         longest = max_sequence_length(inner, limit)
         spec.dynamic_axes = token_sequence_axes(inputs, min(longest, DEFAULT_SEQUENCE_CAP))
@@ -266,6 +273,44 @@ def token_sequence_axes(inputs: dict[str, torch.Tensor], longest: int) -> dict[s
 # ---------------------------------------------------------------- a save_pretrained folder
 
 
+def waveform_axes(model: nn.Module, inputs: dict[str, torch.Tensor], sampling_rate: int) -> dict:
+    """One shared axis 1 over a raw waveform (wav2vec2's family: input_values [batch, samples]) and any 2-D input of
+    its length (its attention mask), from the shortest clip the convolutional feature encoder takes (its receptive
+    field: 400 samples in wav2vec2-base) to LONGEST_AUDIO_S seconds or DEFAULT_SEQUENCE_CAP frames, whichever is
+    shorter (the attention runs over the frames: a tiny encoder striding 10 samples made 48000 frames of 30 s, and
+    the reference asked for 37 GB); {} for any other model."""
+    encoder = _feature_encoder(getattr(model, "config", None))
+    waveform = inputs.get("input_values")
+    if encoder is None or waveform is None or waveform.dim() != 2 or not waveform.is_floating_point():
+        return {}
+    shortest, stride = encoder
+    longest = min(LONGEST_AUDIO_S * sampling_rate, shortest + (DEFAULT_SEQUENCE_CAP - 1) * stride)
+    length = int(waveform.shape[1])
+    axis = DynamicAxis(WAVEFORM_AXIS, min(shortest, length), length, max(length, longest))
+    return {name: {1: axis} for name, tensor in inputs.items() if tensor.dim() == 2 and tensor.shape[1] == length}
+
+
+def _feature_encoder(config: Any) -> tuple[int, int] | None:
+    """A convolutional feature encoder's receptive field (the samples one frame sees) and stride (the samples between
+    frames), from config conv_kernel and conv_stride as wav2vec2's family gives them; None where it has none."""
+    kernels, strides = getattr(config, "conv_kernel", None), getattr(config, "conv_stride", None)
+    if not (isinstance(kernels, (list, tuple)) and isinstance(strides, (list, tuple)) and kernels):
+        return None
+    if len(kernels) != len(strides) or not all(_positive_int(v) for v in [*kernels, *strides]):
+        return None
+    field, step = 1, 1
+    for kernel, stride in zip(kernels, strides, strict=True):
+        field, step = field + (kernel - 1) * step, step * stride
+    return field, step
+
+
+def processor_sampling_rate(folder: Path) -> int:
+    """The sampling rate a folder's feature extractor reads audio at (preprocessor_config.json), else
+    DEFAULT_SAMPLING_RATE."""
+    rate = _optional_config(folder / PREPROCESSOR_CONFIG_FILE).get("sampling_rate") if is_model_folder(folder) else None
+    return rate if _positive_int(rate) else DEFAULT_SAMPLING_RATE
+
+
 def is_model_folder(path: Path) -> bool:
     return path.is_dir() and (path / CONFIG_FILE).is_file()
 
@@ -307,7 +352,7 @@ def load_folder(folder: Path) -> ModelSpec:
             f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}",
             f"give {FOLDER_FORM}",
         ) from None
-    examples = derived_example_inputs(module, processor_image_size(folder))
+    examples = derived_example_inputs(module, processor_image_size(folder), processor_sampling_rate(folder))
     return ModelSpec(name=folder.name, module=module, example_inputs=examples)
 
 
@@ -346,14 +391,17 @@ def _height_width(size: Any) -> tuple[int, int] | None:
     return None
 
 
-def _positive_int(value: Any) -> bool:
+def _positive_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def derived_example_inputs(module: nn.Module, image_size: tuple[int, int] | None = None) -> dict[str, torch.Tensor]:
-    """Examples for a model whose main input says what it is (token ids, or images of the size its config gives, else
+def derived_example_inputs(
+    module: nn.Module, image_size: tuple[int, int] | None = None, sampling_rate: int = DEFAULT_SAMPLING_RATE
+) -> dict[str, torch.Tensor]:
+    """Examples for a model whose main input says what it is (token ids; images of the size its config gives, else
     of `image_size`, the image processor's; a text-image model such as CLIP, token ids and images of its vision
-    config's size); {} otherwise, so INPUT_SHAPE is required."""
+    config's size; audio as its feature extractor hands it over, see _audio); {} otherwise, so INPUT_SHAPE is
+    required."""
     main = getattr(module, "main_input_name", None)
     config = getattr(module, "config", None)
     parameters = forward_parameters(module) or []
@@ -366,7 +414,27 @@ def derived_example_inputs(module: nn.Module, image_size: tuple[int, int] | None
             derived["token_type_ids"] = pair_segments(ids)
         derived |= _images(getattr(config, "vision_config", None), image_size, generator)
         return {name: derived[name] for name in ["input_ids", *parameters] if name in derived}
-    return _images(config, image_size, generator) if main == "pixel_values" else {}
+    if main == "pixel_values":
+        return _images(config, image_size, generator)
+    shape = _audio_shape(config, main, sampling_rate)
+    return {str(main): torch.randn(2, *shape, generator=generator)} if shape else {}
+
+
+def _audio_shape(config: Any, main: Any, sampling_rate: int) -> tuple[int, ...] | None:
+    """One clip as an audio model's feature extractor hands it over, without the batch: a spectrogram of the size its
+    config gives (AST's input_values, max_length frames of num_mel_bins; Whisper's input_features, num_mel_bins by
+    twice max_source_positions frames, which its encoder's strided convolution halves), else one second of raw
+    waveform (input_values of wav2vec2's family, whose config describes its convolutional feature encoder); None
+    for anything else."""
+    mels, frames = getattr(config, "num_mel_bins", None), getattr(config, "max_length", None)
+    positions = getattr(config, "max_source_positions", None)
+    if main == "input_values" and _positive_int(mels) and _positive_int(frames):
+        return frames, mels
+    if main == "input_features" and _positive_int(mels) and _positive_int(positions):
+        return mels, 2 * positions
+    if main == "input_values" and _feature_encoder(config) is not None:
+        return (sampling_rate,)
+    return None
 
 
 def _images(config: Any, image_size: tuple[int, int] | None, generator: torch.Generator) -> dict[str, torch.Tensor]:

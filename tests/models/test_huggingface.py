@@ -384,6 +384,61 @@ def test_a_configs_image_size_as_height_and_width_sizes_the_example_images(tmp_p
     assert spec.example_inputs["pixel_values"].shape == (2, 3, 64, 96)
 
 
+def _speech_folder(folder: Path, sampling_rate: int | None) -> Path:
+    """A tiny wav2vec2 CTC model: a convolutional feature encoder of kernels 10, 3 and strides 5, 2 (a frame sees 10
+    + 2 x 5 = 20 samples, and frames are 10 apart)."""
+    torch.manual_seed(0)
+    config = transformers.Wav2Vec2Config(
+        vocab_size=20,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        conv_dim=[16, 16],
+        conv_stride=[5, 2],
+        conv_kernel=[10, 3],
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=2,
+    )
+    transformers.Wav2Vec2ForCTC(config).save_pretrained(folder)
+    if sampling_rate is not None:
+        (folder / "preprocessor_config.json").write_text(json.dumps({"sampling_rate": sampling_rate}))
+    return folder
+
+
+@pytest.mark.parametrize(("sampling_rate", "longest"), [(None, 16000 * 30), (100, 100 * 30)])
+def test_a_speech_folder_takes_a_second_of_waveform_over_a_range_its_encoder_takes(tmp_path, sampling_rate, longest):
+    """One second at its feature extractor's sampling rate (16 kHz where it gives none), from the encoder's receptive
+    field to 30 s or 2048 frames, whichever is shorter; each end runs in PyTorch."""
+    from trt_pipeline.models.huggingface import DEFAULT_SEQUENCE_CAP
+
+    spec = models.load_model(str(_speech_folder(tmp_path / "w2v", sampling_rate)))
+    one_second = sampling_rate or 16000
+    assert spec.example_inputs["input_values"].shape == (2, one_second)
+    axis = spec.dynamic_axes["input_values"][1]
+    assert (axis.min, axis.opt, axis.max) == (20, one_second, min(longest, 20 + (DEFAULT_SEQUENCE_CAP - 1) * 10))
+    with torch.no_grad():
+        for samples in (axis.min, axis.max):
+            assert spec.module.eval()(torch.zeros(1, samples))["logits"].shape[1] >= 1
+
+
+def test_a_spectrogram_models_folder_takes_the_spectrogram_its_config_sizes(tmp_path: Path):
+    """AST's input_values are max_length frames of num_mel_bins; Whisper's input_features num_mel_bins by twice its
+    max_source_positions frames (its encoder's strided convolution halves them): fixed sizes, no extra axis."""
+    small = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
+    transformers.ASTForAudioClassification(
+        transformers.ASTConfig(**small, max_length=64, num_mel_bins=32)
+    ).save_pretrained(tmp_path / "ast")
+    whisper = transformers.WhisperConfig(
+        d_model=32, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=64, decoder_layers=1,
+        decoder_attention_heads=2, decoder_ffn_dim=64, num_mel_bins=16, max_source_positions=50, vocab_size=100,
+    )  # fmt: skip
+    transformers.WhisperForAudioClassification(whisper).save_pretrained(tmp_path / "whisper")
+    ast, whisper_spec = models.load_model(str(tmp_path / "ast")), models.load_model(str(tmp_path / "whisper"))
+    assert ast.example_inputs["input_values"].shape == (2, 64, 32) and not ast.dynamic_axes
+    assert whisper_spec.example_inputs["input_features"].shape == (2, 16, 100) and not whisper_spec.dynamic_axes
+
+
 @pytest.mark.parametrize(
     "processor", [None, {"size": {"shortest_edge": 64}}, {"do_resize": False, "size": {"height": 48, "width": 40}}]
 )
