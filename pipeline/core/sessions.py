@@ -22,7 +22,6 @@ import os
 import pickle
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -265,41 +264,65 @@ def run_in_child(function: Callable[..., object], *args: object) -> ChildRun:
     pools of a process with other sessions open), and a child can wait on one of them forever (seen once in the test
     suite); the parent then does the work itself, as when the child raises.
     """
-    with tempfile.TemporaryDirectory(prefix="trt-pipeline-child-") as scratch:
-        returned = Path(scratch) / "value.pickle"
-        pid = os.fork()
-        if pid == 0:  # the child
-            faulthandler.disable()  # the crash is reported by the parent; no Python stack dump from the child
-            code = 0
-            try:
-                returned.write_bytes(pickle.dumps(function(*args)))
-            except BaseException:  # a Python error is not a crash; the parent meets it again and reports it
-                code = 1
-            os._exit(code)
-        status = _wait(pid, PROBE_TIMEOUT_S)
-        if status is None:
-            print(f"note: a child process checking ONNX Runtime hung for {PROBE_TIMEOUT_S} s; stopped it", flush=True)
-            return ChildRun()
-        if os.WIFSIGNALED(status):
-            return ChildRun(crash=signal.Signals(os.WTERMSIG(status)).name)
-        if os.WEXITSTATUS(status) != 0 or not returned.is_file():
-            return ChildRun()
-        return ChildRun(returned=True, value=pickle.loads(returned.read_bytes()))  # noqa: S301 (our own child's)
+    reader, writer = os.pipe()  # the value comes back through a pipe: nothing is written to disk
+    pid = os.fork()
+    if pid == 0:  # the child
+        faulthandler.disable()  # the crash is reported by the parent; no Python stack dump from the child
+        os.close(reader)
+        code = 0
+        try:
+            value = pickle.dumps(function(*args))
+            with os.fdopen(writer, "wb") as pipe:
+                pipe.write(value)
+        except BaseException:  # a Python error is not a crash; the parent meets it again and reports it
+            code = 1
+        os._exit(code)
+    os.close(writer)
+    try:
+        status, value = _wait_reading(pid, reader, PROBE_TIMEOUT_S)
+    finally:
+        os.close(reader)
+    if status is None:
+        print(f"note: a child process checking ONNX Runtime hung for {PROBE_TIMEOUT_S} s; stopped it", flush=True)
+        return ChildRun()
+    if os.WIFSIGNALED(status):
+        return ChildRun(crash=signal.Signals(os.WTERMSIG(status)).name)
+    if os.WEXITSTATUS(status) != 0 or not value:
+        return ChildRun()
+    return ChildRun(returned=True, value=pickle.loads(value))  # noqa: S301 (our own child's)
+
+
+def _wait_reading(pid: int, reader: int, timeout_s: float) -> tuple[int | None, bytes]:
+    """The child's exit status and what it wrote to `reader`, read while it runs (a value past the pipe's buffer
+    would otherwise block the child's write); the status None where it still runs after `timeout_s` (it is then
+    killed)."""
+    os.set_blocking(reader, False)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        chunk = _read_ready(reader)
+        if chunk:
+            chunks.append(chunk)
+            continue
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            while chunk := _read_ready(reader):  # what it wrote just before it exited
+                chunks.append(chunk)
+            return status, b"".join(chunks)
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return None, b""
+
+
+def _read_ready(reader: int) -> bytes:
+    """What the pipe holds now (b"" where nothing, or the writer closed it)."""
+    try:
+        return os.read(reader, 1 << 16)
+    except BlockingIOError:
+        return b""
 
 
 def crash_in_child(function: Callable[..., object], *args: object) -> str | None:
     """Run `function(*args)` in a forked child (run_in_child); the signal that killed it ("SIGSEGV"), or None."""
     return run_in_child(function, *args).crash
-
-
-def _wait(pid: int, timeout_s: float) -> int | None:
-    """The child's exit status, or None where it is still running after `timeout_s` (it is then killed)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return status
-        time.sleep(0.01)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    return None

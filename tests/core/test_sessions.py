@@ -48,3 +48,10 @@ def test_a_child_returns_its_value_or_says_how_it_ended():
     assert run_in_child(_returns, {"shapes": [1, 16]}) == ChildRun(returned=True, value={"shapes": [1, 16]})
     assert run_in_child(int, "not a number") == ChildRun()  # it raised: the caller does the work itself
     assert run_in_child(ctypes.string_at, 0) == ChildRun(crash="SIGSEGV")
+
+
+def test_a_childs_value_past_the_pipes_buffer_comes_back_whole():
+    """The parent reads while the child writes: a value larger than a pipe holds (64 KiB) does not block the child."""
+    from trt_pipeline.pipeline.core.sessions import run_in_child
+
+    assert run_in_child(_returns, "x" * (1 << 20)).value == "x" * (1 << 20)
