@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from trt_pipeline import models
-from trt_pipeline.models.huggingface import SEQUENCE_AXIS, HuggingFaceModule
+from trt_pipeline.models.huggingface import SEQUENCE_AXIS, WAVEFORM_AXIS, HuggingFaceModule
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
 from trt_pipeline.pipeline.stages.export import sample_inputs
@@ -250,30 +250,32 @@ def test_bert_from_the_tokenizers_dict_builds_an_fp16_engine(tmp_path: Path):
 
 
 # The transformers architectures tests/end_to_end/test_coverage.py covers (its CASES give some a DYNAMIC=), and RoBERTa:
-# the longest sequence each takes by default (None: no token input, so no sequence axis).
-DEFAULT_SEQUENCES = {
-    "tests.end_to_end.test_coverage:bert": 32,
-    "tests.end_to_end.test_coverage:distilbert": 32,
-    "tests.end_to_end.test_coverage:gpt2": 32,
-    "tests.end_to_end.test_coverage:t5_encoder": 512,  # relative positions: no limit in the config, the default's 512
-    "tests.end_to_end.test_coverage:bart": 32,
-    "tests.end_to_end.test_coverage:llama": 32,
-    "tests.models.test_huggingface:roberta_as_loaded": ROBERTA_POSITIONS - 2,
-    "tests.end_to_end.test_coverage:vit": None,
-    "tests.end_to_end.test_coverage:swin": None,
-    "tests.end_to_end.test_coverage:beit": None,
-    "tests.end_to_end.test_coverage:segformer": None,
-    "tests.end_to_end.test_coverage:wav2vec2": None,
-    "tests.end_to_end.test_coverage:hubert": None,
-    "tests.end_to_end.test_coverage:whisper_encoder": None,
+# the longest size of each axis the loader gives by default: a token model's sequence, a speech model's waveform
+# (its encoder's receptive field, 20 samples, and 2047 frames of 10 past it: 2048 frames).
+WAVEFORM = {WAVEFORM_AXIS: 20 + 2047 * 10}
+DEFAULT_AXES = {
+    "tests.end_to_end.test_coverage:bert": {SEQUENCE_AXIS: 32},
+    "tests.end_to_end.test_coverage:distilbert": {SEQUENCE_AXIS: 32},
+    "tests.end_to_end.test_coverage:gpt2": {SEQUENCE_AXIS: 32},
+    "tests.end_to_end.test_coverage:t5_encoder": {SEQUENCE_AXIS: 512},  # relative positions: no limit, the default
+    "tests.end_to_end.test_coverage:bart": {SEQUENCE_AXIS: 32},
+    "tests.end_to_end.test_coverage:llama": {SEQUENCE_AXIS: 32},
+    "tests.models.test_huggingface:roberta_as_loaded": {SEQUENCE_AXIS: ROBERTA_POSITIONS - 2},
+    "tests.end_to_end.test_coverage:vit": {},
+    "tests.end_to_end.test_coverage:swin": {},
+    "tests.end_to_end.test_coverage:beit": {},
+    "tests.end_to_end.test_coverage:segformer": {},
+    "tests.end_to_end.test_coverage:wav2vec2": WAVEFORM,
+    "tests.end_to_end.test_coverage:hubert": WAVEFORM,
+    "tests.end_to_end.test_coverage:whisper_encoder": {},
 }
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", list(DEFAULT_SEQUENCES), ids=lambda model: model.split(":")[1])
+@pytest.mark.parametrize("model", list(DEFAULT_AXES), ids=lambda model: model.split(":")[1])
 def test_every_covered_architecture_builds_with_the_defaults_alone(model: str, tmp_path: Path):
-    """No DYNAMIC=: the sequence axis the loader gives token inputs runs in PyTorch and ONNX Runtime at its longest
-    (the reference and the check run it there) and TensorRT-RTX builds its profile."""
+    """No DYNAMIC=: the axis the loader gives token inputs or a waveform runs in PyTorch and ONNX Runtime at its
+    longest (the reference and the check run it there) and TensorRT-RTX builds its profile."""
     pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX is not installed: pip install tensorrt-rtx-cu13")
     from trt_pipeline.pipeline.folder.manifest import MANIFEST
 
@@ -282,10 +284,7 @@ def test_every_covered_architecture_builds_with_the_defaults_alone(model: str, t
     )
     folder = make_engine(settings)
     manifest = json.loads((folder / MANIFEST).read_text())  # as written on disk
-    longest = DEFAULT_SEQUENCES[model]
-    assert {name: bounds[2] for name, bounds in manifest["axis_ranges"].items()} == (
-        {SEQUENCE_AXIS: longest} if longest else {}
-    )
+    assert {name: bounds[2] for name, bounds in manifest["axis_ranges"].items()} == DEFAULT_AXES[model]
     assert manifest["build"]["engine_bytes"] > 0
 
 
