@@ -25,7 +25,7 @@ from ..core.errors import PipelineError
 from ..core.mentions import render
 from ..core.nms_config import NmsConfig
 from ..core.precision import Precision
-from ..core.random_inputs import random_inputs
+from ..core.random_inputs import end_token, integer_range, random_inputs
 from ..core.settings import engine_command, mention
 from ..evaluation import RTOL
 from ..evaluation.detections import MIN_AGREEMENT, detection_agreement
@@ -61,20 +61,37 @@ def check_batches(batches: list[int] | None, manifest: Manifest) -> list[int]:
     return sorted(set(batches))
 
 
-def integer_ranges(manifest: Manifest, reference: Path) -> dict[str, tuple[int, int]]:
-    """[low, high] of each integer input in the export's reference inputs (token ids must stay in the vocabulary)."""
+@dataclass(frozen=True)
+class IntegerDraws:
+    """How the bench draws each integer input: within [low, high], each row ending with its end token where the
+    reference's rows show one (random_inputs.end_token), as the export drew them."""
+
+    ranges: dict[str, tuple[int, int]]
+    end_tokens: dict[str, int]
+
+
+def integer_draws(manifest: Manifest, reference: Path) -> IntegerDraws:
+    """The draws of each integer input, from every case of the export's reference inputs (token ids must stay in the
+    vocabulary; a classifier that reads each row's EOS needs it there)."""
     integer_inputs = [t.name for t in manifest.inputs if t.numpy_dtype.kind in "iu"]
-    if not integer_inputs:
-        return {}
-    examples = load_reference(reference)[0][0]
-    return {name: (int(examples[name].min()), int(examples[name].max())) for name in integer_inputs}
+    cases = [inputs for inputs, _ in load_reference(reference)] if integer_inputs else []
+    ranges, ends = {}, {}
+    for name in integer_inputs:
+        rows = [case[name] for case in cases]
+        end = end_token(rows)
+        if end is not None:
+            ends[name] = end
+        ranges[name] = integer_range(rows, end)
+    return IntegerDraws(ranges, ends)
 
 
-def make_inputs(manifest: Manifest, ranges: dict[str, tuple[int, int]], batch: int, seed: int) -> dict[str, np.ndarray]:
+def make_inputs(manifest: Manifest, draws: IntegerDraws, batch: int, seed: int) -> dict[str, np.ndarray]:
     """Random inputs shaped like the manifest's, at `batch` and every other dynamic axis at its opt size."""
     axis_opt = {name: r[1] for name, r in manifest.axis_ranges.items()}
     records = [tensor.as_record() for tensor in manifest.inputs]
-    return random_inputs(records, batch, seed, axis_sizes=axis_opt, int_ranges=ranges)
+    return random_inputs(
+        records, batch, seed, axis_sizes=axis_opt, int_ranges=draws.ranges, end_tokens=draws.end_tokens
+    )
 
 
 def open_backends(choices: list[Choice], context: Context, progress: Progress) -> tuple[list[Backend], list[dict]]:
@@ -368,8 +385,8 @@ def run_benchmark(
         raise PipelineError(f"--threads {threads} is not positive", "give a thread count of 1 or more")
     load_before = load_average()
     started = datetime.now(timezone.utc)
-    ranges = integer_ranges(manifest, folder / REFERENCE_FILE)
-    inputs = {b: make_inputs(manifest, ranges, b, SEED) for b in sizes}
+    draws = integer_draws(manifest, folder / REFERENCE_FILE)
+    inputs = {b: make_inputs(manifest, draws, b, SEED) for b in sizes}
     context = Context(folder=opened_folder, threads=threads, cuda=torch.cuda.is_available())
     opened: list[Backend] = []
     with torch_settings(threads):

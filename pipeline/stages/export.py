@@ -25,7 +25,7 @@ from ...models.prepare import flatten_outputs
 from ...models.spec import ModelSpec, call_module, first_line, named_outputs, needs_keywords
 from ..core.errors import PipelineError
 from ..core.mentions import render
-from ..core.random_inputs import random_inputs
+from ..core.random_inputs import end_token, integer_range, random_inputs
 from ..core.settings import OPSET, BatchProfile, mention, mention_name
 from ..folder.artifacts import write_npz
 from ..folder.graph_files import atomic_graph, gather_weights
@@ -353,10 +353,12 @@ def parity_batches(batch: BatchProfile) -> list[int]:
 
 
 def sample_inputs(spec: ModelSpec, batch: int, seed: int, axis_sizes: dict[str, int] | None = None) -> dict:
-    """Random tensors shaped like the examples at `batch`; integer inputs stay in the examples' value range."""
+    """Random tensors shaped like the examples at `batch`; integer inputs stay in the examples' value range, and end
+    each row with the token the examples' rows end with, where they show one (random_inputs.end_token)."""
     records: list[dict] = []
     sizes: dict[str, int] = {}
     int_ranges: dict[str, tuple[int, int]] = {}
+    end_tokens: dict[str, int] = {}
     for name, example in spec.example_inputs.items():
         dims: list[int | str] = list(example.shape)
         for axis, declared in spec.dynamic_axes.get(name, {}).items():
@@ -364,8 +366,13 @@ def sample_inputs(spec: ModelSpec, batch: int, seed: int, axis_sizes: dict[str, 
             sizes.setdefault(declared.name, int(example.shape[axis]))
         records.append({"name": name, "dtype": torch.empty(0, dtype=example.dtype).numpy().dtype, "shape": dims})
         if not example.is_floating_point():
-            int_ranges[name] = (int(example.min()), int(example.max()))
-    arrays = random_inputs(records, batch, seed, axis_sizes={**sizes, **(axis_sizes or {})}, int_ranges=int_ranges)
+            values = example.numpy()
+            end = end_token([values]) if values.dtype.kind in "iu" else None
+            if end is not None:
+                end_tokens[name] = end
+            int_ranges[name] = integer_range([values], end)
+    all_sizes = {**sizes, **(axis_sizes or {})}
+    arrays = random_inputs(records, batch, seed, axis_sizes=all_sizes, int_ranges=int_ranges, end_tokens=end_tokens)
     return {name: torch.from_numpy(array) for name, array in arrays.items()}
 
 

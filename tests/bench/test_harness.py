@@ -22,7 +22,7 @@ import torch
 from trt_pipeline.pipeline import cli
 from trt_pipeline.pipeline.bench import TimingPolicy, run_benchmark, write_reports
 from trt_pipeline.pipeline.bench.backends import NAMES
-from trt_pipeline.pipeline.bench.harness import make_inputs, stability
+from trt_pipeline.pipeline.bench.harness import IntegerDraws, make_inputs, stability
 from trt_pipeline.pipeline.bench.timing import MIN_SAMPLES, round_spread
 from trt_pipeline.pipeline.core.cpu import cpu_instruction_sets, instruction_sets_text, int8_cpu_kind
 from trt_pipeline.pipeline.core.errors import PipelineError
@@ -357,9 +357,23 @@ def test_inputs_follow_the_manifest_shapes_dtypes_and_integer_ranges() -> None:
         inputs=(GraphTensor("ids", "int64", ("batch", "seq")), GraphTensor("image", "float32", ("batch", 3, 5))),
         axis_ranges={"seq": (1, 12, 64)},
     )
-    feed = make_inputs(manifest, {"ids": (3, 9)}, batch=6, seed=0)
+    feed = make_inputs(manifest, IntegerDraws({"ids": (3, 9)}, {}), batch=6, seed=0)
     assert feed["ids"].shape == (6, 12) and feed["ids"].dtype == np.int64
     assert feed["ids"].min() >= 3 and feed["ids"].max() <= 9
     assert feed["image"].shape == (6, 3, 5) and feed["image"].dtype == np.float32
-    again = make_inputs(manifest, {"ids": (3, 9)}, batch=6, seed=0)
+    again = make_inputs(manifest, IntegerDraws({"ids": (3, 9)}, {}), batch=6, seed=0)
     assert np.array_equal(feed["image"], again["image"])  # every backend sees the same inputs
+
+
+def test_the_bench_draws_token_ids_ending_as_every_reference_row_does(tmp_path: Path) -> None:
+    """A classifier that reads each row's EOS (BART's) needs it at each row's end in the bench's inputs too."""
+    from trt_pipeline.pipeline.bench.harness import integer_draws
+    from trt_pipeline.pipeline.folder.artifacts import write_npz
+
+    manifest = Manifest(inputs=(GraphTensor("ids", "int64", ("batch", "seq")),), axis_ranges={"seq": (1, 5, 8)})
+    ids = np.array([[4, 9, 2], [7, 3, 2]]), np.array([[5, 6, 8, 12, 2]])
+    write_npz(tmp_path / "reference.npz", {f"case{i}/in/ids": rows for i, rows in enumerate(ids)})
+    draws = integer_draws(manifest, tmp_path / "reference.npz")
+    assert draws == IntegerDraws({"ids": (3, 12)}, {"ids": 2})
+    feed = make_inputs(manifest, draws, batch=6, seed=0)["ids"]
+    assert (feed[:, -1] == 2).all() and feed[:, :-1].min() >= 3

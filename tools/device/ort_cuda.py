@@ -43,7 +43,7 @@ from trt_pipeline.pipeline.bench.backends import (
     Unavailable,
     choices_for,
 )
-from trt_pipeline.pipeline.bench.harness import integer_ranges, make_inputs, run_benchmark, torch_settings
+from trt_pipeline.pipeline.bench.harness import IntegerDraws, integer_draws, make_inputs, run_benchmark, torch_settings
 from trt_pipeline.pipeline.bench.report import write_reports
 from trt_pipeline.pipeline.bench.timing import TimingPolicy
 from trt_pipeline.pipeline.core.compare import compare, cosine
@@ -449,7 +449,7 @@ def kernel_summary(trace: Path, calls: int) -> dict:
 def profile(engines: Path, out: Path, folder_name: str = "resnet50-fp16", batch: int = 32) -> dict:
     """Device-resident at one batch, each of profiled() in turn (traced): where its GPU time goes."""
     folder = open_folder(named(engines, folder_name))
-    feed = make_inputs(folder.manifest, _integer_ranges(folder), batch, 0)
+    feed = make_inputs(folder.manifest, _integer_draws(folder), batch, 0)
     context = Context(folder=folder, threads=16, cuda=DEVICE == "cuda")
     rows: dict = {}
     with torch_settings(16):  # the bench's: TF32 off
@@ -490,9 +490,9 @@ def traced(backend: Backend, feed: dict[str, np.ndarray], trace: Path, calls: in
     return {"wall_us_per_call": wall_us, **summary}
 
 
-def _integer_ranges(folder: ArtifactFolder) -> dict[str, tuple[int, int]]:
-    """The folder's integer inputs' ranges, as the bench draws its random inputs."""
-    return integer_ranges(folder.manifest, folder.path / REFERENCE)
+def _integer_draws(folder: ArtifactFolder) -> IntegerDraws:
+    """How the bench draws the folder's integer inputs."""
+    return integer_draws(folder.manifest, folder.path / REFERENCE)
 
 
 def _device_used() -> int:
@@ -507,14 +507,14 @@ def graph_memory(engines: Path, out: Path, folder_name: str = "resnet50-fp16") -
     """Device memory the onnxruntime-cuda runner (one slot) holds after its first call at each new batch, with and
     without CUDA graphs: what each captured graph keeps beyond the uncaptured runner's arena (MAX_GRAPHS's cost)."""
     folder = open_folder(named(engines, folder_name))
-    ranges = _integer_ranges(folder)
+    draws = _integer_draws(folder)
     result: dict = {"folder": folder_name, "max_graphs": cuda_runner.MAX_GRAPHS}
     for cuda_graph in (False, True) if DEVICE == "cuda" else (False,):  # no CUDA graphs in a dry run
         before = _device_used()
         runner = load_runner(folder, "onnxruntime-cuda", cuda_graph=cuda_graph, sessions=1, **RUNNER_DEVICE)
         steps = [{"after": "load", "mb": (_device_used() - before) / 2**20}]
         for batch in (1, 8, 32, 16, 4, 2):
-            feed = make_inputs(folder.manifest, ranges, batch, 0)
+            feed = make_inputs(folder.manifest, draws, batch, 0)
             runner.infer(feed)  # the first call at a shape captures its graph
             runner.infer(feed)
             steps.append({"after": f"batch {batch}", "mb": (_device_used() - before) / 2**20})
