@@ -367,6 +367,8 @@ def _read_config(folder: Path) -> dict:
 
 
 EXAMPLE_TOKENS = 16
+# The config fields that name special tokens, which derived ids for a model that reads each row's EOS stay clear of.
+SPECIAL_TOKEN_FIELDS = ("bos_token_id", "pad_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id")
 
 
 def processor_image_size(folder: Path) -> tuple[int, int] | None:
@@ -407,8 +409,7 @@ def derived_example_inputs(
     parameters = forward_parameters(module) or []
     generator = torch.Generator().manual_seed(0)
     if main == "input_ids":
-        vocabulary = int(getattr(config, "vocab_size", 10) or 10)
-        ids = torch.randint(0, min(vocabulary, 10), (2, EXAMPLE_TOKENS), generator=generator)
+        ids = _token_ids(config, _eos_read_by(module), generator)
         derived = {"input_ids": ids, "attention_mask": padded_mask(ids)}
         if int(getattr(config, "type_vocab_size", 0) or 0) > 1:  # segments (BERT's): a reranker reads sentence pairs
             derived["token_type_ids"] = pair_segments(ids)
@@ -418,6 +419,30 @@ def derived_example_inputs(
         return _images(config, image_size, generator)
     shape = _audio_shape(config, main, sampling_rate)
     return {str(main): torch.randn(2, *shape, generator=generator)} if shape else {}
+
+
+def _token_ids(config: Any, eos: int | None, generator: torch.Generator) -> torch.Tensor:
+    """Two rows of token ids: ten ids from 0, or, for a model that reads each row's EOS (`eos`), ten ids clear of the
+    config's special ones with the EOS closing each row, as a tokenizer writes them; the reference, the gates and the
+    bench then draw them so (pipeline.core.random_inputs.end_token)."""
+    vocabulary = int(getattr(config, "vocab_size", 10) or 10)
+    if eos is None:
+        return torch.randint(0, min(vocabulary, 10), (2, EXAMPLE_TOKENS), generator=generator)
+    special = {getattr(config, field, None) for field in SPECIAL_TOKEN_FIELDS}
+    low = next(first for first in range(vocabulary) if special.isdisjoint(range(first, first + 10)))
+    ids = torch.randint(low, min(vocabulary, low + 10), (2, EXAMPLE_TOKENS), generator=generator)
+    ids[:, -1] = eos
+    return ids
+
+
+def _eos_read_by(module: nn.Module) -> int | None:
+    """The EOS id an encoder-decoder classifier reads each row's state at (BART's, T5's, LED's
+    ForSequenceClassification: they refuse a batch whose rows hold different counts of it), else None."""
+    config = getattr(module, "config", None)
+    eos = getattr(config, "eos_token_id", None)
+    classifier = type(module).__name__.endswith("ForSequenceClassification")
+    reads = classifier and getattr(config, "is_encoder_decoder", False) is True
+    return eos if reads and isinstance(eos, int) and not isinstance(eos, bool) and eos >= 0 else None
 
 
 def _audio_shape(config: Any, main: Any, sampling_rate: int) -> tuple[int, ...] | None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trt_pipeline import models
+from trt_pipeline import load_runner, models
 from trt_pipeline.models.huggingface import SEQUENCE_AXIS, WAVEFORM_AXIS, HuggingFaceModule
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
@@ -515,3 +515,31 @@ def long_context_bert():
     model.config.max_position_embeddings = LONG_CONTEXT  # the table stays small: only the range is derived from it
     ids = torch.tensor([[5, 6, 7, 8]])
     return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def _bart_classifier_folder(folder: Path) -> Path:
+    torch.manual_seed(0)
+    config = transformers.BartConfig(
+        vocab_size=100, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32, num_labels=3,
+    )  # fmt: skip
+    transformers.BartForSequenceClassification(config).save_pretrained(folder)
+    return folder
+
+
+def test_a_classifier_that_reads_each_rows_eos_is_built_and_served_from_its_folder(tmp_path: Path):
+    """BART's classifier (zero-shot's bart-large-mnli) reads each row's state at its EOS and refuses a batch whose
+    rows hold different counts of it: ids drawn at random over the EOS's value stopped the reference.  The derived ids
+    stay clear of the special ones and end with the EOS, and every draw keeps it there."""
+    folder = _bart_classifier_folder(tmp_path / "bart-mnli")
+    ids = models.load_model(str(folder)).example_inputs["input_ids"]
+    assert (ids[:, -1] == 2).all() and ids[:, :-1].min() >= 3  # bos 0, pad 1, eos 2
+    settings = Settings(model=str(folder), precision="fp32", batch=BatchProfile(1, 2, 4), out_root=tmp_path / "e")
+    built = make_engine(settings)
+    model = transformers.BartForSequenceClassification.from_pretrained(folder).eval()
+    rows = torch.tensor([[0, 5, 6, 7, 2, 1], [0, 9, 10, 11, 12, 2]])  # padded on the right, one EOS each
+    with torch.no_grad():
+        expected = model(input_ids=rows, attention_mask=(rows != 1).long()).logits.numpy()
+    with load_runner(built, "onnxruntime") as runner:
+        served = runner.infer({"input_ids": rows.numpy(), "attention_mask": (rows != 1).long().numpy()})["logits"]
+    assert abs(served - expected).max() < 1e-4
