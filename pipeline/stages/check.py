@@ -105,9 +105,9 @@ def _run_every_case(onnx_path: Path, reference: Path) -> None:
     at the other size with wrong shapes (measured on tests.helpers.toy_models:baked_sequence_model).
 
     The cases run in a forked child (pipeline/core/sessions.py): this is the first time ONNX Runtime runs the
-    exported graph at every size, and a graph can crash it there (a Longformer's TorchScript graph divided an integer
-    by zero at sequence 1: SIGFPE, and the build died with no message).  A crash is then the exporter's failure,
-    naming the sizes, and auto goes on to the other exporter.  Where the child neither crashed nor returned (a Python
+    exported graph at every size, and a graph can crash it there (a Longformer's TorchScript graph, on the reference
+    case of one row of 16 tokens with its random mask: SIGFPE, and the build died with no message).  A crash is then
+    the exporter's failure, naming the inputs, and auto goes on to the other exporter.  Where the child neither crashed nor returned (a Python
     error, a hang), the cases run here, where an error is reported as always.
     """
     ran = run_in_child(_first_refusal, onnx_path, reference)
