@@ -47,14 +47,8 @@ WAVEFORM_AXIS = "samples"
 # into.  Its opt is one second, the derived example's length.
 LONGEST_AUDIO_S = 30
 DEFAULT_SAMPLING_RATE = 16000  # wav2vec2's family, where a folder's feature extractor gives none
-# The config fields that give a model's longest input, by family.
-MAX_LENGTH_FIELDS = (
-    "max_position_embeddings",
-    "n_positions",
-    "max_source_positions",
-    "n_ctx",
-    "max_seq_len",
-)  # MPT's last
+# The config fields that give a model's longest input, by family (max_seq_len: MPT's).
+MAX_LENGTH_FIELDS = ("max_position_embeddings", "n_positions", "max_source_positions", "n_ctx", "max_seq_len")
 CONFIG_FILE = "config.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"  # its model_max_length bounds the default sequence axis
 # Its crop_size (or size as a height and width) sizes the example images where config.json has no image_size: a
@@ -402,7 +396,7 @@ def derived_example_inputs(
 ) -> dict[str, torch.Tensor]:
     """Examples for a model whose main input says what it is (token ids; images of the size its config gives, else
     of `image_size`, the image processor's; a text-image model such as CLIP, token ids and images of its vision
-    config's size; audio as its feature extractor hands it over, see _audio); {} otherwise, so INPUT_SHAPE is
+    config's size; audio as its feature extractor hands it over, see _audio_shape); {} otherwise, so INPUT_SHAPE is
     required."""
     main = getattr(module, "main_input_name", None)
     config = getattr(module, "config", None)
@@ -429,7 +423,7 @@ def _token_ids(config: Any, eos: int | None, generator: torch.Generator) -> torc
     if eos is None:
         return torch.randint(0, min(vocabulary, 10), (2, EXAMPLE_TOKENS), generator=generator)
     special = {getattr(config, field, None) for field in SPECIAL_TOKEN_FIELDS}
-    low = next(first for first in range(vocabulary) if special.isdisjoint(range(first, first + 10)))
+    low = next((first for first in range(vocabulary) if special.isdisjoint(range(first, first + 10))), 0)
     ids = torch.randint(low, min(vocabulary, low + 10), (2, EXAMPLE_TOKENS), generator=generator)
     ids[:, -1] = eos
     return ids

@@ -107,8 +107,8 @@ def _run_every_case(onnx_path: Path, reference: Path) -> None:
     The cases run in a forked child (pipeline/core/sessions.py): this is the first time ONNX Runtime runs the
     exported graph at every size, and a graph can crash it there (a Longformer's TorchScript graph, on the reference
     case of one row of 16 tokens with its random mask: SIGFPE, and the build died with no message).  A crash is then
-    the exporter's failure, naming the inputs, and auto goes on to the other exporter.  Where the child neither crashed nor returned (a Python
-    error, a hang), the cases run here, where an error is reported as always.
+    the exporter's failure, naming the inputs, and auto goes on to the other exporter.  Where the child neither
+    crashed nor returned (a Python error, a hang), the cases run here, where an error is reported as always.
     """
     ran = run_in_child(_first_refusal, onnx_path, reference)
     if ran.crash is not None:
