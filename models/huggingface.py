@@ -158,14 +158,7 @@ def adapt(spec: ModelSpec, model: str, *, dynamic_given: bool) -> ModelSpec:
     spec.example_inputs = inputs
     spec.output_names = names
     if not dynamic_given and not spec.dynamic_axes:
-        folder = Path(model)
-        spec.dynamic_axes = waveform_axes(inner, inputs, processor_sampling_rate(folder))
-    if not dynamic_given and not spec.dynamic_axes:
-        limit = tokenizer_limit(folder) if is_model_folder(folder) else None
-        longest = max_sequence_length(inner, limit)
-        spec.dynamic_axes = token_sequence_axes(inputs, min(longest, DEFAULT_SEQUENCE_CAP))
-        if longest > DEFAULT_SEQUENCE_CAP and spec.dynamic_axes:
-            spec.notes.append(_capped_sequence(spec, longest))
+        spec.dynamic_axes = _default_axes(spec, inner, inputs, Path(model))
     spec.notes.append(
         f"{type(inner).__name__} (transformers): called by keyword with "
         f"{', '.join(f'{k}={v}' for k, v in cache_off_arguments(inner).items()) or 'its defaults'}; "
@@ -174,9 +167,22 @@ def adapt(spec: ModelSpec, model: str, *, dynamic_given: bool) -> ModelSpec:
     return spec
 
 
-def _capped_sequence(spec: ModelSpec, longest: int) -> str:
+def _default_axes(spec: ModelSpec, model: nn.Module, inputs: dict[str, torch.Tensor], source: Path) -> dict:
+    """A raw waveform's axis (waveform_axes), else the token inputs' shared sequence (token_sequence_axes) up to the
+    longest the model takes, at most DEFAULT_SEQUENCE_CAP (noted in `spec` where the model takes longer)."""
+    waveform = waveform_axes(model, inputs, processor_sampling_rate(source))
+    if waveform:
+        return waveform
+    longest = max_sequence_length(model, tokenizer_limit(source) if is_model_folder(source) else None)
+    axes = token_sequence_axes(inputs, min(longest, DEFAULT_SEQUENCE_CAP))
+    if longest > DEFAULT_SEQUENCE_CAP and axes:
+        spec.notes.append(_capped_sequence(axes, longest))
+    return axes
+
+
+def _capped_sequence(axes: dict[str, dict[int, DynamicAxis]], longest: int) -> str:
     """The note for a default sequence range cut to DEFAULT_SEQUENCE_CAP, with the DYNAMIC that serves the rest."""
-    ranges = ",".join(f"{name}:1=1:{axes[1].opt}:{longest}" for name, axes in spec.dynamic_axes.items())
+    ranges = ",".join(f"{name}:1=1:{axes_of[1].opt}:{longest}" for name, axes_of in axes.items())
     return (
         f"sequence range 1 to {DEFAULT_SEQUENCE_CAP}, of the {longest} tokens the model takes: every check runs the "
         f"range's top, whose attention grows with its square; {mention(dynamic=ranges)} for longer"
@@ -301,7 +307,7 @@ def _feature_encoder(config: Any) -> tuple[int, int] | None:
 def processor_sampling_rate(folder: Path) -> int:
     """The sampling rate a folder's feature extractor reads audio at (preprocessor_config.json), else
     DEFAULT_SAMPLING_RATE."""
-    rate = _optional_config(folder / PREPROCESSOR_CONFIG_FILE).get("sampling_rate") if is_model_folder(folder) else None
+    rate = _optional_config(folder / PREPROCESSOR_CONFIG_FILE).get("sampling_rate")  # {} for a factory's name
     return rate if _positive_int(rate) else DEFAULT_SAMPLING_RATE
 
 
