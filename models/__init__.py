@@ -3,8 +3,9 @@
 `load_model(model, weights=..., input_shape=..., dynamic=...)` accepts:
   - a registry name (`known_models()`, or an alias such as `resnet` -> `resnet50`);
   - `package.module:factory`, imported with the current directory on sys.path; the
-    factory returns a ModelSpec, an nn.Module (INPUT_SHAPE required) or
-    `(module, example_inputs)`;
+    factory returns a ModelSpec, an nn.Module or `(module, example_inputs)`; a bare module
+    needs INPUT_SHAPE unless it describes its inputs (a transformers or timm model:
+    models.described);
   - a file: a whole nn.Module saved with torch.save, a TorchScript file (both need
     INPUT_SHAPE), or a torch.export `.pt2` program (inputs derived from the program);
   - a Hugging Face folder as save_pretrained writes it (config.json + safetensors/bin weights).
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from ..pipeline.core.errors import PipelineError
 from ..pipeline.core.settings import engine_command, mention
-from . import factories, files, forward_check, huggingface, inputs, sentence_embedding, state_dicts
+from . import described, factories, files, forward_check, huggingface, inputs, sentence_embedding, state_dicts
 from .registry import ALIASES, REGISTRY
 from .spec import ModelSpec
 
@@ -87,6 +88,8 @@ def load_model(
     if shapes is not None:
         spec.example_inputs = inputs.example_inputs_from_shapes(shapes)
     elif not spec.example_inputs:
+        spec.example_inputs = described.described_inputs(spec)
+    if not spec.example_inputs:
         raise PipelineError(
             f"{mention(model=model)} is {form}, which does not say what its inputs are", inputs.INPUT_SHAPE_HELP
         )
@@ -172,7 +175,10 @@ def _load_by_kind(
                 result = factories.call_factory(factory, str(target))
         spec = factories.spec_from_factory_result(result, str(target))
         _apply_weights(spec, weights)
-        return spec, [module_file] if module_file else [], _FORMS[kind]
+        # A transformers model the factory loaded from a folder is that folder's files as much as the factory's code.
+        folder = huggingface.saved_folder(spec.module)
+        sources = [*([module_file] if module_file else []), *(huggingface.folder_sources(folder) if folder else [])]
+        return spec, sources, _FORMS[kind]
     if kind == "folder":
         spec = huggingface.load_folder(Path(target))
         _apply_weights(spec, weights)

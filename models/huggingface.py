@@ -158,7 +158,7 @@ def adapt(spec: ModelSpec, model: str, *, dynamic_given: bool) -> ModelSpec:
     spec.example_inputs = inputs
     spec.output_names = names
     if not dynamic_given and not spec.dynamic_axes:
-        spec.dynamic_axes = _default_axes(spec, inner, inputs, Path(model))
+        spec.dynamic_axes = _default_axes(spec, inner, inputs)
     spec.notes.append(
         f"{type(inner).__name__} (transformers): called by keyword with "
         f"{', '.join(f'{k}={v}' for k, v in cache_off_arguments(inner).items()) or 'its defaults'}; "
@@ -167,13 +167,13 @@ def adapt(spec: ModelSpec, model: str, *, dynamic_given: bool) -> ModelSpec:
     return spec
 
 
-def _default_axes(spec: ModelSpec, model: nn.Module, inputs: dict[str, torch.Tensor], source: Path) -> dict:
+def _default_axes(spec: ModelSpec, model: nn.Module, inputs: dict[str, torch.Tensor]) -> dict:
     """A raw waveform's axis (waveform_axes), else the token inputs' shared sequence (token_sequence_axes) up to the
     longest the model takes, at most DEFAULT_SEQUENCE_CAP (noted in `spec` where the model takes longer)."""
-    waveform = waveform_axes(model, inputs, processor_sampling_rate(source))
+    waveform = waveform_axes(model, inputs, processor_sampling_rate(model))
     if waveform:
         return waveform
-    longest = max_sequence_length(model, tokenizer_limit(source) if is_model_folder(source) else None)
+    longest = max_sequence_length(model, tokenizer_limit(model))
     axes = token_sequence_axes(inputs, min(longest, DEFAULT_SEQUENCE_CAP))
     if longest > DEFAULT_SEQUENCE_CAP and axes:
         spec.notes.append(_capped_sequence(axes, longest))
@@ -242,18 +242,28 @@ def _embeddable_positions(model: nn.Module) -> int | None:
 UNSET_TOKENIZER_LIMIT = 10**9
 
 
-def tokenizer_limit(folder: Path) -> int | None:
-    """`model_max_length` from a save_pretrained folder's tokenizer_config.json, where it sets one."""
-    value = _optional_config(folder / TOKENIZER_CONFIG_FILE).get("model_max_length")
+def tokenizer_limit(model: nn.Module) -> int | None:
+    """`model_max_length` from the tokenizer_config.json beside the model (saved_folder), where it sets one."""
+    value = _beside(model, TOKENIZER_CONFIG_FILE).get("model_max_length")
     return value if isinstance(value, int) and 0 < value < UNSET_TOKENIZER_LIMIT else None
 
 
-def _optional_config(path: Path) -> dict:
-    """A folder's JSON object beside the model (the tokenizer's or image processor's config), or {} where it is
-    missing or unreadable: the pipeline runs neither, so such a file only leaves a default (a sequence range, an
-    image size) as it is."""
+def saved_folder(model: nn.Module) -> Path | None:
+    """The save_pretrained folder a transformers model was loaded from (its config's name_or_path, as from_pretrained
+    records it), whether MODEL named the folder or a factory loaded it; None for a model made from a config or
+    fetched by its Hub name."""
+    name = getattr(getattr(model, "config", None), "name_or_path", None)
+    return Path(name) if isinstance(name, str) and name and is_model_folder(Path(name)) else None
+
+
+def _beside(model: nn.Module, file_name: str) -> dict:
+    """The JSON object `file_name` in the model's saved_folder (the tokenizer's or image processor's config), or {}
+    where there is no folder, or the file is missing or unreadable: the pipeline runs neither, so such a file only
+    leaves a default (a sequence range, an image size) as it is."""
+    folder = saved_folder(model)
+    path = folder / file_name if folder else None
     try:
-        config = json.loads(path.read_text()) if path.is_file() else {}
+        config = json.loads(path.read_text()) if path and path.is_file() else {}
     except (OSError, ValueError):
         return {}
     return config if isinstance(config, dict) else {}
@@ -304,10 +314,10 @@ def _feature_encoder(config: Any) -> tuple[int, int] | None:
     return field, step
 
 
-def processor_sampling_rate(folder: Path) -> int:
-    """The sampling rate a folder's feature extractor reads audio at (preprocessor_config.json), else
+def processor_sampling_rate(model: nn.Module) -> int:
+    """The sampling rate the model's feature extractor reads audio at (preprocessor_config.json beside it), else
     DEFAULT_SAMPLING_RATE."""
-    rate = _optional_config(folder / PREPROCESSOR_CONFIG_FILE).get("sampling_rate")  # {} for a factory's name
+    rate = _beside(model, PREPROCESSOR_CONFIG_FILE).get("sampling_rate")
     return rate if _positive_int(rate) else DEFAULT_SAMPLING_RATE
 
 
@@ -352,8 +362,7 @@ def load_folder(folder: Path) -> ModelSpec:
             f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}",
             f"give {FOLDER_FORM}",
         ) from None
-    examples = derived_example_inputs(module, processor_image_size(folder), processor_sampling_rate(folder))
-    return ModelSpec(name=folder.name, module=module, example_inputs=examples)
+    return ModelSpec(name=folder.name, module=module, example_inputs=derived_example_inputs(module))
 
 
 def _read_config(folder: Path) -> dict:
@@ -371,10 +380,11 @@ EXAMPLE_TOKENS = 16
 SPECIAL_TOKEN_FIELDS = ("bos_token_id", "pad_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id")
 
 
-def processor_image_size(folder: Path) -> tuple[int, int] | None:
-    """(height, width) of the images a folder's image processor hands the model: its crop_size where it crops, else
-    its size where that is a height and a width; None where it gives none (a shortest_edge: the images vary)."""
-    config = _optional_config(folder / PREPROCESSOR_CONFIG_FILE)
+def processor_image_size(model: nn.Module) -> tuple[int, int] | None:
+    """(height, width) of the images the model's image processor (preprocessor_config.json beside it) hands it: its
+    crop_size where it crops, else its size where that is a height and a width; None where it gives none (a
+    shortest_edge: the images vary)."""
+    config = _beside(model, PREPROCESSOR_CONFIG_FILE)
     if config.get("do_resize") is False:
         return None
     sizes = [config.get("crop_size")] if config.get("do_center_crop") else []
@@ -397,13 +407,12 @@ def _positive_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def derived_example_inputs(
-    module: nn.Module, image_size: tuple[int, int] | None = None, sampling_rate: int = DEFAULT_SAMPLING_RATE
-) -> dict[str, torch.Tensor]:
+def derived_example_inputs(module: nn.Module) -> dict[str, torch.Tensor]:
     """Examples for a model whose main input says what it is (token ids; images of the size its config gives, else
-    of `image_size`, the image processor's; a text-image model such as CLIP, token ids and images of its vision
+    its image processor's, processor_image_size; a text-image model such as CLIP, token ids and images of its vision
     config's size; audio as its feature extractor hands it over, see _audio_shape); {} otherwise, so INPUT_SHAPE is
     required."""
+    image_size = processor_image_size(module)
     main = getattr(module, "main_input_name", None)
     config = getattr(module, "config", None)
     parameters = forward_parameters(module) or []
@@ -417,7 +426,7 @@ def derived_example_inputs(
         return {name: derived[name] for name in ["input_ids", *parameters] if name in derived}
     if main == "pixel_values":
         return _images(config, image_size, generator)
-    shape = _audio_shape(config, main, sampling_rate)
+    shape = _audio_shape(config, main, processor_sampling_rate(module))
     return {str(main): torch.randn(2, *shape, generator=generator)} if shape else {}
 
 
