@@ -11,13 +11,15 @@ import argparse
 import errno
 import importlib
 import os
+import signal
+import subprocess
 import sys
 
 from .core.arguments import add_settings_arguments, settings_from
 from .core.errors import PipelineError
 from .core.extras import missing_module_error
 from .core.mentions import COMMAND_LINE, MAKE, PROG, render, spoken_in
-from .core.settings import mention
+from .core.settings import mention, mention_name
 
 # The Makefile sets this, so errors speak make's language (CALIB=...) there and the command line's (--calib) here.
 FRONT_END_VARIABLE = "TRT_PIPELINE_FRONT_END"
@@ -164,6 +166,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _command(arguments: list[str]) -> str | None:
+    """The command among the arguments: the first word that is no option."""
+    return next((word for word in arguments if not word.startswith("-")), None)
+
+
 def _version() -> str:
     from .. import __version__
 
@@ -191,20 +198,75 @@ def _print_error(text: str) -> None:
     print(f"error: {render(text)}", file=sys.stderr)
 
 
+# The commands that load and run a model.  A crash in a native library (torch, ONNX Runtime, onnxsim, TensorRT) or
+# the kernel's out-of-memory killer ends the process that runs them without a word, so the command line runs them in a
+# child and explains such an end (run_watched); the child, marked by this variable, runs the command itself.
+WATCHED_COMMANDS = frozenset([*STAGE_HELP, "all", "bench", "accuracy", "diagnose"])
+WATCHED_CHILD_VARIABLE = "TRT_PIPELINE_WATCHED_CHILD"
+_FORWARDED = (signal.SIGTERM, signal.SIGHUP)  # a stop asked of the command (timeout, a closed terminal) is the child's
+
+
+def watched(arguments: list[str]) -> bool:
+    """Whether the command line should run these arguments in a watched child (run_watched)."""
+    return os.environ.get(WATCHED_CHILD_VARIABLE) != "1" and _command(arguments) in WATCHED_COMMANDS
+
+
+def run_watched(arguments: list[str]) -> int:
+    """Run the command in a child process (`python -m trt_pipeline`, its output straight to the terminal) and return
+    its exit status; where a signal killed it, print one error that names the signal, what most likely sent it and
+    the fix, and return 2.  Ctrl-C reaches the child from the terminal and ends it as it ends a command (130)."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "trt_pipeline", *arguments], env={**os.environ, WATCHED_CHILD_VARIABLE: "1"}
+    )
+    signal.signal(signal.SIGINT, lambda number, frame: None)
+    for forwarded in _FORWARDED:
+        signal.signal(forwarded, lambda number, frame: child.send_signal(number))
+    status = child.wait()
+    if status >= 0 or -status in (signal.SIGINT, *_FORWARDED):  # it ended, or was stopped as asked
+        return status if status >= 0 else 128 - status
+    with spoken_in(_front_end()):
+        _print_error(_killed(signal.Signals(-status)))
+    return 2
+
+
+def _killed(number: signal.Signals) -> str:
+    """The error for a child a signal killed: SIGKILL, which nothing catches, most often comes from the kernel's
+    out-of-memory killer; any other is a crash in native code."""
+    if number == signal.SIGKILL:
+        why = "killed by SIGKILL, most often the kernel's out-of-memory killer (dmesg names it): it needed more memory "
+        why += "than the machine had free"
+        fix = (
+            f"give it more memory, or make it need less: a smaller maximum in {mention_name('batch')} or in the "
+            f"{mention_name('dynamic')} ranges (every check runs the profile's largest inputs)"
+        )
+    else:
+        why = f"it crashed with {number.name} ({signal.strsignal(number)}) in native code (torch's, ONNX Runtime's, "
+        why += "onnxsim's, TensorRT's or the model's own)"
+        fix = (
+            f"run it again with PYTHONFAULTHANDLER=1 to see where, and report it with the model and `{PROG} "
+            f"--version`; a build may get past it with another {mention_name('exporter')} or precision"
+        )
+    return (
+        f"the command stopped: {why}; the last line above is the last step that finished, and nothing it was "
+        f"writing was kept (the next run removes what is left and starts that step again)\n  fix: {fix}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line: errors name settings as make does under make (TRT_PIPELINE_FRONT_END=make), as options
     otherwise (core/mentions.py)."""
-    with spoken_in(MAKE if os.environ.get(FRONT_END_VARIABLE) == MAKE else COMMAND_LINE):
+    with spoken_in(_front_end()):
         return _main(argv)
+
+
+def _front_end() -> str:
+    return MAKE if os.environ.get(FRONT_END_VARIABLE) == MAKE else COMMAND_LINE
 
 
 def _main(argv: list[str] | None) -> int:
     try:
         arguments = sys.argv[1:] if argv is None else argv
-        command = next(
-            (word for word in arguments if not word.startswith("-")), None
-        )  # the first word that is no option
-        args = build_parser(command).parse_args(arguments)
+        args = build_parser(_command(arguments)).parse_args(arguments)
         return int(args.handler(args) or 0)
     except PipelineError as error:
         _print_error(str(error))

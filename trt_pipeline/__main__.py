@@ -1,5 +1,8 @@
 """`python -m trt_pipeline` and the `trt-pipeline` command: the command line, then an exit that waits for no thread.
 
+A command that loads and runs a model runs in a child this process watches (cli.run_watched): a native crash or the
+out-of-memory killer then ends the command with an error that says so, not with silence.
+
 Python waits at exit for every thread not marked daemon: one that a model's factory (or its forward) started and left
 running made a finished build print `done` and never exit, holding `make` and a CI job forever.  The pipeline's own
 work is over when the command returns, so such a thread is named, and the process exits without it.
@@ -10,10 +13,12 @@ import os
 import sys
 import threading
 
-from trt_pipeline.pipeline.cli import main
+from trt_pipeline.pipeline.cli import main, run_watched, watched
 
 
 def run() -> None:
+    if watched(sys.argv[1:]):
+        sys.exit(run_watched(sys.argv[1:]))
     status = main()
     this = threading.current_thread()
     left = [thread.name for thread in threading.enumerate() if thread is not this and not thread.daemon]

@@ -12,6 +12,7 @@ import os
 import resource
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -69,6 +70,21 @@ def test_a_trusted_pickled_module_loads_and_its_torch_runner_asks_again(tmp_path
 def test_bad_settings(setting: BadSetting, tmp_path, capsys):
     err = _cli_error(build_argv(list(setting.options), str(tmp_path / "engines")), capsys)
     assert all(name in err for name in setting.names), err
+
+
+@pytest.mark.parametrize(
+    ("factory", "names"),
+    [("killed", ["SIGKILL", "out-of-memory killer", "--batch"]), ("crashes", ["SIGSEGV", "PYTHONFAULTHANDLER=1"])],
+)
+def test_a_command_killed_or_crashed_in_native_code_ends_in_one_error(factory, names, tmp_path):
+    """Killed for memory, the build ended with exit 137 and not a word; a native crash with exit 139."""
+    argv = ["engine", "--model", f"tests.helpers.bad_factories:{factory}", "--out", str(tmp_path / "engines")]
+    done = subprocess.run(
+        [sys.executable, "-m", "trt_pipeline", *argv], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert done.stderr.startswith("error: the command stopped: ") and "\n  fix: " in done.stderr, done.stderr
+    assert all(name in done.stderr for name in names) and "Traceback" not in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize("option", ["--out", "--weights", "--calib"])

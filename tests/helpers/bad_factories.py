@@ -123,3 +123,17 @@ def leaves_a_thread():
 
     threading.Thread(target=time.sleep, args=(3600,), name="poller").start()
     return torch.nn.Linear(4, 2), torch.zeros(2, 4)
+
+
+def killed():
+    """Ends its process as the kernel's out-of-memory killer does: SIGKILL, which nothing can catch."""
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def crashes():
+    """A real crash in native code: ctypes reads address 0 (SIGSEGV)."""
+    import ctypes
+
+    ctypes.string_at(0)
