@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -13,7 +14,14 @@ from torch import nn
 from ..pipeline.core.errors import PipelineError
 from ..pipeline.core.settings import mention, mention_name
 from .inputs import INPUT_SHAPE_FORMS
-from .spec import call_module, first_lines, named_outputs
+from .spec import call_module, first_line, first_lines, named_outputs
+
+# What torch says where the model calls an operator this install cannot run: torchvision's C++ operators did not load
+# (a torchvision built for another torch), or an operator is registered for another device only (a GPU-only
+# extension's).  No input shape fixes either.
+MISSING_OPERATOR = re.compile(
+    r"Couldn't load custom C\+\+ ops|Could not run '[^']+' with arguments from the '\w+' backend"
+)
 
 
 def run_example_forward(module: nn.Module, example_inputs: dict[str, torch.Tensor], input_shape: str | None) -> Any:
@@ -30,12 +38,23 @@ def run_example_forward(module: nn.Module, example_inputs: dict[str, torch.Tenso
         # RuntimeError: shape mismatches; IndexError: ids out of an embedding; TypeError: wrong
         # number of inputs; AssertionError: a torch.export program's input guards.
         except (RuntimeError, ValueError, IndexError, TypeError, AssertionError) as exc:
+            if MISSING_OPERATOR.search(str(exc)):
+                raise _missing_operator(exc) from None
             given = f"{mention(input_shape=input_shape)} gave" if input_shape else "the example inputs are"
             raise PipelineError(
                 f"the model does not accept its inputs: {given} {describe_inputs(example_inputs)}; "
                 f"torch says: {first_lines(exc)}",
                 f"give {mention_name('input_shape')} that fits the model's forward: {INPUT_SHAPE_FORMS}",
             ) from exc
+
+
+def _missing_operator(error: BaseException) -> PipelineError:
+    return PipelineError(
+        f"the model calls an operator this install cannot run here: {first_line(error)}",
+        f"install the library that provides it as built for this torch ({torch.__version__}); for torchvision, the "
+        "release paired with it (pip install torchvision, unpinned, picks it); an operator written for a GPU alone "
+        "needs a machine and a build with one",
+    )
 
 
 # The deepest nesting of modules the pipeline walks.  torch recurses once per level in eval() and named_modules(), and
