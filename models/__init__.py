@@ -29,6 +29,8 @@ import inspect
 import re
 from pathlib import Path
 
+import torch
+
 from ..pipeline.core.errors import PipelineError
 from ..pipeline.core.settings import engine_command, mention
 from . import described, factories, files, forward_check, huggingface, inputs, sentence_embedding, state_dicts
@@ -93,6 +95,7 @@ def load_model(
         raise PipelineError(
             f"{mention(model=model)} is {form}, which does not say what its inputs are", inputs.INPUT_SHAPE_HELP
         )
+    _in_float32(spec)
     if huggingface.is_transformers_model(spec.module):
         spec = huggingface.adapt(spec, model, dynamic_given=requests is not None)
         pooling = sentence_embedding.sentence_pooling(Path(target)) if kind == "folder" else None
@@ -112,6 +115,26 @@ def load_model(
     spec.name = canonical_name(model)
     spec.fingerprint = _fingerprint(spec, sources, weights, input_shape, dynamic)
     return spec
+
+
+HALF_PRECISIONS = (torch.float16, torch.bfloat16)
+
+
+def _in_float32(spec: ModelSpec) -> None:
+    """A model held in float16 or bfloat16 (a Hub folder saved so, which transformers loads as saved; a factory's
+    model.half()) computes in float32 from here on, as do its example inputs in its dtype: the graphs start from
+    float32 (the FP16 and INT8 steps convert float32 tensors), and widening loses nothing, so PRECISION alone says
+    what the engine computes in.  A note says so.  Half-precision inputs of a float32 model are the user's choice."""
+    tensors = [*spec.module.parameters(), *spec.module.buffers()]
+    held = sorted({str(tensor.dtype).removeprefix("torch.") for tensor in tensors if tensor.dtype in HALF_PRECISIONS})
+    if not held:
+        return
+    spec.module.float()
+    spec.example_inputs = {
+        name: tensor.float() if tensor.dtype in HALF_PRECISIONS else tensor
+        for name, tensor in spec.example_inputs.items()
+    }
+    spec.notes.append(f"the model came in {' and '.join(held)}: it and its inputs are widened to float32 (exactly)")
 
 
 def _resolve(model: str) -> tuple[str, str | Path]:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import toy_models
 from tests.helpers.model_fixtures import TOY, write_module
 from trt_pipeline.models import load_model
 from trt_pipeline.models.inputs import InputShape, parse_dynamic, parse_input_shape
@@ -413,3 +414,21 @@ def test_factory_axis_range_must_cover_an_overridden_input_shape():
 
 
 # ---------------------------------------------------------------- model files
+
+
+def bfloat16_cnn():
+    """As a user hands over a model kept in half precision: model.to(torch.bfloat16) with inputs to match."""
+    spec = toy_models.tiny_cnn()
+    spec.module.to(torch.bfloat16)
+    spec.example_inputs = {name: tensor.bfloat16() for name, tensor in spec.example_inputs.items()}
+    return spec
+
+
+def test_a_half_precision_model_and_its_inputs_are_widened_to_float32_with_a_note():
+    spec = load_model("tests.models.test_factories:bfloat16_cnn")
+    tensors = [*spec.module.parameters(), *spec.module.buffers(), *spec.example_inputs.values()]
+    assert {tensor.dtype for tensor in tensors if tensor.is_floating_point()} == {torch.float32}
+    assert spec.notes == ["the model came in bfloat16: it and its inputs are widened to float32 (exactly)"]
+    original = bfloat16_cnn()
+    for widened, held in zip(spec.module.state_dict().values(), original.module.state_dict().values(), strict=True):
+        assert torch.equal(widened, held.to(widened.dtype))  # exactly the weights it came with

@@ -249,6 +249,26 @@ def test_bert_from_the_tokenizers_dict_builds_an_fp16_engine(tmp_path: Path):
     assert manifest["parity_fp16"]["max_rel"] < 3e-2
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_folder_saved_in_half_precision_builds_from_float32_and_serves(tmp_path: Path, dtype: torch.dtype):
+    """Hub folders are mostly saved in bfloat16 or float16, and transformers loads them as saved: the reference stopped
+    at a traceback (numpy holds no bfloat16), and a float16 model.onnx failed FP32 parity."""
+    folder = tmp_path / "tiny-bert"
+    tiny_bert().to(dtype).save_pretrained(folder)
+    settings = Settings(model=str(folder), precision="fp16", batch=BatchProfile(1, 2, 4), out_root=tmp_path / "out")
+    built = make_engine(settings)
+    spec = models.load_model(str(folder))
+    assert {tensor.dtype for tensor in spec.module.parameters()} == {torch.float32}
+    assert any("widened to float32" in note for note in spec.notes)
+    ids = torch.randint(0, len(VOCABULARY), (3, 7))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
+    with torch.no_grad():
+        expected = spec.module.eval()(*inputs.values())["last_hidden_state"].numpy()
+    with load_runner(built, "onnxruntime") as runner:
+        served = runner.infer({name: tensor.numpy() for name, tensor in inputs.items()})["last_hidden_state"]
+    assert abs(served - expected).max() < 1e-2  # the float16 graph against the widened model, rows it never saw
+
+
 # The transformers architectures tests/end_to_end/test_coverage.py covers (its CASES give some a DYNAMIC=), and RoBERTa:
 # the longest size of each axis the loader gives by default: a token model's sequence, a speech model's waveform
 # (its encoder's receptive field, 20 samples, and 2047 frames of 10 past it: 2048 frames).
