@@ -300,6 +300,8 @@ def _skip_float16_round_trips(model: onnx.ModelProto) -> None:
     the overflow they were kept for happens in the Casts (measured: inf on the overflow test model).
     Only a round trip from a float32 value: a bool mask the model casts to float for a kept node (a DETR's
     CumSum) becomes a Cast to float16 and the converter's Cast back, and its reader needs a float still.
+    A graph output a kept node computes leaves in float32 likewise: its Cast back, which names the output, reads the
+    FP32 value (a Cast to the type it has); through float16 it was inf past its range (a MobileOne's logits).
     """
     graph = model.graph
     float32 = {name for name, kind in element_types(model).items() if kind == TensorProto.FLOAT}
@@ -313,9 +315,12 @@ def _skip_float16_round_trips(model: onnx.ModelProto) -> None:
             and _is_cast(source, TensorProto.FLOAT16)
             and source.input[0] in float32
         ):
+            if node.output[0] in graph_outputs:
+                node.input[0] = source.input[0]
+                continue
             for reader in graph.node:  # read the FP32 value before the round trip
                 for index, name in enumerate(reader.input):
-                    if name == node.output[0] and node.output[0] not in graph_outputs:
+                    if name == node.output[0]:
                         reader.input[index] = source.input[0]
     read = {name for node in graph.node for name in node.input} | graph_outputs
     unread = [node for node in graph.node if node.op_type == "Cast" and not any(out in read for out in node.output)]

@@ -285,3 +285,23 @@ def test_a_mask_cast_to_float_for_a_kernel_kept_in_fp32_stays_a_float(tmp_path):
     x = np.array([[1.0, -2.0, 3.0, 0.5, -1.0, 2.0]], dtype=np.float32)
     (y,) = onnxruntime_session(tmp_path / "model.fp16.onnx").run(None, {"x": x})
     np.testing.assert_allclose(y, np.cumsum(x > 0, axis=1) * x, rtol=1e-3)
+
+
+def test_an_output_a_kept_node_computes_leaves_the_graph_in_float32(tmp_path):
+    """A graph output computed by a node kept in FP32 went out through the converter's Cast to float16 and its Cast
+    back: past float16's range it was inf (a random MobileOne's logits, 1e15, through its kept Gemm), and below it,
+    rounded to float16."""
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "scale"], ["y"], name="scale_up")],
+        "large_output",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor("scale", TensorProto.FLOAT, [], [1e6])],
+    )
+    model = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    record = convert_fp16(tmp_path / "model.onnx", tmp_path / "model.fp16.onnx", keep_fp32=["scale_up"])
+    assert [kept["node"] for kept in record["kept_fp32"]] == ["scale_up"]
+    x = np.array([[1.0, -0.123456, 3.0]], dtype=np.float32)
+    (y,) = onnxruntime_session(tmp_path / "model.fp16.onnx").run(None, {"x": x})
+    np.testing.assert_array_equal(y, x * np.float32(1e6))  # the kept node's float32 product, bit for bit
