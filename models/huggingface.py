@@ -8,7 +8,8 @@
   - 2-D integer inputs (token ids, attention masks) get one shared dynamic sequence axis by default,
     from 1 to the longest sequence the model takes (max_sequence_length: the config's maximum, what its position
     embeddings can embed, a folder's tokenizer_config.json model_max_length), at most DEFAULT_SEQUENCE_CAP (a
-    note says so); DYNAMIC= replaces it;
+    note says so); a generating encoder-decoder's decoder inputs (decoder_input_ids: the tokens so far) get their
+    own, DECODER_SEQUENCE_AXIS; DYNAMIC= replaces them;
     DYNAMIC=none keeps every axis static.
 
 A local folder (MODEL=path/to/folder) is the form `save_pretrained` writes: `config.json` and the weights as
@@ -36,6 +37,7 @@ from .inputs import SINGLE_INPUT_NAME
 from .spec import DynamicAxis, ModelSpec, forward_parameters, named_outputs
 
 SEQUENCE_AXIS = "sequence"
+DECODER_SEQUENCE_AXIS = "decoder_sequence"  # a generating encoder-decoder's decoder inputs: the tokens so far
 # When the config names no maximum length (T5's relative positions): a common encoder limit.
 DEFAULT_MAX_SEQUENCE = 512
 # The default sequence range ends here even where the model takes longer: the reference and every gate run a batch at
@@ -174,10 +176,20 @@ def _default_axes(spec: ModelSpec, model: nn.Module, inputs: dict[str, torch.Ten
     if waveform:
         return waveform
     longest = max_sequence_length(model, tokenizer_limit(model))
-    axes = token_sequence_axes(inputs, min(longest, DEFAULT_SEQUENCE_CAP))
-    if longest > DEFAULT_SEQUENCE_CAP and axes:
-        spec.notes.append(_capped_sequence(axes, longest))
+    decoder_longest = _decoder_limit(model) or longest
+    axes = token_sequence_axes(inputs, min(longest, DEFAULT_SEQUENCE_CAP), min(decoder_longest, DEFAULT_SEQUENCE_CAP))
+    for name, top in ((SEQUENCE_AXIS, longest), (DECODER_SEQUENCE_AXIS, decoder_longest)):
+        capped = {input_name: axes_of for input_name, axes_of in axes.items() if axes_of[1].name == name}
+        if top > DEFAULT_SEQUENCE_CAP and capped:
+            spec.notes.append(_capped_sequence(capped, top))
     return axes
+
+
+def _decoder_limit(model: nn.Module) -> int | None:
+    """The longest a decoder's input may grow where its config says apart from the encoder's (Whisper's
+    max_target_positions), else None."""
+    value = getattr(getattr(model, "config", None), "max_target_positions", None)
+    return value if _positive_int(value) else None
 
 
 def _capped_sequence(axes: dict[str, dict[int, DynamicAxis]], longest: int) -> str:
@@ -269,15 +281,26 @@ def _beside(model: nn.Module, file_name: str) -> dict:
     return config if isinstance(config, dict) else {}
 
 
-def token_sequence_axes(inputs: dict[str, torch.Tensor], longest: int) -> dict[str, dict[int, DynamicAxis]]:
-    """One shared axis 1 over every [batch, sequence] integer input (ids, masks, token types) of one length."""
-    tokens = {name: t for name, t in inputs.items() if t.dim() == 2 and not t.is_floating_point()}
-    lengths = {int(t.shape[1]) for t in tokens.values()}
-    if len(lengths) != 1:
-        return {}  # no token inputs, or inputs of different lengths: nothing to share
-    length = lengths.pop()
-    axis = DynamicAxis(SEQUENCE_AXIS, 1, length, max(longest, length))
-    return {name: {1: axis} for name in tokens}
+def token_sequence_axes(
+    inputs: dict[str, torch.Tensor], longest: int, decoder_longest: int | None = None
+) -> dict[str, dict[int, DynamicAxis]]:
+    """One shared axis 1 over every [batch, sequence] integer input (ids, masks, token types) of one length, up to
+    `longest`; an encoder-decoder's decoder inputs (decoder_input_ids, ...) share one of their own, up to
+    `decoder_longest` (else `longest`)."""
+    axes: dict[str, dict[int, DynamicAxis]] = {}
+    for decoder, name, top in ((False, SEQUENCE_AXIS, longest), (True, DECODER_SEQUENCE_AXIS, decoder_longest)):
+        tokens = [
+            input_name
+            for input_name, t in inputs.items()
+            if t.dim() == 2 and not t.is_floating_point() and input_name.startswith("decoder_") == decoder
+        ]
+        lengths = {int(inputs[input_name].shape[1]) for input_name in tokens}
+        if len(lengths) != 1:
+            continue  # no such inputs, or inputs of different lengths: nothing to share
+        length = lengths.pop()
+        axis = DynamicAxis(name, 1, length, max(top or longest, length))
+        axes |= {input_name: {1: axis} for input_name in tokens}
+    return axes
 
 
 # ---------------------------------------------------------------- a save_pretrained folder
@@ -423,11 +446,36 @@ def derived_example_inputs(module: nn.Module) -> dict[str, torch.Tensor]:
         if int(getattr(config, "type_vocab_size", 0) or 0) > 1:  # segments (BERT's): a reranker reads sentence pairs
             derived["token_type_ids"] = pair_segments(ids)
         derived |= _images(getattr(config, "vision_config", None), image_size, generator)
-        return {name: derived[name] for name in ["input_ids", *parameters] if name in derived}
-    if main == "pixel_values":
+    elif main == "pixel_values":
         return _images(config, image_size, generator)
-    shape = _audio_shape(config, main, processor_sampling_rate(module))
-    return {str(main): torch.randn(2, *shape, generator=generator)} if shape else {}
+    else:
+        shape = _audio_shape(config, main, processor_sampling_rate(module))
+        derived = {str(main): torch.randn(2, *shape, generator=generator)} if shape else {}
+    if derived and _generates(module, parameters):
+        derived["decoder_input_ids"] = _decoder_ids(config, generator)
+    return {name: derived[name] for name in [str(main), *parameters] if name in derived}
+
+
+DECODER_EXAMPLE_TOKENS = 8  # not EXAMPLE_TOKENS: the decoder's length is its own axis
+
+
+def _generates(module: nn.Module, parameters: list[str]) -> bool:
+    """An encoder-decoder whose decoder reads the tokens generated so far (T5's, BART's, Marian's, Whisper's
+    ForConditionalGeneration and bare models): a classifier or a question-answering head makes its decoder's input
+    from input_ids itself."""
+    encoder_decoder = getattr(getattr(module, "config", None), "is_encoder_decoder", False) is True
+    head = type(module).__name__.endswith(("ForSequenceClassification", "ForQuestionAnswering"))
+    return encoder_decoder and "decoder_input_ids" in parameters and not head
+
+
+def _decoder_ids(config: Any, generator: torch.Generator) -> torch.Tensor:
+    """Two rows of decoder ids as generation feeds them: the config's decoder_start_token_id (0 where it names none
+    in the vocabulary), then ids from 0 to 9."""
+    vocabulary = int(getattr(config, "vocab_size", 10) or 10)
+    start = getattr(config, "decoder_start_token_id", None)
+    ids = torch.randint(0, min(vocabulary, 10), (2, DECODER_EXAMPLE_TOKENS), generator=generator)
+    ids[:, 0] = start if _positive_int(start) and start < vocabulary else 0
+    return ids
 
 
 def _token_ids(config: Any, eos: int | None, generator: torch.Generator) -> torch.Tensor:

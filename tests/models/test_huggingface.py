@@ -9,11 +9,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from trt_pipeline import load_runner, models
-from trt_pipeline.models.huggingface import SEQUENCE_AXIS, WAVEFORM_AXIS, HuggingFaceModule
+from trt_pipeline.models.huggingface import (
+    DECODER_SEQUENCE_AXIS,
+    SEQUENCE_AXIS,
+    WAVEFORM_AXIS,
+    HuggingFaceModule,
+)
+from trt_pipeline.models.spec import DynamicAxis
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
 from trt_pipeline.pipeline.stages.export import sample_inputs
@@ -269,6 +276,41 @@ def test_a_folder_saved_in_half_precision_builds_from_float32_and_serves(tmp_pat
     assert abs(served - expected).max() < 1e-2  # the float16 graph against the widened model, rows it never saw
 
 
+def test_a_generating_encoder_decoder_folder_takes_the_tokens_so_far_and_greedy_decoding_matches_generate(tmp_path):
+    """T5, BART, Marian, Whisper ...ForConditionalGeneration: the decoder reads the tokens generated so far, which
+    no input derived gave it (T5: "You must specify exactly one of input_ids or inputs_embeds").  They get their own
+    axis, and a service decoding greedily through the served graph, one whole pass a token, writes what generate()
+    writes."""
+    folder = tmp_path / "tiny-t5"
+    torch.manual_seed(0)
+    config = transformers.T5Config(
+        vocab_size=len(VOCABULARY), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=2, decoder_start_token_id=2
+    )  # from 2, this random model's greedy tokens differ by row (from 0, every one is 0)
+    model = transformers.T5ForConditionalGeneration(config).eval()
+    model.save_pretrained(folder)
+    spec = models.load_model(str(folder))
+    assert list(spec.example_inputs) == ["input_ids", "attention_mask", "decoder_input_ids"]
+    assert spec.dynamic_axes["decoder_input_ids"][1].name == DECODER_SEQUENCE_AXIS
+    assert spec.dynamic_axes["input_ids"][1].name == SEQUENCE_AXIS
+    settings = Settings(model=str(folder), precision="fp32", batch=BatchProfile(1, 2, 4), out_root=tmp_path / "out")
+    built = make_engine(settings)
+    ids = torch.tensor([[5, 9, 3, 7, 11, 1], [4, 4, 8, 1, 0, 0]])  # rows the build never drew, one padded
+    mask = (ids != 0).long()
+    greedy = transformers.GenerationConfig(max_new_tokens=5, do_sample=False, num_beams=1, eos_token_id=None)
+    expected = model.generate(input_ids=ids, attention_mask=mask, generation_config=greedy)
+    decoded = np.full((2, 1), config.decoder_start_token_id, np.int64)
+    with load_runner(built, "onnxruntime") as runner:
+        for _ in range(5):
+            feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(), "decoder_input_ids": decoded}
+            logits = runner.infer(feed)["logits"]
+            decoded = np.concatenate([decoded, logits[:, -1].argmax(-1)[:, None]], axis=1)
+        final = runner.infer({**feed, "decoder_input_ids": decoded})["logits"]
+    np.testing.assert_array_equal(decoded, expected.numpy())
+    with torch.no_grad():
+        reference = model(input_ids=ids, attention_mask=mask, decoder_input_ids=torch.from_numpy(decoded)).logits
+    np.testing.assert_allclose(final, reference.numpy(), atol=1e-4)
+
+
 # The transformers architectures tests/end_to_end/test_coverage.py covers (its CASES give some a DYNAMIC=), and RoBERTa:
 # the longest size of each axis the loader gives by default: a token model's sequence, a speech model's waveform
 # (its encoder's receptive field, 20 samples, and 2047 frames of 10 past it: 2048 frames).
@@ -278,7 +320,7 @@ DEFAULT_AXES = {
     "tests.end_to_end.test_coverage:distilbert": {SEQUENCE_AXIS: 32},
     "tests.end_to_end.test_coverage:gpt2": {SEQUENCE_AXIS: 32},
     "tests.end_to_end.test_coverage:t5_encoder": {SEQUENCE_AXIS: 512},  # relative positions: no limit, the default
-    "tests.end_to_end.test_coverage:bart": {SEQUENCE_AXIS: 32},
+    "tests.end_to_end.test_coverage:bart": {SEQUENCE_AXIS: 32, DECODER_SEQUENCE_AXIS: 32},  # the tokens so far
     "tests.end_to_end.test_coverage:llama": {SEQUENCE_AXIS: 32},
     "tests.models.test_huggingface:roberta_as_loaded": {SEQUENCE_AXIS: ROBERTA_POSITIONS - 2},
     "tests.end_to_end.test_coverage:vit": {},
@@ -456,6 +498,12 @@ def test_a_spectrogram_models_folder_takes_the_spectrogram_its_config_sizes(tmp_
     ast, whisper_spec = models.load_model(str(tmp_path / "ast")), models.load_model(str(tmp_path / "whisper"))
     assert ast.example_inputs["input_values"].shape == (2, 64, 32) and not ast.dynamic_axes
     assert whisper_spec.example_inputs["input_features"].shape == (2, 16, 100) and not whisper_spec.dynamic_axes
+    # The whole model transcribes: its decoder reads the tokens so far, up to its max_target_positions.
+    whisper.update({"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 1})
+    transformers.WhisperForConditionalGeneration(whisper).save_pretrained(tmp_path / "whisper-whole")
+    whole = models.load_model(str(tmp_path / "whisper-whole"))
+    assert list(whole.example_inputs) == ["input_features", "decoder_input_ids"]
+    assert whole.dynamic_axes == {"decoder_input_ids": {1: DynamicAxis(DECODER_SEQUENCE_AXIS, 1, 8, 448)}}
 
 
 @pytest.mark.parametrize(
