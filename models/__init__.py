@@ -8,7 +8,8 @@
     models.described);
   - a file: a whole nn.Module saved with torch.save, a TorchScript file (both need
     INPUT_SHAPE), or a torch.export `.pt2` program (inputs derived from the program);
-  - a Hugging Face folder as save_pretrained writes it (config.json + safetensors/bin weights).
+  - a Hugging Face folder as save_pretrained writes it (config.json + safetensors/bin weights), or a
+    Hub name (owner/name), fetched into the Hugging Face cache and loaded as that folder.
 A `transformers` model, however it came, is called by keyword with its cache off and returns its
 tensors by name (models.huggingface).
 WEIGHTS, a state_dict file, is loaded into whichever model that gives.  The INPUT_SHAPE
@@ -56,6 +57,8 @@ def canonical_name(model: str) -> str:
         return _slug(f"{module_name.rsplit('.', 1)[-1]}-{attr_path}")
     if kind == "folder":
         return _slug(Path(target).resolve().name)
+    if kind == "hub":
+        return _slug(str(target).rsplit("/", 1)[-1])
     return _slug(Path(target).stem)
 
 
@@ -79,6 +82,8 @@ def load_model(
     requests = inputs.parse_dynamic(dynamic) if dynamic else None
 
     kind, target = _resolve(model)
+    if kind == "hub":  # fetched once into the Hugging Face cache, then a folder like any other
+        kind, target = "folder", huggingface.hub_folder(str(target))
     if kind == "file" and Path(target).suffix.lower() == ".onnx":
         raise PipelineError(
             f"{mention(model=model)} is an ONNX graph, which holds no PyTorch model",
@@ -154,6 +159,8 @@ def _resolve(model: str) -> tuple[str, str | Path]:
         )
     if factories.is_factory_reference(model):
         return "factory", model
+    if huggingface.is_hub_name(model) and path.suffix.lower() not in files.MODEL_FILE_SUFFIXES:
+        return "hub", model
     if path.suffix.lower() in files.MODEL_FILE_SUFFIXES or "/" in model:
         raise PipelineError(
             f"model file {model} does not exist (or is not a file)",
@@ -164,7 +171,8 @@ def _resolve(model: str) -> tuple[str, str | Path]:
         f"unknown model {model!r}",
         f"use a registry name ({', '.join(known_models())}; aliases: {aliases}), "
         "a factory package.module:function, or the path of a model file "
-        "(torch.save'd nn.Module, TorchScript, or a torch.export .pt2), or a Hugging Face model folder",
+        "(torch.save'd nn.Module, TorchScript, or a torch.export .pt2), or a Hugging Face model folder or Hub name "
+        "(owner/name)",
     )
 
 

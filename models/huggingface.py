@@ -23,6 +23,7 @@ model needs it.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -342,6 +343,46 @@ def processor_sampling_rate(model: nn.Module) -> int:
     DEFAULT_SAMPLING_RATE."""
     rate = _beside(model, PREPROCESSOR_CONFIG_FILE).get("sampling_rate")
     return rate if _positive_int(rate) else DEFAULT_SAMPLING_RATE
+
+
+# A model's name on the Hugging Face Hub: owner/name (letters, digits, '-', '_', '.').
+HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+# What a Hub model's folder needs fetched: its configs (the model's, the tokenizer's, the image processor's, a
+# sentence-transformers folder's modules) and its weights at the top of the repository (safetensors where it has
+# them, else pytorch_model.bin); other formats and copies in subfolders (onnx/, ...) stay on the Hub.
+HUB_CONFIGS = ["*.json"]
+HUB_WEIGHTS = (["*.safetensors"], ["*.bin"])
+HUB_SUBFOLDER_WEIGHTS = ["*/*.safetensors", "*/*.bin"]
+
+
+def is_hub_name(model: str) -> bool:
+    return HUB_NAME.fullmatch(model) is not None
+
+
+def hub_folder(name: str) -> Path:
+    """The folder of the Hub model `name` as save_pretrained wrote it, fetched into the Hugging Face cache, or found
+    there (HF_HUB_OFFLINE=1: the cache alone; HF_TOKEN: a gated or private model)."""
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise PipelineError(
+            f"{mention(model=name)} names a Hugging Face Hub model, but huggingface_hub is not installed", INSTALL_FIX
+        ) from None
+    try:
+        for weights in HUB_WEIGHTS:
+            folder = Path(
+                snapshot_download(name, allow_patterns=HUB_CONFIGS + weights, ignore_patterns=HUB_SUBFOLDER_WEIGHTS)
+            )
+            if any((folder / form).is_file() for form in WEIGHT_FORMS):
+                return folder
+    except Exception as error:  # huggingface_hub's: not found, gated, offline, the network's
+        raise PipelineError(
+            f"{mention(model=name)} is no file or folder here, and fetching it from the Hugging Face Hub failed: "
+            f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}",
+            "check the path, or the name on huggingface.co (and the network, or HF_TOKEN for a gated or private "
+            f"model); or fetch it yourself (hf download {name} --local-dir <folder>) and give {FOLDER_FORM}",
+        ) from None
+    return folder  # no weights in either form: load_folder says what the folder lacks
 
 
 def is_model_folder(path: Path) -> bool:

@@ -7,9 +7,14 @@ vocabulary written by the test.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import torch
 
@@ -28,6 +33,7 @@ from trt_pipeline.pipeline.stages.sequence import make_engine, run_stage
 
 transformers = pytest.importorskip("transformers")
 
+ROOT = Path(__file__).resolve().parents[2]
 VOCABULARY = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "a", "dog"]
 MAX_POSITIONS = 64
 
@@ -309,6 +315,36 @@ def test_a_generating_encoder_decoder_folder_takes_the_tokens_so_far_and_greedy_
     with torch.no_grad():
         reference = model(input_ids=ids, attention_mask=mask, decoder_input_ids=torch.from_numpy(decoded)).logits
     np.testing.assert_allclose(final, reference.numpy(), atol=1e-4)
+
+
+def _hub_cache(cache: Path, name: str, saved: Path) -> None:
+    """The Hugging Face cache as huggingface_hub leaves it after fetching `name`: the files in a snapshot that
+    refs/main names."""
+    repository = cache / f"models--{name.replace('/', '--')}"
+    snapshot = repository / "snapshots" / ("0" * 40)
+    shutil.copytree(saved, snapshot)
+    (repository / "refs").mkdir()
+    (repository / "refs" / "main").write_text("0" * 40)
+
+
+def test_a_hub_name_is_fetched_into_the_cache_and_built_as_its_folder(tmp_path: Path):
+    """MODEL=owner/name, as optimum and the Hub's pages name a model: read offline from a cache holding it (no network
+    here), and a name the Hub cannot give is one error naming both readings of the text."""
+    tiny_bert().to(torch.bfloat16).save_pretrained(tmp_path / "saved")
+    _hub_cache(tmp_path / "cache", "trt-test/tiny-bert", tmp_path / "saved")
+    environment = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+
+    def export(name: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "trt_pipeline", "export", "--model", name, "--out", str(tmp_path / "out")]
+        return subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300)
+
+    built = export("trt-test/tiny-bert")
+    assert built.returncode == 0, built.stderr
+    graph = onnx.load(str(tmp_path / "out" / "tiny-bert-fp16" / "model.onnx")).graph
+    assert [entry.name for entry in graph.input] == ["input_ids", "attention_mask", "token_type_ids"]
+    missing = export("trt-test/no-such-model")
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert "is no file or folder here, and fetching it from the Hugging Face Hub failed" in missing.stderr
 
 
 # The transformers architectures tests/end_to_end/test_coverage.py covers (its CASES give some a DYNAMIC=), and RoBERTa:
