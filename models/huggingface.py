@@ -188,9 +188,10 @@ def _default_axes(spec: ModelSpec, model: nn.Module, inputs: dict[str, torch.Ten
 
 def _decoder_limit(model: nn.Module) -> int | None:
     """The longest a decoder's input may grow where its config says apart from the encoder's (Whisper's
-    max_target_positions), else None."""
-    value = getattr(getattr(model, "config", None), "max_target_positions", None)
-    return value if _positive_int(value) else None
+    max_target_positions; an encoder-decoder of two models, TrOCR's, in its decoder's config), else None."""
+    config = getattr(model, "config", None)
+    value = getattr(config, "max_target_positions", None)
+    return value if _positive_int(value) else _limit_in(getattr(config, "decoder", None))
 
 
 def _capped_sequence(axes: dict[str, dict[int, DynamicAxis]], longest: int) -> str:
@@ -229,12 +230,13 @@ def max_sequence_length(model: nn.Module, tokenizer_limit: int | None = None) ->
 
 def _config_limit(model: nn.Module) -> int | None:
     config = getattr(model, "config", None)
-    for source in (config, getattr(config, "text_config", None)):  # a text-image model's text tower (CLIP) has it
-        for field in MAX_LENGTH_FIELDS:
-            value = getattr(source, field, None)
-            if isinstance(value, int) and value > 0:
-                return value
-    return None
+    # A text-image model's text tower (CLIP) has it in its own config.
+    return _limit_in(config) or _limit_in(getattr(config, "text_config", None))
+
+
+def _limit_in(config: Any) -> int | None:
+    """The first of MAX_LENGTH_FIELDS that `config` sets."""
+    return next((value for field in MAX_LENGTH_FIELDS if _positive_int(value := getattr(config, field, None))), None)
 
 
 def _embeddable_positions(model: nn.Module) -> int | None:
@@ -487,8 +489,10 @@ def derived_example_inputs(module: nn.Module) -> dict[str, torch.Tensor]:
         if int(getattr(config, "type_vocab_size", 0) or 0) > 1:  # segments (BERT's): a reranker reads sentence pairs
             derived["token_type_ids"] = pair_segments(ids)
         derived |= _images(getattr(config, "vision_config", None), image_size, generator)
-    elif main == "pixel_values":
-        return _images(config, image_size, generator)
+    elif main == "pixel_values":  # an image encoder-decoder (TrOCR's, Donut's) keeps the image's size in its encoder's
+        derived = _images(config, image_size, generator) or _images(
+            getattr(config, "encoder", None), image_size, generator
+        )
     else:
         shape = _audio_shape(config, main, processor_sampling_rate(module))
         derived = {str(main): torch.randn(2, *shape, generator=generator)} if shape else {}

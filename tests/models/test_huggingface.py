@@ -317,6 +317,28 @@ def test_a_generating_encoder_decoder_folder_takes_the_tokens_so_far_and_greedy_
     np.testing.assert_allclose(final, reference.numpy(), atol=1e-4)
 
 
+def test_an_image_to_text_folder_takes_images_of_its_encoders_size_and_the_tokens_so_far(tmp_path: Path):
+    """A VisionEncoderDecoderModel (TrOCR's, Donut's form) keeps the image size in its encoder's config: the folder
+    was refused for want of an image size."""
+    config = transformers.VisionEncoderDecoderConfig.from_encoder_decoder_configs(
+        transformers.ViTConfig(
+            hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=32,
+            patch_size=8,
+        ),
+        transformers.BertConfig(
+            vocab_size=len(VOCABULARY), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+            intermediate_size=64, max_position_embeddings=MAX_POSITIONS, is_decoder=True, add_cross_attention=True,
+        ),
+    )  # fmt: skip
+    transformers.VisionEncoderDecoderModel(config).save_pretrained(tmp_path / "ocr")
+    spec = models.load_model(str(tmp_path / "ocr"))
+    assert {name: list(tensor.shape) for name, tensor in spec.example_inputs.items()} == {
+        "pixel_values": [2, 3, 32, 32],
+        "decoder_input_ids": [2, 8],
+    }
+    assert spec.dynamic_axes == {"decoder_input_ids": {1: DynamicAxis(DECODER_SEQUENCE_AXIS, 1, 8, MAX_POSITIONS)}}
+
+
 def _hub_cache(cache: Path, name: str, saved: Path) -> None:
     """The Hugging Face cache as huggingface_hub leaves it after fetching `name`: the files in a snapshot that
     refs/main names."""
