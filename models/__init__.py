@@ -159,8 +159,8 @@ def _resolve(model: str) -> tuple[str, str | Path]:
         )
     if factories.is_factory_reference(model):
         return "factory", model
-    if huggingface.is_hub_name(model) and path.suffix.lower() not in files.MODEL_FILE_SUFFIXES:
-        return "hub", model
+    if huggingface.is_hub_name(model) and path.suffix.lower() not in (*files.MODEL_FILE_SUFFIXES, ".onnx"):
+        return "hub", model  # owner/name, not a file's path
     if path.suffix.lower() in files.MODEL_FILE_SUFFIXES or "/" in model:
         raise PipelineError(
             f"model file {model} does not exist (or is not a file)",

@@ -285,11 +285,11 @@ def _beside(model: nn.Module, file_name: str) -> dict:
 
 
 def token_sequence_axes(
-    inputs: dict[str, torch.Tensor], longest: int, decoder_longest: int | None = None
+    inputs: dict[str, torch.Tensor], longest: int, decoder_longest: int
 ) -> dict[str, dict[int, DynamicAxis]]:
     """One shared axis 1 over every [batch, sequence] integer input (ids, masks, token types) of one length, up to
     `longest`; an encoder-decoder's decoder inputs (decoder_input_ids, ...) share one of their own, up to
-    `decoder_longest` (else `longest`)."""
+    `decoder_longest`."""
     axes: dict[str, dict[int, DynamicAxis]] = {}
     for decoder, name, top in ((False, SEQUENCE_AXIS, longest), (True, DECODER_SEQUENCE_AXIS, decoder_longest)):
         tokens = [
@@ -301,7 +301,7 @@ def token_sequence_axes(
         if len(lengths) != 1:
             continue  # no such inputs, or inputs of different lengths: nothing to share
         length = lengths.pop()
-        axis = DynamicAxis(name, 1, length, max(top or longest, length))
+        axis = DynamicAxis(name, 1, length, max(top, length))
         axes |= {input_name: {1: axis} for input_name in tokens}
     return axes
 
