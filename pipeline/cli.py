@@ -8,7 +8,9 @@ fix and exit 2; anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import errno
+import functools
 import importlib
 import os
 import signal
@@ -203,6 +205,7 @@ def _print_error(text: str) -> None:
 # child and explains such an end (run_watched); the child, marked by this variable, runs the command itself.
 WATCHED_COMMANDS = frozenset([*STAGE_HELP, "all", "bench", "accuracy", "diagnose"])
 WATCHED_CHILD_VARIABLE = "TRT_PIPELINE_WATCHED_CHILD"
+PR_SET_PDEATHSIG = 1  # prctl's option: the signal a process gets when its parent dies
 _FORWARDED = (signal.SIGTERM, signal.SIGHUP)  # a stop asked of the command (timeout, a closed terminal) is the child's
 
 
@@ -216,7 +219,9 @@ def run_watched(arguments: list[str]) -> int:
     its exit status; where a signal killed it, print one error that names the signal, what most likely sent it and
     the fix, and return 2.  Ctrl-C reaches the child from the terminal and ends it as it ends a command (130)."""
     child = subprocess.Popen(
-        [sys.executable, "-m", "trt_pipeline", *arguments], env={**os.environ, WATCHED_CHILD_VARIABLE: "1"}
+        [sys.executable, "-m", "trt_pipeline", *arguments],
+        env={**os.environ, WATCHED_CHILD_VARIABLE: "1"},
+        preexec_fn=functools.partial(_die_with, os.getpid()),  # noqa: PLW1509 (this process runs one thread)
     )
     signal.signal(signal.SIGINT, lambda number, frame: None)
     for forwarded in _FORWARDED:
@@ -229,12 +234,23 @@ def run_watched(arguments: list[str]) -> int:
     return 2
 
 
+def _die_with(parent: int) -> None:
+    """In the child before it starts: the kernel kills it when `parent` dies (Linux's parent-death signal), so a
+    command killed outright (kill -9, a job's cancellation) leaves no build running on without it."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: a killed command's child runs on to its end
+        return
+    if os.getppid() != parent:  # the parent died before the signal was set
+        os._exit(1)
+
+
 def _killed(number: signal.Signals) -> str:
     """The error for a child a signal killed: SIGKILL, which nothing catches, most often comes from the kernel's
     out-of-memory killer; any other is a crash in native code."""
     if number == signal.SIGKILL:
-        why = "killed by SIGKILL, most often the kernel's out-of-memory killer (dmesg names it): it needed more memory "
-        why += "than the machine had free"
+        why = "killed by SIGKILL, most often the kernel's out-of-memory killer (dmesg names it; else a kill -9): it "
+        why += "needed more memory than the machine had free"
         fix = (
             f"give it more memory, or make it need less: a smaller maximum in {mention_name('batch')} or in the "
             f"{mention_name('dynamic')} ranges (every check runs the profile's largest inputs)"

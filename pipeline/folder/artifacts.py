@@ -177,13 +177,24 @@ def _write_pid(handle, text: str) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether the process runs: one that exists and is no zombie (a killed build whose parent, the command line's
+    or a container's first process, has not reaped it: it holds no lock and writes nothing)."""
     try:
         os.kill(pid, 0)  # signal 0: only asks whether the process exists
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # it exists, owned by another user
-    return True
+        pass  # it exists, owned by another user
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Linux's /proc says so (its state Z); False where there is no /proc to ask."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] == "Z"  # the state follows the command's name in parentheses
 
 
 def write_bytes(final: Path, data: bytes | memoryview) -> None:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ import torch
 from trt_pipeline.pipeline.cli import main
 from trt_pipeline.pipeline.core.errors import PipelineError
 from trt_pipeline.pipeline.core.settings import BatchProfile, Settings
-from trt_pipeline.pipeline.folder.artifacts import sha256_file
+from trt_pipeline.pipeline.folder.artifacts import running_build, sha256_file
 from trt_pipeline.pipeline.folder.graph_io import load_reference
 from trt_pipeline.pipeline.folder.layout import ARTIFACT_LAYOUT
 from trt_pipeline.pipeline.runners import load_runner
@@ -206,6 +207,9 @@ def test_an_interrupted_build_leaves_nothing_that_loads(tmp_path):
             break
     process.wait(timeout=60)
     folder = tmp_path / "resnet18-fp32"
+    deadline = time.monotonic() + 30  # the command's child, which builds, dies with it (it ran on, alone, before)
+    while running_build(folder) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not (folder / "engine.plan").exists()
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["complete"] is False

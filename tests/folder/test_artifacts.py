@@ -36,11 +36,12 @@ def test_a_second_build_into_the_same_folder_refuses_at_once(root, tmp_path):
     try:
         _wait_for(ready, first)  # the first build holds the lock and waits in its model's factory
         folder = root / "folder_models-gated_tiny_cnn-fp32"
-        assert running_build(folder) == first.pid
+        builder = running_build(folder)  # the command's child, which builds (the command line watches it)
+        assert builder is not None and _parent(builder) == first.pid
         second = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert second.returncode == 2, second.stderr
-        assert f"error: another build is writing {folder} (process {first.pid} holds" in second.stderr
-        assert f"kill {first.pid}" in second.stderr and "Traceback" not in second.stderr
+        assert f"error: another build is writing {folder} (process {builder} holds" in second.stderr
+        assert f"kill {builder}" in second.stderr and "Traceback" not in second.stderr
     finally:
         go.touch()
         out, err = first.communicate(timeout=300)
@@ -50,12 +51,32 @@ def test_a_second_build_into_the_same_folder_refuses_at_once(root, tmp_path):
         assert runner.infer(feed())["logits"].shape == (2, 10)
 
 
+def _parent(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+
+
 def _wait_for(path: Path, process: subprocess.Popen) -> None:
     deadline = time.monotonic() + 300  # a safety net only: the first build's import of torch takes seconds
     while not path.exists():
         if process.poll() is not None or time.monotonic() > deadline:
             raise AssertionError(f"the first build never reached its gate: {process.communicate()[1]!r}")
         time.sleep(0.05)
+
+
+def test_a_killed_build_nobody_reaped_is_not_running(folder):
+    """A build killed with its command (the command line's child) is reparented to the first process, which in a
+    container may never reap it: as a zombie it still answers signal 0, and every load said it was building."""
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # exits at once; not waited for, it stays a zombie
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{zombie.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    (folder / LOCK).write_text(str(zombie.pid))
+    try:
+        assert running_build(folder) is None
+    finally:
+        zombie.wait()
 
 
 def test_a_run_removes_the_temporaries_killed_runs_left(folder):
