@@ -475,24 +475,23 @@ def _positive_int(value: Any) -> TypeGuard[int]:
 
 def derived_example_inputs(module: nn.Module) -> dict[str, torch.Tensor]:
     """Examples for a model whose main input says what it is (token ids; images of the size its config gives, else
-    its image processor's, processor_image_size; a text-image model such as CLIP, token ids and images of its vision
-    config's size; audio as its feature extractor hands it over, see _audio_shape); {} otherwise, so INPUT_SHAPE is
-    required."""
+    its image processor's, processor_image_size; a text-image model such as CLIP, or an image model that reads text
+    too (BLIP's captioner, OWL-ViT's detector), token ids and images of its vision config's size; audio as its
+    feature extractor hands it over, see _audio_shape; and a generating encoder-decoder's tokens so far); {}
+    otherwise, so INPUT_SHAPE is required."""
     image_size = processor_image_size(module)
     main = getattr(module, "main_input_name", None)
     config = getattr(module, "config", None)
     parameters = forward_parameters(module) or []
     generator = torch.Generator().manual_seed(0)
-    if main == "input_ids":
+    if main == "input_ids" or (main == "pixel_values" and "input_ids" in parameters):
         ids = _token_ids(config, _eos_read_by(module), generator)
         derived = {"input_ids": ids, "attention_mask": padded_mask(ids)}
         if int(getattr(config, "type_vocab_size", 0) or 0) > 1:  # segments (BERT's): a reranker reads sentence pairs
             derived["token_type_ids"] = pair_segments(ids)
-        derived |= _images(getattr(config, "vision_config", None), image_size, generator)
-    elif main == "pixel_values":  # an image encoder-decoder (TrOCR's, Donut's) keeps the image's size in its encoder's
-        derived = _images(config, image_size, generator) or _images(
-            getattr(config, "encoder", None), image_size, generator
-        )
+        derived |= _images(_vision_config(config), image_size, generator)
+    elif main == "pixel_values":
+        derived = _images(_vision_config(config), image_size, generator)
     else:
         shape = _audio_shape(config, main, processor_sampling_rate(module))
         derived = {str(main): torch.randn(2, *shape, generator=generator)} if shape else {}
@@ -564,10 +563,20 @@ def _audio_shape(config: Any, main: Any, sampling_rate: int) -> tuple[int, ...] 
     return None
 
 
+def _vision_config(config: Any) -> Any:
+    """The config that describes a model's images: its vision tower's (CLIP's, BLIP's, OWL-ViT's vision_config), an
+    image encoder-decoder's encoder's (TrOCR's, Donut's), else the model's own."""
+    return next(
+        (part for part in (getattr(config, name, None) for name in ("vision_config", "encoder")) if part is not None),
+        config,
+    )
+
+
 def _images(config: Any, image_size: tuple[int, int] | None, generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """Two images with `config`'s channels, of the size it gives, else `image_size`; {} where either is unknown."""
+    """Two images with `config`'s channels (3 where it names none: BLIP's vision config), of the size it gives, else
+    `image_size`; {} where there is no config or no size."""
     height_width = _height_width(getattr(config, "image_size", None)) or image_size
-    channels = getattr(config, "num_channels", None)
+    channels = getattr(config, "num_channels", 3) if config is not None else None
     if height_width is None or not isinstance(channels, int):
         return {}
     return {"pixel_values": torch.randn(2, channels, *height_width, generator=generator)}

@@ -339,6 +339,24 @@ def test_an_image_to_text_folder_takes_images_of_its_encoders_size_and_the_token
     assert spec.dynamic_axes == {"decoder_input_ids": {1: DynamicAxis(DECODER_SEQUENCE_AXIS, 1, 8, MAX_POSITIONS)}}
 
 
+def test_an_image_model_that_reads_text_too_takes_images_and_token_ids(tmp_path: Path):
+    """BLIP's captioner (the caption so far) and OWL-ViT's detector (text queries) take images and token ids: both
+    folders were refused, BLIP's for want of an image size its vision config gives without a channel count."""
+    text = {"vocab_size": 100, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+    text |= {"intermediate_size": 64, "max_position_embeddings": 16}
+    vision = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
+    vision |= {"image_size": 32, "patch_size": 8}
+    blip = transformers.BlipConfig(text_config={**text, "encoder_hidden_size": 32}, vision_config=vision)
+    transformers.BlipForConditionalGeneration(blip).save_pretrained(tmp_path / "blip")
+    owl = transformers.OwlViTConfig(text_config=text, vision_config=vision, projection_dim=32)
+    transformers.OwlViTForObjectDetection(owl).save_pretrained(tmp_path / "owl")
+    for folder in ("blip", "owl"):
+        spec = models.load_model(str(tmp_path / folder))
+        shapes = {name: list(tensor.shape) for name, tensor in spec.example_inputs.items()}
+        assert shapes == {"pixel_values": [2, 3, 32, 32], "input_ids": [2, 16], "attention_mask": [2, 16]}, folder
+        assert spec.dynamic_axes["input_ids"] == {1: DynamicAxis(SEQUENCE_AXIS, 1, 16, 16)}, folder
+
+
 def _hub_cache(cache: Path, name: str, saved: Path) -> None:
     """The Hugging Face cache as huggingface_hub leaves it after fetching `name`: the files in a snapshot that
     refs/main names."""
