@@ -30,6 +30,6 @@ def _timm_input_size(module: nn.Module) -> tuple[int, ...] | None:
     one."""
     config = getattr(module, "pretrained_cfg", None) or getattr(module, "default_cfg", None)
     size = config.get("input_size") if isinstance(config, Mapping) else None
-    if isinstance(size, (tuple, list)) and size and all(type(dim) is int and dim > 0 for dim in size):
+    if isinstance(size, (tuple, list)) and size and all(huggingface.positive_int(dim) for dim in size):
         return tuple(size)
     return None

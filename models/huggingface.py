@@ -191,7 +191,7 @@ def _decoder_limit(model: nn.Module) -> int | None:
     max_target_positions; an encoder-decoder of two models, TrOCR's, in its decoder's config), else None."""
     config = getattr(model, "config", None)
     value = getattr(config, "max_target_positions", None)
-    return value if _positive_int(value) else _limit_in(getattr(config, "decoder", None))
+    return value if positive_int(value) else _limit_in(getattr(config, "decoder", None))
 
 
 def _capped_sequence(axes: dict[str, dict[int, DynamicAxis]], longest: int) -> str:
@@ -236,7 +236,7 @@ def _config_limit(model: nn.Module) -> int | None:
 
 def _limit_in(config: Any) -> int | None:
     """The first of MAX_LENGTH_FIELDS that `config` sets."""
-    return next((value for field in MAX_LENGTH_FIELDS if _positive_int(value := getattr(config, field, None))), None)
+    return next((value for field in MAX_LENGTH_FIELDS if positive_int(value := getattr(config, field, None))), None)
 
 
 def _embeddable_positions(model: nn.Module) -> int | None:
@@ -332,7 +332,7 @@ def _feature_encoder(config: Any) -> tuple[int, int] | None:
     kernels, strides = getattr(config, "conv_kernel", None), getattr(config, "conv_stride", None)
     if not (isinstance(kernels, (list, tuple)) and isinstance(strides, (list, tuple)) and kernels):
         return None
-    if len(kernels) != len(strides) or not all(_positive_int(v) for v in [*kernels, *strides]):
+    if len(kernels) != len(strides) or not all(positive_int(v) for v in [*kernels, *strides]):
         return None
     field, step = 1, 1
     for kernel, stride in zip(kernels, strides, strict=True):
@@ -344,7 +344,7 @@ def processor_sampling_rate(model: nn.Module) -> int:
     """The sampling rate the model's feature extractor reads audio at (preprocessor_config.json beside it), else
     DEFAULT_SAMPLING_RATE."""
     rate = _beside(model, PREPROCESSOR_CONFIG_FILE).get("sampling_rate")
-    return rate if _positive_int(rate) else DEFAULT_SAMPLING_RATE
+    return rate if positive_int(rate) else DEFAULT_SAMPLING_RATE
 
 
 # A model's name on the Hugging Face Hub: owner/name (letters, digits, '-', '_', '.').
@@ -401,7 +401,7 @@ def folder_sources(folder: Path) -> list[Path]:
 
 
 def load_folder(folder: Path) -> ModelSpec:
-    """A save_pretrained folder as a ModelSpec; example inputs derived for token and image models."""
+    """A save_pretrained folder as a ModelSpec, its example inputs left for models.described to derive."""
     try:
         import transformers
     except ImportError:
@@ -428,7 +428,7 @@ def load_folder(folder: Path) -> ModelSpec:
             f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}",
             f"give {FOLDER_FORM}",
         ) from None
-    return ModelSpec(name=folder.name, module=module, example_inputs=derived_example_inputs(module))
+    return ModelSpec(name=folder.name, module=module, example_inputs={})  # derived as any model's (models.described)
 
 
 def _read_config(folder: Path) -> dict:
@@ -455,21 +455,21 @@ def processor_image_size(model: nn.Module) -> tuple[int, int] | None:
         return None
     sizes = [config.get("crop_size")] if config.get("do_center_crop") else []
     for size in [*sizes, config.get("size")]:
-        if isinstance(size, dict) and _positive_int(size.get("height")) and _positive_int(size.get("width")):
+        if isinstance(size, dict) and positive_int(size.get("height")) and positive_int(size.get("width")):
             return size["height"], size["width"]
     return None
 
 
 def _height_width(size: Any) -> tuple[int, int] | None:
     """A config's image_size as (height, width): one int for both, or a pair (YOLOS: [512, 864])."""
-    if _positive_int(size):
+    if positive_int(size):
         return size, size
-    if isinstance(size, (list, tuple)) and len(size) == 2 and all(_positive_int(side) for side in size):
+    if isinstance(size, (list, tuple)) and len(size) == 2 and all(positive_int(side) for side in size):
         return size[0], size[1]
     return None
 
 
-def _positive_int(value: Any) -> TypeGuard[int]:
+def positive_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
@@ -507,18 +507,20 @@ def _generates(module: nn.Module, parameters: list[str]) -> bool:
     """An encoder-decoder whose decoder reads the tokens generated so far (T5's, BART's, Marian's, Whisper's
     ForConditionalGeneration and bare models): a classifier or a question-answering head makes its decoder's input
     from input_ids itself."""
-    encoder_decoder = getattr(getattr(module, "config", None), "is_encoder_decoder", False) is True
     head = type(module).__name__.endswith(("ForSequenceClassification", "ForQuestionAnswering"))
-    return encoder_decoder and "decoder_input_ids" in parameters and not head
+    return _encoder_decoder(module) and "decoder_input_ids" in parameters and not head
+
+
+def _encoder_decoder(module: nn.Module) -> bool:
+    return getattr(getattr(module, "config", None), "is_encoder_decoder", False) is True
 
 
 def _decoder_ids(config: Any, generator: torch.Generator) -> torch.Tensor:
     """Two rows of decoder ids as generation feeds them: the config's decoder_start_token_id (0 where it names none
     in the vocabulary), then ids from 0 to 9."""
-    vocabulary = int(getattr(config, "vocab_size", 10) or 10)
+    ids = _ids(config, 0, DECODER_EXAMPLE_TOKENS, generator)
     start = getattr(config, "decoder_start_token_id", None)
-    ids = torch.randint(0, min(vocabulary, 10), (2, DECODER_EXAMPLE_TOKENS), generator=generator)
-    ids[:, 0] = start if _positive_int(start) and start < vocabulary else 0
+    ids[:, 0] = start if positive_int(start) and start < _vocabulary(config) else 0
     return ids
 
 
@@ -526,14 +528,22 @@ def _token_ids(config: Any, eos: int | None, generator: torch.Generator) -> torc
     """Two rows of token ids: ten ids from 0, or, for a model that reads each row's EOS (`eos`), ten ids clear of the
     config's special ones with the EOS closing each row, as a tokenizer writes them; the reference, the gates and the
     bench then draw them so (pipeline.core.random_inputs.end_token)."""
-    vocabulary = int(getattr(config, "vocab_size", 10) or 10)
     if eos is None:
-        return torch.randint(0, min(vocabulary, 10), (2, EXAMPLE_TOKENS), generator=generator)
+        return _ids(config, 0, EXAMPLE_TOKENS, generator)
     special = {getattr(config, field, None) for field in SPECIAL_TOKEN_FIELDS}
-    low = next((first for first in range(vocabulary) if special.isdisjoint(range(first, first + 10))), 0)
-    ids = torch.randint(low, min(vocabulary, low + 10), (2, EXAMPLE_TOKENS), generator=generator)
+    low = next((first for first in range(_vocabulary(config)) if special.isdisjoint(range(first, first + 10))), 0)
+    ids = _ids(config, low, EXAMPLE_TOKENS, generator)
     ids[:, -1] = eos
     return ids
+
+
+def _ids(config: Any, low: int, length: int, generator: torch.Generator) -> torch.Tensor:
+    """Two rows of `length` ids drawn from the ten from `low`, within the config's vocabulary."""
+    return torch.randint(low, min(_vocabulary(config), low + 10), (2, length), generator=generator)
+
+
+def _vocabulary(config: Any) -> int:
+    return int(getattr(config, "vocab_size", 10) or 10)
 
 
 def _eos_read_by(module: nn.Module) -> int | None:
@@ -541,8 +551,7 @@ def _eos_read_by(module: nn.Module) -> int | None:
     ForSequenceClassification: they refuse a batch whose rows hold different counts of it), else None."""
     config = getattr(module, "config", None)
     eos = getattr(config, "eos_token_id", None)
-    classifier = type(module).__name__.endswith("ForSequenceClassification")
-    reads = classifier and getattr(config, "is_encoder_decoder", False) is True
+    reads = type(module).__name__.endswith("ForSequenceClassification") and _encoder_decoder(module)
     return eos if reads and isinstance(eos, int) and not isinstance(eos, bool) and eos >= 0 else None
 
 
@@ -554,9 +563,9 @@ def _audio_shape(config: Any, main: Any, sampling_rate: int) -> tuple[int, ...] 
     for anything else."""
     mels, frames = getattr(config, "num_mel_bins", None), getattr(config, "max_length", None)
     positions = getattr(config, "max_source_positions", None)
-    if main == "input_values" and _positive_int(mels) and _positive_int(frames):
+    if main == "input_values" and positive_int(mels) and positive_int(frames):
         return frames, mels
-    if main == "input_features" and _positive_int(mels) and _positive_int(positions):
+    if main == "input_features" and positive_int(mels) and positive_int(positions):
         return mels, 2 * positions
     if main == "input_values" and _feature_encoder(config) is not None:
         return (sampling_rate,)
